@@ -1,0 +1,420 @@
+"""The Actor class: declared handlers, lifecycle hooks, a name `role/index`, a mailbox, heartbeats, a trace file.
+
+    class Echo(Actor):
+        role = "echo"
+
+        @handler
+        def echo(self, text: str) -> str:         # plain function: runs inline, in arrival order, must be quick
+            return text
+
+        @handler
+        async def slow(self, n: int) -> int:      # coroutine: runs as a task, many at once (max_concurrency)
+            reply = await self.ask("other/0", "work", {"n": n})
+            return reply + 1
+
+    actor = Echo(index=0)
+    await actor.start(RuntimeConfig(...))          # binds, registers with the directory, starts heartbeats
+    await actor.ask("echo/1", "echo", {"text": "hi"}, timeout=5)
+
+Messages sent while a handler runs are caused by the message it handles: they carry its trace id and its id as
+their parent, so a trace shows the causal chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+import time
+from collections import OrderedDict
+from typing import Any, ClassVar
+
+from ..log import get_logger
+from ..mailbox import codec
+from ..mailbox.codec import ProtocolError
+from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
+from ..mailbox.mailbox import Inbound, Mailbox, current_cause, unpack_error
+from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
+from ..runtime import RuntimeConfig
+from ..traces.writer import TraceWriter, trace_file_name
+
+DIRECTORY = "directory/0"
+
+
+def handler(fn=None, *, name: str | None = None):
+    """Mark a method as a message handler. Its parameters are the body's fields; its return value is the reply."""
+    def mark(f):
+        f._slime_handler = name or f.__name__
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+class _Handler:
+    __slots__ = ("fn", "spec", "is_async")
+
+    def __init__(self, fn, spec: MessageSpec):
+        self.fn, self.spec = fn, spec
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+
+class Actor:
+    """Base class of every actor. Subclasses set `role` and declare handlers with @handler."""
+
+    role: ClassVar[str] = "actor"
+    _handlers: ClassVar[dict[str, _Handler]] = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        handlers: dict[str, _Handler] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, fn in vars(klass).items():
+                method = getattr(fn, "_slime_handler", None)
+                if method is None:
+                    continue
+                spec = CATALOG.get((cls.role, method)) or CATALOG.get(("*", method))
+                if spec is not None:
+                    check_handler(spec, fn)
+                else:
+                    spec = spec_from_signature(cls.role, method, fn)
+                handlers[method] = _Handler(fn, spec)
+        cls._handlers = handlers
+
+    def __init__(self, index: int = 0, **config: Any):
+        self.index = index
+        self.name = f"{self.role}/{index}"
+        self.config = config
+        self.log = get_logger(actor=self.name)
+        self.runtime: RuntimeConfig | None = None
+        self.mailbox: Mailbox | None = None
+        self.tracer: TraceWriter | None = None
+        self.started_at = time.time()
+        self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
+        self._busy = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._stopped: asyncio.Event | None = None
+        self._idem: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._idem_max = 4096
+        self._running = False
+
+    # ------------------------------------------------------------------------------------------ hooks
+    async def on_start(self) -> None:
+        """Called once the mailbox is bound and registered, before heartbeats report the actor alive."""
+
+    async def on_stop(self) -> None:
+        """Called when the actor stops, before its mailbox closes (peers can still be told things)."""
+
+    async def on_failure(self, exc: BaseException, header: dict) -> None:
+        """Called when a handler raises. The asker (if any) already got an error reply."""
+
+    async def on_peer_down(self, name: str, reason: str) -> None:
+        """Called when the directory declares a peer down (missed heartbeats, or it stopped)."""
+
+    async def on_peer_up(self, name: str, endpoint: str) -> None:
+        """Called when a peer (re)registers."""
+
+    def trace_meta(self) -> dict:
+        """What the trace file records about this actor, so replay can construct it again."""
+        cls = type(self)
+        return {"actor_class": f"{cls.__module__}:{cls.__qualname__}", "role": self.role, "index": self.index,
+                "config": self.config}
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    async def start(self, runtime: RuntimeConfig | None = None, *, endpoint: str | None = None) -> str:
+        """Bind the mailbox, open the trace file, register with the directory, start heartbeats."""
+        runtime = runtime or RuntimeConfig.from_env()
+        self.runtime = runtime
+        self._stopped = asyncio.Event()
+        if runtime.trace:
+            path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
+            self.tracer = TraceWriter(path, self.name, meta=self.trace_meta(), body_limit=runtime.trace_body_limit,
+                                      keep_arrays=runtime.trace_keep_arrays)
+        self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
+                               config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
+        bound = await self.mailbox.bind(endpoint or runtime.bind_endpoint(self.name))
+        self.endpoint = runtime.public_endpoint(bound)
+        for name, ep in runtime.static_peers.items():
+            self.mailbox.connect(name, ep)
+        self._running = True
+        if runtime.directory and self.name != DIRECTORY:
+            self.mailbox.connect(DIRECTORY, runtime.directory)
+            await self.mailbox.ask(DIRECTORY, "register", {"name": self.name, "endpoint": self.endpoint,
+                                                           "pid": os.getpid(), "host": socket.gethostname()},
+                                   timeout=max(30.0, runtime.down_after))
+            await self.mailbox.ask(DIRECTORY, "watch", {"name": self.name}, timeout=30.0)
+            self.spawn(self._heartbeats(), name="heartbeats")
+        await self.on_start()
+        self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid())
+        return self.endpoint
+
+    async def stop(self, reason: str = "stopped") -> None:
+        """Stop: on_stop hook, deregister, cancel background tasks, close mailbox and trace."""
+        if not self._running:
+            return
+        self._running = False
+        try:
+            await self.on_stop()
+        except Exception as exc:  # a hook failing must not keep the process alive
+            self.log.error("on_stop failed", error=repr(exc))
+        if self.runtime.directory and self.name != DIRECTORY:
+            try:
+                await self.mailbox.ask(DIRECTORY, "deregister", {"name": self.name}, timeout=2.0)
+            except Exception:
+                pass
+        current = asyncio.current_task()
+        for t in list(self._tasks):
+            if t is not current:
+                t.cancel()
+        await asyncio.sleep(0)
+        self.mailbox.close()
+        if self.tracer is not None:
+            self.tracer.close()
+        self.log.info("actor stopped", reason=reason)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def spawn(self, coro, name: str | None = None) -> asyncio.Task:
+        """Run a background coroutine owned by the actor; a crash in it is logged and reported to on_failure."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.name}:{name or 'task'}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.log.error("background task failed", task=task.get_name(), error=repr(exc))
+
+    async def run_blocking(self, fn, *args, **kwargs):
+        """Run CPU- or IO-heavy work in a thread so the loop keeps answering (heartbeats, pings)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+
+    # ------------------------------------------------------------------------------------------ sending
+    async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
+                  idem: str | None = None, host_copy: bool = False) -> Any:
+        return await self.mailbox.ask(to, method, body, timeout=timeout, idem=idem, host_copy=host_copy)
+
+    async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
+        return await self.mailbox.tell(to, method, body, host_copy=host_copy)
+
+    def record_input(self, name: str, value: Any) -> None:
+        """Record a nondeterministic input (engine output, clock) in the trace for replay."""
+        if self.tracer is not None:
+            self.tracer.record_input(name, value)
+
+    async def _resolve(self, name: str) -> str:
+        if name in self.runtime.static_peers:
+            return self.runtime.static_peers[name]
+        if not self.runtime.directory:
+            raise UnknownPeer(f"{self.name}: no endpoint known for {name!r} and no directory configured")
+        wait = max(10.0, self.runtime.down_after * 4)
+        try:
+            return await self.mailbox.ask(DIRECTORY, "lookup", {"name": name, "wait": wait}, timeout=wait + 5)
+        except MailboxError as exc:
+            raise UnknownPeer(f"{self.name}: cannot find {name!r} in the directory: {exc}") from None
+
+    async def _heartbeats(self) -> None:
+        interval = self.runtime.heartbeat_interval
+        body = {"pid": os.getpid()}
+        while self._running:
+            try:
+                await self.mailbox.heartbeat(DIRECTORY, body)
+            except MailboxError as exc:
+                self.log.warning("heartbeat not sent", error=str(exc))
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------------------------------------ receiving
+    def _on_drop(self, reason: str, identity) -> None:
+        n = self.mailbox.stats["dropped"] if self.mailbox else 0
+        if n <= 10 or n % 1000 == 0:
+            self.log.warning("message dropped", reason=reason, dropped_total=n)
+
+    def _on_request(self, inbound: Inbound) -> None:
+        h = inbound.header
+        kind = h["kind"]
+        if kind == "hb":
+            self.on_heartbeat(h)
+            return
+        method = h["method"]
+        hd = self._handlers.get(method)
+        is_ask = kind == "ask"
+        if hd is None:
+            self.counters["unknown_method"] += 1
+            msg = (f"unknown method {method!r} on {self.name} (role {self.role}); it handles: "
+                   f"{', '.join(sorted(m for m in self._handlers if not m.startswith('_')))}")
+            self._reject(inbound, "UnknownMethod", msg, is_ask)
+            return
+        dl = h.get("deadline")
+        if dl is not None and dl < time.time():
+            self.counters["expired"] += 1
+            self._reject(inbound, "DeadlineExceeded", f"{self.name}.{method}: deadline passed before handling",
+                         is_ask)
+            return
+        try:
+            body = codec.decode_body(inbound.body_bytes, inbound.arrays)
+            kwargs = hd.spec.check(body)
+        except (ProtocolError, BadRequest) as exc:
+            self.counters["bad_requests"] += 1
+            self._reject(inbound, type(exc).__name__, str(exc), is_ask)
+            return
+        idem = h.get("idem")
+        if idem is not None and is_ask:
+            key = (h["from"], idem)
+            cached = self._idem.get(key)
+            if cached is not None:
+                self.spawn(self._answer_duplicate(inbound, cached), name="duplicate")
+                return
+            self._idem[key] = asyncio.get_running_loop().create_future()
+            if len(self._idem) > self._idem_max:
+                self._idem.popitem(last=False)
+        token = current_cause.set((h["trace"], h["id"]))
+        try:
+            if hd.is_async:
+                self._busy += 1
+                if self._busy >= self.runtime.mailbox.max_concurrency:
+                    self.mailbox.pause_receiving(True)
+                task = asyncio.get_running_loop().create_task(self._run_async(hd, inbound, kwargs))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                t0 = time.monotonic_ns()
+                try:
+                    result = hd.fn(self, **kwargs)
+                except Exception as exc:
+                    self._failed(inbound, exc, t0)
+                else:
+                    self._succeeded(inbound, result, t0)
+        finally:
+            current_cause.reset(token)
+
+    async def _run_async(self, hd: _Handler, inbound: Inbound, kwargs: dict) -> None:
+        t0 = time.monotonic_ns()
+        try:
+            result = await hd.fn(self, **kwargs)
+        except asyncio.CancelledError:
+            self._failed(inbound, MailboxError(f"{self.name} stopped while handling {inbound.header['method']}"),
+                         t0)
+            raise
+        except Exception as exc:
+            self._failed(inbound, exc, t0)
+        else:
+            self._succeeded(inbound, result, t0)
+        finally:
+            self._busy -= 1
+            if self._busy < self.runtime.mailbox.max_concurrency and self.mailbox is not None:
+                self.mailbox.pause_receiving(False)
+
+    def _succeeded(self, inbound: Inbound, result: Any, t0: int) -> None:
+        self.counters["handled"] += 1
+        h = inbound.header
+        if self.tracer is not None:
+            self.tracer.record("handled", inbound.header_bytes, None,
+                               extra={"outcome": "ok", "dur_ns": time.monotonic_ns() - t0})
+        if h["kind"] == "ask":
+            self._remember(h, ("reply", result))
+            self._send_reply(inbound, result, None)
+
+    def _failed(self, inbound: Inbound, exc: BaseException, t0: int) -> None:
+        self.counters["failed"] += 1
+        h = inbound.header
+        err = unpack_error(exc, self.name, h["method"])
+        if self.tracer is not None:
+            self.tracer.record("handled", inbound.header_bytes, None,
+                               extra={"outcome": "error", "error": f"{err['type']}: {err['message']}"[:2000],
+                                      "dur_ns": time.monotonic_ns() - t0})
+        self.log.error("handler failed", method=h["method"], sender=h["from"], error=f"{err['type']}: {exc}")
+        if h["kind"] == "ask":
+            self._remember(h, ("error", err))
+            self._send_reply(inbound, None, err)
+        if type(self).on_failure is not Actor.on_failure:
+            self.spawn(self.on_failure(exc, h), name="on_failure")
+
+    def _remember(self, h: dict, outcome) -> None:
+        idem = h.get("idem")
+        if idem is None:
+            return
+        fut = self._idem.get((h["from"], idem))
+        if fut is not None and not fut.done():
+            fut.set_result(outcome)
+        self._idem[(h["from"], idem)] = outcome
+
+    async def _answer_duplicate(self, inbound: Inbound, cached) -> None:
+        if isinstance(cached, asyncio.Future):
+            cached = await cached
+        kind, value = cached
+        await self.mailbox.reply(inbound, value if kind == "reply" else None,
+                                 error=value if kind == "error" else None)
+
+    def _send_reply(self, inbound: Inbound, result: Any, error: dict | None) -> None:
+        try:
+            later = self.mailbox.reply_nowait(inbound, result, error=error)
+        except Exception as exc:
+            self.log.error("reply failed", method=inbound.header["method"], error=repr(exc))
+            return
+        if later is not None:  # the asker's queue is full: finish in the background
+            self.spawn(later, name="reply")
+
+    def _reject(self, inbound: Inbound, typ: str, message: str, is_ask: bool) -> None:
+        h = inbound.header
+        if self.tracer is not None:
+            self.tracer.record("handled", inbound.header_bytes, None,
+                               extra={"outcome": "rejected", "error": f"{typ}: {message}"[:2000], "dur_ns": 0})
+        self.log.warning("request rejected", method=h.get("method"), sender=h.get("from"), error=message)
+        if is_ask:
+            self._send_reply(inbound, None, {"type": typ, "message": message, "peer": self.name,
+                                             "method": h.get("method", "")})
+
+    def on_heartbeat(self, header: dict) -> None:
+        """Heartbeats are for the directory; other actors ignore them."""
+
+    # ------------------------------------------------------------------------------------------ built-ins
+    @handler
+    def _ping(self) -> dict:
+        return {"name": self.name, "role": self.role, "index": self.index, "pid": os.getpid(),
+                "host": socket.gethostname(), "uptime": time.time() - self.started_at}
+
+    @handler
+    def _stats(self) -> dict:
+        out = dict(self.counters)
+        out.update({f"mailbox_{k}": v for k, v in self.mailbox.stats.items()})
+        out["busy"] = self._busy
+        if self.tracer is not None:
+            out["trace_records"] = self.tracer.records
+        if self.mailbox.keys is not None:
+            from ..mailbox.mailbox import context
+            from ..mailbox.security import Authenticator
+            auth = Authenticator._by_ctx.get(id(context()))
+            if auth is not None:
+                out["auth_accepted"], out["auth_refused"] = auth.accepted, auth.refused
+        return out
+
+    @handler
+    def _stop(self, reason: str = "asked to stop") -> dict:
+        asyncio.get_running_loop().call_later(0.05, lambda: self.spawn(self.stop(reason), name="stop"))
+        return {"stopping": True}
+
+    @handler
+    async def _peer_down(self, name: str, reason: str = "missed heartbeats") -> None:
+        self.mailbox.disconnect(name, reason)
+        self.log.warning("peer down", peer=name, reason=reason)
+        await self.on_peer_down(name, reason)
+
+    @handler
+    async def _peer_up(self, name: str, endpoint: str) -> None:
+        known = self.mailbox.peers().get(name)
+        if known is not None and known != endpoint:
+            self.mailbox.disconnect(name, "restarted at a new endpoint")
+        await self.on_peer_up(name, endpoint)
+
+
+__all__ = ["Actor", "handler", "DIRECTORY", "PeerDown"]

@@ -1,0 +1,80 @@
+"""Logging through structlog: readable lines on the console, JSON lines in RUN_DIR/logs/<actor>.jsonl.
+
+    from slime_actors.log import get_logger, setup_logging
+    setup_logging(run_dir="runs/x", name="reward/0")   # once per process
+    log = get_logger(actor="reward/0"); log.info("scored", n=8)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+import structlog
+
+_lock = threading.Lock()
+_file = None
+_configured = False
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+class _Tee:
+    """Final processor: writes JSON to the run's log file and returns a console line."""
+
+    def __init__(self, console: bool, colors: bool):
+        self.console = console
+        self.render = structlog.dev.ConsoleRenderer(colors=colors, pad_event_to=32)
+
+    def __call__(self, logger, method_name, event_dict):
+        if _file is not None:
+            line = json.dumps(event_dict, default=str)
+            with _lock:
+                try:
+                    _file.write(line + "\n")
+                    _file.flush()
+                except (OSError, ValueError):
+                    pass
+        if not self.console:
+            raise structlog.DropEvent
+        return self.render(logger, method_name, dict(event_dict))
+
+
+def setup_logging(run_dir: str | os.PathLike | None = None, name: str | None = None, level: str | None = None,
+                  console: bool = True) -> None:
+    """Configure structlog for this process. Safe to call again (e.g. once the actor's name is known)."""
+    global _file, _configured
+    level = (level or os.environ.get("SLIME_ACTORS_LOG_LEVEL", "info")).lower()
+    if run_dir is not None:
+        d = Path(run_dir) / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        fname = (name or f"process-{os.getpid()}").replace("/", "-") + ".jsonl"
+        with _lock:
+            if _file is not None:
+                _file.close()
+            _file = open(d / fname, "a", buffering=1)
+    colors = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=False),
+            structlog.processors.format_exc_info,
+            _Tee(console, colors),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, 20)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    _configured = True
+
+
+def get_logger(**bind):
+    if not _configured:
+        setup_logging()
+    return structlog.get_logger().bind(**bind)

@@ -1,0 +1,597 @@
+"""The mailbox: one ZeroMQ ROUTER per actor for what it receives, one DEALER per peer for what it sends.
+
+    peer DEALER  --(tell/ask)-->  our ROUTER      (requests come in on the ROUTER, tagged with the connection id)
+    our ROUTER   --(reply/error)-> peer DEALER    (answers go back over the connection the ask came in on)
+    our DEALER   --(tell/ask)-->  peer ROUTER     (what we send; answers come back on this DEALER)
+
+Every socket is driven from the event loop (uvloop where installed) by `add_reader` on its ZMQ_FD, with
+non-blocking sends and receives: no threads, no per-message tasks on the send path. Backpressure is real: each
+DEALER has a send high-water mark, a peer has a bound on asks in flight, and when the actor's handlers are all busy
+the ROUTER stops reading, so a fast sender waits instead of growing a queue.
+
+A per-sender FIFO holds because each sender reaches each receiver over exactly one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.backend
+
+from . import codec
+from .codec import ArrayRef, ProtocolError
+from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
+from .security import Authenticator, JobKeys
+
+# (trace id, message id) of the message whose handler is running: what a message sent from there is caused by.
+current_cause: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("slime_actors_cause",
+                                                                                       default=None)
+
+_ctx: zmq.Context | None = None
+
+# plain ints: pyzmq's enum flags cost microseconds per operation on the hot path
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+NOBLOCK, SNDMORE, EVENTS = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.EVENTS)
+SEND_MORE_NOW = NOBLOCK | SNDMORE
+RCVMORE = int(zmq.RCVMORE)
+_backend_send = zmq.backend.Socket.send  # skips pyzmq's Python-level wrapper (routing_id/group handling)
+
+
+def context() -> zmq.Context:
+    global _ctx
+    if _ctx is None or _ctx.closed:
+        _ctx = zmq.Context()
+    return _ctx
+
+
+@dataclass
+class MailboxConfig:
+    """Sizes and limits of one mailbox. Defaults suit a job of tens of actors on one host or a cluster."""
+
+    max_message_bytes: int = 1 << 30          # whole message (all frames); larger sends fail, larger frames drop
+    send_hwm: int = 1000                      # messages queued per peer connection before a send waits
+    recv_hwm: int = 1000                      # messages queued at our ROUTER before the peer's sends wait
+    max_inflight_asks: int = 256              # asks to one peer without a reply yet; more wait for credit
+    max_concurrency: int = 256                # handlers running at once; past it the ROUTER stops reading
+    default_timeout: float = 60.0             # ask deadline when the caller gives none
+    linger_ms: int = 1000                     # how long close() waits for unsent messages
+    recv_batch: int = 256                     # messages read per wake-up before yielding to other work
+
+
+class Inbound:
+    """A request as the actor sees it: decoded header, raw header and body bytes, array frames, reply route."""
+
+    __slots__ = ("header", "header_bytes", "body_bytes", "arrays", "identity")
+
+    def __init__(self, header: dict, header_bytes: bytes, body_bytes: bytes, arrays: list, identity: bytes):
+        self.header, self.header_bytes, self.body_bytes = header, header_bytes, body_bytes
+        self.arrays, self.identity = arrays, identity
+
+
+class _Sock:
+    """An event-loop-driven ZMQ socket: drains input when readable, wakes senders when writable."""
+
+    __slots__ = ("sock", "on_message", "loop", "writers", "scheduled", "paused", "closed", "fd", "batch",
+                 "ncopy", "in_ready", "send")
+
+    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop, on_message: Callable, batch: int,
+                 ncopy: int):
+        self.sock, self.loop, self.on_message, self.batch = sock, loop, on_message, batch
+        self.ncopy = ncopy  # leading frames (routing id, header, body) read as bytes; array frames stay zero-copy
+        self.writers: list[asyncio.Future] = []
+        self.scheduled = False
+        self.paused = False
+        self.closed = False
+        self.in_ready = False
+        self.send = partial(_backend_send, sock)
+        self.fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self.fd, self.ready)
+
+    def ready(self) -> None:
+        self.scheduled = False
+        if self.closed:
+            return
+        sock = self.sock
+        try:
+            events = sock.getsockopt(EVENTS)
+        except zmq.ZMQError:
+            return
+        if events & POLLOUT and self.writers:
+            writers, self.writers = self.writers, []
+            for w in writers:
+                if not w.done():
+                    w.set_result(None)
+        if events & POLLIN and not self.paused:
+            # Ask ZMQ_EVENTS after each read instead of reading until zmq.Again: raising that costs ~10 us. That
+            # check also covers sends made while handling (see kick), so no extra wake-up is scheduled for them.
+            on_message, recv, get, ncopy = self.on_message, sock.recv, sock.getsockopt, self.ncopy
+            self.in_ready = True
+            try:
+                for _ in range(self.batch):
+                    try:
+                        frames = [recv(NOBLOCK)]
+                        while get(RCVMORE):
+                            frames.append(recv(0, copy=len(frames) < ncopy))
+                    except zmq.ZMQError:
+                        return
+                    on_message(frames)
+                    if self.paused or self.closed:
+                        return
+                    try:
+                        if not get(EVENTS) & POLLIN:
+                            return
+                    except zmq.ZMQError:
+                        return
+            finally:
+                self.in_ready = False
+            self.kick()  # more may be queued: come back after other work has had a turn
+
+    def kick(self) -> None:
+        """Re-check the socket soon: ZMQ_FD is edge-triggered, and a send can consume the edge of an arrival.
+
+        Inside ready() the check after each message does this already."""
+        if not self.scheduled and not self.closed and not self.in_ready:
+            self.scheduled = True
+            self.loop.call_soon(self.ready)
+
+    async def writable(self) -> None:
+        fut = self.loop.create_future()
+        self.writers.append(fut)
+        self.kick()
+        # the FD is edge-triggered; poll as a safety net while waiting for room
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), 0.05)
+                return
+            except asyncio.TimeoutError:
+                if self.closed:
+                    raise MailboxError("socket closed while waiting to send") from None
+                self.kick()
+
+    def close(self, linger_ms: int) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.loop.remove_reader(self.fd)
+        except (ValueError, OSError):
+            pass
+        for w in self.writers:
+            if not w.done():
+                w.set_exception(MailboxError("socket closed"))
+        self.sock.close(linger=linger_ms)
+
+
+class _Peer:
+    __slots__ = ("name", "endpoint", "sock", "seq", "inflight", "max_inflight", "waiting")
+
+    def __init__(self, name: str, endpoint: str, sock: _Sock, max_inflight: int):
+        self.name, self.endpoint, self.sock = name, endpoint, sock
+        self.seq = 0
+        self.inflight = 0  # asks sent to this peer and not answered yet
+        self.max_inflight = max_inflight
+        self.waiting: list[asyncio.Future] = []  # asks waiting for credit
+
+    def release(self) -> None:
+        self.inflight -= 1
+        while self.waiting:
+            w = self.waiting.pop(0)
+            if not w.done():
+                w.set_result(None)
+                break
+
+
+class _Pending:
+    __slots__ = ("future", "peer", "method", "timer", "sent")
+
+    def __init__(self, future, peer, method, timer, sent):
+        self.future, self.peer, self.method, self.timer, self.sent = future, peer, method, timer, sent
+
+
+Resolver = Callable[[str], Awaitable[str]]
+
+
+class Mailbox:
+    """Sends and receives envelopes for one actor. `on_request(Inbound)` is called for every tell/ask/heartbeat."""
+
+    def __init__(self, name: str, *, resolver: Resolver | None = None, keys: JobKeys | None = None,
+                 tracer=None, config: MailboxConfig | None = None, on_request: Callable[[Inbound], None] | None = None,
+                 on_drop: Callable[[str, bytes | None], None] | None = None):
+        self.name = name
+        self.config = config or MailboxConfig()
+        self.keys = keys
+        self.tracer = tracer
+        self.resolver = resolver
+        self.on_request = on_request or (lambda inbound: None)
+        self.on_drop = on_drop or (lambda reason, identity: None)
+        self.endpoint: str | None = None
+        self.stats = {"sent": 0, "received": 0, "replies": 0, "dropped": 0, "late_replies": 0}
+        self._peers: dict[str, _Peer] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._router: _Sock | None = None
+        self._seq_out: dict[bytes, int] = {}  # reply seq per requesting connection
+        self._routing_id = f"{name}#{os.getpid()}#{os.urandom(3).hex()}".encode()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._body_encoder = codec.BodyEncoder()
+        self._header_packer = msgpack.Packer(use_bin_type=True)
+
+    # ------------------------------------------------------------------------------------------ set-up/teardown
+    async def bind(self, endpoint: str) -> str:
+        """Bind the ROUTER (e.g. ``ipc:///tmp/a.sock`` or ``tcp://0.0.0.0:0``); returns the endpoint peers use."""
+        self._loop = asyncio.get_running_loop()
+        ctx = context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.RCVHWM, self.config.recv_hwm)
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, self.config.linger_ms)
+        if self.keys is not None:
+            Authenticator.ensure(ctx, self.keys.public)
+            self.keys.apply_server(sock)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise MailboxError(f"{self.name}: cannot bind {endpoint}: {exc}") from None
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = _Sock(sock, self._loop, self._on_router, self.config.recv_batch, 3)
+        return self.endpoint
+
+    def pause_receiving(self, paused: bool) -> None:
+        """Stop (or resume) reading requests: queued ones stay in ZMQ, and senders block at their HWM."""
+        if self._router is None:
+            return
+        self._router.paused = paused
+        if not paused:
+            self._router.kick()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for p in list(self._pending.values()):
+            p.timer.cancel()
+            if not p.future.done():
+                p.future.set_exception(MailboxError(f"{self.name} closed while waiting for {p.peer}.{p.method}"))
+        self._pending.clear()
+        for peer in self._peers.values():
+            peer.sock.close(self.config.linger_ms)
+        self._peers.clear()
+        if self._router is not None:
+            self._router.close(self.config.linger_ms)
+
+    # ------------------------------------------------------------------------------------------ peers
+    async def _peer(self, name: str) -> _Peer:
+        peer = self._peers.get(name)
+        if peer is not None:
+            return peer
+        waiting = self._connecting.get(name)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        fut = self._loop.create_future()
+        self._connecting[name] = fut
+        try:
+            if self.resolver is None:
+                raise UnknownPeer(f"{self.name} has no directory to find {name!r}")
+            endpoint = await self.resolver(name)
+            peer = self.connect(name, endpoint)
+            fut.set_result(peer)
+            return peer
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            raise
+        finally:
+            self._connecting.pop(name, None)
+
+    def connect(self, name: str, endpoint: str) -> _Peer:
+        """Open (or reopen, if the endpoint changed) the connection to a named peer."""
+        old = self._peers.get(name)
+        if old is not None:
+            if old.endpoint == endpoint:
+                return old
+            self.disconnect(name)
+        sock = context().socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        sock.setsockopt(zmq.RCVHWM, self.config.recv_hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, self.config.linger_ms)
+        sock.setsockopt(zmq.IMMEDIATE, 0)
+        if self.keys is not None:
+            self.keys.apply_client(sock)
+        sock.connect(endpoint)
+        peer = _Peer(name, endpoint, None, self.config.max_inflight_asks)
+        peer.sock = _Sock(sock, self._loop, lambda frames, n=name: self._on_dealer(n, frames), self.config.recv_batch,
+                          2)
+        self._peers[name] = peer
+        return peer
+
+    def disconnect(self, name: str, reason: str = "declared down") -> None:
+        """Forget a peer's connection and fail the asks waiting on it (it died, or moved to a new endpoint)."""
+        peer = self._peers.pop(name, None)
+        if peer is not None:
+            peer.sock.close(0)
+        for mid, p in list(self._pending.items()):
+            if p.peer == name:
+                del self._pending[mid]
+                p.timer.cancel()
+                if not p.future.done():
+                    p.future.set_exception(PeerDown(name, p.method, reason))
+
+    def peers(self) -> dict[str, str]:
+        return {n: p.endpoint for n, p in self._peers.items()}
+
+    # ------------------------------------------------------------------------------------------ sending
+    def _cause(self) -> tuple[str, str | None]:
+        cause = current_cause.get()
+        if cause is None:
+            return codec.new_trace_id(), None
+        return cause
+
+    def _encode(self, header: dict, body: Any, host_copy: bool):
+        body_bytes, buffers, refs = self._body_encoder.encode(body, host_copy)
+        if buffers:
+            header["nframes"] = len(buffers)
+            total = sum(r.nbytes for r in refs)
+        else:
+            total = 0
+        header_bytes = self._header_packer.pack(header)
+        total += len(header_bytes) + len(body_bytes)
+        if total > self.config.max_message_bytes:
+            raise MessageTooLarge(f"{header['method']} to {header['to']}: message is {total} bytes, over the "
+                                  f"{self.config.max_message_bytes}-byte limit")
+        return header_bytes, body_bytes, buffers, refs
+
+    @staticmethod
+    def _try_send(sock: _Sock, head: list, header_bytes: bytes, body_bytes: bytes, buffers: list) -> bool:
+        """Send without waiting; False if the peer's queue is full (nothing was sent)."""
+        send = sock.send
+        try:
+            if head:
+                send(head[0], SEND_MORE_NOW)
+                send(header_bytes, SNDMORE)
+            else:
+                send(header_bytes, SEND_MORE_NOW)
+        except zmq.Again:
+            return False
+        # ZMQ queues a multipart message atomically once its first frame is accepted
+        if buffers:
+            send(body_bytes, SNDMORE)
+            last = len(buffers) - 1
+            for i, b in enumerate(buffers):
+                send(b, 0 if i == last else SNDMORE, copy=len(b) < 65536)
+        else:
+            send(body_bytes, 0)
+        sock.kick()
+        return True
+
+    def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
+        if self.tracer is not None:
+            self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
+        self.stats["sent"] += 1
+
+    async def _send(self, sock: _Sock, head: list, header: dict, body: Any, host_copy: bool) -> None:
+        hb, bb, buffers, refs = self._encode(header, body, host_copy)
+        while not self._try_send(sock, head, hb, bb, buffers):
+            await sock.writable()
+        self._sent(hb, bb, refs, buffers)
+
+    async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
+        """Send a one-way message. Waits only while the peer's queue is full. Returns the message id."""
+        peer = self._peers.get(to) or await self._peer(to)
+        peer.seq += 1
+        trace, parent = self._cause()
+        header = codec.make_header("tell", self.name, to, method, peer.seq, trace, parent)
+        await self._send(peer.sock, [], header, body, host_copy)
+        return header["id"]
+
+    async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
+                  idem: str | None = None, host_copy: bool = False) -> Any:
+        """Send a request and wait for its reply body. Raises AskTimeout, RemoteError or PeerDown."""
+        timeout = self.config.default_timeout if timeout is None else timeout
+        peer = self._peers.get(to) or await self._peer(to)
+        if peer.inflight >= peer.max_inflight:
+            await self._wait_credit(peer, method, timeout)
+        peer.inflight += 1
+        try:
+            peer.seq += 1
+            trace, parent = self._cause()
+            header = codec.make_header("ask", self.name, to, method, peer.seq, trace, parent,
+                                       deadline=time.time() + timeout, idem=idem)
+            mid = header["id"]
+            fut = self._loop.create_future()
+            timer = self._loop.call_later(timeout, self._expire, mid)
+            self._pending[mid] = _Pending(fut, to, method, timer, time.monotonic())
+            try:
+                await self._send(peer.sock, [], header, body, host_copy)
+            except BaseException:
+                self._pending.pop(mid, None)
+                timer.cancel()
+                raise
+            return await fut
+        finally:
+            peer.release()
+
+    async def _wait_credit(self, peer: _Peer, method: str, timeout: float) -> None:
+        t0 = time.monotonic()
+        while peer.inflight >= peer.max_inflight:
+            w = self._loop.create_future()
+            peer.waiting.append(w)
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise AskTimeout(peer.name, method, timeout)
+            try:
+                await asyncio.wait_for(w, left)
+            except asyncio.TimeoutError:
+                raise AskTimeout(peer.name, method, timeout) from None
+
+    def _expire(self, mid: str) -> None:
+        p = self._pending.pop(mid, None)
+        if p is not None and not p.future.done():
+            p.future.set_exception(AskTimeout(p.peer, p.method, time.monotonic() - p.sent))
+
+    def _reply_parts(self, inbound: Inbound, body: Any, error: dict | None, host_copy: bool):
+        req = inbound.header
+        seq = self._seq_out.get(inbound.identity, 0) + 1
+        self._seq_out[inbound.identity] = seq
+        kind = "error" if error is not None else "reply"
+        header = codec.make_header(kind, self.name, req.get("from", "?"), req.get("method", ""), seq,
+                                   req.get("trace") or codec.new_trace_id(), req.get("id"), re=req.get("id") or "")
+        try:
+            return self._encode(header, error if error is not None else body, host_copy)
+        except (TypeError, MessageTooLarge) as exc:
+            if error is not None:
+                raise
+            err = {"type": type(exc).__name__, "message": f"reply cannot be sent: {exc}", "peer": self.name,
+                   "method": req.get("method", "")}
+            return self._reply_parts(inbound, None, err, False)
+
+    def reply_nowait(self, inbound: Inbound, body: Any = None, *, error: dict | None = None,
+                     host_copy: bool = False):
+        """Answer an ask now if the asker's queue has room. Returns None when sent, else a coroutine to await."""
+        parts = self._reply_parts(inbound, body, error, host_copy)
+        try:
+            if self._try_send(self._router, [inbound.identity], *parts[:2], parts[2]):
+                self._sent(parts[0], parts[1], parts[3], parts[2])
+                return None
+        except zmq.ZMQError as exc:
+            self._reply_lost(inbound, exc)
+            return None
+        return self._reply_later(inbound, parts)
+
+    async def _reply_later(self, inbound: Inbound, parts) -> None:
+        hb, bb, buffers, refs = parts
+        try:
+            while not self._try_send(self._router, [inbound.identity], hb, bb, buffers):
+                await self._router.writable()
+        except zmq.ZMQError as exc:
+            self._reply_lost(inbound, exc)
+            return
+        self._sent(hb, bb, refs, buffers)
+
+    async def reply(self, inbound: Inbound, body: Any = None, *, error: dict | None = None,
+                    host_copy: bool = False) -> None:
+        """Answer an ask over the connection it came in on (kind reply, or error when `error` is given)."""
+        later = self.reply_nowait(inbound, body, error=error, host_copy=host_copy)
+        if later is not None:
+            await later
+
+    def _reply_lost(self, inbound: Inbound, exc: Exception) -> None:
+        # EHOSTUNREACH: the asker's connection is gone
+        req = inbound.header
+        self.stats["dropped"] += 1
+        self.on_drop(f"reply to {req.get('from')} for {req.get('method')} not delivered: {exc}", inbound.identity)
+
+    def reply_error_raw(self, identity: bytes, message: str) -> None:
+        """Answer a message we could not decode (no usable header): an error with re="" (best effort)."""
+        header = codec.make_header("error", self.name, "?", "", 0, codec.new_trace_id(), None, re="")
+        body = {"type": "ProtocolError", "message": message, "peer": self.name, "method": ""}
+        try:
+            self._try_send(self._router, [identity], codec.pack_header(header), codec.encode_body(body)[0], [])
+        except zmq.ZMQError:
+            pass
+
+    # ------------------------------------------------------------------------------------------ receiving
+    def _drop(self, reason: str, identity: bytes | None, frames=None) -> None:
+        self.stats["dropped"] += 1
+        if self.tracer is not None:
+            self.tracer.record("drop", None, None, extra={"reason": reason[:500],
+                                                          "identity": bytes(identity or b"")[:64].hex(),
+                                                          "size": sum(len(f) for f in frames or ())})
+        self.on_drop(reason, identity)
+
+    def _on_router(self, frames: list) -> None:
+        identity = frames[0]
+        if len(frames) < 3:
+            self._drop(f"expected identity, header and body frames, got {len(frames)} frame(s)", identity, frames)
+            self.reply_error_raw(identity, f"expected header and body frames, got {len(frames) - 1} frame(s)")
+            return
+        header_bytes = frames[1]
+        try:
+            header = codec.decode_header(header_bytes)
+            if header["kind"] not in _INBOUND_KINDS:
+                raise ProtocolError(f"a {header['kind']} cannot be sent to a mailbox (only tell, ask, hb)")
+            if header.get("nframes", 0) != len(frames) - 3:
+                raise ProtocolError(f"header says {header.get('nframes', 0)} array frame(s), message has "
+                                    f"{len(frames) - 3}")
+        except ProtocolError as exc:
+            self._drop(str(exc), identity, frames)
+            self.reply_error_raw(identity, str(exc))
+            return
+        self.stats["received"] += 1
+        arrays = frames[3:]
+        if self.tracer is not None:
+            self.tracer.record("recv", header_bytes, frames[2], _refs_of(arrays), arrays)
+        self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
+
+    def _on_dealer(self, peer: str, frames: list) -> None:
+        try:
+            if len(frames) < 2:
+                raise ProtocolError(f"expected header and body frames, got {len(frames)}")
+            header = codec.decode_header(frames[0])
+            if header["kind"] not in codec.RESPONSE_KINDS:
+                raise ProtocolError(f"got a {header['kind']} on a reply connection")
+        except ProtocolError as exc:
+            self._drop(f"from {peer}: {exc}", None, frames)
+            return
+        arrays = frames[2:]
+        if self.tracer is not None:
+            self.tracer.record("recv", frames[0], frames[1], _refs_of(arrays), arrays)
+        self.stats["replies"] += 1
+        p = self._pending.pop(header["re"], None)
+        if p is None:
+            self.stats["late_replies"] += 1  # its ask timed out, or a duplicate
+            return
+        p.timer.cancel()
+        if p.future.done():
+            return
+        try:
+            body = codec.decode_body(frames[1], arrays)
+        except ProtocolError as exc:
+            p.future.set_exception(ProtocolError(f"reply from {peer} to {p.method}: {exc}"))
+            return
+        if header["kind"] == "error":
+            e = body if isinstance(body, dict) else {"message": str(body)}
+            p.future.set_exception(RemoteError(str(e.get("peer", peer)), str(e.get("method", p.method)),
+                                               str(e.get("type", "Error")), str(e.get("message", "")),
+                                               e.get("traceback")))
+        else:
+            p.future.set_result(body)
+
+    async def heartbeat(self, to: str, body: Any) -> None:
+        """A liveness message (kind hb) to `to`; never waits for an answer."""
+        peer = await self._peer(to)
+        peer.seq += 1
+        header = codec.make_header("hb", self.name, to, "heartbeat", peer.seq, codec.new_trace_id(), None)
+        await self._send(peer.sock, [], header, body, False)
+
+
+_INBOUND_KINDS = frozenset(("tell", "ask", "hb"))
+
+
+def _refs_of(arrays: list) -> list[ArrayRef] | None:
+    if not arrays:
+        return None
+    # the body names dtype and shape; the trace only needs sizes and hashes here, the reader decodes the rest
+    return [ArrayRef(i, "bytes", (len(a),), "raw", len(a)) for i, a in enumerate(arrays)]
+
+
+def unpack_error(exc: BaseException, peer: str, method: str, with_traceback: bool = True) -> dict:
+    import traceback
+    body = {"type": type(exc).__name__, "message": str(exc), "peer": peer, "method": method}
+    if with_traceback:
+        body["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+    return body

@@ -1,0 +1,177 @@
+"""Every message type of the project, declared in one place: role, method, the fields its body carries, its reply.
+
+A handler of a built-in role must match its declaration (checked when the class is defined), and every request is
+checked against it before the handler runs: a missing field, an unknown field or a field of the wrong type gets an
+`error` reply that names it. Actors of roles not declared here (a user's own reward actor, say) get a declaration
+derived from their handlers' signatures.
+
+`python -m slime_actors.messages` prints the catalog (docs/wire-format.md embeds it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TYPES = ("int", "float", "str", "bool", "bytes", "list", "dict", "array", "any")
+
+
+class BadRequest(ValueError):
+    """A request body that does not match its declaration."""
+
+
+@dataclass(frozen=True)
+class Field:
+    type: str = "any"
+    required: bool = True
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    role: str
+    method: str
+    fields: dict[str, Field]
+    doc: str = ""
+    reply: str = ""
+    open: bool = False  # accepts fields beyond the declared ones (a handler taking **kwargs)
+    required: frozenset = field(default=frozenset(), compare=False)
+
+    def check(self, body: Any) -> dict:
+        """Return the body as keyword arguments, or raise BadRequest naming what is wrong."""
+        where = f"{self.role}.{self.method}"
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise BadRequest(f"{where}: body must be a map of fields, got {type(body).__name__}")
+        fields = self.fields
+        if not self.required.issubset(body.keys()):
+            missing = sorted(self.required - body.keys())
+            raise BadRequest(f"{where}: missing field(s) {', '.join(missing)}")
+        for key, val in body.items():
+            f = fields.get(key)
+            if f is None:
+                if self.open:
+                    continue
+                raise BadRequest(f"{where}: unknown field {key!r} (fields: {', '.join(fields) or 'none'})")
+            if f.type != "any" and not _is(f.type, val) and not (val is None and not f.required):
+                raise BadRequest(f"{where}: field {key!r} must be {f.type}, got {type(val).__name__}")
+        return body
+
+
+def _is(typ: str, val: Any) -> bool:
+    if typ == "int":
+        return isinstance(val, int) and not isinstance(val, bool)
+    if typ == "float":
+        return isinstance(val, (int, float)) and not isinstance(val, bool)
+    if typ == "str":
+        return isinstance(val, str)
+    if typ == "bool":
+        return isinstance(val, bool)
+    if typ == "bytes":
+        return isinstance(val, (bytes, bytearray))
+    if typ == "list":
+        return isinstance(val, list) or _is_array(val)
+    if typ == "dict":
+        return isinstance(val, dict)
+    if typ == "array":
+        return _is_array(val) or isinstance(val, list)
+    return True
+
+
+def _is_array(val) -> bool:
+    if isinstance(val, np.ndarray):
+        return True
+    torch = __import__("sys").modules.get("torch")
+    return torch is not None and isinstance(val, torch.Tensor)
+
+
+CATALOG: dict[tuple[str, str], MessageSpec] = {}
+
+
+def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool = False,
+            **fields: Field | str) -> MessageSpec:
+    """Declare a message. A field given as a string is a required field of that type; `"int?"` is optional."""
+    fs: dict[str, Field] = {}
+    for name, f in fields.items():
+        if isinstance(f, str):
+            f = Field(f.rstrip("?"), not f.endswith("?"))
+        if f.type not in TYPES:
+            raise ValueError(f"{role}.{method}: field {name} has unknown type {f.type!r}")
+        fs[name] = f
+    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required))
+    CATALOG[(role, method)] = spec
+    return spec
+
+
+def spec_from_signature(role: str, method: str, fn) -> MessageSpec:
+    """Derive a declaration from a handler's signature (for roles not in the catalog)."""
+    fs: dict[str, Field] = {}
+    open_ = False
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        if p.kind is p.VAR_KEYWORD:
+            open_ = True
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY):
+            raise TypeError(f"handler {role}.{method}: fields are passed by name; *args or positional-only "
+                            f"parameter {p.name!r} cannot receive one")
+        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "any")
+        typ = {"int": "int", "float": "float", "str": "str", "bool": "bool", "bytes": "bytes", "list": "list",
+               "dict": "dict"}.get(str(ann).split("[")[0].split("|")[0].strip(), "any")
+        fs[p.name] = Field(typ, p.default is p.empty)
+    doc = (inspect.getdoc(fn) or "").split("\n")[0]
+    return MessageSpec(role, method, fs, doc, "", open_, frozenset(n for n, f in fs.items() if f.required))
+
+
+def check_handler(spec: MessageSpec, fn) -> None:
+    """Fail at class definition when a handler's parameters disagree with its declaration."""
+    derived = spec_from_signature(spec.role, spec.method, fn)
+    if derived.open and not spec.open:
+        raise TypeError(f"handler {spec.role}.{spec.method} takes **kwargs but its declaration is closed")
+    if set(derived.fields) != set(spec.fields) and not derived.open:
+        raise TypeError(f"handler {spec.role}.{spec.method} parameters {sorted(derived.fields)} do not match "
+                        f"the declared fields {sorted(spec.fields)} (slime_actors/messages.py)")
+    for name, f in spec.fields.items():
+        d = derived.fields.get(name)
+        if d is not None and d.required and not f.required:
+            raise TypeError(f"handler {spec.role}.{spec.method}: field {name!r} is optional in the declaration "
+                            "but the parameter has no default")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Every actor
+declare("*", "_ping", "Liveness and identity check.", reply="{name, role, index, pid, host, uptime}")
+declare("*", "_stats", "Mailbox and handler counters.", reply="map of counters")
+declare("*", "_stop", "Ask the actor to stop after answering.", reply="{stopping: true}",
+        reason=Field("str", False, "why, for the log"))
+declare("*", "_peer_down", "Directory notice: a peer missed its heartbeats or deregistered.",
+        name=Field("str", True), reason=Field("str", False))
+declare("*", "_peer_up", "Directory notice: a peer (re)registered, possibly at a new endpoint.",
+        name=Field("str", True), endpoint=Field("str", True))
+
+# Directory: name -> endpoint, heartbeats, liveness notices
+declare("directory", "register", "Register an actor's endpoint; notifies watchers with _peer_up.",
+        reply="{ok: true, heartbeat_interval, liveness}",
+        name="str", endpoint="str", pid="int?", host="str?", meta="dict?")
+declare("directory", "deregister", "Remove an actor that stops cleanly (no _peer_down for it).", name="str")
+declare("directory", "lookup", "Endpoint of a name; waits up to `wait` seconds for it to register.",
+        reply="endpoint string", name="str", wait="float?")
+declare("directory", "list", "Every registered actor with its endpoint, pid, host, liveness.",
+        reply="{name: {endpoint, pid, host, alive, last_seen}}")
+declare("directory", "watch", "Subscribe `name` to _peer_down/_peer_up notices.", name="str")
+
+
+def catalog_markdown() -> str:
+    """The catalog as a Markdown table (docs/wire-format.md)."""
+    rows = ["| role | method | fields (`?` optional) | reply | what |", "|---|---|---|---|---|"]
+    for (role, method), s in sorted(CATALOG.items()):
+        fields = ", ".join(f"`{n}{'' if f.required else '?'}: {f.type}`" for n, f in s.fields.items()) or "—"
+        rows.append(f"| {role} | `{method}` | {fields} | {s.reply} | {s.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(catalog_markdown())

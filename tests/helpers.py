@@ -1,0 +1,121 @@
+"""Test helpers: run actors on a loop in a background thread, or in child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import uvloop
+
+from slime_actors.actors.base import Actor, handler
+from slime_actors.runtime import RuntimeConfig
+
+
+class LoopThread:
+    """An event loop in a daemon thread; `call(coro)` runs a coroutine there and returns its result."""
+
+    def __init__(self):
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class Echo(Actor):
+    role = "echo"
+
+    def __init__(self, index=0, **config):
+        super().__init__(index, **config)
+        self.seen: list = []
+
+    @handler
+    def echo(self, x=None):
+        return x
+
+    @handler
+    def record(self, sender: str, n: int) -> None:
+        self.seen.append((sender, n))
+
+    @handler
+    def seen_list(self) -> list:
+        return self.seen
+
+    @handler
+    async def sleep(self, seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+    @handler
+    def boom(self, text: str = "boom"):
+        raise ValueError(text)
+
+
+class Slow(Actor):
+    """Handles `work` slowly, one at a time (max_concurrency is set low by the test)."""
+
+    role = "slow"
+
+    def __init__(self, index=0, **config):
+        super().__init__(index, **config)
+        self.handled = 0
+
+    @handler
+    async def work(self, payload: bytes) -> None:
+        await asyncio.sleep(config_delay(self.config))
+        self.handled += 1
+
+    @handler
+    def count(self) -> int:
+        return self.handled
+
+
+def config_delay(cfg: dict) -> float:
+    return float(cfg.get("delay", 0.001))
+
+
+def _child(cls, index, env, config, ready):
+    os.environ.update(env)
+    from slime_actors.log import setup_logging
+    setup_logging(env.get("SLIME_ACTORS_RUN_DIR"), f"{cls.role}/{index}", console=False)
+
+    async def main():
+        actor = cls(index, **config)
+        await actor.start(RuntimeConfig.from_env())
+        ready.set()
+        await actor.wait_stopped()
+
+    uvloop.run(main())
+
+
+def spawn_actor(cls, index: int, runtime: RuntimeConfig, config: dict | None = None, timeout: float = 60):
+    """Start `cls(index)` in a child process (spawn) with the runtime's environment; returns the Process."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    env = runtime.env()
+    keys = runtime.keys()
+    if keys is not None:
+        env.update(keys.env())
+    p = ctx.Process(target=_child, args=(cls, index, env, config or {}, ready), daemon=True)
+    p.start()
+    if not ready.wait(timeout):
+        p.kill()
+        raise TimeoutError(f"{cls.role}/{index} did not start within {timeout}s")
+    return p
+
+
+def wait_for(pred, timeout: float = 10, interval: float = 0.02):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(interval)
+    return False
