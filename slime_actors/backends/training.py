@@ -1,0 +1,93 @@
+"""The trainer-rank interface: what a training backend (torch, megatron) offers the trainer actor.
+
+A backend owns one rank's model(s), optimizer and forward/backward. The RL update itself -- reference and old
+log-probs, advantages, the policy loss, micro-batches and optimizer steps -- is written once, in
+`slime_actors.backends.rl_update.rl_update`, on top of these primitives, so both backends compute the same thing.
+
+The trainer actor initialises torch.distributed (gloo on CPU, NCCL on GPU) before constructing the backend; ranks
+of the training group are 0..world_size-1. A batch is the dict made by `slime_actors.types.batch_from_samples`:
+parallel lists with one entry per sample -- tokens (prompt + response), prompt_lengths, response_lengths,
+loss_masks, rollout_log_probs, rewards, group_index, sample_index, weight_versions -- plus, once rl_update has
+computed them, per-sample tensors: old_log_probs, ref_log_probs, values, advantages, returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+# loss_fn(micro_batch, log_probs, entropies, values) -> (loss to backpropagate, metrics of this micro-batch)
+# log_probs / entropies: one 1-D tensor per sample over its response tokens; values likewise (critic) or None.
+LossFn = Callable[[dict, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None],
+                  tuple[torch.Tensor, dict[str, float]]]
+
+
+class TrainingBackend(ABC):
+    """One rank of the training group."""
+
+    def __init__(self, args: Any, rank: int, world_size: int):
+        self.args, self.rank, self.world_size = args, rank, world_size
+        self.weight_version = 0  # bumped by the trainer after each update that engines receive
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def init(self) -> None:
+        """Build the actor model (and reference model, critic, optimizer) from args.hf_checkpoint."""
+
+    # -- forward passes (no grad) ------------------------------------------------------------------------
+    @abstractmethod
+    def compute_log_probs(self, batch: dict, model: str = "actor", with_entropy: bool = False
+                          ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Log-probs (fp32, CPU) of each sample's response tokens under `model` ("actor" or "ref"), computed at
+        args.rollout_temperature; with_entropy adds the per-token entropy."""
+
+    def compute_values(self, batch: dict) -> list[torch.Tensor]:
+        """Critic values per response token (PPO); backends without a critic raise."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic (needed by --advantage-estimator ppo)")
+
+    # -- training ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def train_micro_batches(self, micro_batches: list[dict], loss_fn: LossFn, train_critic: bool = False
+                            ) -> dict[str, float]:
+        """Forward + backward over the micro-batches of one optimizer step, accumulating gradients (the loss_fn's
+        loss is already scaled for accumulation). Returns summed metrics of this rank."""
+
+    @abstractmethod
+    def optimizer_step(self, critic: bool = False) -> float:
+        """Clip gradients (args.clip_grad), step, zero grads. Returns the gradient norm before clipping."""
+
+    # -- weights -----------------------------------------------------------------------------------------
+    @abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in Hugging Face names and layouts (gathered across model-parallel ranks); meaningful on
+        rank 0, which sends them to the engines. Tensors may live on the training device."""
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """named_weights grouped into buckets of about `bucket_bytes` each (a tensor larger than that is alone)."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, t in self.named_weights():
+            nbytes = t.numel() * t.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, t))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    @abstractmethod
+    def save(self, path: str, save_optim: bool = True) -> None:
+        """Save this rank's model (and optimizer) state under `path` (a directory shared by the ranks)."""
+
+    @abstractmethod
+    def load(self, path: str, load_optim: bool = True) -> None:
+        """Restore what `save` wrote."""
+
+    def save_hf(self, path: str) -> None:
+        """Export the actor in Hugging Face format (rank 0 writes)."""
+        raise NotImplementedError

@@ -1,0 +1,82 @@
+"""The data that flows through the buffer: samples (one prompt + one response) and the trainer's batch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# sample status
+PENDING, COMPLETED, TRUNCATED, ABORTED, FAILED = "pending", "completed", "truncated", "aborted", "failed"
+STATUSES = (PENDING, COMPLETED, TRUNCATED, ABORTED, FAILED)
+
+
+@dataclass
+class Sample:
+    """One response to one prompt. Groups of `n_samples_per_prompt` share a `group_index`.
+
+    `loss_mask`, `rollout_log_probs` have one entry per response token. `weight_version` is the version of the
+    weights that generated the response (for a partial rollout continued across steps: the oldest one used;
+    `weight_versions` lists them all). `reward` is the raw score; the trainer's advantages are derived from it.
+    """
+
+    index: int
+    group_index: int
+    prompt: Any = ""                 # str, or chat messages
+    prompt_tokens: list[int] = field(default_factory=list)
+    label: Any = None
+    metadata: dict = field(default_factory=dict)
+    response: str = ""
+    response_tokens: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    reward: float | None = None
+    weight_version: int = -1
+    weight_versions: list[int] = field(default_factory=list)
+    status: str = PENDING
+    rollout_id: int = -1
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_tokens + self.response_tokens
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_tokens)
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "Sample":
+        names = _FIELDS
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"sample has unknown field(s) {sorted(unknown)}")
+        return cls(**d)
+
+    def reset_response(self) -> None:
+        """Forget a generated response (the prompt is issued again)."""
+        self.response, self.response_tokens, self.loss_mask, self.rollout_log_probs = "", [], [], []
+        self.reward, self.status, self.finish_reason, self.error = None, PENDING, None, None
+        self.weight_versions = []
+        self.weight_version = -1
+
+
+_FIELDS = {f.name for f in fields(Sample)}
+
+
+def batch_from_samples(samples: list[Sample]) -> dict:
+    """The trainer's view of a list of samples: parallel lists, one entry per sample (docs/architecture.md)."""
+    return {
+        "sample_index": [s.index for s in samples],
+        "group_index": [s.group_index for s in samples],
+        "tokens": [s.tokens for s in samples],
+        "prompt_lengths": [len(s.prompt_tokens) for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "loss_masks": [s.loss_mask for s in samples],
+        "rollout_log_probs": [s.rollout_log_probs for s in samples],
+        "rewards": [float(s.reward if s.reward is not None else 0.0) for s in samples],
+        "weight_versions": [s.weight_version for s in samples],
+    }
