@@ -1,0 +1,536 @@
+"""Prompt data: jsonl or parquet files of prompts, read once, handed out as prompt groups over epochs.
+
+    ds = PromptDataset("data/train.jsonl", tokenizer, input_key="input", label_key="label",
+                       apply_chat_template=True, max_prompt_len=512, shuffle=True, seed=42)
+    groups = ds.next_groups(8, n_samples_per_prompt=4)   # 8 lists of 4 Samples, crossing epochs as needed
+    state = ds.state_dict()                              # {"epoch", "offset", "next_group_index", ...}
+    ds2 = PromptDataset(...same...); ds2.load_state_dict(state)   # continues exactly where ds stopped
+
+Rows. A row is a JSON object (one per line in .jsonl; blank lines are ignored) or a parquet row. `input_key` holds
+the prompt: a non-empty string, or a non-empty list of chat messages ({"role": ..., "content": ...}). `label_key`
+(optional) the label, any type. `metadata_key` (optional) a dict, or a JSON string of one. `tool_key` (optional)
+a list of tool specs (or a JSON string of one), passed to the chat template and kept in `metadata["tools"]`.
+
+Prompts. With `apply_chat_template` a string prompt becomes [{"role": "user", "content": prompt}] and the
+tokenizer's chat template renders the messages with add_generation_prompt=True; the prompt is the rendered text.
+`prompt_tokens` are computed once, here, as `tokenizer(prompt, add_special_tokens=False)` (slime's convention:
+the chat template carries any BOS itself). A message-list prompt without `apply_chat_template` is kept as the list
+with empty `prompt_tokens` (for a custom generate function), and is not length-filtered. Prompts longer than
+`max_prompt_len` tokens are dropped and counted (`stats["too_long"]`).
+
+Malformed rows (invalid JSON, not an object, missing input/label key, wrong type, empty prompt, a chat template
+that fails) raise `DataError` naming the file, the line (jsonl, 1-based) or row (parquet, 0-based) and the
+problem. With `on_error="skip"` they are skipped instead, counted (`stats["skipped"]`) and logged: one warning per
+row for the first 10, then a summary. A file that cannot be read at all, or has no usable prompt, always raises.
+
+Order. Epoch e visits every prompt once, in file order, or (with `shuffle`) in the permutation
+`random.Random(seed + e).shuffle(range(n))` — the same on every machine and every restart. The position is
+(epoch, offset); `state_dict()` / `load_state_dict()` save and restore it together with the running group index.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_actors.log import get_logger
+from slime_actors.types import Sample
+
+__all__ = ["DataError", "Prompt", "PromptDataset", "EvalDatasets", "parse_eval_prompt_data", "read_rows",
+           "load_prompt_data", "load_tokenizer"]
+
+MAX_LOGGED_ROW_WARNINGS = 10
+_TOKENIZE_CHUNK = 1024
+
+
+class DataError(ValueError):
+    """A problem with prompt data; `path`, `line` (jsonl, 1-based) / `row` (parquet, 0-based) and `problem`."""
+
+    def __init__(self, problem: str, path: str | None = None, line: int | None = None, row: int | None = None):
+        self.problem, self.path, self.line, self.row = problem, path, line, row
+        super().__init__(f"{_loc(path, line, row)}: {problem}" if path else problem)
+
+
+def _loc(path, line=None, row=None) -> str:
+    if line is not None:
+        return f"{path}:{line}"
+    if row is not None:
+        return f"{path} row {row}"
+    return str(path)
+
+
+class _RowProblem(Exception):
+    pass
+
+
+@dataclass
+class Prompt:
+    """One usable prompt. `index` is its position in the dataset (stable across epochs and restarts)."""
+
+    index: int
+    prompt: Any                      # str (rendered), or a list of chat messages
+    prompt_tokens: list[int]
+    label: Any = None
+    metadata: dict = field(default_factory=dict)
+    source: str = ""                 # "file:line" or "file row N"
+
+    # read like a dict too (prompt["prompt_tokens"], prompt.get("label"))
+    def __getitem__(self, key: str):
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
+
+    def to_samples(self, n: int, group_index: int, first_index: int | None = None) -> list[Sample]:
+        """`n` fresh samples of this prompt (their own copies of tokens and metadata)."""
+        first = group_index * n if first_index is None else first_index
+        return [Sample(index=first + j, group_index=group_index, prompt=copy.deepcopy(self.prompt),
+                       prompt_tokens=list(self.prompt_tokens), label=copy.deepcopy(self.label),
+                       metadata=copy.deepcopy(self.metadata)) for j in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------- reading rows
+
+def read_rows(path: str) -> Iterator[tuple[dict[str, int], dict | None, str | None]]:
+    """Yield (where, row, problem) for each row of a .jsonl or .parquet file: `where` is {"line": n} (1-based)
+    or {"row": n} (0-based); `row` is the decoded object or None when `problem` says why it could not be read.
+    A file that cannot be opened raises DataError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError("file does not exist", path)
+    if os.path.isdir(path):
+        raise DataError("is a directory, expected a .jsonl or .parquet file", path)
+    low = path.lower()
+    if low.endswith(".jsonl"):
+        return _read_jsonl(path)
+    if low.endswith(".parquet"):
+        return _read_parquet(path)
+    raise DataError("unsupported file type (expected .jsonl or .parquet)", path)
+
+
+def _read_jsonl(path):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = {"line": lineno}
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield where, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield where, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
+                continue
+            if not isinstance(obj, dict):
+                yield where, None, f"expected a JSON object, got {_tname(obj)}"
+                continue
+            yield where, obj, None
+
+
+def _read_parquet(path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise DataError("reading parquet needs pyarrow (pip install pyarrow)", path) from exc
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:
+        raise DataError(f"cannot read parquet file: {type(exc).__name__}: {exc}", path) from exc
+    row = 0
+    try:
+        for batch in pf.iter_batches():
+            for obj in batch.to_pylist():
+                yield {"row": row}, obj, None
+                row += 1
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"cannot read parquet file after {row} rows: {type(exc).__name__}: {exc}", path,
+                        row=row) from exc
+
+
+def _tname(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", type(None): "null", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+# ----------------------------------------------------------------------------------------------- the dataset
+
+class PromptDataset:
+    """The prompts of one file, and a resumable position over epochs (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, tokenizer=None, input_key: str = "input", label_key: str | None = None,
+                 metadata_key: str | None = "metadata", tool_key: str | None = None,
+                 apply_chat_template: bool = False, max_prompt_len: int | None = None, shuffle: bool = False,
+                 seed: int = 42, on_error: str = "raise", apply_chat_template_kwargs: dict | None = None,
+                 name: str | None = None):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:
+            raise ValueError("apply_chat_template and max_prompt_len need a tokenizer")
+        self.path = os.fspath(path)
+        self.name = name or os.path.splitext(os.path.basename(self.path))[0]
+        self.tokenizer = tokenizer
+        self.input_key, self.label_key, self.metadata_key, self.tool_key = input_key, label_key, metadata_key, \
+            tool_key
+        self.apply_chat_template = apply_chat_template
+        self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
+        self.max_prompt_len = max_prompt_len
+        self.shuffle, self.seed, self.on_error = shuffle, seed, on_error
+        self.log = get_logger(component="data", dataset=self.name)
+        self.stats = {"rows": 0, "skipped": 0, "too_long": 0, "prompts": 0}
+        self.prompts: list[Prompt] = self._load()
+        self.stats["prompts"] = len(self.prompts)
+        self._epoch, self._offset, self.next_group_index = 0, 0, 0
+        self._order_cache: tuple[int, list[int]] | None = None
+        self._fingerprint: str | None = None
+
+    @classmethod
+    def from_args(cls, args, tokenizer, on_error: str = "raise") -> "PromptDataset":
+        """The training prompts: --prompt-data, --input-key, --label-key, --metadata-key, --tool-key,
+        --apply-chat-template, --rollout-max-prompt-len, --rollout-shuffle, --rollout-seed."""
+        return cls(args.prompt_data, tokenizer, input_key=args.input_key, label_key=args.label_key,
+                   metadata_key=args.metadata_key, tool_key=args.tool_key,
+                   apply_chat_template=args.apply_chat_template, max_prompt_len=args.rollout_max_prompt_len,
+                   shuffle=args.rollout_shuffle, seed=args.rollout_seed, on_error=on_error)
+
+    # -------------------------------------------------------------------------------------------- loading
+    def _load(self) -> list[Prompt]:
+        pending: list[tuple[str, Any, Any, dict]] = []   # (source, prompt, label, metadata)
+        for where, obj, problem in read_rows(self.path):
+            self.stats["rows"] += 1
+            if problem is None:
+                try:
+                    pending.append((_loc(self.path, **where), *self._row(obj)))
+                    continue
+                except _RowProblem as exc:
+                    problem = str(exc)
+            self._bad_row(where, problem)
+        if self.stats["skipped"] > MAX_LOGGED_ROW_WARNINGS:
+            self.log.warning("skipped malformed rows", file=self.path, skipped=self.stats["skipped"],
+                             logged=MAX_LOGGED_ROW_WARNINGS, rows=self.stats["rows"])
+        elif self.stats["skipped"]:
+            self.log.warning("skipped malformed rows", file=self.path, skipped=self.stats["skipped"],
+                             rows=self.stats["rows"])
+
+        tokens = self._tokenize([p for _, p, _, _ in pending])
+        prompts: list[Prompt] = []
+        unfiltered_lists = 0
+        for (source, prompt, label, metadata), toks in zip(pending, tokens):
+            if toks is None:
+                unfiltered_lists += 1
+                toks = []
+            elif self.max_prompt_len is not None and len(toks) > self.max_prompt_len:
+                self.stats["too_long"] += 1
+                continue
+            prompts.append(Prompt(len(prompts), prompt, toks, label, metadata, source))
+        if self.max_prompt_len is not None:
+            self.log.info("filtered long prompts", file=self.path, too_long=self.stats["too_long"],
+                          max_prompt_len=self.max_prompt_len, kept=len(prompts))
+            if unfiltered_lists:
+                self.log.warning("message-list prompts are not length-filtered without --apply-chat-template",
+                                 file=self.path, count=unfiltered_lists)
+        if not prompts:
+            raise DataError(f"no usable prompts ({self.stats['rows']} rows, {self.stats['skipped']} malformed and "
+                            f"skipped, {self.stats['too_long']} longer than max_prompt_len={self.max_prompt_len})",
+                            self.path)
+        self.log.info("loaded prompts", file=self.path, prompts=len(prompts), rows=self.stats["rows"],
+                      skipped=self.stats["skipped"], too_long=self.stats["too_long"])
+        return prompts
+
+    def _bad_row(self, where: dict, problem: str) -> None:
+        if self.on_error == "raise":
+            raise DataError(problem, self.path, **where)
+        self.stats["skipped"] += 1
+        if self.stats["skipped"] <= MAX_LOGGED_ROW_WARNINGS:
+            self.log.warning("skipping malformed row", where=_loc(self.path, **where), problem=problem)
+
+    def _row(self, obj: dict) -> tuple[Any, Any, dict]:
+        key = self.input_key
+        if key not in obj:
+            keys = ", ".join(repr(k) for k in list(obj)[:10])
+            raise _RowProblem(f"missing input key {key!r} (row has {keys or 'no keys'})")
+        prompt = obj[key]
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise _RowProblem(f"empty prompt in {key!r}")
+        elif isinstance(prompt, (list, tuple)):
+            prompt = _check_messages(list(prompt), key)
+        else:
+            raise _RowProblem(f"{key!r} must be a string or a list of chat messages, got {_tname(prompt)}")
+
+        label = None
+        if self.label_key is not None:
+            if self.label_key not in obj:
+                raise _RowProblem(f"missing label key {self.label_key!r}")
+            label = obj[self.label_key]
+
+        metadata: dict = {}
+        if self.metadata_key is not None and obj.get(self.metadata_key) is not None:
+            m = obj[self.metadata_key]
+            if isinstance(m, str):
+                try:
+                    m = json.loads(m) if m.strip() else {}
+                except json.JSONDecodeError as exc:
+                    raise _RowProblem(f"metadata {self.metadata_key!r} is a string but not JSON ({exc.msg})") from None
+            if not isinstance(m, dict):
+                raise _RowProblem(f"metadata {self.metadata_key!r} must be an object, got {_tname(m)}")
+            metadata = m
+
+        tools = None
+        if self.tool_key is not None and obj.get(self.tool_key) is not None:
+            tools = obj[self.tool_key]
+            if isinstance(tools, str):
+                try:
+                    tools = json.loads(tools)
+                except json.JSONDecodeError as exc:
+                    raise _RowProblem(f"tools {self.tool_key!r} is a string but not JSON ({exc.msg})") from None
+            if not isinstance(tools, list):
+                raise _RowProblem(f"tools {self.tool_key!r} must be a list, got {_tname(tools)}")
+            metadata["tools"] = tools
+
+        if self.apply_chat_template:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            try:
+                kwargs = dict(self.apply_chat_template_kwargs)
+                if tools is not None:
+                    kwargs["tools"] = tools
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          **kwargs)
+            except Exception as exc:
+                raise _RowProblem(f"chat template failed: {type(exc).__name__}: {exc}") from None
+            if not isinstance(text, str):   # some processors return a list for batched input
+                if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+                    text = text[0]
+                else:
+                    raise _RowProblem(f"chat template returned {_tname(text)}, expected a string")
+            prompt = text
+        return prompt, label, metadata
+
+    def _tokenize(self, prompts: list) -> list[list[int] | None]:
+        out: list[list[int] | None] = [None] * len(prompts)
+        if self.tokenizer is None:
+            return [[] if isinstance(p, str) else None for p in prompts]
+        idx = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        for start in range(0, len(idx), _TOKENIZE_CHUNK):
+            chunk = idx[start:start + _TOKENIZE_CHUNK]
+            ids = self.tokenizer([prompts[i] for i in chunk], add_special_tokens=False)["input_ids"]
+            for i, t in zip(chunk, ids):
+                out[i] = [int(x) for x in t]
+        return out
+
+    # -------------------------------------------------------------------------------------------- access
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i: int) -> Prompt:
+        return self.prompts[i]
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def order(self, epoch: int) -> list[int]:
+        """Prompt indices in the order epoch `epoch` visits them."""
+        if self._order_cache is not None and self._order_cache[0] == epoch:
+            return self._order_cache[1]
+        perm = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed + epoch).shuffle(perm)
+        self._order_cache = (epoch, perm)
+        return perm
+
+    def next_prompts(self, k: int) -> list[Prompt]:
+        """The next `k` prompts, moving on to the next epoch (reshuffled) when one ends."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        n = len(self.prompts)
+        out: list[Prompt] = []
+        while len(out) < k:
+            take = min(k - len(out), n - self._offset)
+            order = self.order(self._epoch)
+            out.extend(self.prompts[i] for i in order[self._offset:self._offset + take])
+            self._offset += take
+            if self._offset >= n:
+                self._epoch, self._offset = self._epoch + 1, 0
+        return out
+
+    def next_groups(self, k: int, n_samples_per_prompt: int) -> list[list[Sample]]:
+        """The next `k` prompt groups of `n_samples_per_prompt` samples each; group indices continue from the last
+        call (and across restarts, via the state), sample index = group_index * n + j."""
+        groups = []
+        for p in self.next_prompts(k):
+            groups.append(p.to_samples(n_samples_per_prompt, self.next_group_index))
+            self.next_group_index += 1
+        return groups
+
+    def all_prompts(self) -> list[Prompt]:
+        """Every prompt once, in file order (eval); does not move the position."""
+        return list(self.prompts)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        """Prompts forever (epoch after epoch), advancing the position."""
+        while True:
+            yield self.next_prompts(1)[0]
+
+    # -------------------------------------------------------------------------------------------- state
+    def fingerprint(self) -> str:
+        """A hash of the prompts and labels (to notice that the data changed under a saved position)."""
+        if self._fingerprint is None:
+            h = hashlib.sha1()
+            for p in self.prompts:
+                h.update(json.dumps([p.prompt, p.label], sort_keys=True, default=str).encode())
+                h.update(b"\0")
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "offset": self._offset, "next_group_index": self.next_group_index,
+                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed,
+                "fingerprint": self.fingerprint()}
+
+    def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
+        """Continue from a saved position. With `strict`, data that differs from what the state was saved with
+        (another number of prompts, or other contents) is a DataError; a different seed or shuffle is warned
+        about and the current settings win."""
+        n = len(self.prompts)
+        missing = [k for k in ("epoch", "offset") if k not in state]
+        if missing:
+            raise DataError(f"dataset state lacks {missing}", self.path)
+        if strict and state.get("num_prompts", n) != n:
+            raise DataError(f"the saved position is for {state['num_prompts']} prompts, the data now has {n}: "
+                            "the prompt data changed since the state was saved", self.path)
+        if strict and state.get("fingerprint") not in (None, self.fingerprint()):
+            raise DataError("the prompt data changed since the state was saved (same number of prompts, other "
+                            "contents); pass strict=False to continue anyway", self.path)
+        if (state.get("shuffle", self.shuffle), state.get("seed", self.seed)) != (self.shuffle, self.seed):
+            self.log.warning("dataset order settings differ from the saved state; using the current ones",
+                             saved_shuffle=state.get("shuffle"), saved_seed=state.get("seed"),
+                             shuffle=self.shuffle, seed=self.seed)
+        epoch, offset = int(state["epoch"]), int(state["offset"])
+        if epoch < 0 or not 0 <= offset <= n:
+            raise DataError(f"invalid saved position epoch={epoch} offset={offset} for {n} prompts", self.path)
+        if offset == n:
+            epoch, offset = epoch + 1, 0
+        self._epoch, self._offset = epoch, offset
+        self.next_group_index = int(state.get("next_group_index", self.next_group_index))
+
+
+def _check_messages(messages: list, key: str) -> list:
+    if not messages:
+        raise _RowProblem(f"empty prompt in {key!r} (no messages)")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _RowProblem(f"{key!r} message {i} must be an object with 'role' and 'content', got {_tname(m)}")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise _RowProblem(f"{key!r} message {i} has no 'role' string")
+        if "content" not in m:
+            raise _RowProblem(f"{key!r} message {i} has no 'content'")
+        if m["content"] is not None and not isinstance(m["content"], (str, list)):
+            raise _RowProblem(f"{key!r} message {i} content must be a string or a list, got {_tname(m['content'])}")
+    if all(isinstance(m["content"], str) and not m["content"].strip() for m in messages):
+        raise _RowProblem(f"empty prompt in {key!r} (all messages are empty)")
+    return messages
+
+
+# ----------------------------------------------------------------------------------------------- eval sets
+
+def parse_eval_prompt_data(values: list[str] | str | None) -> list[tuple[str, str]]:
+    """`--eval-prompt-data NAME PATH [NAME PATH ...]` or `--eval-prompt-data PATH` as (name, path) pairs; a single
+    PATH (or a list of values that are all existing .jsonl/.parquet files) is named by the file's stem."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    values = [str(v) for v in values]
+    if not values:
+        return []
+
+    def is_data_file(v):
+        return v.lower().endswith((".jsonl", ".parquet")) and os.path.isfile(v)
+
+    if len(values) == 1 or all(is_data_file(v) for v in values):
+        pairs = [(os.path.splitext(os.path.basename(v))[0], v) for v in values]
+    elif len(values) % 2:
+        raise DataError(f"--eval-prompt-data takes NAME PATH pairs or a single PATH, got {len(values)} values: "
+                        f"{values}")
+    else:
+        pairs = [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+    seen = set()
+    for name, _ in pairs:
+        if name in seen:
+            raise DataError(f"--eval-prompt-data names {name!r} twice")
+        seen.add(name)
+    return pairs
+
+
+class EvalDatasets(Mapping):
+    """The eval sets by name (insertion order): never shuffled, never length-filtered."""
+
+    def __init__(self, specs: list[tuple[str, str]] | list[str] | None, tokenizer=None, **dataset_kwargs):
+        if specs and all(isinstance(s, str) for s in specs):
+            specs = parse_eval_prompt_data(list(specs))
+        dataset_kwargs.setdefault("shuffle", False)
+        self.datasets: dict[str, PromptDataset] = {
+            name: PromptDataset(path, tokenizer, name=name, **dataset_kwargs) for name, path in (specs or [])}
+
+    @classmethod
+    def from_args(cls, args, tokenizer, on_error: str = "raise") -> "EvalDatasets":
+        """--eval-prompt-data with --eval-input-key / --eval-label-key (default: --input-key / --label-key)."""
+        return cls(parse_eval_prompt_data(args.eval_prompt_data), tokenizer,
+                   input_key=args.eval_input_key or args.input_key,
+                   label_key=args.eval_label_key or args.label_key, metadata_key=args.metadata_key,
+                   tool_key=args.tool_key, apply_chat_template=args.apply_chat_template, on_error=on_error)
+
+    def __getitem__(self, name: str) -> PromptDataset:
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise KeyError(f"no eval dataset {name!r} (have {list(self.datasets)})") from None
+
+    def __iter__(self):
+        return iter(self.datasets)
+
+    def __len__(self) -> int:
+        return len(self.datasets)
+
+    def groups(self, name: str, n_samples_per_prompt: int) -> list[list[Sample]]:
+        """Every prompt of eval set `name`, in file order, as groups (group_index = prompt index)."""
+        return [p.to_samples(n_samples_per_prompt, p.index) for p in self[name].prompts]
+
+
+# ----------------------------------------------------------------------------------------------- from the flags
+
+def load_tokenizer(args):
+    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made under RUN_DIR/models)."""
+    from transformers import AutoTokenizer
+    spec = args.hf_checkpoint
+    if not os.path.isdir(spec):
+        from slime_actors.models.resolve import resolve_checkpoint
+        spec = resolve_checkpoint(spec, os.path.join(getattr(args, "run_dir", None) or ".", "models"))
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def load_prompt_data(args, tokenizer=None, on_error: str = "raise") -> tuple[PromptDataset | None, EvalDatasets]:
+    """(training prompts or None without --prompt-data, eval sets) from the flags; the tokenizer is loaded from
+    --hf-checkpoint unless given."""
+    if tokenizer is None:
+        tokenizer = load_tokenizer(args)
+    train = PromptDataset.from_args(args, tokenizer, on_error=on_error) if args.prompt_data else None
+    return train, EvalDatasets.from_args(args, tokenizer, on_error=on_error)

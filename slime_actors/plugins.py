@@ -1,0 +1,189 @@
+"""Load user functions named on the command line (--custom-rm-path, --custom-generate-function-path,
+--rollout-function-path, --dynamic-sampling-filter-path).
+
+    fn = load_function("my_pkg.rewards.score")               # a dotted path: module, then attribute(s)
+    fn = load_function("my_pkg.rewards:Scorer.score")        # module:attribute, explicit split
+    fn = load_function("examples/digits/reward.py:score")    # a Python file and a name in it
+
+A dotted path is split at the longest importable module ("a.b.C.f" imports a.b and takes C.f), so attributes of
+classes work too. A file path is loaded once (by absolute path) as module `slime_actors_plugin_<stem>_<hash>`
+and registered in sys.modules. Results are cached; `clear_cache()` forgets them.
+
+Errors are `PluginError` (an ImportError) with `kind` telling what went wrong:
+  "bad_path"         the string is empty or malformed
+  "module_not_found" no module of that name (or no such file) — the message says what was looked for
+  "import_failed"    the module exists but importing it raised (including a missing dependency *inside* it)
+  "attribute_missing" the module imported but has no such attribute (the message lists close names)
+  "not_callable"     the attribute exists but cannot be called
+Pass `flag="--custom-rm-path"` to have the message name the flag the path came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+__all__ = ["PluginError", "load_function", "maybe_load_function", "clear_cache"]
+
+_cache: dict[str, Callable] = {}
+_lock = threading.RLock()
+
+
+class PluginError(ImportError):
+    """A user function could not be loaded; `kind` says why, `path` is what was asked for."""
+
+    def __init__(self, message: str, *, kind: str, path: str):
+        super().__init__(message)
+        self.kind = kind
+        self.path = path
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
+
+
+def maybe_load_function(path: str | None, flag: str | None = None) -> Callable | None:
+    """`load_function(path)`, or None when no path is given (an unset optional flag)."""
+    if path is None or (isinstance(path, str) and not path.strip()):
+        return None
+    return load_function(path, flag=flag)
+
+
+def load_function(path: str, flag: str | None = None) -> Callable:
+    """The callable named by `path`: "pkg.module.fn", "pkg.module:fn" or "path/to/file.py:fn"."""
+    if not isinstance(path, str) or not path.strip():
+        raise PluginError(f"{_where(flag)}expected a function path like 'pkg.module.fn' or 'file.py:fn', "
+                          f"got {path!r}", kind="bad_path", path=str(path))
+    path = path.strip()
+    with _lock:
+        if path in _cache:
+            return _cache[path]
+        fn = _load(path, flag)
+        _cache[path] = fn
+        return fn
+
+
+def _where(flag: str | None) -> str:
+    return f"{flag}: " if flag else ""
+
+
+def _load(path: str, flag: str | None) -> Callable:
+    w = _where(flag)
+    if ":" in path:
+        left, _, attr = path.rpartition(":")
+        if not left or not attr:
+            raise PluginError(f"{w}{path!r}: expected 'module:function' or 'file.py:function'",
+                              kind="bad_path", path=path)
+        if left.endswith(".py") or os.sep in left or "/" in left:
+            module, where = _import_file(left, path, w), f"file {left}"
+        else:
+            module, where = _import_module(left, path, w), f"module {left!r}"
+        obj = _get_attr(module, attr, path, where, w)
+    else:
+        if path.endswith(".py"):
+            raise PluginError(f"{w}{path!r} names a file but no function: write '{path}:function_name'",
+                              kind="bad_path", path=path)
+        parts = path.split(".")
+        if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+            raise PluginError(f"{w}{path!r} is not a dotted path like 'pkg.module.function'",
+                              kind="bad_path", path=path)
+        module, split = None, 0
+        # longest importable prefix: "a.b.C.f" -> import a.b, then getattr C, f
+        for split in range(len(parts) - 1, 0, -1):
+            name = ".".join(parts[:split])
+            module = _try_import(name, path, w)
+            if module is not None:
+                break
+        if module is None:
+            top = parts[0]
+            raise PluginError(
+                f"{w}cannot load {path!r}: module {'.'.join(parts[:-1])!r} not found "
+                f"(no module named {top!r} is importable either; is its directory on PYTHONPATH? "
+                f"a file can be named as 'path/to/file.py:function')",
+                kind="module_not_found", path=path)
+        rest = parts[split:]
+        if len(rest) > 1 and not hasattr(module, rest[0]):
+            # "pkg.mod.fn" with pkg importable but no pkg.mod: report the module, not the attribute
+            raise PluginError(f"{w}cannot load {path!r}: module {'.'.join(parts[:-1])!r} not found "
+                              f"({module.__name__!r} has no submodule or attribute {rest[0]!r})",
+                              kind="module_not_found", path=path)
+        obj = _get_attr(module, ".".join(rest), path, f"module {'.'.join(parts[:split])!r}", w)
+    if not callable(obj):
+        raise PluginError(f"{w}{path!r} is a {type(obj).__name__}, not a function (not callable)",
+                          kind="not_callable", path=path)
+    return obj
+
+
+def _try_import(name: str, path: str, w: str):
+    """The module, None if `name` (or a parent package of it) does not exist; PluginError if importing fails."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (name == missing or name.startswith(missing + ".")):
+            return None  # the module itself (or its package) is absent
+        raise PluginError(f"{w}cannot load {path!r}: importing module {name!r} failed: it imports "
+                          f"{missing!r}, which is not installed ({exc})", kind="import_failed", path=path) from exc
+    except Exception as exc:
+        raise PluginError(f"{w}cannot load {path!r}: importing module {name!r} raised "
+                          f"{type(exc).__name__}: {exc}", kind="import_failed", path=path) from exc
+
+
+def _import_module(name: str, path: str, w: str):
+    if not all(p.isidentifier() for p in name.split(".")):
+        raise PluginError(f"{w}{path!r}: {name!r} is not a module name", kind="bad_path", path=path)
+    module = _try_import(name, path, w)
+    if module is None:
+        raise PluginError(f"{w}cannot load {path!r}: module {name!r} not found (is its directory on PYTHONPATH?)",
+                          kind="module_not_found", path=path)
+    return module
+
+
+def _import_file(file: str, path: str, w: str):
+    full = os.path.abspath(os.path.expanduser(file))
+    if not os.path.isfile(full):
+        raise PluginError(f"{w}cannot load {path!r}: file {full} not found", kind="module_not_found", path=path)
+    stem = os.path.splitext(os.path.basename(full))[0]
+    stem = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    modname = f"slime_actors_plugin_{stem}_{hashlib.sha1(full.encode()).hexdigest()[:10]}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, full)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{w}cannot load {path!r}: {full} is not a Python module", kind="import_failed",
+                          path=path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(modname, None)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise PluginError(f"{w}cannot load {path!r}: executing {full} raised {type(exc).__name__}: {exc}",
+                          kind="import_failed", path=path) from exc
+    return module
+
+
+def _get_attr(module: Any, dotted: str, path: str, where: str, w: str):
+    obj = module
+    for i, name in enumerate(dotted.split(".")):
+        if not name.isidentifier():
+            raise PluginError(f"{w}{path!r}: {dotted!r} is not an attribute name", kind="bad_path", path=path)
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            owner = where if i == 0 else repr(".".join(dotted.split(".")[:i]))
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(name, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise PluginError(f"{w}cannot load {path!r}: {owner} has no attribute {name!r}{hint}",
+                              kind="attribute_missing", path=path) from None
+    return obj

@@ -1,0 +1,146 @@
+"""A reward model behind HTTP (--rm-type remote_rm --rm-url URL).
+
+Each sample is POSTed as JSON {"prompt", "response", "label", "metadata"}; the answer is {"reward": x} (or any
+object, picked by --reward-key), or a bare number (JSON or plain text).
+
+Connection errors, timeouts, HTTP 5xx, 408 and 429 are retried with exponential backoff and jitter: before attempt
+k+1 it waits min(backoff_max, backoff_base * 2**(k-1)) scaled by a random factor in [0.5, 1). After
+`max_attempts` attempts it raises RemoteRMError naming the URL, the attempts and the last error. Other 4xx answers
+and bodies that are not a reward fail at once (retrying would not help).
+
+Settings come from args when present (otherwise the defaults below): rm_url, rm_max_attempts (5),
+rm_timeout (60 s per attempt), rm_backoff_base (0.5 s), rm_backoff_max (30 s), rm_headers (dict).
+One aiohttp session per event loop is shared by all requests; `await close_sessions()` at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import weakref
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from slime_actors.log import get_logger
+
+__all__ = ["RemoteRMConfig", "RemoteRMError", "remote_rm", "post_reward", "close_sessions"]
+
+RETRY_STATUS = {408, 429}
+
+
+class RemoteRMError(RuntimeError):
+    """The remote reward model gave no usable answer (after retries where retrying made sense)."""
+
+
+class _Retryable(Exception):
+    pass
+
+
+@dataclass
+class RemoteRMConfig:
+    url: str
+    max_attempts: int = 5
+    timeout: float = 60.0
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    headers: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args) -> "RemoteRMConfig":
+        url = getattr(args, "rm_url", None)
+        if not url:
+            raise RemoteRMError("--rm-type remote_rm needs --rm-url")
+        d = cls(url)
+        return cls(url=url,
+                   max_attempts=max(1, int(getattr(args, "rm_max_attempts", None) or d.max_attempts)),
+                   timeout=float(getattr(args, "rm_timeout", None) or d.timeout),
+                   backoff_base=float(_get(args, "rm_backoff_base", d.backoff_base)),
+                   backoff_max=float(_get(args, "rm_backoff_max", d.backoff_max)),
+                   headers=dict(getattr(args, "rm_headers", None) or {}))
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt `attempt` (1-based)."""
+        return min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * (0.5 + 0.5 * random.random())
+
+
+def _get(args, name, default):
+    v = getattr(args, name, None)
+    return default if v is None else v
+
+
+_sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _session() -> aiohttp.ClientSession:
+    loop = asyncio.get_running_loop()
+    s = _sessions.get(loop)
+    if s is None or s.closed:
+        s = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=True))
+        _sessions[loop] = s
+    return s
+
+
+async def close_sessions() -> None:
+    """Close this event loop's shared session (call before the loop ends)."""
+    loop = asyncio.get_running_loop()
+    s = _sessions.pop(loop, None)
+    if s is not None and not s.closed:
+        await s.close()
+
+
+def _parse_body(body: bytes, url: str):
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return float(text)
+        except ValueError:
+            raise RemoteRMError(f"{url} answered {text[:200]!r}: not JSON and not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+        raise RemoteRMError(f"{url} answered {text[:200]!r}: expected {{\"reward\": number}} or a number")
+    return value
+
+
+async def post_reward(cfg: RemoteRMConfig, payload: dict, *, log=None):
+    """POST `payload` to cfg.url with retries; the parsed answer (a number or a dict)."""
+    log = log or get_logger(component="remote_rm")
+    session = _session()
+    last: BaseException | None = None
+    for attempt in range(1, cfg.max_attempts + 1):
+        try:
+            async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
+                                    timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
+                body = await resp.read()
+                if resp.status >= 500 or resp.status in RETRY_STATUS:
+                    raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
+                if resp.status >= 400:
+                    raise RemoteRMError(f"{cfg.url} answered HTTP {resp.status}: "
+                                        f"{body[:200].decode('utf-8', 'replace')!r} (not retried)")
+                return _parse_body(body, cfg.url)
+        except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            last = exc
+            if attempt >= cfg.max_attempts:
+                break
+            delay = cfg.backoff(attempt)
+            log.warning("remote reward request failed, retrying", url=cfg.url, attempt=attempt,
+                        max_attempts=cfg.max_attempts, error=_describe(exc), retry_in=round(delay, 3))
+            await asyncio.sleep(delay)
+    raise RemoteRMError(f"{cfg.url}: no reward after {cfg.max_attempts} attempts; last error: {_describe(last)}")
+
+
+def _describe(exc) -> str:
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Retryable) else str(exc)
+
+
+async def remote_rm(args, sample):
+    """The remote reward model's answer for one sample (a number, or a dict for --reward-key)."""
+    cfg = RemoteRMConfig.from_args(args)
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
+               "metadata": sample.metadata}
+    return await post_reward(cfg, payload)
