@@ -175,3 +175,79 @@ def catalog_markdown() -> str:
 
 if __name__ == "__main__":
     print(catalog_markdown())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
+# group_index, sampling_params, samples: [Sample.to_wire()...]}.
+
+# controller
+declare("controller", "engine_ready", "A rollout worker's engine is (re)started and serving at `weight_version`.",
+        worker="str", weight_version="int")
+declare("controller", "status", "Where the loop is: rollout id, weight version, phase, metrics of the last step.",
+        reply="map")
+
+# buffer
+declare("buffer", "start_rollout", "Prepare the prompt groups of a rollout (train) or an evaluation (eval).",
+        reply="{groups, rollout_id, kind}", rollout_id="int", kind="str?", weight_version="int?", name="str?")
+declare("buffer", "get_work", "A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.",
+        reply="{groups: [group], rollout_id}", worker="str", max_groups="int", wait="float?")
+declare("buffer", "submit", "A rollout worker hands back a finished, scored group (completed or failed).",
+        reply="{accepted, reason?}", worker="str", work_id="str", samples="list")
+declare("buffer", "return_work", "A rollout worker gives back work it could not finish (abort, engine restart).",
+        reply="{requeued}", worker="str", work_id="str", samples="list?", reason="str?")
+declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
+        reply="{requeued}", worker="str", reason="str?")
+declare("buffer", "wait_rollout", "Wait until the rollout (or eval) has its groups; returns its statistics.",
+        reply="{complete, groups, samples, filtered, failed, reward_mean, ...}", rollout_id="int", kind="str?",
+        timeout="float?")
+declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
+        reply="batch map (slime_actors.types.batch_from_samples)", rollout_id="int", rank="int",
+        world_size="int")
+declare("buffer", "mark_trained", "Record that a rollout's samples were trained on (accounting, then freed).",
+        rollout_id="int")
+declare("buffer", "accounting", "Per sample index: times handed out, submitted, trained; lost/duplicated checks.",
+        reply="map")
+declare("buffer", "save", "Write the buffer state (dataset position, queued and partial groups) to `path`.",
+        path="str")
+declare("buffer", "eval_results", "Per-sample results of a finished eval (prompt, response, reward, label).",
+        reply="list", rollout_id="int")
+declare("buffer", "dump_rollout", "All samples of a completed rollout (for --save-debug-rollout-data).",
+        reply="list", rollout_id="int")
+declare("buffer", "load_rollout", "Insert samples as a completed rollout (for --load-debug-rollout-data).",
+        reply="{groups}", rollout_id="int", samples="list")
+
+# rollout
+declare("rollout", "resume", "Start (or continue) pulling work at `weight_version`.", weight_version="int")
+declare("rollout", "pause", "Stop pulling new work; in-flight requests continue unless abort is set.",
+        reply="{in_flight}", abort="bool?")
+declare("rollout", "end_rollout", "The rollout is complete: abort what is in flight and return it to the buffer.",
+        reply="{aborted, returned}", rollout_id="int")
+declare("rollout", "init_weights_group", "Have the engine join the trainer's weight-broadcast group.",
+        reply="engine answer", master_address="str", master_port="int", rank_offset="int", world_size="int",
+        group_name="str", backend="str")
+declare("rollout", "update_weights_from_distributed", "Have the engine receive one bucket by broadcast.",
+        reply="engine answer", names="list", dtypes="list", shapes="list", group_name="str",
+        weight_version="int", flush_cache="bool?", load_format="str?")
+declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.", group_name="str")
+declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
+        reply="engine answer", model_path="str", weight_version="int")
+declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")
+declare("rollout", "kill_engine", "Kill the engine process (fault-injection and tests); the worker restarts it.",
+        reply="{pid}", hang="bool?")
+
+# reward
+declare("reward", "score", "Score samples; per-sample rewards and errors (a failing function loses nothing).",
+        reply="{rewards: [float|None], errors: [str|None]}", samples="list", group="bool?")
+
+# trainer
+declare("trainer", "train", "Pull this rank's shard of the rollout and run the RL update on it.",
+        reply="metrics map", rollout_id="int")
+declare("trainer", "sync_weights", "Rank 0: push the current weights to the rollout workers.",
+        reply="{seconds, bytes, buckets, transport}", weight_version="int", workers="list",
+        transport="str?")
+declare("trainer", "save", "Save this rank's model/optimizer/RNG state under `path`.", path="str",
+        save_optim="bool?")
+declare("trainer", "save_hf", "Rank 0: export the policy in Hugging Face format.", path="str")
+declare("trainer", "log_probs", "Log-probs of given samples under the current actor (checks and tests).",
+        reply="list of lists", samples="list")

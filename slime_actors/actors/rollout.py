@@ -1,0 +1,404 @@
+"""A rollout worker: one generation engine process (the local engine or SGLang) and the HTTP client that drives it.
+
+It pulls prompt groups from the buffer (bounded by `--rollout-concurrency` samples in flight), generates
+`n_samples_per_prompt` responses per prompt through the engine, has a reward worker score them, and hands the group
+back. Work it cannot finish -- the rollout ended, the engine died or hung -- goes back to the buffer (with partial
+responses under --partial-rollout), so nothing is lost.
+
+The engine is supervised here: if its process exits, or (with --use-fault-tolerance) it fails `/health_generate`,
+it is killed and started again, and the controller re-syncs it to the current weight version before it serves.
+
+Custom generation:
+  --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params, engine) -> Sample
+      called per sample; may call `await engine.generate(input_ids, sampling_params)` several times (multi-turn,
+      tool use) and must fill sample.response_tokens, loss_mask (0 for tokens the model did not produce),
+      rollout_log_probs, response and status. See examples/tool_use/.
+  --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
+      called per group instead (e.g. generation that needs the whole group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import time
+
+from ..mailbox.errors import MailboxError
+from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+from .base import Actor, handler
+
+
+class EngineHandle:
+    """What custom generate functions get: the engine's client, the tokenizer, and a generate() shortcut."""
+
+    def __init__(self, worker: "RolloutWorker"):
+        self._w = worker
+        self.tokenizer = worker.tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self._w.weight_version
+
+    async def generate(self, input_ids: list[int], sampling_params: dict) -> dict:
+        """One /generate call with log-probs. Returns {output_ids, logprobs, finish_reason, weight_version}."""
+        return await self._w._generate_raw(input_ids, sampling_params)
+
+
+class RolloutWorker(Actor):
+    role = "rollout"
+
+    def __init__(self, index: int = 0, **config):
+        super().__init__(index, **config)
+        self.args = argparse.Namespace(**config["args"])
+        self.weight_version = -1          # version the engine holds; -1 until the controller says
+        self.engine = None                # EngineProcess
+        self.client = None                # EngineClient
+        self.tokenizer = None
+        self.generate_fn = None
+        self.group_fn = None
+        self._resumed: asyncio.Event | None = None
+        self._engine_ok: asyncio.Event | None = None
+        self._inflight: dict[str, asyncio.Task] = {}
+        self._capacity = 0                # samples generated at once (--rollout-concurrency)
+        self._busy = 0                    # samples being generated now
+        self._restarting = False
+        self.engine_restarts = 0
+        self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0})
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    async def on_start(self) -> None:
+        a = self.args
+        self._resumed = asyncio.Event()
+        self._engine_ok = asyncio.Event()
+        self._capacity = max(a.rollout_concurrency, a.n_samples_per_prompt, a.n_samples_per_eval_prompt)
+        from transformers import AutoTokenizer
+        self.tokenizer = await self.run_blocking(AutoTokenizer.from_pretrained, a.hf_checkpoint)
+        from ..plugins import load_function
+        if a.custom_generate_function_path:
+            self.generate_fn = load_function(a.custom_generate_function_path)
+        if a.rollout_function_path:
+            self.group_fn = load_function(a.rollout_function_path)
+        await self._start_engine()
+        self.spawn(self._pull_loop(), name="pull")
+        self.spawn(self._watch_engine(), name="engine-watch")
+
+    async def on_stop(self) -> None:
+        for t in list(self._inflight.values()):
+            t.cancel()
+        if self.client is not None:
+            await self.client.close()
+        if self.engine is not None:
+            await self.run_blocking(self.engine.stop)
+
+    # ------------------------------------------------------------------------------------------ the engine
+    def _engine_command(self, port: int) -> tuple[str, list[str]]:
+        a = self.args
+        if a.rollout_engine == "sglang":
+            module = "sglang.launch_server"
+        else:
+            module = "slime_actors.backends.local_engine"
+        flags = ["--model-path", a.hf_checkpoint, "--host", "127.0.0.1", "--port", str(port),
+                 "--tp-size", str(a.rollout_num_gpus_per_engine), "--random-seed", str(a.seed + self.index),
+                 "--weight-version", "0"]
+        if a.engine_api_key:
+            flags += ["--api-key", a.engine_api_key]
+        if a.rollout_engine == "sglang":
+            flags += list(a.sglang_args)
+        else:
+            flags += ["--device", a.device, "--max-batch-size", str(a.engine_max_batch_size)]
+        return module, flags
+
+    async def _start_engine(self) -> None:
+        from ..backends.engine_client import EngineClient
+        from ..backends.engine_process import launch_engine
+        from ..backends.weight_sync import free_port
+        a = self.args
+        if a.rollout_external_engine_addrs:
+            url = a.rollout_external_engine_addrs[self.index % len(a.rollout_external_engine_addrs)]
+            url = url if url.startswith("http") else f"http://{url}"
+            self.engine = None
+        else:
+            port = free_port()
+            module, flags = self._engine_command(port)
+            log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
+            t0 = time.monotonic()
+            self.engine = await self.run_blocking(
+                launch_engine, module, flags, env=dict(os.environ), log_path=log_path,
+                timeout=a.rollout_health_check_first_wait + 600)
+            url = f"http://127.0.0.1:{port}"
+            self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
+                          seconds=round(time.monotonic() - t0, 1))
+        if self.client is not None:
+            await self.client.close()
+        self.client = EngineClient(url, api_key=a.engine_api_key, max_concurrency=a.rollout_concurrency)
+        self.weight_version = 0
+        self._engine_ok.set()
+        await self.tell("controller/0", "engine_ready", {"worker": self.name, "weight_version": 0})
+
+    async def _watch_engine(self) -> None:
+        a = self.args
+        await asyncio.sleep(a.rollout_health_check_first_wait)
+        last_probe = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            if self._restarting or self.engine is None:
+                continue
+            reason = None
+            if self.engine.poll() is not None:
+                reason = f"engine process exited with code {self.engine.poll()}"
+            elif a.use_fault_tolerance and time.monotonic() - last_probe >= a.rollout_health_check_interval:
+                last_probe = time.monotonic()
+                ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
+                if not ok:
+                    reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
+            if reason:
+                await self._recover(reason)
+
+    async def _recover(self, reason: str) -> None:
+        self._restarting = True
+        self._engine_ok.clear()
+        self.engine_restarts += 1
+        self.log.error("engine failed; restarting it", reason=reason, restarts=self.engine_restarts)
+        try:
+            # in-flight work cannot finish on this engine: hand it back so the buffer re-issues it
+            for t in list(self._inflight.values()):
+                t.cancel()
+            await asyncio.sleep(0)
+            try:
+                await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": reason}, timeout=30)
+            except MailboxError as exc:
+                self.log.warning("could not release groups", error=str(exc))
+            if self.engine is not None:
+                await self.run_blocking(self.engine.stop)
+            await self._start_engine()
+        finally:
+            self._restarting = False
+
+    async def _generate_raw(self, input_ids: list[int], sampling_params: dict) -> dict:
+        from ..backends.engine_client import parse_generate_output
+        await self._engine_ok.wait()
+        resp = await self.client.generate(input_ids, sampling_params, return_logprob=True)
+        out = parse_generate_output(resp)
+        return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
+                "finish_reason": out.finish_reason, "weight_version": out.weight_version}
+
+    # ------------------------------------------------------------------------------------------ work
+    async def _pull_loop(self) -> None:
+        a = self.args
+        while True:
+            await self._resumed.wait()
+            await self._engine_ok.wait()
+            free = (self._capacity - self._busy) // max(1, a.n_samples_per_prompt)
+            if free < 1:
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                resp = await self.ask("buffer/0", "get_work", {"worker": self.name, "max_groups": free, "wait": 1.0},
+                                      timeout=30)
+            except MailboxError as exc:
+                self.log.warning("get_work failed; retrying", error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for group in resp["groups"]:
+                task = self.spawn(self._process_group(group), name=f"group:{group['work_id']}")
+                self._inflight[group["work_id"]] = task
+
+    def _seed(self, sample: Sample, attempt: int) -> int:
+        h = hashlib.blake2b(f"{self.args.rollout_seed}:{sample.index}:{attempt}".encode(), digest_size=4)
+        return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+    async def _process_group(self, group: dict) -> None:
+        wid = group["work_id"]
+        samples = [Sample.from_wire(s) for s in group["samples"]]
+        sp = dict(group["sampling_params"])
+        n = len(samples)
+        self._busy += n
+        try:
+            try:
+                if self.group_fn is not None:
+                    samples = await self.group_fn(self.args, samples, sp, EngineHandle(self))
+                else:
+                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0))
+                                                     for s in samples))
+            finally:
+                self._busy -= n
+            if any(s.status == ABORTED for s in samples):
+                await self._return(wid, samples, "aborted")
+                return
+            await self._score(samples, group["kind"])
+            self.counters["groups"] += 1
+            self.counters["samples"] += n
+            await self._submit(wid, samples)
+        except asyncio.CancelledError:
+            # the engine is being restarted or the worker stops: the buffer gets the group back via release_worker
+            raise
+        except Exception as exc:  # an engine error: give the group back, it will be generated again
+            self.log.error("group failed; returning it", work_id=wid, error=repr(exc))
+            await self._return(wid, None, f"error: {exc!r}")
+        finally:
+            self._inflight.pop(wid, None)
+
+    async def _generate(self, sample: Sample, sp: dict, attempt: int) -> Sample:
+        if self.generate_fn is not None:
+            return await self.generate_fn(self.args, sample, dict(sp), EngineHandle(self))
+        params = dict(sp)
+        done = len(sample.response_tokens)
+        params["max_new_tokens"] = max(0, sp["max_new_tokens"] - done)
+        if params["max_new_tokens"] == 0:
+            sample.status = TRUNCATED
+            return sample
+        params["sampling_seed"] = self._seed(sample, attempt)
+        version_at_start = self.weight_version
+        out = await self._generate_raw(sample.prompt_tokens + sample.response_tokens, params)
+        sample.response_tokens = sample.response_tokens + out["output_ids"]
+        sample.rollout_log_probs = sample.rollout_log_probs + out["logprobs"]
+        sample.loss_mask = sample.loss_mask + [1] * len(out["output_ids"])
+        sample.response = self.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
+        fr = out["finish_reason"]
+        sample.finish_reason = fr
+        sample.status = ABORTED if fr == "abort" else TRUNCATED if fr == "length" else COMPLETED
+        version = _int_version(out["weight_version"], version_at_start)
+        sample.weight_versions = sample.weight_versions + [version]
+        sample.weight_version = min(sample.weight_versions)
+        return sample
+
+    async def _score(self, samples: list[Sample], kind: str) -> None:
+        a = self.args
+        todo = [s for s in samples if s.status != FAILED]
+        last_errors: dict[int, str] = {}
+        for attempt in range(3):
+            if not todo:
+                return
+            who = f"reward/{(self.index + attempt) % max(1, a.num_reward_workers)}"
+            try:
+                res = await self.ask(who, "score", {"samples": [s.to_wire() for s in todo], "group": a.group_rm},
+                                     timeout=300)
+            except MailboxError as exc:
+                self.log.warning("reward worker unavailable; trying another", reward=who, error=str(exc))
+                for s in todo:
+                    last_errors[s.index] = f"{who}: {exc}"
+                self.counters["reward_retries"] += 1
+                await asyncio.sleep(0.2 * (attempt + 1))
+                continue
+            failed = []
+            for s, r, e in zip(todo, res["rewards"], res["errors"]):
+                if e is None and r is not None:
+                    s.reward = float(r)
+                else:
+                    last_errors[s.index] = e or "no reward"
+                    failed.append(s)
+            if failed and attempt < 2:
+                self.counters["reward_retries"] += 1
+            todo = failed if not a.group_rm else (samples if failed else [])
+        for s in todo:  # still failing after retries: the group is recorded as failed (buffer keeps it)
+            s.status = FAILED
+            s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"
+
+    async def _submit(self, wid: str, samples: list[Sample]) -> None:
+        body = {"worker": self.name, "work_id": wid, "samples": [s.to_wire() for s in samples]}
+        for attempt in range(20):
+            try:
+                res = await self.ask("buffer/0", "submit", body, timeout=60, idem=f"{wid}:{samples[0].index}:"
+                                     f"{samples[0].weight_version}:{len(samples[0].response_tokens)}")
+                if not res.get("accepted"):
+                    self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
+                return
+            except MailboxError as exc:  # the buffer may be restarting: keep the group and try again
+                self.log.warning("submit failed; retrying", work_id=wid, error=str(exc), attempt=attempt)
+                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
+        self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid)
+
+    async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
+        self.counters["aborted_groups"] += 1
+        body = {"worker": self.name, "work_id": wid, "reason": reason}
+        if samples is not None:
+            body["samples"] = [s.to_wire() for s in samples]
+        for attempt in range(10):
+            try:
+                await self.ask("buffer/0", "return_work", body, timeout=30)
+                return
+            except MailboxError as exc:
+                self.log.warning("return_work failed; retrying", work_id=wid, error=str(exc))
+                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
+
+    # ------------------------------------------------------------------------------------------ handlers
+    @handler
+    def resume(self, weight_version: int) -> None:
+        if weight_version != self.weight_version:
+            self.log.warning("resumed at a weight version the engine does not hold",
+                             asked=weight_version, engine=self.weight_version)
+        self._resumed.set()
+
+    @handler
+    async def pause(self, abort: bool = False) -> dict:
+        self._resumed.clear()
+        n = len(self._inflight)
+        if abort and n:
+            await self.client.abort_request(abort_all=True)
+        return {"in_flight": n}
+
+    @handler
+    async def end_rollout(self, rollout_id: int) -> dict:
+        """Stop pulling, abort generation in flight, wait until those groups went back to the buffer."""
+        self._resumed.clear()
+        n = len(self._inflight)
+        if n:
+            await self.client.abort_request(abort_all=True)
+            deadline = time.monotonic() + 60
+            while self._inflight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        return {"aborted": n, "returned": n - len(self._inflight)}
+
+    @handler
+    async def init_weights_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                 group_name: str, backend: str) -> dict:
+        await self._engine_ok.wait()
+        return await self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                           group_name, backend)
+
+    @handler
+    async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
+                                              weight_version: int, flush_cache: bool = True,
+                                              load_format: str | None = None) -> dict:
+        res = await self.client.update_weights_from_distributed(names, dtypes, shapes, group_name,
+                                                                weight_version=str(weight_version),
+                                                                flush_cache=flush_cache, load_format=load_format)
+        self.weight_version = weight_version
+        return res
+
+    @handler
+    async def destroy_weights_group(self, group_name: str) -> None:
+        await self.client.destroy_weights_update_group(group_name)
+
+    @handler
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> dict:
+        await self._engine_ok.wait()
+        res = await self.client.update_weights_from_disk(model_path, weight_version=str(weight_version))
+        self.weight_version = weight_version
+        return res
+
+    @handler
+    async def engine_info(self) -> dict:
+        healthy = await self.client.health() if self.client is not None else False
+        return {"url": self.client.base_url if self.client else None, "weight_version": self.weight_version,
+                "healthy": healthy, "pid": self.engine.pid if self.engine else None,
+                "restarts": self.engine_restarts, "in_flight": len(self._inflight),
+                "resumed": self._resumed.is_set()}
+
+    @handler
+    async def kill_engine(self, hang: bool = False) -> dict:
+        import signal
+        if self.engine is None:
+            raise RuntimeError("this worker attaches to an external engine; nothing to kill")
+        pid = self.engine.pid
+        os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
+        return {"pid": pid}
+
+
+def _int_version(v, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,71 @@
+"""Run one actor in this process: `python -m slime_actors.launch.actor ROLE INDEX`.
+
+The job's flags come from the file named by SLIME_ACTORS_JOB (written by the launcher); where the job lives (run
+directory, directory endpoint, keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.runtime).
+SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+
+def load_job_args(path: str | None = None) -> dict:
+    path = path or os.environ.get("SLIME_ACTORS_JOB")
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"error: job file {path} (SLIME_ACTORS_JOB) does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"error: job file {path} is not valid JSON: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m slime_actors.launch.actor")
+    p.add_argument("role")
+    p.add_argument("index", type=int)
+    ns = p.parse_args(argv)
+    import uvloop
+
+    from ..log import get_logger, setup_logging
+    from ..runtime import RuntimeConfig
+    from .roles import actor_class
+
+    rt = RuntimeConfig.from_env()
+    name = f"{ns.role}/{ns.index}"
+    setup_logging(rt.run_dir, name, console=True)
+    log = get_logger(actor=name)
+    cls = actor_class(ns.role)
+    job = load_job_args()
+    config = {"args": job} if job else {}
+
+    async def run() -> int:
+        import asyncio
+        actor = cls(ns.index, **config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: actor.spawn(actor.stop(f"signal {signal.Signals(s).name}")))
+        try:
+            await actor.start(rt)
+        except Exception as exc:
+            log.error("actor failed to start", error=repr(exc))
+            await actor.stop("failed to start")
+            return 1
+        await actor.wait_stopped()
+        return 0
+
+    try:
+        return uvloop.run(run())
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

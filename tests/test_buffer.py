@@ -1,0 +1,151 @@
+"""The buffer broker: leases, submissions, refusals, filters, failures, persistence across a restart, accounting."""
+
+import json
+
+import pytest
+
+from slime_actors.actors.base import Actor
+from slime_actors.actors.buffer import Buffer
+from slime_actors.config import args_to_dict, parse_args
+from slime_actors.mailbox import RemoteError
+from slime_actors.models.tiny import make_tiny_model
+from slime_actors.runtime import RuntimeConfig
+
+
+class Worker(Actor):
+    role = "rollout"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
+
+
+def make_args(tmp_path, tiny, *extra):
+    data = tmp_path / "p.jsonl"
+    with open(data, "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"input": f"{i % 10} {i // 10} first =", "label": str(i % 10)}) + "\n")
+    return args_to_dict(parse_args(["--prompt-data", str(data), "--hf-checkpoint", tiny, "--rm-type", "exact_match",
+                                    "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--input-key",
+                                    "input", "--label-key", "label", *extra]))
+
+
+def finish(group, reward=1.0, version=0, status="completed"):
+    out = []
+    for s in group["samples"]:
+        s = dict(s)
+        s.update(response_tokens=[5], loss_mask=[1], rollout_log_probs=[-0.5], response="3", reward=reward,
+                 status=status, weight_version=version, weight_versions=[version])
+        out.append(s)
+    return out
+
+
+def start(loop_thread, run_dir, args):
+    rt = RuntimeConfig(run_dir=run_dir, curve=False)
+    b = Buffer(0, args=args)
+    ep = loop_thread.call(b.start(rt))
+    w1, w2 = Worker(1), Worker(2)
+    for w in (w1, w2):
+        loop_thread.call(w.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"buffer/0": ep})))
+    return b, w1, w2
+
+
+def ask(loop_thread, w, method, body):
+    return loop_thread.call(w.ask("buffer/0", method, body, timeout=10))
+
+
+def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path, tiny):
+    args = make_args(tmp_path, tiny, "--over-sampling-batch-size", "5")
+    b, w1, w2 = start(loop_thread, run_dir, args)
+    r = ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    assert r["new_groups"] == 5
+    got = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 3})["groups"]
+    assert len(got) == 3 and all(len(g["samples"]) == 2 for g in got)
+    assert got[0]["sampling_params"]["max_new_tokens"] == 32
+    # a worker cannot submit another worker's group
+    other = ask(loop_thread, w2, "submit", {"worker": "rollout/2", "work_id": got[0]["work_id"],
+                                           "samples": finish(got[0])})
+    assert not other["accepted"] and "leased to rollout/1" in other["reason"]
+    assert ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": got[0]["work_id"],
+                                          "samples": finish(got[0])})["accepted"]
+    # a duplicate is refused, and nothing is counted twice
+    dup = ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": got[0]["work_id"],
+                                         "samples": finish(got[0])})
+    assert not dup["accepted"] and "is done" in dup["reason"]
+    # rollout/1 dies: its other two groups go back to the queue and rollout/2 gets them
+    assert ask(loop_thread, w2, "release_worker", {"worker": "rollout/1"})["requeued"] == 2
+    got2 = ask(loop_thread, w2, "get_work", {"worker": "rollout/2", "max_groups": 10})["groups"]
+    assert {g["work_id"] for g in got[1:]} <= {g["work_id"] for g in got2}
+    assert len(got2) == 4
+    # malformed submissions are errors that name the problem
+    bad = finish(got2[0])
+    bad[0]["loss_mask"] = []
+    with pytest.raises(RemoteError, match="1 response tokens but 0 loss-mask entries"):
+        ask(loop_thread, w2, "submit", {"worker": "rollout/2", "work_id": got2[0]["work_id"], "samples": bad})
+    with pytest.raises(RemoteError, match="expected 2 samples, got 1"):
+        ask(loop_thread, w2, "submit", {"worker": "rollout/2", "work_id": got2[0]["work_id"],
+                                       "samples": finish(got2[0])[:1]})
+    for g in got2[:3]:
+        ask(loop_thread, w2, "submit", {"worker": "rollout/2", "work_id": g["work_id"], "samples": finish(g)})
+    st = ask(loop_thread, w2, "wait_rollout", {"rollout_id": 0, "timeout": 5.0})
+    assert st["complete"] and st["groups"] == 4 and st["samples"] == 8 and st["reward_mean"] == 1.0
+    batch0 = ask(loop_thread, w2, "get_batch", {"rollout_id": 0, "rank": 0, "world_size": 2})
+    batch1 = ask(loop_thread, w2, "get_batch", {"rollout_id": 0, "rank": 1, "world_size": 2})
+    assert len(batch0["tokens"]) == 4 and len(batch1["tokens"]) == 4
+    assert not set(batch0["sample_index"]) & set(batch1["sample_index"])
+    # whole groups per rank
+    assert len(set(batch0["group_index"])) == 2
+    ask(loop_thread, w2, "mark_trained", {"rollout_id": 0})
+    acc = ask(loop_thread, w2, "accounting", {})
+    assert acc["trained_once"] == 8 and acc["trained_more"] == 0 and acc["duplicated"] == []
+
+
+def test_failed_and_filtered_groups_are_replaced(loop_thread, run_dir, tmp_path, tiny):
+    args = make_args(tmp_path, tiny, "--dynamic-sampling-filter-path",
+                     "slime_actors.filters.check_reward_nonzero_std")
+    b, w1, _ = start(loop_thread, run_dir, args)
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    groups = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 4})["groups"]
+    # all-equal rewards: filtered; a failed reward: failed; both are replaced by fresh prompts
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": groups[0]["work_id"],
+                                   "samples": finish(groups[0], reward=1.0)})
+    failed = finish(groups[1])
+    failed[1].update(status="failed", reward=None, error="reward failed: boom")
+    assert ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": groups[1]["work_id"],
+                                          "samples": failed})["outcome"] == "failed"
+    for g in groups[2:]:
+        s = finish(g)
+        s[0]["reward"] = 0.0
+        ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": s})
+    more = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+    assert len(more) == 2, "filtered and failed groups must be replaced"
+    for g in more:
+        s = finish(g)
+        s[0]["reward"] = 0.0
+        ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": s})
+    st = ask(loop_thread, w1, "wait_rollout", {"rollout_id": 0, "timeout": 5.0})
+    assert st["complete"] and st["filtered"] == 1 and st["failed"] == 1 and st["groups"] == 4
+
+
+def test_restart_restores_leases_and_queue(loop_thread, run_dir, tmp_path, tiny):
+    args = make_args(tmp_path, tiny)
+    b, w1, _ = start(loop_thread, run_dir, args)
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    groups = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 3})["groups"]
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": groups[0]["work_id"],
+                                   "samples": finish(groups[0])})
+    loop_thread.call(b.stop())
+    # a new buffer process on the same run directory: state comes back from the log
+    b2 = Buffer(0, args=args)
+    ep = loop_thread.call(b2.start(RuntimeConfig(run_dir=run_dir, curve=False)))
+    w3 = Worker(3)
+    loop_thread.call(w3.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"buffer/0": ep})))
+    # the lease holder can still hand in what it was working on
+    res = loop_thread.call(w3.ask("buffer/0", "submit", {"worker": "rollout/1", "work_id": groups[1]["work_id"],
+                                                         "samples": finish(groups[1])}))
+    assert res["accepted"]
+    rest = loop_thread.call(w3.ask("buffer/0", "get_work", {"worker": "rollout/3", "max_groups": 5}))["groups"]
+    assert len(rest) == 1  # 4 groups: 2 submitted, 1 still leased to rollout/1, 1 queued
+    acc = loop_thread.call(w3.ask("buffer/0", "accounting", {}))
+    assert acc["issued"] == 8
