@@ -1,0 +1,298 @@
+"""Trainer-side weight sync to generation engines (SGLang or the local engine), and the pieces both sides share.
+
+Two paths, both speaking SGLang 0.5.15.post1's protocol (tests/data/sglang_api_0.5.15.post1.json):
+
+* disk: ``save_weights_to_disk(named_weights, out_dir, source_model_dir)`` writes a Hugging Face directory
+  (safetensors + config + tokenizer files copied from the source model); the rollout worker then calls the
+  engine's ``/update_weights_from_disk`` with ``model_path=out_dir``.
+* distributed broadcast: the trainer's rank 0 is rank 0 (and the TCPStore master) of a separate process group;
+  each engine joins it as rank ``rank_offset`` through ``/init_weights_update_group``. For each bucket the rollout
+  worker posts ``/update_weights_from_distributed`` (names, dtypes, shapes) while the trainer broadcasts the same
+  tensors, in the same order, from rank 0 -- one broadcast per tensor, or one uint8 broadcast of the whole bucket
+  with ``load_format="flattened_bucket"``::
+
+      sender = DistributedWeightSender("127.0.0.1", port, world_size=1 + n_engines, backend="gloo")
+      # concurrently: sender.connect()  and  client.init_weights_update_group(addr, port, rank_offset=1, ...)
+      for bucket in backend.weight_buckets(bucket_bytes):
+          meta = bucket_metadata(bucket)
+          # concurrently: sender.broadcast_bucket(bucket)  and  client.update_weights_from_distributed(**meta, ...)
+      sender.close()
+
+The group is built the way SGLang builds it (``init_custom_process_group`` in sglang/srt/utils/common.py): a TCP
+rendezvous store at master_address:master_port, wrapped in ``PrefixStore(group_name)``, then torch's process-group
+helper. It does not touch (or need) the process's default group, so a torchrun trainer rank can create it next
+to its training group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import shutil
+import socket
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from slime_actors.log import get_logger
+
+log = get_logger(component="weight_sync")
+
+DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default group_name
+WEIGHT_SYNC_TIMEOUT_S = float(os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_TIMEOUT", "600"))
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
+WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+# -- small shared helpers ---------------------------------------------------------------------------------
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16": the form SGLang expects (it does getattr(torch, name))."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """"bfloat16" or "torch.bfloat16" -> torch.bfloat16; anything else raises ValueError."""
+    attr = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(attr, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return attr
+
+
+def bucket_metadata(bucket: Iterable[tuple[str, torch.Tensor]]) -> dict:
+    """names / dtypes / shapes of a bucket, as /update_weights_from_distributed takes them."""
+    names, dtypes, shapes = [], [], []
+    for name, t in bucket:
+        names.append(name)
+        dtypes.append(dtype_name(t.dtype))
+        shapes.append(list(t.shape))
+    return {"names": names, "dtypes": dtypes, "shapes": shapes}
+
+
+def flatten_bucket(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """One uint8 tensor: each tensor's bytes (row-major), concatenated in order ("flattened_bucket" layout)."""
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    if not parts:
+        raise ValueError("cannot flatten an empty bucket")
+    return torch.cat(parts)
+
+
+def bucket_nbytes(dtypes: list, shapes: list) -> int:
+    total = 0
+    for dt, shape in zip(dtypes, shapes):
+        n = 1
+        for s in shape:
+            n *= int(s)
+        total += n * dtype_from_name(dt).itemsize if isinstance(dt, str) else n * dt.itemsize
+    return total
+
+
+def unflatten_bucket(flat: torch.Tensor, names: list[str], dtypes: list, shapes: list
+                     ) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of flatten_bucket: views into `flat` with each tensor's dtype and shape."""
+    out, off = [], 0
+    for name, dt, shape in zip(names, dtypes, shapes):
+        dtype = dtype_from_name(dt) if isinstance(dt, str) else dt
+        n = 1
+        for s in shape:
+            n *= int(s)
+        nbytes = n * dtype.itemsize
+        if off + nbytes > flat.numel():
+            raise ValueError(f"flattened bucket too small for {name} ({flat.numel()} bytes)")
+        out.append((name, flat[off:off + nbytes].view(dtype).reshape([int(s) for s in shape])))
+        off += nbytes
+    if off != flat.numel():
+        raise ValueError(f"flattened bucket has {flat.numel()} bytes, metadata describes {off}")
+    return out
+
+
+# -- the weight-update process group (both sides) ---------------------------------------------------------
+
+@contextlib.contextmanager
+def _no_default_group_split():
+    """torch would try to split a new NCCL communicator from a default group bound to a device; the weight-update
+    group has different members (the engines), so hide the binding while the group is created."""
+    pg = None
+    if dist.is_available() and dist.is_initialized():
+        pg = dist.distributed_c10d._get_default_group()
+    saved = getattr(pg, "bound_device_id", None) if pg is not None else None
+    if saved is not None:
+        pg.bound_device_id = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            pg.bound_device_id = saved
+
+
+def init_weights_update_group(master_address: str, master_port: int, rank: int, world_size: int,
+                              group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo",
+                              timeout_s: float | None = None):
+    """Create (and join) the weight-update process group; blocks until all `world_size` ranks have joined.
+    Rank 0 hosts the TCPStore. Returns the ProcessGroup; broadcast with `broadcast(t, pg)`."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+    if not group_name:
+        raise ValueError("group_name cannot be empty")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    timeout = timedelta(seconds=timeout_s or WEIGHT_SYNC_TIMEOUT_S)
+    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout,
+                          wait_for_workers=False, multi_tenant=True)
+    store = PrefixStore(group_name, store)
+    params = inspect.signature(_new_process_group_helper).parameters
+    opts = {"backend_options": None} if "backend_options" in params else {"pg_options": None}
+    with _no_default_group_split():
+        pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
+                                          timeout=timeout, **opts)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    log.info("weight update group joined", group=group_name, rank=rank, world_size=world_size, backend=backend,
+             master=f"{master_address}:{master_port}")
+    return pg
+
+
+def broadcast(tensor: torch.Tensor, pg) -> None:
+    """Broadcast `tensor` from rank 0 of the weight-update group (in place on receivers)."""
+    try:
+        dist.broadcast(tensor, group=pg, group_src=0)
+    except TypeError:  # torch without group_src
+        dist.broadcast(tensor, src=0, group=pg)
+
+
+def destroy_weights_update_group(pg) -> None:
+    if pg is not None:
+        dist.destroy_process_group(pg)
+
+
+# -- disk ---------------------------------------------------------------------------------------------------
+
+def save_weights_to_disk(named_weights: Iterable[tuple[str, torch.Tensor]], out_dir: str | os.PathLike,
+                         source_model_dir: str | os.PathLike, max_shard_bytes: int = 4 << 30) -> Path:
+    """Write an HF model directory at `out_dir`: the weights as safetensors (sharded above `max_shard_bytes`,
+    with an index), and every non-weight file of `source_model_dir` (config.json, generation_config.json,
+    tokenizer files, chat template, ...) copied. Old weight files in out_dir are removed first. Returns out_dir."""
+    from safetensors.torch import save_file
+    out, src = Path(out_dir), Path(source_model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():
+        if p.is_file() and (p.name.endswith(WEIGHT_FILE_SUFFIXES) or p.name in WEIGHT_INDEX_FILES):
+            p.unlink()
+    if src.resolve() != out.resolve():
+        for p in src.iterdir():
+            if p.is_file() and not p.name.endswith(WEIGHT_FILE_SUFFIXES) and p.name not in WEIGHT_INDEX_FILES:
+                shutil.copy2(p, out / p.name)
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    sizes = [0]
+    seen_ptrs: set[int] = set()
+    total = 0
+    for name, t in named_weights:
+        t = t.detach().to("cpu")
+        if t.data_ptr() in seen_ptrs or not t.is_contiguous():  # tied / shared storage: safetensors refuses it
+            t = t.contiguous().clone()
+        seen_ptrs.add(t.data_ptr())
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and sizes[-1] + nbytes > max_shard_bytes:
+            shards.append({})
+            sizes.append(0)
+        if name in shards[-1] or any(name in s for s in shards):
+            raise ValueError(f"duplicate weight name {name!r}")
+        shards[-1][name] = t
+        sizes[-1] += nbytes
+        total += nbytes
+    if not shards[0]:
+        raise ValueError("no weights to save")
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in shard})
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    log.info("weights saved", out_dir=str(out), tensors=sum(len(s) for s in shards), bytes=total,
+             shards=len(shards))
+    return out
+
+
+def load_weights_from_disk(model_dir: str | os.PathLike) -> Iterable[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from the safetensors files of an HF model directory (CPU)."""
+    from safetensors import safe_open
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {d}")
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as fh:
+            for k in fh.keys():
+                yield k, fh.get_tensor(k)
+
+
+# -- trainer side of the broadcast ----------------------------------------------------------------------------
+
+class DistributedWeightSender:
+    """Rank 0 of the weight-update group: owns the TCPStore and broadcasts buckets to the engines."""
+
+    def __init__(self, master_address: str, master_port: int, world_size: int, backend: str = "gloo",
+                 group_name: str = DEFAULT_GROUP_NAME, timeout_s: float | None = None,
+                 device: str | torch.device | None = None):
+        if world_size < 2:
+            raise ValueError("world_size counts the trainer and every engine rank: at least 2")
+        self.master_address, self.master_port = master_address, int(master_port)
+        self.world_size, self.backend, self.group_name = world_size, backend, group_name
+        self.timeout_s = timeout_s
+        if device is None:
+            device = "cuda" if backend == "nccl" else "cpu"
+        self.device = torch.device(device)
+        self.pg = None
+
+    def connect(self) -> None:
+        """Create the group as rank 0 (blocks until every engine has joined via /init_weights_update_group)."""
+        if self.pg is not None:
+            return
+        self.pg = init_weights_update_group(self.master_address, self.master_port, 0, self.world_size,
+                                            self.group_name, self.backend, self.timeout_s)
+
+    def broadcast_bucket(self, bucket: list[tuple[str, torch.Tensor]], flattened: bool = False) -> dict:
+        """Broadcast the bucket's tensors from rank 0, in order (one uint8 tensor when flattened). Returns its
+        metadata (names / dtypes / shapes), the body the engines must be given for the same bucket."""
+        if self.pg is None:
+            raise RuntimeError("DistributedWeightSender.connect() first")
+        meta = bucket_metadata(bucket)
+        with torch.no_grad():
+            if flattened:
+                broadcast(flatten_bucket([t.to(self.device) for _, t in bucket]), self.pg)
+            else:
+                for _, t in bucket:
+                    broadcast(t.detach().to(self.device).contiguous(), self.pg)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return meta
+
+    def close(self) -> None:
+        if self.pg is not None:
+            try:
+                destroy_weights_update_group(self.pg)
+            finally:
+                self.pg = None
+
+    def __enter__(self):
+        self.connect()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
