@@ -1,0 +1,58 @@
+"""Log-probs and entropy from logits: THE convention shared by the trainer and the local engine.
+
+The log-prob of token ``t`` sampled at step ``i`` at temperature ``T`` is
+
+    log_softmax(logits_i.float() / T)[t]
+
+computed in fp32 whatever the model's dtype. A temperature of 0 (greedy decoding) or None means ``T = 1``: greedy
+picks the argmax, and its log-prob is reported under the untempered distribution. Entropy is that of the same
+tempered distribution: ``-sum_v p_v log p_v``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def effective_temperature(temperature: float | None) -> float:
+    """The temperature the log-probs are computed at: ``temperature``, or 1.0 for greedy (0 / None)."""
+    if temperature is None or temperature <= 0:
+        return 1.0
+    return float(temperature)
+
+
+def scaled_logits(logits: torch.Tensor, temperature: float | None = 1.0) -> torch.Tensor:
+    """``logits.float() / T`` (no division when T == 1)."""
+    t = effective_temperature(temperature)
+    logits = logits.float()
+    return logits if t == 1.0 else logits / t
+
+
+def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float | None = 1.0
+                          ) -> torch.Tensor:
+    """Log-probs of ``tokens`` under ``logits``.
+
+    logits: ``[..., V]`` (row ``i`` is the distribution the token ``tokens[..., i]`` was drawn from);
+    tokens: ``[...]`` integer ids. Returns fp32 ``[...]``. Differentiable.
+    """
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
+    logp = torch.log_softmax(scaled_logits(logits, temperature), dim=-1)
+    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float | None = 1.0) -> torch.Tensor:
+    """Entropy (nats, fp32) of each row of ``logits`` ``[..., V]`` at the temperature. Differentiable."""
+    logp = torch.log_softmax(scaled_logits(logits, temperature), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float | None = 1.0,
+                          with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Both at once, sharing one log_softmax. The entropy is None unless ``with_entropy``."""
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
+    logp = torch.log_softmax(scaled_logits(logits, temperature), dim=-1)
+    lp = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return lp, ent

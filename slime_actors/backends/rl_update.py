@@ -1,0 +1,272 @@
+"""The RL update of one rollout, written once on the TrainingBackend primitives (torch and megatron share it).
+
+    metrics = rl_update(backend, args, batch, rollout_id)
+
+On each rank, for its shard of the rollout (whole prompt groups):
+
+1. reference log-probs (--use-kl-loss or --kl-coef != 0) and the actor's old log-probs, before any update;
+   their gap to the engine's rollout log-probs is reported (``train_rollout_logprob_abs_diff`` mean over
+   loss-masked tokens, ``..._max``);
+2. the critic's values (ppo);
+3. rewards post-processed per prompt group, then per-token advantages and returns
+   (`slime_actors.algo.advantages`), whitening with statistics over all ranks' tokens;
+4. args.num_steps_per_rollout optimizer steps over contiguous mini-batches of the shard, each as micro-batches
+   (--micro-batch-size or --use-dynamic-batch-size / --max-tokens-per-gpu; every rank runs the same number,
+   padding with empty ones). The loss per micro-batch is the policy loss (PPO clip, dual clip, GSPO ratio), times
+   TIS weights (--use-tis), minus --entropy-coef x entropy, plus --kl-loss-coef x KL to the reference
+   (--use-kl-loss, --kl-loss-type), each reduced per sample then over the step's samples (or per token with
+   --calculate-per-token-loss) using the step's GLOBAL sample / token count, and multiplied by the world size
+   because backends average gradients across ranks: micro-batches and ranks then add up to exactly the loss of
+   the whole step's batch. With ppo the critic takes a step on the clipped value loss too.
+
+Metrics are global (summed contributions across ranks, or all-reduced sums and counts), averaged over the steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..algo.advantages import compute_advantages_and_returns, normalize_group_rewards
+from ..algo.kl import compute_approx_kl
+from ..algo.losses import compute_policy_loss, compute_value_loss, gspo_ppo_kl, reduce_loss
+from ..algo.tis import tis_weights
+from ..log import get_logger
+from .batching import micro_batches_from_args, mini_batch_indices, select, validate_batch
+from .training import LossFn, TrainingBackend
+
+# reduce(tensor, op) -> the tensor reduced across the training ranks ("sum" or "max"); identity on one rank
+Reduce = Callable[..., torch.Tensor]
+
+log = get_logger(component="rl_update")
+
+
+def default_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """All-reduce across the default process group when torch.distributed is initialised, else identity."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    x = t.detach().to(dev).clone()
+    dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return x.to(t.device)
+
+
+def _a(args, name, default=None):
+    v = getattr(args, name, default)
+    return default if v is None else v
+
+
+def _cat(xs, device=None) -> torch.Tensor:
+    xs = [x.to(device) if device is not None else x for x in xs]
+    return torch.cat(xs) if xs else torch.zeros(0, device=device)
+
+
+def policy_metric_names(args) -> list[str]:
+    names = ["loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy"]
+    if _a(args, "use_kl_loss", False):
+        names.append("kl_loss")
+    if _a(args, "use_tis", False):
+        names += ["tis", "tis_clipfrac", "tis_abs"]
+    return names
+
+
+def make_policy_loss_fn(args, denominator: float, world_size: int) -> LossFn:
+    """The actor's loss for one micro-batch (see the module docstring). ``denominator``: the step's global sample
+    count, or its global loss-masked token count with --calculate-per-token-loss. The micro-batch must carry
+    loss_masks, old_log_probs, advantages (tensors), and ref_log_probs / rollout_log_probs when used."""
+    per_token = bool(_a(args, "calculate_per_token_loss", False))
+    eps_clip = float(_a(args, "eps_clip", 0.2))
+    eps_clip_high = float(_a(args, "eps_clip_high", eps_clip))
+    eps_clip_c = getattr(args, "eps_clip_c", None)
+    gspo = _a(args, "advantage_estimator", "grpo") == "gspo"
+    entropy_coef = float(_a(args, "entropy_coef", 0.0))
+    use_kl = bool(_a(args, "use_kl_loss", False))
+    kl_coef, kl_type = float(_a(args, "kl_loss_coef", 0.0)), _a(args, "kl_loss_type", "k1")
+    use_tis = bool(_a(args, "use_tis", False))
+    tis_clip, tis_clip_low = float(_a(args, "tis_clip", 2.0)), float(_a(args, "tis_clip_low", 0.0))
+
+    def loss_fn(mb: dict, log_probs: list[torch.Tensor], entropies: list[torch.Tensor], values=None):
+        dev = log_probs[0].device if log_probs else torch.device("cpu")
+        masks = [m.to(dev) for m in mb["loss_masks"]]
+        old = [o.to(dev) for o in mb["old_log_probs"]]
+
+        def red(x):
+            return reduce_loss(x, masks, per_token, denominator)
+
+        if gspo:
+            ppo_kl = _cat(gspo_ppo_kl(log_probs, old, masks))
+        else:
+            ppo_kl = _cat(old) - _cat(log_probs)
+        adv = _cat(mb["advantages"], dev)
+        pg, clipfrac = compute_policy_loss(ppo_kl, adv, eps_clip, eps_clip_high, eps_clip_c)
+        metrics: dict[str, torch.Tensor] = {}
+        if use_tis:
+            w, tm = tis_weights(_cat(old), _cat(mb["rollout_log_probs"], dev), tis_clip, tis_clip_low)
+            pg = pg * w
+            metrics.update({k: red(v) for k, v in tm.items()})
+        pg_loss = red(pg)
+        ent = red(_cat(entropies))
+        loss = pg_loss - entropy_coef * ent
+        if use_kl:
+            kl = compute_approx_kl(_cat(log_probs), _cat(mb["ref_log_probs"], dev), kl_type)
+            kl_loss = red(kl)
+            loss = loss + kl_coef * kl_loss
+            metrics["kl_loss"] = kl_loss
+        metrics.update(loss=loss, pg_loss=pg_loss, pg_clipfrac=red(clipfrac), ppo_kl=red(ppo_kl), entropy=ent)
+        return loss * world_size, {k: float(v.detach()) for k, v in metrics.items()}
+
+    return loss_fn
+
+
+def make_value_loss_fn(args, denominator: float, world_size: int) -> LossFn:
+    """The critic's clipped value loss (--value-clip) for one micro-batch; needs values (old) and returns."""
+    per_token = bool(_a(args, "calculate_per_token_loss", False))
+    value_clip = getattr(args, "value_clip", None)
+
+    def loss_fn(mb: dict, log_probs, entropies, values: list[torch.Tensor]):
+        dev = values[0].device if values else torch.device("cpu")
+        masks = [m.to(dev) for m in mb["loss_masks"]]
+        v = _cat(values).float()
+        losses, clipfrac = compute_value_loss(v, _cat(mb["values"], dev), _cat(mb["returns"], dev), value_clip)
+        loss = reduce_loss(losses, masks, per_token, denominator)
+        cf = reduce_loss(clipfrac, masks, per_token, denominator)
+        return loss * world_size, {"value_loss": float(loss.detach()), "value_clipfrac": float(cf)}
+
+    return loss_fn
+
+
+def _prepare(batch: dict) -> dict:
+    """A shallow copy with per-sample float tensors for masks and rollout log-probs."""
+    work = dict(batch)
+    work["loss_masks"] = [torch.as_tensor(m, dtype=torch.float32).flatten() for m in batch["loss_masks"]]
+    if "rollout_log_probs" in batch:
+        work["rollout_log_probs"] = [torch.as_tensor(x, dtype=torch.float32).flatten()
+                                     for x in batch["rollout_log_probs"]]
+    return work
+
+
+def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
+              reduce: Reduce | None = None) -> dict[str, float]:
+    """Train on this rank's shard of one rollout; returns global scalar metrics (identical on every rank).
+
+    ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
+    returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the
+    default process group when initialised)."""
+    reduce = reduce or default_reduce
+    t0 = time.monotonic()
+    use_tis = bool(_a(args, "use_tis", False))
+    validate_batch(batch, require_rollout_log_probs=use_tis)
+    estimator = _a(args, "advantage_estimator", "grpo")
+    work = _prepare(batch)
+    n = len(work["tokens"])
+    masks = work["loss_masks"]
+
+    def rsum(*xs) -> list[float]:
+        return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
+
+    # 1. reference and old log-probs
+    kl_coef = float(_a(args, "kl_coef", 0.0))
+    ref = None
+    if _a(args, "use_kl_loss", False) or kl_coef != 0:
+        ref, _ = backend.compute_log_probs(work, model="ref")
+        work["ref_log_probs"] = ref
+    old, _ = backend.compute_log_probs(work, model="actor")
+    work["old_log_probs"] = old
+
+    metrics: dict[str, float] = {}
+    diff_sum = diff_cnt = 0.0
+    diff_max = 0.0
+    rlp = work.get("rollout_log_probs")
+    if rlp is not None:
+        for i in range(n):
+            if rlp[i].numel() and rlp[i].numel() == old[i].numel():
+                d = (old[i] - rlp[i]).abs() * masks[i]
+                diff_sum += float(d.sum())
+                diff_cnt += float(masks[i].sum())
+                if d.numel():
+                    diff_max = max(diff_max, float(d.max()))
+    s, c = rsum(diff_sum, diff_cnt)
+    if c > 0:
+        metrics["train_rollout_logprob_abs_diff"] = s / c
+        metrics["train_rollout_logprob_abs_diff_max"] = float(reduce(torch.tensor([diff_max], dtype=torch.float64),
+                                                                     "max")[0])
+    if ref is not None:
+        ks = sum(float((compute_approx_kl(o, r, "k1") * m).sum()) for o, r, m in zip(old, ref, masks))
+        s, c = rsum(ks, sum(float(m.sum()) for m in masks))
+        metrics["ref_kl"] = s / max(c, 1.0)
+
+    # 2. values (ppo)
+    values = None
+    if estimator == "ppo":
+        values = backend.compute_values(work)
+        work["values"] = values
+
+    # 3. rewards -> advantages / returns
+    raw = torch.as_tensor([float(r) for r in work["rewards"]], dtype=torch.float32)
+    rewards = normalize_group_rewards(raw, work.get("group_index"), estimator,
+                                      std_normalization=not _a(args, "disable_grpo_std_normalization", False))
+    advantages, returns = compute_advantages_and_returns(
+        estimator, rewards, masks, log_probs=old, ref_log_probs=ref, values=values, kl_coef=kl_coef,
+        kl_type=_a(args, "kl_loss_type", "k1"), gamma=float(_a(args, "gamma", 1.0)),
+        lambd=float(_a(args, "lambd", 1.0)), normalize_advantages=bool(_a(args, "normalize_advantages", False)),
+        reduce=lambda t: reduce(t, "sum"))
+    work["advantages"], work["returns"] = advantages, returns
+
+    adv_flat, m_flat = _cat(advantages), _cat(masks)
+    tok = float(m_flat.sum())
+    s, s2, c, rs, ns, rl = rsum((adv_flat * m_flat).sum(), (adv_flat.pow(2) * m_flat).sum(), tok, raw.sum(), n,
+                                sum(int(x) for x in work["response_lengths"]))
+    if c > 0:
+        metrics["adv_mean"] = s / c
+        metrics["adv_std"] = max(s2 / c - (s / c) ** 2, 0.0) ** 0.5
+    if ns > 0:
+        metrics["reward_mean"] = rs / ns
+        metrics["response_len_mean"] = rl / ns
+    metrics["num_samples"] = ns
+    metrics["num_tokens"] = c
+
+    # 4. optimizer steps
+    num_steps = int(_a(args, "num_steps_per_rollout", 1) or 1)
+    per_token = bool(_a(args, "calculate_per_token_loss", False))
+    world = int(getattr(backend, "world_size", 1) or 1)
+    names = policy_metric_names(args) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
+    step_sums = {k: 0.0 for k in names}
+    grad_norms, critic_norms = [], []
+    for step_idx in mini_batch_indices(n, num_steps):
+        step = select(work, step_idx)
+        step_tokens = sum(float(m.sum()) for m in step["loss_masks"])
+        g_samples, g_tokens = rsum(len(step_idx), step_tokens)
+        denom = max(g_tokens if per_token else g_samples, 1.0)
+        lengths = [len(t) for t in step["tokens"]]
+        mbs = micro_batches_from_args(args, lengths)
+        count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
+        mbs = micro_batches_from_args(args, lengths, min_count=count)
+        micro = [select(step, idx) for idx in mbs]
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(args, denom, world))
+        if estimator == "ppo":
+            local.update(backend.train_micro_batches(micro, make_value_loss_fn(args, denom, world),
+                                                     train_critic=True))
+            critic_norms.append(backend.optimizer_step(critic=True))
+        grad_norms.append(backend.optimizer_step())
+        glob = rsum(*[local.get(k, 0.0) for k in names])
+        for k, v in zip(names, glob):
+            step_sums[k] += v
+    for k in names:
+        metrics[k] = step_sums[k] / num_steps
+    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if critic_norms:
+        metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
+    metrics["num_steps"] = float(num_steps)
+    metrics["train_time"] = time.monotonic() - t0
+
+    for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
+        if key in work:
+            batch[key] = work[key]
+    log.info("rl_update", rollout_id=rollout_id, rank=getattr(backend, "rank", 0),
+             **{k: round(v, 6) for k, v in metrics.items() if k in ("loss", "pg_loss", "grad_norm", "reward_mean",
+                                                                  "train_rollout_logprob_abs_diff_max")})
+    return metrics

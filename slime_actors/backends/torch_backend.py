@@ -1,0 +1,536 @@
+"""The torch training backend: a Hugging Face causal LM on CPU or GPU, DDP or FSDP2 across ranks.
+
+    backend = TorchBackend(args, rank, world_size); backend.init()
+    metrics = rl_update(backend, args, batch, rollout_id)       # slime_actors.backends.rl_update
+    for name, tensor in backend.named_weights(): ...             # HF names, full tensors
+    backend.save(dir); backend.load(dir); backend.save_hf(dir)
+
+* Model: ``AutoModelForCausalLM`` from args.hf_checkpoint (a directory, or ``tiny:NAME``), fp32 (bf16 with
+  --bf16), on args.device (``cuda`` means this rank's local GPU). Dropout is off: the models stay in eval mode,
+  so a training forward computes exactly what the log-prob forward computes.
+* Parallel: when torch.distributed is initialised with more than one rank, --torch-parallel ddp wraps the actor
+  (and critic) in DistributedDataParallel (gloo on CPU, NCCL on GPU) and fsdp applies FSDP2 ``fully_shard`` to
+  each decoder layer and the whole model (works on CPU/gloo and GPU/NCCL). Gradients are averaged across ranks,
+  so loss functions scale by the world size (rl_update does).
+* Reference model (--use-kl-loss or --kl-coef > 0): --ref-load or the initial weights, frozen, a full replica on
+  every rank (forward only, no collectives).
+* Critic (--advantage-estimator ppo): the base model (``AutoModel``) plus a linear value head, own AdamW with
+  --critic-lr. The value of response token t is read at the position that predicts t (as slime).
+* Log-probs: right-padded micro-batches (--micro-batch-size, or --use-dynamic-batch-size with
+  --max-tokens-per-gpu), logits at args.rollout_temperature by `slime_actors.algo.logprobs`.
+* Checkpoints (``save``/``load``): full (unsharded) model state in HF names as safetensors, the optimizer's full
+  state dict keyed by parameter names, per-rank RNG states (torch, CUDA, numpy, python) and the weight version,
+  so a resumed run continues bit-identically and can change world size or ddp/fsdp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
+from ..log import get_logger
+from .batching import micro_batches_from_args, pad_tokens, select, validate_batch
+from .training import LossFn, TrainingBackend
+
+MODEL_FILE = "model.safetensors"
+CRITIC_FILE = "critic.safetensors"
+OPTIM_FILE = "optim.pt"
+CRITIC_OPTIM_FILE = "critic_optim.pt"
+META_FILE = "meta.json"
+
+_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """HF name of a parameter of a wrapped model (drops DDP ``module.`` and similar wrapper prefixes)."""
+    changed = True
+    while changed:
+        changed = False
+        for p in _PREFIXES:
+            if name.startswith(p):
+                name, changed = name[len(p):], True
+        for p in _PREFIXES[1:]:
+            name2 = name.replace("." + p, ".")
+            if name2 != name:
+                name, changed = name2, True
+    return name
+
+
+class CriticModel(nn.Module):
+    """Base transformer (``AutoModel``) + a linear value head: per-position scalar values ``[B, T]``."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.model = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        with torch.no_grad():
+            nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False)
+        h = out.last_hidden_state
+        return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class TorchBackend(TrainingBackend):
+    """One rank of the torch training group (see the module docstring)."""
+
+    def __init__(self, args: Any, rank: int = 0, world_size: int = 1):
+        if _distributed():
+            if dist.get_rank() != rank or dist.get_world_size() != world_size:
+                raise ValueError(f"TorchBackend(rank={rank}, world_size={world_size}) but torch.distributed has "
+                                 f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        super().__init__(args, rank, world_size)
+        self.log = get_logger(actor=f"trainer/{rank}", component="torch_backend")
+        self.parallel = "none"
+        self.model: nn.Module | None = None        # the actor, possibly wrapped (DDP) / sharded (FSDP2)
+        self.ref_model: nn.Module | None = None
+        self.critic: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.pad_id = 0
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _pick_device(self) -> torch.device:
+        dev = torch.device(getattr(self.args, "device", "cpu") or "cpu")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device cuda but no CUDA device is available")
+            if dev.index is None:
+                local = int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count()))
+                dev = torch.device("cuda", local)
+            torch.cuda.set_device(dev)
+        return dev
+
+    def _checkpoint_dir(self) -> str:
+        spec = self.args.hf_checkpoint
+        if spec is None:
+            raise ValueError("--hf-checkpoint is required")
+        from ..models.resolve import resolve_checkpoint
+        return resolve_checkpoint(spec, Path(getattr(self.args, "run_dir", "runs/train")) / "models")
+
+    def _load_causal_lm(self, path: str) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+        p = Path(path)
+        if not (p / "config.json").exists() and (p / MODEL_FILE).exists():
+            # a directory written by `save`: the architecture comes from --hf-checkpoint
+            model = AutoModelForCausalLM.from_pretrained(self.hf_path, dtype=self.dtype)
+            from safetensors.torch import load_file
+            sd = load_file(str(p / MODEL_FILE))
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            self._check_missing(model, missing, unexpected, str(p))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        return model.to(self.device).eval()
+
+    def init(self) -> None:
+        args = self.args
+        self._device = self._pick_device()
+        self.dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float32
+        self.hf_path = self._checkpoint_dir()
+        torch.manual_seed(int(getattr(args, "seed", 1234)))
+        actor = self._load_causal_lm(self.hf_path)
+        cfg = actor.config
+        pad = getattr(cfg, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        self._raw_model = actor
+        self.tied_names = self._tied_names(actor)
+
+        if getattr(args, "use_kl_loss", False) or float(getattr(args, "kl_coef", 0.0) or 0.0) > 0:
+            ref = self._load_causal_lm(getattr(args, "ref_load", None) or self.hf_path)
+            ref.requires_grad_(False)
+            self.ref_model = ref
+
+        critic = None
+        if getattr(args, "advantage_estimator", "grpo") == "ppo":
+            from transformers import AutoModel
+            backbone = AutoModel.from_pretrained(self.hf_path, dtype=self.dtype)
+            critic = CriticModel(backbone, cfg.hidden_size).to(device=self.device, dtype=self.dtype).eval()
+            self._raw_critic = critic
+
+        want = getattr(args, "torch_parallel", "ddp")
+        if _distributed() and self.world_size > 1:
+            self.parallel = want
+        if self.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            actor = DDP(actor, device_ids=ids)
+            if critic is not None:
+                critic = DDP(critic, device_ids=ids)
+        elif self.parallel == "fsdp":
+            actor = self._fully_shard(actor)
+            if critic is not None:
+                critic = self._fully_shard(critic)
+        self.model, self.critic = actor, critic
+
+        betas = (float(args.adam_beta1), float(args.adam_beta2))
+        self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=float(args.lr),
+                                           betas=betas, weight_decay=float(args.weight_decay), eps=1e-8)
+        if critic is not None:
+            clr = float(args.critic_lr if getattr(args, "critic_lr", None) is not None else args.lr)
+            self.critic_optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=clr,
+                                                      betas=betas, weight_decay=float(args.weight_decay), eps=1e-8)
+        self.log.info("torch backend ready", model=self.hf_path, device=str(self.device), dtype=str(self.dtype),
+                      parallel=self.parallel, world_size=self.world_size, ref=self.ref_model is not None,
+                      critic=critic is not None)
+
+    def _fully_shard(self, module: nn.Module) -> nn.Module:
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError as exc:  # pragma: no cover - old torch
+            raise RuntimeError("--torch-parallel fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6)") from exc
+        layers = None
+        for sub in module.modules():
+            if sub is not module and hasattr(sub, "layers") and isinstance(sub.layers, nn.ModuleList):
+                layers = sub.layers
+                break
+        for layer in layers or []:
+            fully_shard(layer)
+        fully_shard(module)
+        return module
+
+    @staticmethod
+    def _tied_names(model: nn.Module) -> set[str]:
+        """state_dict keys that alias another parameter (e.g. a tied lm_head)."""
+        keep = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        return {k for k in model.state_dict() if k not in keep}
+
+    def _check_missing(self, model, missing, unexpected, where: str) -> None:
+        tied = self._tied_names(model)
+        missing = [m for m in missing if m not in tied]
+        if missing or unexpected:
+            raise ValueError(f"{where}: weights do not match the model (missing {missing[:5]}, unexpected "
+                             f"{list(unexpected)[:5]})")
+
+    def _require_init(self):
+        if self.model is None:
+            raise RuntimeError("TorchBackend.init() has not been called")
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _all_max(self, n: int) -> int:
+        if not _distributed():
+            return n
+        t = torch.tensor([n], dtype=torch.long, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _micro_batches(self, batch: dict, fsdp_module: bool) -> list[list[int]]:
+        lengths = [len(t) for t in batch["tokens"]]
+        mbs = micro_batches_from_args(self.args, lengths)
+        if fsdp_module and self.parallel == "fsdp":
+            # every rank must run the same number of forwards (each one all-gathers the shards)
+            mbs = micro_batches_from_args(self.args, lengths, min_count=self._all_max(len(mbs)))
+        return mbs
+
+    def _inputs(self, tokens: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not tokens:
+            tokens = [[self.pad_id]]
+        return pad_tokens(tokens, pad_id=self.pad_id, device=self.device)
+
+    @staticmethod
+    def _response_slices(mb: dict) -> list[tuple[int, int]]:
+        """(start, end) of each sample's response-predicting logits: positions P-1 .. P+R-2."""
+        return [(int(p) - 1, int(p) + int(r) - 1) for p, r in zip(mb["prompt_lengths"], mb["response_lengths"])]
+
+    def _targets(self, mb: dict, i: int) -> torch.Tensor:
+        p, r = int(mb["prompt_lengths"][i]), int(mb["response_lengths"][i])
+        return torch.as_tensor(list(mb["tokens"][i][p:p + r]), dtype=torch.long, device=self.device)
+
+    def _temperature(self) -> float:
+        return float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+
+    def _logits(self, model: nn.Module, ids, mask, pos) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+
+    # -- forward passes (no grad) ------------------------------------------------------------------------
+    def compute_log_probs(self, batch: dict, model: str = "actor", with_entropy: bool = False
+                          ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        self._require_init()
+        validate_batch(batch)
+        if model == "actor":
+            # DDP: run the plain module (no gradient hooks); FSDP2: the sharded module (it gathers its shards)
+            net = self._raw_model if self.parallel != "fsdp" else self.model
+        elif model == "ref":
+            if self.ref_model is None:
+                raise ValueError("no reference model (enable --use-kl-loss or --kl-coef > 0)")
+            net = self.ref_model
+        else:
+            raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        n = len(batch["tokens"])
+        out_lp: list[torch.Tensor | None] = [None] * n
+        out_ent: list[torch.Tensor | None] = [None] * n
+        temp = self._temperature()
+        mbs = self._micro_batches(batch, fsdp_module=(model == "actor"))
+        with torch.no_grad():
+            for idx in mbs:
+                mb = select(batch, idx)
+                ids, mask, pos = self._inputs(mb["tokens"])
+                logits = self._logits(net, ids, mask, pos)
+                for j, (s, e) in enumerate(self._response_slices(mb)):
+                    lp, ent = log_probs_and_entropy(logits[j, s:e], self._targets(mb, j), temp, with_entropy)
+                    out_lp[idx[j]] = lp.float().cpu()
+                    if with_entropy:
+                        out_ent[idx[j]] = ent.float().cpu()
+        return out_lp, (out_ent if with_entropy else None)
+
+    def compute_values(self, batch: dict) -> list[torch.Tensor]:
+        self._require_init()
+        if self.critic is None:
+            return super().compute_values(batch)
+        validate_batch(batch)
+        net = self._raw_critic if self.parallel != "fsdp" else self.critic
+        out: list[torch.Tensor | None] = [None] * len(batch["tokens"])
+        with torch.no_grad():
+            for idx in self._micro_batches(batch, fsdp_module=True):
+                mb = select(batch, idx)
+                ids, mask, pos = self._inputs(mb["tokens"])
+                values = net(ids, mask, pos)
+                for j, (s, e) in enumerate(self._response_slices(mb)):
+                    out[idx[j]] = values[j, s:e].float().cpu()
+        return out
+
+    # -- training ----------------------------------------------------------------------------------------
+    def _sync_context(self, module: nn.Module, sync: bool):
+        if self.parallel == "ddp":
+            return contextlib.nullcontext() if sync else module.no_sync()
+        if self.parallel == "fsdp" and hasattr(module, "set_requires_gradient_sync"):
+            module.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def train_micro_batches(self, micro_batches: list[dict], loss_fn: LossFn, train_critic: bool = False
+                            ) -> dict[str, float]:
+        """Forward + backward per micro-batch, gradients accumulating (synchronised across ranks on the last).
+
+        For the actor, ``loss_fn(mb, log_probs, entropies, None)`` gets per-sample response log-probs (with grad)
+        and entropies (with grad only when args.entropy_coef != 0). For the critic (``train_critic``) it gets
+        ``loss_fn(mb, [], [], values)``. A micro-batch without samples runs a dummy forward with zero loss, so
+        ranks with fewer micro-batches still join every collective."""
+        self._require_init()
+        if train_critic and self.critic is None:
+            raise ValueError("train_critic=True but there is no critic (--advantage-estimator ppo)")
+        module = self.critic if train_critic else self.model
+        if not micro_batches:
+            micro_batches = [{"tokens": [], "prompt_lengths": [], "response_lengths": [], "loss_masks": []}]
+        for mb in micro_batches:
+            validate_batch(mb)
+        entropy_grad = float(getattr(self.args, "entropy_coef", 0.0) or 0.0) != 0.0
+        temp = self._temperature()
+        totals: dict[str, float] = {}
+        last = len(micro_batches) - 1
+        for k, mb in enumerate(micro_batches):
+            ctx = self._sync_context(module, k == last)
+            with ctx:
+                ids, mask, pos = self._inputs(mb["tokens"])
+                if train_critic:
+                    values_full = module(ids, mask, pos)
+                    if not mb["tokens"]:
+                        (values_full.sum() * 0.0).backward()
+                        continue
+                    values = [values_full[j, s:e] for j, (s, e) in enumerate(self._response_slices(mb))]
+                    loss, metrics = loss_fn(mb, [], [], values)
+                else:
+                    logits = self._logits(module, ids, mask, pos)
+                    if not mb["tokens"]:
+                        (logits.sum() * 0.0).backward()
+                        continue
+                    lps, ents = [], []
+                    for j, (s, e) in enumerate(self._response_slices(mb)):
+                        lg = logits[j, s:e]
+                        lp, ent = log_probs_and_entropy(lg, self._targets(mb, j), temp, with_entropy=entropy_grad)
+                        if not entropy_grad:
+                            with torch.no_grad():
+                                ent = entropy_from_logits(lg.detach(), temp)
+                        lps.append(lp)
+                        ents.append(ent)
+                    loss, metrics = loss_fn(mb, lps, ents, None)
+                if not torch.is_tensor(loss) or not loss.requires_grad:
+                    raise ValueError("loss_fn must return a tensor that requires grad")
+                loss.backward()
+            for key, v in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(v)
+        return totals
+
+    def optimizer_step(self, critic: bool = False) -> float:
+        self._require_init()
+        module, opt = (self.critic, self.critic_optimizer) if critic else (self.model, self.optimizer)
+        if module is None or opt is None:
+            raise ValueError("optimizer_step(critic=True) but there is no critic")
+        params = [p for p in module.parameters() if p.requires_grad]
+        clip = float(getattr(self.args, "clip_grad", 0.0) or 0.0)
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = float(norm)
+        if np.isfinite(norm):
+            opt.step()
+        else:
+            self.log.warning("non-finite gradient norm: skipping the optimizer step", grad_norm=norm,
+                             critic=critic)
+        opt.zero_grad(set_to_none=True)
+        return norm
+
+    # -- weights -----------------------------------------------------------------------------------------
+    def _full_state_dict(self, module: nn.Module, raw: nn.Module) -> dict[str, torch.Tensor]:
+        """Full tensors in HF names, tied aliases dropped. Collective under FSDP (every rank must call)."""
+        if self.parallel == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        else:
+            sd = raw.state_dict()
+        tied = self._tied_names(raw)
+        return {strip_wrapper_prefixes(k): v.detach() for k, v in sd.items() if strip_wrapper_prefixes(k) not in tied}
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._require_init()
+        yield from self._full_state_dict(self.model, self._raw_model).items()
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def _barrier(self):
+        if _distributed():
+            dist.barrier()
+
+    def save(self, path: str, save_optim: bool = True) -> None:
+        """Write ``path/model.safetensors`` (+ critic), ``optim.pt`` (full state keyed by parameter names),
+        ``rng_rank{r}.pt`` per rank and ``meta.json``. All ranks must call it."""
+        self._require_init()
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        out = Path(path)
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+        self._barrier()
+        opts = StateDictOptions(full_state_dict=True)
+        parts = [(self.model, self._raw_model, self.optimizer, MODEL_FILE, OPTIM_FILE)]
+        if self.critic is not None:
+            parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
+        for module, raw, opt, mfile, ofile in parts:
+            sd = self._full_state_dict(module, raw)
+            osd = get_optimizer_state_dict(module, opt, options=opts) if save_optim else None
+            if self.rank == 0:
+                save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / mfile),
+                          metadata={"format": "pt"})
+                if osd is not None:
+                    torch.save(_to_cpu(osd), out / ofile)
+        torch.save(_rng_state(), out / f"rng_rank{self.rank}.pt")
+        if self.rank == 0:
+            meta = {"weight_version": self.weight_version, "world_size": self.world_size, "parallel": self.parallel,
+                    "critic": self.critic is not None, "optim": bool(save_optim), "hf_checkpoint": self.hf_path}
+            (out / META_FILE).write_text(json.dumps(meta, indent=1))
+        self._barrier()
+        self.log.info("saved checkpoint", path=str(out), optim=save_optim)
+
+    def load(self, path: str, load_optim: bool = True) -> None:
+        """Restore what ``save`` wrote (any world size / parallel mode). All ranks must call it."""
+        self._require_init()
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        src = Path(path)
+        if not (src / MODEL_FILE).exists():
+            raise FileNotFoundError(f"{src}: no {MODEL_FILE} (not a checkpoint written by TorchBackend.save)")
+        meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).exists() else {}
+        parts = [(self.model, self._raw_model, self.optimizer, MODEL_FILE, OPTIM_FILE)]
+        if self.critic is not None:
+            if not (src / CRITIC_FILE).exists():
+                raise FileNotFoundError(f"{src}: no {CRITIC_FILE} but this run has a critic (ppo)")
+            parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
+        for module, raw, opt, mfile, ofile in parts:
+            sd = load_file(str(src / mfile))
+            target = module if self.parallel == "fsdp" else raw
+            res = set_model_state_dict(target, sd, options=StateDictOptions(full_state_dict=True, strict=False))
+            self._check_missing(raw, getattr(res, "missing_keys", []), getattr(res, "unexpected_keys", []),
+                                str(src / mfile))
+            if load_optim:
+                if not (src / ofile).exists():
+                    raise FileNotFoundError(f"{src}: no {ofile} (saved without the optimizer?)")
+                osd = torch.load(src / ofile, map_location="cpu", weights_only=True)
+                set_optimizer_state_dict(module, opt, osd, options=StateDictOptions(full_state_dict=True))
+        rng = src / f"rng_rank{self.rank}.pt"
+        if not rng.exists():
+            rng = src / "rng_rank0.pt"
+        if rng.exists():
+            _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
+        self.weight_version = int(meta.get("weight_version", self.weight_version))
+        self._barrier()
+        self.log.info("loaded checkpoint", path=str(src), optim=load_optim, weight_version=self.weight_version)
+
+    def save_hf(self, path: str) -> None:
+        """A Hugging Face directory: config, generation config, model.safetensors, tokenizer (if the source has
+        one). Every rank must call it (FSDP gathers); rank 0 writes."""
+        self._require_init()
+        from safetensors.torch import save_file
+        sd = self._full_state_dict(self.model, self._raw_model)
+        if self.rank == 0:
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            self._raw_model.config.save_pretrained(out)
+            gen = getattr(self._raw_model, "generation_config", None)
+            if gen is not None:
+                gen.save_pretrained(out)
+            save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / MODEL_FILE),
+                      metadata={"format": "pt"})
+            try:
+                from transformers import AutoTokenizer
+                AutoTokenizer.from_pretrained(self.hf_path).save_pretrained(out)
+            except (OSError, ValueError) as exc:
+                self.log.warning("no tokenizer copied to the HF export", source=self.hf_path, error=str(exc))
+        self._barrier()
+
+
+def _to_cpu(obj):
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
