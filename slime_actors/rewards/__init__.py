@@ -16,6 +16,7 @@ from slime_actors.rewards.rules import (boxed_reward, exact_match_reward, extrac
                                         normalize_boxed)
 
 __all__ = ["BUILTIN_RMS", "RewardConfigError", "RewardError", "check_reward_args", "compute_group_rewards",
-           "compute_reward", "register_reward", "score_batch", "score_samples", "to_reward", "RemoteRMConfig", "RemoteRMError",
+           "compute_reward", "register_reward", "score_batch", "score_samples", "to_reward",
+           "RemoteRMConfig", "RemoteRMError",
            "close_sessions", "post_reward", "remote_rm", "boxed_reward", "exact_match_reward", "extract_boxed",
            "f1_reward", "math_reward", "normalize_boxed"]

@@ -221,7 +221,8 @@ async def score_batch(args, samples: list, concurrency: int = 64, timeout: float
                       ) -> tuple[list[float | None], list[RewardError | None]]:
     """Score many samples concurrently (at most `concurrency` calls in flight; with --group-rm one call per group,
     grouped by `group_index`). Returns (rewards, errors), parallel to `samples`: a reward and None, or None and
-    the RewardError (a call past `timeout` seconds is one, caused by TimeoutError). RewardConfigError is raised."""
+    the RewardError (a call past `timeout` seconds is one, caused by TimeoutError; a sync function that blocks
+    cannot be interrupted, so the timeout only bounds awaiting code). RewardConfigError is raised."""
     n = len(samples)
     rewards: list[float | None] = [None] * n
     errors: list[RewardError | None] = [None] * n

@@ -1,6 +1,6 @@
 """Rule-based rewards: answer extraction and comparison (no model, no network).
 
-    extract_boxed(r"so \\boxed{\\frac{1}{2}}.")   -> r"\\frac{1}{2}"   (the last \\boxed{...}/\\fbox{...}, braces nested)
+    extract_boxed(r"so \\boxed{\\frac{1}{2}}.")   -> r"\\frac{1}{2}"   (last \\boxed{...}/\\fbox{...}, nested braces)
     math_reward("... \\boxed{0.5}", r"\\frac{1}{2}")  -> 1.0          (math-verify equivalence)
     boxed_reward, exact_match_reward, f1_reward
 

@@ -1,0 +1,393 @@
+"""Rewards: built-in rules, remote_rm against a local server (retries, backoff, giving up), custom and group
+functions, batch scoring, and the dynamic sampling filters."""
+
+import argparse
+import asyncio
+import json
+import time
+
+import pytest
+from aiohttp import web
+
+from slime_actors.filters import (DynamicFilter, FilterOutput, call_filter, check_reward_nonzero_std,
+                                  check_reward_nonzero_std_with_fallback)
+from slime_actors.rewards import (RewardConfigError, RewardError, check_reward_args, close_sessions,
+                                  compute_group_rewards, compute_reward, extract_boxed, register_reward, score_batch,
+                                  score_samples, to_reward)
+from slime_actors.types import Sample
+
+
+def A(**kw):
+    base = dict(rm_type=None, custom_rm_path=None, group_rm=False, reward_key=None, rm_url=None)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def S(response, label=None, index=0, group_index=0, **kw):
+    return Sample(index=index, group_index=group_index, prompt="q", response=response, label=label, **kw)
+
+
+def score(rm_type, response, label, **kw):
+    return asyncio.run(compute_reward(A(rm_type=rm_type, **kw), S(response, label)))
+
+
+# --------------------------------------------------------------------------------------------------- rules
+
+@pytest.mark.parametrize("text,want", [
+    (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),
+    (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}"),
+    (r"first \boxed{1} then \boxed{2}", "2"),
+    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+    (r"$\boxed 7$", "7"),
+    (r"\fbox{x+1}", "x+1"),
+    (r"\boxed{1", None),
+    (r"\boxed{a} and \boxed{", "a"),
+    ("no box here", None),
+    ("", None),
+])
+def test_extract_boxed(text, want):
+    assert extract_boxed(text) == want
+
+
+@pytest.mark.parametrize("response,label,want", [
+    (r"The answer is \boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"so \boxed{0.5}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{1/2}", r"\frac12", 1.0),
+    (r"\boxed{\sqrt 2}", r"\sqrt{2}", 1.0),
+    (r"\boxed{12}", 12, 1.0),                       # a numeric label
+    (r"\boxed{4}", ["3", "4"], 1.0),                # any of several labels
+    (r"\boxed{13}", "12", 0.0),
+    (r"I first thought 12, but \boxed{13}", "12", 0.0),   # the box wins over loose numbers
+    ("the result is 12", "12", 1.0),                # no box: math-verify's own extraction
+    ("", "1", 0.0),
+    ("!!! ???", "1", 0.0),
+    (r"\boxed{", "1", 0.0),
+    (r"\boxed{\frac{1}{2}}", "", 0.0),              # unparsable label
+])
+def test_math(response, label, want):
+    assert score("math", response, label) == want
+
+
+def test_deepscaler_uses_the_answer_after_thinking():
+    assert score("deepscaler", r"<think>maybe \boxed{3}</think> \boxed{2}", "2") == 1.0
+    assert score("deepscaler", r"<think>\boxed{2} still thinking", "2") == 0.0
+
+
+@pytest.mark.parametrize("response,label,want", [
+    (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}", 1.0),   # nested braces
+    (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{ 3 }", "$3$", 1.0),
+    (r"\boxed{5}", r"\boxed{5}", 1.0),                  # a boxed label
+    (r"\boxed{\text{Paris}}", "paris", 1.0),
+    (r"\boxed{1} \boxed{2}", "1", 0.0),                 # the last box counts
+    (r"\boxed{0.5}", r"\frac{1}{2}", 0.0),              # strings, not math
+    ("5", "5", 0.0),                                    # no box
+])
+def test_boxed(response, label, want):
+    assert score("boxed", response, label) == want
+
+
+def test_exact_match_and_f1():
+    assert score("exact_match", "  Paris \n", "Paris") == 1.0
+    assert score("exact_match", "New   York", "New York") == 1.0
+    assert score("exact_match", "paris", "Paris") == 0.0
+    assert score("exact_match", "paris", "Paris", exact_match_ignore_case=True) == 1.0
+    assert score("exact_match_ci", "PARIS", "paris") == 1.0
+    assert score("exact_match", "Paris", ["Lyon", "Paris"]) == 1.0
+    assert score("f1", "the cat sat", "a cat sat down") == pytest.approx(0.8)
+    assert score("f1", "yes", "no") == 0.0 and score("f1", "Yes.", "yes") == 1.0
+    assert score("f1", "dog", "cat") == 0.0
+    assert score("boxed_f1", r"I say \boxed{the cat sat}", "a cat sat down") == pytest.approx(0.8)
+    assert score("boxed_exact_match", r"words \boxed{42}", "42") == 1.0
+
+
+def test_missing_label_and_unknown_type():
+    with pytest.raises(RewardError) as e:
+        asyncio.run(compute_reward(A(rm_type="math"), S(r"\boxed{1}", None, index=17)))
+    assert e.value.rm_type == "math" and e.value.sample_index == 17 and "label" in str(e.value)
+    assert "sample 17" in str(e.value)
+    with pytest.raises(RewardConfigError, match="unknown reward type 'nope'"):
+        asyncio.run(compute_reward(A(rm_type="nope"), S("x", "x")))
+    with pytest.raises(RewardConfigError, match="unknown reward type"):
+        check_reward_args(A(rm_type="nope"))
+    with pytest.raises(RewardConfigError, match="--rm-type or --custom-rm-path"):
+        check_reward_args(A())
+    with pytest.raises(RewardConfigError, match="--rm-url"):
+        check_reward_args(A(rm_type="remote_rm"))
+    assert check_reward_args(A(rm_type="boxed_f1")) == "boxed_f1"
+
+
+def test_per_sample_rm_type_and_registered_rewards():
+    register_reward("always_seven", lambda args, s: 7)
+    s = S("x", "y")
+    s.metadata["rm_type"] = "always_seven"
+    assert asyncio.run(compute_reward(A(rm_type="exact_match"), s)) == 7.0
+
+
+def test_to_reward():
+    assert to_reward(True) == 1.0 and to_reward(3) == 3.0
+    assert to_reward({"reward": 0.5, "acc": 1}) == 0.5
+    assert to_reward({"reward": 0.5, "acc": 1}, A(reward_key="acc")) == 1.0
+    with pytest.raises(ValueError, match="--reward-key"):
+        to_reward({"score": 1})
+    for bad in ("1.0", None, [1]):
+        with pytest.raises(TypeError):
+            to_reward(bad)
+    with pytest.raises(ValueError, match="finite"):
+        to_reward(float("nan"))
+
+
+# --------------------------------------------------------------------------------------------------- remote_rm
+
+class RMServer:
+    """A reward model on 127.0.0.1 that fails `fail` times (status `fail_status`, or a hang past the client's
+    timeout with `hang`), then answers `answer`. Records payloads and arrival times."""
+
+    def __init__(self, fail=0, fail_status=500, answer=None, content_type="application/json", hang=0.0):
+        self.fail, self.fail_status, self.hang = fail, fail_status, hang
+        self.answer = {"reward": 0.75} if answer is None else answer
+        self.content_type = content_type
+        self.times, self.payloads = [], []
+
+    async def handle(self, request):
+        self.times.append(time.monotonic())
+        self.payloads.append(await request.json())
+        if len(self.times) <= self.fail:
+            if self.hang:
+                await asyncio.sleep(self.hang)
+            return web.Response(status=self.fail_status, text="overloaded")
+        body = self.answer if isinstance(self.answer, str) else json.dumps(self.answer)
+        return web.Response(text=body, content_type=self.content_type)
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.router.add_post("/rm", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/rm"
+        return self
+
+    async def __aexit__(self, *exc):
+        await close_sessions()
+        await self.runner.cleanup()
+
+
+def rargs(url, **kw):
+    kw.setdefault("rm_backoff_base", 0.02)
+    kw.setdefault("rm_max_attempts", 4)
+    return A(rm_type="remote_rm", rm_url=url, **kw)
+
+
+def test_remote_rm_retries_then_succeeds():
+    async def main():
+        async with RMServer(fail=2) as srv:
+            s = S("resp", "lab", index=3, metadata={"k": 1})
+            r = await compute_reward(rargs(srv.url), s)
+            return r, srv
+    r, srv = asyncio.run(main())
+    assert r == 0.75
+    assert len(srv.times) == 3                       # two failures, then the answer
+    assert srv.payloads[-1] == {"prompt": "q", "response": "resp", "label": "lab", "metadata": {"k": 1}}
+
+
+def test_remote_rm_gives_up_after_n_attempts_with_backoff():
+    async def main():
+        async with RMServer(fail=100, fail_status=503) as srv:
+            with pytest.raises(RewardError) as e:
+                await compute_reward(rargs(srv.url, rm_backoff_base=0.04, rm_max_attempts=4), S("r", "l", index=9))
+            return e.value, srv
+    err, srv = asyncio.run(main())
+    assert len(srv.times) == 4
+    assert err.rm_type == "remote_rm" and err.sample_index == 9
+    assert "after 4 attempts" in str(err) and "503" in str(err) and srv.url in str(err)
+    gaps = [b - a for a, b in zip(srv.times, srv.times[1:])]
+    for k, gap in enumerate(gaps):                   # exponential, jittered in [0.5, 1) of 0.04 * 2**k
+        assert 0.5 * 0.04 * 2 ** k - 0.005 <= gap < 0.04 * 2 ** k + 0.5, gaps
+    assert gaps[2] > gaps[0]
+
+
+def test_remote_rm_timeouts_and_refused_connections_are_retried():
+    async def main():
+        async with RMServer(fail=1, hang=1.0) as srv:   # the first request hangs past rm_timeout
+            r = await compute_reward(rargs(srv.url, rm_timeout=0.2), S("r", "l"))
+            assert r == 0.75 and len(srv.times) == 2
+        # nothing listens on this port any more: connection refused, every time
+        with pytest.raises(RewardError) as e:
+            await compute_reward(rargs(srv.url, rm_max_attempts=3), S("r", "l"))
+        await close_sessions()
+        return e.value
+    err = asyncio.run(main())
+    assert "after 3 attempts" in str(err) and "Connect" in str(err)
+
+
+def test_remote_rm_answers():
+    async def main(answer, content_type="application/json", **kw):
+        async with RMServer(answer=answer, content_type=content_type) as srv:
+            try:
+                return await compute_reward(rargs(srv.url, **kw), S("r", "l")), len(srv.times)
+            except RewardError as e:
+                return e, len(srv.times)
+    assert asyncio.run(main(0.5)) == (0.5, 1)                          # a bare JSON number
+    assert asyncio.run(main("0.25", "text/plain")) == (0.25, 1)        # a bare number as text
+    assert asyncio.run(main({"score": 2, "reward": 1}, reward_key="score")) == (2.0, 1)
+    err, n = asyncio.run(main("not a number", "text/plain"))
+    assert isinstance(err, RewardError) and "not JSON and not a number" in str(err) and n == 1   # not retried
+    err, n = asyncio.run(main({"other": 1}))
+    assert isinstance(err, RewardError) and "--reward-key" in str(err)
+
+
+def test_remote_rm_client_errors_are_not_retried():
+    async def main():
+        async with RMServer(fail=5, fail_status=400) as srv:
+            with pytest.raises(RewardError, match="HTTP 400"):
+                await compute_reward(rargs(srv.url), S("r", "l"))
+            return len(srv.times)
+    assert asyncio.run(main()) == 1
+
+
+# --------------------------------------------------------------------------------------------------- custom
+
+CUSTOM = '''
+import asyncio
+async def ascore(args, sample):
+    await asyncio.sleep(0)
+    return len(sample.response)
+def sscore(args, sample):
+    return {"reward": 0.0, "acc": 1.0}
+def boom(args, sample):
+    raise ZeroDivisionError("bad sample " + str(sample.index))
+def text(args, sample):
+    return "high"
+async def group(args, samples):
+    return [float(i) for i, _ in enumerate(samples)]
+def short_group(args, samples):
+    return [1.0]
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture
+def custom(tmp_path):
+    f = tmp_path / "my_rm.py"
+    f.write_text(CUSTOM)
+    return lambda name: f"{f}:{name}"
+
+
+def test_custom_functions(custom):
+    run = lambda path, s, **kw: asyncio.run(compute_reward(A(custom_rm_path=path, **kw), s))  # noqa: E731
+    assert run(custom("ascore"), S("abcd")) == 4.0                    # async
+    assert run(custom("sscore"), S("x")) == 0.0                       # sync, dict -> "reward"
+    assert run(custom("sscore"), S("x"), reward_key="acc") == 1.0
+    with pytest.raises(RewardError) as e:
+        run(custom("boom"), S("x", index=5))
+    assert e.value.sample_index == 5 and isinstance(e.value.cause, ZeroDivisionError)
+    assert custom("boom") in str(e.value) and "bad sample 5" in str(e.value)
+    with pytest.raises(RewardError, match="expected a number"):
+        run(custom("text"), S("x"))
+
+
+def test_custom_loading_errors(custom, tmp_path):
+    for path, kind in [(custom("missing_fn"), "has no attribute 'missing_fn'"),
+                       (custom("NOT_A_FUNCTION"), "not callable"),
+                       (str(tmp_path / "absent.py") + ":f", "not found"),
+                       ("no_such_module_q.f", "not found")]:
+        with pytest.raises(RewardConfigError) as e:
+            asyncio.run(compute_reward(A(custom_rm_path=path), S("x")))
+        assert kind in str(e.value) and "--custom-rm-path" in str(e.value)
+        with pytest.raises(RewardConfigError):
+            check_reward_args(A(custom_rm_path=path))
+
+
+def test_group_rm(custom):
+    samples = [S("a", index=10 + i, group_index=1) for i in range(4)]
+    args = A(custom_rm_path=custom("group"), group_rm=True)
+    assert asyncio.run(compute_group_rewards(args, samples)) == [0.0, 1.0, 2.0, 3.0]
+    assert asyncio.run(compute_reward(args, samples[0])) == 0.0       # a one-sample group
+    with pytest.raises(RewardError) as e:
+        asyncio.run(compute_group_rewards(A(custom_rm_path=custom("short_group"), group_rm=True), samples))
+    assert e.value.sample_index == [10, 11, 12, 13] and "1 rewards for 4 samples" in str(e.value)
+    # built-ins under --group-rm: each sample on its own
+    assert asyncio.run(compute_group_rewards(A(rm_type="exact_match", group_rm=True),
+                                             [S("a", "a"), S("b", "a")])) == [1.0, 0.0]
+    assert asyncio.run(compute_group_rewards(args, [])) == []
+
+
+# --------------------------------------------------------------------------------------------------- batches
+
+def test_score_batch_keeps_failures_per_sample(tmp_path):
+    f = tmp_path / "batch_rm.py"
+    f.write_text('''
+import asyncio
+state = {"now": 0, "max": 0}
+async def fn(args, sample):
+    state["now"] += 1
+    state["max"] = max(state["max"], state["now"])
+    await asyncio.sleep(0.01 if sample.response != "slow" else 5)
+    state["now"] -= 1
+    if sample.response == "bad":
+        raise ValueError("cannot score")
+    return 1.0
+''')
+    samples = [S("ok", index=i) for i in range(12)]
+    samples[3].response = "bad"
+    samples[7].response = "slow"
+    args = A(custom_rm_path=f"{f}:fn")
+    t0 = time.monotonic()
+    rewards, errors = asyncio.run(score_batch(args, samples, concurrency=3, timeout=0.3))
+    assert time.monotonic() - t0 < 3
+    assert [i for i, e in enumerate(errors) if e] == [3, 7]
+    assert rewards[3] is None and rewards[7] is None and all(r == 1.0 for i, r in enumerate(rewards) if i not in (3, 7))
+    assert isinstance(errors[3].cause, ValueError) and errors[3].sample_index == 3
+    assert isinstance(errors[7].cause, TimeoutError) and "within 0.3 s" in str(errors[7])
+    import sys
+    mod = [m for n, m in sys.modules.items() if n.startswith("slime_actors_plugin_batch_rm_")][0]
+    assert mod.state["max"] == 3                     # the concurrency bound held
+    # messages-friendly variant: errors as strings
+    rewards, errs = asyncio.run(score_samples(A(rm_type="exact_match"), [S("a", "a"), S("b", None, index=1)]))
+    assert rewards == [1.0, None] and errs[0] is None and "sample 1" in errs[1]
+
+
+def test_score_batch_group_mode(custom):
+    samples = [S("x", index=i, group_index=i // 2) for i in range(6)]
+    rewards, errors = asyncio.run(score_batch(A(custom_rm_path=custom("group"), group_rm=True), samples))
+    assert rewards == [0.0, 1.0] * 3 and errors == [None] * 6
+    rewards, errors = asyncio.run(score_samples(A(custom_rm_path=custom("short_group")), samples, group=True))
+    assert rewards == [None] * 6 and all("1 rewards for 2 samples" in e for e in errors)
+    with pytest.raises(RewardConfigError):
+        asyncio.run(score_batch(A(rm_type="nope"), samples))
+
+
+# --------------------------------------------------------------------------------------------------- filters
+
+def group(*rewards):
+    return [Sample(index=i, group_index=0, reward=r) for i, r in enumerate(rewards)]
+
+
+def test_check_reward_nonzero_std():
+    args = A()
+    assert check_reward_nonzero_std(args, group(1.0, 0.0, 1.0))
+    out = check_reward_nonzero_std(args, group(1.0, 1.0, 1.0))
+    assert not out and out.reason == "zero_std_1.0"
+    assert not check_reward_nonzero_std(args, group(0.0, 0.0))
+    assert not check_reward_nonzero_std(args, group(0.5))
+    assert check_reward_nonzero_std_with_fallback(args, group(0, 0)).keep_when_insufficient
+    with pytest.raises(ValueError, match="no reward"):
+        check_reward_nonzero_std(args, group(1.0, None))
+
+
+def test_dynamic_filter_by_path(tmp_path):
+    f = DynamicFilter("slime_actors.filters.check_reward_nonzero_std")
+    assert f(A(), group(0, 1)) and not f(A(), group(1, 1)) and not f(A(), group(0, 0))
+    assert f.metrics() == {"rollout/dynamic_filter/kept": 1, "rollout/dynamic_filter/drop_zero_std_1.0": 1,
+                           "rollout/dynamic_filter/drop_zero_std_0.0": 1}
+    p = tmp_path / "flt.py"
+    p.write_text("def keep_long(args, samples):\n    return len(samples) > 2\n")
+    f = DynamicFilter.from_args(argparse.Namespace(dynamic_sampling_filter_path=f"{p}:keep_long"))
+    assert f(A(), group(1, 1, 1)).keep and f(A(), group(1)) == FilterOutput(False, "filtered")
+    assert call_filter(None, A(), group(1)).keep
+    assert DynamicFilter(None).fn is None
+    with pytest.raises(ImportError, match="--dynamic-sampling-filter-path"):
+        DynamicFilter("slime_actors.filters.no_such_filter")
