@@ -6,7 +6,8 @@ Two stages, as in slime:
    grpo / gspo: ``(r - mean_g) / (std_g + eps)`` (std unbiased; dropped with --disable-grpo-std-normalization);
    reinforce_plus_plus_baseline: ``r - mean_g``; reinforce_plus_plus / ppo: unchanged.
 2. ``compute_advantages_and_returns`` (per token, one 1-D tensor per sample over its response):
-   grpo / gspo: the normalized reward broadcast over the response (returns = advantages);
+   grpo / gspo: the normalized reward broadcast over the response (returns = advantages; as in slime, --kl-coef
+   does not enter: use --use-kl-loss);
    reinforce_plus_plus: token rewards ``-kl_coef * kl_t`` (masked) plus the reward at the last unmasked token,
    discounted returns with --gamma, then whitened;
    reinforce_plus_plus_baseline: ``r - mean_g - kl_coef * kl_t`` broadcast, then whitened;

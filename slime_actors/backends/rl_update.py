@@ -151,7 +151,8 @@ def _prepare(batch: dict) -> dict:
 
 def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
               reduce: Reduce | None = None) -> dict[str, float]:
-    """Train on this rank's shard of one rollout; returns global scalar metrics (identical on every rank).
+    """Train on this rank's shard of one rollout; returns scalar metrics, global across ranks (all-reduced; only
+    ``train_time`` is this rank's).
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
     returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the

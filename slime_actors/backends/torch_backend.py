@@ -174,7 +174,6 @@ class TorchBackend(TrainingBackend):
         self._device = self._pick_device()
         self.dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float32
         self.hf_path = self._checkpoint_dir()
-        torch.manual_seed(int(getattr(args, "seed", 1234)))
         actor = self._load_causal_lm(self.hf_path)
         cfg = actor.config
         pad = getattr(cfg, "pad_token_id", None)
@@ -191,7 +190,10 @@ class TorchBackend(TrainingBackend):
         if getattr(args, "advantage_estimator", "grpo") == "ppo":
             from transformers import AutoModel
             backbone = AutoModel.from_pretrained(self.hf_path, dtype=self.dtype)
-            critic = CriticModel(backbone, cfg.hidden_size).to(device=self.device, dtype=self.dtype).eval()
+            with torch.random.fork_rng(devices=[]):   # the same value head on every rank, global RNG untouched
+                torch.manual_seed(int(getattr(args, "seed", 1234)))
+                critic = CriticModel(backbone, cfg.hidden_size)
+            critic = critic.to(device=self.device, dtype=self.dtype).eval()
             self._raw_critic = critic
 
         want = getattr(args, "torch_parallel", "ddp")
