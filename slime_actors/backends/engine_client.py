@@ -1,0 +1,311 @@
+"""Async HTTP client for a generation engine speaking SGLang's native API: a real SGLang server (checked against
+SGLang 0.5.15.post1, tests/data/sglang_api_0.5.15.post1.json) or the embedded local engine.
+
+    client = EngineClient("http://127.0.0.1:30000", api_key=None, timeout=600, max_concurrency=256)
+    raw = await client.generate(input_ids, {"max_new_tokens": 64, "temperature": 1.0}, return_logprob=True)
+    out = parse_generate_output(raw)      # output_ids, logprobs, finish_reason, weight_version, ...
+    await client.close()
+
+Every request body uses only SGLang's field names for that endpoint. Errors: a non-2xx answer raises EngineError
+(status, endpoint, the server's message); an engine that cannot be reached raises EngineUnavailable; a request that
+runs past its timeout raises EngineTimeout (also an EngineError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from slime_actors.log import get_logger
+
+log = get_logger(component="engine_client")
+
+DEFAULT_GROUP_NAME = "weight_update_group"
+
+
+class EngineError(RuntimeError):
+    """The engine answered with an error status (or an answer that is not what the endpoint promises)."""
+
+    def __init__(self, endpoint: str, status: int | None, message: str, body: Any = None):
+        self.endpoint, self.status, self.message, self.body = endpoint, status, message, body
+        super().__init__(f"{endpoint}: HTTP {status}: {message}" if status is not None else f"{endpoint}: {message}")
+
+
+class EngineUnavailable(EngineError):
+    """Connection refused / reset / server gone: the engine process is not (or no longer) serving."""
+
+
+class EngineTimeout(EngineError):
+    """The request took longer than its timeout."""
+
+
+def _server_message(body: Any, text: str) -> str:
+    """Pull the human message out of SGLang's error shapes: {"error": {"message"}}, {"error": str},
+    {"message": ...} (ErrorResponse / success=false answers), or plain text."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in body:
+            return str(body["message"])
+        if "detail" in body:
+            return str(body["detail"])
+    return (text or "").strip()[:2000] or "(empty body)"
+
+
+@dataclass
+class GenerateOutput:
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: dict
+    weight_version: str | None
+    prompt_tokens: int | None
+    completion_tokens: int
+    text: str | None = None
+    rid: str | None = None
+    e2e_latency: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def finish_type(self) -> str:
+        return self.finish_reason.get("type", "unknown")
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_type == "abort"
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_type == "length"
+
+
+def parse_generate_output(resp: dict) -> GenerateOutput:
+    """One /generate answer (one element of a batched answer) -> GenerateOutput.
+
+    Token ids come from meta_info.output_token_logprobs ([logprob, token_id, text]) when present (what slime uses),
+    else from output_ids; the two must agree when both are there."""
+    if not isinstance(resp, dict) or "meta_info" not in resp:
+        raise EngineError("/generate", None, f"malformed generate output: {str(resp)[:300]}")
+    meta = resp["meta_info"]
+    lp_triples = meta.get("output_token_logprobs")
+    ids = resp.get("output_ids")
+    logprobs = None
+    if lp_triples is not None:
+        logprobs = [float(t[0]) if t[0] is not None else float("nan") for t in lp_triples]
+        lp_ids = [int(t[1]) for t in lp_triples]
+        if ids is not None and list(ids) != lp_ids:
+            raise EngineError("/generate", None, f"output_ids and output_token_logprobs disagree "
+                                                 f"({len(ids)} vs {len(lp_ids)} tokens)")
+        ids = lp_ids
+    if ids is None:
+        raise EngineError("/generate", None, "generate output has neither output_ids nor output_token_logprobs")
+    finish = meta.get("finish_reason") or {"type": "unknown"}
+    if isinstance(finish, str):  # defensive: some front ends flatten it
+        finish = {"type": finish}
+    completion = meta.get("completion_tokens")
+    return GenerateOutput(
+        output_ids=[int(t) for t in ids], logprobs=logprobs, finish_reason=dict(finish),
+        weight_version=meta.get("weight_version"), prompt_tokens=meta.get("prompt_tokens"),
+        completion_tokens=int(completion) if completion is not None else len(ids), text=resp.get("text"),
+        rid=meta.get("id"), e2e_latency=meta.get("e2e_latency"))
+
+
+def _dtype_str(d: Any) -> str:
+    return str(d).removeprefix("torch.")
+
+
+class EngineClient:
+    """One engine's HTTP API. Create and use it inside one event loop; close() when done."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
+                 max_concurrency: int = 256, connect_timeout: float = 10.0):
+        self.base_url = base_url.rstrip("/")
+        if "://" not in self.base_url:
+            self.base_url = "http://" + self.base_url
+        self.api_key = api_key
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.max_concurrency = max_concurrency
+        self._sem: asyncio.Semaphore | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.request_hook = None  # callable(method, path, json_body, params) -- used by the contract tests
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._sem = asyncio.Semaphore(self.max_concurrency)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_concurrency, force_close=False),
+                headers=self._headers())
+        return self._session
+
+    async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
+                       timeout: float | None = None, expect: str = "json", ok_statuses: Sequence[int] = ()) -> Any:
+        """Send one request; returns (status, parsed body). Raises EngineError / EngineUnavailable / EngineTimeout."""
+        if self.request_hook is not None:
+            self.request_hook(method, path, body, params)
+        session = await self._get_session()
+        t = self.timeout if timeout is None else timeout
+        to = aiohttp.ClientTimeout(total=t, connect=min(self.connect_timeout, t) if t else self.connect_timeout)
+        async with self._sem:
+            try:
+                async with session.request(method, self.base_url + path, json=body, params=params,
+                                           timeout=to) as resp:
+                    text = await resp.text()
+                    status = resp.status
+            except asyncio.TimeoutError:
+                raise EngineTimeout(path, None, f"no answer within {t} s from {self.base_url}") from None
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                    aiohttp.ClientOSError) as e:
+                raise EngineUnavailable(path, None, f"cannot reach {self.base_url}: {e}") from None
+            except aiohttp.ClientError as e:
+                raise EngineError(path, None, f"request failed: {e!r}") from None
+        parsed: Any = None
+        if text:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+        if not (200 <= status < 300) and status not in ok_statuses:
+            raise EngineError(path, status, _server_message(parsed, text), parsed if parsed is not None else text)
+        if expect == "json":
+            if parsed is None:
+                raise EngineError(path, status, f"expected JSON, got {text[:200]!r}")
+            return status, parsed
+        return status, text
+
+    async def _post_result(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        """POST to an endpoint answering {"success", "message", ...}; success=false raises EngineError."""
+        status, out = await self._request("POST", path, body, timeout=timeout, ok_statuses=(400,))
+        if not isinstance(out, dict) or not out.get("success", False):
+            raise EngineError(path, status, _server_message(out, str(out)), out)
+        return out
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    # -- generation -------------------------------------------------------------------------------------
+    async def generate(self, input_ids: list[int] | list[list[int]], sampling_params: dict | list[dict],
+                       return_logprob: bool = True, rid: str | list[str] | None = None,
+                       timeout: float | None = None, **extra) -> dict | list[dict]:
+        """POST /generate; returns SGLang's raw answer (a list for batched input_ids). `extra` may carry other
+        GenerateReqInput fields (e.g. logprob_start_len, return_text_in_logprobs)."""
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
+                                "return_logprob": return_logprob}
+        if rid is not None:
+            body["rid"] = rid
+        body.update(extra)
+        _, out = await self._request("POST", "/generate", body, timeout=timeout)
+        return out
+
+    async def generate_text(self, text: str | list[str], sampling_params: dict, return_logprob: bool = True,
+                            rid: str | None = None, timeout: float | None = None) -> dict | list[dict]:
+        body: dict[str, Any] = {"text": text, "sampling_params": sampling_params, "return_logprob": return_logprob}
+        if rid is not None:
+            body["rid"] = rid
+        _, out = await self._request("POST", "/generate", body, timeout=timeout)
+        return out
+
+    # -- health -----------------------------------------------------------------------------------------
+    async def health(self, timeout: float = 5.0) -> bool:
+        try:
+            await self._request("GET", "/health", timeout=timeout, expect="text")
+            return True
+        except EngineError:
+            return False
+
+    async def health_generate(self, timeout: float = 30.0) -> bool:
+        try:
+            await self._request("GET", "/health_generate", timeout=timeout, expect="text")
+            return True
+        except EngineError:
+            return False
+
+    # -- control ----------------------------------------------------------------------------------------
+    async def flush_cache(self) -> bool:
+        """True when flushed; False when the engine refused because requests are running or waiting (400)."""
+        status, _ = await self._request("POST", "/flush_cache", expect="text", ok_statuses=(400,))
+        return status == 200
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        """Abort requests whose rid starts with `rid` (SGLang matches by prefix), or all of them."""
+        await self._request("POST", "/abort_request", {"rid": rid or "", "abort_all": bool(abort_all)},
+                            expect="text")
+
+    async def pause_generation(self, mode: str = "abort") -> dict:
+        """mode: "abort" (abort in-flight requests; SGLang's default), "in_place" or "retract"."""
+        _, out = await self._request("POST", "/pause_generation", {"mode": mode})
+        return out
+
+    async def continue_generation(self) -> dict:
+        _, out = await self._request("POST", "/continue_generation", {})
+        return out
+
+    # -- weights ----------------------------------------------------------------------------------------
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
+                                       load_format: str | None = None, abort_all_requests: bool = False,
+                                       flush_cache: bool = True, timeout: float | None = None) -> dict:
+        body = {"model_path": str(model_path), "load_format": load_format, "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version, "flush_cache": flush_cache}
+        return await self._post_result("/update_weights_from_disk", body, timeout)
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str = DEFAULT_GROUP_NAME,
+                                        backend: str = "nccl", timeout: float | None = None) -> dict:
+        body = {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+                "world_size": int(world_size), "group_name": group_name, "backend": backend}
+        return await self._post_result("/init_weights_update_group", body, timeout)
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list, shapes: list[list[int]],
+                                              group_name: str = DEFAULT_GROUP_NAME,
+                                              weight_version: str | None = None, flush_cache: bool = True,
+                                              load_format: str | None = None, abort_all_requests: bool = False,
+                                              timeout: float | None = None) -> dict:
+        body = {"names": list(names), "dtypes": [_dtype_str(d) for d in dtypes],
+                "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
+                "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version, "load_format": load_format}
+        return await self._post_result("/update_weights_from_distributed", body, timeout)
+
+    async def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> dict:
+        return await self._post_result("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> dict:
+        return await self._post_result("/update_weight_version", {"new_version": new_version,
+                                                                  "abort_all_requests": abort_all_requests})
+
+    # -- info -------------------------------------------------------------------------------------------
+    async def get_model_info(self) -> dict:
+        """GET /model_info (SGLang 0.5.15.post1; /get_model_info is its deprecated alias, tried on 404)."""
+        try:
+            _, out = await self._request("GET", "/model_info")
+        except EngineError as e:
+            if e.status != 404:
+                raise
+            _, out = await self._request("GET", "/get_model_info")
+        return out
+
+    async def get_weight_version(self) -> str:
+        """The engine's weight version. SGLang 0.5.15.post1 answers 404 on /get_weight_version (deprecated) and
+        reports it in /model_info, so that is where it is read."""
+        info = await self.get_model_info()
+        if "weight_version" not in info:
+            raise EngineError("/model_info", 200, "no weight_version in the answer", info)
+        return str(info["weight_version"])
