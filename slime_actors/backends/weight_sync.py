@@ -112,7 +112,10 @@ def unflatten_bucket(flat: torch.Tensor, names: list[str], dtypes: list, shapes:
         nbytes = n * dtype.itemsize
         if off + nbytes > flat.numel():
             raise ValueError(f"flattened bucket too small for {name} ({flat.numel()} bytes)")
-        out.append((name, flat[off:off + nbytes].view(dtype).reshape([int(s) for s in shape])))
+        chunk = flat[off:off + nbytes]
+        if (flat.storage_offset() + off) % dtype.itemsize:  # mixed dtypes: a view needs aligned storage
+            chunk = chunk.clone()
+        out.append((name, chunk.view(dtype).reshape([int(s) for s in shape])))
         off += nbytes
     if off != flat.numel():
         raise ValueError(f"flattened bucket has {flat.numel()} bytes, metadata describes {off}")
