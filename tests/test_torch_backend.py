@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,8 @@ def _dist_worker(rank, world, port, args_dict, out_dir):
     import torch.distributed as dist
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from datetime import timedelta
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         args = argparse.Namespace(**args_dict)
         b = TorchBackend(args, rank, world)
@@ -217,16 +219,22 @@ def _dist_worker(rank, world, port, args_dict, out_dir):
         dist.destroy_process_group()
 
 
-def _run_distributed(tmp_path, tiny_dir, parallel):
+def _run_distributed(tmp_path, tiny_dir, parallel, **extra):
     import torch.multiprocessing as mp
     args = make_args(tmp_path, tiny_dir, rollout_batch_size=4, n_samples_per_prompt=2, actor_num_gpus_per_node=2,
                      global_batch_size=4, micro_batch_size=1, torch_parallel=parallel, use_kl_loss=True,
-                     kl_loss_coef=0.1, entropy_coef=0.01, lr=1e-2)
+                     kl_loss_coef=0.1, entropy_coef=0.01, lr=1e-2, **extra)
     assert args.num_steps_per_rollout == 2
     out = tmp_path / f"dist-{parallel}"
     out.mkdir()
-    mp.start_processes(_dist_worker, args=(2, _free_port(), vars(args), str(out)), nprocs=2, join=True,
-                       start_method="spawn")
+    ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), vars(args), str(out)), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:   # e.g. ranks out of step in a collective: fail instead of hanging
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"2-rank {parallel} run did not finish within 120 s")
     dist_result = torch.load(out / "result.pt", weights_only=True)
     # one rank, the union batch in the order whose steps hold the same samples
     single = backend_for(args)
@@ -235,9 +243,14 @@ def _run_distributed(tmp_path, tiny_dir, parallel):
     return dist_result, weights(single), m1
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_rank_gloo_matches_one_rank(tmp_path, tiny_dir, parallel):
-    dist_result, w1, m1 = _run_distributed(tmp_path, tiny_dir, parallel)
+@pytest.mark.parametrize("parallel,extra", [
+    ("ddp", {}),
+    # token budget 15: rank 0's first step fits one micro-batch (7 + 7 tokens), rank 1's needs two (8, 9), so
+    # rank 0 pads with an empty one -- FSDP needs the same number of forwards on every rank
+    ("fsdp", {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 15}),
+])
+def test_two_rank_gloo_matches_one_rank(tmp_path, tiny_dir, parallel, extra):
+    dist_result, w1, m1 = _run_distributed(tmp_path, tiny_dir, parallel, **extra)
     w2, m2 = dist_result["weights"], dist_result["metrics"]
     init = {k: v for k, v in weights(backend_for(make_args(tmp_path, tiny_dir))).items()}
     assert set(w2) == set(w1)
@@ -247,6 +260,20 @@ def test_two_rank_gloo_matches_one_rank(tmp_path, tiny_dir, parallel):
         torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
     for k in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm", "adv_mean", "reward_mean"):
         assert abs(m1[k] - m2[k]) <= 1e-4 * max(1.0, abs(m1[k])), (k, m1[k], m2[k])
+
+
+def test_rl_update_dynamic_micro_batches_match_one_micro_batch(tmp_path, tiny_dir):
+    out = []
+    for extra in ({"micro_batch_size": 8}, {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 17}):
+        args = make_args(tmp_path, tiny_dir, rollout_batch_size=4, global_batch_size=8, use_kl_loss=True,
+                         kl_loss_coef=0.1, entropy_coef=0.01, calculate_per_token_loss=True, **extra)
+        b = backend_for(args)
+        m = rl_update(b, args, toy_batch(), 0)
+        out.append((weights(b), m))
+    (w1, m1), (w2, m2) = out
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-5, msg=k)   # Adam: lr 1e-3 per element
+    assert abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5 * m1["grad_norm"]
 
 
 # -- learning -----------------------------------------------------------------------------------------------
