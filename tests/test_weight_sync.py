@@ -23,7 +23,8 @@ def test_dtype_names_are_sglangs():
 
 
 def test_flattened_bucket_round_trip_mixed_dtypes():
-    bucket = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)), ("b", torch.tensor([1.5, -2], dtype=torch.bfloat16)),
+    bucket = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+              ("b", torch.tensor([1.5, -2], dtype=torch.bfloat16)),
               ("c", torch.tensor([[7]], dtype=torch.int64)), ("d", torch.randn(3, 2).t())]  # non-contiguous
     meta = bucket_metadata(bucket)
     assert meta == {"names": ["a", "b", "c", "d"], "dtypes": ["float32", "bfloat16", "int64", "float32"],

@@ -306,6 +306,11 @@ class Engine:
     # -- called from the event loop (any thread) --
     def submit(self, reqs: list[Req]) -> None:
         with self.cv:
+            if self.stopping or not self.thread.is_alive():
+                for r in reqs:
+                    r.finish = {"type": "abort", "message": "engine shutting down"}
+                    self._emit(r)
+                return
             for r in reqs:
                 self.seq += 1
                 r.seq = self.seq
@@ -534,6 +539,7 @@ class Engine:
                     logits[i, list(ban)] = float("-inf")
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=logits.device)
         logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+        logp.clamp_(min=torch.finfo(logp.dtype).min)  # as SGLang: no -inf in the answers
         tokens = torch.argmax(logits, dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if sampled:
@@ -989,6 +995,8 @@ class Server:
         return reqs, single
 
     async def generate(self, request):
+        if not self.engine.alive():
+            return json_response({"error": {"message": "engine is shutting down"}}, 503)
         body = await self.body(request)
         reqs, single = self.parse_generate(body)
         futs = []
@@ -1112,7 +1120,7 @@ class Server:
             return json_response({"success": False,
                                   "message": f"Failed to initialize custom process group: {err}."}, 400)
         with e.groups_lock:
-            e.groups[b["group_name"]] = pg
+            e.groups[b["group_name"]] = (pg, backend)
         return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
     async def destroy_weights_update_group(self, request):
@@ -1120,7 +1128,7 @@ class Server:
         from slime_actors.backends.weight_sync import destroy_weights_update_group
         e = self.engine
         with e.groups_lock:
-            pg = e.groups.pop(b["group_name"], None)
+            pg, _ = e.groups.pop(b["group_name"], (None, None))
         if pg is None:
             return json_response({"success": False, "message": "The group to be destroyed does not exist."}, 400)
         try:
@@ -1138,7 +1146,7 @@ class Server:
         if not (len(names) == len(dtypes) == len(shapes)):
             return json_response({"success": False, "message": "names, dtypes and shapes differ in length"}, 400)
         with e.groups_lock:
-            pg = e.groups.get(b["group_name"])
+            pg, group_backend = e.groups.get(b["group_name"], (None, None))
         if pg is None:
             return json_response({"success": False, "message": f"Group {b['group_name']} not in "
                                   f"{list(e.groups)}. Please call `init_weights_update_group` first."}, 400)
@@ -1150,7 +1158,7 @@ class Server:
             return json_response({"success": False, "message": f"load_format {b['load_format']!r} is not supported "
                                   "by the local engine (None or 'flattened_bucket')"}, 400)
         self._abort_all_first(b)
-        comm_device = e.device if e.device.type == "cuda" else torch.device("cpu")
+        comm_device = e.device if group_backend == "nccl" else torch.device("cpu")
 
         def recv():
             if b["load_format"] == "flattened_bucket":
@@ -1227,7 +1235,8 @@ IGNORED_VALUE_FLAGS = ["--mem-fraction-static", "--cuda-graph-max-bs", "--chunke
                        "--kv-cache-dtype", "--served-model-name", "--load-format", "--tokenizer-mode",
                        "--watchdog-timeout", "--nnodes", "--node-rank", "--dist-init-addr", "--quantization",
                        "--log-level-http", "--stream-interval", "--rl-on-policy-target", "--max-queued-requests",
-                       "--revision", "--chat-template", "--gpu-id-step", "--decode-log-interval", "--mm-attention-backend",
+                       "--revision", "--chat-template", "--gpu-id-step", "--decode-log-interval",
+                       "--mm-attention-backend",
                        "--prefill-attention-backend", "--decode-attention-backend", "--moe-runner-backend",
                        "--speculative-algorithm", "--schedule-conservativeness", "--cuda-graph-bs",
                        "--preferred-sampling-params", "--tool-call-parser", "--reasoning-parser"]
@@ -1304,8 +1313,8 @@ async def serve(args: argparse.Namespace) -> None:
           file=sys.stderr, flush=True)
     await stop.wait()
     log.info("local engine stopping")
+    await asyncio.to_thread(engine.stop)  # in-flight requests come back aborted, then the HTTP side closes
     await runner.cleanup()
-    await asyncio.to_thread(engine.stop)
 
 
 def main(argv: list[str] | None = None) -> None:
