@@ -259,6 +259,7 @@ def test_log_probs_and_entropy_at_temperature():
     close(log_probs_from_logits(logits, torch.tensor([1, 0]), 2.0), [math.log(p1), math.log(1 - p1)])
     # greedy (0) and None mean temperature 1
     assert effective_temperature(0) == 1.0 and effective_temperature(None) == 1.0
+    assert effective_temperature(1e-7) == 1.0 and effective_temperature(0.5) == 0.5
     close(log_probs_from_logits(logits, torch.tensor([1, 0]), 0.0), [math.log(0.75), math.log(0.25)])
     close(entropy_from_logits(logits[:1]), [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))])
     # low-precision logits are upcast before the softmax
@@ -322,3 +323,21 @@ def test_select_and_validate():
     validate_batch(bad)  # missing rollout log-probs are allowed ...
     with pytest.raises(ValueError, match=r"sample 1 .*rollout_log_probs"):
         validate_batch(bad, require_rollout_log_probs=True)  # ... unless TIS needs them
+
+
+def test_micro_batches_partition_and_respect_budget_property():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(1, 40), max_size=30), st.integers(1, 50), st.integers(1, 6))
+    def check(lengths, budget, steps):
+        mbs = dynamic_micro_batches(lengths, budget)
+        assert sorted(i for mb in mbs for i in mb) == list(range(len(lengths)))
+        for mb in mbs:
+            assert mb and (sum(lengths[i] for i in mb) <= budget or len(mb) == 1)
+        chunks = mini_batch_indices(len(lengths), steps)
+        assert len(chunks) == steps and [i for c in chunks for i in c] == list(range(len(lengths)))
+        assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
+
+    check()

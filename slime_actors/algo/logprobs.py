@@ -4,7 +4,7 @@ The log-prob of token ``t`` sampled at step ``i`` at temperature ``T`` is
 
     log_softmax(logits_i.float() / T)[t]
 
-computed in fp32 whatever the model's dtype. A temperature of 0 (greedy decoding) or None means ``T = 1``: greedy
+computed in fp32 whatever the model's dtype. A temperature below 1e-6 (greedy decoding) or None means ``T = 1``: greedy
 picks the argmax, and its log-prob is reported under the untempered distribution. Entropy is that of the same
 tempered distribution: ``-sum_v p_v log p_v``.
 """
@@ -14,9 +14,12 @@ from __future__ import annotations
 import torch
 
 
+GREEDY_TEMPERATURE = 1e-6  # below this, sampling is greedy (as the local engine decides)
+
+
 def effective_temperature(temperature: float | None) -> float:
-    """The temperature the log-probs are computed at: ``temperature``, or 1.0 for greedy (0 / None)."""
-    if temperature is None or temperature <= 0:
+    """The temperature the log-probs are computed at: ``temperature``, or 1.0 for greedy (< 1e-6 / None)."""
+    if temperature is None or temperature < GREEDY_TEMPERATURE:
         return 1.0
     return float(temperature)
 
