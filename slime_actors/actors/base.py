@@ -40,6 +40,9 @@ from ..runtime import RuntimeConfig
 from ..traces.writer import TraceWriter, trace_file_name
 
 DIRECTORY = "directory/0"
+_time = time.time
+_time_ns = time.time_ns
+_monotonic_ns = time.monotonic_ns
 
 
 def handler(fn=None, *, name: str | None = None):
@@ -96,6 +99,7 @@ class Actor:
         self._idem: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._idem_max = 4096
         self._running = False
+        self._trace = None  # the trace writer's queue append, once started with tracing on
 
     # ------------------------------------------------------------------------------------------ hooks
     async def on_start(self) -> None:
@@ -131,6 +135,8 @@ class Actor:
                                       keep_arrays=runtime.trace_keep_arrays)
         self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
                                config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
+        self._reply_nowait = self.mailbox.reply_nowait
+        self._trace = getattr(self.tracer, "append", None)
         bound = await self.mailbox.bind(endpoint or runtime.bind_endpoint(self.name))
         self.endpoint = runtime.public_endpoint(bound)
         for name, ep in runtime.static_peers.items():
@@ -255,14 +261,13 @@ class Actor:
             self._reject(inbound, "UnknownMethod", msg, is_ask)
             return
         dl = h.get("deadline")
-        if dl is not None and dl < time.time():
+        if dl is not None and dl < _time():
             self.counters["expired"] += 1
             self._reject(inbound, "DeadlineExceeded", f"{self.name}.{method}: deadline passed before handling",
                          is_ask)
             return
         try:
-            body = codec.decode_body(inbound.body_bytes, inbound.arrays)
-            kwargs = hd.spec.check(body)
+            kwargs = hd.spec.check(codec.decode_body(inbound.body_bytes, inbound.arrays))
         except (ProtocolError, BadRequest) as exc:
             self.counters["bad_requests"] += 1
             self._reject(inbound, type(exc).__name__, str(exc), is_ask)
@@ -287,7 +292,7 @@ class Actor:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
-                t0 = time.monotonic_ns()
+                t0 = _monotonic_ns()
                 try:
                     result = hd.fn(self, **kwargs)
                 except Exception as exc:
@@ -317,11 +322,13 @@ class Actor:
     def _succeeded(self, inbound: Inbound, result: Any, t0: int) -> None:
         self.counters["handled"] += 1
         h = inbound.header
-        if self.tracer is not None:
-            self.tracer.record("handled", inbound.header_bytes, None,
-                               extra={"outcome": "ok", "dur_ns": time.monotonic_ns() - t0})
+        trace = self._trace
+        if trace is not None:
+            trace(("handled", _time_ns(), inbound.header_bytes, None, None, None,
+                   {"outcome": "ok", "dur_ns": _monotonic_ns() - t0}))
         if h["kind"] == "ask":
-            self._remember(h, ("reply", result))
+            if h.get("idem") is not None:
+                self._remember(h, ("reply", result))
             self._send_reply(inbound, result, None)
 
     def _failed(self, inbound: Inbound, exc: BaseException, t0: int) -> None:
@@ -357,7 +364,7 @@ class Actor:
 
     def _send_reply(self, inbound: Inbound, result: Any, error: dict | None) -> None:
         try:
-            later = self.mailbox.reply_nowait(inbound, result, error=error)
+            later = self._reply_nowait(inbound, result, error=error)
         except Exception as exc:
             self.log.error("reply failed", method=inbound.header["method"], error=repr(exc))
             return

@@ -78,31 +78,53 @@ class Inbound:
 
 
 class _Sock:
-    """An event-loop-driven ZMQ socket: drains input when readable, wakes senders when writable."""
+    """An event-loop-driven ZMQ socket: drains input when readable, wakes senders when writable.
+
+    ZMQ_FD is edge-triggered and readable for any command, not only for messages. Two entry points:
+
+    * `on_fd` -- the loop saw the FD readable. Nearly always a message has arrived, so it is read at once
+      (recv runs the socket's pending commands itself when its pipe looks empty); ZMQ_EVENTS (a syscall, ~3.5 us)
+      is asked first only when senders wait for room. A wake-up without a message costs one zmq.Again.
+    * `ready` -- a re-check scheduled by `kick` (after a send, or when resuming): asks ZMQ_EVENTS first, since
+      here a message is the exception.
+
+    After each message ZMQ_EVENTS says whether another is queued; that check also runs the commands that a send
+    made while handling may have left, so no edge is lost.
+    """
 
     __slots__ = ("sock", "on_message", "loop", "writers", "scheduled", "paused", "closed", "fd", "batch",
-                 "ncopy", "in_ready", "send")
+                 "router", "in_ready", "send", "wakeups", "spurious")
 
     def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop, on_message: Callable, batch: int,
-                 ncopy: int):
+                 router: bool):
         self.sock, self.loop, self.on_message, self.batch = sock, loop, on_message, batch
-        self.ncopy = ncopy  # leading frames (routing id, header, body) read as bytes; array frames stay zero-copy
+        self.router = router  # frames: [routing id, header, body, arrays...] (ROUTER) or [header, body, arrays...]
         self.writers: list[asyncio.Future] = []
         self.scheduled = False
         self.paused = False
         self.closed = False
         self.in_ready = False
+        self.wakeups = 0   # FD wake-ups
+        self.spurious = 0  # ... that found no message
         self.send = partial(_backend_send, sock)
         self.fd = sock.getsockopt(zmq.FD)
-        loop.add_reader(self.fd, self.ready)
+        loop.add_reader(self.fd, self.on_fd)
+
+    def on_fd(self) -> None:
+        if self.closed or self.in_ready:
+            return
+        self.wakeups += 1
+        if self.writers or self.paused:
+            self.ready()
+        else:
+            self._drain(True)
 
     def ready(self) -> None:
         self.scheduled = False
-        if self.closed:
+        if self.closed or self.in_ready:
             return
-        sock = self.sock
         try:
-            events = sock.getsockopt(EVENTS)
+            events = self.sock.getsockopt(EVENTS)
         except zmq.ZMQError:
             return
         if events & POLLOUT and self.writers:
@@ -111,34 +133,52 @@ class _Sock:
                 if not w.done():
                     w.set_result(None)
         if events & POLLIN and not self.paused:
-            # Ask ZMQ_EVENTS after each read instead of reading until zmq.Again: raising that costs ~10 us. That
-            # check also covers sends made while handling (see kick), so no extra wake-up is scheduled for them.
-            on_message, recv, get, ncopy = self.on_message, sock.recv, sock.getsockopt, self.ncopy
-            self.in_ready = True
-            try:
-                for _ in range(self.batch):
-                    try:
-                        frames = [recv(NOBLOCK)]
-                        while get(RCVMORE):
-                            frames.append(recv(0, copy=len(frames) < ncopy))
-                    except zmq.ZMQError:
+            self._drain(False)
+
+    def _drain(self, unchecked: bool) -> None:
+        sock = self.sock
+        on_message, recv, get, router = self.on_message, sock.recv, sock.getsockopt, self.router
+        self.in_ready = True
+        try:
+            for _ in range(self.batch):
+                try:
+                    first = recv(NOBLOCK)
+                except zmq.ZMQError:
+                    if unchecked:
+                        self.spurious += 1
+                    return
+                unchecked = False
+                try:
+                    if router:
+                        # a ROUTER's routing id is always followed by the peer's first frame
+                        frames = [first, recv(0)]
+                    else:
+                        frames = [first]
+                    if get(RCVMORE):
+                        frames.append(recv(0))
+                        more = get(RCVMORE)
+                        while more:
+                            f = recv(0, copy=False)  # array frames: zero-copy; Frame.more costs no getsockopt
+                            frames.append(f)
+                            more = f.more
+                except zmq.ZMQError:
+                    return
+                on_message(frames)
+                if self.paused or self.closed:
+                    return
+                try:
+                    if not get(EVENTS) & POLLIN:
                         return
-                    on_message(frames)
-                    if self.paused or self.closed:
-                        return
-                    try:
-                        if not get(EVENTS) & POLLIN:
-                            return
-                    except zmq.ZMQError:
-                        return
-            finally:
-                self.in_ready = False
-            self.kick()  # more may be queued: come back after other work has had a turn
+                except zmq.ZMQError:
+                    return
+        finally:
+            self.in_ready = False
+        self.kick()  # more may be queued: come back after other work has had a turn
 
     def kick(self) -> None:
         """Re-check the socket soon: ZMQ_FD is edge-triggered, and a send can consume the edge of an arrival.
 
-        Inside ready() the check after each message does this already."""
+        Inside a drain the check after each message does this already."""
         if not self.scheduled and not self.closed and not self.in_ready:
             self.scheduled = True
             self.loop.call_soon(self.ready)
@@ -191,10 +231,10 @@ class _Peer:
 
 
 class _Pending:
-    __slots__ = ("future", "peer", "method", "timer", "sent")
+    __slots__ = ("future", "peer", "method", "deadline", "timeout")
 
-    def __init__(self, future, peer, method, timer, sent):
-        self.future, self.peer, self.method, self.timer, self.sent = future, peer, method, timer, sent
+    def __init__(self, future, peer, method, deadline, timeout):
+        self.future, self.peer, self.method, self.deadline, self.timeout = future, peer, method, deadline, timeout
 
 
 Resolver = Callable[[str], Awaitable[str]]
@@ -225,6 +265,11 @@ class Mailbox:
         self._closed = False
         self._body_encoder = codec.BodyEncoder()
         self._header_packer = msgpack.Packer(use_bin_type=True)
+        # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
+        self._sweep_at: float | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        # Tracing: the writer's queue append, called with a finished record tuple (one call per event).
+        self._trace = getattr(tracer, "append", None) if tracer is not None else None
 
     # ------------------------------------------------------------------------------------------ set-up/teardown
     async def bind(self, endpoint: str) -> str:
@@ -246,7 +291,7 @@ class Mailbox:
             sock.close(0)
             raise MailboxError(f"{self.name}: cannot bind {endpoint}: {exc}") from None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._router = _Sock(sock, self._loop, self._on_router, self.config.recv_batch, 3)
+        self._router = _Sock(sock, self._loop, self._on_router, self.config.recv_batch, True)
         return self.endpoint
 
     def pause_receiving(self, paused: bool) -> None:
@@ -261,8 +306,10 @@ class Mailbox:
         if self._closed:
             return
         self._closed = True
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
         for p in list(self._pending.values()):
-            p.timer.cancel()
             if not p.future.done():
                 p.future.set_exception(MailboxError(f"{self.name} closed while waiting for {p.peer}.{p.method}"))
         self._pending.clear()
@@ -314,8 +361,7 @@ class Mailbox:
             self.keys.apply_client(sock)
         sock.connect(endpoint)
         peer = _Peer(name, endpoint, None, self.config.max_inflight_asks)
-        peer.sock = _Sock(sock, self._loop, lambda frames, n=name: self._on_dealer(n, frames), self.config.recv_batch,
-                          2)
+        peer.sock = _Sock(sock, self._loop, partial(self._on_dealer, name), self.config.recv_batch, False)
         self._peers[name] = peer
         return peer
 
@@ -327,7 +373,6 @@ class Mailbox:
         for mid, p in list(self._pending.items()):
             if p.peer == name:
                 del self._pending[mid]
-                p.timer.cancel()
                 if not p.future.done():
                     p.future.set_exception(PeerDown(name, p.method, reason))
 
@@ -356,12 +401,12 @@ class Mailbox:
         return header_bytes, body_bytes, buffers, refs
 
     @staticmethod
-    def _try_send(sock: _Sock, head: list, header_bytes: bytes, body_bytes: bytes, buffers: list) -> bool:
+    def _try_send(sock: _Sock, head: bytes | None, header_bytes: bytes, body_bytes: bytes, buffers: list) -> bool:
         """Send without waiting; False if the peer's queue is full (nothing was sent)."""
         send = sock.send
         try:
-            if head:
-                send(head[0], SEND_MORE_NOW)
+            if head is not None:
+                send(head, SEND_MORE_NOW)
                 send(header_bytes, SNDMORE)
             else:
                 send(header_bytes, SEND_MORE_NOW)
@@ -379,23 +424,36 @@ class Mailbox:
         return True
 
     def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
-        if self.tracer is not None:
+        if self._trace is not None:
+            self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, buffers, None))
+        elif self.tracer is not None:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
         self.stats["sent"] += 1
 
-    async def _send(self, sock: _Sock, head: list, header: dict, body: Any, host_copy: bool) -> None:
-        hb, bb, buffers, refs = self._encode(header, body, host_copy)
+    async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list) -> None:
         while not self._try_send(sock, head, hb, bb, buffers):
             await sock.writable()
+
+    async def _send(self, sock: _Sock, head: list, header: dict, body: Any, host_copy: bool) -> None:
+        hb, bb, buffers, refs = self._encode(header, body, host_copy)
+        if not self._try_send(sock, None, hb, bb, buffers):
+            await self._send_later(sock, None, hb, bb, buffers)
         self._sent(hb, bb, refs, buffers)
 
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
         """Send a one-way message. Waits only while the peer's queue is full. Returns the message id."""
         peer = self._peers.get(to) or await self._peer(to)
         peer.seq += 1
-        trace, parent = self._cause()
-        header = codec.make_header("tell", self.name, to, method, peer.seq, trace, parent)
-        await self._send(peer.sock, [], header, body, host_copy)
+        cause = current_cause.get()
+        if cause is None:
+            header = codec.make_header("tell", self.name, to, method, peer.seq, codec.new_trace_id(), None)
+        else:
+            header = codec.make_header("tell", self.name, to, method, peer.seq, cause[0], cause[1])
+        hb, bb, buffers, refs = self._encode(header, body, host_copy)
+        sock = peer.sock
+        if not self._try_send(sock, None, hb, bb, buffers):
+            await self._send_later(sock, None, hb, bb, buffers)
+        self._sent(hb, bb, refs, buffers)
         return header["id"]
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
@@ -408,19 +466,26 @@ class Mailbox:
         peer.inflight += 1
         try:
             peer.seq += 1
-            trace, parent = self._cause()
+            cause = current_cause.get()
+            trace, parent = (codec.new_trace_id(), None) if cause is None else cause
             header = codec.make_header("ask", self.name, to, method, peer.seq, trace, parent,
-                                       deadline=time.time() + timeout, idem=idem)
+                                       deadline=_time() + timeout, idem=idem)
+            hb, bb, buffers, refs = self._encode(header, body, host_copy)
             mid = header["id"]
-            fut = self._loop.create_future()
-            timer = self._loop.call_later(timeout, self._expire, mid)
-            self._pending[mid] = _Pending(fut, to, method, timer, time.monotonic())
-            try:
-                await self._send(peer.sock, [], header, body, host_copy)
-            except BaseException:
-                self._pending.pop(mid, None)
-                timer.cancel()
-                raise
+            loop = self._loop
+            fut = loop.create_future()
+            deadline = loop.time() + timeout
+            self._pending[mid] = _Pending(fut, to, method, deadline, timeout)
+            if self._sweep_at is None or deadline < self._sweep_at:
+                self._arm(deadline)
+            sock = peer.sock
+            if not self._try_send(sock, None, hb, bb, buffers):
+                try:
+                    await self._send_later(sock, None, hb, bb, buffers)
+                except BaseException:
+                    self._pending.pop(mid, None)
+                    raise
+            self._sent(hb, bb, refs, buffers)
             return await fut
         finally:
             peer.release()
@@ -438,20 +503,45 @@ class Mailbox:
             except asyncio.TimeoutError:
                 raise AskTimeout(peer.name, method, timeout) from None
 
-    def _expire(self, mid: str) -> None:
-        p = self._pending.pop(mid, None)
-        if p is not None and not p.future.done():
-            p.future.set_exception(AskTimeout(p.peer, p.method, time.monotonic() - p.sent))
+    def _arm(self, deadline: float) -> None:
+        """(Re)schedule the deadline sweep for `deadline` (loop time), the earliest of the asks waiting."""
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = deadline
+        self._sweep_handle = self._loop.call_at(deadline, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail every ask whose deadline has passed, then sleep until the next deadline.
+
+        One timer per mailbox instead of one per ask: the sweep runs when the earliest deadline it knew of comes
+        due (asks answered before then cost nothing), and scans the asks still waiting."""
+        self._sweep_handle = None
+        self._sweep_at = None
+        now = self._loop.time() + 0.001  # timers may fire up to a clock tick early
+        nxt = None
+        expired = []
+        for mid, p in self._pending.items():
+            if p.deadline <= now:
+                expired.append(mid)
+            elif nxt is None or p.deadline < nxt:
+                nxt = p.deadline
+        for mid in expired:
+            p = self._pending.pop(mid)
+            if not p.future.done():
+                p.future.set_exception(AskTimeout(p.peer, p.method, p.timeout))
+        if nxt is not None and not self._closed:
+            self._arm(nxt)
 
     def _reply_parts(self, inbound: Inbound, body: Any, error: dict | None, host_copy: bool):
         req = inbound.header
         seq = self._seq_out.get(inbound.identity, 0) + 1
         self._seq_out[inbound.identity] = seq
-        kind = "error" if error is not None else "reply"
-        header = codec.make_header(kind, self.name, req.get("from", "?"), req.get("method", ""), seq,
-                                   req.get("trace") or codec.new_trace_id(), req.get("id"), re=req.get("id") or "")
+        rid = req.get("id")
+        header = codec.make_header("reply" if error is None else "error", self.name, req.get("from", "?"),
+                                   req.get("method", ""), seq, req.get("trace") or codec.new_trace_id(), rid,
+                                   re=rid or "")
         try:
-            return self._encode(header, error if error is not None else body, host_copy)
+            return self._encode(header, body if error is None else error, host_copy)
         except (TypeError, MessageTooLarge) as exc:
             if error is not None:
                 raise
@@ -462,10 +552,10 @@ class Mailbox:
     def reply_nowait(self, inbound: Inbound, body: Any = None, *, error: dict | None = None,
                      host_copy: bool = False):
         """Answer an ask now if the asker's queue has room. Returns None when sent, else a coroutine to await."""
-        parts = self._reply_parts(inbound, body, error, host_copy)
+        hb, bb, buffers, refs = parts = self._reply_parts(inbound, body, error, host_copy)
         try:
-            if self._try_send(self._router, [inbound.identity], *parts[:2], parts[2]):
-                self._sent(parts[0], parts[1], parts[3], parts[2])
+            if self._try_send(self._router, inbound.identity, hb, bb, buffers):
+                self._sent(hb, bb, refs, buffers)
                 return None
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
@@ -475,7 +565,7 @@ class Mailbox:
     async def _reply_later(self, inbound: Inbound, parts) -> None:
         hb, bb, buffers, refs = parts
         try:
-            while not self._try_send(self._router, [inbound.identity], hb, bb, buffers):
+            while not self._try_send(self._router, inbound.identity, hb, bb, buffers):
                 await self._router.writable()
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
@@ -500,7 +590,7 @@ class Mailbox:
         header = codec.make_header("error", self.name, "?", "", 0, codec.new_trace_id(), None, re="")
         body = {"type": "ProtocolError", "message": message, "peer": self.name, "method": ""}
         try:
-            self._try_send(self._router, [identity], codec.pack_header(header), codec.encode_body(body)[0], [])
+            self._try_send(self._router, identity, codec.pack_header(header), codec.encode_body(body)[0], [])
         except zmq.ZMQError:
             pass
 
@@ -515,25 +605,29 @@ class Mailbox:
 
     def _on_router(self, frames: list) -> None:
         identity = frames[0]
-        if len(frames) < 3:
-            self._drop(f"expected identity, header and body frames, got {len(frames)} frame(s)", identity, frames)
-            self.reply_error_raw(identity, f"expected header and body frames, got {len(frames) - 1} frame(s)")
+        n = len(frames)
+        if n < 3:
+            self._drop(f"expected identity, header and body frames, got {n} frame(s)", identity, frames)
+            self.reply_error_raw(identity, f"expected header and body frames, got {n - 1} frame(s)")
             return
         header_bytes = frames[1]
         try:
             header = codec.decode_header(header_bytes)
             if header["kind"] not in _INBOUND_KINDS:
                 raise ProtocolError(f"a {header['kind']} cannot be sent to a mailbox (only tell, ask, hb)")
-            if header.get("nframes", 0) != len(frames) - 3:
-                raise ProtocolError(f"header says {header.get('nframes', 0)} array frame(s), message has "
-                                    f"{len(frames) - 3}")
+            nf = header.get("nframes", 0)
+            if nf != n - 3:
+                raise ProtocolError(f"header says {nf} array frame(s), message has {n - 3}")
         except ProtocolError as exc:
             self._drop(str(exc), identity, frames)
             self.reply_error_raw(identity, str(exc))
             return
         self.stats["received"] += 1
         arrays = frames[3:]
-        if self.tracer is not None:
+        if self._trace is not None:
+            self._trace(("recv", _time_ns(), header_bytes, frames[2], _refs_of(arrays) if arrays else None, arrays,
+                         None))
+        elif self.tracer is not None:
             self.tracer.record("recv", header_bytes, frames[2], _refs_of(arrays), arrays)
         self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
 
@@ -542,34 +636,37 @@ class Mailbox:
             if len(frames) < 2:
                 raise ProtocolError(f"expected header and body frames, got {len(frames)}")
             header = codec.decode_header(frames[0])
-            if header["kind"] not in codec.RESPONSE_KINDS:
+            if header["kind"] not in _RESPONSE_KINDS:
                 raise ProtocolError(f"got a {header['kind']} on a reply connection")
         except ProtocolError as exc:
             self._drop(f"from {peer}: {exc}", None, frames)
             return
         arrays = frames[2:]
-        if self.tracer is not None:
+        if self._trace is not None:
+            self._trace(("recv", _time_ns(), frames[0], frames[1], _refs_of(arrays) if arrays else None, arrays,
+                         None))
+        elif self.tracer is not None:
             self.tracer.record("recv", frames[0], frames[1], _refs_of(arrays), arrays)
         self.stats["replies"] += 1
         p = self._pending.pop(header["re"], None)
         if p is None:
             self.stats["late_replies"] += 1  # its ask timed out, or a duplicate
             return
-        p.timer.cancel()
-        if p.future.done():
+        fut = p.future
+        if fut.done():
             return
         try:
             body = codec.decode_body(frames[1], arrays)
         except ProtocolError as exc:
-            p.future.set_exception(ProtocolError(f"reply from {peer} to {p.method}: {exc}"))
+            fut.set_exception(ProtocolError(f"reply from {peer} to {p.method}: {exc}"))
             return
         if header["kind"] == "error":
             e = body if isinstance(body, dict) else {"message": str(body)}
-            p.future.set_exception(RemoteError(str(e.get("peer", peer)), str(e.get("method", p.method)),
-                                               str(e.get("type", "Error")), str(e.get("message", "")),
-                                               e.get("traceback")))
+            fut.set_exception(RemoteError(str(e.get("peer", peer)), str(e.get("method", p.method)),
+                                          str(e.get("type", "Error")), str(e.get("message", "")),
+                                          e.get("traceback")))
         else:
-            p.future.set_result(body)
+            fut.set_result(body)
 
     async def heartbeat(self, to: str, body: Any) -> None:
         """A liveness message (kind hb) to `to`; never waits for an answer."""
@@ -580,6 +677,9 @@ class Mailbox:
 
 
 _INBOUND_KINDS = frozenset(("tell", "ask", "hb"))
+_RESPONSE_KINDS = frozenset(codec.RESPONSE_KINDS)
+_time = time.time
+_time_ns = time.time_ns
 
 
 def _refs_of(arrays: list) -> list[ArrayRef] | None:

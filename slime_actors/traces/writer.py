@@ -48,6 +48,9 @@ class TraceWriter:
         self.flush_interval = flush_interval
         self.records = 0
         self._q: collections.deque = collections.deque()
+        # The hot path's entry: append one finished record tuple (event, time_ns, header, body, refs, buffers,
+        # extra) -- a bound deque.append, so recording a message is a single C call (see record()).
+        self.append = self._q.append
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "actor": actor, "pid": os.getpid(),
