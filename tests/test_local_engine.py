@@ -380,8 +380,8 @@ def test_update_weights_from_distributed(engine, model_dirs):
                 after = await c.generate(PROMPTS[2], greedy(10))
                 version = await c.get_weight_version()
             finally:
-                destroyed = await c.destroy_weights_update_group("wg")
-                sender.close()
+                destroyed, _ = await asyncio.gather(c.destroy_weights_update_group("wg"),
+                                                    asyncio.to_thread(sender.close))
             with pytest.raises(EngineError):
                 await c.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="wg")
             await c.update_weights_from_disk(str(base), weight_version="v0")
@@ -502,3 +502,50 @@ def test_tp_size_refused_and_start_failure_reported(tmp_path):
     assert ei.value.exit_code not in (None, 0) and ei.value.last_lines and lines
     assert (tmp_path / "e.log").read_text().strip()
     assert flags_to_argv({"a-b": 1, "c": True, "d": False, "e": None}) == ["--a-b", "1", "--c"]
+
+
+# -- CUDA (run by the GPU check; skipped here) ------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 GPUs: the engine on cuda:1, the NCCL sender on cuda:0")
+def test_cuda_engine_and_nccl_weight_update(model_dirs, tmp_path):
+    base, alt = model_dirs
+    proc = launch_engine(LOCAL_ENGINE_MODULE, {"model-path": str(base), "device": "cuda:1", "random-seed": 0},
+                         log_path=tmp_path / "engine.log", startup_timeout=300)
+    new = list(load_weights_from_disk(alt))
+    port = find_free_port()
+
+    async def go():
+        async with EngineClient(proc.base_url, timeout=120) as c:
+            before = await asyncio.gather(*[c.generate(p, {"max_new_tokens": 16, "temperature": 0.8,
+                                                           "sampling_seed": 3, "ignore_eos": True}) for p in PROMPTS])
+            sender = DistributedWeightSender("127.0.0.1", port, world_size=2, backend="nccl", device="cuda:0")
+            await asyncio.gather(asyncio.to_thread(sender.connect),
+                                 c.init_weights_update_group("127.0.0.1", port, 1, 2, backend="nccl"))
+            try:
+                meta = {"names": [n for n, _ in new], "dtypes": [t.dtype for _, t in new],
+                        "shapes": [list(t.shape) for _, t in new]}
+                await asyncio.gather(asyncio.to_thread(sender.broadcast_bucket, new, True),
+                                     c.update_weights_from_distributed(**meta, weight_version="g1",
+                                                                       load_format="flattened_bucket"))
+                half = len(new) // 2
+                for bucket in (new[:half], new[half:]):  # and tensor by tensor
+                    meta = {"names": [n for n, _ in bucket], "dtypes": [t.dtype for _, t in bucket],
+                            "shapes": [list(t.shape) for _, t in bucket]}
+                    await asyncio.gather(asyncio.to_thread(sender.broadcast_bucket, bucket, False),
+                                         c.update_weights_from_distributed(**meta, weight_version="g2"))
+                after = await c.generate(PROMPTS[1], greedy(16))
+            finally:  # both sides at once: NCCL's destroy waits for the peer
+                await asyncio.gather(c.destroy_weights_update_group(), asyncio.to_thread(sender.close))
+            return before, after, await c.get_weight_version()
+    try:
+        before, after, version = run(go())
+    finally:
+        assert proc.stop() == 0
+    for p, o in zip(PROMPTS, before):
+        got = [t[0] for t in o["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(got, hf_logprobs(base, p, o["output_ids"], 0.8))) <= 1e-4
+    assert version == "g2" and after["meta_info"]["weight_version"] == "g2"
+    got = [t[0] for t in after["meta_info"]["output_token_logprobs"]]
+    assert max(abs(a - b) for a, b in zip(got, hf_logprobs(alt, PROMPTS[1], after["output_ids"], 0))) <= 1e-4

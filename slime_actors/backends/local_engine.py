@@ -1131,8 +1131,8 @@ class Server:
             pg, _ = e.groups.pop(b["group_name"], (None, None))
         if pg is None:
             return json_response({"success": False, "message": "The group to be destroyed does not exist."}, 400)
-        try:
-            await self.run_on_scheduler(lambda: destroy_weights_update_group(pg))
+        try:  # not on the scheduler: with NCCL the destroy waits for the trainer's side to destroy too
+            await asyncio.to_thread(destroy_weights_update_group, pg)
         except Exception as err:
             return json_response({"success": False, "message": f"Failed to destroy custom process group: {err}."},
                                  400)
@@ -1326,6 +1326,10 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     asyncio.run(serve(args))
+    # Leave without running native finalizers: a communicator whose peer is gone can block exit for minutes.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

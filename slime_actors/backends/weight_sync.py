@@ -16,7 +16,7 @@ Two paths, both speaking SGLang 0.5.15.post1's protocol (tests/data/sglang_api_0
       for bucket in backend.weight_buckets(bucket_bytes):
           meta = bucket_metadata(bucket)
           # concurrently: sender.broadcast_bucket(bucket)  and  client.update_weights_from_distributed(**meta, ...)
-      sender.close()
+      # concurrently: sender.close()  and  client.destroy_weights_update_group()  (NCCL's destroy waits for peers)
 
 The group is built the way SGLang builds it (``init_custom_process_group`` in sglang/srt/utils/common.py): a TCP
 rendezvous store at master_address:master_port, wrapped in ``PrefixStore(group_name)``, then torch's process-group
