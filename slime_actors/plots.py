@@ -39,7 +39,8 @@ def plot_run(run_dir: str, history: list[dict], evals: list[dict]) -> str | None
     ax.legend(fontsize=8)
 
     ax = axes[2]
-    parts = [("time/rollout", "rollout"), ("time/train", "train"), ("time/weight_sync", "weight sync")]
+    parts = [("time/rollout", "rollout"), ("time/train", "train"), ("time/weight_sync", "weight sync"),
+             ("time/eval", "eval"), ("time/save", "checkpoint")]
     bottom = [0.0] * len(history)
     steps = [h["rollout_id"] + 1 for h in history]
     for key, label in parts:

@@ -37,7 +37,7 @@ def write_job(args, run_dir: Path) -> Path:
 
 def role_plan(args) -> list[tuple[str, int, dict]]:
     """(role, index, extra env) for every child process of the job."""
-    from .backends.weight_sync import free_port
+    from .backends.weight_sync import find_free_port as free_port
     plan: list[tuple[str, int, dict]] = [("buffer", 0, {})]
     if not args.debug_train_only:
         plan += [("reward", i, {}) for i in range(args.num_reward_workers)]
@@ -108,7 +108,8 @@ def main(argv: list[str]) -> int:
             return controller.done.result()
         finally:
             await controller.stop()
-            launcher.stop_all()
+            # in a thread: the directory (on this loop) must keep answering the actors' deregistrations
+            await asyncio.get_running_loop().run_in_executor(None, launcher.stop_all)
             await directory.stop()
 
     try:

@@ -171,7 +171,9 @@ class Controller(Actor):
                     and not a.debug_train_only:
                 if pending_rollout is not None:
                     await self._pause_all()
+                t0 = time.monotonic()
                 ev = await self._evaluate(k + 1)
+                step["time/eval"] = time.monotonic() - t0
                 step.update({f"eval/{name}": r for name, r in ev.items()})
                 if pending_rollout is not None:
                     await self._resume_all()

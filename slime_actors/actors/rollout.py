@@ -73,8 +73,8 @@ class RolloutWorker(Actor):
         self._resumed = asyncio.Event()
         self._engine_ok = asyncio.Event()
         self._capacity = max(a.rollout_concurrency, a.n_samples_per_prompt, a.n_samples_per_eval_prompt)
-        from transformers import AutoTokenizer
-        self.tokenizer = await self.run_blocking(AutoTokenizer.from_pretrained, a.hf_checkpoint)
+        # importing transformers takes seconds: do it off the loop so heartbeats keep going
+        self.tokenizer = await self.run_blocking(_load_tokenizer, a.hf_checkpoint)
         from ..plugins import load_function
         if a.custom_generate_function_path:
             self.generate_fn = load_function(a.custom_generate_function_path)
@@ -85,6 +85,7 @@ class RolloutWorker(Actor):
         self.spawn(self._watch_engine(), name="engine-watch")
 
     async def on_stop(self) -> None:
+        self._restarting = True  # the engine's exit from here on is expected
         for t in list(self._inflight.values()):
             t.cancel()
         if self.client is not None:
@@ -113,7 +114,7 @@ class RolloutWorker(Actor):
     async def _start_engine(self) -> None:
         from ..backends.engine_client import EngineClient
         from ..backends.engine_process import launch_engine
-        from ..backends.weight_sync import free_port
+        from ..backends.weight_sync import find_free_port as free_port
         a = self.args
         if a.rollout_external_engine_addrs:
             url = a.rollout_external_engine_addrs[self.index % len(a.rollout_external_engine_addrs)]
@@ -124,9 +125,9 @@ class RolloutWorker(Actor):
             module, flags = self._engine_command(port)
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
-            self.engine = await self.run_blocking(
-                launch_engine, module, flags, env=dict(os.environ), log_path=log_path,
-                timeout=a.rollout_health_check_first_wait + 600)
+            # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
+            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False)
+            await self.run_blocking(self.engine.wait_healthy, a.rollout_health_check_first_wait + 600)
             url = f"http://127.0.0.1:{port}"
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
@@ -143,7 +144,7 @@ class RolloutWorker(Actor):
         last_probe = time.monotonic()
         while True:
             await asyncio.sleep(0.5)
-            if self._restarting or self.engine is None:
+            if self._restarting or self.engine is None or not self.running:
                 continue
             reason = None
             if self.engine.poll() is not None:
@@ -395,6 +396,11 @@ class RolloutWorker(Actor):
         pid = self.engine.pid
         os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
         return {"pid": pid}
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _int_version(v, default: int) -> int:

@@ -124,7 +124,7 @@ class TrainerRank(Actor):
         return {"bytes": int(nbytes or 0), "buckets": 1}
 
     async def _ensure_group(self, workers: tuple) -> None:
-        from ..backends.weight_sync import DistributedWeightSender, free_port
+        from ..backends.weight_sync import DistributedWeightSender, find_free_port as free_port
         if self._sender is not None and self._group_workers == workers:
             return
         if self._sender is not None:  # membership changed (a restarted engine): rebuild the group

@@ -178,6 +178,17 @@ class EngineProcess:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the thread that started us dies (Linux), so a killed rollout worker leaves
+    no orphan engine. Launch from a long-lived thread (the event loop's), not a pool thread."""
+    try:
+        import ctypes
+        import signal as _signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def launch_engine(module: str, args: Mapping | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                   log_path: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
                   startup_timeout: float = 600.0, python: str | None = None, wait: bool = True) -> EngineProcess:
@@ -202,7 +213,7 @@ def launch_engine(module: str, args: Mapping | Sequence[str] | None = None, env:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     log.info("starting engine", cmd=" ".join(cmd), log_path=str(log_path) if log_path else None)
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=full_env, start_new_session=True)
+                             env=full_env, start_new_session=True, preexec_fn=_die_with_parent)
     proc = EngineProcess(popen, cmd, host, int(port), log_path, on_line)
     if wait:
         t0 = time.monotonic()
