@@ -359,6 +359,9 @@ class Actor:
         if isinstance(cached, asyncio.Future):
             cached = await cached
         kind, value = cached
+        if self.tracer is not None:  # answered without running the handler: traced as handled from the cache
+            self.tracer.record("handled", inbound.header_bytes, None,
+                               extra={"outcome": "cached", "cached": kind, "dur_ns": 0})
         await self.mailbox.reply(inbound, value if kind == "reply" else None,
                                  error=value if kind == "error" else None)
 

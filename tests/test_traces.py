@@ -1,0 +1,304 @@
+"""Trace completeness: every message sent is recorded as received and handled, with matching ids, trace ids and
+parents, across actors in several processes; and `slime-actors trace summary` reports the run.
+
+One traced run (module fixture): a directory and a client on a loop in this process, an echo actor and a relay actor
+in child processes. The client sends tells and asks (small bodies, numpy arrays and a torch tensor, a handler that
+raises, an unknown method); the relay's handlers send messages of their own (an ask and a tell caused by the message
+they handle, an error that travels back up the chain). Then every actor stops cleanly and the run is read back with
+TraceRun.
+"""
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import Echo, LoopThread, spawn_actor
+from slime_actors.actors.base import Actor, handler
+from slime_actors.actors.directory import Directory
+from slime_actors.mailbox import RemoteError
+from slime_actors.runtime import RuntimeConfig
+from slime_actors.traces.reader import TraceRun
+
+
+class Relay(Actor):
+    """Sends messages from inside its handlers: they must carry the handled message's trace id and id as parent."""
+
+    role = "relay"
+
+    @handler
+    async def forward(self, x, n: int):
+        echoed = await self.ask("echo/1", "echo", {"x": x}, timeout=20)
+        await self.tell("echo/1", "record", {"sender": self.name, "n": n})
+        return echoed
+
+    @handler
+    async def fail_deeper(self) -> None:
+        await self.ask("echo/1", "boom", {"text": "deep"}, timeout=20)  # raises RemoteError: so does this handler
+
+    @handler
+    async def poke(self, n: int) -> None:  # reached by a tell; its ask is caused by that tell
+        await self.ask("echo/1", "echo", {"x": n}, timeout=20)
+
+
+class Client(Actor):
+    role = "client"
+
+
+SCRIPT_ECHO_ASKS = 4   # asks of echo/1.echo sent by the client: hello, arrays, 2 idempotent (the relay adds 2)
+SCRIPT_TELLS = 6
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("traced") / "run")
+    os.makedirs(run_dir)
+    lt = LoopThread()
+    procs = []
+    try:
+        base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.3, liveness=30)
+        directory = Directory(0)
+        dep = lt.call(directory.start(RuntimeConfig(**base)))
+        rt = RuntimeConfig(directory=dep, **base)
+        procs.append(spawn_actor(Echo, 1, rt))
+        procs.append(spawn_actor(Relay, 0, rt))
+        client = Client(0)
+        lt.call(client.start(rt))
+
+        async def script():
+            import torch
+            out = {}
+            out["hello"] = await client.ask("echo/1", "echo", {"x": "hello"}, timeout=20)
+            arrays = {"a": np.arange(1000, dtype=np.float32), "t": torch.arange(6, dtype=torch.int64).reshape(2, 3)}
+            out["arrays"] = await client.ask("echo/1", "echo", {"x": arrays}, timeout=20)
+            for k in range(5):
+                await client.tell("echo/1", "record", {"sender": client.name, "n": k})
+            out["forward"] = await client.ask("relay/0", "forward", {"x": np.ones(10, dtype=np.float64), "n": 99},
+                                              timeout=20)
+            for method, body in (("boom", {"text": "kaput"}), ("nope", {})):
+                try:
+                    await client.ask("echo/1", method, body, timeout=20)
+                except RemoteError as exc:
+                    out[method] = exc
+            try:
+                await client.ask("relay/0", "fail_deeper", timeout=20)
+            except RemoteError as exc:
+                out["fail_deeper"] = exc
+            await client.tell("relay/0", "poke", {"n": 7})
+            out["idem"] = [await client.ask("echo/1", "echo", {"x": 5}, idem="k", timeout=20) for _ in range(2)]
+            # everything before is handled once this is answered (per-sender FIFO), except what the relay sends
+            # for poke: wait until echo has seen the relay's record and answered poke's ask
+            for _ in range(200):
+                seen = await client.ask("echo/1", "seen_list", timeout=20)
+                if ["relay/0", 99] in seen and (await client.ask("relay/0", "_stats"))["handled"] >= 3:
+                    break
+                await asyncio.sleep(0.05)
+            out["seen"] = seen
+            return out
+
+        out = lt.call(script(), timeout=120)
+        for p, name in zip(reversed(procs), ("relay/0", "echo/1")):
+            lt.call(client.ask(name, "_stop", {"reason": "test over"}, timeout=20))
+            p.join(30)
+            assert p.exitcode == 0, f"{name} did not stop cleanly"
+        lt.call(client.stop())
+        time.sleep(0.3)  # the last heartbeats and the deregister notices reach the directory
+        lt.call(directory.stop())
+        return run_dir, out
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        lt.close()
+
+
+def test_script_ran_as_expected(traced_run):
+    _, out = traced_run
+    assert out["hello"] == "hello"
+    assert out["arrays"]["a"].tolist() == list(range(1000)) and out["arrays"]["t"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert out["forward"].tolist() == [1.0] * 10
+    assert out["boom"].type == "ValueError" and out["nope"].type == "UnknownMethod"
+    assert out["fail_deeper"].type == "RemoteError" and "deep" in out["fail_deeper"].message
+    assert out["idem"] == [5, 5]
+    assert ["relay/0", 99] in out["seen"]
+
+
+def test_every_sent_message_is_received_and_handled(traced_run):
+    run_dir, _ = traced_run
+    run = TraceRun(run_dir)
+    assert run.problems == []
+    assert set(run.actors()) == {"directory/0", "client/0", "echo/1", "relay/0"}
+    assert len(run.files) == 4 and len({f.meta["pid"] for f in run.files}) == 3
+
+    sends = [e for f in run.files for e in f.events if e.ev == "send"]
+    assert not [e for f in run.files for e in f.events if e.ev == "drop"]
+    requests = [e for e in sends if e.kind in ("tell", "ask", "hb")]
+    kinds = {k: sum(1 for e in requests if e.kind == k) for k in ("tell", "ask", "hb")}
+    assert kinds["ask"] >= 20 and kinds["tell"] >= SCRIPT_TELLS + 1 and kinds["hb"] >= 3, kinds
+
+    msgs = run.messages()
+    for s in requests:
+        m = msgs[s.id]
+        assert m.send is s and s.actor == s.header["from"]
+        assert m.recv is not None, f"{s.kind} {s.header['from']}->{s.header['to']} {s.method} never received"
+        assert m.recv.actor == s.header["to"]
+        assert m.recv.header == s.header  # the very same envelope: id, trace, parent, seq, deadline...
+        assert m.recv.t_ns >= s.t_ns - 50_000_000  # same host: clocks agree to well within 50 ms
+        if s.kind == "hb":
+            continue
+        assert m.handled is not None, f"{s.kind} {s.method} received by {m.recv.actor} but never handled"
+        assert m.handled.actor == m.recv.actor and m.handled.header == s.header
+        assert m.handled.t_ns >= m.recv.t_ns
+        outcome = m.handled.extra["outcome"]
+        assert outcome in ("ok", "error", "rejected", "cached")
+        if outcome == "cached":  # an idempotent duplicate, answered from the first one's outcome
+            outcome = "ok" if m.handled.extra["cached"] == "reply" else "error"
+        if s.kind == "ask":
+            assert m.reply_sent is not None and m.reply_sent.actor == m.recv.actor
+            assert m.reply is not None and m.reply.actor == s.actor, f"ask {s.method}: reply never came back"
+            rh = m.reply.header
+            assert rh == m.reply_sent.header
+            assert rh["re"] == rh["parent"] == s.id and rh["trace"] == s.header["trace"]
+            assert rh["kind"] == ("reply" if outcome == "ok" else "error")
+            assert rh["to"] == s.actor and rh["from"] == m.recv.actor
+    # nothing was received that was not sent (every recv of a request has its send)
+    recvs = [e for f in run.files for e in f.events if e.ev == "recv" and e.kind in ("tell", "ask", "hb")]
+    assert sorted(e.id for e in recvs) == sorted(e.id for e in requests)
+    # per-sender sequence numbers: consecutive on each connection
+    by_conn = {}
+    for e in sorted(requests, key=lambda e: e.t_ns):
+        by_conn.setdefault((e.header["from"], e.header["to"]), []).append(e.header["seq"])
+    for conn, seqs in by_conn.items():
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), conn
+
+
+def _find(msgs, sender, method, **body):
+    out = [m for m in msgs.values() if m.header["from"] == sender and m.method == method
+           and m.header["kind"] in ("tell", "ask")
+           and all(m.send.body().get(k) == v for k, v in body.items())]
+    assert out, (sender, method, body)
+    return out
+
+
+def test_causal_chains_carry_trace_and_parent(traced_run):
+    run_dir, _ = traced_run
+    msgs = TraceRun(run_dir).messages()
+
+    # every message with a parent: the parent was received by its sender before it was sent, in the same trace
+    caused = [m for m in msgs.values() if m.header.get("parent") and m.header["kind"] in ("tell", "ask")]
+    assert len(caused) >= 4
+    for m in caused:
+        p = msgs[m.header["parent"]]
+        assert p.recv is not None and p.recv.actor == m.header["from"], (m.method, p.method)
+        assert m.header["trace"] == p.header["trace"]
+        assert p.recv.t_ns <= m.send.t_ns
+
+    (fwd,) = _find(msgs, "client/0", "forward")
+    children = [m for m in msgs.values() if m.header.get("parent") == fwd.id]
+    # the relay's first message to echo/1 made it look echo/1 up: that ask is caused by forward too
+    assert sorted((m.header["kind"], m.header["to"], m.method) for m in children) == [
+        ("ask", "directory/0", "lookup"), ("ask", "echo/1", "echo"), ("tell", "echo/1", "record")]
+    for c in children:
+        assert c.header["trace"] == fwd.header["trace"] and c.handled.extra["outcome"] == "ok"
+        # sent from inside the handler: between the forward's arrival and the end of its handling
+        assert fwd.recv.t_ns <= c.send.t_ns <= fwd.handled.t_ns
+    assert fwd.reply.header["kind"] == "reply"
+
+    # an error travels back up the chain: boom fails in echo, so fail_deeper fails in relay
+    (deeper,) = _find(msgs, "client/0", "fail_deeper")
+    (boom,) = [m for m in msgs.values() if m.header.get("parent") == deeper.id]
+    assert boom.method == "boom" and boom.header["trace"] == deeper.header["trace"]
+    assert boom.handled.extra["outcome"] == "error" and "ValueError: deep" in boom.handled.extra["error"]
+    assert boom.reply.header["kind"] == "error" and boom.reply.body()["type"] == "ValueError"
+    assert deeper.handled.extra["outcome"] == "error" and deeper.reply.header["kind"] == "error"
+    assert deeper.reply.body()["type"] == "RemoteError"
+
+    # a tell can cause messages too
+    (poke,) = _find(msgs, "client/0", "poke")
+    (poked,) = [m for m in msgs.values() if m.header.get("parent") == poke.id]
+    assert poked.method == "echo" and poked.header["trace"] == poke.header["trace"]
+    assert poked.reply.body() == 7
+
+    # root messages (sent outside any handler) start their own traces
+    roots = _find(msgs, "client/0", "echo")
+    assert len({m.header["trace"] for m in roots}) == len(roots)
+    assert all("parent" not in m.header for m in roots)
+
+
+def test_arrays_errors_and_rejections_are_recorded(traced_run):
+    run_dir, _ = traced_run
+    msgs = TraceRun(run_dir).messages()
+    (arr,) = [m for m in _find(msgs, "client/0", "echo") if m.send.arrays]
+    sent = arr.send.arrays
+    assert [(a[0], a[1], a[2], a[3]) for a in sent] == [("float32", [1000], "numpy", 4000),
+                                                       ("int64", [2, 3], "torch", 48)]
+    assert arr.header["nframes"] == 2
+    got = arr.recv.arrays
+    assert [a[3] for a in got] == [4000, 48] and [a[4] for a in got] == [a[4] for a in sent]  # same checksums
+    assert all(re.fullmatch(r"[0-9a-f]{8}", a[4]) for a in sent)
+    body = arr.send.body()
+    assert body["x"]["a"]["__array__"] == "float32" and body["x"]["a"]["hash"] == sent[0][4]
+    assert [a[4] for a in arr.reply.arrays] == [a[4] for a in sent]  # echoed back: the same bytes
+
+    (boom,) = _find(msgs, "client/0", "boom")
+    assert boom.handled.extra["outcome"] == "error" and "ValueError: kaput" in boom.handled.extra["error"]
+    (nope,) = _find(msgs, "client/0", "nope")
+    assert nope.handled.extra["outcome"] == "rejected" and "UnknownMethod" in nope.handled.extra["error"]
+    assert nope.reply.body()["type"] == "UnknownMethod"
+
+    idem = [m for m in _find(msgs, "client/0", "echo", x=5) if m.header.get("idem") == "k"]
+    assert len(idem) == 2 and [m.reply.body() for m in idem] == [5, 5]
+    assert sorted(m.handled.extra["outcome"] for m in idem) == ["cached", "ok"]
+
+
+def slime_actors_cli() -> str:
+    path = os.path.join(os.path.dirname(sys.executable), "slime-actors")
+    assert os.path.exists(path), f"no slime-actors script next to {sys.executable}"
+    return path
+
+
+def test_trace_summary_cli(traced_run):
+    run_dir, _ = traced_run
+    res = subprocess.run([slime_actors_cli(), "trace", "summary", run_dir], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "4 trace file(s)" in lines[0] and "relay/0" in lines[0]
+    head = next(i for i, line in enumerate(lines) if line.startswith("role"))
+    cols = lines[head].split()
+    assert cols[:6] == ["role", "method", "tell", "ask", "bytes", "err"] and "p50" in lines[head]
+    rows = {}
+    for line in lines[head + 2:]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows[(cells[0], cells[1])] = cells
+    # counts per receiving role and method
+    echo = rows[("echo", "echo")]
+    assert int(echo[2]) == 0 and int(echo[3]) == SCRIPT_ECHO_ASKS + 2  # + the relay's for forward and poke
+    record = rows[("echo", "record")]
+    assert int(record[2]) == SCRIPT_TELLS - 1 + 1 and int(record[3]) == 0  # 5 from the client, 1 from the relay
+    boom = rows[("echo", "boom")]
+    assert int(boom[3]) == 2 and int(boom[5]) == 2  # the client's and the relay's: both failed
+    assert int(rows[("echo", "nope")][5]) == 1
+    assert int(rows[("relay", "forward")][3]) == 1 and int(rows[("relay", "poke")][2]) == 1
+    assert int(rows[("directory", "register")][3]) == 3
+    # latency percentiles: numbers in ms, p50 <= p95 <= p99
+    rtt = [float(x) for x in echo[6:9]]
+    handle = [float(x) for x in echo[9:12]]
+    assert 0 < rtt[0] <= rtt[1] <= rtt[2] < 20_000
+    assert 0 <= handle[0] <= handle[1] <= handle[2] <= rtt[2]
+    assert rows[("relay", "poke")][6] == "-"  # a tell has no round trip
+    assert "slowest messages" in res.stdout
+
+
+def test_trace_summary_cli_on_a_missing_run(tmp_path):
+    res = subprocess.run([slime_actors_cli(), "trace", "summary", str(tmp_path / "nothing")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "no such run directory" in res.stderr
