@@ -222,30 +222,49 @@ def _no_frames_hook(code: int, payload: bytes):
     raise ProtocolError("array reference without array frames")  # not reached
 
 
+# msgpack decodes ext type -1 (timestamps) itself, without asking ext_hook. Its three encodings start with these
+# bytes; a body holding one of them (rare, and then usually inside a bin or str) is checked for Timestamp objects.
+_TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+
+
+def _reject_timestamps(obj, depth: int = 0) -> None:
+    if type(obj) is msgpack.Timestamp:
+        raise ProtocolError(f"unknown msgpack ext type -1 in body (only {ARRAY_EXT}, arrays, is defined)")
+    if depth > 512:
+        return
+    if type(obj) is dict:
+        for k, v in obj.items():
+            _reject_timestamps(k, depth + 1)
+            _reject_timestamps(v, depth + 1)
+    elif type(obj) is list:
+        for v in obj:
+            _reject_timestamps(v, depth + 1)
+
+
 def decode_body(data, frames: list) -> Any:
     """Decode a body, resolving array references against the out-of-band frames. Raises ProtocolError."""
     if not frames:
         if data == b"\xc0":
             return None
-        try:
-            return _unpackb(data, ext_hook=_no_frames_hook)
-        except ProtocolError:
-            raise
-        except Exception as exc:  # msgpack raises several types for bad input; all mean the same to us
-            raise ProtocolError(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from None
-
-    def ext_hook(code: int, payload: bytes):
-        if code != ARRAY_EXT:
-            raise ProtocolError(f"unknown msgpack ext type {code} in body (only {ARRAY_EXT}, arrays, is defined)")
-        index, dtype, shape, kind = _check_ref(payload, frames)
-        return _make_array(frames[index], dtype, shape, kind)
-
+        hook = _no_frames_hook
+    else:
+        def hook(code: int, payload: bytes):
+            if code != ARRAY_EXT:
+                raise ProtocolError(f"unknown msgpack ext type {code} in body (only {ARRAY_EXT}, arrays, is defined)")
+            index, dtype, shape, kind = _check_ref(payload, frames)
+            return _make_array(frames[index], dtype, shape, kind)
     try:
-        return _unpackb(data, ext_hook=ext_hook)
+        body = _unpackb(data, ext_hook=hook)
     except ProtocolError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # msgpack raises several types for bad input; all mean the same to us
         raise ProtocolError(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    if type(data) is bytes:
+        if b"\xff" in data and any(m in data for m in _TIMESTAMP_MARKS):
+            _reject_timestamps(body)
+    else:
+        _reject_timestamps(body)
+    return body
 
 
 # ---------------------------------------------------------------------------------------------------- ids, headers
@@ -315,7 +334,7 @@ def decode_header(data) -> dict:
         v = g("v")
         if (v == PROTOCOL_VERSION and type(v) is int and type(g("id")) is str and type(g("trace")) is str
                 and type(g("from")) is str and type(g("to")) is str and type(g("method")) is str
-                and type(g("seq")) is int and type(g("ts")) is float):
+                and type(g("seq")) is int and type(g("ts")) is float and type(g("kind")) is str):
             kind = g("kind")
             n = len(h) - 9
             if n == 0:
