@@ -137,6 +137,9 @@ class Actor:
                                config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
         self._trace = getattr(self.tracer, "append", None)
+        self._tpack = getattr(self.tracer, "pack_record", None)
+        if self._tpack is None:
+            self._trace = None  # a tracer without the fast entries: use its record()
         bound = await self.mailbox.bind(endpoint or runtime.bind_endpoint(self.name))
         self.endpoint = runtime.public_endpoint(bound)
         for name, ep in runtime.static_peers.items():
@@ -324,8 +327,11 @@ class Actor:
         h = inbound.header
         trace = self._trace
         if trace is not None:
-            trace(("handled", _time_ns(), inbound.header_bytes, None, None, None,
-                   {"outcome": "ok", "dur_ns": _monotonic_ns() - t0}))
+            trace(self._tpack(("handled", _time_ns(), inbound.header_bytes, None, 0, None, None,
+                               {"outcome": "ok", "dur_ns": _monotonic_ns() - t0})))
+        elif self.tracer is not None:
+            self.tracer.record("handled", inbound.header_bytes, None,
+                               extra={"outcome": "ok", "dur_ns": _monotonic_ns() - t0})
         if h["kind"] == "ask":
             if h.get("idem") is not None:
                 self._remember(h, ("reply", result))

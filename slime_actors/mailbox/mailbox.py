@@ -135,19 +135,27 @@ class _Sock:
         if events & POLLIN and not self.paused:
             self._drain(False)
 
-    def _drain(self, unchecked: bool) -> None:
+    def _drain(self, from_fd: bool) -> None:
+        """Read and dispatch queued messages (at most `batch`), then come back later if more may be queued.
+
+        Checking for a next message costs either ZMQ_EVENTS (a syscall, ~3.5 us) or, when there is none, a raised
+        zmq.Again (~10 us). So: after the first message ask ZMQ_EVENTS; once two have been read there is a backlog,
+        and reading on until zmq.Again is cheaper than a ZMQ_EVENTS per message. When a message read straight off
+        an FD wake-up resolves an ask, the check is left to `ready` after the woken task has run: the asker gets
+        its answer one syscall sooner, and that check merges with the one its next send schedules.
+        """
         sock = self.sock
         on_message, recv, get, router = self.on_message, sock.recv, sock.getsockopt, self.router
         self.in_ready = True
+        n = 0
         try:
-            for _ in range(self.batch):
+            while True:
                 try:
                     first = recv(NOBLOCK)
-                except zmq.ZMQError:
-                    if unchecked:
+                except zmq.ZMQError:  # zmq.Again: nothing queued (recv ran the pending commands: no edge lost)
+                    if from_fd and n == 0:
                         self.spurious += 1
                     return
-                unchecked = False
                 try:
                     if router:
                         # a ROUTER's routing id is always followed by the peer's first frame
@@ -163,14 +171,18 @@ class _Sock:
                             more = f.more
                 except zmq.ZMQError:
                     return
-                on_message(frames)
+                n += 1
+                woke = on_message(frames)
                 if self.paused or self.closed:
                     return
-                try:
-                    if not get(EVENTS) & POLLIN:
+                if n >= self.batch or (woke and from_fd and n == 1):
+                    break
+                if n == 1:
+                    try:
+                        if not get(EVENTS) & POLLIN:
+                            return
+                    except zmq.ZMQError:
                         return
-                except zmq.ZMQError:
-                    return
         finally:
             self.in_ready = False
         self.kick()  # more may be queued: come back after other work has had a turn
@@ -268,8 +280,10 @@ class Mailbox:
         # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
         self._sweep_at: float | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        # Tracing: the writer's queue append, called with a finished record tuple (one call per event).
+        # Tracing: the writer's queue append (one call per event) and its record packer (see TraceWriter).
         self._trace = getattr(tracer, "append", None) if tracer is not None else None
+        self._tpack = getattr(tracer, "pack_record", None) if self._trace is not None else None
+        self._tlimit = getattr(tracer, "body_limit", 0) if self._tpack is not None else -1
 
     # ------------------------------------------------------------------------------------------ set-up/teardown
     async def bind(self, endpoint: str) -> str:
@@ -425,7 +439,11 @@ class Mailbox:
 
     def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
         if self._trace is not None:
-            self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, buffers, None))
+            if not refs and len(body_bytes) <= self._tlimit:
+                self._trace(self._tpack(("send", _time_ns(), header_bytes, body_bytes, len(body_bytes), None, None,
+                                         None)))
+            else:
+                self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, buffers, None))
         elif self.tracer is not None:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
         self.stats["sent"] += 1
@@ -625,8 +643,12 @@ class Mailbox:
         self.stats["received"] += 1
         arrays = frames[3:]
         if self._trace is not None:
-            self._trace(("recv", _time_ns(), header_bytes, frames[2], _refs_of(arrays) if arrays else None, arrays,
-                         None))
+            body = frames[2]
+            if not arrays and len(body) <= self._tlimit:
+                self._trace(self._tpack(("recv", _time_ns(), header_bytes, body, len(body), None, None, None)))
+            else:
+                self._trace(("recv", _time_ns(), header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
+                             None))
         elif self.tracer is not None:
             self.tracer.record("recv", header_bytes, frames[2], _refs_of(arrays), arrays)
         self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
@@ -643,8 +665,12 @@ class Mailbox:
             return
         arrays = frames[2:]
         if self._trace is not None:
-            self._trace(("recv", _time_ns(), frames[0], frames[1], _refs_of(arrays) if arrays else None, arrays,
-                         None))
+            body = frames[1]
+            if not arrays and len(body) <= self._tlimit:
+                self._trace(self._tpack(("recv", _time_ns(), frames[0], body, len(body), None, None, None)))
+            else:
+                self._trace(("recv", _time_ns(), frames[0], body, _refs_of(arrays) if arrays else None, arrays,
+                             None))
         elif self.tracer is not None:
             self.tracer.record("recv", frames[0], frames[1], _refs_of(arrays), arrays)
         self.stats["replies"] += 1
@@ -659,7 +685,7 @@ class Mailbox:
             body = codec.decode_body(frames[1], arrays)
         except ProtocolError as exc:
             fut.set_exception(ProtocolError(f"reply from {peer} to {p.method}: {exc}"))
-            return
+            return True
         if header["kind"] == "error":
             e = body if isinstance(body, dict) else {"message": str(body)}
             fut.set_exception(RemoteError(str(e.get("peer", peer)), str(e.get("method", p.method)),
@@ -667,6 +693,7 @@ class Mailbox:
                                           e.get("traceback")))
         else:
             fut.set_result(body)
+        return True  # an asker was woken
 
     async def heartbeat(self, to: str, body: Any) -> None:
         """A liveness message (kind hb) to `to`; never waits for an answer."""

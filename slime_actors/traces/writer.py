@@ -54,12 +54,17 @@ class TraceWriter:
         self.records = 0
         self.lost = 0  # records that could not be written
         self._q: collections.deque = collections.deque()
-        # The hot path's entry: append one finished record tuple (event, time_ns, header, body, refs, buffers,
-        # extra) -- a bound deque.append, so recording a message is a single C call (see record()).
+        # The hot path's entries (the mailbox and the actor's dispatch use them; see record()):
+        #  * `append(item)` -- a bound deque.append. `item` is either a record tuple (event, time_ns, header, body,
+        #    refs, buffers, extra), finished by the writer thread (checksums of arrays and large bodies), or the
+        #    bytes of a record already packed with `pack_record`;
+        #  * `pack_record((event, time_ns, header, body, body_size, None, None, extra))` -- packs a record with no
+        #    arrays and a body under `body_limit` in the caller's thread, so the writer thread only writes bytes.
+        #    A msgpack.Packer is not thread-safe: only the thread that runs the actor's event loop may call it.
         self.append = self._q.append
+        self.pack_record = msgpack.Packer(use_bin_type=True).pack
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
-        self._out = msgpack.Packer(use_bin_type=True, autoreset=False)  # the writer thread's batch buffer
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "actor": actor, "pid": os.getpid(),
                 "host": socket.gethostname(), "started_ns": time.time_ns(), "body_limit": body_limit,
@@ -91,46 +96,46 @@ class TraceWriter:
             self._drain()
 
     def _drain(self) -> None:
-        # Runs in the writer thread, holding the GIL while it packs: every microsecond here is taken from the event
-        # loop, so the common record (no arrays, body under the limit) is packed with no copies and few branches.
+        # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
+        # loop. Most records arrive packed already (bytes); the rest are finished here.
         with self._drain_lock:
-            q, pack, limit = self._q, self._out.pack, self.body_limit
+            q, limit = self._q, self.body_limit
             popleft = q.popleft
-            n = 0
+            chunks = []
             while q:
                 try:
-                    ev, t, header, body, refs, buffers, extra = popleft()
+                    item = popleft()
                 except IndexError:
                     break
-                if header is not None and type(header) is not bytes:
-                    header = bytes(header)
-                if body is None:
-                    size, body_hash = 0, None
-                else:
-                    size, body_hash = len(body), None
-                    if size > limit:
-                        body_hash, body = digest(body), None
-                    elif type(body) is not bytes:
-                        body = bytes(body)
-                try:
-                    pack([ev, t, header, body, size, body_hash, self._arrays(refs, buffers) if refs else None,
-                          extra])
-                except Exception:  # a record that cannot be packed may have left half of itself in the buffer
-                    self._out.reset()
-                    self.lost += n + 1
-                    n = 0
+                if type(item) is bytes:
+                    chunks.append(item)
                     continue
-                n += 1
-            if n:
                 try:
-                    with self._out.getbuffer() as mv:
-                        self._file.write(mv)
+                    chunks.append(self._finish(item, limit))
+                except Exception:  # a record that cannot be packed is lost, not the writer thread
+                    self.lost += 1
+            if chunks:
+                try:
+                    self._file.writelines(chunks)
                     self._file.flush()
-                    self.records += n
+                    self.records += len(chunks)
                 except (OSError, ValueError):
-                    self.lost += n  # disk full or closed: tracing must never take the actor down
-                finally:
-                    self._out.reset()
+                    self.lost += len(chunks)  # disk full or closed: tracing must never take the actor down
+
+    def _finish(self, item: tuple, limit: int) -> bytes:
+        ev, t, header, body, refs, buffers, extra = item
+        if header is not None and type(header) is not bytes:
+            header = bytes(header)
+        if body is None:
+            size, body_hash = 0, None
+        else:
+            size, body_hash = len(body), None
+            if size > limit:
+                body_hash, body = digest(body), None
+            elif type(body) is not bytes:
+                body = bytes(body)
+        return self._packer.pack([ev, t, header, body, size, body_hash,
+                                  self._arrays(refs, buffers) if refs else None, extra])
 
     def _arrays(self, refs, buffers) -> list:
         arrays = []
