@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{ns.role}/{ns.index}"
     setup_logging(rt.run_dir, name, console=True)
     log = get_logger(actor=name)
-    cls = actor_class(ns.role)
     job = load_job_args()
+    # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
+    override = job.get(f"{ns.role}_actor_class") if job else None
+    cls = actor_class(override or ns.role)
     config = {"args": job} if job else {}
 
     async def run() -> int:

@@ -19,14 +19,17 @@ def register_role(role: str, target: str) -> None:
 
 
 def actor_class(role: str):
+    """The class for a role name, or for "pkg.mod:Class" / "pkg.mod.Class" / "path/to/file.py:Class"."""
     target = ROLES.get(role)
     if target is None:
-        if ":" in role:
-            target = role
-        else:
-            raise KeyError(f"unknown role {role!r} (roles: {', '.join(sorted(ROLES))}; or give module:Class)")
-    mod, _, name = target.partition(":")
-    try:
-        return getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(f"role {role!r}: cannot load {target}: {exc}") from None
+        if ":" not in role and "." not in role:
+            raise KeyError(f"unknown role {role!r} (roles: {', '.join(sorted(ROLES))}; or give pkg.mod:Class)")
+        from ..plugins import load_function
+        cls = load_function(role, flag="actor class")
+    else:
+        mod, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(mod), name)
+    from ..actors.base import Actor
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError(f"{role!r} is not an Actor subclass")
+    return cls
