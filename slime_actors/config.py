@@ -99,6 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-health-check-timeout", type=float, default=30.0)
     g.add_argument("--rollout-health-check-first-wait", type=float, default=0.0)
     g.add_argument("--engine-api-key", default=None, help="API key the engines require (SGLang --api-key)")
+    g.add_argument("--pause-generation-mode", choices=["abort", "retract", "in_place"], default="abort",
+                   help="how engines pause around a weight update in --async-train (SGLang /pause_generation mode): "
+                        "abort in-flight requests (they go back to the buffer), retract them (recomputed after the "
+                        "update), or keep them in place")
+    g.add_argument("--use-sglang-router", action="store_true",
+                   help="put an sglang-router in front of the engines (rollout/0 starts it unless "
+                        "--sglang-router-ip is given); every --router-<flag> is passed on as --<flag>")
+    g.add_argument("--sglang-router-ip", default=None, help="an sglang-router someone else started (slime's flag)")
+    g.add_argument("--sglang-router-port", type=int, default=None, help="its port, or the port to start one on")
+    g.add_argument("--colocate", action="store_true",
+                   help="engines share the trainer's GPUs (engine i starts at GPU i x rollout-num-gpus-per-engine)")
+    g.add_argument("--num-gpus-per-node", type=int, default=8, help="GPUs per node, for placing engines")
 
     g = p.add_argument_group("eval")
     g.add_argument("--eval-interval", type=int, default=None)
@@ -254,6 +266,10 @@ def _passthrough(flag: str, value) -> list[str]:
     return [flag, str(value)]
 
 
+# our own flags that happen to start with --sglang- (slime's names for an external router)
+OWN_SGLANG_PREFIXED = ("--sglang-router-ip", "--sglang-router-port")
+
+
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """Separate `--sglang-*` and `--router-*` flags (with their values) from ours."""
     ours, sglang, router = [], [], []
@@ -261,6 +277,8 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]
     while i < len(argv):
         tok = argv[i]
         target = sglang if tok.startswith("--sglang-") else router if tok.startswith("--router-") else None
+        if tok.split("=", 1)[0] in OWN_SGLANG_PREFIXED:
+            target = None
         if target is None:
             ours.append(tok)
             i += 1
@@ -359,6 +377,14 @@ def validate(args: argparse.Namespace) -> None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
     if args.rm_type == "remote_rm" and not args.rm_url:
         bad("--rm-type remote_rm needs --rm-url")
+    if args.sglang_router_ip and not args.sglang_router_port:
+        bad("--sglang-router-ip needs --sglang-router-port")
+    if args.sglang_args or args.router_args or args.rollout_engine == "sglang" or args.use_sglang_router:
+        from .backends.sglang_launch import SGLangFlagError, check_passthrough
+        try:
+            check_passthrough(args)
+        except SGLangFlagError as exc:
+            bad(str(exc))
 
 
 def args_to_dict(args: argparse.Namespace) -> dict:

@@ -219,8 +219,8 @@ declare("buffer", "load_rollout", "Insert samples as a completed rollout (for --
 
 # rollout
 declare("rollout", "resume", "Start (or continue) pulling work at `weight_version`.", weight_version="int")
-declare("rollout", "pause", "Stop pulling new work; in-flight requests continue unless abort is set.",
-        reply="{in_flight}", abort="bool?")
+declare("rollout", "pause", "Stop pulling new work and pause the engine (/pause_generation, --pause-generation-mode; "
+        "abort=true: mode abort).", reply="{in_flight, mode}", abort="bool?")
 declare("rollout", "end_rollout", "The rollout is complete: abort what is in flight and return it to the buffer.",
         reply="{aborted, returned}", rollout_id="int")
 declare("rollout", "init_weights_group", "Have the engine join the trainer's weight-broadcast group.",
@@ -233,6 +233,11 @@ declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.",
 declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
         reply="engine answer", model_path="str", weight_version="int")
 declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")
+declare("rollout", "weight_update", "The trainer updates the engine directly (colocated tensors): hold health probes "
+        "while active; then the version it holds.", reply="{engine_url, paused, flush_cache, tp_size}",
+        active="bool", weight_version="int?")
+declare("rollout", "router_url", "rollout/0: the URL of the sglang-router it started (waits until it is up).",
+        reply="{url}")
 declare("rollout", "kill_engine", "Kill the engine process (fault-injection and tests); the worker restarts it.",
         reply="{pid}", hang="bool?")
 

@@ -65,6 +65,14 @@ class RolloutWorker(Actor):
         self._busy = 0                    # samples being generated now
         self._restarting = False
         self.engine_restarts = 0
+        self.engine_url = None            # the engine itself (control endpoints); generation may go via a router
+        self.router = None                # EngineProcess of the sglang-router this worker started (rollout/0)
+        self.router_url = None
+        self._router_ready = asyncio.Event()
+        self._engine_paused: str | None = None  # the /pause_generation mode the engine is paused in
+        self._pause_lock = asyncio.Lock()  # pause/resume run in arrival order
+        self._updating = 0                # weight updates in progress (health probes wait)
+        self._engine_caps: dict = {}
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0})
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -80,6 +88,7 @@ class RolloutWorker(Actor):
             self.generate_fn = load_function(a.custom_generate_function_path)
         if a.rollout_function_path:
             self.group_fn = load_function(a.rollout_function_path)
+        await self._start_router()
         await self._start_engine()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")
@@ -88,28 +97,27 @@ class RolloutWorker(Actor):
         self._restarting = True  # the engine's exit from here on is expected
         for t in list(self._inflight.values()):
             t.cancel()
+        await self._router_forget()
         if self.client is not None:
             await self.client.close()
         if self.engine is not None:
             await self.run_blocking(self.engine.stop)
+        if self.router is not None:
+            await self.run_blocking(self.router.stop)
 
     # ------------------------------------------------------------------------------------------ the engine
     def _engine_command(self, port: int) -> tuple[str, list[str]]:
-        a = self.args
-        if a.rollout_engine == "sglang":
-            module = "sglang.launch_server"
+        """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines."""
+        from ..backends.sglang_launch import engine_command
+        return engine_command(self.args, self.index, port)
+
+    def _engine_line(self, line: str) -> None:
+        """The engine's output, line by line, into this actor's log (and RUN_DIR/logs/engine-<i>.log)."""
+        low = line.lower()
+        if "traceback" in low or "error" in low:
+            self.log.warning("engine", line=line)
         else:
-            module = "slime_actors.backends.local_engine"
-        flags = ["--model-path", a.hf_checkpoint, "--host", "127.0.0.1", "--port", str(port),
-                 "--tp-size", str(a.rollout_num_gpus_per_engine), "--random-seed", str(a.seed + self.index),
-                 "--weight-version", "0"]
-        if a.engine_api_key:
-            flags += ["--api-key", a.engine_api_key]
-        if a.rollout_engine == "sglang":
-            flags += list(a.sglang_args)
-        else:
-            flags += ["--device", a.device, "--max-batch-size", str(a.engine_max_batch_size)]
-        return module, flags
+            self.log.info("engine", line=line)
 
     async def _start_engine(self) -> None:
         from ..backends.engine_client import EngineClient
@@ -123,10 +131,14 @@ class RolloutWorker(Actor):
         else:
             port = free_port()
             module, flags = self._engine_command(port)
+            from ..backends.sglang_launch import check_engine_flags
+            checked = await self.run_blocking(check_engine_flags, module, flags)  # SGLangFlagError names a flag
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
+            self.log.info("starting engine", module=module, flags=" ".join(flags), checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
-            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False)
+            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False,
+                                        on_line=self._engine_line)
             await self.run_blocking(self.engine.wait_healthy, a.rollout_health_check_first_wait + 600)
             url = f"http://127.0.0.1:{port}"
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
@@ -134,28 +146,122 @@ class RolloutWorker(Actor):
         if self.client is not None:
             await self.client.close()
         self.client = EngineClient(url, api_key=a.engine_api_key, max_concurrency=a.rollout_concurrency)
-        self.weight_version = 0
+        if self.router_url:  # generation goes through the router; control stays with this engine
+            getattr(self.client, "_client", self.client).generate_base_url = self.router_url
+        self.engine_url = url
+        self._engine_paused, self._updating = None, 0
+        version = 0
+        if self.engine is None and not getattr(self, "replaying", False):
+            version = await self._external_version()  # someone else's engine: whatever it holds now
+        self._engine_caps = await self._capabilities()
+        await self._router_register()
+        self.weight_version = version
         self._engine_ok.set()
-        await self.tell("controller/0", "engine_ready", {"worker": self.name, "weight_version": 0})
+        await self.tell("controller/0", "engine_ready", {"worker": self.name, "weight_version": version})
+
+    async def _external_version(self) -> int:
+        """The weight version an external engine reports in /model_info: "default" (its launch weights, taken as
+        the --hf-checkpoint ones) is 0, a number is that version, anything else -1 (the controller re-syncs it)."""
+        from ..backends.engine_client import EngineError
+        try:
+            v = await self.client.get_weight_version()
+        except EngineError as exc:
+            self.log.warning("external engine: no weight version", error=str(exc))
+            return -1
+        return 0 if v == "default" else _int_version(v, -1)
+
+    async def _capabilities(self) -> dict:
+        from ..backends.engine_client import EngineError, supports_flattened_bucket
+        try:
+            info = await self.client.get_server_info()
+        except EngineError as exc:
+            self.log.warning("engine has no /server_info; assuming per-tensor weight broadcasts", error=str(exc))
+            return {"flattened_bucket": False, "tp_size": 1, "version": None}
+        return {"flattened_bucket": supports_flattened_bucket(info), "tp_size": int(info.get("tp_size") or 1),
+                "version": info.get("version")}
+
+    # ------------------------------------------------------------------------------------------ the router
+    async def _start_router(self) -> None:
+        """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
+        learns its URL and, once its engine is up, registers the engine there."""
+        a = self.args
+        if not getattr(a, "use_sglang_router", False) or getattr(self, "replaying", False):
+            return
+        if a.sglang_router_ip:
+            self.router_url = f"http://{a.sglang_router_ip}:{a.sglang_router_port}"
+        elif self.index == 0:
+            from ..backends.engine_process import launch_engine
+            from ..backends.sglang_launch import check_router_flags, router_command
+            from ..backends.weight_sync import find_free_port as free_port
+            port = a.sglang_router_port or free_port()
+            module, flags = router_command(a, "127.0.0.1", port, prometheus_port=free_port())
+            await self.run_blocking(check_router_flags, flags)
+            self.log.info("starting sglang-router", flags=" ".join(flags))
+            self.router = launch_engine(module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
+                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"))
+            await self.run_blocking(self.router.wait_healthy, 300)
+            self.router_url = f"http://127.0.0.1:{port}"
+        else:
+            while self.router_url is None:
+                try:
+                    self.router_url = (await self.ask("rollout/0", "router_url", {}, timeout=600))["url"]
+                except MailboxError as exc:
+                    self.log.warning("waiting for rollout/0's router", error=str(exc))
+                    await asyncio.sleep(1.0)
+        self._router_ready.set()
+        self.log.info("generation goes through the sglang-router", url=self.router_url)
+
+    async def _router_register(self) -> None:
+        if not self.router_url or not self.engine_url:
+            return
+        from ..backends.engine_client import RouterClient
+        rc = RouterClient(self.router_url)
+        try:
+            if not await rc.has_worker(self.engine_url):
+                await rc.add_worker(self.engine_url, api_key=self.args.engine_api_key)
+                self.log.info("engine registered with the router", engine=self.engine_url, router=self.router_url)
+        finally:
+            await rc.close()
+
+    async def _router_forget(self) -> None:
+        if not self.router_url or not self.engine_url:
+            return
+        from ..backends.engine_client import EngineError, RouterClient
+        rc = RouterClient(self.router_url, timeout=10)
+        try:
+            await rc.remove_worker(self.engine_url)
+        except EngineError as exc:
+            self.log.warning("could not remove the engine from the router", error=str(exc))
+        finally:
+            await rc.close()
 
     async def _watch_engine(self) -> None:
         a = self.args
         await asyncio.sleep(a.rollout_health_check_first_wait)
-        last_probe = time.monotonic()
+        last_probe = last_router = time.monotonic()
         while True:
             await asyncio.sleep(0.5)
-            if self._restarting or self.engine is None or not self.running:
-                continue
+            if self._restarting or self.client is None or not self.running or getattr(self, "replaying", False):
+                continue  # (replay: no engine to watch)
             reason = None
-            if self.engine.poll() is not None:
+            if self.engine is not None and self.engine.poll() is not None:
                 reason = f"engine process exited with code {self.engine.poll()}"
             elif a.use_fault_tolerance and time.monotonic() - last_probe >= a.rollout_health_check_interval:
                 last_probe = time.monotonic()
-                ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
-                if not ok:
-                    reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
+                # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
+                # loading weights answers only when done: no probe then
+                if self._engine_paused is None and self._updating == 0:
+                    ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
+                    if not ok and self._engine_paused is None and self._updating == 0 and not self._restarting:
+                        reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
+            elif self.router_url and time.monotonic() - last_router > 10 and self._engine_ok.is_set():
+                last_router = time.monotonic()  # a restarted router forgets its workers: register again
+                try:
+                    await self._router_register()
+                except Exception as exc:
+                    self.log.warning("router registration check failed", error=repr(exc))
 
     async def _recover(self, reason: str) -> None:
         self._restarting = True
@@ -171,11 +277,23 @@ class RolloutWorker(Actor):
                 await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": reason}, timeout=30)
             except MailboxError as exc:
                 self.log.warning("could not release groups", error=str(exc))
+            await self._router_forget()
             if self.engine is not None:
-                await self.run_blocking(self.engine.stop)
+                # a hung engine does not act on SIGTERM: SIGKILL its process group after a short grace
+                await self.run_blocking(self.engine.stop, 2.0 if "health" in reason else 15.0)
+            else:  # an external engine: nothing to restart here; wait until it answers again
+                await self._wait_external_healthy()
             await self._start_engine()
         finally:
             self._restarting = False
+
+    async def _wait_external_healthy(self) -> None:
+        a = self.args
+        delay = 1.0
+        while not await self.client.health_generate(timeout=a.rollout_health_check_timeout):
+            self.log.warning("external engine still unhealthy", url=self.engine_url)
+            await asyncio.sleep(delay)
+            delay = min(30.0, delay * 2)
 
     async def _generate_raw(self, input_ids: list[int], sampling_params: dict) -> dict:
         from ..backends.engine_client import parse_generate_output
@@ -326,19 +444,31 @@ class RolloutWorker(Actor):
 
     # ------------------------------------------------------------------------------------------ handlers
     @handler
-    def resume(self, weight_version: int) -> None:
-        if weight_version != self.weight_version:
-            self.log.warning("resumed at a weight version the engine does not hold",
-                             asked=weight_version, engine=self.weight_version)
-        self._resumed.set()
+    async def resume(self, weight_version: int) -> None:
+        async with self._pause_lock:
+            if weight_version != self.weight_version:
+                self.log.warning("resumed at a weight version the engine does not hold",
+                                 asked=weight_version, engine=self.weight_version)
+            if self._engine_paused is not None and self._engine_ok.is_set():
+                await self.client.continue_generation()
+                self.log.info("engine continued", paused_mode=self._engine_paused)
+            self._engine_paused = None
+            self._resumed.set()
 
     @handler
     async def pause(self, abort: bool = False) -> dict:
-        self._resumed.clear()
-        n = len(self._inflight)
-        if abort and n:
-            await self.client.abort_request(abort_all=True)
-        return {"in_flight": n}
+        """Stop pulling and pause the engine (/pause_generation) in --pause-generation-mode (abort=True: abort).
+        abort: in-flight requests come back aborted and their groups go back to the buffer (partial responses kept
+        under --partial-rollout); retract / in_place: they wait in the engine and finish after resume."""
+        async with self._pause_lock:
+            self._resumed.clear()
+            n = len(self._inflight)
+            mode = "abort" if abort else self.args.pause_generation_mode
+            if self._engine_paused is None and self._engine_ok.is_set() and not getattr(self, "replaying", False):
+                await self.client.pause_generation(mode)
+                self._engine_paused = mode
+                self.log.info("engine paused", mode=mode, in_flight=n)
+            return {"in_flight": n, "mode": self._engine_paused or mode}
 
     @handler
     async def end_rollout(self, rollout_id: int) -> dict:
@@ -356,16 +486,32 @@ class RolloutWorker(Actor):
     async def init_weights_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                  group_name: str, backend: str) -> dict:
         await self._engine_ok.wait()
-        return await self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
-                                                           group_name, backend)
+        self._updating += 1
+        try:
+            res = await self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                              group_name, backend)
+        finally:
+            self._updating -= 1
+        # the trainer sends flattened buckets only when every engine of the group takes them
+        return {**res, "flattened_bucket": bool(self._engine_caps.get("flattened_bucket"))}
+
+    def _flush(self, flush_cache: bool) -> bool:
+        """SGLang asserts that the cache flush after a weight update succeeds, which it cannot while requests wait
+        in an engine paused with retract / in_place: no flush then (their prefix cache entries stay)."""
+        return bool(flush_cache) and self._engine_paused not in ("retract", "in_place")
 
     @handler
     async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
                                               weight_version: int, flush_cache: bool = True,
                                               load_format: str | None = None) -> dict:
-        res = await self.client.update_weights_from_distributed(names, dtypes, shapes, group_name,
-                                                                weight_version=str(weight_version),
-                                                                flush_cache=flush_cache, load_format=load_format)
+        self._updating += 1
+        try:
+            res = await self.client.update_weights_from_distributed(names, dtypes, shapes, group_name,
+                                                                    weight_version=str(weight_version),
+                                                                    flush_cache=self._flush(flush_cache),
+                                                                    load_format=load_format)
+        finally:
+            self._updating -= 1
         self.weight_version = weight_version
         return res
 
@@ -376,9 +522,34 @@ class RolloutWorker(Actor):
     @handler
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> dict:
         await self._engine_ok.wait()
-        res = await self.client.update_weights_from_disk(model_path, weight_version=str(weight_version))
+        self._updating += 1
+        try:
+            res = await self.client.update_weights_from_disk(model_path, weight_version=str(weight_version),
+                                                             flush_cache=self._flush(True))
+        finally:
+            self._updating -= 1
         self.weight_version = weight_version
         return res
+
+    @handler
+    async def weight_update(self, active: bool, weight_version: int | None = None) -> dict:
+        """The trainer updates this engine directly (/update_weights_from_tensor, colocated): hold health probes
+        while `active`; at the end, the version the engine now holds."""
+        if active:
+            await self._engine_ok.wait()
+            self._updating += 1
+        else:
+            self._updating = max(0, self._updating - 1)
+            if weight_version is not None:
+                self.weight_version = weight_version
+        return {"engine_url": self.engine_url, "paused": self._engine_paused,
+                "flush_cache": self._flush(True), "tp_size": int(self._engine_caps.get("tp_size", 1))}
+
+    @handler
+    async def router_url(self) -> dict:
+        """rollout/0: the URL of the sglang-router it started (waits until it is up)."""
+        await self._router_ready.wait()
+        return {"url": self.router_url}
 
     @handler
     async def engine_info(self) -> dict:
@@ -386,7 +557,8 @@ class RolloutWorker(Actor):
         return {"url": self.client.base_url if self.client else None, "weight_version": self.weight_version,
                 "healthy": healthy, "pid": self.engine.pid if self.engine else None,
                 "restarts": self.engine_restarts, "in_flight": len(self._inflight),
-                "resumed": self._resumed.is_set()}
+                "resumed": self._resumed.is_set(), "engine_url": self.engine_url, "router_url": self.router_url,
+                "paused": self._engine_paused, "updating": self._updating, **self._engine_caps}
 
     @handler
     async def kill_engine(self, hang: bool = False) -> dict:

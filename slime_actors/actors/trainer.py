@@ -33,6 +33,7 @@ class TrainerRank(Actor):
         self._group_workers: tuple = ()
         self._group_name = ""
         self._group_seq = 0
+        self._flattened = False  # every engine of the group takes load_format="flattened_bucket"
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -100,9 +101,11 @@ class TrainerRank(Actor):
             info = await self._sync_disk(weight_version, workers)
         elif transport == "distributed":
             info = await self._sync_distributed(weight_version, workers)
+        elif transport == "colocated":
+            info = await self._sync_tensor(weight_version, workers)
         else:
             raise ValueError(f"weight transport {transport!r} is not supported by the {self.args.train_backend} "
-                             "backend here (use distributed or disk)")
+                             "backend here (use distributed, disk or colocated)")
         self.backend.weight_version = weight_version
         info.update(seconds=time.monotonic() - t0, transport=transport, weight_version=weight_version)
         self.log.info("weights synced", **{k: info[k] for k in ("seconds", "bytes", "buckets", "transport")},
@@ -129,10 +132,11 @@ class TrainerRank(Actor):
             return
         if self._sender is not None:  # membership changed (a restarted engine): rebuild the group
             old, old_name = self._group_workers, self._group_name
+            # both sides at once: with NCCL, destroying the group waits for the peers to destroy it too
+            sender, self._sender = self._sender, None
             await asyncio.gather(*(self._quiet(self.ask(w, "destroy_weights_group", {"group_name": old_name},
-                                                        timeout=30)) for w in old), return_exceptions=True)
-            self._sender.close()
-            self._sender = None
+                                                        timeout=30)) for w in old),
+                                 self._quiet(self.run_blocking(sender.close)), return_exceptions=True)
         self._group_seq += 1
         name = f"slime-weights-{self._group_seq}"
         port = free_port()
@@ -140,28 +144,65 @@ class TrainerRank(Actor):
         backend = "nccl" if self.args.device == "cuda" else "gloo"
         world = 1 + len(workers)
         sender = DistributedWeightSender(addr, port, world, backend, name)
-        await asyncio.gather(
+        _, *replies = await asyncio.gather(
             self.run_blocking(sender.connect),
             *(self.ask(w, "init_weights_group", {"master_address": addr, "master_port": port, "rank_offset": i + 1,
                                                  "world_size": world, "group_name": name, "backend": backend},
                        timeout=300) for i, w in enumerate(workers)))
         self._sender, self._group_workers, self._group_name = sender, workers, name
+        self._flattened = all(isinstance(r, dict) and r.get("flattened_bucket") for r in replies)
 
     async def _sync_distributed(self, version: int, workers: list) -> dict:
         await self._ensure_group(tuple(workers))
         nbytes = nbuckets = 0
-        for bucket in self.backend.weight_buckets(self.args.update_weight_buffer_size):
+        flat = self._flattened  # one uint8 broadcast per bucket (SGLang's "flattened_bucket"), else one per tensor
+        for bucket, last in _with_last(self.backend.weight_buckets(self.args.update_weight_buffer_size)):
             names = [n for n, _ in bucket]
             dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
             shapes = [list(t.shape) for _, t in bucket]
             body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": self._group_name,
-                    "weight_version": version}
-            await asyncio.gather(self.run_blocking(self._sender.broadcast_bucket, bucket),
+                    "weight_version": version, "flush_cache": last,  # flush once, after the last bucket
+                    "load_format": "flattened_bucket" if flat else None}
+            await asyncio.gather(self.run_blocking(self._sender.broadcast_bucket, bucket, flat),
                                  *(self.ask(w, "update_weights_from_distributed", body, timeout=600)
                                    for w in workers))
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
             nbuckets += 1
-        return {"bytes": nbytes, "buckets": nbuckets}
+        return {"bytes": nbytes, "buckets": nbuckets, "flattened_bucket": flat}
+
+    async def _sync_tensor(self, version: int, workers: list) -> dict:
+        """Colocated engines (same host, sharing GPUs): /update_weights_from_tensor with CUDA IPC handles made by
+        SGLang's serializer. The trainer posts to each engine itself, so the pickled payload never becomes an actor
+        message; the worker holds its health probes meanwhile and learns the new version at the end."""
+        from ..backends.engine_client import EngineClient, serialize_named_tensors
+        if self.args.device != "cuda":
+            raise ValueError("--update-weight-transport colocated shares CUDA tensors with the engines: it needs "
+                             "--device cuda (use distributed or disk on CPU)")
+        infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
+        clients = [EngineClient(i["engine_url"], api_key=self.args.engine_api_key, timeout=600) for i in infos]
+        nbytes = nbuckets = 0
+        fmt = None
+        try:
+            for bucket, last in _with_last(self.backend.weight_buckets(self.args.update_weight_buffer_size)):
+                payloads: dict[int, tuple] = {}
+                for tp in {int(i["tp_size"]) for i in infos}:
+                    payloads[tp] = await self.run_blocking(serialize_named_tensors, bucket, tp)
+                await asyncio.gather(*(
+                    c.update_weights_from_tensor(payloads[int(i["tp_size"])][0],
+                                                 load_format=payloads[int(i["tp_size"])][1],
+                                                 flush_cache=last and bool(i["flush_cache"]),
+                                                 weight_version=str(version))
+                    for c, i in zip(clients, infos)))
+                fmt = next(iter(payloads.values()))[1]
+                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                nbuckets += 1
+                del payloads  # the engines copied the tensors before answering
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+            await asyncio.gather(*(self._quiet(self.ask(w, "weight_update", {"active": False,
+                                                                              "weight_version": version}, timeout=60))
+                                   for w in workers))
+        return {"bytes": nbytes, "buckets": nbuckets, "load_format": fmt}
 
     @staticmethod
     async def _quiet(coro):
@@ -178,6 +219,19 @@ class TrainerRank(Actor):
     @handler
     async def save_hf(self, path: str) -> None:
         await self.run_blocking(self.backend.save_hf, path)
+
+
+def _with_last(items):
+    """(item, is_last) for each item of an iterator (one item of lookahead)."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
 
 
 def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:

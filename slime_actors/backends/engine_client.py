@@ -135,6 +135,8 @@ class EngineClient:
         self._sem: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self.request_hook = None  # callable(method, path, json_body, params) -- used by the contract tests
+        # where /generate goes: this engine, or an sglang-router in front of several (control stays here)
+        self.generate_base_url: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _headers(self) -> dict:
@@ -149,24 +151,26 @@ class EngineClient:
         return self._session
 
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
-                       timeout: float | None = None, expect: str = "json", ok_statuses: Sequence[int] = ()) -> Any:
+                       timeout: float | None = None, expect: str = "json", ok_statuses: Sequence[int] = (),
+                       base_url: str | None = None) -> Any:
         """Send one request; returns (status, parsed body). Raises EngineError / EngineUnavailable / EngineTimeout."""
         if self.request_hook is not None:
             self.request_hook(method, path, body, params)
+        base = (base_url or self.base_url).rstrip("/")
         session = await self._get_session()
         t = self.timeout if timeout is None else timeout
         to = aiohttp.ClientTimeout(total=t, connect=min(self.connect_timeout, t) if t else self.connect_timeout)
         async with self._sem:
             try:
-                async with session.request(method, self.base_url + path, json=body, params=params,
+                async with session.request(method, base + path, json=body, params=params,
                                            timeout=to) as resp:
                     text = await resp.text()
                     status = resp.status
             except asyncio.TimeoutError:
-                raise EngineTimeout(path, None, f"no answer within {t} s from {self.base_url}") from None
+                raise EngineTimeout(path, None, f"no answer within {t} s from {base}") from None
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                     aiohttp.ClientOSError) as e:
-                raise EngineUnavailable(path, None, f"cannot reach {self.base_url}: {e}") from None
+                raise EngineUnavailable(path, None, f"cannot reach {base}: {e}") from None
             except aiohttp.ClientError as e:
                 raise EngineError(path, None, f"request failed: {e!r}") from None
         parsed: Any = None
@@ -212,7 +216,7 @@ class EngineClient:
         if rid is not None:
             body["rid"] = rid
         body.update(extra)
-        _, out = await self._request("POST", "/generate", body, timeout=timeout)
+        _, out = await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url)
         return out
 
     async def generate_text(self, text: str | list[str], sampling_params: dict, return_logprob: bool = True,
@@ -287,6 +291,17 @@ class EngineClient:
     async def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> dict:
         return await self._post_result("/destroy_weights_update_group", {"group_name": group_name})
 
+    async def update_weights_from_tensor(self, serialized_named_tensors: list[str], load_format: str | None = None,
+                                         flush_cache: bool = True, abort_all_requests: bool = False,
+                                         weight_version: str | None = None, timeout: float | None = None) -> dict:
+        """POST /update_weights_from_tensor (colocated engines). `serialized_named_tensors` holds one payload per
+        tensor-parallel rank of the engine, each SGLang's own serialization of the tensors as a base64 string
+        (`serialize_named_tensors`): they carry CUDA IPC handles, so the engine must run on the same host."""
+        body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
+                "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version}
+        return await self._post_result("/update_weights_from_tensor", body, timeout)
+
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> dict:
         return await self._post_result("/update_weight_version", {"new_version": new_version,
                                                                   "abort_all_requests": abort_all_requests})
@@ -302,6 +317,17 @@ class EngineClient:
             _, out = await self._request("GET", "/get_model_info")
         return out
 
+    async def get_server_info(self) -> dict:
+        """GET /server_info: the server's launch arguments, `version`, and per-DP `internal_states`
+        (/get_server_info is the deprecated alias, tried on 404)."""
+        try:
+            _, out = await self._request("GET", "/server_info")
+        except EngineError as e:
+            if e.status != 404:
+                raise
+            _, out = await self._request("GET", "/get_server_info")
+        return out
+
     async def get_weight_version(self) -> str:
         """The engine's weight version. SGLang 0.5.15.post1 answers 404 on /get_weight_version (deprecated) and
         reports it in /model_info, so that is where it is read."""
@@ -309,3 +335,98 @@ class EngineClient:
         if "weight_version" not in info:
             raise EngineError("/model_info", 200, "no weight_version in the answer", info)
         return str(info["weight_version"])
+
+
+# -- engine capabilities ------------------------------------------------------------------------------------------
+
+# The SGLang version whose API this client was checked against (tests/data/sglang_api_0.5.15.post1.json).
+CHECKED_SGLANG_VERSION = (0, 5, 15)
+
+
+def parse_version(v: str | None) -> tuple[int, ...] | None:
+    """"0.5.15.post1" -> (0, 5, 15); None when it is not a plain version."""
+    import re
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(v or ""))
+    return tuple(int(x) for x in m.groups() if x is not None) if m else None
+
+
+def supports_flattened_bucket(server_info: dict) -> bool:
+    """Whether the engine takes load_format="flattened_bucket" on /update_weights_from_distributed: the local engine
+    and SGLang from the version checked here on (older ones get one broadcast per tensor)."""
+    version = str(server_info.get("version", ""))
+    if "local engine" in version:
+        return True
+    parsed = parse_version(version)
+    return parsed is not None and parsed >= CHECKED_SGLANG_VERSION
+
+
+def serialize_named_tensors(named_tensors: list, tp_size: int = 1,
+                            flattened: bool = True) -> tuple[list[str], str | None]:
+    """The body of /update_weights_from_tensor for these tensors, made with SGLang's own serializer
+    (`sglang.srt.utils.MultiprocessingSerializer`, which pickles CUDA IPC handles: SGLang's HTTP payload, never an
+    actor message). Returns (serialized_named_tensors, load_format): one base64 payload per TP rank of the engine
+    (each rank maps the full tensors and takes its shard), and "flattened_bucket" when the tensors travel as one
+    `FlattenedTensorBucket`. Needs the `sglang` package; the tensors must stay alive until the engine answered."""
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError as exc:
+        raise RuntimeError("/update_weights_from_tensor needs SGLang's serializer (the sglang package) in the "
+                           f"trainer process: {exc}; use --update-weight-transport distributed or disk") from None
+    try:
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+        monkey_patch_torch_reductions()  # CUDA IPC handles name the device by UUID (engines see other indices)
+    except ImportError:
+        pass
+    load_format = None
+    payload: object = [(name, t) for name, t in named_tensors]
+    if flattened:
+        try:
+            from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+        except ImportError:
+            FlattenedTensorBucket = None
+        if FlattenedTensorBucket is not None and getattr(FlattenedTensorBucket, "supports_multi_dtypes", False):
+            bucket = FlattenedTensorBucket(named_tensors=list(payload))
+            payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+            load_format = "flattened_bucket"
+    data = MultiprocessingSerializer.serialize(payload, output_str=True)
+    return [data] * max(1, int(tp_size)), load_format
+
+
+class RouterClient:
+    """The sglang-router's worker registry (sglang-router 0.3.2, as slime uses it): POST /workers {url,
+    worker_type} registers an engine (the router answers 202 and adds it in the background), GET /workers lists
+    {"workers": [{"id", "url", ...}]}, DELETE /workers/{id} removes one."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0):
+        self._c = EngineClient(base_url, timeout=timeout, max_concurrency=8)
+        self.base_url = self._c.base_url
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        return await self._c.health(timeout)
+
+    async def list_workers(self) -> list[dict]:
+        _, out = await self._c._request("GET", "/workers")
+        workers = out.get("workers", []) if isinstance(out, dict) else out
+        if not isinstance(workers, list):
+            raise EngineError("/workers", 200, f"unexpected answer {str(out)[:200]}", out)
+        return workers
+
+    async def add_worker(self, url: str, api_key: str | None = None) -> None:
+        body: dict[str, Any] = {"url": url, "worker_type": "regular"}
+        if api_key:
+            body["api_key"] = api_key
+        await self._c._request("POST", "/workers", body, expect="text")
+
+    async def remove_worker(self, url: str) -> bool:
+        """Remove the worker registered at `url`; False if the router does not list it."""
+        for w in await self.list_workers():
+            if str(w.get("url", "")).rstrip("/") == url.rstrip("/"):
+                await self._c._request("DELETE", f"/workers/{w['id']}", expect="text")
+                return True
+        return False
+
+    async def has_worker(self, url: str) -> bool:
+        return any(str(w.get("url", "")).rstrip("/") == url.rstrip("/") for w in await self.list_workers())
+
+    async def close(self) -> None:
+        await self._c.close()

@@ -1229,22 +1229,9 @@ class Server:
 
 # -- command line ----------------------------------------------------------------------------------------------
 
-# SGLang flags that mean nothing for this engine: accepted (so one launch line serves both) and ignored.
-IGNORED_VALUE_FLAGS = ["--mem-fraction-static", "--cuda-graph-max-bs", "--chunked-prefill-size", "--max-total-tokens",
-                       "--max-prefill-tokens", "--schedule-policy", "--attention-backend", "--sampling-backend",
-                       "--kv-cache-dtype", "--served-model-name", "--load-format", "--tokenizer-mode",
-                       "--watchdog-timeout", "--nnodes", "--node-rank", "--dist-init-addr", "--quantization",
-                       "--log-level-http", "--stream-interval", "--rl-on-policy-target", "--max-queued-requests",
-                       "--revision", "--chat-template", "--gpu-id-step", "--decode-log-interval",
-                       "--mm-attention-backend",
-                       "--prefill-attention-backend", "--decode-attention-backend", "--moe-runner-backend",
-                       "--speculative-algorithm", "--schedule-conservativeness", "--cuda-graph-bs",
-                       "--preferred-sampling-params", "--tool-call-parser", "--reasoning-parser"]
-IGNORED_BOOL_FLAGS = ["--disable-cuda-graph", "--disable-radix-cache", "--skip-server-warmup",
-                      "--enable-deterministic-inference", "--log-requests", "--enable-metrics", "--enable-memory-saver",
-                      "--disable-custom-all-reduce", "--enable-torch-compile", "--disable-overlap-schedule",
-                      "--enable-dp-attention", "--allow-auto-truncate", "--enable-mixed-chunk",
-                      "--enable-return-hidden-states", "--disable-cuda-graph-padding", "--show-time-cost"]
+# Every other launch flag of SGLang 0.5.15.post1 (the table recorded from its ServerArgs, sglang_flags.py) is accepted
+# and ignored -- memory fractions, CUDA graphs, radix cache, kernels, ... -- so one launch line serves both engines;
+# the ones given are logged at start-up. A flag SGLang does not have is an error, as it would be for SGLang.
 MULTI_DEVICE_FLAGS = {"tp_size": "--tp-size", "dp_size": "--dp-size", "pp_size": "--pp-size", "ep_size": "--ep-size"}
 
 
@@ -1273,10 +1260,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--log-level", default=None)
     p.add_argument("--log-dir", default=None, help="(local) write JSON logs under LOG_DIR/logs/")
-    for f in IGNORED_VALUE_FLAGS:
-        p.add_argument(f, default=None, help=argparse.SUPPRESS)
-    for f in IGNORED_BOOL_FLAGS:
-        p.add_argument(f, action="store_true", help=argparse.SUPPRESS)
+    from slime_actors.backends.sglang_flags import SERVER_FLAGS
+    ours = {o for a in p._actions for o in a.option_strings}
+    for f, nargs in SERVER_FLAGS.items():
+        if f in ours:
+            continue
+        dest = "ignored__" + f[2:].replace("-", "_")
+        if nargs == 0:
+            p.add_argument(f, dest=dest, action="store_true", help=argparse.SUPPRESS)
+        else:
+            p.add_argument(f, dest=dest, nargs=nargs, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -1287,9 +1280,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, dest) != 1:
             p.error(f"{flag} {getattr(args, dest)}: the local engine runs one model replica on one device; "
                     f"use SGLang (sglang.launch_server) for {flag} > 1")
-    ignored = [f for f in IGNORED_VALUE_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
-    ignored += [f for f in IGNORED_BOOL_FLAGS if getattr(args, f[2:].replace("-", "_"))]
-    args.ignored_flags = ignored
+    args.ignored_flags = sorted("--" + k[len("ignored__"):].replace("_", "-") for k, v in vars(args).items()
+                                if k.startswith("ignored__") and v not in (None, False))
     return args
 
 

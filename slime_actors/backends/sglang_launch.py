@@ -1,0 +1,291 @@
+"""The launch commands of generation engines and of the sglang-router, built in one place from the job's flags.
+
+    module, argv = engine_command(args, index=0, port=30001)      # what rollout worker `index` runs
+    check_engine_flags(module, argv)                              # SGLangFlagError naming a flag SGLang lacks
+    proc = launch_engine(module, argv, ...)                       # slime_actors.backends.engine_process
+
+Both engines get the same flags: `python -m sglang.launch_server` (`--rollout-engine sglang`) or
+`python -m slime_actors.backends.local_engine` (`local`), with
+
+    --model-path HF_CHECKPOINT --host 127.0.0.1 --port PORT --tp-size N --random-seed SEED+INDEX
+    --weight-version 0 [--api-key KEY] [--base-gpu-id G] [local engine: --device D --max-running-requests M]
+    + every `--sglang-<flag> [value ...]` of the job, passed on as `--<flag> [value ...]` (slime's convention)
+
+N is `--rollout-num-gpus-per-engine` divided by a passed-through `--sglang-pp-size` (as slime does); G is the
+engine's first GPU (`--device cuda`): after the trainer's GPUs (`--actor-num-gpus-per-node`), or on them with
+`--colocate`, modulo `--num-gpus-per-node` -- unless `--sglang-base-gpu-id` says otherwise. The flags the worker
+sets itself (`OWNED_FLAGS`) cannot be passed through: that is an error naming the flag to use instead.
+
+Validation: with the `sglang` package importable, the command is parsed by SGLang's own parser
+(`ServerArgs.add_cli_args`, as `sglang.launch_server` builds it), so a flag this SGLang does not know, a missing
+value or a value outside its choices is an error naming the flag -- before anything is launched. Without it, the
+flag names are checked against the table recorded from SGLang 0.5.15.post1's source (`sglang_flags.py`); the
+local engine accepts exactly those flags (ignoring the ones that mean nothing to it).
+
+The router: `python -m sglang_router.launch_router --host H --port P ...` plus every `--router-<flag>` as
+`--<flag>`; the rollout workers register their engines with it (`POST /workers`) and send generation there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import importlib.util
+from collections.abc import Sequence
+
+from slime_actors.log import get_logger
+
+from . import sglang_flags
+
+log = get_logger(component="sglang_launch")
+
+SGLANG_MODULE = "sglang.launch_server"
+LOCAL_ENGINE_MODULE = "slime_actors.backends.local_engine"
+ROUTER_MODULE = "sglang_router.launch_router"
+RECORDED_SGLANG_VERSION = sglang_flags.SGLANG_VERSION
+RECORDED_ROUTER_VERSION = sglang_flags.ROUTER_VERSION
+
+# flags the rollout worker sets; the job flag that controls each instead of a passthrough --sglang-<flag>
+OWNED_FLAGS = {
+    "--model-path": "--hf-checkpoint", "--model": "--hf-checkpoint",
+    "--port": "nothing (the rollout worker picks a free port)",
+    "--tp-size": "--rollout-num-gpus-per-engine", "--tensor-parallel-size": "--rollout-num-gpus-per-engine",
+    "--random-seed": "--seed (engine i gets seed + i)",
+    "--weight-version": "nothing (an engine starts at version 0; updates set it)",
+    "--api-key": "--engine-api-key",
+}
+# router flags the rollout workers set: host/port come from --sglang-router-ip/--sglang-router-port, workers register
+OWNED_ROUTER_FLAGS = {"--host": "--sglang-router-ip", "--port": "--sglang-router-port",
+                      "--worker-urls": "nothing (each rollout worker registers its engine)"}
+
+
+class SGLangFlagError(ValueError):
+    """A launch flag SGLang (or the router) would refuse, or one the rollout worker owns. The message names it."""
+
+
+# -- argv helpers --------------------------------------------------------------------------------------------
+
+def split_flags(argv: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """["--a", "1", "--b", "--c=x", "y"] -> [("--a", ["1"]), ("--b", []), ("--c", ["x", "y"])]. A token that does
+    not start with "--" belongs to the flag before it; one before any flag is an error."""
+    out: list[tuple[str, list[str]]] = []
+    for tok in argv:
+        tok = str(tok)
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, val = tok.partition("=")
+            out.append((name, [val] if eq else []))
+        elif out:
+            out[-1][1].append(tok)
+        else:
+            raise SGLangFlagError(f"{tok!r} is not a flag (flags start with --)")
+    return out
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The (last) value of any of `names` in argv, or None."""
+    val = None
+    for name, vals in split_flags(argv):
+        if name in names:
+            val = vals[0] if vals else ""
+    return val
+
+
+def _suggest(flag: str, known) -> str:
+    close = difflib.get_close_matches(flag, list(known), n=3, cutoff=0.75)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+# -- the engine command ---------------------------------------------------------------------------------------
+
+def base_gpu_id(args: argparse.Namespace, index: int) -> int | None:
+    """First GPU of engine `index` on its node (slime's placement), or None off GPU."""
+    if str(getattr(args, "device", "cpu")).split(":")[0] != "cuda":
+        return None
+    per_engine = max(1, int(args.rollout_num_gpus_per_engine))
+    per_node = max(1, int(getattr(args, "num_gpus_per_node", 8) or 8))
+    start = 0 if getattr(args, "colocate", False) or getattr(args, "debug_rollout_only", False) \
+        else int(args.actor_num_gpus_per_node)
+    return (start + index * min(per_engine, per_node)) % per_node
+
+
+def check_passthrough_owned(sglang_args: Sequence[str]) -> None:
+    for name, _ in split_flags(sglang_args):
+        if name in OWNED_FLAGS:
+            raise SGLangFlagError(f"--sglang-{name[2:]} cannot be passed through: the rollout worker sets {name} "
+                                  f"itself; use {OWNED_FLAGS[name]}")
+
+
+def engine_command(args: argparse.Namespace, index: int, port: int, host: str | None = None
+                   ) -> tuple[str, list[str]]:
+    """(module, argv) of rollout worker `index`'s engine. See the module docstring for the flags."""
+    passthrough = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
+    check_passthrough_owned(passthrough)
+    module = SGLANG_MODULE if args.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
+    pp = flag_value(passthrough, "--pp-size", "--pipeline-parallel-size")
+    pp = int(pp) if pp else 1
+    gpus = int(args.rollout_num_gpus_per_engine)
+    if pp < 1 or gpus % pp:
+        raise SGLangFlagError(f"--rollout-num-gpus-per-engine ({gpus}) must be a multiple of --sglang-pp-size ({pp})")
+    if host is None:
+        host = flag_value(passthrough, "--host") or "127.0.0.1"
+    argv = ["--model-path", str(args.hf_checkpoint), "--port", str(int(port)), "--tp-size", str(gpus // pp),
+            "--random-seed", str(int(args.seed) + index), "--weight-version", "0"]
+    if flag_value(passthrough, "--host") is None:
+        argv[2:2] = ["--host", host]
+    if getattr(args, "engine_api_key", None):
+        argv += ["--api-key", str(args.engine_api_key)]
+    gpu = base_gpu_id(args, index)
+    if gpu is not None and flag_value(passthrough, "--base-gpu-id") is None:
+        argv += ["--base-gpu-id", str(gpu)]
+    if module == LOCAL_ENGINE_MODULE:
+        argv += ["--device", str(args.device), "--max-running-requests", str(int(args.engine_max_batch_size))]
+    return module, argv + passthrough
+
+
+# -- validation -----------------------------------------------------------------------------------------------
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print and exit; we want the message
+        raise SGLangFlagError(message)
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_with_parser(parser: argparse.ArgumentParser, argv: list[str], what: str) -> argparse.Namespace:
+    try:
+        ns, extra = parser.parse_known_args(argv)
+    except SGLangFlagError as exc:
+        raise SGLangFlagError(f"{what} refuses the launch flags: {exc}") from None
+    unknown = [t.split("=", 1)[0] for t in extra if t.startswith("-")]
+    if unknown or extra:
+        known = [o for a in parser._actions for o in a.option_strings]
+        bad = unknown[0] if unknown else extra[0]
+        raise SGLangFlagError(f"{bad} is not a launch flag of {what}{_suggest(bad, known)}"
+                              + (f" (also unknown: {' '.join(unknown[1:])})" if len(unknown) > 1 else ""))
+    return ns
+
+
+def _check_with_table(argv: list[str], table: dict, what: str) -> None:
+    for name, vals in split_flags(argv):
+        if name not in table:
+            raise SGLangFlagError(f"{name} is not a launch flag of {what}{_suggest(name, table)}")
+        nargs = table[name]
+        if nargs == 0 and vals:
+            raise SGLangFlagError(f"{name} takes no value in {what}, got {' '.join(vals)!r}")
+        if nargs is None and len(vals) != 1:
+            raise SGLangFlagError(f"{name} takes one value in {what}, got {len(vals)}")
+        if nargs == "+" and not vals:
+            raise SGLangFlagError(f"{name} takes at least one value in {what}")
+
+
+def sglang_server_args():
+    """SGLang's ServerArgs class when the `sglang` package is importable here, else None."""
+    if not _importable("sglang"):
+        return None
+    try:
+        return importlib.import_module("sglang.srt.server_args").ServerArgs
+    except Exception as exc:  # installed but broken (e.g. no GPU libraries here): fall back to the table
+        log.warning("sglang is installed but its ServerArgs cannot be imported; checking launch flags against the "
+                    f"table recorded from SGLang {RECORDED_SGLANG_VERSION}", error=repr(exc))
+        return None
+
+
+def check_sglang_flags(argv: Sequence[str]) -> str:
+    """Check `python -m sglang.launch_server <argv>`'s flags; returns what they were checked against.
+    Raises SGLangFlagError naming the offending flag."""
+    argv = [str(a) for a in argv]
+    server_args = sglang_server_args()
+    if server_args is not None:
+        version = getattr(importlib.import_module("sglang"), "__version__", "?")
+        what = f"SGLang {version} (sglang.srt.server_args.ServerArgs)"
+        parser = _RaisingParser(prog="sglang.launch_server", add_help=False)
+        server_args.add_cli_args(parser)
+        _check_with_parser(parser, argv, what)
+        return what
+    what = f"SGLang {RECORDED_SGLANG_VERSION} (recorded table; sglang is not importable here)"
+    split_flags(argv)
+    _check_with_table(argv, sglang_flags.SERVER_FLAGS, what)
+    if flag_value(argv, "--model-path", "--model") is None:
+        raise SGLangFlagError(f"--model-path is required by {what}")
+    return what
+
+
+def check_engine_flags(module: str, argv: Sequence[str]) -> str:
+    """Check an engine command before launching it. The local engine accepts SGLang's flags (it has its own parser
+    and refuses what it cannot do at start-up); SGLang's are checked by `check_sglang_flags`."""
+    if module == SGLANG_MODULE:
+        return check_sglang_flags(argv)
+    _check_with_table([str(a) for a in argv], {**sglang_flags.SERVER_FLAGS, "--max-batch-size": None,
+                                               "--log-dir": None},
+                      f"the local engine (SGLang {RECORDED_SGLANG_VERSION} flags)")
+    return "local engine"
+
+
+def check_passthrough(args: argparse.Namespace) -> str:
+    """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched)."""
+    sglang_args = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
+    check_passthrough_owned(sglang_args)
+    if args.rollout_engine == "sglang" and not getattr(args, "rollout_external_engine_addrs", None):
+        module, argv = engine_command(args, 0, 30000)
+        what = check_engine_flags(module, argv)
+    else:
+        _check_with_table(sglang_args, sglang_flags.SERVER_FLAGS,
+                          f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
+        what = "recorded table"
+    if getattr(args, "router_args", None) or getattr(args, "use_sglang_router", False):
+        router_command(args, "127.0.0.1", 30000, check=True)
+    return what
+
+
+# -- the router -----------------------------------------------------------------------------------------------
+
+def sglang_router_args():
+    if not _importable("sglang_router"):
+        return None
+    try:
+        return importlib.import_module("sglang_router.router_args").RouterArgs
+    except Exception as exc:
+        log.warning("sglang_router is installed but RouterArgs cannot be imported", error=repr(exc))
+        return None
+
+
+def check_router_flags(argv: Sequence[str]) -> str:
+    argv = [str(a) for a in argv]
+    router_args = sglang_router_args()
+    if router_args is not None:
+        what = "sglang-router (sglang_router.router_args.RouterArgs)"
+        parser = _RaisingParser(prog="sglang_router.launch_router", add_help=False)
+        router_args.add_cli_args(parser, use_router_prefix=False)
+        _check_with_parser(parser, argv, what)
+        return what
+    what = f"sglang-router {RECORDED_ROUTER_VERSION} (recorded table; sglang_router is not importable here)"
+    _check_with_table(argv, sglang_flags.ROUTER_FLAGS, what)
+    return what
+
+
+def router_command(args: argparse.Namespace, host: str, port: int, prometheus_port: int | None = None,
+                   check: bool = False) -> tuple[str, list[str]]:
+    """(module, argv) of the router the rollout workers share. Like slime, the router's own health checks and
+    circuit breaker are off (the rollout workers probe their engines and restart them), unless the job's --router-*
+    flags set them."""
+    passthrough = [str(a) for a in (getattr(args, "router_args", None) or [])]
+    given = {name for name, _ in split_flags(passthrough)}
+    for name in given & set(OWNED_ROUTER_FLAGS):
+        raise SGLangFlagError(f"--router-{name[2:]} cannot be passed through: use {OWNED_ROUTER_FLAGS[name]}")
+    argv = ["--host", host, "--port", str(int(port))]
+    if not given & {"--disable-health-check", "--health-check-interval-secs", "--health-check-endpoint"}:
+        argv.append("--disable-health-check")
+    if not given & {"--disable-circuit-breaker", "--cb-failure-threshold"}:
+        argv.append("--disable-circuit-breaker")
+    if prometheus_port is not None and "--prometheus-port" not in given:
+        argv += ["--prometheus-port", str(int(prometheus_port))]
+    argv += passthrough
+    if check:
+        check_router_flags(argv)
+    return ROUTER_MODULE, argv
