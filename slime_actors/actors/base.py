@@ -34,7 +34,7 @@ from ..log import get_logger
 from ..mailbox import codec
 from ..mailbox.codec import ProtocolError
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
-from ..mailbox.mailbox import Inbound, Mailbox, current_cause, unpack_error
+from ..mailbox.mailbox import Inbound, Mailbox, _refs_of, current_cause, unpack_error
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
 from ..traces.writer import TraceWriter, trace_file_name
@@ -100,6 +100,8 @@ class Actor:
         self._idem_max = 4096
         self._running = False
         self._trace = None  # the trace writer's queue append, once started with tracing on
+        self._tpack = None
+        self._tlimit = -1
 
     # ------------------------------------------------------------------------------------------ hooks
     async def on_start(self) -> None:
@@ -140,6 +142,10 @@ class Actor:
         self._tpack = getattr(self.tracer, "pack_record", None)
         if self._tpack is None:
             self._trace = None  # a tracer without the fast entries: use its record()
+        else:
+            # requests' recv records are written here, merged with the handled record for synchronous handlers
+            self._tlimit = self.tracer.body_limit
+            self.mailbox.defer_recv_trace = True
         bound = await self.mailbox.bind(endpoint or runtime.bind_endpoint(self.name))
         self.endpoint = runtime.public_endpoint(bound)
         for name, ep in runtime.static_peers.items():
@@ -216,10 +222,37 @@ class Actor:
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
         return await self.mailbox.tell(to, method, body, host_copy=host_copy)
 
-    def record_input(self, name: str, value: Any) -> None:
+    def record_input(self, name: str, value: Any, key: str | None = None) -> None:
         """Record a nondeterministic input (engine output, clock) in the trace for replay."""
         if self.tracer is not None:
-            self.tracer.record_input(name, value)
+            self.tracer.record_input(name, value, key)
+
+    @property
+    def replaying(self) -> bool:
+        """True while `slime-actors replay` runs this actor against a recording (no engine, no network)."""
+        return getattr(self.tracer, "replaying", False)
+
+    def recorded(self, name: str, fn, *args, key: str | None = None) -> Any:
+        """`fn(*args)`, recorded in the trace as a nondeterministic input (a clock reading, a random draw); under
+        replay, the recorded value instead (fn is not called)."""
+        if self.tracer is not None and self.replaying:
+            return self.tracer.replay_input(name, key)
+        value = fn(*args)
+        self.record_input(name, value, key)
+        return value
+
+    async def recorded_async(self, name: str, fn, *args, key: str | None = None, **kwargs) -> Any:
+        """`await fn(*args, **kwargs)` as a recorded input (an engine's answer); under replay the recorded answer,
+        delivered at the time it was recorded (slime_actors/traces/replay.py)."""
+        if self.tracer is not None and self.replaying:
+            return await self.tracer.replay_input_async(name, key)
+        try:
+            value = await fn(*args, **kwargs)
+        except Exception as exc:  # a failure is an input too: replay raises it again
+            self.record_input(name, {"__raised__": type(exc).__name__, "message": str(exc)[:2000]}, key)
+            raise
+        self.record_input(name, value, key)
+        return value
 
     async def _resolve(self, name: str) -> str:
         if name in self.runtime.static_peers:
@@ -252,6 +285,8 @@ class Actor:
         h = inbound.header
         kind = h["kind"]
         if kind == "hb":
+            if inbound.t_ns:
+                self._trace_recv(inbound)
             self.on_heartbeat(h)
             return
         method = h["method"]
@@ -280,6 +315,8 @@ class Actor:
             key = (h["from"], idem)
             cached = self._idem.get(key)
             if cached is not None:
+                if inbound.t_ns:
+                    self._trace_recv(inbound)
                 self.spawn(self._answer_duplicate(inbound, cached), name="duplicate")
                 return
             self._idem[key] = asyncio.get_running_loop().create_future()
@@ -288,6 +325,8 @@ class Actor:
         token = current_cause.set((h["trace"], h["id"]))
         try:
             if hd.is_async:
+                if inbound.t_ns:
+                    self._trace_recv(inbound)
                 self._busy += 1
                 if self._busy >= self.runtime.mailbox.max_concurrency:
                     self.mailbox.pause_receiving(True)
@@ -325,32 +364,49 @@ class Actor:
     def _succeeded(self, inbound: Inbound, result: Any, t0: int) -> None:
         self.counters["handled"] += 1
         h = inbound.header
-        trace = self._trace
-        if trace is not None:
-            trace(self._tpack(("handled", _time_ns(), inbound.header_bytes, None, 0, None, None,
-                               {"outcome": "ok", "dur_ns": _monotonic_ns() - t0})))
-        elif self.tracer is not None:
-            self.tracer.record("handled", inbound.header_bytes, None,
-                               extra={"outcome": "ok", "dur_ns": _monotonic_ns() - t0})
+        if self.tracer is not None:
+            done = _time_ns()
+            extra = {"outcome": "ok", "dur_ns": _monotonic_ns() - t0}
         if h["kind"] == "ask":
             if h.get("idem") is not None:
                 self._remember(h, ("reply", result))
             self._send_reply(inbound, result, None)
+        if self.tracer is not None:  # after the reply: the asker need not wait for the trace
+            self._trace_handled(inbound, extra, done)
 
     def _failed(self, inbound: Inbound, exc: BaseException, t0: int) -> None:
         self.counters["failed"] += 1
         h = inbound.header
         err = unpack_error(exc, self.name, h["method"])
         if self.tracer is not None:
-            self.tracer.record("handled", inbound.header_bytes, None,
-                               extra={"outcome": "error", "error": f"{err['type']}: {err['message']}"[:2000],
-                                      "dur_ns": time.monotonic_ns() - t0})
+            self._trace_handled(inbound, {"outcome": "error", "error": f"{err['type']}: {err['message']}"[:2000],
+                                          "dur_ns": time.monotonic_ns() - t0}, _time_ns())
         self.log.error("handler failed", method=h["method"], sender=h["from"], error=f"{err['type']}: {exc}")
         if h["kind"] == "ask":
             self._remember(h, ("error", err))
             self._send_reply(inbound, None, err)
         if type(self).on_failure is not Actor.on_failure:
             self.spawn(self.on_failure(exc, h), name="on_failure")
+
+    def _trace_recv(self, inbound: Inbound, extra: dict | None = None) -> None:
+        """Write the recv record the mailbox left to us (Inbound.t_ns), once."""
+        t, inbound.t_ns = inbound.t_ns, 0
+        body, arrays = inbound.body_bytes, inbound.arrays
+        if not arrays and len(body) <= self._tlimit:
+            self._trace(self._tpack(("recv", t, inbound.header_bytes, body, len(body), None, None, extra)))
+        else:
+            self._trace(("recv", t, inbound.header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
+                         extra))
+
+    def _trace_handled(self, inbound: Inbound, extra: dict, t: int) -> None:
+        """Record a request's outcome: merged into its recv record when that is not written yet (one record)."""
+        if inbound.t_ns:
+            extra["t"] = t
+            self._trace_recv(inbound, {"handled": extra})
+        elif self._trace is not None:
+            self._trace(self._tpack(("handled", t, inbound.header_bytes, None, 0, None, None, extra)))
+        else:
+            self.tracer.record("handled", inbound.header_bytes, None, extra=extra)
 
     def _remember(self, h: dict, outcome) -> None:
         idem = h.get("idem")
@@ -366,8 +422,7 @@ class Actor:
             cached = await cached
         kind, value = cached
         if self.tracer is not None:  # answered without running the handler: traced as handled from the cache
-            self.tracer.record("handled", inbound.header_bytes, None,
-                               extra={"outcome": "cached", "cached": kind, "dur_ns": 0})
+            self._trace_handled(inbound, {"outcome": "cached", "cached": kind, "dur_ns": 0}, _time_ns())
         await self.mailbox.reply(inbound, value if kind == "reply" else None,
                                  error=value if kind == "error" else None)
 
@@ -383,8 +438,8 @@ class Actor:
     def _reject(self, inbound: Inbound, typ: str, message: str, is_ask: bool) -> None:
         h = inbound.header
         if self.tracer is not None:
-            self.tracer.record("handled", inbound.header_bytes, None,
-                               extra={"outcome": "rejected", "error": f"{typ}: {message}"[:2000], "dur_ns": 0})
+            self._trace_handled(inbound, {"outcome": "rejected", "error": f"{typ}: {message}"[:2000], "dur_ns": 0},
+                                _time_ns())
         self.log.warning("request rejected", method=h.get("method"), sender=h.get("from"), error=message)
         if is_ask:
             self._send_reply(inbound, None, {"type": typ, "message": message, "peer": self.name,

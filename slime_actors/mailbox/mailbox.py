@@ -68,13 +68,17 @@ class MailboxConfig:
 
 
 class Inbound:
-    """A request as the actor sees it: decoded header, raw header and body bytes, array frames, reply route."""
+    """A request as the actor sees it: decoded header, raw header and body bytes, array frames, reply route.
 
-    __slots__ = ("header", "header_bytes", "body_bytes", "arrays", "identity")
+    `t_ns` is the arrival time when the mailbox left the request's `recv` trace record to the handler side (see
+    Mailbox.defer_recv_trace), else 0."""
 
-    def __init__(self, header: dict, header_bytes: bytes, body_bytes: bytes, arrays: list, identity: bytes):
+    __slots__ = ("header", "header_bytes", "body_bytes", "arrays", "identity", "t_ns")
+
+    def __init__(self, header: dict, header_bytes: bytes, body_bytes: bytes, arrays: list, identity: bytes,
+                 t_ns: int = 0):
         self.header, self.header_bytes, self.body_bytes = header, header_bytes, body_bytes
-        self.arrays, self.identity = arrays, identity
+        self.arrays, self.identity, self.t_ns = arrays, identity, t_ns
 
 
 class _Sock:
@@ -284,6 +288,9 @@ class Mailbox:
         self._trace = getattr(tracer, "append", None) if tracer is not None else None
         self._tpack = getattr(tracer, "pack_record", None) if self._trace is not None else None
         self._tlimit = getattr(tracer, "body_limit", 0) if self._tpack is not None else -1
+        # Set by an owner that records each request's arrival itself, together with its handling when that is
+        # synchronous (one trace record instead of two): the mailbox then only stamps Inbound.t_ns.
+        self.defer_recv_trace = False
 
     # ------------------------------------------------------------------------------------------ set-up/teardown
     async def bind(self, endpoint: str) -> str:
@@ -642,6 +649,9 @@ class Mailbox:
             return
         self.stats["received"] += 1
         arrays = frames[3:]
+        if self.defer_recv_trace:
+            self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity, _time_ns()))
+            return
         if self._trace is not None:
             body = frames[2]
             if not arrays and len(body) <= self._tlimit:

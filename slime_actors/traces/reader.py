@@ -56,13 +56,30 @@ class Event:
     def kind(self) -> str | None:
         return self.header.get("kind") if self.header else None
 
+    @property
+    def name(self) -> str | None:
+        """An input record's name (record_input), else None."""
+        return self.extra.get("name") if self.ev == "input" and isinstance(self.extra, dict) else None
+
+    @property
+    def omitted(self) -> bool:
+        """True when the body was over the writer's limit and only its size and checksum were kept."""
+        return self.body_raw is None and bool(self.body_size)
+
     def body(self) -> Any:
-        """The decoded body; arrays appear as {'__array__': dtype, 'shape': ..., 'hash': ...} (or their data)."""
+        """The decoded body; arrays appear as {'__array__': dtype, 'shape': ..., 'hash': ...} (or their data).
+
+        A body that does not decode raises TraceFormatError naming the file and the record's offset."""
         if self.body_raw is None:
             if self.body_size:
                 return {"__omitted__": True, "size": self.body_size, "hash": self.body_hash}
             return None
-        return decode_recorded_body(self.body_raw, self.arrays)
+        try:
+            return decode_recorded_body(self.body_raw, self.arrays)
+        except Exception as exc:
+            raise TraceFormatError(self.file or "?", self.offset,
+                                   f"expected a msgpack body in this {self.ev} record, could not decode: "
+                                   f"{type(exc).__name__}: {exc}") from None
 
 
 def decode_recorded_body(raw: bytes, arrays: list | None) -> Any:
@@ -86,6 +103,7 @@ class TraceFile:
     meta: dict
     events: list[Event]
     truncated: bool = False
+    truncated_at: int = 0
 
 
 def read_file(path: str | os.PathLike) -> TraceFile:
@@ -104,12 +122,19 @@ def read_file(path: str | os.PathLike) -> TraceFile:
         raise TraceFormatError(path, 0, f"expected a trace header map, could not decode: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != TRACE_FORMAT:
         raise TraceFormatError(path, 0, f"not a slime-actors trace (expected a map with format={TRACE_FORMAT!r})")
-    if meta.get("version") not in SUPPORTED:
-        raise TraceFormatError(path, 0, f"trace format version {meta.get('version')!r} is not supported by this "
-                                        f"reader (supported: {list(SUPPORTED)}; written by version {TRACE_VERSION})")
+    version = meta.get("version")
+    if type(version) is not int or version not in SUPPORTED:
+        hint = ""
+        if type(version) is int:
+            hint = (" (written by a newer slime-actors: upgrade to read it)" if version > max(SUPPORTED)
+                    else " (written by an older slime-actors, before trace files were versioned as they are now)")
+        raise TraceFormatError(path, 0, f"trace format version {version!r} is not supported by this reader{hint}; "
+                                        f"it reads versions {list(SUPPORTED)} and writes version {TRACE_VERSION} "
+                                        "(docs/trace-format.md)")
     actor = meta.get("actor", "?")
     events: list[Event] = []
     truncated = False
+    offset = 0
     while True:
         offset = up.tell()
         if offset >= len(data):
@@ -125,16 +150,52 @@ def read_file(path: str | os.PathLike) -> TraceFile:
             raise TraceFormatError(path, offset, "expected a record [event, time_ns, header, body, body_size, "
                                                  f"body_hash, arrays, extra], got {str(rec)[:120]}")
         ev, t, hraw, body, size, bhash, arrays, extra = rec
+        problem = _check_record(ev, hraw, body, size, arrays, extra)
+        if problem:
+            raise TraceFormatError(path, offset, problem)
         header = None
         if hraw is not None:
             try:
                 header = msgpack.unpackb(hraw, raw=False, strict_map_key=False)
             except Exception as exc:
                 raise TraceFormatError(path, offset, f"record header is not msgpack: {exc}") from None
-            if not isinstance(header, dict):
-                header = {"invalid": str(header)[:200]}
+            if not isinstance(header, dict) or not all(isinstance(header.get(k), str) for k in _HEADER_KEYS):
+                raise TraceFormatError(path, offset, "expected a message header map with string fields "
+                                                     f"{', '.join(_HEADER_KEYS)}, got {str(header)[:120]}")
+        if ev == "recv" and extra and "handled" in extra:
+            # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
+            handled = dict(extra["handled"])
+            th = handled.pop("t", t)
+            rest = {k: v for k, v in extra.items() if k != "handled"} or None
+            events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, rest, str(path), offset))
+            events.append(Event(actor, "handled", th, header, None, 0, None, None, handled, str(path), offset))
+            continue
         events.append(Event(actor, ev, t, header, body, size, bhash, arrays, extra, str(path), offset))
-    return TraceFile(path, meta, events, truncated)
+    return TraceFile(path, meta, events, truncated, offset if truncated else 0)
+
+
+EVENTS = ("send", "recv", "handled", "drop", "input")
+_HEADER_KEYS = ("id", "kind", "from", "to", "method")
+
+
+def _check_record(ev, hraw, body, size, arrays, extra) -> str | None:
+    """What is wrong with a decoded record's fields (None if nothing): a corrupt file can still be valid msgpack."""
+    if ev not in EVENTS:
+        return f"expected an event name ({', '.join(EVENTS)}), got {str(ev)[:40]!r}"
+    if hraw is not None and not isinstance(hraw, bytes):
+        return f"expected the header as bytes or nil, got {type(hraw).__name__}"
+    if hraw is None and ev in ("send", "recv", "handled"):
+        return f"a {ev} record must carry the message header"
+    if body is not None and not isinstance(body, bytes):
+        return f"expected the body as bytes or nil, got {type(body).__name__}"
+    if not isinstance(size, int) or size < 0:
+        return f"expected the body size as an int >= 0, got {size!r:.40}"
+    if arrays is not None and not (isinstance(arrays, list) and all(isinstance(a, list) and len(a) == 6
+                                                                    for a in arrays)):
+        return "expected arrays as nil or a list of [dtype, shape, kind, nbytes, checksum, data]"
+    if extra is not None and not isinstance(extra, dict):
+        return f"expected extra as a map or nil, got {type(extra).__name__}"
+    return None
 
 
 @dataclass
@@ -172,20 +233,34 @@ class TraceRun:
     files: list[TraceFile] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, *, skip_bad: bool = False):
+        """Read every trace file of a run. A bad file raises TraceFormatError, or with `skip_bad` is left out and
+        named in `problems` (the run must still hold at least one good file)."""
         self.root = Path(root)
-        d = self.root / "traces" if (self.root / "traces").is_dir() else self.root
-        if not d.exists():
-            raise TraceFormatError(self.root, 0, "no such run directory")
-        paths = sorted(d.glob("*.trace"))
-        if not paths:
-            raise TraceFormatError(d, 0, "no *.trace files here: is this a run directory?")
+        if self.root.is_file():
+            paths = [self.root]
+        else:
+            d = self.root / "traces" if (self.root / "traces").is_dir() else self.root
+            if not d.exists():
+                raise TraceFormatError(self.root, 0, "no such run directory")
+            paths = sorted(d.glob("*.trace"))
+            if not paths:
+                raise TraceFormatError(d, 0, "no *.trace files here: is this a run directory?")
         self.files, self.problems = [], []
         for p in paths:
-            tf = read_file(p)
+            try:
+                tf = read_file(p)
+            except TraceFormatError as exc:
+                if not skip_bad:
+                    raise
+                self.problems.append(f"skipped: {exc}")
+                continue
             if tf.truncated:
-                self.problems.append(f"{p}: ends mid-record (the process was killed); read what came before")
+                self.problems.append(f"{p}: at byte {tf.truncated_at}: ends mid-record (the process was killed?); "
+                                     "read what came before")
             self.files.append(tf)
+        if not self.files:
+            raise TraceFormatError(self.root, 0, "no readable trace file: " + "; ".join(self.problems))
 
     def actors(self) -> list[str]:
         return sorted({f.meta.get("actor", "?") for f in self.files})

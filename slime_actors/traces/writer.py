@@ -4,6 +4,10 @@ The mailbox calls `TraceWriter.record(...)` for every message it sends, receives
 appends a tuple to a deque; a writer thread drains the deque every `flush_interval` seconds, packs the records with
 msgpack and appends them to RUN_DIR/traces/<role>-<index>.<pid>.trace. Header and body bytes are the ones that went
 over the wire, so recording costs no extra encoding on the event loop.
+
+A record is the msgpack array [event, time_ns, header, body, body_size, body_hash, arrays, extra]. A request that an
+actor handled synchronously is written as one `recv` record whose extra holds {"handled": {..., "t": time_ns}}, the
+outcome that would otherwise be a separate `handled` record; the reader splits it back into the two events.
 """
 
 from __future__ import annotations
@@ -83,10 +87,16 @@ class TraceWriter:
         """Queue one record. `header`/`body` are the raw msgpack bytes (or memoryviews) of the frames."""
         self._q.append((ev, time.time_ns(), header, body, refs, buffers, extra))
 
-    def record_input(self, name: str, value: Any) -> None:
-        """Record a nondeterministic input (an engine's output, a clock reading) so replay can feed it back."""
-        self._q.append((INPUT, time.time_ns(), None, msgpack.packb(value, use_bin_type=True, default=_plain),
-                        None, None, {"name": name}))
+    def record_input(self, name: str, value: Any, key: str | None = None) -> None:
+        """Record a nondeterministic input (an engine's output, a clock reading) so replay can feed it back.
+
+        `key` tells apart inputs of one name that may arrive in another order on replay (an engine's answers to
+        concurrent requests): replay serves the recorded value with the same name and key. Inputs are kept in full
+        whatever the body limit (replay cannot do without them), so the record is packed here, complete."""
+        body = msgpack.packb(value, use_bin_type=True, default=_plain)
+        extra = {"name": name} if key is None else {"name": name, "key": key}
+        self._q.append(msgpack.packb([INPUT, time.time_ns(), None, body, len(body), None, None, extra],
+                                     use_bin_type=True))
 
     # -- writer thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:
