@@ -1,0 +1,221 @@
+"""What we send to SGLang and the sglang-router, and what we read back, held to the field lists recorded from their
+source (tests/data/sglang_api_0.5.15.post1.json, tests/data/sglang_server_args_0.5.15.post1.json): the endpoints this
+issue added (/server_info, /update_weights_from_tensor, the router's worker API, generation through a router),
+SGLang's serializer for colocated updates, and the local engine's answers for them. test_local_engine.py covers the
+rest of the API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from slime_actors.backends.engine_client import (EngineClient, EngineError, RouterClient, parse_generate_output,
+                                                 serialize_named_tensors, supports_flattened_bucket)
+from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, launch_engine
+from slime_actors.backends.weight_sync import find_free_port
+from slime_actors.models.tiny import make_tiny_model
+
+pytestmark = pytest.mark.timeout(300)
+
+DATA = Path(__file__).parent / "data"
+CONTRACT = json.loads((DATA / "sglang_api_0.5.15.post1.json").read_text())
+SERVER_ARGS = json.loads((DATA / "sglang_server_args_0.5.15.post1.json").read_text())
+FAKE_ROUTER = DATA / "sglang_fake_router"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = tmp_path_factory.mktemp("contract")
+    proc = launch_engine(LOCAL_ENGINE_MODULE, {"model-path": str(make_tiny_model(d / "m")), "random-seed": 0},
+                         log_path=d / "engine.log", startup_timeout=120)
+    yield proc
+    assert proc.stop() == 0
+
+
+def fields_of(request: str) -> set:
+    return set(CONTRACT["requests"][request]["fields"])
+
+
+def test_server_info_and_tensor_update_payloads(engine):
+    sent = []
+
+    async def go():
+        async with EngineClient(engine.base_url, timeout=30) as c:
+            c.request_hook = lambda m, p, b, q: sent.append((m, p, b))
+            info = await c.get_server_info()
+            with pytest.raises(EngineError) as ei:  # the local engine cannot map CUDA IPC handles: 400, clearly
+                await c.update_weights_from_tensor(["AAAA"], load_format="flattened_bucket", flush_cache=False,
+                                                   weight_version="3")
+            return info, ei.value
+    info, err = asyncio.run(go())
+    by_path = {e["path"]: e for e in CONTRACT["endpoints"].values()}
+    for method, path, body in sent:
+        assert method in by_path[path]["methods"], (method, path)
+        if body is not None:
+            assert set(body) <= fields_of(by_path[path]["request"]), set(body) - fields_of(by_path[path]["request"])
+    assert [p for _, p, _ in sent] == ["/server_info", "/update_weights_from_tensor"]
+    assert err.status == 400 and "update_weights_from_tensor is not supported by the local engine" in err.message
+    # what the rollout worker reads from /server_info exists in SGLang's answer (ServerArgs fields + version)
+    read = set(CONTRACT["fields_read_by_engine_client"]["server_info"])
+    declared = set(CONTRACT["responses"]["ServerInfo"]["fields"])
+    assert read <= declared and read <= set(info)
+    dests = {r["dest"] for r in SERVER_ARGS["flags"].values()}
+    assert declared - {"version", "internal_states", "kv_events"} <= dests
+    assert supports_flattened_bucket(info)  # the local engine takes flattened buckets
+    assert supports_flattened_bucket({"version": "0.5.15.post1"}) and supports_flattened_bucket({"version": "0.6.0"})
+    assert not supports_flattened_bucket({"version": "0.5.9"}) and not supports_flattened_bucket({})
+
+
+def test_generation_through_a_router_and_its_worker_api(engine, monkeypatch):
+    """RouterClient registers / lists / removes engines the way sglang-router 0.3.2 takes it, and an EngineClient with
+    generate_base_url sends /generate to the router while control requests stay with its own engine."""
+    monkeypatch.syspath_prepend(str(FAKE_ROUTER))
+    from sglang_router.launch_router import make_app
+    from aiohttp import web
+    router = CONTRACT["router"]
+    port = find_free_port()
+
+    async def go():
+        runner = web.AppRunner(make_app([]))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        sent = []
+        rc = RouterClient(url)
+        rc._c.request_hook = lambda m, p, b, q: sent.append((m, p, b))
+        try:
+            assert await rc.health()
+            await rc.add_worker(engine.base_url, api_key="k")
+            assert await rc.has_worker(engine.base_url)
+            async with EngineClient(engine.base_url, timeout=30) as c:
+                c.generate_base_url = url
+                paths = []
+                c.request_hook = lambda m, p, b, q: paths.append(p)
+                out = parse_generate_output(await c.generate([1, 5, 6], {"max_new_tokens": 3, "temperature": 0}))
+                await c.flush_cache()
+            listing = await rc._c._request("GET", "/workers")
+            assert await rc.remove_worker(engine.base_url) and not await rc.remove_worker(engine.base_url)
+            assert await rc.list_workers() == []
+            return out, listing[1], sent, paths
+        finally:
+            await rc.close()
+            await runner.cleanup()
+    out, listing, sent, paths = asyncio.run(go())
+    assert len(out.output_ids) == 3 and listing["stats"]["generate"] == 1  # it went through the router
+    assert paths == ["/generate", "/flush_cache"]
+    adds = [b for m, p, b in sent if (m, p) == ("POST", "/workers")]
+    assert adds == [{"url": engine.base_url, "worker_type": "regular", "api_key": "k"}]
+    assert set(adds[0]) <= set(router["endpoints"]["add_worker"]["request_fields"])
+    assert set(adds[0]) == set(router["fields_sent_by_router_client"]["add_worker"])
+    ops = {(m, p if not p.startswith("/workers/") else "/workers/{worker_id}") for m, p, _ in sent}
+    declared = {(m, e["path"]) for e in router["endpoints"].values() for m in e["methods"]}
+    assert ops <= declared, ops - declared
+
+
+FAKE_SGLANG_UTILS = '''
+import base64, io, pickle
+from multiprocessing.reduction import ForkingPickler
+
+class MultiprocessingSerializer:
+    """Same interface as sglang.srt.utils.MultiprocessingSerializer (utils/common.py:2622)."""
+    @staticmethod
+    def serialize(obj, output_str=False):
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(obj)
+        out = buf.getvalue()
+        return base64.b64encode(out).decode("utf-8") if output_str else out
+
+    @staticmethod
+    def deserialize(data):
+        if isinstance(data, str):
+            data = base64.b64decode(data, validate=True)
+        return pickle.loads(data)
+'''
+FAKE_TENSOR_BUCKET = '''
+from dataclasses import dataclass
+import torch
+
+@dataclass
+class FlattenedTensorMetadata:
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+class FlattenedTensorBucket:
+    """Same interface as sglang.srt.weight_sync.tensor_bucket.FlattenedTensorBucket."""
+    supports_multi_dtypes = True
+
+    def __init__(self, named_tensors=None, flattened_tensor=None, metadata=None):
+        if named_tensors is not None:
+            parts, self.metadata, i = [], [], 0
+            for name, t in named_tensors:
+                flat = t.flatten().view(torch.uint8)
+                self.metadata.append(FlattenedTensorMetadata(name, t.shape, t.dtype, i, i + flat.numel(), flat.numel()))
+                parts.append(flat)
+                i += flat.numel()
+            self.flattened_tensor = torch.cat(parts)
+        else:
+            self.flattened_tensor, self.metadata = flattened_tensor, metadata
+
+    def get_flattened_tensor(self):
+        return self.flattened_tensor
+
+    def get_metadata(self):
+        return self.metadata
+
+    def reconstruct_tensors(self):
+        return [(m.name, self.flattened_tensor[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape))
+                for m in self.metadata]
+'''
+
+
+def test_colocated_payload_uses_sglangs_serializer(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m.split(".")[0] == "sglang"]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(RuntimeError, match="needs SGLang's serializer"):
+        serialize_named_tensors([("w", torch.zeros(2))])
+    root = tmp_path / "site"
+    for rel, text in {"sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/utils/__init__.py":
+                      FAKE_SGLANG_UTILS, "sglang/srt/weight_sync/__init__.py": "",
+                      "sglang/srt/weight_sync/tensor_bucket.py": FAKE_TENSOR_BUCKET}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        named = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)), ("b", torch.ones(4, dtype=torch.bfloat16))]
+        payloads, fmt = serialize_named_tensors(named, tp_size=2)
+        assert fmt == "flattened_bucket" and len(payloads) == 2 and payloads[0] == payloads[1]
+        assert isinstance(payloads[0], str) and base64.b64decode(payloads[0], validate=True)  # JSON-safe base64
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+        obj = MultiprocessingSerializer.deserialize(payloads[0])
+        assert set(obj) == {"flattened_tensor", "metadata"}  # what model_runner.py:2189 unpacks
+        back = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"])
+        for (n1, t1), (n2, t2) in zip(named, back.reconstruct_tensors()):
+            assert n1 == n2 and torch.equal(t1, t2) and t1.dtype == t2.dtype
+        payloads, fmt = serialize_named_tensors(named, flattened=False)
+        assert fmt is None and [n for n, _ in MultiprocessingSerializer.deserialize(payloads[0])] == ["a", "b"]
+        # the body the client sends for it is SGLang's UpdateWeightsFromTensorReqInput
+        sent = []
+
+        async def go():
+            async with EngineClient(f"http://127.0.0.1:{find_free_port()}", timeout=2) as c:
+                c.request_hook = lambda m, p, b, q: sent.append(b)
+                with pytest.raises(EngineError):
+                    await c.update_weights_from_tensor(payloads, load_format=fmt, weight_version="1")
+        asyncio.run(go())
+        assert set(sent[0]) <= fields_of("UpdateWeightsFromTensorReqInput")
+        assert CONTRACT["requests"]["UpdateWeightsFromTensorReqInput"]["fields"]["serialized_named_tensors"]["required"]
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "sglang"]:
+            del sys.modules[name]
