@@ -176,7 +176,12 @@ class _Sock:
                 except zmq.ZMQError:
                     return
                 n += 1
-                woke = on_message(frames)
+                try:
+                    woke = on_message(frames)
+                except Exception as exc:  # a bug in a callback must not stall the socket (the edge is consumed)
+                    self.loop.call_exception_handler({"message": "mailbox: handling a message failed",
+                                                      "exception": exc})
+                    woke = False
                 if self.paused or self.closed:
                     return
                 if n >= self.batch or (woke and from_fd and n == 1):
