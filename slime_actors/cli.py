@@ -2,7 +2,8 @@
 
     slime-actors train [--config FILE.toml] [slime-style flags...]   the RL loop (see `slime-actors train --help`)
     slime-actors demo [--run-dir DIR]                                  actors exchanging traced messages
-    slime-actors trace summary RUN_DIR                                 counts and latency percentiles per method
+    slime-actors trace summary|show|chain|diff|export|timeline RUN     read a run's traces (docs/debugging.md)
+    slime-actors replay RUN --actor ROLE/INDEX                         one actor again against its recording
 """
 
 from __future__ import annotations
@@ -16,20 +17,6 @@ def _cmd_demo(args) -> int:
     return run_demo(args.run_dir, args.messages)
 
 
-def _cmd_trace(args) -> int:
-    from .traces.reader import TraceFormatError, TraceRun
-    try:
-        run = TraceRun(args.run)
-    except TraceFormatError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.trace_cmd == "summary":
-        from .traces.summary import render
-        print(render(run))
-        return 0
-    raise SystemExit(f"unknown trace command {args.trace_cmd}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slime-actors", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,11 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--messages", type=int, default=200)
     d.set_defaults(fn=_cmd_demo)
 
-    t = sub.add_parser("trace", help="read a run's traces")
-    tsub = t.add_subparsers(dest="trace_cmd", required=True)
-    s = tsub.add_parser("summary", help="per role and method: counts, bytes, latency percentiles, errors")
-    s.add_argument("run", help="run directory (or its traces/ folder)")
-    t.set_defaults(fn=_cmd_trace)
+    from .traces.cli import add_replay_command, add_trace_commands
+    add_trace_commands(sub)   # trace summary|show|chain|diff|export|timeline (slime_actors/traces/cli.py)
+    add_replay_command(sub)
     return p
 
 

@@ -127,6 +127,12 @@ class Buffer(Actor):
             if n:
                 self.log.warning("re-issued a dead worker's groups", worker=name, groups=n)
 
+    def _now(self) -> float:
+        """Wall-clock time as a recorded input (wait_rollout's `seconds` depend on it; replay serves it back)."""
+        if self._replaying:  # rebuilding state from the event log: nothing new comes in
+            return time.time()
+        return self.recorded("clock", time.time)
+
     # ------------------------------------------------------------------------------------------ persistence
     def _persist(self, ev: str, **data) -> None:
         if self._replaying or self._log_file is None:
@@ -210,7 +216,7 @@ class Buffer(Actor):
         if kind == "eval":
             self.queue["eval"].clear()  # an earlier eval's unfinished groups are not needed any more
         if key not in self.rollouts:
-            self.rollouts[key] = Rollout(rollout_id, kind, target, name, weight_version)
+            self.rollouts[key] = Rollout(rollout_id, kind, target, name, weight_version, started=self._now())
         self.active[kind] = rollout_id
         self.weight_version = max(self.weight_version, weight_version)
         if kind == "train":
@@ -265,7 +271,7 @@ class Buffer(Actor):
     def _complete(self, r: Rollout, work_id: str) -> None:
         r.completed.append(work_id)
         if len(r.completed) >= r.target:
-            r.done, r.finished = True, time.time()
+            r.done, r.finished = True, self._now()
 
     def _absorb_carried(self) -> None:
         """Count carried-over complete groups toward the active train rollout, or regenerate stale ones."""
@@ -418,14 +424,15 @@ class Buffer(Actor):
 
     @handler
     async def get_work(self, worker: str, max_groups: int, wait: float = 0.0) -> dict:
-        deadline = time.monotonic() + wait
+        clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
+        deadline = clock() + wait
         while True:
             out = self._take(worker, max_groups)
-            if out or time.monotonic() >= deadline:
+            if out or clock() >= deadline:
                 return {"groups": out}
             async with self._changed:
                 try:
-                    await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
+                    await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - clock()))
                 except asyncio.TimeoutError:
                     pass
 
@@ -544,7 +551,7 @@ class Buffer(Actor):
                 "reward_mean": sum(rewards) / len(rewards) if rewards else None,
                 "response_len_mean": sum(lengths) / len(lengths) if lengths else None,
                 "truncated": sum(1 for s in samples if s.status == TRUNCATED),
-                "seconds": (r.finished or time.time()) - r.started,
+                "seconds": (r.finished or self._now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples})}
 
     @handler

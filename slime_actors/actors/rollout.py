@@ -62,7 +62,7 @@ class RolloutWorker(Actor):
         self._engine_ok: asyncio.Event | None = None
         self._inflight: dict[str, asyncio.Task] = {}
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
-        self._busy = 0                    # samples being generated now
+        self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self._restarting = False
         self.engine_restarts = 0
         self.engine_url = None            # the engine itself (control endpoints); generation may go via a router
@@ -124,7 +124,9 @@ class RolloutWorker(Actor):
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
         a = self.args
-        if a.rollout_external_engine_addrs:
+        if self.replaying:  # slime-actors replay: no engine; its answers come from the recording
+            url, self.engine = "http://replay.invalid", None
+        elif a.rollout_external_engine_addrs:
             url = a.rollout_external_engine_addrs[self.index % len(a.rollout_external_engine_addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
@@ -145,7 +147,8 @@ class RolloutWorker(Actor):
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
             await self.client.close()
-        self.client = EngineClient(url, api_key=a.engine_api_key, max_concurrency=a.rollout_concurrency)
+        self.client = RecordedEngine(self, EngineClient(url, api_key=a.engine_api_key,
+                                                        max_concurrency=a.rollout_concurrency))
         if self.router_url:  # generation goes through the router; control stays with this engine
             getattr(self.client, "_client", self.client).generate_base_url = self.router_url
         self.engine_url = url
@@ -296,8 +299,13 @@ class RolloutWorker(Actor):
             delay = min(30.0, delay * 2)
 
     async def _generate_raw(self, input_ids: list[int], sampling_params: dict) -> dict:
-        from ..backends.engine_client import parse_generate_output
         await self._engine_ok.wait()
+        # the engine's answer is the nondeterministic input here: recorded in the trace, served back on replay
+        return await self.recorded_async("engine.generate", self._generate_live, input_ids, sampling_params,
+                                         key=request_key(input_ids, sampling_params))
+
+    async def _generate_live(self, input_ids: list[int], sampling_params: dict) -> dict:
+        from ..backends.engine_client import parse_generate_output
         resp = await self.client.generate(input_ids, sampling_params, return_logprob=True)
         out = parse_generate_output(resp)
         return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
@@ -309,7 +317,7 @@ class RolloutWorker(Actor):
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
-            free = (self._capacity - self._busy) // max(1, a.n_samples_per_prompt)
+            free = (self._capacity - self._generating) // max(1, a.n_samples_per_prompt)
             if free < 1:
                 await asyncio.sleep(0.01)
                 continue
@@ -333,7 +341,7 @@ class RolloutWorker(Actor):
         samples = [Sample.from_wire(s) for s in group["samples"]]
         sp = dict(group["sampling_params"])
         n = len(samples)
-        self._busy += n
+        self._generating += n
         try:
             try:
                 if self.group_fn is not None:
@@ -342,7 +350,7 @@ class RolloutWorker(Actor):
                     samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0))
                                                      for s in samples))
             finally:
-                self._busy -= n
+                self._generating -= n
             if any(s.status == ABORTED for s in samples):
                 await self._return(wid, samples, "aborted")
                 return
@@ -477,8 +485,9 @@ class RolloutWorker(Actor):
         n = len(self._inflight)
         if n:
             await self.client.abort_request(abort_all=True)
-            deadline = time.monotonic() + 60
-            while self._inflight and time.monotonic() < deadline:
+            clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
+            deadline = clock() + 60
+            while self._inflight and clock() < deadline:
                 await asyncio.sleep(0.01)
         return {"aborted": n, "returned": n - len(self._inflight)}
 
@@ -568,6 +577,32 @@ class RolloutWorker(Actor):
         pid = self.engine.pid
         os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
         return {"pid": pid}
+
+
+class RecordedEngine:
+    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health; not generate,
+    which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
+
+    _LOCAL = frozenset(("close", "generate"))
+
+    def __init__(self, actor: Actor, client):
+        self._actor, self._client = actor, client
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._client, name)
+        if name in self._LOCAL or not asyncio.iscoroutinefunction(fn):
+            return fn
+
+        async def call(*args, **kwargs):
+            return await self._actor.recorded_async(f"engine.{name}", fn, *args, **kwargs)
+        return call
+
+
+def request_key(input_ids: list[int], sampling_params: dict) -> str:
+    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
+    return h.hexdigest()
 
 
 def _load_tokenizer(path: str):

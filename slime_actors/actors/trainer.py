@@ -76,12 +76,30 @@ class TrainerRank(Actor):
         t0 = time.monotonic()
         batch = await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, "rank": self.rank,
                                                          "world_size": self.world_size}, timeout=600)
+        self._record_batch(batch)
         t1 = time.monotonic()
         metrics = await self.run_blocking(rl_update, self.backend, self.args, batch, rollout_id)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
         return metrics
+
+    def _record_batch(self, batch: dict) -> None:
+        """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is
+        recorded by size and checksum only), so `slime-actors replay` can train on it again.
+        SLIME_ACTORS_TRACE_BATCH_LIMIT (bytes, default 256 MiB) bounds what is kept."""
+        if self.tracer is None or self.replaying:
+            return
+        from ..mailbox.codec import encode_body
+        body, _, refs = encode_body(batch)
+        size = len(body) + sum(r.nbytes for r in refs)
+        if size <= self.runtime.trace_body_limit:
+            return  # the reply's body is in the trace already
+        if size <= int(os.environ.get("SLIME_ACTORS_TRACE_BATCH_LIMIT", 256 << 20)):
+            self.record_input("get_batch", batch)
+        else:
+            self.record_input("get_batch", {"__omitted__": True, "size": size,
+                                            "why": "over SLIME_ACTORS_TRACE_BATCH_LIMIT"})
 
     @handler
     async def log_probs(self, samples: list) -> list:

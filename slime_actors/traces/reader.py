@@ -21,7 +21,7 @@ import msgpack
 
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
-SUPPORTED = (1,)
+SUPPORTED = (1, 2)  # docs/trace-format.md: what changed from one version to the next
 
 
 class TraceFormatError(ValueError):
@@ -112,6 +112,14 @@ def read_file(path: str | os.PathLike) -> TraceFile:
         data = path.read_bytes()
     except FileNotFoundError:
         raise TraceFormatError(path, 0, "file does not exist") from None
+    if path.suffix == ".gz":  # an archived trace (NAME.trace.gz): offsets below are in the decompressed stream
+        import gzip
+        import zlib
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(path, 0, f"expected a gzip-compressed trace file, could not decompress: "
+                                            f"{exc}") from None
     if not data:
         raise TraceFormatError(path, 0, "file is empty: expected a trace header map")
     up = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1 << 20))
@@ -195,6 +203,8 @@ def _check_record(ev, hraw, body, size, arrays, extra) -> str | None:
         return "expected arrays as nil or a list of [dtype, shape, kind, nbytes, checksum, data]"
     if extra is not None and not isinstance(extra, dict):
         return f"expected extra as a map or nil, got {type(extra).__name__}"
+    if ev == "recv" and extra and "handled" in extra and not isinstance(extra["handled"], dict):
+        return f"expected extra.handled (the request's outcome) as a map, got {type(extra['handled']).__name__}"
     return None
 
 
@@ -243,9 +253,9 @@ class TraceRun:
             d = self.root / "traces" if (self.root / "traces").is_dir() else self.root
             if not d.exists():
                 raise TraceFormatError(self.root, 0, "no such run directory")
-            paths = sorted(d.glob("*.trace"))
+            paths = sorted([*d.glob("*.trace"), *d.glob("*.trace.gz")])
             if not paths:
-                raise TraceFormatError(d, 0, "no *.trace files here: is this a run directory?")
+                raise TraceFormatError(d, 0, "no *.trace (or *.trace.gz) files here: is this a run directory?")
         self.files, self.problems = [], []
         for p in paths:
             try:

@@ -25,7 +25,10 @@ from typing import Any
 import msgpack
 
 TRACE_FORMAT = "slime-actors-trace"
-TRACE_VERSION = 1
+# 1: every request's outcome is a `handled` record of its own.
+# 2: a request handled synchronously may be one `recv` record whose extra holds {"handled": {...}} (the reader splits
+#    it); inputs may carry a `key`. Readers of version 2 read version 1 files too (docs/trace-format.md).
+TRACE_VERSION = 2
 
 # events
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
@@ -95,8 +98,8 @@ class TraceWriter:
         whatever the body limit (replay cannot do without them), so the record is packed here, complete."""
         body = msgpack.packb(value, use_bin_type=True, default=_plain)
         extra = {"name": name} if key is None else {"name": name, "key": key}
-        self._q.append(msgpack.packb([INPUT, time.time_ns(), None, body, len(body), None, None, extra],
-                                     use_bin_type=True))
+        rec = (INPUT, time.time_ns(), None, body, len(body), None, None, extra)  # a finished record
+        self._q.append(msgpack.packb(rec, use_bin_type=True) if hasattr(self, "pack_record") else rec)
 
     # -- writer thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -1,0 +1,138 @@
+"""Comparing message bodies: what counts as the same (used by `trace diff` and `replay`).
+
+Bodies are compared after decoding, field by field. Floats agree within a tolerance (|a-b| <= atol + rtol*|b|),
+arrays recorded by checksum agree when dtype, shape and checksum do, and fields that measure the machine rather than
+the computation (wall-clock durations, process ids, host names, ports) are left out: which ones depends on the use
+(`VOLATILE_DIFF` for two runs, `volatile_for_replay(role)` for a replay).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Fields that differ between two runs of one config however deterministic the computation: timings, process and
+# host identity, free ports, wall-clock stamps.
+# An entry ending in "/" leaves out every key that starts with it ("time/": the trainer's timings).
+VOLATILE_DIFF = frozenset(("ts", "time", "seconds", "pid", "host", "uptime", "endpoint", "url", "started",
+                           "finished", "deadline", "dur_ns", "train_time", "master_port", "master_address",
+                           "traceback", "trace_records", "restarts", "port", "addr", "master_addr", "group_name",
+                           "time/"))
+
+# A replay reproduces the computation and the recorded clocks, so fewer fields are left out; what remains measures
+# real elapsed time the recording did not keep (the trainer's timings) or the machine the replay runs on.
+_REPLAY_ALL = frozenset(("pid", "host", "uptime", "endpoint", "traceback"))
+_REPLAY_ROLE = {
+    # the training group's rendezvous (a free port, this process's pid in the weight group's name)
+    "trainer": frozenset(("train_time", "seconds", "master_port", "master_address", "master_addr", "port", "addr",
+                          "group_name", "time/")),
+    "controller": frozenset(("seconds", "time", "time/")),
+}
+
+
+def volatile_for_replay(role: str) -> frozenset:
+    return _REPLAY_ALL | _REPLAY_ROLE.get(role, frozenset())
+
+
+@dataclass
+class Difference:
+    path: str          # e.g. "rewards[3]", "samples[0].response", "" for the whole body
+    a: Any             # recorded / run A
+    b: Any             # replayed / run B
+
+    def __str__(self) -> str:
+        where = f"field {self.path}" if self.path else "body"
+        return f"{where}: {short(self.a)} vs {short(self.b)}"
+
+
+def short(v: Any, n: int = 160) -> str:
+    from .query import render_value
+    return render_value(v, n)
+
+
+def first_difference(a: Any, b: Any, *, rtol: float = 1e-6, atol: float = 1e-9,
+                     volatile: frozenset = VOLATILE_DIFF, path: str = "") -> Difference | None:
+    """The first place (depth first, keys in a's order) where `a` and `b` differ, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if _is_array(a) or _is_array(b):
+            return _array_diff(a, b, path)
+        for k in a:
+            if _skip(k, volatile):
+                continue
+            p = f"{path}.{k}" if path else str(k)
+            if k not in b:
+                return Difference(p, a[k], "<missing>")
+            d = first_difference(a[k], b[k], rtol=rtol, atol=atol, volatile=volatile, path=p)
+            if d is not None:
+                return d
+        for k in b:
+            if k not in a and not _skip(k, volatile):
+                return Difference(f"{path}.{k}" if path else str(k), "<missing>", b[k])
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, rtol=rtol, atol=atol, volatile=volatile,
+                                 path=f"{path}[{i}]")
+            if d is not None:
+                return d
+        if len(a) != len(b):
+            return Difference(f"{path}.length" if path else "length", len(a), len(b))
+        return None
+    if _num(a) and _num(b):
+        if isinstance(a, bool) or isinstance(b, bool) or (isinstance(a, int) and isinstance(b, int)):
+            return None if a == b else Difference(path, a, b)
+        fa, fb = float(a), float(b)
+        if math.isnan(fa) and math.isnan(fb):
+            return None
+        if fa == fb or abs(fa - fb) <= atol + rtol * abs(fb):
+            return None
+        return Difference(path, a, b)
+    if hasattr(a, "shape") or hasattr(b, "shape"):  # arrays kept in full (--trace-keep-arrays)
+        return _full_array_diff(a, b, path, rtol, atol)
+    if type(a) is not type(b) or a != b:
+        return Difference(path, a, b)
+    return None
+
+
+def _skip(k, volatile) -> bool:
+    if not isinstance(k, str):
+        return False
+    if k in volatile:
+        return True
+    return any(k.startswith(p) for p in volatile if p.endswith("/"))
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, bool)
+
+
+def _is_array(d: dict) -> bool:
+    return "__array__" in d and "shape" in d
+
+
+def _array_diff(a: dict, b: dict, path: str) -> Difference | None:
+    if not (_is_array(a) and _is_array(b)):
+        return Difference(path, a, b)
+    for k in ("__array__", "shape", "hash"):
+        if a.get(k) != b.get(k):
+            return Difference(f"{path}.{'dtype' if k == '__array__' else k}" if path else k, a.get(k), b.get(k))
+    return None
+
+
+def _full_array_diff(a, b, path, rtol, atol) -> Difference | None:
+    import numpy as np
+    try:
+        x, y = np.asarray(a), np.asarray(b)
+    except Exception:
+        return Difference(path, a, b)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return Difference(path + ".shape", f"{x.dtype}{list(x.shape)}", f"{y.dtype}{list(y.shape)}")
+    if x.dtype.kind in "fc":
+        bad = ~np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        bad = x != y
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        return Difference(f"{path}{list(i)}", x[i].item(), y[i].item())
+    return None

@@ -1,0 +1,203 @@
+"""`slime-actors trace diff RUN_A RUN_B`: where two runs of the same config first part ways.
+
+Message ids, trace ids and timings differ between any two runs, and so does the interleaving of concurrent work, so
+messages are not compared in arrival order. Each request is given a key -- sender, receiver, method, kind, and the
+fields of its body that say what it is about (rollout_id, work_id, rank, weight_version, sample indices...) -- and
+the n-th message with a key in run A is compared with the n-th with that key in run B: its body, its outcome and its
+reply, field by field (floats within --rtol/--atol; timings, pids, ports and other machine facts left out, see
+compare.VOLATILE_DIFF). The differences found are ordered by when they happened in run A; the first is the
+divergence.
+
+Polling and plumbing (get_work, directory traffic, heartbeats, pings) are left out by default: how often a worker
+polls depends on timing, not on the computation; what it was handed shows up again in what it submits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .compare import VOLATILE_DIFF, Difference, first_difference
+from .query import _safe_body, outcome, rel, run_start_ns
+from .reader import Message, TraceRun
+
+IGNORED_METHODS = frozenset(("get_work", "register", "watch", "deregister", "lookup", "list", "heartbeat",
+                             "_ping", "_stats", "_peer_down", "_peer_up", "_stop", "status", "engine_info",
+                             "engine_ready"))
+KEY_FIELDS = ("rollout_id", "kind", "name", "work_id", "worker", "rank", "world_size", "weight_version",
+              "group_name", "path", "model_path")
+# run-specific config values (paths, ports) that are not part of "the same config"
+CONFIG_IGNORED = frozenset(("run_dir", "save", "load", "hf_checkpoint", "save_debug_rollout_data",
+                            "load_debug_rollout_data", "update_weight_disk_dir", "progress", "config"))
+
+
+@dataclass
+class Divergence:
+    t_a: int | None
+    t_b: int | None
+    key: tuple
+    what: str                      # "request", "reply", "outcome", "only in A", "only in B"
+    diff: Difference | None
+    a: Message | None
+    b: Message | None
+
+
+def body_ident(body: Any) -> tuple:
+    """The fields of a request body that say what it is about (not how it went)."""
+    ident: list = []
+    if isinstance(body, dict):
+        for k in KEY_FIELDS:
+            v = body.get(k)
+            if isinstance(v, (str, int, float, bool)):
+                ident.append((k, v))
+        samples = body.get("samples")
+        if isinstance(samples, list) and samples and all(isinstance(s, dict) and "index" in s for s in samples):
+            ident.append(("samples", tuple(s["index"] for s in samples)))
+    return tuple(ident)
+
+
+def message_key(m: Message) -> tuple:
+    h = m.header
+    body = _safe_body(m.send or m.recv) if (m.send or m.recv) is not None else None
+    return (h.get("from"), h.get("to"), h.get("method"), h.get("kind"), body_ident(body))
+
+
+def _t(m: Message) -> int:
+    for e in (m.send, m.recv):
+        if e is not None:
+            return e.t_ns
+    return 0
+
+
+def _streams(run: TraceRun, ignore: frozenset) -> dict[tuple, list[Message]]:
+    out: dict[tuple, list[Message]] = {}
+    for m in run.messages().values():
+        h = m.header
+        if h.get("kind") not in ("tell", "ask") or h.get("method") in ignore:
+            continue
+        out.setdefault(message_key(m), []).append(m)
+    for v in out.values():
+        v.sort(key=_t)
+    return out
+
+
+def _reply_body(m: Message) -> Any:
+    e = m.reply or m.reply_sent
+    return None if e is None else _safe_body(e)
+
+
+def _request_body(m: Message) -> Any:
+    e = m.send or m.recv
+    return None if e is None else _safe_body(e)
+
+
+def config_differences(a: TraceRun, b: TraceRun) -> list[tuple[str, Any, Any]]:
+    """Job flags that differ between the runs (from the first actor with a recorded config in both)."""
+    for actor in a.actors():
+        try:
+            ca, cb = a.meta(actor).get("config"), b.meta(actor).get("config")
+        except KeyError:
+            continue
+        if not (isinstance(ca, dict) and isinstance(cb, dict)):
+            continue
+        aa, ab = ca.get("args", ca), cb.get("args", cb)
+        if not (isinstance(aa, dict) and isinstance(ab, dict)):
+            continue
+        out = []
+        for k in sorted(set(aa) | set(ab)):
+            if k in CONFIG_IGNORED:
+                continue
+            if aa.get(k, "<unset>") != ab.get(k, "<unset>"):
+                out.append((k, aa.get(k, "<unset>"), ab.get(k, "<unset>")))
+        return out
+    return []
+
+
+def diff_runs(a: TraceRun, b: TraceRun, *, rtol: float = 1e-5, atol: float = 1e-8,
+              ignore: frozenset = IGNORED_METHODS) -> tuple[list[Divergence], int]:
+    """All differences (first one first) and how many message pairs were compared."""
+    sa, sb = _streams(a, ignore), _streams(b, ignore)
+    found: list[Divergence] = []
+    compared = 0
+    for key in set(sa) | set(sb):
+        la, lb = sa.get(key, []), sb.get(key, [])
+        for i in range(max(len(la), len(lb))):
+            ma = la[i] if i < len(la) else None
+            mb = lb[i] if i < len(lb) else None
+            if ma is None or mb is None:
+                found.append(Divergence(_t(ma) if ma else None, _t(mb) if mb else None, key,
+                                        "only in A" if mb is None else "only in B", None, ma, mb))
+                continue
+            compared += 1
+            d = first_difference(_request_body(ma), _request_body(mb), rtol=rtol, atol=atol, volatile=VOLATILE_DIFF)
+            if d is not None:
+                found.append(Divergence(_t(ma), _t(mb), key, "request", d, ma, mb))
+                continue
+            oa, ob = _outcome_class(ma), _outcome_class(mb)
+            if oa != ob:
+                found.append(Divergence(_t(ma), _t(mb), key, "outcome", Difference("outcome", outcome(ma),
+                                                                                      outcome(mb)), ma, mb))
+                continue
+            if ma.header.get("kind") == "ask":
+                d = first_difference(_reply_body(ma), _reply_body(mb), rtol=rtol, atol=atol,
+                                     volatile=VOLATILE_DIFF)
+                if d is not None:
+                    found.append(Divergence(_t(ma), _t(mb), key, "reply", d, ma, mb))
+    ta0, tb0 = run_start_ns(a), run_start_ns(b)
+
+    def when(dv: Divergence) -> float:
+        # time since each run's start, A's clock first: a message only in B is placed by its time in B
+        if dv.t_a is not None:
+            return (dv.t_a - ta0) / 1e9
+        return (dv.t_b - tb0) / 1e9
+
+    found.sort(key=when)
+    return found, compared
+
+
+def _outcome_class(m: Message) -> str:
+    o = outcome(m)
+    return o.split(":", 1)[0]
+
+
+def _describe_key(key: tuple) -> str:
+    frm, to, method, kind, ident = key
+    fields = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in ident)
+    return f"{frm} -> {to} {kind} {method}" + (f" ({fields})" if fields else "")
+
+
+def render(a: TraceRun, b: TraceRun, *, rtol: float = 1e-5, atol: float = 1e-8, ignore: frozenset = IGNORED_METHODS,
+           show: int = 5) -> tuple[str, bool]:
+    """The report, and whether the runs diverged."""
+    found, compared = diff_runs(a, b, rtol=rtol, atol=atol, ignore=ignore)
+    ta0, tb0 = run_start_ns(a), run_start_ns(b)
+    lines = [f"A: {a.root} ({len(a.files)} trace files)", f"B: {b.root} ({len(b.files)} trace files)"]
+    cfg = config_differences(a, b)
+    if cfg:
+        lines.append("config differs (so the runs are expected to part ways): "
+                     + ", ".join(f"{k}: {va!r} -> {vb!r}" for k, va, vb in cfg[:20]))
+    only_a = sorted(set(a.actors()) - set(b.actors()))
+    only_b = sorted(set(b.actors()) - set(a.actors()))
+    if only_a or only_b:
+        lines.append(f"actors only in A: {only_a or '-'}; only in B: {only_b or '-'}")
+    if not found:
+        lines.append(f"no divergence: {compared} message pairs agree (rtol={rtol}, atol={atol}; left out: "
+                     f"{', '.join(sorted(ignore))}, and timing fields)")
+        return "\n".join(lines), False
+    lines.append("")
+    for i, dv in enumerate(found[:show]):
+        head = "first divergence" if i == 0 else "then"
+        where_a = rel(dv.t_a, ta0) if dv.t_a is not None else "-"
+        where_b = rel(dv.t_b, tb0) if dv.t_b is not None else "-"
+        lines.append(f"{head}: {_describe_key(dv.key)}  at {where_a} in A, {where_b} in B")
+        if dv.what in ("only in A", "only in B"):
+            m = dv.a or dv.b
+            lines.append(f"  this message is {dv.what}: its counterpart was never sent "
+                         f"(id {m.id}; slime-actors trace chain {(a if dv.a else b).root} {m.id})")
+        else:
+            lines.append(f"  {dv.what} {dv.diff}")
+            lines.append(f"  A: id {dv.a.id}   B: id {dv.b.id}   (slime-actors trace chain RUN ID shows what led "
+                         "to each)")
+    lines.append("")
+    lines.append(f"{len(found)} difference(s) among {compared} compared message pairs (rtol={rtol}, atol={atol})")
+    return "\n".join(lines), True

@@ -1,0 +1,925 @@
+"""`slime-actors replay RUN --actor ROLE/INDEX`: run one actor again against its recording, and compare.
+
+The actor is built from what its trace file's header recorded (`actor_class`, `config`: the job's flags) and started
+as usual, except that
+
+* its mailbox is `ReplayMailbox`: nothing goes over a network. The recorded inbound messages (tells and asks) are
+  delivered in the recorded order at the recorded times; an ask the actor sends is answered with the reply the
+  recording holds for the matching recorded ask (same receiver, method and cause; the same body if there are
+  several); every message the actor sends is kept and compared with the recording afterwards;
+* its trace writer is `ReplayTracer`: nondeterministic inputs the actor takes through `Actor.recorded()` /
+  `recorded_async()` (engine answers, clock readings) come from the recording, at the time they were recorded;
+* the event loop runs on a virtual clock that starts at the recording's start and jumps to the next recorded event
+  or timer whenever the actor is idle, so a replay takes the time of its computation, not of the run (asyncio.sleep,
+  wait_for and ask deadlines all follow it). Work in threads (`run_blocking`) runs for real, with the clock stopped;
+* it cannot reach the network: socket connects raise (an actor that tries is reported), the trainer's weight
+  broadcast is a no-op, the rollout worker starts no engine;
+* what it writes goes to a temporary directory: the run directory and the job's output paths (--save,
+  --save-debug-rollout-data, ...) are mapped there, and mapped back before bodies are compared.
+
+The comparison: every outbound message (requests matched by receiver, method and cause, replies by the request they
+answer) field by field, floats within --rtol/--atol, leaving out fields that measure the machine rather than the
+computation (compare.volatile_for_replay); and every handler's outcome (ok / error / rejected). The report names
+the first difference -- message, field, recorded value, replayed value -- or says "identical".
+
+A recording that lacks something replay needs (a body over the trace's body limit, arrays recorded by checksum
+only, an input recorded before it was recorded) stops the replay with a message saying what is missing and how to
+record it (SLIME_ACTORS_TRACE_BODY_LIMIT, --trace-keep-arrays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ..log import get_logger
+from .compare import Difference, first_difference, volatile_for_replay
+from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body
+from .writer import digest
+
+log = get_logger(actor="replay")
+
+PLUMBING = frozenset(("register", "watch", "deregister", "lookup"))  # the mailbox's own asks to the directory
+OUTPUT_PATH_ARGS = ("save", "save_hf", "update_weight_disk_dir", "save_debug_rollout_data")
+
+
+class ReplayError(Exception):
+    """The actor cannot be replayed from this recording; the message says why and what would help."""
+
+
+class ReplayGap(ReplayError):
+    """The recording lacks something the replay needs at this point."""
+
+
+class ReplayNetworkError(ConnectionRefusedError):
+    """A replayed actor tried to open a network connection."""
+
+
+class RecordedError(RuntimeError):
+    """An input that raised when it was recorded (an engine call that failed) raises again on replay."""
+
+
+# ------------------------------------------------------------------------------------------------------- recording
+@dataclass
+class Recording:
+    actor: str
+    file: TraceFile
+    t0: int
+    end: int
+    inbound: list[Event]                     # tells and asks the actor received, in order
+    outbound: list[Event]                    # what it sent (requests and replies), in order
+    replies: dict[str, Event]                # ask id -> the reply/error the actor received
+    handled: dict[str, Event]                # request id -> its handled record
+    inputs: list[Event]
+    drops: int
+    other_files: list[str] = field(default_factory=list)
+
+    @property
+    def meta(self) -> dict:
+        return self.file.meta
+
+
+def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recording:
+    files = [f for f in run.files if f.meta.get("actor") == actor]
+    if not files:
+        raise ReplayError(f"no trace file for {actor!r} in {run.root} (actors: {', '.join(run.actors())})")
+    files.sort(key=lambda f: f.meta.get("started_ns", 0))
+    if pid is not None:
+        chosen = [f for f in files if f.meta.get("pid") == pid]
+        if not chosen:
+            raise ReplayError(f"{actor} has no trace file of pid {pid} (pids: {[f.meta.get('pid') for f in files]})")
+        tf = chosen[0]
+    else:
+        tf = files[0]
+    others = [str(f.path) for f in files if f is not tf]
+    events = sorted(tf.events, key=lambda e: (e.t_ns, e.offset))
+    plumbing_asks = {e.id for e in events if e.ev == "send" and e.kind == "ask" and e.method in PLUMBING
+                     and e.header.get("to") == "directory/0"}
+    inbound, outbound, inputs = [], [], []
+    replies, handled = {}, {}
+    drops = 0
+    for e in events:
+        h = e.header or {}
+        k = h.get("kind")
+        if e.ev == "recv" and k in ("tell", "ask"):
+            inbound.append(e)
+        elif e.ev == "recv" and k in ("reply", "error"):
+            if h.get("re") not in plumbing_asks:
+                replies.setdefault(h.get("re", ""), e)
+        elif e.ev == "send" and k in ("tell", "ask", "reply", "error"):
+            if e.id in plumbing_asks:
+                continue
+            outbound.append(e)
+        elif e.ev == "handled":
+            handled[h.get("id", "")] = e
+        elif e.ev == "input":
+            inputs.append(e)
+        elif e.ev == "drop":
+            drops += 1
+    t0 = tf.meta.get("started_ns") if isinstance(tf.meta.get("started_ns"), int) else (
+        events[0].t_ns if events else 0)
+    end = events[-1].t_ns if events else t0
+    return Recording(actor, tf, t0, end, inbound, outbound, replies, handled, inputs, drops, others)
+
+
+# ------------------------------------------------------------------------------------------------------- clock
+class VirtualClock:
+    """Runs a (stock asyncio) event loop on virtual time: when nothing is ready, time jumps to the next timer
+    instead of waiting for it. While work runs in executor threads the clock stands still and the loop waits for
+    real (that work's completion wakes it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, start: float = 0.0, real_timeout: float = 600.0):
+        self.loop, self.now, self.jobs = loop, start, 0
+        self.real_deadline = time.monotonic() + real_timeout
+        self.real_timeout = real_timeout
+        self._select = loop._selector.select
+        loop._selector.select = self._virtual_select
+        loop.time = lambda: self.now
+        orig = loop.run_in_executor
+
+        def run_in_executor(executor, fn, *args):
+            fut = orig(executor, fn, *args)
+            self.jobs += 1
+            fut.add_done_callback(self._job_done)
+            return fut
+        loop.run_in_executor = run_in_executor
+
+    def _job_done(self, _fut) -> None:
+        self.jobs -= 1
+
+    def _virtual_select(self, timeout):
+        if time.monotonic() > self.real_deadline:
+            raise ReplayError(f"replay took longer than {self.real_timeout:g} s of real time (--timeout)")
+        if timeout is not None and timeout <= 0:
+            return self._select(0)
+        if self.jobs:  # a thread is working: wait for it for real (its completion wakes the loop)
+            return self._select(0.05)
+        if timeout is None:
+            return self._select(0.01)  # nothing scheduled and nothing running: the replay driver ends it
+        self.now += timeout
+        return self._select(0)
+
+
+# ------------------------------------------------------------------------------------------------------- outputs
+@dataclass
+class Out:
+    kind: str
+    to: str
+    method: str
+    body: Any            # decoded the way the recording decodes bodies (arrays by dtype/shape/checksum)
+    checksum: str        # of the encoded body, as the writer computes it for bodies over the limit
+    parent: str | None
+    re: str | None
+    vt: float
+    id: str
+    matched: Event | None = None
+
+
+class ReplayTracer:
+    """Stands in for the TraceWriter: serves recorded inputs, and notes how each handler ended."""
+
+    replaying = True
+
+    def __init__(self, harness: "Harness"):
+        self.h = harness
+        self.records = 0
+        self.lost = 0
+
+    def record(self, ev, header, body=None, refs=None, buffers=None, extra=None) -> None:
+        if ev == "handled" and header is not None:
+            try:
+                hid = msgpack.unpackb(bytes(header), raw=False).get("id")
+            except Exception:
+                return
+            self.h.replay_handled[hid] = dict(extra or {})
+
+    def record_input(self, name, value, key=None) -> None:
+        pass  # the replayed actor takes its inputs from the recording (replay_input)
+
+    def replay_input(self, name: str, key: str | None):
+        value, _t = self.h.take_input(name, key)
+        return _raise_or(value)
+
+    async def replay_input_async(self, name: str, key: str | None):
+        value, t = self.h.take_input(name, key)
+        await self.h.sleep_until(t)
+        return _raise_or(value)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _raise_or(value):
+    if isinstance(value, dict) and "__raised__" in value and "message" in value and len(value) == 2:
+        raise type(str(value["__raised__"]), (RecordedError,), {})(value["message"])
+    return value
+
+
+class ReplayMailbox:
+    """Stands in for the Mailbox: recorded replies answer the actor's asks; what it sends is kept for comparison."""
+
+    def __init__(self, name: str, *, harness: "Harness", tracer=None, config=None, on_request=None, on_drop=None,
+                 **_ignored):
+        from ..mailbox.mailbox import MailboxConfig
+        self.name, self.h = name, harness
+        self.config = config or MailboxConfig()
+        self.keys = None
+        self.tracer = tracer
+        self.on_request = on_request or (lambda inbound: None)
+        self.on_drop = on_drop or (lambda reason, identity: None)
+        self.endpoint = None
+        self.stats = {"sent": 0, "received": 0, "replies": 0, "dropped": 0, "late_replies": 0}
+        self._n = 0
+
+    async def bind(self, endpoint: str) -> str:
+        self.endpoint = f"replay://{self.name}"
+        return self.endpoint
+
+    def connect(self, name, endpoint):
+        return None
+
+    def disconnect(self, name, reason=""):
+        return None
+
+    def peers(self) -> dict:
+        return {}
+
+    def pause_receiving(self, paused: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _new_id(self) -> str:
+        self._n += 1
+        return f"replay{self._n:010x}"
+
+    async def heartbeat(self, to, body) -> None:
+        pass
+
+    async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
+        out = self.h.sent("tell", to, method, body, None)
+        self.stats["sent"] += 1
+        return out.id
+
+    async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
+                  idem: str | None = None, host_copy: bool = False) -> Any:
+        from ..mailbox.errors import AskTimeout, RemoteError
+        timeout = self.config.default_timeout if timeout is None else timeout
+        out = self.h.sent("ask", to, method, body, None)
+        self.stats["sent"] += 1
+        rec = out.matched
+        reply = self.h.rec.replies.get(rec.id) if rec is not None else None
+        if reply is None:
+            # not in the recording, or the recorded ask was never answered: a peer that does not answer
+            await asyncio.sleep(timeout)
+            raise AskTimeout(to, method, timeout)
+        await self.h.sleep_until(reply.t_ns)
+        value = self.h.reply_value(reply, rec)
+        self.stats["replies"] += 1
+        if reply.kind == "error":
+            e = value if isinstance(value, dict) else {"message": str(value)}
+            raise RemoteError(str(e.get("peer", to)), str(e.get("method", method)), str(e.get("type", "Error")),
+                              str(e.get("message", "")), e.get("traceback"))
+        return value
+
+    def reply_nowait(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False):
+        h = inbound.header
+        self.h.sent("reply" if error is None else "error", h.get("from", "?"), h.get("method", ""),
+                    body if error is None else error, h.get("id"))
+        self.stats["sent"] += 1
+        return None
+
+    async def reply(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False) -> None:
+        self.reply_nowait(inbound, body, error=error)
+
+    def reply_error_raw(self, identity, message) -> None:
+        pass
+
+
+class _NoWeightSender:
+    """The trainer's weight broadcast under replay: the engines are not there (their answers are recorded)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def connect(self) -> None:
+        pass
+
+    def broadcast_bucket(self, bucket, flattened: bool = False) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------------- harness
+@dataclass
+class Finding:
+    t_ns: int
+    what: str                  # "differs", "missing", "extra", "outcome"
+    message: str               # which message
+    diff: Difference | None = None
+    rec_id: str | None = None
+
+    def render(self, t0: int) -> str:
+        when = f"+{(self.t_ns - t0) / 1e9:.6f}s"
+        line = f"{when}  {self.message}"
+        if self.diff is not None:
+            line += f"\n    {self.diff.path or 'body'}: recorded {_short(self.diff.a)}, replayed {_short(self.diff.b)}"
+        return line
+
+
+def _short(v) -> str:
+    from .query import render_value
+    return render_value(v, 200)
+
+
+@dataclass
+class Report:
+    actor: str
+    file: str
+    actor_class: str
+    identical: bool
+    findings: list[Finding]
+    stopped: str | None                   # why the replay could not go on (a gap), if it could not
+    counts: dict
+    notes: list[str]
+    t0: int
+    steps: list[dict] = field(default_factory=list)   # trainer: recorded vs replayed metrics per train reply
+
+    def render(self, show: int = 5) -> str:
+        c = self.counts
+        lines = [f"replay {self.actor} ({self.actor_class}) from {self.file}",
+                 f"fed {c['inbound']} inbound message(s), served {c['replies']} recorded repl(y/ies) and "
+                 f"{c['inputs']} recorded input(s); compared {c['compared']} outbound message(s) and "
+                 f"{c['outcomes']} handler outcome(s)"]
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        if self.steps:
+            lines.append("train steps (recorded -> replayed):")
+            for s in self.steps:
+                parts = [f"rollout {s['rollout_id']}"]
+                for k in ("loss", "pg_loss", "grad_norm"):
+                    if k in s["recorded"]:
+                        parts.append(f"{k} {s['recorded'][k]:.6g} -> "
+                                     + (f"{s['replayed'][k]:.6g}" if k in s["replayed"] else "?"))
+                lines.append("  " + ", ".join(parts))
+        if self.stopped:
+            lines.append(f"replay stopped: {self.stopped}")
+        if self.findings:
+            f0 = self.findings[0]
+            lines.append("first difference:")
+            lines.append("  " + f0.render(self.t0).replace("\n", "\n  "))
+            for f in self.findings[1:show]:
+                lines.append("then:")
+                lines.append("  " + f.render(self.t0).replace("\n", "\n  "))
+            lines.append(f"{len(self.findings)} difference(s) in all")
+        elif not self.stopped:
+            lines.append(f"identical: {c['compared']} outbound message(s) and {c['outcomes']} outcome(s) match the "
+                         "recording")
+        return "\n".join(lines)
+
+
+class Harness:
+    def __init__(self, run: TraceRun, actor: str, *, pid: int | None = None, overrides: dict | None = None,
+                 path_map: list[tuple[str, str]] | None = None, rtol: float | None = None,
+                 atol: float | None = None, timeout: float = 600.0, allow_network: bool = False,
+                 workdir: str | None = None):
+        self.run_ = run
+        self.rec = load_recording(run, actor, pid)
+        self.role = self.rec.meta.get("role") or actor.split("/", 1)[0]
+        self.index = self.rec.meta.get("index", int(actor.split("/", 1)[1]) if "/" in actor else 0)
+        loose = self.role == "trainer"
+        self.rtol = rtol if rtol is not None else (1e-4 if loose else 1e-9)
+        self.atol = atol if atol is not None else (1e-6 if loose else 0.0)
+        self.volatile = volatile_for_replay(self.role)
+        self.timeout = timeout
+        self.allow_network = allow_network
+        self.overrides = dict(overrides or {})
+        self.user_map = list(path_map or [])
+        self._tmp = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="slime-replay-"))
+        self.notes: list[str] = []
+        if self.rec.other_files:
+            self.notes.append(f"{actor} has {len(self.rec.other_files)} more trace file(s) (restarts): "
+                              f"{', '.join(self.rec.other_files)}; replaying the first (--pid picks another)")
+        if self.rec.drops:
+            self.notes.append(f"the recording dropped {self.rec.drops} undecodable message(s); replay cannot "
+                              "feed those")
+        self.outs: list[Out] = []
+        self.replay_handled: dict[str, dict] = {}
+        self.fed = 0
+        self.served_replies = 0
+        self.served_inputs = 0
+        self.stopped: str | None = None
+        self.network: list[str] = []
+        self._inputs: dict[str, deque] = {}
+        for e in self.rec.inputs:
+            self._inputs.setdefault(e.name or "?", deque()).append(e)
+        self._used_inputs: set[int] = set()
+        self._unmatched: dict[tuple, list[Event]] = {}
+        self._replies_by_re: dict[str, Event] = {}
+        for e in self.rec.outbound:
+            if e.kind in ("reply", "error"):
+                self._replies_by_re[e.header.get("re", "")] = e
+            else:
+                self._unmatched.setdefault((e.header.get("to"), e.method, e.header.get("parent")), []).append(e)
+        self._matched_rec: dict[int, Out] = {}   # offset of a recorded send -> its replayed counterpart
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.config: dict = {}
+        self.fwd_map: list[tuple[str, str]] = []  # recorded path prefix -> replay path prefix
+        self.actor = None
+
+    # ---------------------------------------------------------------------------------------- building the actor
+    def _actor_class(self):
+        from ..launch.roles import actor_class
+        target = self.rec.meta.get("actor_class")
+        if not target:
+            raise ReplayError(f"{self.rec.file.path}: the trace header has no actor_class (recorded by an actor "
+                              "without trace_meta?); replay cannot build it")
+        try:
+            return actor_class(target)
+        except Exception as exc:
+            raise ReplayError(f"cannot load the recorded actor class {target!r}: {exc}") from None
+
+    def _build_config(self) -> dict:
+        cfg = self.rec.meta.get("config")
+        if not isinstance(cfg, dict):
+            raise ReplayError(f"{self.rec.file.path}: the trace header has no actor config")
+        cfg = json.loads(json.dumps(cfg))  # a private copy
+        args = cfg.get("args")
+        if isinstance(args, dict):
+            for k, v in self.overrides.items():
+                if k not in args:
+                    raise ReplayError(f"--set {k}: the recorded job has no flag {k!r}")
+                args[k] = v
+            if args.get("actor_num_nodes", 1) * args.get("actor_num_gpus_per_node", 1) > 1 and self.role == "trainer":
+                raise ReplayError("replaying one rank of a multi-rank trainer group is not supported: its "
+                                  "collectives (gradient all-reduce) need the other ranks")
+            self._map_paths(args)
+        elif self.overrides:
+            raise ReplayError("--set: this actor's recorded config has no job flags")
+        return cfg
+
+    def _map_paths(self, args: dict) -> None:
+        for old, new in self.user_map:
+            self.fwd_map.append((old, new))
+        run_dir = args.get("run_dir")
+        if isinstance(run_dir, str) and run_dir:
+            self.fwd_map.append((str(Path(run_dir)), str(self.workdir / "run")))
+        for k in OUTPUT_PATH_ARGS:
+            v = args.get(k)
+            if isinstance(v, str) and v:
+                base = os.path.dirname(v) if "{" in v else v
+                if base:
+                    self.fwd_map.append((base, str(self.workdir / f"out-{k}")))
+        ckpt = args.get("hf_checkpoint")
+        if isinstance(ckpt, str) and ckpt and not Path(self._fwd(ckpt)).exists():
+            made = _remake_checkpoint(ckpt)
+            if made is not None:
+                self.fwd_map.append((ckpt, made))
+                self.notes.append(f"hf_checkpoint {ckpt} is not here: made it again at {made}")
+        for k, v in list(args.items()):
+            if isinstance(v, str):
+                args[k] = self._fwd(v)
+            elif isinstance(v, list):
+                args[k] = [self._fwd(x) if isinstance(x, str) else x for x in v]
+
+    def _fwd(self, s: str) -> str:
+        return _map_prefix(s, self.fwd_map)
+
+    def _back(self, s: str) -> str:
+        return _map_prefix(s, [(new, old) for old, new in self.fwd_map])
+
+    # ---------------------------------------------------------------------------------------- time
+    def vt(self, t_ns: int) -> float:
+        return (t_ns - self.rec.t0) / 1e9
+
+    def t_of(self, vt: float) -> int:
+        return self.rec.t0 + int(vt * 1e9)
+
+    async def sleep_until(self, t_ns: int) -> None:
+        d = self.vt(t_ns) - self.loop.time()
+        if d > 0:
+            await asyncio.sleep(d)
+
+    # ---------------------------------------------------------------------------------------- inputs and replies
+    def take_input(self, name: str, key: str | None) -> tuple[Any, int]:
+        q = self._inputs.get(name)
+        if not q:
+            if not any(e.name == name for e in self.rec.inputs):
+                raise self.gap(f"the actor read input {name!r}, and the recording holds none: it was recorded "
+                               "before slime-actors kept that input in traces; record the run again")
+            raise self.gap(f"the actor read input {name!r} more often than the recording did "
+                           f"({sum(1 for e in self.rec.inputs if e.name == name)} recorded): it diverged earlier")
+        ev = None
+        if key is None:
+            ev = q.popleft()
+        else:
+            for i, e in enumerate(q):
+                if (e.extra or {}).get("key") == key:
+                    ev = e
+                    del q[i]
+                    break
+            if ev is None:
+                raise self.gap(f"the actor asked for input {name!r} with key {key} (another request than any "
+                               "recorded one): it diverged earlier, or its configuration differs")
+        self.served_inputs += 1
+        try:
+            return ev.body(), ev.t_ns
+        except TraceFormatError as exc:
+            raise self.gap(str(exc)) from None
+
+    def reply_value(self, reply: Event, ask: Event) -> Any:
+        from ..mailbox import codec
+        self.served_replies += 1
+        what = f"the reply to {ask.method} (ask {ask.id} to {ask.header.get('to')})"
+        if reply.omitted:
+            # an actor may keep such a reply in full as an input named after the method (the trainer's batch)
+            q = self._inputs.get(ask.method)
+            if q:
+                ev = q.popleft()
+                value = ev.body()
+                if isinstance(value, dict) and value.get("__omitted__"):
+                    raise self.gap(f"{what} was not kept: {value.get('size')} bytes, "
+                                   f"{value.get('why', 'over the limit')}; raise SLIME_ACTORS_TRACE_BATCH_LIMIT")
+                self.served_inputs += 1
+                return value
+            raise self.gap(f"{what} was recorded by size and checksum only ({reply.body_size} bytes, over the "
+                           f"trace's body limit of {self.rec.meta.get('body_limit')} bytes); record with "
+                           f"SLIME_ACTORS_TRACE_BODY_LIMIT={_pow2_above(reply.body_size)} to replay this actor")
+        return self._decode(reply, what, codec)
+
+    def _decode(self, ev: Event, what: str, codec) -> Any:
+        frames = []
+        for a in ev.arrays or ():
+            if a[5] is None:
+                raise self.gap(f"{what} carries {len(ev.arrays)} array(s) recorded by checksum only; record with "
+                               "--trace-keep-arrays (SLIME_ACTORS_TRACE_KEEP_ARRAYS=1) to replay this actor")
+            frames.append(a[5])
+        try:
+            return codec.decode_body(ev.body_raw, frames)
+        except Exception as exc:
+            raise self.gap(f"{what}: recorded body does not decode ({ev.file} at byte {ev.offset}): {exc}") from None
+
+    def gap(self, why: str) -> ReplayGap:
+        if self.stopped is None:
+            self.stopped = why
+        return ReplayGap(why)
+
+    # ---------------------------------------------------------------------------------------- outbound
+    def sent(self, kind: str, to: str, method: str, body: Any, re: str | None) -> Out:
+        from ..mailbox import codec
+        from ..mailbox.mailbox import current_cause
+        cause = current_cause.get()
+        parent = cause[1] if cause is not None and kind in ("tell", "ask") else (re if re else None)
+        try:
+            raw, buffers, refs = codec.encode_body(body)
+        except TypeError as exc:
+            raw, buffers, refs = codec.encode_body({"__unencodable__": str(exc)})
+        keep = bool(self.rec.meta.get("keep_arrays"))
+        arrays = [[r.dtype, list(r.shape), r.kind, r.nbytes, digest(b), bytes(b) if keep else None]
+                  for r, b in zip(refs, buffers)]
+        decoded = _map_strings(decode_recorded_body(raw, arrays), self._back)
+        if self.fwd_map:  # the checksum of what the recorded actor would have sent
+            raw = codec.encode_body(_map_strings(codec.decode_body(raw, buffers) if buffers else
+                                                 msgpack.unpackb(raw, raw=False, strict_map_key=False),
+                                                 self._back))[0]
+        out = Out(kind, to, method, decoded, digest(raw), parent if kind in ("tell", "ask") else None, re,
+                  self.loop.time(), f"replay-{len(self.outs) + 1}")
+        self.outs.append(out)
+        if kind in ("reply", "error"):
+            out.matched = self._replies_by_re.pop(re or "", None)
+        else:
+            out.matched = self._match_request(out)
+        return out
+
+    def _match_request(self, out: Out) -> Event | None:
+        """The recorded request this one stands for: same receiver, method and cause; among several, the first
+        about the same thing (rollout_id, work_id, sample indices... -- concurrent work may go out in another
+        order), else the first in recorded order."""
+        from .diff import body_ident
+        cands = self._unmatched.get((out.to, out.method, out.parent))
+        if not cands:
+            return None
+        want = body_ident(out.body)
+        pick = 0
+        if want:
+            for i, e in enumerate(cands):
+                try:
+                    if body_ident(e.body()) == want:
+                        pick = i
+                        break
+                except TraceFormatError:
+                    continue
+        return cands.pop(pick)
+
+    # ---------------------------------------------------------------------------------------- delivering
+    def deliver(self, ev: Event) -> None:
+        from ..mailbox.mailbox import Inbound
+        h = dict(ev.header)
+        what = f"{h.get('kind')} {h.get('method')} from {h.get('from')} (id {h.get('id')})"
+        if ev.omitted:
+            raise self.gap(f"inbound {what}: its body was recorded by size and checksum only ({ev.body_size} "
+                           f"bytes, over the trace's body limit of {self.rec.meta.get('body_limit')} bytes); record "
+                           f"with SLIME_ACTORS_TRACE_BODY_LIMIT={_pow2_above(ev.body_size)} to replay this actor")
+        frames = []
+        for a in ev.arrays or ():
+            if a[5] is None:
+                raise self.gap(f"inbound {what} carries array(s) recorded by checksum only; record with "
+                               "--trace-keep-arrays (SLIME_ACTORS_TRACE_KEEP_ARRAYS=1) to replay this actor")
+            frames.append(a[5])
+        raw = ev.body_raw if ev.body_raw is not None else b"\xc0"
+        if self.fwd_map and any(old.encode() in raw for old, _ in self.fwd_map):
+            raw = _map_raw(raw, self._fwd)
+        self.fed += 1
+        self.actor.mailbox.stats["received"] += 1
+        self.actor.mailbox.on_request(Inbound(h, msgpack.packb(h, use_bin_type=True), raw, frames, b"replay"))
+
+    async def drive(self, start_task: asyncio.Task) -> None:
+        for ev in self.rec.inbound:
+            if self.stopped:
+                break
+            await self.sleep_until(ev.t_ns)
+            if start_task.done() and start_task.exception() is not None:
+                return
+            try:
+                self.deliver(ev)
+            except ReplayGap:
+                break
+        if not self.stopped:
+            await self.sleep_until(self.rec.end)
+        # the recorded actor ended here: let what is still running finish the way it does on stop
+        if start_task.done() and start_task.exception() is None:
+            await self.actor.stop("replay over")
+        else:
+            start_task.cancel()
+
+    async def main(self) -> None:
+        from ..runtime import RuntimeConfig
+        cls = self._actor_class()
+        self.config = self._build_config()
+        self.actor = cls(self.index, **self.config)
+        (self.workdir / "run").mkdir(parents=True, exist_ok=True)
+        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=None, curve=False, trace=True,
+                           trace_body_limit=int(self.rec.meta.get("body_limit", 65536)),
+                           trace_keep_arrays=bool(self.rec.meta.get("keep_arrays")), heartbeat_interval=3600.0)
+        start_task = self.loop.create_task(self.actor.start(rt, endpoint="replay://"))
+        await self.drive(start_task)
+        if start_task.done() and not start_task.cancelled() and start_task.exception() is not None:
+            exc = start_task.exception()
+            if isinstance(exc, ReplayError):
+                raise exc
+            raise ReplayError(f"{self.rec.actor} could not start from its recorded configuration: "
+                              f"{type(exc).__name__}: {exc} (paths in the recording may need --path-map OLD=NEW, "
+                              "or run from the directory the job ran in)")
+        await asyncio.sleep(0)
+
+    # ---------------------------------------------------------------------------------------- running
+    @contextlib.contextmanager
+    def _patched(self):
+        from ..actors import base
+        saved = {"Mailbox": base.Mailbox, "TraceWriter": base.TraceWriter}
+        harness = self
+        base.Mailbox = lambda name, **kw: ReplayMailbox(name, harness=harness, **kw)
+        base.TraceWriter = lambda *a, **kw: ReplayTracer(harness)
+        had_time = hasattr(base, "_time")
+        if had_time:
+            saved["_time"] = base._time
+            base._time = lambda: harness.rec.t0 / 1e9 + harness.loop.time()  # deadlines on recorded time
+        ws = None
+        if self.role == "trainer":
+            from ..backends import weight_sync as ws
+            saved_sender = ws.DistributedWeightSender
+            ws.DistributedWeightSender = _NoWeightSender
+        env_saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                    "MASTER_PORT") if k in os.environ}
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        conn, conn_ex = socket.socket.connect, socket.socket.connect_ex
+        if not self.allow_network:
+            def refuse(sock, address, *a):
+                harness.network.append(str(address))
+                raise ReplayNetworkError(f"replay: {harness.rec.actor} tried to connect to {address}; a replayed "
+                                         "actor gets what it receives from the recording")
+            socket.socket.connect = refuse
+            socket.socket.connect_ex = refuse
+        try:
+            yield
+        finally:
+            socket.socket.connect, socket.socket.connect_ex = conn, conn_ex
+            base.Mailbox, base.TraceWriter = saved["Mailbox"], saved["TraceWriter"]
+            if had_time:
+                base._time = saved["_time"]
+            if ws is not None:
+                ws.DistributedWeightSender = saved_sender
+            os.environ.update(env_saved)
+
+    def run(self) -> Report:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        VirtualClock(loop, 0.0, self.timeout)
+        try:
+            with self._patched():
+                try:
+                    loop.run_until_complete(self.main())
+                finally:
+                    _cancel_all(loop)
+        finally:
+            loop.close()
+            if self._tmp:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        return self._report()
+
+    # ---------------------------------------------------------------------------------------- comparing
+    def _describe(self, e: Event) -> str:
+        h = e.header
+        if h.get("kind") in ("reply", "error"):
+            return f"{h['kind']} to {h.get('method')} from {h.get('to')} (recorded id {h.get('id')}, re {h.get('re')})"
+        return f"{h.get('kind')} {h.get('to')}.{h.get('method')} (recorded id {h.get('id')})"
+
+    def _report(self) -> Report:
+        findings: list[Finding] = []
+        matched = {id(o.matched): o for o in self.outs if o.matched is not None}
+        end_vt = self.loop.time() if self.loop else 0.0
+        compared = 0
+        for e in self.rec.outbound:
+            o = matched.get(id(e))
+            if o is None:
+                if self.stopped and self.vt(e.t_ns) > end_vt:
+                    continue  # after the replay stopped: not a difference
+                findings.append(Finding(e.t_ns, "missing", f"{self._describe(e)} was not sent by the replay",
+                                        rec_id=e.id))
+                continue
+            compared += 1
+            if o.kind != e.kind:
+                findings.append(Finding(e.t_ns, "differs", self._describe(e),
+                                        Difference("kind", e.kind, o.kind), e.id))
+                continue
+            if e.omitted:
+                if e.body_hash != o.checksum:
+                    findings.append(Finding(e.t_ns, "differs", self._describe(e) + " (the recording kept only "
+                                            "the body's checksum)", Difference("checksum", e.body_hash, o.checksum),
+                                            e.id))
+                continue
+            try:
+                rb = e.body()
+            except TraceFormatError as exc:
+                findings.append(Finding(e.t_ns, "differs", f"{self._describe(e)}: {exc}", rec_id=e.id))
+                continue
+            d = first_difference(rb, o.body, rtol=self.rtol, atol=self.atol, volatile=self.volatile)
+            if d is not None:
+                findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id))
+        for o in self.outs:
+            if o.matched is None:
+                what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")
+                        else f"{o.kind} {o.to}.{o.method}")
+                findings.append(Finding(self.t_of(o.vt), "extra", f"{what}: sent by the replay, not in the recording",
+                                        Difference("", "<not sent>", o.body)))
+        outcomes = 0
+        for ev in self.rec.inbound[: self.fed]:
+            rec_h = self.rec.handled.get(ev.id)
+            rep = self.replay_handled.get(ev.id)
+            if rec_h is None and rep is None:
+                continue
+            outcomes += 1
+            ro = (rec_h.extra or {}).get("outcome") if rec_h is not None else "not handled"
+            po = rep.get("outcome") if rep is not None else "not handled"
+            norm = {"cached": "ok"}
+            if norm.get(ro, ro) != norm.get(po, po):
+                why_r = (rec_h.extra or {}).get("error", "") if rec_h is not None else ""
+                why_p = (rep or {}).get("error", "")
+                findings.append(Finding(ev.t_ns, "outcome", f"handling {ev.kind} {ev.method} from "
+                                        f"{ev.header.get('from')} (recorded id {ev.id})",
+                                        Difference("outcome", f"{ro} {why_r}".strip(), f"{po} {why_p}".strip()),
+                                        ev.id))
+        findings.sort(key=lambda f: f.t_ns)
+        if self.network:
+            self.notes.append(f"the actor tried to reach the network {len(self.network)} time(s) (first: "
+                              f"{self.network[0]}); those calls failed")
+        steps = self._train_steps() if self.role == "trainer" else []
+        counts = {"inbound": self.fed, "replies": self.served_replies, "inputs": self.served_inputs,
+                  "compared": compared, "outcomes": outcomes}
+        from .query import run_start_ns
+        return Report(self.rec.actor, str(self.rec.file.path), str(self.rec.meta.get("actor_class")),
+                      not findings and not self.stopped, findings, self.stopped, counts, self.notes,
+                      run_start_ns(self.run_), steps)  # times as `trace show` prints them
+
+    def _train_steps(self) -> list[dict]:
+        out = []
+        by_re = {o.re: o for o in self.outs if o.kind == "reply" and o.method == "train"}
+        for e in self.rec.outbound:
+            if e.kind == "reply" and e.method == "train":
+                try:
+                    rb = e.body()
+                except TraceFormatError:
+                    continue
+                req = next((x for x in self.rec.inbound if x.id == e.header.get("re")), None)
+                rid = (req.body() or {}).get("rollout_id") if req is not None else None
+                o = by_re.get(e.header.get("re"))
+                out.append({"rollout_id": rid, "recorded": rb if isinstance(rb, dict) else {},
+                            "replayed": o.body if o is not None and isinstance(o.body, dict) else {}})
+        return out
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def _pow2_above(n: int) -> int:
+    p = 65536
+    while p < n:
+        p *= 2
+    return p
+
+
+def _map_prefix(s: str, pairs: list[tuple[str, str]]) -> str:
+    for old, new in pairs:
+        if old and (s == old or s.startswith(old.rstrip("/") + "/")):
+            return new + s[len(old):]
+    return s
+
+
+def _map_strings(v: Any, fn) -> Any:
+    if isinstance(v, str):
+        return fn(v)
+    if isinstance(v, dict):
+        return {(_map_strings(k, fn) if isinstance(k, str) else k): _map_strings(x, fn) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_map_strings(x, fn) for x in v]
+    return v
+
+
+def _map_raw(raw: bytes, fn) -> bytes:
+    value = msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=lambda c, d: msgpack.ExtType(c, d))
+    return msgpack.packb(_map_strings(value, fn), use_bin_type=True)
+
+
+def _remake_checkpoint(path: str) -> str | None:
+    """A tiny:NAME or smollm2 model directory that is not on this machine: make it again (they are made locally,
+    deterministically)."""
+    name = Path(path).name
+    spec = None
+    if name.startswith("tiny-"):
+        spec = "tiny:" + name[len("tiny-"):]
+    elif name == "smollm2-135m-instruct":
+        spec = "smollm2:135m"
+    if spec is None:
+        return None
+    from ..models.resolve import resolve_checkpoint
+    cache = Path(os.environ.get("SLIME_ACTORS_MODEL_CACHE", Path.home() / ".cache" / "slime-actors" / "models"))
+    try:
+        return resolve_checkpoint(spec, cache)
+    except Exception as exc:
+        log.warning("could not make the model again", spec=spec, error=repr(exc))
+        return None
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for it in items or ():
+        if "=" not in it:
+            raise ReplayError(f"--set {it!r}: expected KEY=VALUE (VALUE as JSON, else a string)")
+        k, _, v = it.partition("=")
+        k = k.strip().lstrip("-").replace("-", "_")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def parse_path_maps(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for it in items or ():
+        if "=" not in it:
+            raise ReplayError(f"--path-map {it!r}: expected OLD=NEW")
+        old, _, new = it.partition("=")
+        out.append((old, new))
+    return out
+
+
+def replay(run: TraceRun | str, actor: str, **kw) -> Report:
+    """Replay `actor` (role/index) of a recorded run; see the module docstring."""
+    if not isinstance(run, TraceRun):
+        run = TraceRun(run)
+    return Harness(run, actor, **kw).run()
