@@ -100,7 +100,6 @@ class Actor:
         self._idem_max = 4096
         self._running = False
         self._trace = None  # the trace writer's queue append, once started with tracing on
-        self._tpack = None
         self._tlimit = -1
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -138,11 +137,8 @@ class Actor:
         self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
                                config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
-        self._trace = getattr(self.tracer, "append", None)
-        self._tpack = getattr(self.tracer, "pack_record", None)
-        if self._tpack is None:
-            self._trace = None  # a tracer without the fast entries: use its record()
-        else:
+        self._trace = getattr(self.tracer, "append", None)  # None: a tracer without the fast entry, use record()
+        if self._trace is not None:
             # requests' recv records are written here, merged with the handled record for synchronous handlers
             self._tlimit = self.tracer.body_limit
             self.mailbox.defer_recv_trace = True
@@ -393,7 +389,7 @@ class Actor:
         t, inbound.t_ns = inbound.t_ns, 0
         body, arrays = inbound.body_bytes, inbound.arrays
         if not arrays and len(body) <= self._tlimit:
-            self._trace(self._tpack(("recv", t, inbound.header_bytes, body, len(body), None, None, extra)))
+            self._trace(("recv", t, inbound.header_bytes, body, len(body), None, None, extra))
         else:
             self._trace(("recv", t, inbound.header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
                          extra))
@@ -404,7 +400,7 @@ class Actor:
             extra["t"] = t
             self._trace_recv(inbound, {"handled": extra})
         elif self._trace is not None:
-            self._trace(self._tpack(("handled", t, inbound.header_bytes, None, 0, None, None, extra)))
+            self._trace(("handled", t, inbound.header_bytes, None, 0, None, None, extra))
         else:
             self.tracer.record("handled", inbound.header_bytes, None, extra=extra)
 

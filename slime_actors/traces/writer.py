@@ -61,15 +61,12 @@ class TraceWriter:
         self.records = 0
         self.lost = 0  # records that could not be written
         self._q: collections.deque = collections.deque()
-        # The hot path's entries (the mailbox and the actor's dispatch use them; see record()):
-        #  * `append(item)` -- a bound deque.append. `item` is either a record tuple (event, time_ns, header, body,
-        #    refs, buffers, extra), finished by the writer thread (checksums of arrays and large bodies), or the
-        #    bytes of a record already packed with `pack_record`;
-        #  * `pack_record((event, time_ns, header, body, body_size, None, None, extra))` -- packs a record with no
-        #    arrays and a body under `body_limit` in the caller's thread, so the writer thread only writes bytes.
-        #    A msgpack.Packer is not thread-safe: only the thread that runs the actor's event loop may call it.
+        # The hot path's entry (the mailbox and the actor's dispatch use it; see record()): a bound deque.append.
+        # It takes either a finished record, the 8-tuple (event, time_ns, header, body, body_size, None, None, extra)
+        # with header and body as bytes and no arrays -- the writer thread packs runs of these with one msgpack
+        # call -- or the 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which
+        # the writer thread finishes (checksums of arrays and of bodies over body_limit).
         self.append = self._q.append
-        self.pack_record = msgpack.Packer(use_bin_type=True).pack
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
@@ -110,30 +107,53 @@ class TraceWriter:
 
     def _drain(self) -> None:
         # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
-        # loop. Most records arrive packed already (bytes); the rest are finished here.
+        # loop. Finished records are packed a run at a time: msgpack packs a list of N records as an array header
+        # followed by the N records back to back, which is exactly the file's layout once the header is cut off.
         with self._drain_lock:
             q, limit = self._q, self.body_limit
             popleft = q.popleft
-            chunks = []
+            chunks, run, n = [], [], 0
             while q:
                 try:
                     item = popleft()
                 except IndexError:
                     break
-                if type(item) is bytes:
-                    chunks.append(item)
+                if len(item) == 8:
+                    run.append(item)
                     continue
+                if run:
+                    n += self._pack_run(run, chunks)
+                    run = []
                 try:
                     chunks.append(self._finish(item, limit))
+                    n += 1
                 except Exception:  # a record that cannot be packed is lost, not the writer thread
                     self.lost += 1
+            if run:
+                n += self._pack_run(run, chunks)
             if chunks:
                 try:
                     self._file.writelines(chunks)
                     self._file.flush()
-                    self.records += len(chunks)
+                    self.records += n
                 except (OSError, ValueError):
-                    self.lost += len(chunks)  # disk full or closed: tracing must never take the actor down
+                    self.lost += n  # disk full or closed: tracing must never take the actor down
+
+    def _pack_run(self, run: list, chunks: list) -> int:
+        try:
+            data = self._packer.pack(run)
+        except Exception:  # one bad record: pack them one by one and lose only that one
+            good = 0
+            for rec in run:
+                try:
+                    chunks.append(self._packer.pack(rec))
+                    good += 1
+                except Exception:
+                    self.lost += 1
+            return good
+        k = len(run)
+        chunks.append(memoryview(data)[1 if k < 16 else 3 if k < 65536 else 5:])
+        return k
 
     def _finish(self, item: tuple, limit: int) -> bytes:
         ev, t, header, body, refs, buffers, extra = item
