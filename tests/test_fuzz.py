@@ -25,7 +25,8 @@ from slime_actors.mailbox.codec import ProtocolError
 from slime_actors.runtime import RuntimeConfig
 
 N_LIVE = 10_000
-FAST = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+BATCH = 10  # messages per hypothesis example: the live test runs N_LIVE / BATCH examples
+FAST = settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 # msgpack headers that declare ~4 GiB (str32, bin32, array32, map32, ext32) or 2^32-1 elements
 HUGE = [b"\xdb\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff", b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff",
@@ -140,6 +141,9 @@ def test_timestamps_are_not_a_way_around_the_ext_rule():
     for ts in (msgpack.Timestamp(1, 0), msgpack.Timestamp(1, 5), msgpack.Timestamp(2**40, 5)):
         with pytest.raises(ProtocolError, match="ext type -1"):
             codec.decode_body(packb({"x": [1, {"t": ts}]}), [])
+    for raw in (b"\xc7\x04\xff" + b"\0" * 4, b"\xc8\x00\x08\xff" + b"\0" * 8, b"\xc9\x00\x00\x00\x0c\xff" + b"\0" * 12):
+        with pytest.raises(ProtocolError, match="ext type -1"):  # the same timestamps, in the longer ext forms
+            codec.decode_body(b"\x81\xa1x" + raw, [])
     assert codec.decode_body(packb({"x": b"\xd6\xff\xd7\xff"}), []) == {"x": b"\xd6\xff\xd7\xff"}
 
 
@@ -272,12 +276,13 @@ def test_live_actor_survives_and_counts_10000_fuzzed_messages(fuzzed_actor):
                 replies["n"] += 1
                 replies["errors_re_empty"] += h["kind"] == "error" and h["re"] == ""
 
-        @settings(max_examples=N_LIVE, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-        @given(fuzz_message())
-        def send(msg):
-            cat, frames = msg
-            s.send_multipart(frames)
-            sent[cat] += 1
+        @settings(max_examples=N_LIVE // BATCH, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(fuzz_message(), min_size=BATCH, max_size=BATCH))
+        def send(batch):
+            for cat, frames in batch:
+                s.send_multipart(frames)
+                sent[cat] += 1
             if sum(sent.values()) % 200 == 0:
                 drain()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -222,9 +223,11 @@ def _no_frames_hook(code: int, payload: bytes):
     raise ProtocolError("array reference without array frames")  # not reached
 
 
-# msgpack decodes ext type -1 (timestamps) itself, without asking ext_hook. Its three encodings start with these
-# bytes; a body holding one of them (rare, and then usually inside a bin or str) is checked for Timestamp objects.
-_TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+# msgpack decodes ext type -1 (timestamps) itself, without asking ext_hook. A timestamp is 4, 8 or 12 bytes in any
+# ext encoding (fixext 4/8, ext 8/16/32); a body holding one of these byte patterns (rare, and then usually inside a
+# bin or str) is checked for Timestamp objects.
+_TIMESTAMP_MARK = re.compile(rb"\xd6\xff|\xd7\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x00[\x04\x08\x0c]\xff"
+                             rb"|\xc9\x00\x00\x00[\x04\x08\x0c]\xff")
 
 
 def _reject_timestamps(obj, depth: int = 0) -> None:
@@ -260,7 +263,7 @@ def decode_body(data, frames: list) -> Any:
     except Exception as exc:  # msgpack raises several types for bad input; all mean the same to us
         raise ProtocolError(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if type(data) is bytes:
-        if b"\xff" in data and any(m in data for m in _TIMESTAMP_MARKS):
+        if b"\xff" in data and _TIMESTAMP_MARK.search(data):
             _reject_timestamps(body)
     else:
         _reject_timestamps(body)
