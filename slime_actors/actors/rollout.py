@@ -254,7 +254,10 @@ class RolloutWorker(Actor):
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers only when done: no probe then
                 if self._engine_paused is None and self._updating == 0:
-                    ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
+                    try:
+                        ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
+                    except RuntimeError:  # the client was closed under us (stopping or restarting)
+                        continue
                     if not ok and self._engine_paused is None and self._updating == 0 and not self._restarting:
                         reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
             if reason:

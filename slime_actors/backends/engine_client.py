@@ -14,6 +14,7 @@ runs past its timeout raises EngineTimeout (also an EngineError).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -133,7 +134,8 @@ class EngineClient:
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_concurrency = max_concurrency
         self._sem: asyncio.Semaphore | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None      # /generate: at most max_concurrency at once
+        self._control: aiohttp.ClientSession | None = None      # everything else: never queued behind generation
         self.request_hook = None  # callable(method, path, json_body, params) -- used by the contract tests
         # where /generate goes: this engine, or an sglang-router in front of several (control stays here)
         self.generate_base_url: str | None = None
@@ -150,6 +152,14 @@ class EngineClient:
                 headers=self._headers())
         return self._session
 
+    async def _get_control_session(self) -> aiohttp.ClientSession:
+        """Health probes, pauses, aborts and weight updates get their own connections: a health probe must not wait
+        behind max_concurrency hung generations (it would never time out), nor an abort behind what it aborts."""
+        if self._control is None or self._control.closed:
+            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32, force_close=False),
+                                                  headers=self._headers())
+        return self._control
+
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
                        timeout: float | None = None, expect: str = "json", ok_statuses: Sequence[int] = (),
                        base_url: str | None = None) -> Any:
@@ -157,10 +167,11 @@ class EngineClient:
         if self.request_hook is not None:
             self.request_hook(method, path, body, params)
         base = (base_url or self.base_url).rstrip("/")
-        session = await self._get_session()
+        generation = path == "/generate"
+        session = await (self._get_session() if generation else self._get_control_session())
         t = self.timeout if timeout is None else timeout
         to = aiohttp.ClientTimeout(total=t, connect=min(self.connect_timeout, t) if t else self.connect_timeout)
-        async with self._sem:
+        async with (self._sem if generation else contextlib.nullcontext()):
             try:
                 async with session.request(method, base + path, json=body, params=params,
                                            timeout=to) as resp:
@@ -195,9 +206,10 @@ class EngineClient:
         return out
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        for sess in (self._session, self._control):
+            if sess is not None and not sess.closed:
+                await sess.close()
+        self._session = self._control = None
 
     async def __aenter__(self):
         return self

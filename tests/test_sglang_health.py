@@ -1,0 +1,132 @@
+"""The rollout worker's engine supervision and SGLang control flow in the RL loop, on CPU with the local engine:
+
+* --use-fault-tolerance: an engine that stops answering /health_generate (SIGSTOP: alive but hung) is killed,
+  restarted, re-synced to the current weight version, and the work it held is re-issued -- the run completes.
+  (Killed engines and killed actors are the fault-tolerance tests' subject; this one is about the health probe.)
+* --async-train: around each weight update the workers pause their engines (/pause_generation, mode abort) and
+  continue them (/continue_generation); with --use-sglang-router generation goes through a router that rollout/0
+  starts (a stand-in sglang_router package, tests/data/sglang_fake_router) and each engine registers with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "digits" / "config.toml"
+BIN = Path(sys.executable).parent / "slime-actors"
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+
+def events(run: Path, name: str) -> list[dict]:
+    path = run / "logs" / f"{name}.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def start(run: Path, *flags, env=None) -> subprocess.Popen:
+    cmd = [str(BIN), "train", "--config", str(CONFIG), "--run-dir", str(run), "--progress", "false",
+           "--eval-interval", "0", "--skip-eval-before-train", "--rollout-batch-size", "4", "--global-batch-size", "32",
+           "--micro-batch-size", "32", *flags]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def finish(p: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError(f"train did not finish in {timeout}s:\n{out[-6000:]}")
+    assert p.returncode == 0, f"train failed ({p.returncode}):\n{out[-6000:]}"
+    return out
+
+
+def wait_for(pred, timeout: float, what: str):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_health_check_restarts_a_hung_engine(tmp_path):
+    run = tmp_path / "run"
+    p = start(run, "--num-rollout", "3", "--rollout-max-response-len", "16", "--use-fault-tolerance",
+              "--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "3")
+    stopped = None
+    try:
+        # once the first update is in (version 1), hang the engine: alive, but it answers nothing
+        wait_for(lambda: any(e.get("event") == "weights synced" and e.get("version") == 1
+                             for e in events(run, "trainer-0")), 240, "the first weight sync")
+        up = [e for e in events(run, "rollout-0") if e.get("event") == "engine up"]
+        stopped = up[-1]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        finish(p, 300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    roll = events(run, "rollout-0")
+    failed = [e for e in roll if e.get("event") == "engine failed; restarting it"]
+    assert len(failed) == 1 and "/health_generate" in failed[0]["reason"], failed
+    ups = [e for e in roll if e.get("event") == "engine up"]
+    assert len(ups) == 2 and ups[1]["pid"] != stopped
+    # the hung engine is gone (killed, not left stopped)
+    assert not Path(f"/proc/{stopped}").exists() or "zombie" in Path(f"/proc/{stopped}/status").read_text()
+    # its work was handed back and re-issued, the new engine re-synced to the current version before serving
+    released = [e for e in events(run, "buffer-0") if e.get("event") == "released a worker's groups"]
+    assert released and released[0]["groups"] >= 1 and "/health_generate" in released[0]["reason"]
+    resync = [e for e in events(run, "controller-0") if e.get("event") == "re-syncing a restarted engine"]
+    assert resync and resync[0]["to_version"] >= 1
+    syncs = [e for e in events(run, "trainer-0") if e.get("event") == "weights synced"]
+    assert any(e["workers"] == 1 and e["version"] == resync[0]["to_version"] for e in syncs)
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 3 and steps[-1]["weight_version_after"] == 3
+    assert all(s["rollout/samples"] == 4 * 8 for s in steps)  # full rollouts: the re-issued groups were generated
+
+
+def test_async_updates_pause_engines_and_a_router_in_front(tmp_path):
+    run = tmp_path / "run"
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "data" / "sglang_fake_router"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    p = start(run, "--num-rollout", "3", "--async-train", "--rollout-num-engines", "2", "--use-sglang-router",
+              "--router-policy", "round_robin", env=env)
+    finish(p, 400)
+    for i in range(2):
+        roll = events(run, f"rollout-{i}")
+        paused = [e for e in roll if e.get("event") == "engine paused"]
+        continued = [e for e in roll if e.get("event") == "engine continued"]
+        assert paused and all(e["mode"] == "abort" for e in paused) and len(continued) >= len(paused) - 1
+        assert any(e.get("event") == "engine registered with the router" for e in roll)
+        assert any(e.get("event") == "generation goes through the sglang-router" for e in roll)
+        log = (run / "logs" / f"engine-{i}.log").read_text()
+        assert "generation paused" in log and "generation continued" in log
+    router_log = (run / "logs" / "sglang-router.log").read_text()
+    assert router_log.count("fake-router: worker added") >= 2
+    starts = [e for e in events(run, "rollout-0") if e.get("event") == "starting sglang-router"]
+    assert starts and "--policy round_robin" in starts[0]["flags"] and "--disable-health-check" in starts[0]["flags"]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 3 and steps[-1]["weight_version_after"] == 3
