@@ -347,6 +347,13 @@ def validate(args: argparse.Namespace) -> None:
         bad("--debug-rollout-only and --debug-train-only exclude each other")
     if args.debug_train_only and not args.load_debug_rollout_data:
         bad("--debug-train-only needs --load-debug-rollout-data")
+    if args.load_debug_rollout_data:  # saved by --save-debug-rollout-data: a directory, FILE.ext, or a {rollout_id} template
+        spec = args.load_debug_rollout_data
+        where = Path(spec.split("{rollout_id}")[0]).parent if "{rollout_id}" in spec else (
+            Path(spec).parent if Path(spec).suffix and not Path(spec).is_dir() else Path(spec))
+        if not where.is_dir():
+            bad(f"--load-debug-rollout-data {spec}: {where} does not exist (it is written by "
+                "--save-debug-rollout-data)")
     if args.prompt_data is None and not args.load_debug_rollout_data:
         bad("--prompt-data is required")
     if args.prompt_data and not os.path.exists(args.prompt_data):

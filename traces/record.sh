@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-make the recorded runs under traces/ (docs/debugging.md walks through them; tests/test_trace_cli.py and
 # tests/test_replay.py read them). Run from the repository root:  bash traces/record.sh [NAME...]
-# Each run is small (4 prompts x 4 samples per step, CPU, tiny model): ~30-60 s; only its trace files are kept.
+# Each run is small (4 prompts x 4 samples per step, CPU, tiny model): ~30-60 s; only its trace files are kept,
+# gzip-compressed (~60 KB a run).
 # Flags are given on the command line (not in a config file) so the recorded paths stay relative to the
 # repository root and a replay finds them in any checkout.
 set -euo pipefail
@@ -11,7 +12,7 @@ COMMON=(--hf-checkpoint tiny:digits --prompt-data examples/digits/train.jsonl --
         --rollout-batch-size 4 --n-samples-per-prompt 4 --global-batch-size 16 --micro-batch-size 16
         --rollout-max-response-len 1 --rollout-temperature 1.0 --advantage-estimator grpo --clip-grad 1.0
         --rollout-num-engines 1 --num-reward-workers 1 --actor-num-gpus-per-node 1
-        --use-tensorboard false --progress false)
+        --heartbeat-interval 2 --use-tensorboard false --progress false)
 
 record() {  # NAME FLAGS...
   local name=$1; shift
@@ -21,6 +22,7 @@ record() {  # NAME FLAGS...
   rm -rf "traces/$name"
   mkdir -p "traces/$name"
   cp "$run"/traces/*.trace "traces/$name/"
+  gzip -9 -n "traces/$name"/*.trace   # the reader reads NAME.trace.gz as it is (docs/trace-format.md)
   du -sh "traces/$name"
 }
 

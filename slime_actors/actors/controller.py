@@ -282,25 +282,29 @@ class Controller(Actor):
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
         samples = await self.ask("buffer/0", "dump_rollout", {"rollout_id": k}, timeout=300)
-        path = Path(self.args.save_debug_rollout_data.format(rollout_id=k))
-        if "{rollout_id}" not in self.args.save_debug_rollout_data:
-            path = path / f"rollout_{k:06d}.msgpack" if not path.suffix else path.with_name(
-                f"{path.stem}_{k:06d}{path.suffix}")
+        path = debug_rollout_path(self.args.save_debug_rollout_data, k)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(msgpack.packb({"rollout_id": k, "samples": samples}, use_bin_type=True))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(msgpack.packb({"rollout_id": k, "samples": samples}, use_bin_type=True))
+        tmp.replace(path)  # a file that is there is complete
+        self.log.info("saved rollout data", rollout_id=k, path=str(path), samples=len(samples))
 
     async def _load_debug_rollout(self, k: int) -> dict:
+        """Rollout k from --load-debug-rollout-data (what --save-debug-rollout-data wrote): no engine involved."""
         import msgpack
-        spec = self.args.load_debug_rollout_data
-        if "{rollout_id}" in spec:
-            path = Path(spec.format(rollout_id=k))
-        else:
-            p = Path(spec)
-            path = p / f"rollout_{k:06d}.msgpack" if p.is_dir() else p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
+        path = debug_rollout_path(self.args.load_debug_rollout_data, k)
         if not path.exists():
-            raise FileNotFoundError(f"--load-debug-rollout-data: no saved rollout {k} at {path}")
-        data = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
-        await self.ask("buffer/0", "load_rollout", {"rollout_id": k, "samples": data["samples"]}, timeout=300)
+            raise FileNotFoundError(f"--load-debug-rollout-data: no saved rollout {k} at {path} (it is written by "
+                                    "--save-debug-rollout-data, one file per rollout id)")
+        try:
+            data = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+            samples = data["samples"]
+            if not isinstance(samples, list) or not samples:
+                raise ValueError("no samples in it")
+        except Exception as exc:
+            raise ValueError(f"--load-debug-rollout-data: {path} is not a saved rollout ({type(exc).__name__}: "
+                             f"{exc}); expected what --save-debug-rollout-data writes") from None
+        await self.ask("buffer/0", "load_rollout", {"rollout_id": k, "samples": samples}, timeout=300)
         return await self.ask("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 60.0}, timeout=90)
 
     @staticmethod
@@ -348,6 +352,18 @@ class Controller(Actor):
             if self.evals else {}
         self.result = {"steps": len(self.history), "eval_before": first, "eval_after": last, "plot": png,
                        "weight_version": self.version, "metrics": str(self.metrics_path)}
+
+
+def debug_rollout_path(spec: str, k: int) -> Path:
+    """Where rollout k is saved (--save-debug-rollout-data) or loaded from (--load-debug-rollout-data):
+    "dir/data_{rollout_id}.msgpack" as slime writes it, else DIR/rollout_00000K.msgpack for a directory (a path
+    without a suffix), else FILE_00000K.SUFFIX."""
+    if "{rollout_id}" in spec:
+        return Path(spec.format(rollout_id=k))
+    p = Path(spec)
+    if p.is_dir() or not p.suffix:
+        return p / f"rollout_{k:06d}.msgpack"
+    return p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
 
 
 def _r(v):

@@ -18,7 +18,7 @@ from typing import Any
 VOLATILE_DIFF = frozenset(("ts", "time", "seconds", "pid", "host", "uptime", "endpoint", "url", "started",
                            "finished", "deadline", "dur_ns", "train_time", "master_port", "master_address",
                            "traceback", "trace_records", "restarts", "port", "addr", "master_addr", "group_name",
-                           "time/"))
+                           "token", "time/"))
 
 # A replay reproduces the computation and the recorded clocks, so fewer fields are left out; what remains measures
 # real elapsed time the recording did not keep (the trainer's timings) or the machine the replay runs on.

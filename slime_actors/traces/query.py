@@ -318,8 +318,8 @@ def event_line(e: Event, t0: int) -> str:
 def select_events(run: TraceRun, *, actor: str | None = None, methods: Iterable[str] = (),
                   kinds: Iterable[str] = (), events: Iterable[str] = (), since: int | None = None,
                   until: int | None = None, msg_id: str | None = None) -> list[Event]:
-    """Records matching every filter given, by time. Without `actor` and `events`, a message sent and received
-    between two traced actors is listed once (its send)."""
+    """Records matching every filter given, by time. Without `actor`, `events` and `msg_id`, a message sent and
+    received between two traced actors is listed once (its send)."""
     actors = set(run.actors())
     if actor is not None and actor not in actors:
         raise QueryError(f"no actor {actor!r} in {run.root} (actors: {', '.join(sorted(actors))})")
@@ -335,7 +335,7 @@ def select_events(run: TraceRun, *, actor: str | None = None, methods: Iterable[
             continue
         if evs and e.ev not in evs:
             continue
-        if not evs and actor is None and e.ev == "recv" and e.header \
+        if not evs and actor is None and msg_id is None and e.ev == "recv" and e.header \
                 and e.header.get("from") in actors and e.header.get("kind") != "hb":
             continue  # its send is listed
         if methods:

@@ -92,11 +92,10 @@ class TraceWriter:
 
         `key` tells apart inputs of one name that may arrive in another order on replay (an engine's answers to
         concurrent requests): replay serves the recorded value with the same name and key. Inputs are kept in full
-        whatever the body limit (replay cannot do without them), so the record is packed here, complete."""
+        whatever the body limit (replay cannot do without them): queued as a finished record."""
         body = msgpack.packb(value, use_bin_type=True, default=_plain)
         extra = {"name": name} if key is None else {"name": name, "key": key}
-        rec = (INPUT, time.time_ns(), None, body, len(body), None, None, extra)  # a finished record
-        self._q.append(msgpack.packb(rec, use_bin_type=True) if hasattr(self, "pack_record") else rec)
+        self._q.append((INPUT, time.time_ns(), None, body, len(body), None, None, extra))  # a finished record
 
     # -- writer thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:

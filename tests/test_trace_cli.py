@@ -1,0 +1,360 @@
+"""`slime-actors trace ...` on the recorded runs checked in under traces/ (made by traces/record.sh), and on
+corrupt, truncated and old-version trace files: every command answers with one clear line, never a traceback.
+
+traces/small       GRPO on the digits task, partial-credit reward, lr 3e-3, 3 steps
+traces/high-lr     the same job with lr 1.0 (the trainer diverges after its first update)
+traces/slow-reward a reward function that sleeps 0.2 s whenever the answer is 9, 2 steps
+"""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from slime_actors.cli import main
+from slime_actors.traces.query import steps
+from slime_actors.traces.reader import TraceRun
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL, HIGH_LR, SLOW = ROOT / "traces" / "small", ROOT / "traces" / "high-lr", ROOT / "traces" / "slow-reward"
+
+
+@pytest.fixture
+def cli(capsys):
+    def run(*args):
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err, err
+        return rc, out, err
+    return run
+
+
+def test_recordings_are_small_and_readable():
+    total = sum(p.stat().st_size for p in (ROOT / "traces").rglob("*.trace.gz"))
+    assert 0 < total < 400_000, total
+    for d in (SMALL, HIGH_LR, SLOW):
+        run = TraceRun(d)
+        assert run.problems == []
+        assert {"controller/0", "buffer/0", "rollout/0", "reward/0", "trainer/0"} <= set(run.actors())
+        assert all(f.meta["version"] >= 1 and f.meta["actor_class"] for f in run.files if "actor_class" in f.meta)
+
+
+# ------------------------------------------------------------------------------------------------------ summary
+def test_summary_finds_the_slow_reward_function(cli):
+    rc, out, _ = cli("trace", "summary", SLOW)
+    assert rc == 0
+    rows = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.startswith(("reward", "buffer"))}
+    score = rows[("reward", "score")]
+    assert int(score[3]) == 8 and int(score[5]) == 0  # 2 steps x 4 groups, no errors
+    handle_p95, handle_p99 = float(score[10]), float(score[11])
+    assert handle_p95 >= 195 and handle_p99 >= handle_p95  # the 0.2 s sleep
+    slow = out.split("slowest messages")[1].splitlines()[1:6]
+    assert any("reward.score" in line for line in slow)
+    assert not any("get_work" in line for line in slow)  # long polls are left out
+    # the same numbers as JSON, for scripts
+    rc, out, _ = cli("trace", "summary", SLOW, "--role", "reward", "--json")
+    data = json.loads(out)
+    assert [d["method"] for d in data] == ["_peer_down", "score"]
+    assert data[1]["handle_ms"]["p99"] >= 195 and data[1]["asks"] == 8
+
+
+def test_summary_of_one_step(cli):
+    run = TraceRun(SMALL)
+    st = steps(run)
+    assert sorted(st) == [0, 1, 2] and all(s.start_ns < s.end_ns for s in st.values())
+    assert st[0].end_ns <= st[1].start_ns <= st[1].end_ns <= st[2].start_ns
+    rc, out, _ = cli("trace", "summary", SMALL, "--step", "1")
+    assert rc == 0 and "step 1:" in out.splitlines()[0]
+    train = next(line.split() for line in out.splitlines() if line.startswith("trainer") and " train " in line)
+    assert int(train[3]) == 1  # one train ask in the step
+    rc, _, err = cli("trace", "summary", SMALL, "--step", "7")
+    assert rc == 2 and "no step 7" in err and "0..2" in err
+
+
+# ------------------------------------------------------------------------------------------------------ show
+def test_show_decodes_bodies_and_filters(cli):
+    rc, out, _ = cli("trace", "show", SLOW, "--actor", "reward/0", "--method", "score", "--events", "recv",
+                     "--full")
+    assert rc == 0
+    lines = out.splitlines()
+    assert "8 record(s)" in lines[0]
+    heads = [line for line in lines[1:] if not line.startswith("    ")]
+    bodies = [json.loads(line.strip()) for line in lines[1:] if line.startswith("    ")]
+    assert len(heads) == len(bodies) == 8 and all("recv  ask  <- rollout/0  score" in h for h in heads)
+    assert all(len(b["samples"]) == 4 and "prompt_tokens" in b["samples"][0] for b in bodies)
+    labels = {s["label"] for b in bodies for s in b["samples"]}
+    assert "9" in labels
+
+    # a time window: every record shown lies in it
+    run = TraceRun(SLOW)
+    t0 = min(f.meta["started_ns"] for f in run.files)
+    rc, out, _ = cli("trace", "show", SLOW, "--since", "10", "--until", "+60.5s", "--no-body", "--json")
+    recs = [json.loads(x) for x in out.splitlines()]
+    assert recs and all(10 <= r["t"] <= 60.5 for r in recs)
+    assert all(r["header"]["kind"] != "hb" for r in recs if r["header"])  # heartbeats only when asked for
+    # inputs recorded for replay, by name
+    rc, out, _ = cli("trace", "show", SLOW, "--actor", "rollout/0", "--method", "engine.generate", "--limit", "3")
+    assert rc == 0 and out.count("input  engine.generate  key=") == 3 and '"output_ids"' in out
+    assert t0 > 0
+
+
+def test_show_one_message_and_errors(cli):
+    run = TraceRun(SMALL)
+    m = next(m for m in run.messages().values() if m.method == "get_batch")
+    rc, out, _ = cli("trace", "show", SMALL, "--id", m.id, "--no-body")
+    assert rc == 0
+    kinds = sorted(line.split()[2] for line in out.splitlines()[1:])
+    assert kinds == ["handled", "recv", "recv", "send", "send"]  # ask sent+received, handled, reply sent+received
+    rc, _, err = cli("trace", "show", SMALL, "--actor", "nobody/3")
+    assert rc == 2 and "no actor 'nobody/3'" in err and "reward/0" in err
+    rc, _, err = cli("trace", "show", SMALL, "--since", "yesterday")
+    assert rc == 2 and "cannot read time 'yesterday'" in err
+    rc, _, err = cli("trace", "show", SMALL, "--events", "sent")
+    assert rc == 2 and "unknown event kind" in err
+
+
+# ------------------------------------------------------------------------------------------------------ chain
+def test_chain_walks_causes_and_effects(cli):
+    run = TraceRun(SMALL)
+    msgs = run.messages()
+    train = next(m for m in msgs.values() if m.method == "train" and m.header["kind"] == "ask")
+    get_batch = next(m for m in msgs.values() if m.method == "get_batch" and m.header.get("parent") == train.id)
+    # from the effect: the train ask that caused it comes first
+    rc, out, _ = cli("trace", "chain", SMALL, get_batch.id)
+    assert rc == 0
+    up = out.split("caused by:")[1].split("this message:")[0]
+    assert f"id={train.id}" in up and "controller/0 -> trainer/0  ask  train" in up
+    assert f"id={get_batch.id}" in out.split("this message:")[1]
+    assert '"rank": 0' in out and '"tokens"' in out  # the request and reply bodies
+    # from the cause: what it led to
+    rc, out, _ = cli("trace", "chain", SMALL, train.id)
+    down = out.split("caused (")[1]
+    assert f"id={get_batch.id}" in down and "trainer/0 -> buffer/0  ask  get_batch" in down
+    # a reply's id names its ask
+    rc, out, _ = cli("trace", "chain", SMALL, train.reply.id)
+    assert rc == 0 and f"{train.reply.id} is the reply to {train.id}" in out
+    rc, _, err = cli("trace", "chain", SMALL, "0123456789abcdef")
+    assert rc == 2 and "no message with id" in err
+    rc, _, err = cli("trace", "chain", SMALL, "ab")
+    assert rc == 2 and "too short" in err
+    rc, _, err = cli("trace", "chain", SMALL, train.id[:8])  # every id of that process starts so
+    assert rc == 2 and "ambiguous" in err
+
+
+def rewrite(path: Path, edit) -> None:
+    """Rewrite a (gzip) trace file, calling edit(record, decoded header) on every record with a header."""
+    data = gzip.decompress(path.read_bytes())
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    head, recs = up.unpack(), list(up)
+    for rec in recs:
+        if rec[2]:
+            edit(rec, msgpack.unpackb(rec[2], raw=False))
+    path.write_bytes(gzip.compress(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True)
+                                                                    for r in recs)))
+
+
+# ------------------------------------------------------------------------------------------------------ diff
+def test_diff_of_a_run_with_itself_and_with_a_changed_copy(cli, tmp_path):
+    rc, out, _ = cli("trace", "diff", SMALL, SMALL)
+    assert rc == 0 and "no divergence" in out
+    # change one reward in a copy (in the reward worker's file and the rollout worker's, as a changed reward
+    # function would): diff names that message and field
+    copy = tmp_path / "copy"
+    shutil.copytree(SMALL, copy)
+    target = {}
+
+    def edit(rec, h):
+        if h.get("kind") == "reply" and h.get("method") == "score" and h["id"] == target.setdefault("id", h["id"]):
+            body = msgpack.unpackb(rec[3], raw=False)
+            body["rewards"][2] = 0.75
+            rec[3] = msgpack.packb(body, use_bin_type=True)
+            rec[4] = len(rec[3])
+            target["re"] = h["re"]
+    for path in (next(copy.glob("reward-0.*.trace.gz")), next(copy.glob("rollout-0.*.trace.gz"))):
+        rewrite(path, edit)
+    rc, out, _ = cli("trace", "diff", SMALL, copy)
+    assert rc == 1
+    first = out.split("first divergence:")[1]
+    assert "rollout/0 -> reward/0 ask score" in first and "reply field rewards[2]" in first and "vs 0.75" in first
+    assert f"B: id {target['re']}" in first and target["re"]
+
+
+def test_diff_finds_where_the_high_learning_rate_run_parts_ways(cli):
+    rc, out, _ = cli("trace", "diff", SMALL, HIGH_LR)
+    assert rc == 1
+    assert "config differs" in out and "lr: 0.003 -> 1.0" in out
+    # step 0 is the same in both runs (same weights, same seeds): the divergence is in what the updated policy
+    # generates in step 1
+    run = TraceRun(SMALL)
+    st = steps(run)
+    t0 = min(f.meta["started_ns"] for f in run.files)
+    first = out.split("first divergence:")[1].splitlines()[0]
+    at = float(first.split(" at +")[1].split("s in A")[0])
+    assert (st[1].start_ns - t0) / 1e9 <= at <= (st[1].end_ns - t0) / 1e9, (first, st)
+    assert "engine.generate" in first
+    assert "first message that differs: rollout/0 -> reward/0 ask score" in out
+
+
+# ------------------------------------------------------------------------------------------------------ export
+def test_export_is_valid_trace_event_json_with_flows(cli, tmp_path):
+    out_path = tmp_path / "run.json"
+    rc, out, _ = cli("trace", "export", SMALL, "-o", out_path)
+    assert rc == 0 and "ui.perfetto.dev" in out
+    data = json.loads(out_path.read_text())
+    ev = data["traceEvents"]
+    run = TraceRun(SMALL)
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(names.values()) == sorted(run.actors())  # one track per actor
+    assert len(set(names)) == len(names)
+    slices: dict = {}
+    for e in ev:
+        if e["ph"] == "X":
+            assert e["dur"] > 0 and e["pid"] in names
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for lane in slices.values():  # slices on one thread never overlap
+        lane.sort()
+        assert all(a[1] <= b[0] for a, b in zip(lane, lane[1:]))
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert starts and set(starts) == set(ends)
+
+    def inside(e):
+        return any(a < e["ts"] < b for a, b in slices.get((e["pid"], e["tid"]), ()))
+
+    for fid, s in starts.items():
+        f = ends[fid]
+        assert f["bp"] == "e" and s["cat"] == f["cat"] and s["name"] == f["name"]
+        assert inside(s) and inside(f), (s, f)  # each end binds to the slice around it
+    msgs = run.messages()
+    requests = [m for m in msgs.values() if m.header["kind"] in ("tell", "ask") and m.send and m.recv]
+    replies = [m for m in requests if m.reply is not None and m.reply_sent is not None]
+    assert len(starts) == len(requests) + len(replies)
+    # a window: only that step
+    rc, out, _ = cli("trace", "export", SMALL, "-o", tmp_path / "step.json", "--step", "1")
+    step = json.loads((tmp_path / "step.json").read_text())
+    assert 0 < sum(1 for e in step["traceEvents"] if e["ph"] == "X") < sum(1 for e in ev if e["ph"] == "X")
+
+
+# ------------------------------------------------------------------------------------------------------ timeline
+def test_timeline_png_of_one_step(cli, tmp_path):
+    png = tmp_path / "step.png"
+    rc, out, _ = cli("trace", "timeline", SLOW, "--step", "1", "-o", png)
+    assert rc == 0 and "handled message(s)" in out
+    raw = png.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 20_000
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 300 and img.shape[1] > 1200
+    rc, _, err = cli("trace", "timeline", SLOW, "--step", "5", "-o", tmp_path / "x.png")
+    assert rc == 2 and "no step 5" in err and not (tmp_path / "x.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------------ bad files
+def _header(version=2, **kw) -> bytes:
+    return msgpack.packb({"format": "slime-actors-trace", "version": version, "actor": "reward/0", "pid": 1,
+                          "started_ns": 1, **kw})
+
+
+def _real_trace() -> bytes:
+    return gzip.decompress(next(SMALL.glob("reward-0.*.trace.gz")).read_bytes())
+
+
+def _boundaries(data: bytes) -> list[int]:
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    out = []
+    while True:
+        try:
+            up.unpack()
+        except msgpack.OutOfData:
+            return out
+        out.append(up.tell())
+
+
+BAD = {
+    "empty.trace": (lambda: b"", "file is empty"),
+    "garbage.trace": (lambda: b"\xc1\xc1 this is not msgpack", "expected a trace header map"),
+    "json.trace": (lambda: b'{"format": "slime-actors-trace"}', "not a slime-actors trace"),
+    "old.trace": (lambda: _header(version=0), "version 0 is not supported"),
+    "future.trace": (lambda: _header(version=99), "written by a newer slime-actors"),
+    "record.trace": (lambda: _header() + msgpack.packb("hello"), "expected a record [event, time_ns"),
+    "event.trace": (lambda: _header() + msgpack.packb(["sned", 1, None, None, 0, None, None, None]),
+                    "expected an event name"),
+    "header.trace": (lambda: _header() + msgpack.packb(["send", 1, b"\xc1", None, 0, None, None, None]),
+                     "record header is not msgpack"),
+    "broken.trace.gz": (lambda: b"\x1f\x8b\x08\x00garbage", "expected a gzip-compressed trace file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_trace_files_are_reported_clearly_by_every_command(cli, tmp_path, name):
+    make, expected = BAD[name]
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / name).write_bytes(make())
+    commands = [("summary", d), ("show", d), ("chain", d, "0123456789abcdef"), ("diff", d, SMALL),
+                ("export", d, "-o", tmp_path / "o.json"), ("timeline", d, "--step", "0", "-o", tmp_path / "o.png")]
+    for cmd in commands:
+        rc, out, err = cli("trace", *cmd)
+        assert rc == 2, (cmd, out, err)
+        assert err.startswith("slime-actors: error: bad trace file:") and str(d / name) in err, err
+        assert expected in err and "at byte" in err, err
+    rc, _, err = cli("replay", d, "--actor", "reward/0")
+    assert rc == 2 and expected in err
+    # --skip-bad reads what is readable and names the rest
+    shutil.copy(next(SMALL.glob("reward-0.*.trace.gz")), d)
+    rc, out, err = cli("trace", "summary", d, "--skip-bad")
+    assert rc == 0 and "reward" in out and f"skipped: {d / name}" in err
+
+
+def test_offsets_point_at_the_bad_record(cli, tmp_path):
+    data = _real_trace()
+    cut = _boundaries(data)[10]
+    bad = data[:cut] + b"\xc1" + data[cut:]  # 0xc1 is never valid msgpack
+    (tmp_path / "mid.trace").write_bytes(bad)
+    rc, _, err = cli("trace", "summary", tmp_path / "mid.trace")
+    assert rc == 2 and f"at byte {cut}: expected a trace record, could not decode" in err
+    # a body that is not msgpack is found when it is decoded
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    head = up.unpack()
+    recs, offsets = [], []
+    pos = up.tell()
+    for rec in up:
+        recs.append(rec)
+        offsets.append(pos)
+        pos = up.tell()
+    i = next(i for i, r in enumerate(recs) if r[0] == "recv" and r[3])
+    recs[i][3] = b"\xc1\xc1"
+    (tmp_path / "body.trace").write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True)
+                                                                        for r in recs))
+    rc, _, err = cli("trace", "show", tmp_path / "body.trace")
+    assert rc == 2 and f"at byte {offsets[i]}: expected a msgpack body in this recv record" in err
+
+
+def test_a_truncated_file_is_read_up_to_the_cut(cli, tmp_path):
+    data = _real_trace()
+    bounds = _boundaries(data)
+    (tmp_path / "cut.trace").write_bytes(data[: bounds[-1] - 5])  # the last record loses its tail
+    rc, out, err = cli("trace", "summary", tmp_path / "cut.trace")
+    assert rc == 0 and "reward" in out
+    assert f"at byte {bounds[-2]}: ends mid-record" in err
+    run = TraceRun(tmp_path / "cut.trace")
+    assert len(run.files[0].events) >= len(bounds) - 2
+
+
+def test_missing_run_and_console_script(tmp_path):
+    exe = Path(sys.executable).parent / "slime-actors"
+    res = subprocess.run([str(exe), "trace", "show", str(tmp_path / "nothing")], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "no such run directory" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([str(exe), "trace", "summary", str(SMALL)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NO_COLOR": "1"})
+    assert res.returncode == 0 and "reward      score" in res.stdout
