@@ -212,7 +212,8 @@ def cmd_replay(args) -> int:
         print(json.dumps({"actor": report.actor, "identical": report.identical, "stopped": report.stopped,
                           "counts": report.counts, "notes": report.notes, "steps": report.steps,
                           "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "message": f.message,
-                                           "recorded_id": f.rec_id, "field": f.diff.path if f.diff else None,
+                                           "recorded_id": f.rec_id, "answers": f.answers,
+                                           "field": f.diff.path if f.diff else None,
                                            "recorded": _plain(f.diff.a) if f.diff else None,
                                            "replayed": _plain(f.diff.b) if f.diff else None}
                                           for f in report.findings]}, indent=1, default=str))

@@ -335,7 +335,8 @@ class Finding:
     what: str                  # "differs", "missing", "extra", "outcome"
     message: str               # which message
     diff: Difference | None = None
-    rec_id: str | None = None
+    rec_id: str | None = None    # the recorded message that differs
+    answers: str | None = None   # for a reply: the id of the request it answers
 
     def render(self, t0: int) -> str:
         when = f"+{(self.t_ns - t0) / 1e9:.6f}s"
@@ -784,7 +785,7 @@ class Harness:
                 continue
             d = first_difference(rb, o.body, rtol=self.rtol, atol=self.atol, volatile=self.volatile)
             if d is not None:
-                findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id))
+                findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
         for o in self.outs:
             if o.matched is None:
                 what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")

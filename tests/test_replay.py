@@ -1,0 +1,313 @@
+"""`slime-actors replay`: one actor of a recorded run, built again from its trace header and fed its recorded
+messages, produces the same messages -- and when its code changed, the report points at the first message that
+differs.
+
+One small RL run is recorded for the module (2 steps of the digits task, ~1 min on CPU) with its reward function in
+a file of the test's own, so that a test can edit it afterwards. A second, synthetic recording (three actors in
+this process) covers the virtual clock, recorded replies and inputs, and the network guard.
+"""
+
+import asyncio
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from helpers import Echo, LoopThread
+from slime_actors.actors.base import Actor, handler
+from slime_actors.actors.directory import Directory
+from slime_actors.cli import main
+from slime_actors.runtime import RuntimeConfig
+from slime_actors.traces.reader import TraceRun
+from slime_actors.traces.replay import replay
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent / "slime-actors"
+FLAGS = ["--hf-checkpoint", "tiny:digits", "--prompt-data", "examples/digits/train.jsonl", "--input-key", "input",
+         "--label-key", "label", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+         "--global-batch-size", "16", "--micro-batch-size", "16", "--rollout-max-response-len", "1",
+         "--advantage-estimator", "grpo", "--lr", "3e-3", "--num-rollout", "2", "--heartbeat-interval", "2",
+         "--use-tensorboard", "false", "--progress", "false"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    d = tmp_path_factory.mktemp("replay")
+    rm = d / "my_reward.py"
+    shutil.copy(ROOT / "examples" / "debugging" / "rewards.py", rm)
+    run = d / "run"
+    res = subprocess.run([str(BIN), "train", "--run-dir", str(run), *FLAGS, "--custom-rm-path",
+                          f"{rm}:partial_credit"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return run, rm
+
+
+def _replay(run, actor, **kw):
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the recorded prompt data path is relative to where the job ran
+    try:
+        return replay(str(run), actor, **kw)
+    finally:
+        os.chdir(cwd)
+
+
+def test_reward_and_buffer_replay_identically(recorded):
+    run, _ = recorded
+    for actor in ("reward/0", "buffer/0"):
+        rep = _replay(run, actor)
+        assert rep.identical, rep.render()
+        assert rep.counts["inbound"] >= 8 and rep.counts["compared"] >= 8 and rep.counts["outcomes"] >= 8
+        assert "identical:" in rep.render()
+    assert rep.counts["inputs"] >= 2  # the buffer's clock readings (wait_rollout's seconds) came from the trace
+
+
+def test_trainer_reproduces_its_loss_and_gradient_norm(recorded):
+    run, _ = recorded
+    rep = _replay(run, "trainer/0")
+    assert rep.identical, rep.render()
+    assert [s["rollout_id"] for s in rep.steps] == [0, 1]
+    for s in rep.steps:
+        for k in ("loss", "grad_norm", "entropy"):
+            assert s["replayed"][k] == pytest.approx(s["recorded"][k], rel=1e-4, abs=1e-6)
+    assert any(s["recorded"]["grad_norm"] > 0 for s in rep.steps)  # it did learn something to reproduce
+
+
+def test_rollout_worker_replays_without_an_engine(recorded):
+    run, _ = recorded
+    rep = _replay(run, "rollout/0")
+    assert rep.identical, rep.render()
+    assert rep.counts["inputs"] >= 32  # every engine answer came from the trace (2 steps x 16 samples)
+    assert rep.counts["replies"] >= 8
+
+
+def _first_changed_score(run):
+    """The first score ask (in the reward worker's order) holding a wrong-digit response, and that sample's place."""
+    tr = TraceRun(run)
+    for e in tr.events("reward/0"):
+        if e.ev == "recv" and e.kind == "ask" and e.method == "score":
+            for i, s in enumerate(e.body()["samples"]):
+                r = (s["response"] or "").strip()
+                if r.isdigit() and r != s["label"]:
+                    return e.id, i
+    return None, None
+
+
+def test_replay_points_at_the_message_an_edited_reward_function_changes(recorded):
+    run, rm = recorded
+    msg_id, index = _first_changed_score(run)
+    assert msg_id is not None, "the recording has no wrong-digit answer to re-score"
+    original = rm.read_text()
+    try:
+        rm.write_text(original.replace("return 0.2 if answer.isdigit() else 0.0",
+                                       "return 0.5 if answer.isdigit() else 0.0"))
+        res = subprocess.run([str(BIN), "replay", str(run), "--actor", "reward/0", "--json"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    finally:
+        rm.write_text(original)
+    assert res.returncode == 1, res.stderr[-3000:]
+    rep = json.loads(res.stdout)
+    first = rep["differences"][0]
+    assert first["answers"] == msg_id  # the reply to exactly this ask is the first to change
+    assert "reply to score" in first["message"]
+    assert first["field"] == f"rewards[{index}]" and first["recorded"] == 0.2 and first["replayed"] == 0.5
+    # and the readable report says the same
+    res = subprocess.run([str(BIN), "replay", str(run), "--actor", "reward/0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0 and "identical:" in res.stdout  # the function is back as it was
+
+
+def _rewrite(src: Path, dst: Path, edit) -> None:
+    data = src.read_bytes()
+    if src.suffix == ".gz":
+        data = gzip.decompress(data)
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    head = up.unpack()
+    out = []
+    for rec in up:
+        h = msgpack.unpackb(rec[2], raw=False) if rec[2] else {}
+        out.extend(edit(rec, h))
+    dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
+
+
+def test_a_recording_without_what_replay_needs_says_so(recorded, tmp_path, capsys):
+    run, _ = recorded
+    src = next((run / "traces").glob("buffer-0.*.trace"))
+    copy = tmp_path / "cut"
+    copy.mkdir()
+    omitted = {}
+
+    def drop_a_body(rec, h):
+        if rec[0] == "recv" and h.get("method") == "submit" and h.get("kind") == "ask" and not omitted:
+            omitted["id"], omitted["size"] = h["id"], rec[4]
+            rec[3], rec[5] = None, "00000000"  # as if over the body limit: size and checksum only
+        return [rec]
+    _rewrite(src, copy / src.name, drop_a_body)
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        rc = main(["replay", str(copy), "--actor", "buffer/0"])
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr().out
+    assert rc == 2
+    stopped = out.split("replay stopped:")[1]
+    assert f"submit from rollout/0 (id {omitted['id']})" in stopped
+    assert "recorded by size and checksum only" in stopped and "SLIME_ACTORS_TRACE_BODY_LIMIT=65536" in stopped
+
+
+def test_trainer_replays_from_the_batch_it_recorded_when_the_reply_was_too_large(recorded, tmp_path):
+    run, _ = recorded
+    src = next((run / "traces").glob("trainer-0.*.trace"))
+    asks = set()
+
+    def batch_as_input(keep_input):
+        def edit(rec, h):
+            if rec[0] == "send" and h.get("method") == "get_batch":
+                asks.add(h["id"])
+            if rec[0] == "recv" and h.get("kind") == "reply" and h.get("re") in asks:
+                body = rec[3]
+                rec[3], rec[5] = None, "00000000"
+                extra = [["input", rec[1] + 1, None, body, len(body), None, None, {"name": "get_batch"}]]
+                return [rec] + (extra if keep_input else [])
+            return [rec]
+        return edit
+
+    for keep in (True, False):
+        d = tmp_path / f"keep-{keep}"
+        d.mkdir()
+        _rewrite(src, d / src.name, batch_as_input(keep))
+        rep = _replay(d, "trainer/0")
+        if keep:
+            assert rep.identical, rep.render()
+            assert len(rep.steps) == 2
+        else:
+            assert not rep.identical and "the reply to get_batch" in rep.stopped
+            assert "SLIME_ACTORS_TRACE_BODY_LIMIT" in rep.stopped
+
+
+def test_the_trainer_keeps_a_batch_too_large_for_the_trace(monkeypatch):
+    from slime_actors.actors.trainer import TrainerRank
+
+    class Tracer:
+        replaying = False
+
+        def __init__(self):
+            self.inputs = []
+
+        def record_input(self, name, value, key=None):
+            self.inputs.append((name, value))
+
+    t = TrainerRank(0, args={})
+    t.tracer, t.runtime = Tracer(), RuntimeConfig(trace_body_limit=200)
+    small = {"tokens": [[1, 2, 3]]}
+    large = {"tokens": [list(range(100))] * 4}
+    t._record_batch(small)
+    assert t.tracer.inputs == []  # its reply body is in the trace already
+    t._record_batch(large)
+    assert t.tracer.inputs == [("get_batch", large)]
+    monkeypatch.setenv("SLIME_ACTORS_TRACE_BATCH_LIMIT", "100")
+    t._record_batch(large)
+    assert t.tracer.inputs[-1][1]["__omitted__"] is True
+
+
+# ------------------------------------------------------------------------------------------------------ synthetic
+class Sleeper(Actor):
+    """Sleeps (virtual time on replay), reads a clock (a recorded input), asks a peer, and dials the network."""
+
+    role = "sleeper"
+
+    @handler
+    async def nap(self, seconds: float) -> dict:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.sleep(seconds)
+        return {"slept": round(loop.time() - t0, 1), "clock": self.recorded("clock", time.time)}
+
+    @handler
+    async def relay(self, x: int) -> int:
+        return await self.ask("echo/1", "echo", {"x": x}, timeout=20) + 1
+
+    @handler
+    def dial(self, port: int) -> str:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return "connected"
+        except OSError as exc:
+            return f"failed: {type(exc).__name__}"
+
+
+class Client(Actor):
+    role = "client"
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("synthetic") / "run")
+    os.makedirs(run_dir)
+    lt = LoopThread()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.5, liveness=30)
+        directory = Directory(0)
+        rt = RuntimeConfig(directory=lt.call(directory.start(RuntimeConfig(**base))), **base)
+        actors = [Echo(1), Sleeper(0, note="built from this config"), Client(0)]
+        for a in actors:
+            lt.call(a.start(rt))
+        client = actors[-1]
+
+        async def script():
+            naps = await asyncio.gather(*(client.ask("sleeper/0", "nap", {"seconds": s}, timeout=20)
+                                          for s in (1.5, 1.0)))
+            relayed = await client.ask("sleeper/0", "relay", {"x": 41}, timeout=20)
+            dialed = await client.ask("sleeper/0", "dial", {"port": server.getsockname()[1]}, timeout=20)
+            return naps, relayed, dialed
+
+        out = lt.call(script(), timeout=60)
+        for a in reversed(actors):
+            lt.call(a.stop())
+        lt.call(directory.stop())
+        return run_dir, out
+    finally:
+        server.close()
+        lt.close()
+
+
+def test_replay_runs_on_recorded_time_with_recorded_replies(synthetic):
+    run_dir, (naps, relayed, dialed) = synthetic
+    assert [n["slept"] for n in naps] == [1.5, 1.0] and relayed == 42 and dialed == "connected"
+    t0 = time.monotonic()
+    rep = replay(run_dir, "sleeper/0")
+    wall = time.monotonic() - t0
+    assert wall < 2.0, wall  # 2.5 s of naps on the virtual clock
+    assert rep.actor_class.endswith("test_replay:Sleeper")
+    assert rep.counts["inbound"] >= 4 and rep.counts["replies"] == 1 and rep.counts["inputs"] == 2
+    # the naps, the clock readings and the relayed answer are as recorded; only the dial differs: a replayed actor
+    # cannot reach the network
+    assert not rep.identical and len(rep.findings) == 1, rep.render()
+    f = rep.findings[0]
+    assert "reply to dial" in f.message and f.diff.a == "connected" and f.diff.b == "failed: ReplayNetworkError"
+    assert any("tried to reach the network" in n for n in rep.notes)
+    # with the network allowed (and the server gone) the failure is a real one
+    rep = replay(run_dir, "sleeper/0", allow_network=True)
+    assert rep.findings[0].diff.b == "failed: ConnectionRefusedError"
+
+
+def test_replay_errors_are_clear(synthetic, capsys):
+    run_dir, _ = synthetic
+    assert main(["replay", run_dir, "--actor", "nobody/0"]) == 2
+    assert "no trace file for 'nobody/0'" in capsys.readouterr().err
+    assert main(["replay", run_dir, "--actor", "sleeper"]) == 2
+    assert "expected ROLE/INDEX" in capsys.readouterr().err
+    assert main(["replay", run_dir, "--actor", "sleeper/0", "--set", "x=1"]) == 2
+    assert "no job flags" in capsys.readouterr().err
