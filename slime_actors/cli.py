@@ -1,6 +1,8 @@
 """The `slime-actors` command.
 
     slime-actors train [--config FILE.toml] [slime-style flags...]   the RL loop (see `slime-actors train --help`)
+    slime-actors launch TOPOLOGY [--config FILE.toml] [flags...]       the RL loop placed and supervised by a topology
+    slime-actors sbatch TOPOLOGY [--config FILE.toml] [flags...]       a Slurm batch script for it (docs/launch.md)
     slime-actors demo [--run-dir DIR]                                  actors exchanging traced messages
     slime-actors trace summary|show|chain|diff|export|timeline RUN     read a run's traces (docs/debugging.md)
     slime-actors replay RUN --actor ROLE/INDEX                         one actor again against its recording
@@ -38,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "train":
         from .train import main as train_main
         return train_main(argv[1:])
+    if argv and argv[0] == "launch":  # job flags pass through, as for train
+        from .launch.job import launch_main
+        return launch_main(argv[1:])
+    if argv and argv[0] == "sbatch":
+        from .launch.slurm import sbatch_main
+        return sbatch_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0
 

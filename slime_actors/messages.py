@@ -186,6 +186,12 @@ declare("controller", "engine_ready", "A rollout worker's engine is (re)started 
         worker="str", weight_version="int")
 declare("controller", "status", "Where the loop is: rollout id, weight version, phase, metrics of the last step.",
         reply="map")
+declare("controller", "trainer_join", "A trainer rank joins the training group (rank 0 offers the store's address and "
+        "port); answered once every rank of this generation joined.",
+        reply="{master_addr, master_port, generation, checkpoint}", rank="int", world_size="int", addr="str",
+        port="int", pid="int")
+declare("controller", "trainer_ready", "A trainer rank of `generation` has its process group and its checkpoint.",
+        rank="int", generation="int", weight_version="int?")
 
 # buffer
 declare("buffer", "start_rollout", "Prepare the prompt groups of a rollout (train) or an evaluation (eval).",
@@ -210,6 +216,10 @@ declare("buffer", "accounting", "Per sample index: times handed out, submitted, 
         reply="map")
 declare("buffer", "save", "Write the buffer state (dataset position, queued and partial groups) to `path`.",
         path="str")
+declare("buffer", "rollback", "Back to a checkpoint's snapshot (the training group restarted from it) when the buffer "
+        "holds rollouts from `if_ahead_of` on; discarded trainings are accounted. Idempotent per `token`.",
+        reply="{rolled_back, trained_rollouts_discarded, samples_discarded, epoch, ...}", path="str?",
+        if_ahead_of="int?", reason="str?", token="str?")
 declare("buffer", "eval_results", "Per-sample results of a finished eval (prompt, response, reward, label).",
         reply="list", rollout_id="int")
 declare("buffer", "dump_rollout", "All samples of a completed rollout (for --save-debug-rollout-data).",
@@ -232,6 +242,8 @@ declare("rollout", "update_weights_from_distributed", "Have the engine receive o
 declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.", group_name="str")
 declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
         reply="engine answer", model_path="str", weight_version="int")
+declare("rollout", "held_groups", "Work ids the worker holds (the buffer reconciles its leases after a restart).",
+        reply="list")
 declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")
 declare("rollout", "weight_update", "The trainer updates the engine directly (colocated tensors): hold health probes "
         "while active; then the version it holds.", reply="{engine_url, paused, flush_cache, tp_size}",
@@ -250,9 +262,11 @@ declare("trainer", "train", "Pull this rank's shard of the rollout and run the R
         reply="metrics map", rollout_id="int")
 declare("trainer", "sync_weights", "Rank 0: push the current weights to the rollout workers.",
         reply="{seconds, bytes, buckets, transport}", weight_version="int", workers="list",
-        transport="str?")
+        transport="str?", rebuild="bool?")
 declare("trainer", "save", "Save this rank's model/optimizer/RNG state under `path`.", path="str",
         save_optim="bool?")
+declare("trainer", "abort_group", "Leave the training group of `generation` (broken: a rank died); the rank exits with "
+        "code 75 and its supervisor restarts it.", reply="{left}", generation="int", reason="str?")
 declare("trainer", "save_hf", "Rank 0: export the policy in Hugging Face format.", path="str")
 declare("trainer", "log_probs", "Log-probs of given samples under the current actor (checks and tests).",
         reply="list of lists", samples="list")

@@ -1,18 +1,16 @@
 """`slime-actors train`: the RL loop on this host.
 
-The directory and the controller run in this process; the buffer, reward workers, rollout workers (each with its
-engine) and trainer ranks run as supervised child processes (slime_actors.launch.local). At the end it prints the
-held-out reward before and after training, and where the metrics, curves and traces are.
+The directory and the controller run in this process (the head); the buffer, reward workers, rollout workers (each
+with its engine) and trainer ranks run as supervised child processes (slime_actors.launch.job / local), placed by a
+topology derived from the flags -- the code path of `slime-actors launch` (docs/launch.md). At the end it prints
+the held-out reward before and after training, and where the metrics, curves and traces are.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from .config import ConfigError, args_to_dict, parse_args
@@ -35,95 +33,17 @@ def write_job(args, run_dir: Path) -> Path:
     return path
 
 
-def role_plan(args) -> list[tuple[str, int, dict]]:
-    """(role, index, extra env) for every child process of the job."""
-    from .backends.weight_sync import find_free_port as free_port
-    plan: list[tuple[str, int, dict]] = [("buffer", 0, {})]
-    if not args.debug_train_only:
-        plan += [("reward", i, {}) for i in range(args.num_reward_workers)]
-        plan += [("rollout", i, {}) for i in range(args.rollout_num_engines)]
-    n = args.actor_num_nodes * args.actor_num_gpus_per_node
-    port = free_port()
-    for r in range(n):
-        plan.append(("trainer", r, {"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
-                                    "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-                                    "MASTER_PORT": str(port)}))
-    return plan
-
-
 def main(argv: list[str]) -> int:
+    """`slime-actors train`: the same code path as `slime-actors launch`, with a topology derived from the flags
+    (every role on this host; slime_actors.launch.topology.default_topology)."""
     try:
         args = parse_args(argv)
     except ConfigError as exc:
         print(f"slime-actors train: error: {exc}", file=sys.stderr)
         return 2
-    import uvloop
-
-    from .actors.controller import Controller
-    from .actors.directory import Directory
-    from .launch.local import LocalLauncher, RestartPolicy
-    from .log import get_logger, setup_logging
-    from .mailbox.security import JobKeys
-    from .models import resolve_checkpoint
-    from .runtime import RuntimeConfig
-
-    run_dir = prepare_run_dir(args)
-    setup_logging(run_dir, "controller/0")
-    log = get_logger(actor="train")
-    try:
-        args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
-    except FileNotFoundError as exc:
-        print(f"slime-actors train: error: {exc}", file=sys.stderr)
-        return 2
-    job = write_job(args, run_dir)
-    keys = None
-    if args.curve:
-        keys = JobKeys.create()
-        keys.save(run_dir)
-    rt = RuntimeConfig(run_dir=str(run_dir), curve=args.curve, trace=args.trace,
-                       trace_keep_arrays=args.trace_keep_arrays, transport=args.transport,
-                       heartbeat_interval=args.heartbeat_interval, liveness=args.heartbeat_liveness)
-    log.info("run", run_dir=str(run_dir), model=args.hf_checkpoint, steps=args.num_rollout,
-             estimator=args.advantage_estimator)
-    t0 = time.monotonic()
-
-    async def run() -> dict:
-        directory = Directory(0)
-        dep = await directory.start(rt)
-        rt.directory = dep
-        env = {**rt.env(), "SLIME_ACTORS_JOB": str(job.resolve())}
-        launcher = LocalLauncher(str(run_dir), env)
-        for role, index, extra in role_plan(args):
-            policy = RestartPolicy(restart=role != "trainer")
-            launcher.add(role, index, extra, policy)
-        launcher.start_all()
-        controller = Controller(0, args=args_to_dict(args))
-        await controller.start(rt)
-        try:
-            while not controller.done.done():
-                await asyncio.sleep(0.2)
-                launcher.check()
-                if launcher.failure:
-                    raise RuntimeError(f"job stopped: {launcher.failure}")
-            return controller.done.result()
-        finally:
-            await controller.stop()
-            # in a thread: the directory (on this loop) must keep answering the actors' deregistrations
-            await asyncio.get_running_loop().run_in_executor(None, launcher.stop_all)
-            await directory.stop()
-
-    try:
-        result = uvloop.run(run())
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        print(f"slime-actors train: failed: {exc}", file=sys.stderr)
-        return 1
-    result["seconds"] = round(time.monotonic() - t0, 1)
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
-    print_summary(result, run_dir)
-    return 0
+    from .launch.job import JobContext, run
+    from .launch.topology import default_topology
+    return run(JobContext(args, default_topology(args), status="changes", prog="slime-actors train"))
 
 
 def print_summary(result: dict, run_dir: Path) -> None:

@@ -144,6 +144,9 @@ class Actor:
             self.mailbox.defer_recv_trace = True
         bound = await self.mailbox.bind(endpoint or runtime.bind_endpoint(self.name))
         self.endpoint = runtime.public_endpoint(bound)
+        # requests wait in the socket until on_start has finished: a handler never sees a half-started actor (a
+        # restarted buffer that has not restored its state yet, a trainer rank without its process group)
+        self.mailbox.pause_receiving(True)
         for name, ep in runtime.static_peers.items():
             self.mailbox.connect(name, ep)
         self._running = True
@@ -154,7 +157,10 @@ class Actor:
                                    timeout=max(30.0, runtime.down_after))
             await self.mailbox.ask(DIRECTORY, "watch", {"name": self.name}, timeout=30.0)
             self.spawn(self._heartbeats(), name="heartbeats")
-        await self.on_start()
+        try:
+            await self.on_start()
+        finally:
+            self.mailbox.pause_receiving(False)
         self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid())
         return self.endpoint
 

@@ -11,6 +11,12 @@ can still hand their groups in.
 A group moves: queued -> leased -> (completed | filtered | failed) -> trained; or leased -> queued again when it is
 returned (end of a rollout, engine restart, dead worker). With --partial-rollout, returned samples keep their partial
 responses and are continued where they stopped.
+
+After a restart it asks each worker that held leases which groups it still has (`held_groups`) and re-issues the
+rest (a lease recorded just before the crash whose reply never reached the worker). When the training group restarts
+from a checkpoint, `rollback` brings the buffer back to that checkpoint's snapshot: rollouts trained after it are
+trained again -- once -- by the restored weights. `accounting` counts samples per lineage (trained exactly once by
+the weights that survive) and reports what the lost weights had trained (`discarded`) and every rollback.
 """
 
 from __future__ import annotations
@@ -100,6 +106,11 @@ class Buffer(Actor):
         self._replaying = False
         self.filter_fn = None
         self.stats = {"handed_out": 0, "submitted": 0, "duplicates": 0, "requeued": 0, "stale_requeued": 0}
+        # history that outlives rollbacks: epoch (bumped by each), samples trained into lost weights, the rollbacks
+        self.epoch = 0
+        self.discarded: dict[int, int] = {}
+        self.rollbacks: list[dict] = []
+        self._log_gen = 0
 
     # ------------------------------------------------------------------------------------------ start-up
     async def on_start(self) -> None:
@@ -113,9 +124,41 @@ class Buffer(Actor):
         self.state_dir = Path(self.runtime.run_dir) / "buffer"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restored = self._restore()
-        self._log_file = open(self.state_dir / "log.msgpack", "ab")
+        if restored == "fresh":  # what a training group with no checkpoint yet rolls back to
+            self._write_snapshot(self.state_dir / "initial.msgpack")
+            self._compact()
+        else:
+            self._log_file = open(self.state_dir / "log.msgpack", "ab")
+            self.spawn(self._reconcile_leases(), name="reconcile")
         self.log.info("buffer ready", prompts=len(self.dataset) if self.dataset is not None else 0,
                       eval_sets=list(self.eval_sets), restored=restored)
+
+    async def _reconcile_leases(self) -> None:
+        """After a restart: a lease logged just before the crash may never have reached its worker. Ask each
+        worker holding leases what it still has and re-issue the rest. A worker that does not answer keeps its
+        leases: it may still hand them in, and if it is dead the directory's _peer_down (or its restart) releases
+        them."""
+        held: dict[str, set[str]] = {}
+        for g in self.groups.values():
+            if g.state == LEASED and g.worker and g.worker.startswith("rollout/"):
+                held.setdefault(g.worker, set()).add(g.work_id)
+        for worker, wids in held.items():
+            try:
+                has = set(await self.ask(worker, "held_groups", {}, timeout=max(10.0, self.runtime.down_after * 2)))
+            except Exception as exc:
+                self.log.warning("worker did not say what it holds; its leases stay", worker=worker,
+                                 error=str(exc))
+                continue
+            n = 0
+            for wid in wids - has:
+                g = self.groups.get(wid)
+                if g is not None and g.state == LEASED and g.worker == worker:
+                    self._apply_requeue(wid, None, False)
+                    self._persist("requeue", work_id=wid, samples=None, keep_partial=False)
+                    n += 1
+            if n:
+                self.log.warning("re-issued groups a worker no longer holds", worker=worker, groups=n)
+                self._notify()
 
     async def on_stop(self) -> None:
         if self._log_file is not None:
@@ -148,7 +191,8 @@ class Buffer(Actor):
                 "carried": list(self.carried),
                 "weight_version": self.weight_version, "active": self.active,
                 "dataset": self.dataset.state_dict() if self.dataset is not None else None,
-                "stats": self.stats}
+                "stats": self.stats, "epoch": self.epoch, "discarded": self.discarded, "rollbacks": self.rollbacks,
+                "log_gen": self._log_gen}
 
     def _load_state(self, st: dict) -> None:
         self.groups = {d["work_id"]: Group.from_record(d) for d in st["groups"]}
@@ -161,6 +205,10 @@ class Buffer(Actor):
         self.stats.update(st.get("stats", {}))
         if st.get("dataset") is not None and self.dataset is not None:
             self.dataset.load_state_dict(st["dataset"])
+        self.epoch = st.get("epoch", 0)
+        self.discarded = {int(k): v for k, v in st.get("discarded", {}).items()}
+        self.rollbacks = list(st.get("rollbacks", []))
+        self._log_gen = st.get("log_gen", 0)
 
     def _write_snapshot(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -171,22 +219,27 @@ class Buffer(Actor):
         os.replace(tmp, path)
 
     def _compact(self) -> None:
-        """Snapshot the state and start an empty log (after each trained rollout)."""
+        """Snapshot the state and start an empty log (after each trained rollout). The log starts with the
+        snapshot's generation: a crash between the two writes leaves an old log that _restore then ignores."""
+        self._log_gen += 1
         self._write_snapshot(self.state_dir / "snapshot.msgpack")
         if self._log_file is not None:
             self._log_file.close()
         self._log_file = open(self.state_dir / "log.msgpack", "wb")
+        self._log_file.write(msgpack.packb(["gen", time.time(), {"gen": self._log_gen}], use_bin_type=True))
+        self._log_file.flush()
 
     def _restore(self) -> str:
         """Rebuild state: checkpoint (--load), else this run's snapshot + log, else fresh."""
         snap = self.state_dir / "snapshot.msgpack"
         log = self.state_dir / "log.msgpack"
         how = "fresh"
-        if self.args.load and (Path(self.args.load) / "buffer.msgpack").exists() and not snap.exists() \
-                and not log.exists():
-            with open(Path(self.args.load) / "buffer.msgpack", "rb") as f:
+        from .trainer import latest_checkpoint
+        ckpt = latest_checkpoint(self.args.load) if self.args.load else None
+        if ckpt is not None and (ckpt / "buffer.msgpack").exists() and not snap.exists() and not log.exists():
+            with open(ckpt / "buffer.msgpack", "rb") as f:
                 self._load_state(msgpack.unpackb(f.read(), raw=False, strict_map_key=False))
-            return f"checkpoint {self.args.load}"
+            return f"checkpoint {ckpt}"
         if snap.exists():
             with open(snap, "rb") as f:
                 self._load_state(msgpack.unpackb(f.read(), raw=False, strict_map_key=False))
@@ -197,7 +250,12 @@ class Buffer(Actor):
             try:
                 up = msgpack.Unpacker(raw=False, strict_map_key=False)
                 up.feed(log.read_bytes())
-                for ev, _t, data in _records(up):
+                for i, (ev, _t, data) in enumerate(_records(up)):
+                    if ev == "gen":
+                        if data["gen"] != self._log_gen:  # a log older than the snapshot: already in it
+                            how += " (stale log ignored)"
+                            break
+                        continue
                     getattr(self, f"_apply_{ev}")(**data)
                     n += 1
             finally:
@@ -267,6 +325,8 @@ class Buffer(Actor):
             r.filtered += 1
         else:
             r.failed += 1
+        if r.kind == "eval" and not r.done and len(r.completed) + r.failed >= r.target:
+            r.done, r.finished = True, time.time()  # an eval is over when every prompt has an outcome
 
     def _complete(self, r: Rollout, work_id: str) -> None:
         r.completed.append(work_id)
@@ -344,12 +404,16 @@ class Buffer(Actor):
             samples = [Sample(index=self.next_sample + j, group_index=gi, prompt=p["prompt"],
                               prompt_tokens=list(p["prompt_tokens"]), label=p.get("label"),
                               metadata=dict(p.get("metadata") or {}), rollout_id=rollout_id) for j in range(per)]
-            g = Group(f"{kind}-{gi}", rollout_id, kind, gi, samples, self._sampling_params(kind))
+            g = Group(self._work_id(kind, gi), rollout_id, kind, gi, samples, self._sampling_params(kind))
             self._apply_new_group(g.record(), None)
             self._persist("new_group", group=g.record(),
                           dataset_state=self.dataset.state_dict() if kind == "train" else None)
             made += 1
         return made
+
+    def _work_id(self, kind: str, group_index: int) -> str:
+        # after a rollback (epoch > 0) work ids differ from every id handed out before it
+        return f"{kind}-{group_index}" + (f".e{self.epoch}" if self.epoch else "")
 
     def _release(self, worker: str, reason: str) -> int:
         n = 0
@@ -389,8 +453,13 @@ class Buffer(Actor):
     def _stale(self, g: Group) -> bool:
         if g.kind != "train" or self.args.partial_rollout:
             return False
+        return self._stale_samples(g.samples)
+
+    def _stale_samples(self, samples: list[Sample]) -> bool:
+        if self.args.partial_rollout:
+            return False
         limit = self.args.max_staleness if self.args.async_train else 0
-        versions = [s.weight_version for s in g.samples if s.weight_version >= 0]
+        versions = [s.weight_version for s in samples if s.weight_version >= 0]
         return bool(versions) and min(versions) < self.weight_version - limit
 
     # ------------------------------------------------------------------------------------------ handlers
@@ -491,6 +560,16 @@ class Buffer(Actor):
             outcome = FILTERED
         else:
             outcome = DONE
+        if outcome == DONE and g.kind == "train" and self._stale_samples(parsed):
+            # generated at an older weight version than this rollout allows (an engine that served before its
+            # re-sync): not trained on; generated again
+            self.stats["stale_requeued"] += 1
+            self._apply_requeue(work_id, None, False)
+            self._persist("requeue", work_id=work_id, samples=None, keep_partial=False)
+            self.log.warning("stale group regenerated", work_id=work_id, worker=worker,
+                             versions=sorted({s.weight_version for s in parsed}), current=self.weight_version)
+            self._notify()
+            return {"accepted": False, "reason": "stale weight version; regenerated"}
         self._apply_submit(work_id, [s.to_wire() for s in parsed], outcome, error)
         self._persist("submit", work_id=work_id, samples=[s.to_wire() for s in parsed], outcome=outcome,
                       error=error)
@@ -591,15 +670,98 @@ class Buffer(Actor):
                 counts["untrained"] += 1
         trained_rollouts = sorted(r.rollout_id for r in self.rollouts.values() if r.kind == "train" and r.trained)
         pending = sorted(g.work_id for g in self.groups.values() if g.state in (QUEUED, LEASED))
+        # a sample never trained must still be somewhere: queued, leased, done (waiting for a rollout), filtered or
+        # failed (recorded with its reason); one that is nowhere was lost
+        where = {s.index: g.state for g in self.groups.values() for s in g.samples}
+        lost = [idx for idx, (_i, _s, trained) in self.accounts.items() if trained == 0 and idx not in where]
+        by_state: dict[str, int] = {}
+        for idx, (_i, _s, trained) in self.accounts.items():
+            if trained == 0 and idx in where:
+                by_state[where[idx]] = by_state.get(where[idx], 0) + 1
         return {**counts, "duplicated": multi[:100], "trained_rollouts": trained_rollouts,
                 "pending_groups": pending[:100], "stats": dict(self.stats),
                 "expected_trained": len(trained_rollouts) * self.args.rollout_batch_size
-                * self.args.n_samples_per_prompt}
+                * self.args.n_samples_per_prompt,
+                "lost": len(lost), "lost_samples": lost[:100], "untrained_by_state": by_state,
+                # trainings that went into weights a trainer-group restart threw away (the samples were then
+                # trained again, once, by the restored weights: see rollback)
+                "discarded": {"samples": len(self.discarded), "trainings": sum(self.discarded.values())},
+                "rollbacks": [r["result"] for r in self.rollbacks], "epoch": self.epoch}
 
     @handler
     async def save(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
-        await self.run_blocking(self._write_snapshot, Path(path) / "buffer.msgpack")
+        data = msgpack.packb(self._snapshot_state(), use_bin_type=True)  # on the loop: state does not move
+
+        def write():
+            tmp = Path(path) / "buffer.msgpack.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, Path(path) / "buffer.msgpack")
+        await self.run_blocking(write)
+
+    @handler
+    async def rollback(self, path: str | None = None, if_ahead_of: int = 0, reason: str = "",
+                       token: str = "") -> dict:
+        """Bring the buffer back to a checkpoint's snapshot (`path`, an iter_N directory; None: the run's start)
+        when it holds rollouts from `if_ahead_of` on -- the training group restarted from that checkpoint, so the
+        weights that trained those rollouts are gone. Their samples are handed out and trained again, exactly once
+        by the restored weights; `accounting` reports the discarded trainings. Idempotent per `token`."""
+        if token and self.rollbacks and self.rollbacks[-1].get("token") == token:
+            return self.rollbacks[-1]["result"]
+        ahead = sorted(r.rollout_id for r in self.rollouts.values() if r.kind == "train"
+                       and r.rollout_id >= if_ahead_of)
+        fresh = not self.rollouts and not self.groups
+        if not ahead and not (fresh and path):
+            return {"rolled_back": False, "reason": f"no rollout from {if_ahead_of} on"}
+        src = Path(path) / "buffer.msgpack" if path else self.state_dir / "initial.msgpack"
+        if not src.exists():
+            if fresh:
+                return {"rolled_back": False, "reason": f"no buffer snapshot at {src}; starting fresh"}
+            raise FileNotFoundError(f"rollback: no buffer snapshot at {src}")
+        st = await self.run_blocking(lambda: msgpack.unpackb(src.read_bytes(), raw=False, strict_map_key=False))
+        trained_before = {idx: acc[2] for idx, acc in self.accounts.items()}
+        trained_ahead = sorted(r.rollout_id for r in self.rollouts.values() if r.kind == "train" and r.trained
+                               and r.rollout_id >= if_ahead_of)
+        for ev in self._rollout_events.values():  # wake stale waiters; their askers are gone
+            ev.set()
+        self._rollout_events.clear()
+        keep = (self.epoch, self.discarded, self.rollbacks, self._log_gen, dict(self.stats))
+        self._load_state(st)
+        self.epoch, self.discarded, self.rollbacks, gen, self.stats = keep
+        self._log_gen = max(gen, self._log_gen)
+        n_discarded = 0
+        for idx, tr in trained_before.items():
+            kept = self.accounts.get(idx, [0, 0, 0])[2]
+            if tr > kept:
+                self.discarded[idx] = self.discarded.get(idx, 0) + tr - kept
+                n_discarded += tr - kept
+        self.epoch += 1
+        # new work ids for every group: a late submission of work handed out before the rollback cannot match
+        rename = {}
+        for g in self.groups.values():
+            rename[g.work_id] = self._work_id(g.kind, g.group_index)
+            g.work_id = rename[g.work_id]
+        self.groups = {g.work_id: g for g in self.groups.values()}
+        for kind, q in self.queue.items():
+            self.queue[kind] = deque(rename.get(w, w) for w in q)
+        for r in self.rollouts.values():
+            r.completed = [rename.get(w, w) for w in r.completed]
+        self.carried = deque(rename.get(w, w) for w in self.carried)
+        for g in self.groups.values():  # what was leased at the checkpoint is void now
+            if g.state == LEASED:
+                self._apply_requeue(g.work_id, None, False)
+        result = {"rolled_back": True, "to": str(src), "if_ahead_of": if_ahead_of,
+                  "trained_rollouts_discarded": trained_ahead, "samples_discarded": n_discarded,
+                  "epoch": self.epoch, "reason": reason}
+        self.rollbacks.append({"time": time.time(), "token": token, "result": result})
+        self._compact()
+        self._wake_rollouts()
+        self._notify()
+        self.log.warning("rolled back to a checkpoint", **{k: v for k, v in result.items() if k != "rolled_back"})
+        return result
 
     @handler
     def eval_results(self, rollout_id: int) -> list:

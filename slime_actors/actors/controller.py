@@ -10,6 +10,14 @@ regenerates older ones). Engines are paused for the weight update only.
 It also re-syncs an engine that (re)starts at an old weight version before that engine serves again, evaluates
 every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard,
 a PNG of the reward and eval curves).
+
+Faults (docs/fault-tolerance.md). The trainer ranks form their process group through the controller
+(`trainer_join`: a rendezvous with a generation number and the checkpoint to load). When a rank dies -- an ask to
+it fails, the directory declares it down, or it joins again after a restart -- the group of that generation is
+broken: the controller tells its members to leave (`abort_group`), ends the rollout in flight, rolls the buffer
+back to the last checkpoint (`rollback`: rollouts trained after it are trained again, once, by the restored
+weights; accounting reports what was discarded), waits for the new generation to load that checkpoint, re-syncs
+every engine to its weights and carries on from its rollout id. Asks to the buffer are retried while it restarts.
 """
 
 from __future__ import annotations
@@ -22,9 +30,30 @@ import random
 import time
 from pathlib import Path
 
-from ..mailbox.errors import MailboxError
+from ..config import debug_rollout_path
+from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from .base import Actor, handler
 from .trainer import latest_checkpoint, read_meta
+
+
+class TrainerGroupFailed(RuntimeError):
+    """A trainer rank failed; `confirmed` when a rank is known dead (not just an error one of them raised)."""
+
+    def __init__(self, reason: str, confirmed: bool):
+        super().__init__(reason)
+        self.confirmed = confirmed
+
+
+class _Rendezvous:
+    """One generation of the training group: who joined (rank -> address, port, pid), when it formed, who is ready."""
+
+    def __init__(self, generation: int, world: int):
+        self.generation, self.world = generation, world
+        self.joined: dict[int, dict] = {}
+        self.formed = asyncio.get_running_loop().create_future()
+        self.ready: set[int] = set()
+        self.all_ready = asyncio.Event()
+        self.broken = False
 
 
 class Controller(Actor):
@@ -49,49 +78,279 @@ class Controller(Actor):
         self.metrics_file = None
         self.tb = None
         self.result: dict = {}
+        self._rdzv: _Rendezvous | None = None
+        self._fail: asyncio.Future | None = None
+        self._ckpt: Path | None = None      # the checkpoint a (re)started training group loads
+        self._initial_rng = random.getstate()
+        self.recoveries: list[dict] = []
+        self.accounting: dict | None = None
+        self._pending: asyncio.Future | None = None  # async mode: the next rollout, generated while training
+        self._fresh_engines: set[str] = set()  # engines (re)started since their last weight sync
+        self._failed_generation: int | None = None
 
     async def on_start(self) -> None:
         self.done = asyncio.get_running_loop().create_future()
         self._sync_lock = asyncio.Lock()
         self.metrics_path = Path(self.runtime.run_dir) / "metrics.jsonl"
+        self._ckpt = self._initial_checkpoint()
+        self._rdzv = _Rendezvous(0, len(self.trainers))
+        self._fail = asyncio.get_running_loop().create_future()
         self.spawn(self._run(), name="loop")
+
+    def _initial_checkpoint(self) -> Path | None:
+        a = self.args
+        if os.environ.get("SLIME_ACTORS_RESUME_FROM_SAVE") == "1" and a.save:  # a restarted job (torchrun)
+            ckpt = latest_checkpoint(a.save)
+            if ckpt is not None:
+                return ckpt
+        return latest_checkpoint(a.load) if a.load else None
+
+    # ------------------------------------------------------------------------------------------ training group
+    @handler
+    async def trainer_join(self, rank: int, world_size: int, addr: str, port: int, pid: int) -> dict:
+        """A trainer rank joins the training group; answered when every rank of this generation has joined."""
+        if world_size != len(self.trainers) or not 0 <= rank < world_size:
+            raise ValueError(f"trainer rank {rank} of world size {world_size} does not fit this job's "
+                             f"{len(self.trainers)} trainer rank(s)")
+        rd = self._rdzv
+        if rd.formed.done():  # a member joins again: it restarted, so the group it was part of is broken
+            self._trainer_failure(f"trainer/{rank} restarted (pid {pid}) and joined again")
+            rd = self._next_generation()
+        rd.joined[rank] = {"addr": addr, "port": port, "pid": pid}
+        self.log.info("trainer joined", rank=rank, generation=rd.generation, joined=len(rd.joined), of=rd.world)
+        if len(rd.joined) == rd.world and not rd.formed.done():
+            if 0 not in rd.joined or not rd.joined[0]["port"]:
+                raise ValueError("trainer rank 0 did not offer a port for the group's store")
+            m = rd.joined[0]
+            rd.formed.set_result({"master_addr": m["addr"], "master_port": m["port"], "generation": rd.generation,
+                                  "checkpoint": str(self._ckpt) if self._ckpt else None})
+        return await asyncio.shield(rd.formed)
+
+    @handler
+    def trainer_ready(self, rank: int, generation: int, weight_version: int = 0) -> None:
+        rd = self._rdzv
+        if generation != rd.generation:
+            return
+        rd.ready.add(rank)
+        if len(rd.ready) == rd.world:
+            rd.all_ready.set()
+
+    def _next_generation(self) -> _Rendezvous:
+        if not self._rdzv.formed.done():
+            return self._rdzv
+        self._rdzv.broken = True
+        self._rdzv = _Rendezvous(self._rdzv.generation + 1, len(self.trainers))
+        return self._rdzv
+
+    def _trainer_failure(self, reason: str) -> None:
+        rd = self._rdzv
+        if rd.broken or not rd.formed.done():
+            return
+        self.log.error("training group failed", generation=rd.generation, reason=reason)
+        if self._fail is not None and not self._fail.done():
+            self._failed_generation = rd.generation
+            self._fail.set_result(reason)
+
+    async def on_peer_down(self, name: str, reason: str) -> None:
+        if name in self.trainers:
+            self._trainer_failure(f"{name} is down ({reason})")
+
+    async def _ask_trainers(self, method: str, body: dict, timeout: float, who: list[str] | None = None) -> list:
+        """Ask trainer ranks at once; any failure is a TrainerGroupFailed (confirmed when a rank is gone)."""
+        tasks = [asyncio.ensure_future(self.ask(t, method, body, timeout=timeout)) for t in (who or self.trainers)]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in tasks:
+                if t.done() and t.exception() is not None:
+                    exc = t.exception()
+                    gone = isinstance(exc, (PeerDown, AskTimeout, UnknownPeer)) or (
+                        isinstance(exc, RemoteError) and exc.type == "MailboxError")
+                    raise TrainerGroupFailed(f"{method}: {exc}", confirmed=gone) from exc
+            return [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+
+    async def _sync_weights(self, version: int, workers: list[str]) -> dict:
+        """Every rank takes part (gathering weights is a collective under FSDP/Megatron); rank 0 sends. A
+        (re)started engine was in no broadcast group yet: rank 0 builds a new one."""
+        rebuild = bool(self._fresh_engines & set(workers))
+        res = await self._ask_trainers("sync_weights", {"weight_version": version, "workers": workers,
+                                                        "rebuild": rebuild}, 1800)
+        self._fresh_engines -= set(workers)
+        return res[0]
+
+    # ------------------------------------------------------------------------------------------ the buffer
+    async def _ask_buffer(self, method: str, body: dict | None = None, timeout: float = 300.0,
+                          retry_for: float = 600.0):
+        """An ask to the buffer, retried while it restarts (every buffer method the controller uses is
+        idempotent: a retry of one that was applied changes nothing)."""
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return await self.ask("buffer/0", method, body or {}, timeout=timeout)
+            except RemoteError as exc:
+                if exc.type != "MailboxError" or time.monotonic() - t0 > retry_for:
+                    raise
+                err = exc
+            except MailboxError as exc:
+                if time.monotonic() - t0 > retry_for:
+                    raise
+                err = exc
+            attempt += 1
+            self.log.warning("buffer unavailable; retrying", method=method, error=str(err), attempt=attempt)
+            await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
 
     # ------------------------------------------------------------------------------------------ messages
     @handler
     async def engine_ready(self, worker: str, weight_version: int) -> None:
         """An engine (re)started: bring it to the current weights, then let it work if a rollout is running."""
         self.engine_versions[worker] = weight_version
-        if self.phase == "starting":
-            return  # the start-up sync covers it
+        self._fresh_engines.add(worker)
+        if self.phase in ("starting", "recovering"):
+            return  # the start-up sync (or the one after a trainer-group restart) covers it
         prev = self._resync_tasks.get(worker)
         if prev is not None and not prev.done():
             prev.cancel()
         self._resync_tasks[worker] = self.spawn(self._resync(worker), name=f"resync:{worker}")
 
     async def _resync(self, worker: str) -> None:
-        async with self._sync_lock:
-            if self.engine_versions.get(worker) != self.version:
-                self.log.info("re-syncing a restarted engine", worker=worker, to_version=self.version)
-                await self.ask("trainer/0", "sync_weights", {"weight_version": self.version, "workers": [worker]},
-                               timeout=1800)
-                self.engine_versions[worker] = self.version
+        for attempt in range(3):
+            try:
+                async with self._sync_lock:
+                    if self.engine_versions.get(worker) != self.version:
+                        self.log.info("re-syncing a restarted engine", worker=worker, to_version=self.version)
+                        await self._sync_weights(self.version, [worker])
+                        self.engine_versions[worker] = self.version
+                break
+            except TrainerGroupFailed as exc:
+                if exc.confirmed:
+                    self._trainer_failure(str(exc))
+                    return
+                self.log.warning("re-sync failed; retrying", worker=worker, error=str(exc), attempt=attempt)
+                self._fresh_engines.add(worker)
+                await asyncio.sleep(1.0 + attempt)
+        else:
+            self.log.error("could not re-sync a restarted engine; stopping the job", worker=worker)
+            if not self.done.done():
+                self.done.set_exception(RuntimeError(f"could not re-sync the restarted engine of {worker}"))
+            return
         if self.phase in ("rollout", "eval"):
             await self.tell(worker, "resume", {"weight_version": self.version})
 
     @handler
     def status(self) -> dict:
         return {"phase": self.phase, "rollout_id": self.rollout_id, "weight_version": self.version,
-                "engines": self.engine_versions, "last": self.history[-1] if self.history else None}
+                "engines": self.engine_versions, "last": self.history[-1] if self.history else None,
+                "steps": len(self.history), "num_rollout": self.args.num_rollout,
+                "trainer_generation": self._rdzv.generation if self._rdzv else None,
+                "recoveries": self.recoveries}
 
     # ------------------------------------------------------------------------------------------ the loop
     async def _run(self) -> None:
         try:
-            await self._loop()
+            resume: int | None = None
+            while True:
+                task = asyncio.ensure_future(self._loop(resume))
+                await asyncio.wait({task, self._fail}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done() and self._fail.done() is False:
+                    exc = task.exception()
+                    if exc is None:
+                        break
+                    reason = await self._failure_reason(exc)
+                    if reason is None:
+                        raise exc
+                else:
+                    reason = self._fail.result()
+                    task.cancel()
+                    try:
+                        await task
+                    except BaseException:  # cancelled, or the failure itself
+                        pass
+                if self._pending is not None:
+                    self._pending.cancel()
+                resume = await self._recover(reason)
             self.done.set_result(self.result)
         except Exception as exc:
             self.log.error("training loop failed", error=repr(exc))
             if not self.done.done():
                 self.done.set_exception(exc)
+
+    async def _failure_reason(self, exc: BaseException) -> str | None:
+        """A trainer error is a group failure when a rank is gone; an error the ranks raised while all are alive
+        (a bug, a bad batch) is not retried. A survivor's collective fails before the directory notices the dead
+        rank, so wait for the confirmation a little."""
+        if not isinstance(exc, TrainerGroupFailed):
+            return None
+        if exc.confirmed:
+            self._trainer_failure(str(exc))
+            return str(exc)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._fail), 2 * self.runtime.down_after + 5)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _recover(self, reason: str) -> int:
+        """Restart the training group from the last checkpoint; returns the rollout id to carry on from."""
+        t0 = time.monotonic()
+        # (a rank that restarted may have opened the next generation already: tell the failed one to leave)
+        failed = self._failed_generation if self._failed_generation is not None else self._rdzv.generation
+        self._failed_generation = None
+        rec = {"time": time.time(), "reason": reason, "failed_at_rollout": self.rollout_id,
+               "failed_generation": failed}
+        window = [r for r in self.recoveries if time.time() - r["time"] < 600]
+        limit = int(os.environ.get("SLIME_ACTORS_TRAINER_MAX_RESTARTS", "5"))
+        if len(window) >= limit:
+            raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit {limit}); "
+                               f"last: {reason}")
+        self.phase = "recovering"
+        self._next_generation()
+        self._fail = asyncio.get_running_loop().create_future()
+        self.log.error("restarting the training group from the last checkpoint", reason=reason,
+                       checkpoint=str(self._ckpt) if self._ckpt else "none (initial weights)")
+        # survivors leave the broken group (exit 75); their supervisor restarts them
+        await asyncio.gather(*(self._quiet(self.tell(t, "abort_group", {"generation": failed, "reason": reason}))
+                               for t in self.trainers))
+        await self._end_rollout(self.rollout_id)
+        start, self.version = self._restore_state(self._ckpt)
+        rb = await self._ask_buffer("rollback", {"path": str(self._ckpt) if self._ckpt else None,
+                                                 "if_ahead_of": start, "reason": reason,
+                                                 "token": f"recovery-{len(self.recoveries)}-{failed}"},
+                                    timeout=600)
+        self.history = [h for h in self.history if h["rollout_id"] < start]
+        for w in list(self.engine_versions):
+            self.engine_versions[w] = -1  # every engine gets the restored weights before it serves again
+        rec.update(resumed_from=start, weight_version=self.version, checkpoint=str(self._ckpt) if self._ckpt else None,
+                   buffer=rb, prepare_seconds=round(time.monotonic() - t0, 3))
+        self.recoveries.append(rec)
+        self._write_recovery(rec)
+        return start
+
+    def _restore_state(self, ckpt: Path | None) -> tuple[int, int]:
+        """(first rollout id, weight version) of a checkpoint -- or of the run's start -- and its RNG and evals."""
+        if ckpt is None:
+            random.setstate(self._initial_rng)
+            self.evals = [e for e in self.evals if e["step"] <= (self.args.start_rollout_id or 0)]
+            return self.args.start_rollout_id or 0, 0
+        meta = read_meta(ckpt)
+        random.setstate(_tuple_state(meta["controller_rng"]))
+        self.evals = meta.get("evals", [])
+        return meta["next_rollout_id"], meta["weight_version"]
+
+    def _write_recovery(self, rec: dict) -> None:
+        with open(Path(self.runtime.run_dir) / "recoveries.jsonl", "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+
+    async def _trainers_ready(self, timeout: float = 1800.0) -> None:
+        rd = self._rdzv
+        try:
+            await asyncio.wait_for(rd.all_ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            missing = sorted(set(range(rd.world)) - rd.ready)
+            raise TimeoutError(f"trainer ranks {missing} did not join and load within {timeout:.0f}s "
+                               f"(generation {rd.generation})") from None
 
     async def _wait_for(self, names: list[str], timeout: float = 900.0) -> None:
         t0 = time.monotonic()
@@ -104,26 +363,43 @@ class Controller(Actor):
                 raise TimeoutError(f"actors did not come up within {timeout:.0f}s: {', '.join(missing)}")
             await asyncio.sleep(0.2)
 
-    async def _loop(self) -> None:
+    async def _loop(self, resume: int | None = None) -> None:
         a = self.args
-        need = ["buffer/0"] + self.trainers
-        if not a.debug_train_only:
-            need += self.rollouts + [f"reward/{i}" for i in range(a.num_reward_workers)]
-        self.log.info("waiting for actors", actors=len(need))
-        await self._wait_for(need)
-        start = a.start_rollout_id or 0
-        ckpt = latest_checkpoint(a.load) if a.load else None
-        if ckpt is not None:
-            meta = read_meta(ckpt)
-            start, self.version = meta["next_rollout_id"], meta["weight_version"]
-            random.setstate(_tuple_state(meta["controller_rng"]))
-            self.evals = meta.get("evals", [])
-            self.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=self.version)
-        if not a.debug_train_only:
-            await self._startup_sync()
-        self._open_metrics(resume=ckpt is not None)
-        if a.eval_prompt_data and not a.skip_eval_before_train and not a.debug_train_only and ckpt is None:
-            await self._evaluate(start)
+        if resume is None:
+            need = ["buffer/0"] + self.trainers
+            if not a.debug_train_only:
+                need += self.rollouts + [f"reward/{i}" for i in range(a.num_reward_workers)]
+            self.log.info("waiting for actors", actors=len(need))
+            await self._wait_for(need)
+            start = a.start_rollout_id or 0
+            ckpt = self._ckpt
+            if ckpt is not None:
+                start, self.version = self._restore_state(ckpt)
+                self.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=self.version)
+            # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise)
+            rb = await self._ask_buffer("rollback", {"path": str(ckpt) if ckpt else None, "if_ahead_of": start,
+                                                     "reason": "job start",
+                                                     "token": f"start-{os.getpid()}-{self.started_at}"})
+            if rb.get("rolled_back"):
+                self.log.warning("buffer rolled back to the checkpoint", **{k: v for k, v in rb.items()
+                                                                            if k != "rolled_back"})
+            await self._trainers_ready()
+            if not a.debug_train_only:
+                await self._startup_sync()
+            self._open_metrics(resume=ckpt is not None)
+            if a.eval_prompt_data and not a.skip_eval_before_train and not a.debug_train_only and ckpt is None:
+                await self._evaluate(start)
+        else:  # after a training-group restart: the new generation loads the checkpoint; engines get its weights
+            start = resume
+            t0 = time.monotonic()
+            await self._trainers_ready()
+            rec = self.recoveries[-1]
+            rec["trainers_ready_seconds"] = round(time.monotonic() - t0, 3)
+            if not a.debug_train_only:
+                await self._startup_sync()
+            rec["resumed_seconds"] = round(time.monotonic() - t0 + rec["prepare_seconds"], 3)
+            self.log.info("training group restarted", generation=self._rdzv.generation, resume_from=start,
+                          seconds=rec["resumed_seconds"])
         progress = _progress(a, start)
         pending_rollout: asyncio.Task | None = None
         for k in range(start, a.num_rollout):
@@ -144,20 +420,19 @@ class Controller(Actor):
             if a.save_debug_rollout_data:
                 await self._save_debug_rollout(k)
             if a.debug_rollout_only:
-                await self.ask("buffer/0", "mark_trained", {"rollout_id": k})
+                await self._ask_buffer("mark_trained", {"rollout_id": k})
             else:
                 if a.async_train and k + 1 < a.num_rollout and not a.load_debug_rollout_data:
-                    pending_rollout = asyncio.ensure_future(self._rollout(k + 1, resume_only=True))
+                    pending_rollout = self._pending = asyncio.ensure_future(self._rollout(k + 1, resume_only=True))
                 elif not a.load_debug_rollout_data:
                     await self._end_rollout(k)
                 # ---- train
                 self.phase = "train"
                 t0 = time.monotonic()
-                results = await asyncio.gather(*(self.ask(t, "train", {"rollout_id": k}, timeout=3600)
-                                                 for t in self.trainers))
+                results = await self._ask_trainers("train", {"rollout_id": k}, 3600)
                 step["time/train"] = time.monotonic() - t0
                 step.update({f"train/{key}": v for key, v in results[0].items()})
-                await self.ask("buffer/0", "mark_trained", {"rollout_id": k})
+                await self._ask_buffer("mark_trained", {"rollout_id": k})
                 # ---- weights
                 self.version += 1
                 if not a.debug_train_only:
@@ -187,6 +462,7 @@ class Controller(Actor):
         if a.eval_prompt_data and not a.debug_train_only and not (
                 a.eval_interval and a.num_rollout % a.eval_interval == 0) and a.num_rollout > start:
             await self._evaluate(a.num_rollout)
+        self.accounting = await self._ask_buffer("accounting")
         self.phase = "done"
         self._finish()
 
@@ -203,8 +479,7 @@ class Controller(Actor):
         behind = [w for w in self.rollouts if self.engine_versions.get(w) != self.version]
         if behind:
             async with self._sync_lock:
-                await self.ask("trainer/0", "sync_weights", {"weight_version": self.version, "workers": behind},
-                               timeout=1800)
+                await self._sync_weights(self.version, behind)
                 for w in behind:
                     self.engine_versions[w] = self.version
         self.phase = "idle"
@@ -212,9 +487,9 @@ class Controller(Actor):
     async def _rollout(self, k: int, resume_only: bool = False) -> tuple[dict, float]:
         t0 = time.monotonic()
         self.phase = "rollout" if not resume_only else self.phase
-        await self.ask("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": self.version}, timeout=300)
+        await self._ask_buffer("start_rollout", {"rollout_id": k, "weight_version": self.version}, timeout=300)
         await self._resume_all()
-        stats = await self.ask("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0}, timeout=86500)
+        stats = await self._ask_buffer("wait_rollout", {"rollout_id": k, "timeout": 86400.0}, timeout=86500)
         if not stats["complete"]:
             raise RuntimeError(f"rollout {k} did not complete: {stats}")
         return stats, time.monotonic() - t0
@@ -236,8 +511,18 @@ class Controller(Actor):
             ready = [w for w in self.rollouts if w in self.engine_versions]
             if self.args.async_train:
                 await self._pause_all()
-            info = await self.ask("trainer/0", "sync_weights", {"weight_version": self.version, "workers": ready},
-                                  timeout=1800)
+            for attempt in range(3):
+                try:
+                    info = await self._sync_weights(self.version, ready)
+                    break
+                except TrainerGroupFailed as exc:
+                    # an engine that died mid-sync breaks the broadcast; its worker restarts it and the retry
+                    # builds a new group (a dead trainer rank is confirmed instead, and handled by _run)
+                    if exc.confirmed or attempt == 2:
+                        raise
+                    self.log.warning("weight sync failed; retrying with a new group", error=str(exc))
+                    self._fresh_engines |= set(ready)
+                    await asyncio.sleep(1.0)
             for w in ready:
                 self.engine_versions[w] = self.version
             if self.args.async_train:
@@ -251,11 +536,11 @@ class Controller(Actor):
         out = {}
         for name, _ in parse_eval_prompt_data(self.args.eval_prompt_data):
             eid = step * 1000 + len(self.evals)
-            await self.ask("buffer/0", "start_rollout", {"rollout_id": eid, "kind": "eval", "name": name,
-                                                         "weight_version": self.version}, timeout=300)
+            await self._ask_buffer("start_rollout", {"rollout_id": eid, "kind": "eval", "name": name,
+                                                     "weight_version": self.version}, timeout=300)
             await self._resume_all()
-            st = await self.ask("buffer/0", "wait_rollout", {"rollout_id": eid, "kind": "eval",
-                                                             "timeout": 86400.0}, timeout=86500)
+            st = await self._ask_buffer("wait_rollout", {"rollout_id": eid, "kind": "eval", "timeout": 86400.0},
+                                        timeout=86500)
             out[name] = st["reward_mean"] if st["reward_mean"] is not None else 0.0
             self.evals.append({"step": step, "name": name, "reward": out[name], "samples": st["samples"]})
             self.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st["samples"])
@@ -269,19 +554,20 @@ class Controller(Actor):
         root = Path(self.args.save)
         path = root / f"iter_{k + 1:07d}"
         path.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(*(self.ask(t, "save", {"path": str(path), "save_optim": not self.args.no_save_optim},
-                                        timeout=3600) for t in self.trainers),
-                             self.ask("buffer/0", "save", {"path": str(path)}, timeout=600))
+        await asyncio.gather(self._ask_trainers("save", {"path": str(path), "save_optim": not self.args.no_save_optim},
+                                                3600),
+                             self._ask_buffer("save", {"path": str(path)}, timeout=600))
         meta = {"next_rollout_id": k + 1, "weight_version": self.version, "controller_rng": random.getstate(),
                 "evals": self.evals, "time": time.time()}
         (path / "meta.json").write_text(json.dumps(meta))
         (root / "latest_checkpointed_iteration.txt").write_text(str(k + 1))
+        self._ckpt = path  # what a restarted training group loads
         self.log.info("checkpoint saved", path=str(path))
         return time.monotonic() - t0
 
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
-        samples = await self.ask("buffer/0", "dump_rollout", {"rollout_id": k}, timeout=300)
+        samples = await self._ask_buffer("dump_rollout", {"rollout_id": k}, timeout=300)
         path = debug_rollout_path(self.args.save_debug_rollout_data, k)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -304,8 +590,8 @@ class Controller(Actor):
         except Exception as exc:
             raise ValueError(f"--load-debug-rollout-data: {path} is not a saved rollout ({type(exc).__name__}: "
                              f"{exc}); expected what --save-debug-rollout-data writes") from None
-        await self.ask("buffer/0", "load_rollout", {"rollout_id": k, "samples": samples}, timeout=300)
-        return await self.ask("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 60.0}, timeout=90)
+        await self._ask_buffer("load_rollout", {"rollout_id": k, "samples": samples}, timeout=300)
+        return await self._ask_buffer("wait_rollout", {"rollout_id": k, "timeout": 60.0}, timeout=90)
 
     @staticmethod
     async def _quiet(coro):
@@ -351,19 +637,8 @@ class Controller(Actor):
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
             if self.evals else {}
         self.result = {"steps": len(self.history), "eval_before": first, "eval_after": last, "plot": png,
-                       "weight_version": self.version, "metrics": str(self.metrics_path)}
-
-
-def debug_rollout_path(spec: str, k: int) -> Path:
-    """Where rollout k is saved (--save-debug-rollout-data) or loaded from (--load-debug-rollout-data):
-    "dir/data_{rollout_id}.msgpack" as slime writes it, else DIR/rollout_00000K.msgpack for a directory (a path
-    without a suffix), else FILE_00000K.SUFFIX."""
-    if "{rollout_id}" in spec:
-        return Path(spec.format(rollout_id=k))
-    p = Path(spec)
-    if p.is_dir() or not p.suffix:
-        return p / f"rollout_{k:06d}.msgpack"
-    return p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
+                       "weight_version": self.version, "metrics": str(self.metrics_path),
+                       "recoveries": self.recoveries, "accounting": self.accounting}
 
 
 def _r(v):

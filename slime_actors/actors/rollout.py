@@ -88,6 +88,7 @@ class RolloutWorker(Actor):
             self.generate_fn = load_function(a.custom_generate_function_path)
         if a.rollout_function_path:
             self.group_fn = load_function(a.rollout_function_path)
+        await self._release_previous()
         await self._start_router()
         await self._start_engine()
         self.spawn(self._pull_loop(), name="pull")
@@ -269,9 +270,24 @@ class RolloutWorker(Actor):
                 except Exception as exc:
                     self.log.warning("router registration check failed", error=repr(exc))
 
+    async def _release_previous(self) -> None:
+        """A new incarnation holds no work: whatever the buffer still has leased to this name (a previous process
+        of it was killed) is re-issued now, before this one pulls (same sender, so no race with get_work)."""
+        for attempt in range(5):
+            try:
+                res = await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": "restarted"},
+                                     timeout=30)
+                if res.get("requeued"):
+                    self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
+                return
+            except MailboxError as exc:
+                self.log.warning("could not release a previous incarnation's groups; retrying", error=str(exc))
+                await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
+
     async def _recover(self, reason: str) -> None:
         self._restarting = True
         self._engine_ok.clear()
+        self._resumed.clear()  # serve again only once the controller re-synced the new engine and resumes us
         self.engine_restarts += 1
         self.log.error("engine failed; restarting it", reason=reason, restarts=self.engine_restarts)
         try:
@@ -324,12 +340,18 @@ class RolloutWorker(Actor):
             if free < 1:
                 await asyncio.sleep(0.01)
                 continue
+            restarts = self.engine_restarts
             try:
                 resp = await self.ask("buffer/0", "get_work", {"worker": self.name, "max_groups": free, "wait": 1.0},
                                       timeout=30)
             except MailboxError as exc:
                 self.log.warning("get_work failed; retrying", error=str(exc))
                 await asyncio.sleep(0.5)
+                continue
+            if restarts != self.engine_restarts or not self._engine_ok.is_set():
+                # the engine failed while we asked: this work must not run on the new engine before its re-sync
+                for group in resp["groups"]:
+                    self.spawn(self._return(group["work_id"], None, "engine restarted"), name="return")
                 continue
             for group in resp["groups"]:
                 task = self.spawn(self._process_group(group), name=f"group:{group['work_id']}")
@@ -394,6 +416,27 @@ class RolloutWorker(Actor):
         sample.weight_version = min(sample.weight_versions)
         return sample
 
+    async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
+        """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
+        SLIME_ACTORS_REWARD_WAIT seconds (default 300) -- scoring is pure, so a retry is harmless -- instead of
+        spending the group's attempts, which are for reward functions that fail."""
+        a = self.args
+        wait = float(os.environ.get("SLIME_ACTORS_REWARD_WAIT", "300"))
+        t0 = time.monotonic()
+        k = 0
+        while True:
+            target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.num_reward_workers)}"
+            try:
+                return await self.ask(target, "score", {"samples": [s.to_wire() for s in todo],
+                                                        "group": a.group_rm}, timeout=300)
+            except MailboxError as exc:
+                from ..mailbox.errors import RemoteError
+                if (isinstance(exc, RemoteError) and exc.type != "MailboxError") or time.monotonic() - t0 > wait:
+                    raise
+                k += 1
+                self.log.warning("reward worker unavailable; retrying", reward=target, error=str(exc))
+                await asyncio.sleep(min(2.0, 0.2 * k))
+
     async def _score(self, samples: list[Sample], kind: str) -> None:
         a = self.args
         todo = [s for s in samples if s.status != FAILED]
@@ -403,8 +446,7 @@ class RolloutWorker(Actor):
                 return
             who = f"reward/{(self.index + attempt) % max(1, a.num_reward_workers)}"
             try:
-                res = await self.ask(who, "score", {"samples": [s.to_wire() for s in todo], "group": a.group_rm},
-                                     timeout=300)
+                res = await self._ask_reward(who, todo)
             except MailboxError as exc:
                 self.log.warning("reward worker unavailable; trying another", reward=who, error=str(exc))
                 for s in todo:
@@ -458,8 +500,10 @@ class RolloutWorker(Actor):
     async def resume(self, weight_version: int) -> None:
         async with self._pause_lock:
             if weight_version != self.weight_version:
-                self.log.warning("resumed at a weight version the engine does not hold",
+                # a restarted engine serves only once it holds the current weights (the controller re-syncs it)
+                self.log.warning("not resuming: the engine does not hold the weight version asked for",
                                  asked=weight_version, engine=self.weight_version)
+                return
             if self._engine_paused is not None and self._engine_ok.is_set():
                 await self.client.continue_generation()
                 self.log.info("engine continued", paused_mode=self._engine_paused)
@@ -562,6 +606,11 @@ class RolloutWorker(Actor):
         """rollout/0: the URL of the sglang-router it started (waits until it is up)."""
         await self._router_ready.wait()
         return {"url": self.router_url}
+
+    @handler
+    def held_groups(self) -> list:
+        """Work ids this worker holds (generating, scoring or handing in): the buffer reconciles after a restart."""
+        return sorted(self._inflight)
 
     @handler
     async def engine_info(self) -> dict:

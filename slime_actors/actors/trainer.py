@@ -5,7 +5,12 @@ computed locally), run the RL update (`slime_actors.backends.rl_update`) on the 
 megatron), and rank 0 pushes new weights to the rollout workers: in buckets over a broadcast group it forms with
 the engines (`--update-weight-transport distributed`), or through safetensors on disk (`disk`).
 
-The process group is set up from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun or our launcher set them).
+The training group is this role's own process group (not every process of a job is a trainer: under torchrun the
+other ranks play the buffer, rollout workers, ...). Its rendezvous goes through the controller: each rank asks
+`controller/0 trainer_join`, rank 0 offering its address and a free port for the group's store; the controller
+answers every rank once all have joined, with that address, a generation number and the checkpoint to load. When a
+rank dies the whole group restarts (the controller tells the survivors `abort_group`, they exit with code 75 and
+their supervisor starts them again), joins a new generation and loads the last checkpoint (docs/fault-tolerance.md).
 """
 
 from __future__ import annotations
@@ -34,32 +39,66 @@ class TrainerRank(Actor):
         self._group_name = ""
         self._group_seq = 0
         self._flattened = False  # every engine of the group takes load_format="flattened_bucket"
+        self.generation: int | None = None  # of the training group this rank joined
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
-        await self.run_blocking(self._init)
-        self.log.info("trainer rank ready", rank=self.rank, world_size=self.world_size,
+        a = self.args
+        self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
+        self.world_size = a.actor_num_nodes * a.actor_num_gpus_per_node
+        rdzv = await self._rendezvous()
+        await self.run_blocking(self._init, rdzv)
+        self.generation = rdzv["generation"]
+        await self.tell("controller/0", "trainer_ready", {"rank": self.rank, "generation": self.generation,
+                                                          "weight_version": self.backend.weight_version})
+        self.log.info("trainer rank ready", rank=self.rank, world_size=self.world_size, generation=self.generation,
                       backend=self.args.train_backend, version=self.backend.weight_version)
 
-    def _init(self) -> None:
+    async def _rendezvous(self) -> dict:
+        import socket
+        addr = reachable_address(self.runtime)
+        port = 0
+        if self.rank == 0:  # (not weight_sync.find_free_port: importing torch here would stall the heartbeats)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((addr, 0))
+                port = sock.getsockname()[1]
+        body = {"rank": self.rank, "world_size": self.world_size, "addr": addr, "port": port, "pid": os.getpid()}
+        from ..mailbox.errors import MailboxError, RemoteError
+        t0 = time.monotonic()
+        while True:  # the head may still be starting (torchrun, Slurm: every process starts at once)
+            try:
+                return await self.ask("controller/0", "trainer_join", body, timeout=3600)
+            except RemoteError:
+                raise
+            except MailboxError as exc:
+                if time.monotonic() - t0 > 600:
+                    raise
+                self.log.warning("controller not reachable yet; retrying the join", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    def _init(self, rdzv: dict) -> None:
+        import datetime
+
         import torch
         import torch.distributed as dist
         a = self.args
-        self.rank = int(os.environ.get("RANK", self.index))
-        self.world_size = int(os.environ.get("WORLD_SIZE", a.actor_num_nodes * a.actor_num_gpus_per_node))
         torch.manual_seed(a.seed + self.rank)
         if a.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.device == "cuda" else "gloo"
-            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(backend, init_method=f"tcp://{rdzv['master_addr']}:{rdzv['master_port']}",
+                                    rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=float(os.environ.get(
+                                        "SLIME_ACTORS_TRAINER_PG_TIMEOUT", "1800"))))
         if a.train_backend == "megatron":
             from ..backends.megatron_backend import MegatronBackend as Backend
         else:
             from ..backends.torch_backend import TorchBackend as Backend
         self.backend = Backend(a, self.rank, self.world_size)
         self.backend.init()
-        ckpt = latest_checkpoint(a.load) if a.load else None
+        ckpt = Path(rdzv["checkpoint"]) if rdzv.get("checkpoint") else None  # the controller picks it
         if ckpt is not None:
             self.backend.load(str(ckpt / "trainer"), load_optim=not a.no_save_optim)
             self.backend.weight_version = read_meta(ckpt).get("weight_version", 0)
@@ -69,13 +108,24 @@ class TrainerRank(Actor):
         if self._sender is not None:
             self._sender.close()
 
+    @handler
+    def abort_group(self, generation: int, reason: str = "") -> dict:
+        """The training group of `generation` is broken (a rank died): leave it, exit 75, be restarted."""
+        if generation != self.generation:
+            return {"left": False}  # a newer incarnation, or not joined yet: not ours
+        self.log.error("leaving the broken training group; exiting to be restarted", generation=generation,
+                       reason=reason)
+        if self.tracer is not None:
+            self.tracer.close()
+        asyncio.get_running_loop().call_later(0.05, os._exit, 75)
+        return {"left": True}
+
     # ------------------------------------------------------------------------------------------ training
     @handler
     async def train(self, rollout_id: int) -> dict:
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
-        batch = await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, "rank": self.rank,
-                                                         "world_size": self.world_size}, timeout=600)
+        batch = await self._get_batch(rollout_id)
         self._record_batch(batch)
         t1 = time.monotonic()
         metrics = await self.run_blocking(rl_update, self.backend, self.args, batch, rollout_id)
@@ -83,6 +133,25 @@ class TrainerRank(Actor):
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
         return metrics
+
+    async def _get_batch(self, rollout_id: int) -> dict:
+        """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
+        from ..mailbox.errors import MailboxError, RemoteError
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, "rank": self.rank,
+                                                                "world_size": self.world_size}, timeout=600)
+            except RemoteError as exc:
+                if exc.type != "MailboxError" or time.monotonic() - t0 > 600:
+                    raise
+            except MailboxError as exc:
+                if time.monotonic() - t0 > 600:
+                    raise
+                self.log.warning("get_batch failed; retrying", error=str(exc))
+            attempt += 1
+            await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
 
     def _record_batch(self, batch: dict) -> None:
         """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is
@@ -110,10 +179,20 @@ class TrainerRank(Actor):
 
     # ------------------------------------------------------------------------------------------ weights
     @handler
-    async def sync_weights(self, weight_version: int, workers: list, transport: str | None = None) -> dict:
+    async def sync_weights(self, weight_version: int, workers: list, transport: str | None = None,
+                           rebuild: bool = False) -> dict:
         if self.rank != 0:
-            raise RuntimeError(f"sync_weights goes to trainer rank 0, not rank {self.rank}")
+            # the controller asks every rank: gathering full weights is a collective under FSDP (and Megatron
+            # model parallelism), so the other ranks take part and rank 0 sends
+            if self.args.train_backend == "megatron" or getattr(self.backend, "parallel", "ddp") == "fsdp":
+                await self.run_blocking(lambda: [None for _ in self.backend.named_weights()])
+                self.backend.weight_version = weight_version
+                return {"rank": self.rank, "participated": True}
+            self.backend.weight_version = weight_version
+            return {"rank": self.rank, "participated": False}
         transport = transport or self.args.update_weight_transport
+        if rebuild:  # an engine of the group restarted: the broadcast group it was in is gone with it
+            self._group_workers = ()
         t0 = time.monotonic()
         if transport == "disk":
             info = await self._sync_disk(weight_version, workers)
@@ -156,9 +235,9 @@ class TrainerRank(Actor):
                                                         timeout=30)) for w in old),
                                  self._quiet(self.run_blocking(sender.close)), return_exceptions=True)
         self._group_seq += 1
-        name = f"slime-weights-{self._group_seq}"
-        port = free_port()
-        addr = os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_ADDR", "127.0.0.1")
+        name = f"slime-weights-{os.getpid()}-{self._group_seq}"  # unique: a restarted rank 0 starts again at 1
+        addr = os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_ADDR") or reachable_address(self.runtime)
+        port = free_port(addr)
         backend = "nccl" if self.args.device == "cuda" else "gloo"
         world = 1 + len(workers)
         sender = DistributedWeightSender(addr, port, world, backend, name)
@@ -237,6 +316,21 @@ class TrainerRank(Actor):
     @handler
     async def save_hf(self, path: str) -> None:
         await self.run_blocking(self.backend.save_hf, path)
+
+
+def reachable_address(runtime) -> str:
+    """The address other hosts reach this process at (for the trainer group's and the weight sync's stores)."""
+    env = os.environ.get("SLIME_ACTORS_TRAINER_ADDR")
+    if env:
+        return env
+    if runtime is None or runtime.transport != "tcp":
+        return "127.0.0.1"
+    if runtime.advertise:
+        return runtime.advertise
+    if runtime.host not in ("0.0.0.0", "", "*", "::"):
+        return runtime.host
+    import socket
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _with_last(items):

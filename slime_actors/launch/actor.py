@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
+    cpus = os.environ.get("SLIME_ACTORS_CPUS")  # the topology's CPU affinity (also when srun/torchrun start us)
+    if cpus:
+        try:
+            os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
+        except (OSError, ValueError) as exc:
+            print(f"warning: SLIME_ACTORS_CPUS={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(rt.run_dir, name, console=True)
     log = get_logger(actor=name)
     job = load_job_args()

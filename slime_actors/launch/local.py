@@ -1,10 +1,18 @@
 """Start actor processes on this host and supervise them.
 
-Each actor runs as `python -m slime_actors.launch.actor ROLE INDEX` in its own process group, with the job's
-environment. Its stdout/stderr go to RUN_DIR/logs/ROLE-INDEX.out; warnings, errors and tracebacks are also echoed to
-the console with the actor's name in front. An actor that exits unexpectedly is restarted if its role's policy says
-so, unless it has been restarted more than `max_restarts` times within `window` seconds (then the job stops, with a
-report of what failed) -- the OTP supervisor rule.
+Each actor runs as `python -m slime_actors.launch.actor ROLE INDEX` in its own session (process group), with the
+job's environment and, where the topology says so, its GPUs (CUDA_VISIBLE_DEVICES) and CPUs (affinity). Its
+stdout/stderr go to RUN_DIR/logs/ROLE-INDEX.out; warnings, errors and tracebacks are also echoed to the console with
+the actor's name in front. Every actor gets SIGTERM when the supervisor dies (PR_SET_PDEATHSIG), and the supervisor
+is a child subreaper, so whatever an actor started (an engine in its own session) is still ours to clean up.
+
+Supervision, the OTP rules:
+  * an actor that exits unexpectedly is restarted if its role's policy says so;
+  * a role with `group` set (trainer ranks: one dead rank breaks the process group) is restarted as a whole: the
+    surviving members on this host are killed and every member starts again;
+  * more than `max_restarts` restarts within `window` seconds stops the job, with a report of what failed;
+  * an actor whose process is alive but whose heartbeats stopped (the directory's liveness, passed to `check`) for
+    `hang_kill_after` seconds is killed, and so restarted: a hung process is a failed process.
 """
 
 from __future__ import annotations
@@ -20,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..log import get_logger
+from .topology import RestartPolicy
 
+__all__ = ["LocalLauncher", "ActorProc", "RestartPolicy", "SupervisionError", "become_subreaper", "descendants",
+           "kill_tree"]
 
-@dataclass
-class RestartPolicy:
-    restart: bool = True
-    max_restarts: int = 5
-    window: float = 60.0
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+EXIT_GROUP_RESTART = 75   # a trainer rank told to leave its broken group (actors/trainer.py)
 
 
 @dataclass
@@ -35,15 +44,25 @@ class ActorProc:
     index: int
     env: dict
     policy: RestartPolicy
+    cpus: list[int] | None = None
     popen: subprocess.Popen | None = None
     restarts: deque = field(default_factory=deque)
     started: float = 0.0
     exit_codes: list = field(default_factory=list)
     expected_exit: bool = False
+    incarnation: int = 0
+    pids: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return f"{self.role}/{self.index}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
 
 
 class SupervisionError(RuntimeError):
@@ -53,33 +72,131 @@ class SupervisionError(RuntimeError):
 _ECHO = ("[warning", "[error", "[critical", "Traceback", "Error:", "error:")
 
 
+def _libc():
+    import ctypes
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of orphaned descendants (Linux), so nothing the job starts escapes it."""
+    try:
+        return _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _child_setup(cpus: list[int] | None):
+    def setup():
+        try:
+            _libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except Exception:
+            pass
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+    return setup
+
+
+def _ppid_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses; split after the last ')'
+        rest = stat[stat.rfind(")") + 2:].split()
+        if len(rest) >= 2:
+            children.setdefault(int(rest[1]), []).append(int(entry))
+    return children
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every live descendant of `pid` (default: this process), children before grandchildren."""
+    pid = os.getpid() if pid is None else pid
+    tree = _ppid_map()
+    out, todo = [], list(tree.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(tree.get(p, []))
+    return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal a process, its process group and all its descendants (stopped ones get SIGCONT too)."""
+    pids = [pid] + descendants(pid)
+    for p in pids:
+        try:
+            os.kill(p, sig)
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                os.kill(p, signal.SIGCONT)   # a stopped process only acts on SIGTERM once continued
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return pids
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Collect zombies reparented to us (we are a subreaper) that are not our own Popen children."""
+    for p in _ppid_map().get(os.getpid(), []):
+        if p in known:
+            continue
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                state = f.read().decode(errors="replace")
+            if state[state.rfind(")") + 2:].split()[0] == "Z":
+                os.waitpid(p, os.WNOHANG)
+        except (OSError, ChildProcessError, IndexError):
+            pass
+
+
 class LocalLauncher:
-    def __init__(self, run_dir: str, base_env: dict, python: str = sys.executable, echo: bool = True):
+    def __init__(self, run_dir: str, base_env: dict, python: str = sys.executable, echo: bool = True,
+                 hang_kill_after: float | None = None):
         self.run_dir = Path(run_dir)
         self.base_env = base_env
         self.python = python
         self.echo = echo
+        self.hang_kill_after = hang_kill_after
         self.procs: dict[str, ActorProc] = {}
         self.log = get_logger(actor="launcher")
         self.events: list[tuple[float, str, str]] = []  # (time, actor, what)
         self.failure: str | None = None
+        self.group_restarts: dict[str, deque] = {}
+        self.restarted_total = 0
+        self.reap_all = False       # set when this process is a subreaper that owns everything below it
         self._lock = threading.Lock()
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def add(self, role: str, index: int, env: dict | None = None, policy: RestartPolicy | None = None) -> ActorProc:
-        ap = ActorProc(role, index, {**self.base_env, **(env or {})}, policy or RestartPolicy())
+    def add(self, role: str, index: int, env: dict | None = None, policy: RestartPolicy | None = None,
+            cpus: list[int] | None = None) -> ActorProc:
+        ap = ActorProc(role, index, {**self.base_env, **(env or {})}, policy or RestartPolicy(), cpus)
         self.procs[ap.name] = ap
         return ap
 
     def start(self, ap: ActorProc) -> None:
         out_path = self.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
         out = open(out_path, "ab")
-        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1", "SLIME_ACTORS_INCARNATION": str(ap.incarnation)}
+        cpus = ap.cpus
+        if cpus is None and env.get("SLIME_ACTORS_CPUS"):
+            cpus = [int(c) for c in env["SLIME_ACTORS_CPUS"].split(",") if c.strip()]
         ap.popen = subprocess.Popen([self.python, "-m", "slime_actors.launch.actor", ap.role, str(ap.index)],
-                                    env=env, stdout=out, stderr=subprocess.PIPE, start_new_session=True)
+                                    env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_child_setup(cpus))
         out.close()
         ap.started = time.monotonic()
         ap.expected_exit = False
+        ap.pids.append(ap.popen.pid)
         threading.Thread(target=self._pump, args=(ap, ap.popen, out_path), daemon=True).start()
         self.events.append((time.time(), ap.name, f"started pid {ap.popen.pid}"))
 
@@ -97,9 +214,23 @@ class LocalLauncher:
         for ap in self.procs.values():
             self.start(ap)
 
-    def check(self) -> list[str]:
-        """Restart what died (per policy). Returns the names restarted; sets `failure` when the job must stop."""
-        restarted = []
+    # ------------------------------------------------------------------------------------------ supervision
+    def _intensity(self, key: str, q: deque, policy: RestartPolicy) -> bool:
+        """Record a restart; False when it is one too many (> max_restarts within window)."""
+        now = time.monotonic()
+        q.append(now)
+        while q and now - q[0] > policy.window:
+            q.popleft()
+        return len(q) <= policy.max_restarts
+
+    def check(self, liveness: dict | None = None) -> list[str]:
+        """Restart what died (per policy); kill what hangs. Returns the names restarted; sets `failure` when the
+        job must stop. `liveness`: the directory's `list` answer (name -> {alive, last_seen, pid})."""
+        if self.failure:
+            return []
+        if liveness and self.hang_kill_after:
+            self._kill_hung(liveness)
+        died: list[tuple[ActorProc, int]] = []
         for ap in self.procs.values():
             if ap.popen is None or ap.expected_exit:
                 continue
@@ -108,24 +239,75 @@ class LocalLauncher:
                 continue
             ap.exit_codes.append(code)
             self.events.append((time.time(), ap.name, f"exited with code {code}"))
+            died.append((ap, code))
+        restarted: list[str] = []
+        done_groups: set[str] = set()
+        for ap, code in died:
+            if ap.popen is None:
+                continue
             tail = _tail(self.run_dir / "logs" / f"{ap.role}-{ap.index}.out")
+            why = _exit_reason(code)
             if not ap.policy.restart:
-                self.failure = f"{ap.name} exited with code {code} and its role is not restarted\n{tail}"
+                self.failure = f"{ap.name} {why} and its role is not restarted\n{tail}"
                 ap.popen = None
                 continue
-            now = time.monotonic()
-            ap.restarts.append(now)
-            while ap.restarts and now - ap.restarts[0] > ap.policy.window:
-                ap.restarts.popleft()
-            if len(ap.restarts) > ap.policy.max_restarts:
-                self.failure = (f"{ap.name} died {len(ap.restarts)} times within {ap.policy.window:.0f}s "
-                                f"(limit {ap.policy.max_restarts}); last exit code {code}\n{tail}")
+            if ap.policy.group:
+                if ap.role in done_groups:
+                    continue
+                done_groups.add(ap.role)
+                q = self.group_restarts.setdefault(ap.role, deque())
+                if not self._intensity(ap.role, q, ap.policy):
+                    self.failure = (f"the {ap.role} group was restarted {len(q)} times within "
+                                    f"{ap.policy.window:g}s (limit {ap.policy.max_restarts}); last: {ap.name} "
+                                    f"{why}\n{tail}")
+                    ap.popen = None
+                    continue
+                members = [m for m in self.procs.values() if m.role == ap.role]
+                self.log.warning("group member died; restarting the group", actor=ap.name, code=code,
+                                 members=len(members), restarts=len(q))
+                for m in members:   # the survivors' process group is broken: they go too
+                    if m.alive():
+                        m.expected_exit = True
+                        kill_tree(m.popen.pid, signal.SIGKILL)
+                for m in members:
+                    if m.popen is not None:
+                        try:
+                            m.popen.wait(10)
+                        except subprocess.TimeoutExpired:
+                            pass
+                    m.incarnation += 1
+                    self.start(m)
+                    restarted.append(m.name)
+                self.events.append((time.time(), ap.role, f"group restarted after {ap.name} {why}"))
+                self.restarted_total += 1
+                continue
+            if not self._intensity(ap.name, ap.restarts, ap.policy):
+                self.failure = (f"{ap.name} died {len(ap.restarts)} times within {ap.policy.window:g}s "
+                                f"(limit {ap.policy.max_restarts}); last: {why}\n{tail}")
                 ap.popen = None
                 continue
             self.log.warning("actor died; restarting", actor=ap.name, code=code, restarts=len(ap.restarts))
+            kill_tree(ap.popen.pid, signal.SIGKILL)  # anything it left behind in its session
+            ap.incarnation += 1
             self.start(ap)
             restarted.append(ap.name)
+            self.restarted_total += 1
+        reap_orphans({ap.popen.pid for ap in self.procs.values() if ap.popen is not None})
         return restarted
+
+    def _kill_hung(self, liveness: dict) -> None:
+        now = time.monotonic()
+        for name, info in liveness.items():
+            ap = self.procs.get(name)
+            if ap is None or not ap.alive() or info.get("alive", True):
+                continue
+            if info.get("pid") != ap.popen.pid or now - ap.started < self.hang_kill_after:
+                continue
+            if info.get("last_seen", 0) >= self.hang_kill_after:
+                self.log.error("actor alive but silent; killing it", actor=name, pid=ap.popen.pid,
+                               silent_for=info.get("last_seen"))
+                self.events.append((time.time(), name, f"hung: no heartbeat for {info.get('last_seen')}s; killed"))
+                kill_tree(ap.popen.pid, signal.SIGKILL)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         ap = self.procs[name]
@@ -133,13 +315,19 @@ class LocalLauncher:
         os.killpg(pid, sig)
         return pid
 
+    def snapshot(self) -> dict:
+        return {ap.name: {"pid": ap.pid, "alive": ap.alive(), "restarts": ap.incarnation,
+                          "exit_codes": ap.exit_codes[-5:]} for ap in self.procs.values()}
+
     def stop_all(self, grace: float = 15.0) -> None:
-        """SIGTERM every actor's process group, wait, then SIGKILL what is left: no orphans."""
-        live = [ap for ap in self.procs.values() if ap.popen is not None and ap.popen.poll() is None]
+        """SIGTERM every actor (and what it started), wait, then SIGKILL what is left: no orphans."""
+        self.echo = False  # peers going down now is expected: keep it in the logs, off the console
+        live = [ap for ap in self.procs.values() if ap.alive()]
         for ap in live:
             ap.expected_exit = True
             try:
-                os.killpg(ap.popen.pid, signal.SIGTERM)
+                os.kill(ap.popen.pid, signal.SIGTERM)
+                os.kill(ap.popen.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
@@ -149,16 +337,49 @@ class LocalLauncher:
             except subprocess.TimeoutExpired:
                 pass
         for ap in self.procs.values():
+            ap.expected_exit = True
             if ap.popen is None:
                 continue
-            try:
-                os.killpg(ap.popen.pid, signal.SIGKILL)  # the group: engines started by the actor go too
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_tree(ap.popen.pid, signal.SIGKILL)
             try:
                 ap.popen.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        if not self.reap_all:
+            return
+        # engines are in their own sessions; after their worker died they were reparented to us (subreaper)
+        left = descendants()
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:
+            reap_orphans(set())
+            if not [p for p in descendants() if _is_live(p)]:
+                break
+            time.sleep(0.05)
+
+
+def _is_live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            s = f.read().decode(errors="replace")
+        return s[s.rfind(")") + 2:].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == EXIT_GROUP_RESTART:
+        return "left its broken group (exit 75)"
+    return f"exited with code {code}"
 
 
 def _tail(path: Path, n: int = 15) -> str:

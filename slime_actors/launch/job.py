@@ -1,0 +1,496 @@
+"""Run a job from a topology: the head (directory, controller, this node's actors) or a node agent (another node's
+actors), each supervising its own processes. `slime-actors launch` and `slime-actors train` both come here.
+
+    slime-actors launch TOPOLOGY [--config job.toml] [flags]                 everything on this host
+    slime-actors launch TOPOLOGY --node train:0 --head-port 29600 [flags]     the head of a multi-node job
+    slime-actors launch TOPOLOGY --node gen:1 --join tcp://HEAD:29600 [flags] another node of it
+
+The head hosts `directory/0` and `controller/0` in its own process: the controller is the job's schedule, so the
+head is the job -- if it dies the job stops (and resumes from its last checkpoint with --load). Keeping them
+together means the controller never loses its directory, and there is one process to signal, one status line,
+one exit code. Every node (the head included) runs a node agent, `agent/N`, that starts its node's actors,
+restarts them per policy (launch/local.py) and stops them when told or when the head is gone.
+
+Status: RUN_DIR/head.json (directory endpoint, pid) once the head is up; RUN_DIR/status.json every second (actors,
+pids, liveness, restarts, the controller's phase); a status line on the console. Ctrl-C / SIGTERM stop the job:
+every actor gets SIGTERM, then SIGKILL after a grace period, engines included; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..actors.base import Actor, handler
+from ..log import get_logger
+from ..mailbox.errors import MailboxError
+from .local import LocalLauncher, become_subreaper
+from .topology import Placement, Topology
+
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+@dataclass
+class JobContext:
+    args: argparse.Namespace            # the job's flags (parsed, validated)
+    topology: Topology
+    node: tuple[str, int] | None = None  # (node group, index) this process runs; None: every node on this host
+    join: str | None = None              # directory endpoint of the head (agents)
+    head_port: int | None = None         # tcp port of the directory (multi-node heads)
+    status: str = "auto"                 # auto | line | table | changes | off
+    prog: str = "slime-actors launch"
+    fresh: bool = True                   # clear the run dir's live state (False: a restarted head, torchrun)
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def is_head(self) -> bool:
+        return self.join is None
+
+    def node_number(self, group: str, index: int) -> int:
+        n = 0
+        for name, ng in self.topology.nodes.items():
+            if name == group:
+                return n + index
+            n += ng.count
+        raise KeyError(group)
+
+    def placements(self) -> list[Placement]:
+        plan = self.topology.plan()
+        if self.node is None:
+            return plan
+        group, index = self.node
+        return [p for p in plan if p.node_group == group and p.node_index == index]
+
+
+class NodeAgent(Actor):
+    """One per node: its actor processes, their supervision, and orders from the head."""
+    role = "agent"
+
+    def __init__(self, index: int = 0, **config):
+        super().__init__(index, **config)
+        self.launcher: LocalLauncher | None = None
+        self.stop_requested: asyncio.Event | None = None
+        self.stop_reason = ""
+        self.node_failures: list[str] = []
+
+    async def on_start(self) -> None:
+        self.stop_requested = asyncio.Event()
+
+    @handler
+    def processes(self) -> dict:
+        return self.launcher.snapshot() if self.launcher else {}
+
+    @handler
+    def node_failed(self, node: str, reason: str) -> None:
+        """Another node's agent gave up (restart intensity exceeded): the head stops the job."""
+        self.node_failures.append(f"{node}: {reason}")
+
+    @handler
+    def stop_node(self, reason: str = "the job ended") -> dict:
+        self.stop_reason = reason
+        self.stop_requested.set()
+        return {"stopping": True, "processes": len(self.launcher.procs) if self.launcher else 0}
+
+
+def _runtime(args, ctx: JobContext):
+    from ..runtime import RuntimeConfig
+    rt = RuntimeConfig.from_env()
+    rt.run_dir = str(Path(args.run_dir).resolve())
+    rt.curve = args.curve
+    rt.trace = args.trace
+    rt.trace_keep_arrays = args.trace_keep_arrays
+    rt.transport = "tcp" if (ctx.join or ctx.head_port) and args.transport == "ipc" else args.transport
+    rt.heartbeat_interval = args.heartbeat_interval
+    rt.liveness = args.heartbeat_liveness
+    return rt
+
+
+def _keys(args, run_dir: Path, create: bool):
+    from ..mailbox.security import JobKeys
+    if not args.curve:
+        return None
+    keys = JobKeys.from_env()
+    if keys is None and not create and (run_dir / "keys" / "job.public").exists():
+        keys = JobKeys.load(run_dir)
+    if keys is None:
+        if not create:
+            raise RuntimeError(f"no CURVE keys: set SLIME_ACTORS_CURVE_PUBLIC/SECRET (as the head has them) or "
+                               f"share {run_dir / 'keys'}")
+        keys = JobKeys.create()
+    keys.save(run_dir)
+    return keys
+
+
+def _status_mode(ctx: JobContext) -> str:
+    if ctx.status != "auto":
+        return ctx.status
+    return "line" if sys.stderr.isatty() else "changes"
+
+
+class StatusBoard:
+    """What is up, on the console and in RUN_DIR/status.json."""
+
+    def __init__(self, run_dir: Path, expected: list[str], mode: str, interval: float = 1.0):
+        self.run_dir, self.expected, self.mode, self.interval = run_dir, expected, mode, interval
+        self.t0 = time.monotonic()
+        self._last_key = None
+        self._last_print = 0.0
+        self._last_write = 0.0
+
+    def update(self, listing: dict, controller: dict | None, processes: dict, restarts: int,
+               force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_write < self.interval:
+            return
+        self._last_write = now
+        actors = {}
+        for name in sorted(set(self.expected) | set(listing)):
+            e = listing.get(name, {})
+            p = processes.get(name, {})
+            actors[name] = {"up": bool(e.get("alive")), "registered": name in listing, "pid": e.get("pid") or
+                            p.get("pid"), "host": e.get("host"), "last_seen": e.get("last_seen"),
+                            "incarnation": e.get("incarnation", 0), "restarts": p.get("restarts", 0)}
+        st = {"time": time.time(), "uptime": round(now - self.t0, 1), "controller": controller or {},
+              "actors": actors, "processes": processes, "restarts": restarts}
+        tmp = self.run_dir / "status.json.tmp"
+        tmp.write_text(json.dumps(st, default=str))
+        os.replace(tmp, self.run_dir / "status.json")
+        if self.mode == "off":
+            return
+        up = [n for n in self.expected if actors.get(n, {}).get("up")]
+        down = [n for n in self.expected if n not in up]
+        c = controller or {}
+        step = f"rollout {c.get('rollout_id', '-')} {c.get('phase', '?')} v{c.get('weight_version', 0)}"
+        line = (f"[{now - self.t0:5.0f}s] {step} | up {len(up)}/{len(self.expected)}"
+                + (f" | down: {' '.join(down)}" if down else "") + (f" | restarts {restarts}" if restarts else ""))
+        if self.mode == "line":
+            print("\r\033[K" + line[:200], end="", file=sys.stderr, flush=True)
+        elif self.mode == "table":
+            if force or now - self._last_print >= 10:
+                self._last_print = now
+                print(self.table(actors, line), file=sys.stderr, flush=True)
+        else:  # changes: one line when who is up changes (or the phase), else every 30 s
+            key = (tuple(down), c.get("phase"), restarts)
+            if force or key != self._last_key or now - self._last_print >= 30:
+                self._last_key, self._last_print = key, now
+                print(line, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def table(actors: dict, head: str) -> str:
+        rows = [head, f"  {'actor':<14} {'state':<6} {'pid':>8} {'host':<12} {'seen':>6} {'restarts':>8}"]
+        for n, a in actors.items():
+            rows.append(f"  {n:<14} {'up' if a['up'] else 'down':<6} {a['pid'] or '-':>8} {str(a['host'] or '-'):<12} "
+                        f"{a['last_seen'] if a['last_seen'] is not None else '-':>6} {a['restarts']:>8}")
+        return "\n".join(rows)
+
+    def finish(self) -> None:
+        if self.mode == "line":
+            print(file=sys.stderr, flush=True)
+
+
+def _make_launcher(ctx: JobContext, env: dict, run_dir: Path) -> LocalLauncher:
+    sup = ctx.topology.supervisor
+    hang = sup.get("hang_kill_after")
+    if hang is None:
+        hang = max(10.0, 2 * ctx.args.heartbeat_interval * ctx.args.heartbeat_liveness)
+    launcher = LocalLauncher(str(run_dir), env, hang_kill_after=hang)
+    launcher.reap_all = become_subreaper()
+    for p in ctx.placements():
+        launcher.add(p.role, p.index, p.process_env(), p.policy, cpus=p.cpus)
+    return launcher
+
+
+def _install_signals(loop, stop: asyncio.Event, holder: dict) -> None:
+    def on_signal(sig):
+        if holder.get("signal") is None:
+            holder["signal"] = sig
+        stop.set()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the head
+
+async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
+    from ..actors.controller import Controller
+    from ..actors.directory import Directory
+    from ..config import args_to_dict
+    args = ctx.args
+    log = get_logger(actor="launcher")
+    run_dir = Path(args.run_dir).resolve()
+    rt = _runtime(args, ctx)
+    keys = _keys(args, run_dir, create=ctx.fresh)
+    directory = Directory(0)
+    endpoint = None
+    if ctx.head_port:  # other nodes find the directory at a port they were told (SLIME_ACTORS_HOST: the address)
+        endpoint = f"tcp://{rt.host}:{ctx.head_port}"
+    dep = await directory.start(rt, endpoint=endpoint)
+    rt.directory = dep
+    (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(),
+                                                   "host": socket.gethostname(), "started": time.time()}))
+    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    if keys is not None:
+        env.update(keys.env())
+    launcher = _make_launcher(ctx, env, run_dir)
+    head_no = ctx.node_number(*ctx.node) if ctx.node else 0
+    agent = NodeAgent(head_no)
+    agent.launcher = launcher
+    await agent.start(rt)
+    controller = Controller(0, args=args_to_dict(args))
+    await controller.start(rt)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    holder: dict = {}
+    _install_signals(loop, stop, holder)
+    expected = [p.name for p in ctx.topology.plan()]
+    board = StatusBoard(run_dir, expected, _status_mode(ctx),
+                        ctx.topology.supervisor.get("status_interval", 1.0))
+    launcher.start_all()
+    n_nodes = sum(ng.count for ng in ctx.topology.nodes.values())
+    log.info("job started", directory=dep, actors=len(expected), nodes=n_nodes, here=len(launcher.procs))
+    failure: str | None = None
+    result = None
+    try:
+        while not controller.done.done() and not stop.is_set():
+            await asyncio.sleep(0.2)
+            listing = Directory.list(directory)
+            launcher.check(listing)
+            if launcher.failure:
+                failure = f"job stopped: {launcher.failure}"
+                break
+            if agent.node_failures:
+                failure = f"job stopped: {agent.node_failures[0]}"
+                break
+            board.update(listing, Controller.status(controller), launcher.snapshot(), launcher.restarted_total)
+        if controller.done.done() and not stop.is_set():
+            exc = controller.done.exception()
+            if exc is not None:
+                failure = f"training loop failed: {exc}"
+            else:
+                result = controller.done.result()
+        elif stop.is_set() and failure is None:
+            failure = f"stopped by {signal.Signals(holder.get('signal', signal.SIGTERM)).name}"
+    finally:
+        board.update(Directory.list(directory), Controller.status(controller), launcher.snapshot(),
+                     launcher.restarted_total, force=True)
+        board.finish()
+        await controller.stop()
+        others = [n for n in Directory.list(directory) if n.startswith("agent/") and n != agent.name]
+        for other in others:
+            try:
+                await agent.ask(other, "stop_node", {"reason": failure or "the job ended"}, timeout=5)
+            except MailboxError:
+                pass
+        await loop.run_in_executor(None, launcher.stop_all)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and any(n in Directory.list(directory) for n in others):
+            await asyncio.sleep(0.2)
+        await agent.stop()
+        await directory.stop()
+    if failure:
+        log.error("job failed", reason=failure.splitlines()[0])
+        print(f"{ctx.prog}: {failure}", file=sys.stderr)
+        sig = holder.get("signal")
+        return (EXIT_INTERRUPTED if sig == signal.SIGINT else EXIT_TERMINATED if sig else 1), None
+    return 0, result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# node agents
+
+async def run_agent(ctx: JobContext, job_path: Path) -> int:
+    from ..log import setup_logging
+    args = ctx.args
+    run_dir = Path(args.run_dir).resolve()
+    rt = _runtime(args, ctx)
+    rt.directory = ctx.join
+    log = get_logger(actor="agent")
+    node_no = ctx.node_number(*ctx.node)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    holder: dict = {}
+    _install_signals(loop, stop, holder)
+    agent = NodeAgent(node_no)
+    t0 = time.monotonic()
+    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    while True:  # the head may not be up yet: keep knocking
+        try:
+            keys_ok = args.curve is False or _keys(args, run_dir, create=False) is not None
+            if keys_ok:
+                await agent.start(rt)
+                break
+        except (MailboxError, RuntimeError, FileNotFoundError) as exc:
+            if time.monotonic() - t0 > join_timeout or stop.is_set():
+                print(f"{ctx.prog}: cannot join the head at {ctx.join} within {join_timeout:.0f}s: {exc}",
+                      file=sys.stderr)
+                return 3
+            agent = NodeAgent(node_no)
+            await asyncio.sleep(1.0)
+    setup_logging(str(run_dir), agent.name)
+    keys = _keys(args, run_dir, create=False)
+    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    if keys is not None:
+        env.update(keys.env())
+    launcher = _make_launcher(ctx, env, run_dir)
+    agent.launcher = launcher
+    launcher.start_all()
+    log.info("node agent started", node=f"{ctx.node[0]}[{ctx.node[1]}]", actors=len(launcher.procs),
+             head=ctx.join)
+    head_agent = f"agent/{ctx.node_number(ctx.topology.head, 0)}"
+    lost_after = max(30.0, 6 * rt.down_after)
+    last_contact = time.monotonic()
+    code = 0
+    try:
+        while not stop.is_set() and not agent.stop_requested.is_set():
+            await asyncio.sleep(0.5)
+            listing = None
+            try:
+                listing = await agent.ask("directory/0", "list", timeout=max(2.0, rt.down_after))
+                last_contact = time.monotonic()
+            except MailboxError:
+                if time.monotonic() - last_contact > lost_after:
+                    log.error("head unreachable; stopping this node", silent_for=round(lost_after))
+                    print(f"{ctx.prog}: lost the head at {ctx.join} for {lost_after:.0f}s; stopping",
+                          file=sys.stderr)
+                    code = 4
+                    break
+            launcher.check(listing)
+            if launcher.failure:
+                try:
+                    await agent.ask(head_agent, "node_failed", {"node": agent.name, "reason": launcher.failure},
+                                    timeout=10)
+                except MailboxError:
+                    pass
+                print(f"{ctx.prog}: {agent.name}: {launcher.failure}", file=sys.stderr)
+                code = 1
+                break
+    finally:
+        await loop.run_in_executor(None, launcher.stop_all)
+        await agent.stop()
+    if holder.get("signal"):
+        return EXIT_INTERRUPTED if holder["signal"] == signal.SIGINT else EXIT_TERMINATED
+    return code
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entry points
+
+def prepare(args, ctx: JobContext) -> Path:
+    """Run dir, resolved model, job file. Returns the job file's path."""
+    from ..models import resolve_checkpoint
+    from ..train import prepare_run_dir, write_job
+    run_dir = Path(args.run_dir)
+    if ctx.is_head and ctx.fresh:
+        prepare_run_dir(args)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
+    if ctx.is_head:
+        return write_job(args, run_dir).resolve()
+    path = run_dir / f"job-agent-{ctx.node[0]}-{ctx.node[1]}.json"
+    from ..config import args_to_dict
+    path.write_text(json.dumps(args_to_dict(args), indent=1, default=str))
+    return path.resolve()
+
+
+def run(ctx: JobContext) -> int:
+    """Run this process's part of the job. Returns the exit code; the head prints the summary."""
+    import uvloop
+
+    from ..log import setup_logging
+    from ..train import print_summary
+    args = ctx.args
+    t0 = time.monotonic()
+    try:
+        job_path = prepare(args, ctx)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if not ctx.is_head:
+        return uvloop.run(run_agent(ctx, job_path))
+    run_dir = Path(args.run_dir)
+    setup_logging(run_dir, "controller/0")
+    get_logger(actor="launcher").info("run", run_dir=str(run_dir), model=args.hf_checkpoint, steps=args.num_rollout,
+                                      estimator=args.advantage_estimator, topology=ctx.topology.path)
+    code, result = uvloop.run(run_head(ctx, job_path))
+    if code != 0 or result is None:
+        return code or 1
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    print_summary(result, run_dir)
+    return 0
+
+
+def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
+    group, _, idx = spec.partition(":")
+    if group not in topo.nodes:
+        raise ValueError(f"--node {spec}: no node group {group!r} in {topo.path} "
+                         f"(node groups: {', '.join(topo.nodes)})")
+    try:
+        i = int(idx or 0)
+    except ValueError:
+        raise ValueError(f"--node {spec}: the index after ':' must be an integer") from None
+    if not 0 <= i < topo.nodes[group].count:
+        raise ValueError(f"--node {spec}: node group {group!r} has {topo.nodes[group].count} node(s)")
+    return group, i
+
+
+def launch_main(argv: list[str]) -> int:
+    """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
+    from ..config import ConfigError, parse_args
+    from .topology import TopologyError, load_topology
+    p = argparse.ArgumentParser(
+        prog="slime-actors launch", add_help=True,
+        description="Start a job's actors from a topology file and supervise them (docs/launch.md). Every option "
+                    "not listed here is a job flag (see `slime-actors train --help`).")
+    p.add_argument("topology", help="topology file (TOML, or YAML with PyYAML)")
+    p.add_argument("--node", default=None, help="GROUP:INDEX: run only this node's actors (multi-node)")
+    p.add_argument("--join", default=None, help="tcp://HEAD:PORT: this node is not the head; the head's directory")
+    p.add_argument("--head-port", type=int, default=None, help="the head's directory port (multi-node)")
+    p.add_argument("--status", choices=["auto", "line", "table", "changes", "off"], default="auto",
+                   help="console status: a live line, a table every 10 s, a line per change, or nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    ns, rest = p.parse_known_args(argv)
+    try:
+        topo = load_topology(ns.topology)
+    except TopologyError as exc:
+        print(f"slime-actors launch: error: {exc}", file=sys.stderr)
+        return 2
+    if topo.job_config and "--config" not in rest and not any(a.startswith("--config=") for a in rest):
+        rest = ["--config", topo.job_config] + rest
+    try:
+        args = parse_args(rest)
+        changed = topo.apply_to_args(args)
+        node = parse_node(ns.node, topo) if ns.node else None
+    except (ConfigError, TopologyError, ValueError) as exc:
+        print(f"slime-actors launch: error: {exc}", file=sys.stderr)
+        return 2
+    if ns.join and not node:
+        print("slime-actors launch: error: --join needs --node GROUP:INDEX (which node this is)", file=sys.stderr)
+        return 2
+    if node and not ns.join and node != (topo.head, 0):
+        print(f"slime-actors launch: error: --node {ns.node} is not the head node ({topo.head}:0): give --join "
+              "tcp://HEAD:PORT", file=sys.stderr)
+        return 2
+    if node and not ns.join and not ns.head_port:
+        print("slime-actors launch: error: a multi-node head needs --head-port (its directory's tcp port)",
+              file=sys.stderr)
+        return 2
+    for c in changed:
+        print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
+    if ns.dry_run:
+        print(topo.describe())
+        return 0
+    ctx = JobContext(args, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status)
+    if _status_mode(ctx) == "line":
+        args.progress = False  # the status line shows the step
+    return run(ctx)
