@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GRPO on Qwen3-4B, one node of 8 GPUs, disaggregated: 4 trainer ranks (torch DDP, bf16) on GPUs 0-3, 4 SGLang engines
+# (1 GPU each) on GPUs 4-7 behind an sglang-router; weights go by NCCL broadcast in flattened buckets after each step.
+# Checked against SGLang 0.5.15.post1 (docs/sglang.md). The flags are slime's names (scripts/run-qwen3-4B.sh).
+#
+#   MODEL=/root/Qwen3-4B DATA=/root/dapo-math-17k/dapo-math-17k.jsonl bash launch/sglang_qwen3_4b_grpo_disagg.sh
+#   CHECK_ONLY=1 ...   parse and check every flag (--sglang-* against SGLang's ServerArgs when installed) and exit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-/root/Qwen3-4B}
+DATA=${DATA:-/root/dapo-math-17k/dapo-math-17k.jsonl}
+EVAL=${EVAL:-/root/aime-2024/aime-2024.jsonl}
+RUN=${RUN:-runs/qwen3-4b-grpo-disagg}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} PYTHONUNBUFFERED=1
+
+ARGS=(
+  --run-dir "$RUN" --device cuda --num-gpus-per-node 8
+  --hf-checkpoint "$MODEL" --save "$RUN/ckpt" --save-interval 20
+  # data and rollout
+  --prompt-data "$DATA" --input-key prompt --label-key label --apply-chat-template --rollout-shuffle
+  --rm-type deepscaler --num-rollout 3000 --rollout-batch-size 32 --n-samples-per-prompt 8
+  --rollout-max-response-len 8192 --rollout-temperature 1 --global-batch-size 256
+  --eval-interval 20 --eval-prompt-data aime "$EVAL" --n-samples-per-eval-prompt 16 --eval-max-response-len 16384
+  # GRPO
+  --advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl --entropy-coef 0.00
+  --eps-clip 0.2 --eps-clip-high 0.28 --lr 1e-6 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
+  # training: 4 ranks on GPUs 0-3
+  --train-backend torch --torch-parallel ddp --bf16 --actor-num-gpus-per-node 4
+  --use-dynamic-batch-size --max-tokens-per-gpu 9216
+  # generation: 4 SGLang engines on GPUs 4-7 (placed after the trainer's GPUs), a router in front
+  --rollout-engine sglang --rollout-num-engines 4 --rollout-num-gpus-per-engine 1 --rollout-concurrency 256
+  --use-sglang-router --router-policy cache_aware
+  --sglang-mem-fraction-static 0.85 --sglang-enable-metrics
+  # weights after every step: NCCL broadcast from trainer rank 0, flattened buckets of 512 MiB
+  --update-weight-transport distributed --update-weight-buffer-size $((512 << 20))
+  # engines that stop answering /health_generate are restarted and re-synced
+  --use-fault-tolerance --rollout-health-check-interval 30 --rollout-health-check-timeout 60
+  --rollout-health-check-first-wait 300
+)
+if [ -n "${CHECK_ONLY:-}" ]; then
+  exec python3 -c 'import sys; from slime_actors.config import parse_args; a = parse_args(sys.argv[1:]); \
+print("ok:", a.rollout_engine, a.sglang_args, a.router_args)' "${ARGS[@]}" "$@"
+fi
+exec slime-actors train "${ARGS[@]}" "$@"
