@@ -219,3 +219,40 @@ def test_colocated_payload_uses_sglangs_serializer(tmp_path, monkeypatch):
     finally:
         for name in [m for m in sys.modules if m.split(".")[0] == "sglang"]:
             del sys.modules[name]
+
+
+@pytest.mark.parametrize("finish, status", [({"type": "abort", "message": "Abort in waiting queue"}, "aborted"),
+                                            ({"type": "length", "length": 2}, "truncated"),
+                                            ({"type": "stop", "matched": 2}, "completed")])
+def test_rollout_worker_reads_finish_reason_type(tmp_path, finish, status):
+    """meta_info.finish_reason is a dict ({"type", ...}); the worker maps its type to the sample's status, so a
+    request aborted by a pause or end_rollout goes back to the buffer instead of being scored as complete."""
+    from slime_actors.actors.rollout import RolloutWorker
+    from slime_actors.config import args_to_dict, parse_args
+    from slime_actors.models.tiny import make_tokenizer
+    from slime_actors.types import ABORTED, COMPLETED, TRUNCATED, Sample
+    assert {"aborted": ABORTED, "truncated": TRUNCATED, "completed": COMPLETED}[status] == status
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "1 2 first =", "label": "1"}\n')
+    w = RolloutWorker(0, args=args_to_dict(parse_args(["--prompt-data", str(data), "--hf-checkpoint", "tiny:x",
+                                                         "--rm-type", "exact_match"])))
+    w.tokenizer = make_tokenizer()
+    seen = []
+
+    class Engine:  # answers like SGLang 0.5.15.post1's /generate
+        async def generate(self, input_ids, sampling_params, return_logprob=True, **kw):
+            seen.append(sampling_params)
+            return {"output_ids": [5, 6], "meta_info": {
+                "id": "r", "finish_reason": finish, "prompt_tokens": len(input_ids), "completion_tokens": 2,
+                "weight_version": "3", "output_token_logprobs": [[-0.5, 5, None], [-0.25, 6, None]]}}
+
+    async def go():
+        w.client = Engine()
+        w._engine_ok = asyncio.Event()
+        w._engine_ok.set()
+        return await w._generate(Sample(index=0, group_index=0, prompt_tokens=[1, 4]),
+                                 {"max_new_tokens": 4, "temperature": 1.0}, 0)
+    s = asyncio.run(go())
+    assert (s.status, s.finish_reason) == (status, finish["type"])
+    assert s.response_tokens == [5, 6] and s.rollout_log_probs == [-0.5, -0.25] and s.weight_version == 3
+    assert set(seen[0]) <= set(CONTRACT["requests"]["SamplingParams"]["fields"])

@@ -42,7 +42,8 @@ class EngineHandle:
         return self._w.weight_version
 
     async def generate(self, input_ids: list[int], sampling_params: dict) -> dict:
-        """One /generate call with log-probs. Returns {output_ids, logprobs, finish_reason, weight_version}."""
+        """One /generate call with log-probs. Returns {output_ids, logprobs, finish_reason, weight_version};
+        finish_reason is SGLang's finish_reason.type: "stop", "length" or "abort" (the engine was paused / aborted)."""
         return await self._w._generate_raw(input_ids, sampling_params)
 
 
@@ -328,7 +329,7 @@ class RolloutWorker(Actor):
         resp = await self.client.generate(input_ids, sampling_params, return_logprob=True)
         out = parse_generate_output(resp)
         return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
-                "finish_reason": out.finish_reason, "weight_version": out.weight_version}
+                "finish_reason": out.finish_type, "weight_version": out.weight_version}
 
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
