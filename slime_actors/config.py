@@ -347,13 +347,11 @@ def validate(args: argparse.Namespace) -> None:
         bad("--debug-rollout-only and --debug-train-only exclude each other")
     if args.debug_train_only and not args.load_debug_rollout_data:
         bad("--debug-train-only needs --load-debug-rollout-data")
-    if args.load_debug_rollout_data:  # saved by --save-debug-rollout-data: a directory, FILE.ext, or a {rollout_id} template
-        spec = args.load_debug_rollout_data
-        where = Path(spec.split("{rollout_id}")[0]).parent if "{rollout_id}" in spec else (
-            Path(spec).parent if Path(spec).suffix and not Path(spec).is_dir() else Path(spec))
-        if not where.is_dir():
-            bad(f"--load-debug-rollout-data {spec}: {where} does not exist (it is written by "
-                "--save-debug-rollout-data)")
+    if args.load_debug_rollout_data:  # the first rollout must be there (later ones are checked when loaded)
+        first = debug_rollout_path(args.load_debug_rollout_data, args.start_rollout_id or 0)
+        if not first.is_file():
+            bad(f"--load-debug-rollout-data {args.load_debug_rollout_data}: no saved rollout "
+                f"{args.start_rollout_id or 0} at {first} (--save-debug-rollout-data writes one file per rollout)")
     if args.prompt_data is None and not args.load_debug_rollout_data:
         bad("--prompt-data is required")
     if args.prompt_data and not os.path.exists(args.prompt_data):
@@ -392,6 +390,18 @@ def validate(args: argparse.Namespace) -> None:
             check_passthrough(args)
         except SGLangFlagError as exc:
             bad(str(exc))
+
+
+def debug_rollout_path(spec: str, k: int) -> Path:
+    """Where rollout k is saved (--save-debug-rollout-data) or loaded from (--load-debug-rollout-data):
+    "dir/data_{rollout_id}.msgpack" as slime writes it, else DIR/rollout_00000K.msgpack for a directory (a path
+    without a suffix), else FILE_00000K.SUFFIX."""
+    if "{rollout_id" in spec:  # also {rollout_id:06d}
+        return Path(spec.format(rollout_id=k))
+    p = Path(spec)
+    if p.is_dir() or not p.suffix:
+        return p / f"rollout_{k:06d}.msgpack"
+    return p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
 
 
 def args_to_dict(args: argparse.Namespace) -> dict:
