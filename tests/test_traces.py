@@ -21,6 +21,7 @@ import pytest
 from helpers import Echo, LoopThread, spawn_actor
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.directory import Directory
+from slime_actors.log import setup_logging
 from slime_actors.mailbox import RemoteError
 from slime_actors.runtime import RuntimeConfig
 from slime_actors.traces.reader import TraceRun
@@ -58,10 +59,12 @@ SCRIPT_TELLS = 6
 def traced_run(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("traced") / "run")
     os.makedirs(run_dir)
+    # the in-process actors log through structlog; an earlier test may have left it printing to a closed stream
+    setup_logging(run_dir, "test-traces", console=False)
     lt = LoopThread()
     procs = []
     try:
-        base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.3, liveness=30)
+        base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.5, liveness=60)  # loaded CI: no false downs
         directory = Directory(0)
         dep = lt.call(directory.start(RuntimeConfig(**base)))
         rt = RuntimeConfig(directory=dep, **base)

@@ -117,12 +117,16 @@ class TraceWriter:
                     item = popleft()
                 except IndexError:
                     break
-                if len(item) == 8:
+                if len(item) == 8 and type(item) is tuple:
                     run.append(item)
                     continue
                 if run:
                     n += self._pack_run(run, chunks)
                     run = []
+                if type(item) is bytes:  # a record packed by its producer
+                    chunks.append(item)
+                    n += 1
+                    continue
                 try:
                     chunks.append(self._finish(item, limit))
                     n += 1
