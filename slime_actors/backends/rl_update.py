@@ -156,8 +156,9 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
     returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the
-    default process group when initialised)."""
-    reduce = reduce or default_reduce
+    default process group when initialised; a backend with its own ``reduce`` -- megatron's, over the data-parallel
+    group only -- supplies it)."""
+    reduce = reduce or getattr(backend, "reduce", None) or default_reduce
     t0 = time.monotonic()
     use_tis = bool(_a(args, "use_tis", False))
     validate_batch(batch, require_rollout_log_probs=use_tis)
@@ -233,7 +234,8 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
     # 4. optimizer steps
     num_steps = int(_a(args, "num_steps_per_rollout", 1) or 1)
     per_token = bool(_a(args, "calculate_per_token_loss", False))
-    world = int(getattr(backend, "world_size", 1) or 1)
+    # gradients are averaged over the data-parallel replicas (all ranks, unless the backend is model-parallel)
+    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
     names = policy_metric_names(args) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
