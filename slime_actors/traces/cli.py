@@ -111,19 +111,26 @@ def cmd_show(args) -> int:
             rec = {"t": (e.t_ns - t0) / 1e9, "actor": e.actor, "event": e.ev, "header": e.header,
                    "extra": e.extra, "size": e.body_size}
             if not args.no_body:
-                rec["body"] = json.loads(render_value(_safe_body(e), 0))
+                body = _safe_body(e)
+                if _split(args.fields) and isinstance(body, dict):
+                    body = {k: body[k] for k in _split(args.fields) if k in body}
+                rec["body"] = json.loads(render_value(body, 0))
             print(json.dumps(rec))
         return EXIT_OK
     print(f"run {run.root}: {total} record(s)" + label
           + (f", the first {len(evs)} shown (--limit)" if len(evs) < total else ""))
     width = 0 if args.full else args.max_chars
+    fields = _split(args.fields)
     for e in evs:
         print(event_line(e, t0))
         if args.no_body or e.ev == "handled" or e.ev == "drop":
             continue
         if e.body_raw is None and not e.body_size:
             continue
-        print("    " + render_value(e.body(), width))
+        body = e.body()
+        if fields and isinstance(body, dict):
+            body = {k: body[k] for k in fields if k in body}
+        print("    " + render_value(body, width))
     return EXIT_OK
 
 
@@ -201,7 +208,9 @@ def cmd_timeline(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from ..log import setup_logging
     from .replay import parse_path_maps, parse_sets, replay
+    setup_logging(level="info" if args.verbose else "error")  # the replayed actor's own log lines
     run = _open(args.run, args.skip_bad)
     if "/" not in args.actor:
         return _err(f"--actor {args.actor!r}: expected ROLE/INDEX, e.g. reward/0 (actors: {', '.join(run.actors())})")
@@ -269,6 +278,7 @@ def add_trace_commands(sub) -> None:
     s.add_argument("--full", action="store_true", help="whole bodies (default: cut at --max-chars)")
     s.add_argument("--max-chars", type=int, default=400)
     s.add_argument("--no-body", action="store_true")
+    s.add_argument("--fields", action="append", help="only these top-level fields of each body (comma-separate)")
     s.add_argument("--json", action="store_true", help="one JSON object per record")
     s.set_defaults(fn=_guarded(cmd_show))
 
@@ -323,5 +333,6 @@ def add_replay_command(sub) -> None:
     r.add_argument("--allow-network", action="store_true", help="let the actor open connections (not replayed)")
     r.add_argument("--show", type=int, default=5, help="differences listed")
     r.add_argument("--json", action="store_true")
+    r.add_argument("-v", "--verbose", action="store_true", help="the replayed actor's info log lines too")
     r.add_argument("--skip-bad", action="store_true")
     r.set_defaults(fn=_guarded(cmd_replay))

@@ -91,7 +91,7 @@ def summarize(run: TraceRun, *, since: int | None = None, until: int | None = No
             if m.rtt_ns is None:
                 s.slowest.append((m.handle_ns / 1e6, m.id))
     for s in stats.values():
-        s.slowest = sorted(s.slowest, reverse=True)[:3]
+        s.slowest = sorted(s.slowest, reverse=True)[:5]
     return sorted(stats.values(), key=lambda s: (s.role, s.method))
 
 
