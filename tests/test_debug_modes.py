@@ -17,6 +17,8 @@ import pytest
 from slime_actors.config import ConfigError, debug_rollout_path, parse_args
 from slime_actors.traces.reader import TraceRun
 
+pytestmark = pytest.mark.slow  # two short training jobs (~1 min each on 2 CPU cores)
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "slime-actors"
 FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key", "label",

@@ -59,6 +59,7 @@ def _replay(run, actor, **kw):
         os.chdir(cwd)
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_reward_and_buffer_replay_identically(recorded):
     run, _ = recorded
     for actor in ("reward/0", "buffer/0"):
@@ -69,6 +70,7 @@ def test_reward_and_buffer_replay_identically(recorded):
     assert rep.counts["inputs"] >= 2  # the buffer's clock readings (wait_rollout's seconds) came from the trace
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_trainer_reproduces_its_loss_and_gradient_norm(recorded):
     run, _ = recorded
     rep = _replay(run, "trainer/0")
@@ -80,6 +82,7 @@ def test_trainer_reproduces_its_loss_and_gradient_norm(recorded):
     assert any(s["recorded"]["grad_norm"] > 0 for s in rep.steps)  # it did learn something to reproduce
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_rollout_worker_replays_without_an_engine(recorded):
     run, _ = recorded
     rep = _replay(run, "rollout/0")
@@ -100,6 +103,7 @@ def _first_changed_score(run):
     return None, None
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_replay_points_at_the_message_an_edited_reward_function_changes(recorded):
     run, rm = recorded
     msg_id, index = _first_changed_score(run)
@@ -138,6 +142,7 @@ def _rewrite(src: Path, dst: Path, edit) -> None:
     dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_a_recording_without_what_replay_needs_says_so(recorded, tmp_path, capsys):
     run, _ = recorded
     src = next((run / "traces").glob("buffer-0.*.trace"))
@@ -164,6 +169,7 @@ def test_a_recording_without_what_replay_needs_says_so(recorded, tmp_path, capsy
     assert "recorded by size and checksum only" in stopped and "SLIME_ACTORS_TRACE_BODY_LIMIT=65536" in stopped
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
 def test_trainer_replays_from_the_batch_it_recorded_when_the_reply_was_too_large(recorded, tmp_path):
     run, _ = recorded
     src = next((run / "traces").glob("trainer-0.*.trace"))

@@ -119,6 +119,19 @@ def test_show_one_message_and_errors(cli):
     assert rc == 2 and "unknown event kind" in err
 
 
+def test_show_fields_tells_the_diverging_trainer_apart(cli):
+    def entropies(run):
+        rc, out, _ = cli("trace", "show", run, "--actor", "trainer/0", "--method", "train", "--events", "send",
+                         "--fields", "entropy,grad_norm", "--json")
+        assert rc == 0
+        recs = [json.loads(line) for line in out.splitlines()]
+        assert all(set(r["body"]) == {"entropy", "grad_norm"} for r in recs)
+        return [r["body"]["entropy"] for r in recs]
+    small, high = entropies(SMALL), entropies(HIGH_LR)
+    assert len(small) == len(high) == 3 and small[0] == high[0]  # the same first step
+    assert min(small) > 3.0 and high[1] < 1.0 and high[2] < 1e-6  # lr 1.0: the policy collapses
+
+
 # ------------------------------------------------------------------------------------------------------ chain
 def test_chain_walks_causes_and_effects(cli):
     run = TraceRun(SMALL)
