@@ -141,7 +141,7 @@ class VirtualClock:
     real (that work's completion wakes it)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, start: float = 0.0, real_timeout: float = 600.0):
-        self.loop, self.now, self.jobs = loop, start, 0
+        self.loop, self.now, self.jobs, self.expired = loop, start, 0, False
         self.real_deadline = time.monotonic() + real_timeout
         self.real_timeout = real_timeout
         self._select = loop._selector.select
@@ -160,7 +160,10 @@ class VirtualClock:
         self.jobs -= 1
 
     def _virtual_select(self, timeout):
+        if self.expired:  # said so once; the loop is being wound down
+            return self._select(0)
         if time.monotonic() > self.real_deadline:
+            self.expired = True
             raise ReplayError(f"replay took longer than {self.real_timeout:g} s of real time (--timeout)")
         if timeout is not None and timeout <= 0:
             return self._select(0)
@@ -732,7 +735,7 @@ class Harness:
             os.environ.update(env_saved)
 
     def run(self) -> Report:
-        loop = asyncio.new_event_loop()
+        loop = asyncio.SelectorEventLoop()  # a stock loop (not uvloop): its clock and selector can be virtual
         self.loop = loop
         VirtualClock(loop, 0.0, self.timeout)
         try:
