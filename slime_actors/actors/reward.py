@@ -23,6 +23,11 @@ class RewardWorker(Actor):
         self.args = argparse.Namespace(**config["args"])
         self.counters.update({"scored": 0, "reward_errors": 0})
 
+    async def on_start(self) -> None:
+        # import the reward modules (math-verify, sympy: seconds) and load a custom function before serving, off
+        # the event loop, so the first `score` does not stall the mailbox and bad paths fail at start-up
+        await self.run_blocking(_prepare, self.args)
+
     @handler
     async def score(self, samples: list, group: bool = False) -> dict:
         from ..rewards import score_samples
@@ -36,3 +41,9 @@ class RewardWorker(Actor):
             first = next(e for e in errors if e is not None)
             self.log.warning("reward function failed", samples=n_err, of=len(parsed), first_error=first)
         return {"rewards": rewards, "errors": errors}
+
+
+def _prepare(args) -> None:
+    from ..rewards import check_reward_args
+    if getattr(args, "reward_actor_class", None) is None or args.rm_type or args.custom_rm_path:
+        check_reward_args(args)
