@@ -141,8 +141,10 @@ class TrainerRank(Actor):
         attempt = 0
         while True:
             try:
-                return await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, "rank": self.rank,
-                                                                "world_size": self.world_size}, timeout=600)
+                # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
+                shard = {"rank": getattr(self.backend, "data_parallel_rank", self.rank),
+                         "world_size": getattr(self.backend, "data_parallel_size", self.world_size)}
+                return await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, **shard}, timeout=600)
             except RemoteError as exc:
                 if exc.type != "MailboxError" or time.monotonic() - t0 > 600:
                     raise
@@ -268,32 +270,45 @@ class TrainerRank(Actor):
         return {"bytes": nbytes, "buckets": nbuckets, "flattened_bucket": flat}
 
     async def _sync_tensor(self, version: int, workers: list) -> dict:
-        """Colocated engines (same host, sharing GPUs): /update_weights_from_tensor with CUDA IPC handles made by
-        SGLang's serializer. The trainer posts to each engine itself, so the pickled payload never becomes an actor
-        message; the worker holds its health probes meanwhile and learns the new version at the end."""
+        """Colocated engines (same host, sharing GPUs). SGLang: /update_weights_from_tensor with CUDA IPC handles made
+        by SGLang's serializer; the local engine: /update_weights_from_ipc with a JSON handle of the flattened bucket
+        (weight_sync.share_bucket: CUDA IPC on GPU, a shared-memory file on CPU; nothing pickled). The trainer posts
+        to each engine itself, so no payload becomes an actor message; the worker holds its health probes meanwhile
+        and learns the new version at the end."""
         from ..backends.engine_client import EngineClient, serialize_named_tensors
-        if self.args.device != "cuda":
-            raise ValueError("--update-weight-transport colocated shares CUDA tensors with the engines: it needs "
-                             "--device cuda (use distributed or disk on CPU)")
+        from ..backends.weight_sync import bucket_metadata, share_bucket
         infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
         clients = [EngineClient(i["engine_url"], api_key=self.args.engine_api_key, timeout=600) for i in infos]
         nbytes = nbuckets = 0
         fmt = None
         try:
+            servers = await asyncio.gather(*(c.get_server_info() for c in clients))
+            local = ["local engine" in str(s.get("version", "")) for s in servers]
+            if self.args.device != "cuda" and not all(local):
+                raise ValueError("--update-weight-transport colocated shares CUDA tensors with SGLang engines: it "
+                                 "needs --device cuda (use distributed or disk on CPU)")
             for bucket, last in _with_last(self.backend.weight_buckets(self.args.update_weight_buffer_size)):
                 payloads: dict[int, tuple] = {}
-                for tp in {int(i["tp_size"]) for i in infos}:
+                for tp in {int(i["tp_size"]) for i, loc in zip(infos, local) if not loc}:
                     payloads[tp] = await self.run_blocking(serialize_named_tensors, bucket, tp)
-                await asyncio.gather(*(
-                    c.update_weights_from_tensor(payloads[int(i["tp_size"])][0],
-                                                 load_format=payloads[int(i["tp_size"])][1],
-                                                 flush_cache=last and bool(i["flush_cache"]),
-                                                 weight_version=str(version))
-                    for c, i in zip(clients, infos)))
-                fmt = next(iter(payloads.values()))[1]
+                shared = await self.run_blocking(share_bucket, bucket) if any(local) else None
+                meta = bucket_metadata(bucket)
+                try:
+                    await asyncio.gather(*(
+                        c.update_weights_from_ipc(**meta, handle=shared.handle, weight_version=str(version),
+                                                  flush_cache=last and bool(i["flush_cache"])) if loc else
+                        c.update_weights_from_tensor(payloads[int(i["tp_size"])][0],
+                                                     load_format=payloads[int(i["tp_size"])][1],
+                                                     flush_cache=last and bool(i["flush_cache"]),
+                                                     weight_version=str(version))
+                        for c, i, loc in zip(clients, infos, local)))
+                finally:
+                    if shared is not None:
+                        shared.release()  # the engines copied the tensors before answering
+                fmt = next(iter(payloads.values()))[1] if payloads else "ipc"
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 nbuckets += 1
-                del payloads  # the engines copied the tensors before answering
+                del payloads
         finally:
             await asyncio.gather(*(c.close() for c in clients))
             await asyncio.gather(*(self._quiet(self.ask(w, "weight_update", {"active": False,

@@ -314,6 +314,18 @@ class EngineClient:
                 "weight_version": weight_version}
         return await self._post_result("/update_weights_from_tensor", body, timeout)
 
+    async def update_weights_from_ipc(self, names: list[str], dtypes: list, shapes: list[list[int]], handle: dict,
+                                      weight_version: str | None = None, flush_cache: bool = True,
+                                      abort_all_requests: bool = False, timeout: float | None = None) -> dict:
+        """POST /update_weights_from_ipc -- the local engine's colocated update (not an SGLang endpoint): one
+        flattened bucket named by `handle` (weight_sync.share_bucket: a CUDA IPC handle or a shared-memory file),
+        which must stay alive until this returns."""
+        body = {"names": list(names), "dtypes": [_dtype_str(d) for d in dtypes],
+                "shapes": [[int(s) for s in shape] for shape in shapes], "handle": dict(handle),
+                "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version}
+        return await self._post_result("/update_weights_from_ipc", body, timeout)
+
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> dict:
         return await self._post_result("/update_weight_version", {"new_version": new_version,
                                                                   "abort_all_requests": abort_all_requests})

@@ -712,7 +712,8 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 ADMIN_PATHS = {"/flush_cache", "/abort_request", "/pause_generation", "/continue_generation",
                "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
-               "/destroy_weights_update_group", "/update_weights_from_tensor", "/update_weight_version"}
+               "/destroy_weights_update_group", "/update_weights_from_tensor", "/update_weight_version",
+               "/update_weights_from_ipc"}
 
 # body schemas of the msgspec-struct endpoints: field -> (check, default or REQUIRED). Unknown keys are ignored.
 REQUIRED = object()
@@ -749,6 +750,15 @@ SCHEMAS = {
                                         "abort_all_requests": (_BOOL, False), "weight_version": (_OSTR, None),
                                         "disable_draft_model": (_OBOOL, None), "torch_empty_cache": (_BOOL, False)},
     "UpdateWeightVersionReqInput": {**_BASE, "new_version": (_STR, REQUIRED), "abort_all_requests": (_BOOL, True)},
+    # ours (not SGLang's): a colocated trainer's bucket by CUDA IPC / shared-memory handle (weight_sync.share_bucket)
+    "UpdateWeightsFromIPCReqInput": {
+        **_BASE, "names": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), REQUIRED),
+        "dtypes": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), REQUIRED),
+        "shapes": (lambda v: isinstance(v, list) and all(isinstance(s, list) and all(_is_int(i) for i in s)
+                                                         for s in v), REQUIRED),
+        "handle": (lambda v: isinstance(v, dict) and isinstance(v.get("kind"), str) and _is_int(v.get("numel")),
+                   REQUIRED),
+        "flush_cache": (_BOOL, True), "abort_all_requests": (_BOOL, False), "weight_version": (_OSTR, None)},
 }
 
 
@@ -800,6 +810,7 @@ class Server:
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
         r.add_post("/destroy_weights_update_group", self.destroy_weights_update_group)
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
+        r.add_post("/update_weights_from_ipc", self.update_weights_from_ipc)
         r.add_post("/update_weight_version", self.update_weight_version)
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
@@ -1186,6 +1197,47 @@ class Server:
         if b["weight_version"] is not None:
             msg += f" Weight version updated to {b['weight_version']}."
         log.info("weights updated from distributed", tensors=n, weight_version=e.weight_version)
+        return json_response({"success": True, "message": msg})
+
+    async def update_weights_from_ipc(self, request):
+        """Colocated update (this engine's own endpoint, not SGLang's): one flattened bucket in the trainer's memory,
+        named by a CUDA IPC handle (GPU) or a shared-memory file (CPU) -- weight_sync.share_bucket. The tensors are
+        copied into the model before the answer; the trainer frees the bucket after it."""
+        b = validate_struct("UpdateWeightsFromIPCReqInput", await self.body(request))
+        from slime_actors.backends.weight_sync import bucket_nbytes, dtype_from_name, open_shared_bucket, \
+            unflatten_bucket
+        e = self.engine
+        names, dtypes, shapes, handle = b["names"], b["dtypes"], b["shapes"], b["handle"]
+        if not (len(names) == len(dtypes) == len(shapes)):
+            return json_response({"success": False, "message": "names, dtypes and shapes differ in length"}, 400)
+        try:
+            tdtypes = [dtype_from_name(d) for d in dtypes]
+            if bucket_nbytes(tdtypes, shapes) != int(handle["numel"]):
+                raise ValueError(f"the bucket has {handle['numel']} bytes, the tensors "
+                                 f"{bucket_nbytes(tdtypes, shapes)}")
+        except ValueError as err:
+            return json_response({"success": False, "message": f"Failed to update weights: {err}."}, 400)
+        self._abort_all_first(b)
+
+        def load():
+            flat = open_shared_bucket(handle, e.device)
+            named = unflatten_bucket(flat, names, tdtypes, shapes)
+            n = e.load_named_weights(named)
+            if e.device.type == "cuda":
+                torch.cuda.synchronize(e.device)  # copied before the trainer may free its memory
+            del named, flat
+            if b["weight_version"] is not None:
+                e.weight_version = b["weight_version"]
+            return n
+        try:
+            n = await self.run_on_scheduler(load, needs_idle=True)
+        except Exception as err:
+            log.error("update_weights_from_ipc failed", error=repr(err))
+            return json_response({"success": False, "message": f"Failed to update weights: {err}."}, 400)
+        msg = "Succeeded to update model weights."
+        if b["weight_version"] is not None:
+            msg += f" Weight version updated to {b['weight_version']}."
+        log.info("weights updated from ipc", tensors=n, kind=handle.get("kind"), weight_version=e.weight_version)
         return json_response({"success": True, "message": msg})
 
     async def update_weights_from_tensor(self, request):

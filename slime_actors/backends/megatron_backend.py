@@ -385,7 +385,8 @@ class MegatronBackend(TrainingBackend):
                                              f"model's {tuple(p.shape)} (tp rank {self.tp_rank})")
                 p.copy_(shard.to(device=p.device, dtype=p.dtype))
                 loaded += 1
-        self.log.info("weights loaded", path=str(weights_dir), tensors=loaded, layers=f"{offset}..{offset + n_local - 1}")
+        self.log.info("weights loaded", path=str(weights_dir), tensors=loaded,
+                      layers=f"{offset}..{offset + n_local - 1}")
 
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import finalize_model_grads

@@ -299,3 +299,101 @@ class DistributedWeightSender:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# -- colocated: the engine maps the trainer's bucket (CUDA IPC on GPU, shared memory on CPU) ---------------------
+#
+# For the local engine (/update_weights_from_ipc): the trainer flattens a bucket into one uint8 tensor on its device
+# and describes it by a JSON-able handle; the engine opens the same memory, copies into its parameters and answers,
+# then the trainer drops the bucket. No bytes go through host memory on GPU (CUDA IPC), and nothing is pickled: the
+# handle is a dict of ints, booleans and base64 strings. SGLang's own /update_weights_from_tensor takes its pickled
+# serializer's payload instead (engine_client.serialize_named_tensors).
+
+import base64
+import itertools
+
+_SHM_SEQ = itertools.count()
+
+
+def _b64(b: bytes | None) -> str | None:
+    return None if b is None else base64.b64encode(bytes(b)).decode()
+
+
+def _unb64(s: str | None) -> bytes | None:
+    return None if s is None else base64.b64decode(s)
+
+
+def cuda_device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+class SharedBucket:
+    """A flattened bucket shared with a colocated engine: ``handle`` (JSON-able) names the memory; keep the object
+    until every engine has answered, then `release` it."""
+
+    def __init__(self, handle: dict, tensor: torch.Tensor, path: str | None = None):
+        self.handle, self.tensor, self.path = handle, tensor, path
+        self.nbytes = int(tensor.numel())
+
+    def release(self) -> None:
+        cuda = self.tensor is not None and self.tensor.is_cuda
+        self.tensor = None
+        if cuda:
+            torch.cuda.ipc_collect()  # free blocks the engines have let go of
+        if self.path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.path = None
+
+
+def share_bucket(bucket: list[tuple[str, torch.Tensor]]) -> SharedBucket:
+    """Flatten the bucket (flatten_bucket's layout) on its tensors' device and make a handle for it: a CUDA IPC
+    handle of the uint8 tensor when it is on a GPU (named by the GPU's UUID, as engines may number GPUs
+    differently), else a file in /dev/shm holding its bytes."""
+    with torch.no_grad():
+        flat = flatten_bucket([t for _, t in bucket])
+    if flat.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+        _, args = reduce_tensor(flat)
+        (_cls, _size, _stride, tensor_offset, _storage_cls, _dtype, device, handle, storage_size_bytes,
+         storage_offset_bytes, _grad, ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
+        h = {"kind": "cuda_ipc", "device_uuid": cuda_device_uuid(device), "handle": _b64(handle),
+             "storage_size_bytes": int(storage_size_bytes), "storage_offset_bytes": int(storage_offset_bytes),
+             "ref_counter_handle": _b64(ref_counter_handle), "ref_counter_offset": int(ref_counter_offset),
+             "event_handle": _b64(event_handle), "event_sync_required": bool(event_sync_required),
+             "tensor_offset": int(tensor_offset), "numel": int(flat.numel())}
+        return SharedBucket(h, flat)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix=f"slime-actors-bucket-{os.getpid()}-{next(_SHM_SEQ)}-", suffix=".bin",
+                                dir=base)
+    with os.fdopen(fd, "wb") as f:
+        f.write(flat.numpy().tobytes())
+    return SharedBucket({"kind": "shm", "path": path, "numel": int(flat.numel())}, flat, path)
+
+
+def open_shared_bucket(handle: dict, device: torch.device) -> torch.Tensor:
+    """The engine side of share_bucket: the bucket as a uint8 tensor (on the GPU: the trainer's memory itself;
+    valid until the trainer releases it). Raises ValueError for a handle this engine cannot open."""
+    kind = handle.get("kind")
+    numel = int(handle["numel"])
+    if kind == "shm":
+        path = handle["path"]
+        if not os.path.exists(path):
+            raise ValueError(f"shared bucket {path} does not exist (is the trainer on another host?)")
+        return torch.from_file(path, shared=False, size=numel, dtype=torch.uint8).to(device)
+    if kind != "cuda_ipc":
+        raise ValueError(f"unknown shared bucket kind {kind!r}")
+    if device.type != "cuda":
+        raise ValueError("a CUDA IPC bucket needs an engine on a GPU (this one runs on cpu)")
+    uuid = handle["device_uuid"]
+    index = next((i for i in range(torch.cuda.device_count()) if cuda_device_uuid(i) == uuid), None)
+    if index is None:
+        raise ValueError(f"the trainer's GPU {uuid} is not visible to this engine: colocated sync needs the "
+                         "engine on the trainer's GPU")
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+    return rebuild_cuda_tensor(torch.Tensor, (numel,), (1,), int(handle["tensor_offset"]), torch.storage.TypedStorage,
+                               torch.uint8, index, _unb64(handle["handle"]), int(handle["storage_size_bytes"]),
+                               int(handle["storage_offset_bytes"]), False, _unb64(handle["ref_counter_handle"]),
+                               int(handle["ref_counter_offset"]), _unb64(handle["event_handle"]),
+                               bool(handle["event_sync_required"]))
