@@ -22,8 +22,11 @@ def prepare_run_dir(args) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("buffer", "traces", "sockets", "weights", "keys", "logs", "tensorboard"):
         shutil.rmtree(run_dir / sub, ignore_errors=True)
-    for f in ("metrics.jsonl", "curves.png", "job.json", "result.json"):
+    for f in ("metrics.jsonl", "curves.png", "job.json", "result.json", "head.json", "status.json",
+              "recoveries.jsonl"):
         (run_dir / f).unlink(missing_ok=True)
+    for f in run_dir.glob("job-agent-*.json"):
+        f.unlink(missing_ok=True)
     return run_dir
 
 

@@ -88,10 +88,13 @@ class TrainerRank(Actor):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.device == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=f"tcp://{rdzv['master_addr']}:{rdzv['master_port']}",
-                                    rank=self.rank, world_size=self.world_size,
-                                    timeout=datetime.timedelta(seconds=float(os.environ.get(
-                                        "SLIME_ACTORS_TRAINER_PG_TIMEOUT", "1800"))))
+            timeout = datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_TRAINER_PG_TIMEOUT", "1800")))
+            # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
+            # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
+            store = dist.TCPStore(rdzv["master_addr"], rdzv["master_port"], self.world_size,
+                                  is_master=self.rank == 0, timeout=timeout, wait_for_workers=False)
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=timeout)
         if a.train_backend == "megatron":
             from ..backends.megatron_backend import MegatronBackend as Backend
         else:

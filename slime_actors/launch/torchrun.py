@@ -1,0 +1,262 @@
+"""Run a job under torchrun: every torchrun rank plays one role.
+
+    torchrun --nproc-per-node 6 -m slime_actors.launch.torchrun [TOPOLOGY] --config job.toml [flags]
+    torchrun --nnodes 2 --nproc-per-node 3 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --max-restarts 2 \\
+        -m slime_actors.launch.torchrun --config job.toml --save ckpt --save-interval 5
+
+Ranks map to roles by RANK: rank 0 is the head (`directory/0` and `controller/0` in one process), then the buffer,
+the reward workers, the rollout workers and the trainer ranks, in that order (a topology's `[torchrun] order`
+changes it). WORLD_SIZE must be 1 + the number of actors; a mismatch is an error that prints the mapping.
+
+Rendezvous: the head publishes its directory endpoint (and the job's CURVE keys, unless the environment has
+SLIME_ACTORS_CURVE_*) in torchrun's TCPStore at MASTER_ADDR:MASTER_PORT; the other ranks read it there. The trainer
+ranks form their own process group (not every rank is a trainer): through the controller, with a separate store
+that trainer rank 0 opens on a port of its own (actors/trainer.py) -- torchrun's default group is never used.
+
+Restarts: torchrun (--max-restarts) restarts every rank of every node when one fails, so recovery here is a job
+restart from the last checkpoint: the head keeps the run directory (a restart of the same --rdzv-id), the controller
+resumes from the newest checkpoint under --save, and the buffer, restored from its log, rolls back to that checkpoint
+(exactly-once accounting holds; see docs/fault-tolerance.md). `slime-actors launch` restarts single actors instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..log import get_logger
+
+EXIT_TERMINATED = 143
+
+
+def role_map(topology, world_size: int) -> list[tuple[str, int]]:
+    """[(role, index)] for ranks 1..; rank 0 is the head. Raises ValueError naming what does not fit."""
+    order = topology.torchrun.get("order") or [r for r in ("buffer", "reward", "rollout", "trainer")
+                                               if r in topology.roles]
+    order = order + [r for r in topology.roles if r not in order]
+    out = [("head", 0)]
+    for role in order:
+        out += [(role, i) for i in range(topology.roles[role].count)]
+    if len(out) != world_size:
+        desc = ", ".join(f"{r}x{topology.roles[r].count}" for r in order if topology.roles[r].count)
+        raise ValueError(f"this job needs {len(out)} torchrun ranks (1 head + {desc}) but WORLD_SIZE is "
+                         f"{world_size}: use --nnodes x --nproc-per-node = {len(out)}")
+    return out
+
+
+def _env_int(name: str) -> int:
+    v = os.environ.get(name)
+    if v is None:
+        raise SystemExit(f"slime_actors.launch.torchrun: {name} is not set; run it under torchrun "
+                         "(torchrun --nproc-per-node N -m slime_actors.launch.torchrun ...)")
+    return int(v)
+
+
+def _route_address(master: str, port: int) -> str:
+    """This node's address on the interface that reaches MASTER_ADDR (no packet is sent)."""
+    if master in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((master, port))
+            return s.getsockname()[0]
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
+
+
+def _round(args) -> int:
+    """0 for a new job; n for its n-th restart. TORCHELASTIC_RESTART_COUNT alone does not tell: with c10d a node
+    whose ranks did not fail restarts with the count unchanged, and the head may be on it. So the head also looks
+    for its own head.json from an earlier round of this run id (the run directory must be shared across nodes
+    for restarts anyway: the buffer's state and the checkpoints live there)."""
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    try:
+        prev = json.loads((Path(args.run_dir) / "head.json").read_text())
+    except (OSError, ValueError):
+        prev = None
+    if prev is not None and run_id not in (None, "", "none") and prev.get("run_id") == run_id:
+        return max(count, int(prev.get("restart", 0)) + 1)
+    return count
+
+
+def _store(master: str, port: int, rank: int):
+    import datetime
+
+    from torch.distributed import TCPStore
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
+    return TCPStore(master, port, is_master=(rank == 0 and not agent), wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..config import ConfigError, args_to_dict, parse_args
+    from .topology import TopologyError, default_topology, load_topology
+    argv = sys.argv[1:] if argv is None else argv
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    master, mport = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT")
+    nnodes = world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    topo_path = argv[0] if argv and not argv[0].startswith("-") else None
+    rest = argv[1:] if topo_path else argv
+    prog = "slime_actors.launch.torchrun"
+    try:
+        topo = load_topology(topo_path) if topo_path else None
+        if topo is not None and topo.job_config and "--config" not in rest:
+            rest = ["--config", topo.job_config] + rest
+        args = parse_args(rest)
+        if topo is None:
+            topo = default_topology(args)
+        else:
+            topo.apply_to_args(args)
+        roles = role_map(topo, world)
+    except (ConfigError, TopologyError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    role, index = roles[rank]
+    # where this rank is reached: tcp across nodes, ipc on one node
+    if nnodes > 1 or os.environ.get("SLIME_ACTORS_TRANSPORT") == "tcp" or args.transport == "tcp":
+        args.transport = "tcp"
+        os.environ.setdefault("SLIME_ACTORS_HOST", "0.0.0.0")
+        os.environ.setdefault("SLIME_ACTORS_ADVERTISE", _route_address(master, mport))
+    plan = {(p.role, p.index): p for p in topo.plan()}
+    if role != "head":
+        for k, v in plan[(role, index)].process_env().items():
+            if k != "LOCAL_RANK":  # torchrun's LOCAL_RANK picks this rank's GPU
+                os.environ[k] = v
+    store = _store(master, mport, rank)
+    prefix = f"slime-actors/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+    os.environ["SLIME_ACTORS_RUN_DIR"] = str(Path(args.run_dir).resolve())  # what this rank starts inherits it
+    import uvloop
+    if role == "head":
+        return uvloop.run(_head(args, topo, store, prefix, _round(args), prog))
+    code = uvloop.run(_actor(args, role, index, store, prefix, prog, args_to_dict))
+    # stopped: do not wait for a worker thread stuck in a collective whose peer is gone
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
+    from ..actors.controller import Controller
+    from ..actors.directory import Directory
+    from ..config import args_to_dict
+    from ..log import setup_logging
+    from .job import JobContext, StatusBoard, _keys, _runtime, prepare
+    fresh = restart == 0
+    if not fresh:
+        os.environ["SLIME_ACTORS_RESUME_FROM_SAVE"] = "1"  # the controller resumes from the newest checkpoint
+    ctx = JobContext(args, topo, status="changes", prog=prog, fresh=fresh)
+    prepare(args, ctx)
+    run_dir = Path(args.run_dir).resolve()
+    setup_logging(run_dir, "controller/0")
+    log = get_logger(actor="torchrun-head")
+    rt = _runtime(args, ctx)
+    keys = _keys(args, run_dir, create=True)
+    directory = Directory(0)
+    dep = await directory.start(rt)
+    rt.directory = dep
+    record = {"directory": dep, "hf_checkpoint": args.hf_checkpoint, "pid": os.getpid(), "time": time.time(),
+              "restart": restart, **({"keys": keys.env()} if keys is not None else {})}
+    store.set(f"{prefix}/head", json.dumps(record))
+    (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(), "host": socket.gethostname(),
+                                                   "restart": restart,
+                                                   "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}))
+    controller = Controller(0, args=args_to_dict(args))
+    await controller.start(rt)
+    log.info("head up", directory=dep, restart=restart, world=os.environ.get("WORLD_SIZE"))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    expected = [p.name for p in topo.plan()]
+    board = StatusBoard(run_dir, expected, "changes")
+    code = 0
+    try:
+        while not controller.done.done() and not stop.is_set():
+            await asyncio.sleep(0.2)
+            board.update(Directory.list(directory), Controller.status(controller), {}, restart)
+        if stop.is_set():
+            code = EXIT_TERMINATED   # torchrun stops the job (another rank failed): it restarts or gives up
+        elif controller.done.exception() is not None:
+            print(f"{prog}: training loop failed: {controller.done.exception()}", file=sys.stderr)
+            code = 1
+        else:
+            result = controller.done.result()
+            result["torchrun_restarts"] = restart
+            (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+            from ..train import print_summary
+            print_summary({**result, "seconds": round(time.monotonic() - board.t0, 1)}, run_dir)
+    finally:
+        await controller.stop()
+        if code == 0:  # the job is done: every rank stops and exits 0, so torchrun sees success
+            names = [n for n in Directory.list(directory) if n not in ("directory/0", "controller/0")]
+            for n in names:
+                try:
+                    await directory.tell(n, "_stop", {"reason": "the job ended"})
+                except Exception:
+                    pass
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60 and any(n in Directory.list(directory) for n in names):
+                await asyncio.sleep(0.2)
+        try:
+            store.delete_key(f"{prefix}/head")
+        except Exception:
+            pass
+        await directory.stop()
+    return code
+
+
+async def _actor(args, role: str, index: int, store, prefix: str, prog: str, args_to_dict) -> int:
+    from ..log import setup_logging
+    from ..mailbox.errors import MailboxError
+    from ..mailbox.security import ENV_PUBLIC, ENV_SECRET
+    from ..runtime import RuntimeConfig
+    from .job import JobContext, _runtime
+    from .roles import actor_class
+    name = f"{role}/{index}"
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    t0 = time.monotonic()
+    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    actor = None
+    while True:
+        # the head's record (a restarted job may still show the last round's: then registering fails; read again)
+        rec = json.loads(await loop.run_in_executor(None, store.get, f"{prefix}/head"))
+        args.hf_checkpoint = rec["hf_checkpoint"]
+        if "keys" in rec:
+            os.environ[ENV_PUBLIC], os.environ[ENV_SECRET] = rec["keys"][ENV_PUBLIC], rec["keys"][ENV_SECRET]
+        rt: RuntimeConfig = _runtime(args, JobContext(args, None, prog=prog))
+        rt.directory = rec["directory"]
+        setup_logging(rt.run_dir, name)
+        override = getattr(args, f"{role}_actor_class", None)
+        cls = actor_class(override or role)
+        actor = cls(index, args=args_to_dict(args))
+        try:
+            await actor.start(rt)
+            break
+        except MailboxError as exc:
+            await actor.stop("failed to start")
+            if time.monotonic() - t0 > join_timeout or stop.is_set():
+                print(f"{prog}: {name}: cannot join the head: {exc}", file=sys.stderr)
+                return 3
+            await asyncio.sleep(1.0)
+    waiter = asyncio.ensure_future(actor.wait_stopped())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        await actor.stop("signal")
+        return EXIT_TERMINATED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
