@@ -44,6 +44,25 @@ class _Tee:
         return self.render(logger, method_name, dict(event_dict))
 
 
+class _StderrLogger:
+    """Writes to whatever sys.stderr is *now* (test runners and daemons swap it after set-up)."""
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        try:
+            stream.write(message + "\n")
+            stream.flush()
+        except (ValueError, OSError):  # a closed or broken stream: the JSON file still has the line
+            pass
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
+
+
+class _StderrLoggerFactory:
+    def __call__(self, *args) -> _StderrLogger:
+        return _StderrLogger()
+
+
 def setup_logging(run_dir: str | os.PathLike | None = None, name: str | None = None, level: str | None = None,
                   console: bool = True) -> None:
     """Configure structlog for this process. Safe to call again (e.g. once the actor's name is known)."""
@@ -67,7 +86,7 @@ def setup_logging(run_dir: str | os.PathLike | None = None, name: str | None = N
             _Tee(console, colors),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, 20)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_StderrLoggerFactory(),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -1,0 +1,132 @@
+"""Orchestration overhead of the RL loop: per step, the share of wall time spent outside generation, reward
+computation and the trainer's compute.
+
+Runs the embedded default (`slime-actors train`, CPU, local engine, tiny model) for a few configurations, then reads
+each run's traces and metrics:
+
+    generation  union of the intervals in which at least one /generate request was in flight (rollout workers'
+                recorded engine answers: request sent -> answer received)
+    reward      union of the intervals in which a reward worker was running `score` (trace: handled records)
+    train       the RL update's compute on trainer rank 0 (metrics time/train_compute: forward, backward, step)
+    weight sync trainer/0's sync_weights (broadcast + the engines loading the weights)
+    other       step wall time minus the union of generation and reward, minus train, minus weight sync: messages,
+                scheduling, waiting for the slowest group, get_batch, mark_trained, ...
+
+    .venv/bin/python bench/rl_overhead.py [--steps 20] [--keep]
+
+Prints one table; the numbers in docs/performance.md came from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "digits" / "config.toml"
+sys.path.insert(0, str(ROOT))
+
+VARIANTS = {
+    "digits (default)": [],
+    "longer responses": ["--rollout-max-response-len", "16", "--n-samples-per-prompt", "16"],
+}
+
+
+def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Total length of the union of intervals, clipped to [lo, hi]."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def analyse(run_dir: Path) -> list[dict]:
+    from slime_actors.traces.reader import TraceRun
+    run = TraceRun(run_dir)
+    gen, rew = [], []
+    for ev in run.events():
+        if ev.ev == "input" and ev.name == "engine.generate":
+            val = ev.body()
+            if isinstance(val, dict) and "started" in val:
+                gen.append((float(val["started"]), ev.t_ns / 1e9))
+        elif ev.actor.startswith("reward/") and ev.method == "score" and ev.extra and "dur_ns" in ev.extra \
+                and ev.ev in ("handled", "recv"):
+            end = ev.t_ns / 1e9
+            rew.append((end - ev.extra["dur_ns"] / 1e9, end))
+    rows = []
+    for m in (json.loads(line) for line in open(run_dir / "metrics.jsonl")):
+        wall = m["time/step"]
+        hi = m["time"]
+        lo = hi - wall
+        g = union_length(gen, lo, hi)
+        gr = union_length(gen + rew, lo, hi)
+        train = m.get("train/time/train_compute") or m.get("train/train_time") or 0.0
+        sync = m.get("time/weight_sync", 0.0)
+        rows.append({"step": m["rollout_id"], "wall": wall, "generation": g, "reward": gr - g, "train": train,
+                     "sync": sync, "other": max(0.0, wall - gr - train - sync)})
+    return rows
+
+
+def run_variant(name: str, flags: list[str], steps: int, root: Path) -> list[dict]:
+    run_dir = root / name.split()[0]
+    cmd = [str(Path(sys.executable).parent / "slime-actors"), "train", "--config", str(CONFIG), "--run-dir",
+           str(run_dir), "--num-rollout", str(steps), "--eval-interval", "0", "--skip-eval-before-train",
+           "--progress", "false", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"{name}: train failed:\n{p.stderr[-4000:]}")
+    return analyse(run_dir)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--skip", type=int, default=2, help="leave out the first steps (warm-up)")
+    ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rl_overhead_"))
+    load0 = os.getloadavg()[0]
+    results = {}
+    for name, flags in VARIANTS.items():
+        rows = run_variant(name, flags, a.steps, root)[a.skip:]
+        results[name] = rows
+    load1 = os.getloadavg()[0]
+    print(f"# RL loop orchestration overhead ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
+          f"{os.cpu_count()} CPUs, load {load0:.1f}/{load1:.1f}; {a.steps} steps, first {a.skip} left out)")
+    print("command: .venv/bin/python bench/rl_overhead.py " + " ".join(sys.argv[1:]))
+    print()
+    print("| config | step wall (ms, median) | generation | reward | train compute | weight sync | other "
+          "(orchestration) | other, % of wall (median) | other incl. sync, % |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, rows in results.items():
+        med = lambda k: statistics.median(r[k] for r in rows) * 1000  # noqa: E731
+        share = statistics.median(r["other"] / r["wall"] for r in rows) * 100
+        share_sync = statistics.median((r["other"] + r["sync"]) / r["wall"] for r in rows) * 100
+        print(f"| {name} | {med('wall'):.0f} | {med('generation'):.0f} | {med('reward'):.0f} | {med('train'):.0f} | "
+              f"{med('sync'):.0f} | {med('other'):.0f} | {share:.1f}% | {share_sync:.1f}% |")
+    print("\ntarget: other <= 2% of step wall time")
+    if not a.keep:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"runs kept in {root}")
+
+
+if __name__ == "__main__":
+    main()
