@@ -326,10 +326,12 @@ class RolloutWorker(Actor):
 
     async def _generate_live(self, input_ids: list[int], sampling_params: dict) -> dict:
         from ..backends.engine_client import parse_generate_output
+        t0 = time.time()
         resp = await self.client.generate(input_ids, sampling_params, return_logprob=True)
         out = parse_generate_output(resp)
+        # `started`: when the request went out (the trace stamps the answer's arrival), for time-inside-generation
         return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
-                "finish_reason": out.finish_type, "weight_version": out.weight_version}
+                "finish_reason": out.finish_type, "weight_version": out.weight_version, "started": t0}
 
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
