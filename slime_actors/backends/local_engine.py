@@ -274,6 +274,7 @@ class Engine:
         self.cache = None
         self.mask: torch.Tensor | None = None
         self.groups: dict[str, Any] = {}
+        self.receivers: dict[str, Any] = {}  # group name -> weight_sync.BucketReceiver (flattened buckets)
         self.groups_lock = threading.Lock()
         self._fwd_params: set | None = None
         self.thread = threading.Thread(target=self._loop, name="local-engine-scheduler", daemon=True)
@@ -681,8 +682,8 @@ class Engine:
         if bad:
             raise ValueError(f"shape mismatch (name, given, expected): {bad[:4]}")
         with torch.no_grad():
-            for n, t in named:
-                params[n].copy_(t.to(device=params[n].device, dtype=params[n].dtype))
+            from slime_actors.backends.weight_sync import copy_tensors
+            copy_tensors([params[n] for n, _ in named], [t.to(device=params[n].device) for n, t in named])
         return len(named)
 
     def flush(self) -> bool:
@@ -1140,6 +1141,7 @@ class Server:
         e = self.engine
         with e.groups_lock:
             pg, _ = e.groups.pop(b["group_name"], (None, None))
+            e.receivers.pop(b["group_name"], None)
         if pg is None:
             return json_response({"success": False, "message": "The group to be destroyed does not exist."}, 400)
         try:  # not on the scheduler: with NCCL the destroy waits for the trainer's side to destroy too
@@ -1151,7 +1153,7 @@ class Server:
 
     async def update_weights_from_distributed(self, request):
         b = validate_struct("UpdateWeightsFromDistributedReqInput", await self.body(request))
-        from slime_actors.backends.weight_sync import broadcast, bucket_nbytes, dtype_from_name, unflatten_bucket
+        from slime_actors.backends.weight_sync import broadcast, dtype_from_name
         e = self.engine
         names, dtypes, shapes = b["names"], b["dtypes"], b["shapes"]
         if not (len(names) == len(dtypes) == len(shapes)):
@@ -1172,10 +1174,12 @@ class Server:
         comm_device = e.device if group_backend == "nccl" else torch.device("cpu")
 
         def recv():
-            if b["load_format"] == "flattened_bucket":
-                flat = torch.empty(bucket_nbytes(tdtypes, shapes), dtype=torch.uint8, device=comm_device)
-                broadcast(flat, pg)
-                named = unflatten_bucket(flat, names, tdtypes, shapes)
+            if b["load_format"] == "flattened_bucket":  # one buffer per group, views cached per bucket layout
+                from slime_actors.backends.weight_sync import BucketReceiver
+                rx = e.receivers.get(b["group_name"])
+                if rx is None or rx.device != comm_device:
+                    rx = e.receivers[b["group_name"]] = BucketReceiver(comm_device)
+                named = rx.receive(pg, names, tdtypes, shapes)
             else:
                 named = []
                 for name, dt, shape in zip(names, tdtypes, shapes):

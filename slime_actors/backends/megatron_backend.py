@@ -186,6 +186,10 @@ def _install_cpu_shim() -> None:
 
 # -- the backend -------------------------------------------------------------------------------------------------
 
+def _param_tensor(p: torch.Tensor) -> torch.Tensor:
+    return p.detach()
+
+
 @dataclass
 class _Item:
     """One micro-batch, ready for the model."""
@@ -613,12 +617,32 @@ class MegatronBackend(TrainingBackend):
         over data-parallel replica 0: every rank must iterate it at the same time (the others get nothing)."""
         self._require_init()
         self._on_device()
-        yield from self._export(lambda p: p.detach())
+        yield from self._export(_param_tensor)
+
+    def _local_views(self) -> list[tuple[str, torch.Tensor]]:
+        """One rank holds the whole model (tp = pp = 1): the HF tensors are views of the parameters (q/k/v and
+        gate/up slices), made once and reused while the parameters keep their storage -- a weight sync then costs
+        no per-tensor conversion work."""
+        if getattr(self, "_view_params", None) is None:
+            self._view_params = list(self.gpt.parameters())  # (walking the module tree each time costs ms)
+        ptrs = tuple(p.data_ptr() for p in self._view_params)
+        if getattr(self, "_views_key", None) != ptrs:
+            offset = self._layer_offset(self.gpt)
+            named = {mc.to_global_name(n, offset): p for n, p in self.gpt.named_parameters()}
+            views = []
+            with torch.no_grad():
+                for name, _, _ in self._export_plan:
+                    views.extend(mc.mcore_to_hf(self.spec, name, named[name].detach()))
+            self._views, self._views_key = views, ptrs
+        return self._views
 
     def _export(self, tensor_of) -> Iterator[tuple[str, torch.Tensor]]:
         """``tensor_of(param)`` of every parameter (the parameter, or its main_grad in tests), gathered across
         tensor-parallel ranks and pipeline stages and converted to HF names and layouts, on global rank 0."""
         if self.data_parallel_rank != 0:
+            return
+        if self.tp_size == 1 and self.pp_size == 1 and getattr(tensor_of, "__name__", "") == "_param_tensor":
+            yield from self._local_views()
             return
         offset = self._layer_offset(self.gpt)
         params = {mc.to_global_name(n, offset): p for n, p in self.gpt.named_parameters()}

@@ -84,10 +84,53 @@ def bucket_metadata(bucket: Iterable[tuple[str, torch.Tensor]]) -> dict:
 
 def flatten_bucket(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """One uint8 tensor: each tensor's bytes (row-major), concatenated in order ("flattened_bucket" layout)."""
-    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    if not parts:
+    tensors = [t.detach() for t in tensors]
+    if not tensors:
         raise ValueError("cannot flatten an empty bucket")
-    return torch.cat(parts)
+    slots = bucket_slots([t.dtype for t in tensors], [t.shape for t in tensors], tensors[0].device)
+    if slots is None:  # mixed dtypes with an unaligned offset: byte views and a concatenation
+        return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    flat, views = slots
+    copy_tensors(views, tensors)
+    return flat
+
+
+def bucket_slots(dtypes: list, shapes: list, device, out: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    """A uint8 buffer in the flattened_bucket layout (``out`` when given and large enough) and a typed view of it
+    per tensor, to copy into or read from without per-tensor byte views. None when an offset is not a multiple of
+    its dtype's size (mixed dtypes): then only the byte layout works."""
+    sizes, off = [], 0
+    for dt, shape in zip(dtypes, shapes):
+        dt = dtype_from_name(dt) if isinstance(dt, str) else dt
+        if off % dt.itemsize:
+            return None
+        n = 1
+        for d in shape:
+            n *= int(d)
+        sizes.append((off, n, dt, [int(d) for d in shape]))
+        off += n * dt.itemsize
+    flat = out[:off] if out is not None and out.numel() >= off else torch.empty(off, dtype=torch.uint8,
+                                                                                 device=device)
+    return flat, [flat[o:o + n * dt.itemsize].view(dt).view(shape) for o, n, dt, shape in sizes]
+
+
+def copy_tensors(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """dst[i].copy_(src[i]) for all i, batched into as few kernel launches as torch allows."""
+    if not dst:
+        return
+    # torch fuses a list of contiguous same-dtype copies into a few kernels; one strided tensor in the list (a q/k/v
+    # slice of a fused QKV weight) drops the whole list to one launch per tensor, so those go separately
+    fast = [(d, s) for d, s in zip(dst, src) if d.is_contiguous() and s.is_contiguous() and d.dtype == s.dtype]
+    slow = [(d, s) for d, s in zip(dst, src) if not (d.is_contiguous() and s.is_contiguous() and d.dtype == s.dtype)]
+    for part in (fast, slow):
+        if not part:
+            continue
+        try:
+            torch._foreach_copy_([d for d, _ in part], [s for _, s in part])
+        except (RuntimeError, AttributeError, TypeError):  # older torch / device mix: one at a time
+            for d, s in part:
+                d.copy_(s)
 
 
 def bucket_nbytes(dtypes: list, shapes: list) -> int:
@@ -179,6 +222,36 @@ def destroy_weights_update_group(pg) -> None:
         dist.destroy_process_group(pg)
 
 
+class BucketReceiver:
+    """The engine side of flattened buckets: receives each into one buffer kept across calls, with its typed views
+    cached per bucket layout (names, dtypes, shapes), so a repeated sync costs the broadcast and one batched copy.
+    Use the views before the next receive (they alias the buffer)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self._buffer: torch.Tensor | None = None
+        self._views: dict = {}
+
+    def receive(self, pg, names: list[str], dtypes: list, shapes: list) -> list[tuple[str, torch.Tensor]]:
+        key = (tuple(names), tuple(str(d) for d in dtypes), tuple(tuple(int(x) for x in s) for s in shapes))
+        entry = self._views.get(key)
+        if entry is None:
+            nbytes = bucket_nbytes(dtypes, shapes)
+            if self._buffer is None or self._buffer.numel() < nbytes:
+                self._buffer, self._views = torch.empty(nbytes, dtype=torch.uint8, device=self.device), {}
+            slots = bucket_slots(dtypes, shapes, self.device, self._buffer)
+            if slots is None:  # unaligned mixed dtypes: a fresh buffer, byte views
+                flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                broadcast(flat, pg)
+                return unflatten_bucket(flat, names, dtypes, shapes)
+            entry = (slots[0], list(zip(names, slots[1])))
+            if len(self._views) < 256:
+                self._views[key] = entry
+        flat, named = entry
+        broadcast(flat, pg)
+        return named
+
+
 # -- disk ---------------------------------------------------------------------------------------------------
 
 def save_weights_to_disk(named_weights: Iterable[tuple[str, torch.Tensor]], out_dir: str | os.PathLike,
@@ -262,6 +335,8 @@ class DistributedWeightSender:
             device = "cuda" if backend == "nccl" else "cpu"
         self.device = torch.device(device)
         self.pg = None
+        self._buffer: torch.Tensor | None = None  # flattened buckets reuse one buffer and their slot views
+        self._slots: dict = {}
 
     def connect(self) -> None:
         """Create the group as rank 0 (blocks until every engine has joined via /init_weights_update_group)."""
@@ -278,7 +353,7 @@ class DistributedWeightSender:
         meta = bucket_metadata(bucket)
         with torch.no_grad():
             if flattened:
-                broadcast(flatten_bucket([t.to(self.device) for _, t in bucket]), self.pg)
+                broadcast(self._flatten([t for _, t in bucket]), self.pg)
             else:
                 for _, t in bucket:
                     broadcast(t.detach().to(self.device).contiguous(), self.pg)
@@ -286,7 +361,27 @@ class DistributedWeightSender:
             torch.cuda.synchronize(self.device)
         return meta
 
+    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """flatten_bucket into a buffer kept across calls: a bucket with the same dtypes and shapes as an earlier one
+        (the next sync's) reuses its slot views, so it costs one batched copy. Safe because broadcast_bucket
+        synchronises before it returns."""
+        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        entry = self._slots.get(key)
+        if entry is None:
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            if self._buffer is None or self._buffer.numel() < nbytes:
+                self._buffer, self._slots = torch.empty(nbytes, dtype=torch.uint8, device=self.device), {}
+            entry = bucket_slots([t.dtype for t in tensors], [t.shape for t in tensors], self.device, self._buffer)
+            if len(self._slots) < 256:
+                self._slots[key] = entry
+        if entry is None:  # mixed dtypes, unaligned: the plain byte layout
+            return flatten_bucket([t.to(self.device) for t in tensors])
+        flat, views = entry
+        copy_tensors(views, [t.to(self.device) for t in tensors])
+        return flat
+
     def close(self) -> None:
+        self._buffer, self._slots = None, {}
         if self.pg is not None:
             try:
                 destroy_weights_update_group(self.pg)

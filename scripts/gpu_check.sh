@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The megatron training backend on a GPU machine (issue 6): HF <-> Megatron conversion, logits HF vs Megatron (fp32,
+# bf16; TP=1 and TP=2), PP=2 / DP=2 + distributed optimizer against the torch backend, trainer vs local-engine
+# log-probs, colocated (CUDA IPC) and NCCL bucketed weight sync (speed next to a raw broadcast), GRPO runs.
+# Prints one table; with $OUT set writes $OUT/gpu_results.md (+ gpu_results.json, gpu_check_logs.txt).
+# Target: < 6 min on 2 H200s (one GPU: the 2-GPU rows are skipped with a note).
+#
+# Needs: python3 with torch (CUDA), transformers; megatron-core 0.19.2 and the wheels our code needs that the image
+# lacks, in .whl/ (bash scripts/prepare_megatron_carry.sh; bash scripts/prepare_gpu_carry.sh for pyzmq/structlog);
+# carry ".whl". Usage, from the repository root:
+#   bash scripts/gpu_check.sh                      # everything
+#   bash scripts/gpu_check.sh --only convert,single,parallel
+#   bash scripts/gpu_check.sh --cpu-dry-run        # here, without a GPU (megatron-core installed; slow)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SITE=${SITE:-/tmp/site}
+PY=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    || echo "warning: installing .whl/ into $SITE failed" >&2
+fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# never NVLink multicast on shared machines (KINDS.md); every process started below inherits these
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TOKENIZERS_PARALLELISM=false
+export SLIME_ACTORS_LOG_LEVEL=${SLIME_ACTORS_LOG_LEVEL:-warning}
+"$PY" -c "import megatron.core" 2>/dev/null || echo "warning: megatron.core is not importable (carry .whl/)" >&2
+WORK=${WORK:-/tmp/megatron_gpu_check}
+mkdir -p "$WORK"
+BUDGET=${CHECK_BUDGET:-540}
+case " $* " in *" --cpu-dry-run "*) BUDGET=${CHECK_BUDGET:-3600} ;; esac
+timeout -k 10 "$((BUDGET + 45))" "$PY" scripts/gpu_check.py --work "$WORK" --budget "$BUDGET" "$@"
+rc=$?
+# whatever happened to the driver: the process groups it started (workers, engines, training runs) are ended
+if [ -f "$WORK/pids.txt" ]; then
+  while read -r pid; do [ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null; done < "$WORK/pids.txt"
+fi
+exit $rc
