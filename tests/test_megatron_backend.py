@@ -109,6 +109,8 @@ def scenario_full(rank, world, model_dir, tmp, ckpt=False, grads=True, **flags):
         res["grads"] = policy_grads(b, args, batch, lambda work: _shard(work, b))
     res["metrics"] = rl_update(b, args, _shard(batch, b), 0)
     res["w1"] = _weights(b)
+    # the same tensors converted afresh from the parameters (named_weights may reuse views made before the step)
+    res["w1_fresh"] = {k: v.detach().clone().cpu() for k, v in b._export(lambda p: p.detach().clone())}
     res["lp1"], _ = b.compute_log_probs(batch)
     if ckpt:
         b.save(os.path.join(tmp, "ckpt"))
@@ -194,6 +196,7 @@ def close(a: dict, b: dict, atol: float) -> float:
 
 def check_against_references(res, model_dir, tmp):
     batch = toy_batch()
+    close(res["w1"], res["w1_fresh"], 0.0)  # what engines get after a step is the trained model, exactly
     w0 = hf_weights(model_dir)
     assert sorted(res["w0"]) == sorted(w0)
     for k in w0:  # named_weights before training: the HF checkpoint, bit for bit

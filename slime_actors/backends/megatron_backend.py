@@ -619,22 +619,33 @@ class MegatronBackend(TrainingBackend):
         self._on_device()
         yield from self._export(_param_tensor)
 
-    def _local_views(self) -> list[tuple[str, torch.Tensor]]:
-        """One rank holds the whole model (tp = pp = 1): the HF tensors are views of the parameters (q/k/v and
-        gate/up slices), made once and reused while the parameters keep their storage -- a weight sync then costs
-        no per-tensor conversion work."""
+    def _local_views(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """One rank holds the whole model (tp = pp = 1): HF tensors that are views of a parameter (most: whole
+        tensors, gate/up halves) are made once and reused while the parameters keep their storage; the rest
+        (q/k/v, which de-interleave the fused QKV weight: copies) are converted at each call."""
         if getattr(self, "_view_params", None) is None:
             self._view_params = list(self.gpt.parameters())  # (walking the module tree each time costs ms)
         ptrs = tuple(p.data_ptr() for p in self._view_params)
         if getattr(self, "_views_key", None) != ptrs:
             offset = self._layer_offset(self.gpt)
             named = {mc.to_global_name(n, offset): p for n, p in self.gpt.named_parameters()}
-            views = []
+            plan = []
             with torch.no_grad():
                 for name, _, _ in self._export_plan:
-                    views.extend(mc.mcore_to_hf(self.spec, name, named[name].detach()))
-            self._views, self._views_key = views, ptrs
-        return self._views
+                    param = named[name].detach()
+                    pairs = mc.mcore_to_hf(self.spec, name, param)
+                    base = param.untyped_storage().data_ptr()
+                    if all(t.untyped_storage().data_ptr() == base for _, t in pairs):
+                        plan.append((None, pairs))          # true views: valid as long as the storage is
+                    else:
+                        plan.append((name, named[name]))   # copies: convert again each time
+            self._views, self._views_key = plan, ptrs
+        with torch.no_grad():
+            for name, item in self._views:
+                if name is None:
+                    yield from item
+                else:
+                    yield from mc.mcore_to_hf(self.spec, name, item.detach())
 
     def _export(self, tensor_of) -> Iterator[tuple[str, torch.Tensor]]:
         """``tensor_of(param)`` of every parameter (the parameter, or its main_grad in tests), gathered across
