@@ -924,7 +924,7 @@ class Driver:
         shutil.rmtree(rollouts, ignore_errors=True)
         two = self.dry or self.n_gpus >= 2
         base = ["--train-backend", "megatron", "--num-rollout", str(n), "--save-debug-rollout-data", str(rollouts)]
-        base += [] if two else ["--colocate"]
+        base += [] if two else ["--colocate", "--update-weight-transport", "colocated"]  # (no NCCL within one GPU)
         steps = self.train("grpo-megatron", base, self.o.timeout_grpo, (0, 1) if two else (0,))
         if steps is not None:
             versions = [s.get("weight_version_after") for s in steps]

@@ -124,13 +124,20 @@ def test_rl_loop_colocated_cpu_torch_backend(tmp_path):
                            "through the backend's CPU shim where installed; scripts/gpu_check.sh runs it on GPU)")
 def test_rl_loop_megatron_backend_cpu_colocated_and_distributed(tmp_path):
     """The whole job with --train-backend megatron (CPU shim): trainer log-probs equal the engine's, versions
-    advance, with colocated and with bucketed-broadcast weight sync, and the first step's loss equals the torch
-    backend's on the same rollout."""
+    advance, with colocated and with bucketed-broadcast weight sync; a resumed run repeats the next step exactly;
+    the first step's loss equals the torch backend's on the same rollout."""
     m = _train(tmp_path / "m", "--num-rollout", "3", "--train-backend", "megatron", "--update-weight-transport",
                "colocated", "--save-debug-rollout-data", str(tmp_path / "rollouts"))
     _check_colocated_run(m, 3)
-    d = _train(tmp_path / "d", "--num-rollout", "2", "--train-backend", "megatron")
+    d = _train(tmp_path / "d", "--num-rollout", "2", "--train-backend", "megatron", "--save",
+               str(tmp_path / "d" / "ckpt"), "--save-interval", "1")
     _check_colocated_run(d, 2)
+    # resume from the step-1 checkpoint (megatron dist_checkpointing): step 2 again, exactly
+    e = _train(tmp_path / "e", "--num-rollout", "2", "--train-backend", "megatron", "--load",
+               str(tmp_path / "d" / "ckpt" / "iter_0000001"))
+    assert [s["rollout_id"] for s in e] == [1]
+    for key in ("rollout/reward_mean", "train/loss", "train/grad_norm", "train/entropy"):
+        assert e[0][key] == d[1][key], key
     t = _train(tmp_path / "t", "--num-rollout", "1", "--debug-train-only", "--load-debug-rollout-data",
                str(tmp_path / "rollouts"))
     assert abs(t[0]["train/loss"] - m[0]["train/loss"]) <= 1e-6
