@@ -50,6 +50,7 @@ class JobContext:
     prog: str = "slime-actors launch"
     fresh: bool = True                   # clear the run dir's live state (False: a restarted head, torchrun)
     extra_env: dict = field(default_factory=dict)
+    roles: list[str] | None = None       # only these roles' actors (Slurm: one srun step per role); None: all
 
     @property
     def is_head(self) -> bool:
@@ -65,10 +66,20 @@ class JobContext:
 
     def placements(self) -> list[Placement]:
         plan = self.topology.plan()
+        if self.roles is not None:
+            plan = [p for p in plan if p.role in self.roles]
         if self.node is None:
             return plan
         group, index = self.node
         return [p for p in plan if p.node_group == group and p.node_index == index]
+
+    def agent_index(self) -> int:
+        """agent/N: N is the node's number (node groups in order); with --roles, several agents share a node:
+        N = 100 x node number + 1 + the first role's position in the topology."""
+        node = self.node_number(*self.node) if self.node else 0
+        if not self.roles:
+            return node
+        return 100 * node + 1 + list(self.topology.roles).index(self.roles[0])
 
 
 class NodeAgent(Actor):
@@ -242,8 +253,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     if keys is not None:
         env.update(keys.env())
     launcher = _make_launcher(ctx, env, run_dir)
-    head_no = ctx.node_number(*ctx.node) if ctx.node else 0
-    agent = NodeAgent(head_no)
+    agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
     await agent.start(rt)
     controller = Controller(0, args=args_to_dict(args))
@@ -315,7 +325,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     rt = _runtime(args, ctx)
     rt.directory = ctx.join
     log = get_logger(actor="agent")
-    node_no = ctx.node_number(*ctx.node)
+    node_no = ctx.agent_index()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     holder: dict = {}
@@ -337,6 +347,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
             agent = NodeAgent(node_no)
             await asyncio.sleep(1.0)
     setup_logging(str(run_dir), agent.name)
+    await loop.run_in_executor(None, write_agent_job, args, job_path)
     keys = _keys(args, run_dir, create=False)
     env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
     if keys is not None:
@@ -346,7 +357,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     launcher.start_all()
     log.info("node agent started", node=f"{ctx.node[0]}[{ctx.node[1]}]", actors=len(launcher.procs),
              head=ctx.join)
-    head_agent = f"agent/{ctx.node_number(ctx.topology.head, 0)}"
+    head_agent = f"agent/{JobContext(args, ctx.topology, node=(ctx.topology.head, 0)).agent_index()}"
     lost_after = max(30.0, 6 * rt.down_after)
     last_contact = time.monotonic()
     code = 0
@@ -393,13 +404,19 @@ def prepare(args, ctx: JobContext) -> Path:
     if ctx.is_head and ctx.fresh:
         prepare_run_dir(args)
     run_dir.mkdir(parents=True, exist_ok=True)
-    args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
     if ctx.is_head:
+        args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
         return write_job(args, run_dir).resolve()
-    path = run_dir / f"job-agent-{ctx.node[0]}-{ctx.node[1]}.json"
+    # agents resolve the model once they joined the head, which has made it by then (a tiny model is written to
+    # disk; two processes writing it at once would race)
+    return run_dir.resolve() / f"job-agent-{ctx.agent_index()}.json"
+
+
+def write_agent_job(args, path: Path) -> None:
     from ..config import args_to_dict
+    from ..models import resolve_checkpoint
+    args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
     path.write_text(json.dumps(args_to_dict(args), indent=1, default=str))
-    return path.resolve()
 
 
 def run(ctx: JobContext) -> int:
@@ -456,6 +473,9 @@ def launch_main(argv: list[str]) -> int:
     p.add_argument("--node", default=None, help="GROUP:INDEX: run only this node's actors (multi-node)")
     p.add_argument("--join", default=None, help="tcp://HEAD:PORT: this node is not the head; the head's directory")
     p.add_argument("--head-port", type=int, default=None, help="the head's directory port (multi-node)")
+    p.add_argument("--roles", default=None,
+                   help="ROLE[,ROLE...]: start only these roles' actors here ('none': only the head's directory and "
+                        "controller); Slurm runs one srun step per role")
     p.add_argument("--status", choices=["auto", "line", "table", "changes", "off"], default="auto",
                    help="console status: a live line, a table every 10 s, a line per change, or nothing")
     p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
@@ -487,10 +507,18 @@ def launch_main(argv: list[str]) -> int:
         return 2
     for c in changed:
         print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
+    roles = None
+    if ns.roles is not None:
+        roles = [] if ns.roles.strip() in ("", "none") else [r.strip() for r in ns.roles.split(",") if r.strip()]
+        unknown = [r for r in roles if r not in topo.roles]
+        if unknown:
+            print(f"slime-actors launch: error: --roles {ns.roles}: no role {unknown[0]!r} in {topo.path} "
+                  f"(roles: {', '.join(topo.roles)})", file=sys.stderr)
+            return 2
     if ns.dry_run:
         print(topo.describe())
         return 0
-    ctx = JobContext(args, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status)
+    ctx = JobContext(args, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
     if _status_mode(ctx) == "line":
         args.progress = False  # the status line shows the step
     return run(ctx)

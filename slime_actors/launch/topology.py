@@ -120,7 +120,11 @@ class Topology:
         gpu_free: dict[tuple[str, int], list[int]] = {}
         cpu_free: dict[tuple[str, int], list[int]] = {}
         given: dict[tuple[str, str, int], list[list[int]]] = {}   # (role, group, node) -> gpu lists handed out
-        order = sorted(self.roles.values(), key=lambda r: r.colocate is not None)  # colocated roles last
+        gpu_taken: dict[tuple[str, int], set[int]] = {}
+        cpu_taken: dict[tuple[str, int], set[int]] = {}
+        # explicit indexes first (the pools skip them), colocated roles last
+        order = sorted(self.roles.values(), key=lambda r: (r.colocate is not None,
+                                                           r.gpus is None and r.cpus is None))
         for r in order:
             ng = self.nodes[r.nodes]
             per_node = -(-r.count // ng.count) if r.count else 0
@@ -131,6 +135,7 @@ class Topology:
                 gpus = cpus = None
                 if r.gpus is not None:
                     gpus = list(r.gpus[i])
+                    gpu_taken.setdefault(key, set()).update(gpus)
                 elif r.colocate:
                     pool = given.get((r.colocate, r.nodes, node))
                     if not pool:
@@ -139,7 +144,7 @@ class Topology:
                                          f"{r.nodes!r} to share")
                     gpus = list(pool[local % len(pool)])
                 elif r.gpus_per_actor:
-                    free = gpu_free.setdefault(key, list(range(ng.gpus)))
+                    free = gpu_free.setdefault(key, [g for g in range(ng.gpus) if g not in gpu_taken.get(key, ())])
                     if len(free) < r.gpus_per_actor:
                         raise self.error(f"roles.{r.name}.gpus_per_actor",
                                          f"{r.name}/{i} needs {r.gpus_per_actor} GPU(s) but node {node} of node "
@@ -150,9 +155,10 @@ class Topology:
                     given.setdefault((r.name, r.nodes, node), []).append(gpus)
                 if r.cpus is not None:
                     cpus = list(r.cpus[i])
+                    cpu_taken.setdefault(key, set()).update(cpus)
                 elif r.cpus_per_actor:
                     total = ng.cpus or os.cpu_count() or 1
-                    free = cpu_free.setdefault(key, list(range(total)))
+                    free = cpu_free.setdefault(key, [c for c in range(total) if c not in cpu_taken.get(key, ())])
                     if len(free) < r.cpus_per_actor:
                         raise self.error(f"roles.{r.name}.cpus_per_actor",
                                          f"{r.name}/{i} needs {r.cpus_per_actor} CPU(s) but node {node} of node "

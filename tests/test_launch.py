@@ -1,0 +1,217 @@
+"""Topology files (placement, validation with key and line) and the launcher: status, clean shutdown with no orphan
+processes (engines included) on SIGTERM / SIGINT -- and when the launcher itself is SIGKILLed --, and the restart
+intensity limit that stops a job whose actor keeps dying."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_launch_support import DIGITS, FAST_FLAGS, ROOT, SLIME, Job, job_processes, topology
+
+from slime_actors.config import parse_args
+from slime_actors.launch.topology import TopologyError, default_topology, from_dict, load_topology, toml_key_lines
+
+
+def load_text(tmp_path, text: str, name: str = "t.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return load_topology(p)
+
+
+# ------------------------------------------------------------------------------------------------ topology files
+def test_examples_load_and_plan():
+    for path in sorted((ROOT / "launch").glob("*.toml")):
+        topo = load_topology(path)
+        plan = topo.plan()
+        assert plan, path
+        names = [p.name for p in plan]
+        assert len(names) == len(set(names)), path
+
+
+def test_placement_gpus_cpus_colocation(tmp_path):
+    topo = load_topology(ROOT / "launch" / "colocated-1node.toml")
+    plan = {p.name: p for p in topo.plan()}
+    assert [plan[f"trainer/{i}"].gpus for i in range(8)] == [[i] for i in range(8)]
+    assert [plan[f"rollout/{i}"].gpus for i in range(8)] == [[i] for i in range(8)]   # shares trainer i's GPU
+    assert plan["buffer/0"].cpus == [0]
+    assert plan["reward/0"].cpus == [1, 2] and plan["reward/1"].cpus == [3, 4]         # the pool skips CPU 0
+    env = plan["rollout/3"].process_env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["SGLANG_LOG_LEVEL"] == "warning"
+    assert plan["reward/1"].process_env()["SLIME_ACTORS_CPUS"] == "3,4"
+    assert plan["trainer/2"].policy.group and plan["trainer/2"].policy.max_restarts == 3
+    assert plan["rollout/0"].policy.max_restarts == 10 and not plan["rollout/0"].policy.group
+
+    topo = load_topology(ROOT / "launch" / "separate-1node.toml")
+    plan = {p.name: p for p in topo.plan()}
+    assert plan["trainer/3"].gpus == [3] and plan["rollout/1"].gpus == [6, 7]
+
+    topo = load_topology(ROOT / "launch" / "slurm-hetero.toml")
+    plan = {p.name: p for p in topo.plan()}
+    assert (plan["rollout/1"].node_group, plan["rollout/1"].node_index, plan["rollout/1"].gpus) == ("gen", 0, [4, 5, 6, 7])
+    assert (plan["rollout/2"].node_index, plan["rollout/2"].gpus) == (1, [0, 1, 2, 3])
+    assert plan["trainer/7"].process_env()["LOCAL_RANK"] == "7"
+
+
+@pytest.mark.parametrize("text,where,msg", [
+    ("[roles.buffer]\n[roles.rollout]\ncount = 'two'\n", "t.toml:3: roles.rollout.count",
+     "must be an integer >= 0, got str 'two'"),
+    ("[roles.rollout]\ncount = 1\n\n[roles.trainer]\ncuont = 2\n", "t.toml:5: roles.trainer.cuont",
+     "unknown key (did you mean 'count'?)"),
+    ("[nodes.gpu]\ngpus = 2\n[roles.trainer]\nnodes = \"gpu\"\ncount = 3\ngpus_per_actor = 1\n",
+     "t.toml:6: roles.trainer.gpus_per_actor", "trainer/2 needs 1 GPU(s) but node 0 of node group 'gpu' has 0 left"),
+    ("[roles.rollout]\nnodes = \"gen\"\n", "t.toml:2: roles.rollout.nodes", "no node group 'gen'"),
+    ("[roles.rollout]\ncolocate = \"trainer\"\n", "t.toml:2: roles.rollout.colocate", "no other role"),
+    ("[roles.judge]\ncount = 1\n", "t.toml:1: roles.judge", "unknown role"),
+    ("[supervisor]\nwindow = -1\n[roles.buffer]\n", "t.toml:2: supervisor.window", "must be a number > 0"),
+    ("[roles.rollout]\nenv = { OK = \"1\", \"bad name\" = \"x\" }\n", "t.toml:2: roles.rollout.env.bad name",
+     "not a valid environment variable name"),
+    ("[roles.rollout]\ngpus = [[0], [1]]\n", "t.toml:2: roles.rollout.gpus", "has 2 lists but the role has 1"),
+    ("[roles.buffer]\n[roles.controller]\n", "t.toml:2: roles.controller", "runs in the head process"),
+    ("[job]\nconfig = 3\n[roles.buffer]\n", "t.toml:2: job.config", "must be a non-empty string"),
+    ("[slurm]\nlayout = \"ring\"\n[roles.buffer]\n", "t.toml:2: slurm.layout", "must be auto, heterogeneous"),
+    ("head = \"x\"\n[roles.buffer]\n", "t.toml:1: head", "no node group 'x'"),
+])
+def test_errors_name_key_and_line(tmp_path, text, where, msg):
+    with pytest.raises(TopologyError) as ei:
+        load_text(tmp_path, text)
+    s = str(ei.value)
+    assert s.startswith(str(tmp_path / "t.toml").rsplit("/", 1)[0]) and where in s and msg in s, s
+
+
+def test_toml_syntax_error_and_missing_file(tmp_path):
+    with pytest.raises(TopologyError, match="not valid TOML"):
+        load_text(tmp_path, "[roles.buffer\n")
+    with pytest.raises(TopologyError, match="does not exist"):
+        load_topology(tmp_path / "nope.toml")
+
+
+def test_key_lines_of_tables_arrays_inline_and_multiline():
+    text = ('# c\n[a]\nx = 1  # note\nlist = [\n  1,\n  2,\n]\n[a.b]\n"q.k" = { y = 2, z = "#" }\n'
+            '[[arr]]\nv = 1\n[[arr]]\nv = 2\nafter = 3\n')
+    lines = toml_key_lines(text)
+    assert lines["a"] == 2 and lines["a.x"] == 3 and lines["a.list"] == 4 and lines["a.b"] == 8
+    assert lines["a.b.q.k"] == 9 and lines["a.b.q.k.y"] == 9 and lines["a.b.q.k.z"] == 9
+    assert lines["arr.0.v"] == 11 and lines["arr.1.v"] == 13 and lines["arr.1.after"] == 14
+
+
+def test_yaml_topology_lines(tmp_path):
+    pytest.importorskip("yaml")
+    topo = load_text(tmp_path, "roles:\n  buffer: {}\n  trainer:\n    count: 2\n", "t.yaml")
+    assert topo.count("trainer") == 2
+    with pytest.raises(TopologyError, match=r"t.yaml:4: roles.trainer.count: must be an integer"):
+        load_text(tmp_path, "roles:\n  buffer: {}\n  trainer:\n    count: x\n", "t.yaml")
+
+
+def test_default_topology_matches_the_flags():
+    args = parse_args(["--config", DIGITS, "--rollout-num-engines", "2", "--actor-num-gpus-per-node", "2",
+                       "--num-reward-workers", "3"])
+    topo = default_topology(args)
+    assert [p.name for p in topo.plan()] == ["buffer/0", "reward/0", "reward/1", "reward/2", "rollout/0",
+                                             "rollout/1", "trainer/0", "trainer/1"]
+    assert topo.roles["trainer"].policy.group and not topo.roles["rollout"].policy.group
+
+
+def test_topology_counts_override_flags_and_are_checked():
+    topo = from_dict({"roles": {"buffer": {}, "reward": {}, "rollout": {"count": 3}, "trainer": {"count": 4}}})
+    args = parse_args(["--config", DIGITS])
+    changed = topo.apply_to_args(args)
+    assert args.rollout_num_engines == 3 and args.actor_num_nodes * args.actor_num_gpus_per_node == 4
+    assert any("--rollout-num-engines" in c for c in changed)
+    topo = from_dict({"roles": {"buffer": {}, "reward": {}, "rollout": {}, "trainer": {"count": 3}}})
+    with pytest.raises(TopologyError, match="multiple of the trainer ranks"):
+        topo.apply_to_args(parse_args(["--config", DIGITS]))
+    topo = from_dict({"roles": {"buffer": {"count": 2}, "reward": {}, "rollout": {}, "trainer": {}}})
+    with pytest.raises(TopologyError, match="exactly one buffer"):
+        topo.apply_to_args(parse_args(["--config", DIGITS]))
+
+
+def test_cli_dry_run_and_errors(tmp_path):
+    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "separate-1node.toml"), "--config", DIGITS,
+                        "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "rollout/1      gpu[0]       6,7" in p.stdout and "topology sets --actor-num-gpus-per-node 1 -> 4" in p.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[roles.buffer]\n[roles.trainer]\ncount = -1\n")
+    p = subprocess.run([SLIME, "launch", str(bad), "--config", DIGITS], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "bad.toml:3: roles.trainer.count: must be an integer >= 0" in p.stderr
+    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "local.toml"), "--roles", "judge", "--dry-run"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no role 'judge'" in p.stderr
+    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "local.toml"), "--num-rollout", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--num-rollout must be >= 1" in p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the launcher
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_stopping_the_launcher_leaves_no_process(tmp_path, how):
+    topo = topology(tmp_path, trainers=1)
+    job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", "1000"]).start()
+    try:
+        job.wait_step(1, timeout=150)
+        st = job.status()
+        assert st["actors"]["rollout/0"]["up"] and st["controller"]["phase"]
+        engine = job.ask("rollout/0", "engine_info")["pid"]
+        pids = [a["pid"] for a in st["actors"].values() if a.get("pid") and a["pid"] != os.getpid()]
+        before = job_processes(job.run_dir)
+        assert engine in [p for p, _ in before] and len(before) >= 5, before
+        job.probe.close()
+        job.probe_ = None
+        os.kill(job.proc.pid, getattr(signal, how))
+        rc = job.proc.wait(60)
+        if how == "SIGTERM":
+            assert rc == 143, job.log()[-3000:]
+        elif how == "SIGINT":
+            assert rc == 130, job.log()[-3000:]
+        # SIGKILL: the actors get SIGTERM from the kernel (PR_SET_PDEATHSIG) and stop their engines themselves
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60 and job_processes(job.run_dir):
+            time.sleep(0.2)
+        left = job_processes(job.run_dir)
+        assert not left, f"left running after {how} to the launcher: {left}"
+        assert not any(_alive(p) for p in pids + [engine])
+        if how != "SIGKILL":
+            assert f"stopped by {how}" in job.log()
+    finally:
+        job.close()
+
+
+def test_restart_intensity_stops_the_job_with_a_report(tmp_path):
+    topo = topology(tmp_path, """
+[roles.buffer]
+[roles.rollout]
+[roles.trainer]
+[roles.reward]
+max_restarts = 2
+window = 120
+env = { SLIME_ACTORS_JOB = "/nonexistent/job.json" }   # every start of reward/0 fails at once
+""")
+    job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", "3"]).start()
+    try:
+        rc = job.wait(150)
+        out = job.log()
+        assert rc == 1, out[-3000:]
+        assert "reward/0 died 3 times within 120s (limit 2)" in out, out[-3000:]
+        assert "job file /nonexistent/job.json (SLIME_ACTORS_JOB) does not exist" in out
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and job_processes(job.run_dir):
+            time.sleep(0.2)
+        assert not job_processes(job.run_dir)
+        st = json.loads((job.run_dir / "status.json").read_text())
+        assert st["processes"]["reward/0"]["restarts"] == 2
+    finally:
+        job.close()
