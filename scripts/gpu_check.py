@@ -523,7 +523,8 @@ class Table:
         lines = ["| group | check | result | measured | bar | note |", "|---|---|---|---|---|---|"]
         for r in self.rows:
             note = r["note"].replace("|", "/").replace("\n", " ")[:300]
-            lines.append(f"| {r['group']} | {r['check']} | **{r['status']}** | {r['value']} | {r['bar']} | {note} |")
+            value = str(r["value"]).replace("|", "/")
+            lines.append(f"| {r['group']} | {r['check']} | **{r['status']}** | {value} | {r['bar']} | {note} |")
         return "\n".join(lines)
 
 
@@ -933,7 +934,7 @@ class Driver:
             ok = len(steps) == n and versions == list(range(1, n + 1)) and all(map(math.isfinite, losses))
             h = max(1, n // 2)
             v1, v2 = _var(losses[:h]), _var(losses[h:])
-            self.t.add("grpo", f"megatron GRPO run ({'NCCL sync, engine on GPU 1' if two else 'colocated'})",
+            self.t.add("grpo", f"megatron GRPO run ({'broadcast sync, engine on GPU 1' if two else 'colocated'})",
                        status(ok), f"{len(steps)}/{n} steps, versions {versions[0]}..{versions[-1]}",
                        "all steps, versions advance", note=f"loss variance first half {v1:.2e}, second {v2:.2e}")
             self.t.add("grpo", "train/rollout log-probs every step (trainer vs engine)", status(agree <= AGREE_BAR),
@@ -951,7 +952,7 @@ class Driver:
                 d = abs(torch_steps[0]["train/loss"] - steps[0]["train/loss"])
                 g = abs(torch_steps[0]["train/grad_norm"] - steps[0]["train/grad_norm"])
                 self.t.add("grpo", "first-step loss: torch backend vs megatron (same rollout)",
-                           status(d <= LOSS_BAR), f"|diff| {d:.2e} (grad norm diff {g:.1e})", f"<= {LOSS_BAR:g}")
+                           status(d <= LOSS_BAR), f"abs diff {d:.2e} (grad norm diff {g:.1e})", f"<= {LOSS_BAR:g}")
         if two and not self.o.no_colocated_grpo and self.remaining() < 100:
             self.t.add("grpo", "megatron GRPO, colocated", "SKIP", note="the run's budget is nearly spent")
         elif two and not self.o.no_colocated_grpo:
