@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rm-url", default=None)
     g.add_argument("--reward-key", default=None)
     g.add_argument("--num-reward-workers", type=int, default=1)
+    g.add_argument("--reward-actor-class", default=None,
+                   help="pkg.mod:Class of your own reward actor (role reward, handler score); see "
+                        "docs/adding-a-reward-actor.md")
     g.add_argument("--reward-batch-size", type=int, default=64)
 
     g = p.add_argument_group("algorithm")
@@ -378,7 +381,7 @@ def validate(args: argparse.Namespace) -> None:
         args.critic_lr = args.lr
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
-    if args.rm_type is None and args.custom_rm_path is None:
+    if args.rm_type is None and args.custom_rm_path is None and args.reward_actor_class is None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
     if args.rm_type == "remote_rm" and not args.rm_url:
         bad("--rm-type remote_rm needs --rm-url")

@@ -631,7 +631,8 @@ class Buffer(Actor):
                 "response_len_mean": sum(lengths) / len(lengths) if lengths else None,
                 "truncated": sum(1 for s in samples if s.status == TRUNCATED),
                 "seconds": (r.finished or self._now()) - r.started,
-                "weight_versions": sorted({s.weight_version for s in samples})}
+                "weight_versions": sorted({s.weight_version for s in samples}),
+                "weight_version_min": min((s.weight_version for s in samples), default=-1)}
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int) -> dict:
@@ -640,7 +641,8 @@ class Buffer(Actor):
             raise RuntimeError(f"rollout {rollout_id} is not complete")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        wids = r.completed[: r.target][rank::world_size]
+        # whole groups, in group order (not completion order) so a rerun or a resumed run trains identically
+        wids = sorted(r.completed[: r.target], key=lambda w: self.groups[w].group_index)[rank::world_size]
         samples = [s for wid in wids for s in self.groups[wid].samples]
         return batch_from_samples(samples)
 

@@ -336,6 +336,7 @@ class RolloutWorker(Actor):
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
         a = self.args
+        poll_key, poll_seq = None, 0
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
@@ -344,13 +345,22 @@ class RolloutWorker(Actor):
                 await asyncio.sleep(0.01)
                 continue
             restarts = self.engine_restarts
+            if poll_key is None:
+                poll_seq += 1
+                poll_key = f"get_work:{os.getpid()}:{poll_seq}"
             try:
+                # an idempotency key: if the reply is lost (a cut link, a reconnect) the retry gets the same groups
+                # from the buffer's cache instead of leaving them leased to us and never seen
                 resp = await self.ask("buffer/0", "get_work", {"worker": self.name, "max_groups": free, "wait": 1.0},
-                                      timeout=30)
+                                      timeout=10, idem=poll_key)
             except MailboxError as exc:
+                from ..mailbox.errors import RemoteError
+                if isinstance(exc, RemoteError):
+                    poll_key = None
                 self.log.warning("get_work failed; retrying", error=str(exc))
                 await asyncio.sleep(0.5)
                 continue
+            poll_key = None
             if restarts != self.engine_restarts or not self._engine_ok.is_set():
                 # the engine failed while we asked: this work must not run on the new engine before its re-sync
                 for group in resp["groups"]:

@@ -218,15 +218,16 @@ class TrainerRank(Actor):
         from ..backends.weight_sync import save_weights_to_disk
         base = Path(self.args.update_weight_disk_dir or os.path.join(self.runtime.run_dir, "weights"))
         path = base / f"v{version:06d}"
-        nbytes = await self.run_blocking(
+        await self.run_blocking(
             lambda: save_weights_to_disk(self.backend.named_weights(), str(path), self.args.hf_checkpoint))
+        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
         await asyncio.gather(*(self.ask(w, "update_weights_from_disk", {"model_path": str(path),
                                                                        "weight_version": version}, timeout=600)
                                for w in workers))
         for old in base.glob("v*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
-        return {"bytes": int(nbytes or 0), "buckets": 1}
+        return {"bytes": int(nbytes), "buckets": 1}
 
     async def _ensure_group(self, workers: tuple) -> None:
         from ..backends.weight_sync import DistributedWeightSender, find_free_port as free_port
@@ -265,9 +266,15 @@ class TrainerRank(Actor):
             body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": self._group_name,
                     "weight_version": version, "flush_cache": last,  # flush once, after the last bucket
                     "load_format": "flattened_bucket" if flat else None}
-            await asyncio.gather(self.run_blocking(self._sender.broadcast_bucket, bucket, flat),
-                                 *(self.ask(w, "update_weights_from_distributed", body, timeout=600)
-                                   for w in workers))
+            # wait for every part, the broadcast too, before failing: a worker's ask can fail (its host was cut off
+            # and declared down) while the broadcast thread still runs; a retry must not start a new group under it
+            res = await asyncio.gather(self.run_blocking(self._sender.broadcast_bucket, bucket, flat),
+                                       *(self.ask(w, "update_weights_from_distributed", body, timeout=600)
+                                         for w in workers), return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    self._group_workers = ()  # the next sync builds a new group
+                    raise r
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
             nbuckets += 1
         return {"bytes": nbytes, "buckets": nbuckets, "flattened_bucket": flat}

@@ -168,7 +168,8 @@ class StatusBoard:
             e = listing.get(name, {})
             p = processes.get(name, {})
             actors[name] = {"up": bool(e.get("alive")), "registered": name in listing, "pid": e.get("pid") or
-                            p.get("pid"), "host": e.get("host"), "last_seen": e.get("last_seen"),
+                            p.get("pid"), "host": e.get("host"), "endpoint": e.get("endpoint"),
+                            "last_seen": e.get("last_seen"),
                             "incarnation": e.get("incarnation", 0), "restarts": p.get("restarts", 0)}
         st = {"time": time.time(), "uptime": round(now - self.t0, 1), "controller": controller or {},
               "actors": actors, "processes": processes, "restarts": restarts}

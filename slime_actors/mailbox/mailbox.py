@@ -303,6 +303,9 @@ class Mailbox:
         ctx = context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a peer that reconnects (a new DEALER after a cut link; its routing id is the same) takes over its old,
+        # half-dead connection instead of being refused until TCP notices the old one is gone
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.RCVHWM, self.config.recv_hwm)
         sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
