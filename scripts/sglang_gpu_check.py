@@ -56,6 +56,7 @@ GPU_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend"
              "--sglang-disable-cuda-graph", "--sglang-mem-fraction-static", "0.2", "--sglang-skip-tokenizer-init",
              "--sglang-grammar-backend", "none", "--sglang-skip-server-warmup"]
 
+NEAR_TIE = 0.05          # nats: a greedy choice this close is within half-precision noise (max |lp diff| ~2e-2)
 RESULTS: list[dict] = []
 PROCS: list = []          # EngineProcess or Popen, stopped at the end
 T_START = time.monotonic()
@@ -118,7 +119,7 @@ def make_model(path: Path, seed: int) -> Path:
         return path
     tok = make_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                       initializer_range=0.15, torch_dtype="float32")
     with torch.random.fork_rng(devices=[]):
@@ -203,10 +204,26 @@ def compare_greedy(ctx, model_dir, version: str | None) -> tuple[str, str]:
               f"weight_version {got_version} (answers: {sorted(map(str, versions))})")
     if version is not None and (got_version != version or versions != {version}):
         return "FAIL", detail + f"; expected version {version}"
-    if same != len(PROMPTS):
-        first = next(i for i, (o, r) in enumerate(zip(outs, ref)) if ids_lps(o)[0] != r[0])
-        return "FAIL", detail + f"; prompt {first}: sglang {ids_lps(outs[first])[0]} vs ref {ref[first][0]}"
-    return "ok", detail
+    # SGLang serves an fp32 checkpoint in half precision (dtype auto); the reference runs fp32. A greedy path may
+    # then part at a near-tie: accepted when the reference itself scores SGLang's token within NEAR_TIE of its own
+    # choice at the first differing position (the tokens before it equal); any other difference fails.
+    ties = []
+    for i, (o, r) in enumerate(zip(outs, ref)):
+        got = ids_lps(o)[0]
+        if got == r[0]:
+            continue
+        k = next((j for j, (a, b) in enumerate(zip(got, r[0])) if a != b), min(len(got), len(r[0])))
+        if k >= min(len(got), len(r[0])):
+            return "FAIL", detail + f"; prompt {i}: lengths differ, sglang {got} vs ref {r[0]}"
+        prefix = list(PROMPTS[i]) + list(r[0][:k])
+        lp_ref = ctx["ref"].score(model_dir, prefix, [r[0][k]])[0]
+        lp_sgl = ctx["ref"].score(model_dir, prefix, [got[k]])[0]
+        margin = lp_ref - lp_sgl
+        if margin > NEAR_TIE:
+            return "FAIL", detail + (f"; prompt {i}: sglang {got} vs ref {r[0]} (position {k}: the reference "
+                                     f"prefers its token by {margin:.3f} nats)")
+        ties.append(f"prompt {i} parts at token {k} of {len(got)}, a near-tie (reference margin {margin:.4f})")
+    return "ok", detail + ("; " + "; ".join(ties) if ties else "")
 
 
 # -- checks ----------------------------------------------------------------------------------------------------------
@@ -377,7 +394,7 @@ def check_update_from_tensor(ctx):
     return status, f"load_format {fmt}: {res.get('message')} | {detail}"
 
 
-async def _long_requests(c, n: int, rid: str, tokens: int = 400):
+async def _long_requests(c, n: int, rid: str, tokens: int = 2000):
     return [asyncio.ensure_future(c.generate(PROMPTS[i % len(PROMPTS)], {"max_new_tokens": tokens, "temperature": 1.0,
                                                                          "ignore_eos": True}, rid=f"{rid}-{i}"))
             for i in range(n)]
@@ -415,21 +432,26 @@ def check_pause_retract(ctx):
 
     async def go():
         async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
-            futs = await _long_requests(c, 3, "pause-retract", tokens=200)
+            futs = await _long_requests(c, 3, "pause-retract")
             await asyncio.sleep(1.0)
             await c.pause_generation("retract")
+            in_flight = sum(not f.done() for f in futs)
             # the worker's rule: no cache flush while requests wait in a paused engine (SGLang asserts it)
             upd = await c.update_weights_from_disk(str(ctx["alt"]), weight_version="retract1", flush_cache=False)
             await c.continue_generation()
             outs = await asyncio.wait_for(asyncio.gather(*futs), 120)
-            return upd, outs
-    upd, outs = arun(go(), 200)
+            return in_flight, upd, outs
+    in_flight, upd, outs = arun(go(), 200)
     kinds = [o["meta_info"]["finish_reason"]["type"] for o in outs]
     versions = [o["meta_info"].get("weight_version") for o in outs]
     retracted = [o["meta_info"].get("num_retractions") for o in outs]
-    ok = upd.get("success") and all(k == "length" for k in kinds)
-    return ("ok" if ok else "FAIL"), (f"update while paused (retract): {upd.get('success')}; requests finished "
-                                      f"{kinds}, weight_version {versions}, num_retractions {retracted}")
+    # the requests must still have been running when the pause came (else nothing was retracted), then finish in
+    # full, answered at the version loaded while they were paused
+    ok = in_flight == len(outs) and upd.get("success") and all(k == "length" for k in kinds) and set(versions) == {
+        "retract1"}
+    return ("ok" if ok else "FAIL"), (f"in flight at the pause {in_flight}/{len(outs)}; update while paused (retract): "
+                                      f"{upd.get('success')}; requests finished {kinds}, weight_version {versions}, "
+                                      f"num_retractions {retracted}")
 
 
 def check_abort(ctx):
@@ -437,22 +459,25 @@ def check_abort(ctx):
 
     async def go():
         async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+            # rids abort-me-0, abort-me-1 and keep-0; then a bare prefix (held by no request), then a held rid
             futs = await _long_requests(c, 2, "abort-me")
             other = await _long_requests(c, 1, "keep", tokens=20)
             await asyncio.sleep(1.0)
-            await c.abort_request(rid="abort-me")  # SGLang matches by prefix
-            a = await asyncio.wait_for(asyncio.gather(*futs), 60)
+            await c.abort_request(rid="abort-me")    # no request has this rid: SGLang ignores it
+            await asyncio.sleep(0.5)
+            ignored = not any(f.done() for f in futs)
+            await c.abort_request(rid="abort-me-0")  # a held rid: aborted (and any rid starting with it)
+            a0 = await asyncio.wait_for(futs[0], 60)
             k = await asyncio.wait_for(asyncio.gather(*other), 60)
-            more = await _long_requests(c, 2, "all")
-            await asyncio.sleep(1.0)
             await c.abort_request(abort_all=True)
-            b = await asyncio.wait_for(asyncio.gather(*more), 60)
-            return a, k, b
-    a, k, b = arun(go(), 200)
-    kinds = ([o["meta_info"]["finish_reason"]["type"] for o in a], [o["meta_info"]["finish_reason"]["type"] for o in k],
-             [o["meta_info"]["finish_reason"]["type"] for o in b])
-    ok = kinds[0] == ["abort", "abort"] and kinds[1] == ["length"] and kinds[2] == ["abort", "abort"]
-    return ("ok" if ok else "FAIL"), f"by rid prefix {kinds[0]}, other request {kinds[1]}, abort_all {kinds[2]}"
+            a1 = await asyncio.wait_for(futs[1], 60)
+            return ignored, a0, k, a1
+    ignored, a0, k, a1 = arun(go(), 200)
+    kind = lambda o: o["meta_info"]["finish_reason"]["type"]  # noqa: E731
+    kinds = (kind(a0), [kind(o) for o in k], kind(a1))
+    ok = ignored and kinds == ("abort", ["length"], "abort")
+    return ("ok" if ok else "FAIL"), (f"unknown rid (a bare prefix) ignored: {ignored}; held rid {kinds[0]}; other "
+                                      f"request {kinds[1]}; abort_all {kinds[2]}")
 
 
 def check_health(ctx):

@@ -639,8 +639,21 @@ class Engine:
         return out
 
     # -- control (scheduler thread) --
+    def abort_from_http(self, rid: str, abort_all: bool, message: str | None = None) -> int:
+        """POST /abort_request as SGLang 0.5.15.post1 handles it (TokenizerManager.abort_request, one tokenizer
+        worker): unless abort_all, the rid must be a request the server holds right now -- an unknown rid, a parent
+        rid of a parallel-sampling request (its requests are "rid_0", "rid_1", ...) or a bare prefix is ignored;
+        a known rid then goes to the scheduler, which aborts every request whose rid starts with it (seen on an H200,
+        docs/sglang.md)."""
+        if not abort_all:
+            if not rid or all(r.rid != rid for r in (*self.waiting, *self.running)
+                              if r.finish is None and not r.internal):
+                return 0
+        return self.abort(rid, abort_all, message)
+
     def abort(self, rid: str | None, abort_all: bool, message: str | None = None) -> int:
-        """SGLang's abort: rid matches by prefix; an empty rid without abort_all does nothing."""
+        """The scheduler's abort (SGLang's Scheduler.abort_request): rid matches by prefix; an empty rid without
+        abort_all does nothing."""
         if not abort_all and not rid:
             return 0
         n = 0
@@ -1066,7 +1079,7 @@ class Server:
         from aiohttp import web
         b = validate_struct("AbortReq", await self.body(request))
         rid, abort_all, msg = b["rid"] or "", b["abort_all"], b["abort_message"]
-        await self.run_on_scheduler(lambda: self.engine.abort(rid, abort_all, msg))
+        await self.run_on_scheduler(lambda: self.engine.abort_from_http(rid, abort_all, msg))
         return web.Response(status=200)
 
     async def pause_generation(self, request):
