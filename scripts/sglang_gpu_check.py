@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The SGLang rollout backend against a real SGLang 0.5.15.post1 on GPUs, driven by our own code, in one run.
 
-    python3 scripts/sglang_gpu_check.py [--out DIR] [--work DIR] [--deadline 330] [--no-grpo] [--fake]
+    python3 scripts/sglang_gpu_check.py [--out DIR] [--work DIR] [--deadline 330] [--no-grpo]
+                                        [--grpo-backends torch,megatron] [--fake]
 
 (scripts/sglang_gpu_check.sh installs carried wheels, sets the environment and calls this.) Every check runs in
 try/except with a time limit; the result table is always printed, and written to OUT/sglang_results.md (+ .json and
@@ -28,7 +29,8 @@ Checks (a 2-GPU machine: SGLang on GPU 1, our NCCL sender, the trainer and the l
   abort_request     /abort_request by rid prefix and abort_all
   health            /health, /health_generate; /flush_cache when idle
   health_hung       SIGSTOP the engine: /health_generate fails within the probe timeout; SIGCONT: healthy again
-  grpo              `slime-actors train --rollout-engine sglang --device cuda` (GRPO, a few steps, the rollout worker
+  grpo-BACKEND      `slime-actors train --rollout-engine sglang --device cuda --train-backend BACKEND` (one per
+                    --grpo-backends entry, all at once; GRPO, a few steps, the rollout worker
                     launching SGLang, NCCL weight sync, --use-fault-tolerance probes) -- run alongside the checks
 
 --fake: a CPU dry run of this driver -- the local engine stands in for SGLang (launched with SGLang's command line),
@@ -513,11 +515,13 @@ def check_health_hung(ctx):
 
 # -- GRPO ------------------------------------------------------------------------------------------------------------
 
-def start_grpo(ctx):
-    run = ctx["work"] / "grpo"
+def start_grpo(ctx, backend: str):
+    """`slime-actors train` with SGLang as the engine and `backend` (torch, megatron) training, in the background."""
+    name = f"grpo-{backend}"
+    run = ctx["work"] / name
     cmd = [sys.executable, "-m", "slime_actors.cli", "train", "--config", str(ROOT / "examples/digits/config.toml"),
            "--run-dir", str(run), "--hf-checkpoint", str(ctx["base"]), "--num-rollout", str(ctx["grpo_steps"]),
-           "--eval-interval", "0", "--progress", "false", "--device", ctx["device"],
+           "--eval-interval", "0", "--progress", "false", "--device", ctx["device"], "--train-backend", backend,
            "--num-gpus-per-node", str(max(1, ctx["n_gpus"])), "--actor-num-gpus-per-node", "1",
            "--use-fault-tolerance", "--rollout-health-check-interval", "5", "--rollout-health-check-timeout", "30"]
     if ctx["fake"]:
@@ -526,43 +530,43 @@ def start_grpo(ctx):
         cmd += ["--rollout-engine", "sglang", *ctx["engine_flags"]]
         if ctx["n_gpus"] < 2:  # one GPU: trainer and engine share it; weights go by CUDA IPC
             cmd += ["--colocate", "--update-weight-transport", "colocated"]
-    out = open(ctx["work"] / "grpo.log", "w")
-    log("grpo: " + " ".join(cmd))
+    log_path = ctx["work"] / f"{name}.log"
+    out = open(log_path, "w")
+    log(f"{name}: " + " ".join(cmd))
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     remember_pid(ctx, p.pid)
     p.started = time.monotonic()  # type: ignore[attr-defined]
     PROCS.append(p)
-    ctx["grpo_proc"], ctx["grpo_run"] = p, run
+    ctx.setdefault("grpo", []).append({"name": name, "backend": backend, "proc": p, "run": run, "log": log_path})
     return p
 
 
-def check_grpo(ctx):
-    p = ctx.get("grpo_proc")
-    if p is None:
-        raise Skip("--no-grpo")
+def check_grpo(ctx, g: dict):
+    p = g["proc"]
     limit = ctx["grpo_timeout"] - (time.monotonic() - p.started)
     try:
         p.wait(timeout=max(1.0, limit))
     except subprocess.TimeoutExpired:
-        cleanup(ctx)
-        raise AssertionError(f"did not finish within {ctx['grpo_timeout']}s; last lines:\n" + _tail(
-            ctx["work"] / "grpo.log", 15)) from None
-    run = ctx["grpo_run"]
+        stop_grpo(g)
+        raise AssertionError(f"did not finish within {ctx['grpo_timeout']}s; last lines:\n" + _tail(g["log"], 15)) \
+            from None
+    run = g["run"]
     if p.returncode != 0:
-        raise AssertionError(f"exit code {p.returncode}; last lines:\n" + _tail(ctx["work"] / "grpo.log", 25))
+        raise AssertionError(f"exit code {p.returncode}; last lines:\n" + _tail(g["log"], 25))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     result = json.loads((run / "result.json").read_text())
     diffs = [s.get("train/train_rollout_logprob_abs_diff_max") for s in steps]
     rewards = [round(s.get("rollout/reward_mean") or 0, 3) for s in steps]
+    losses = [s.get("train/loss") for s in steps]
     syncs = [s.get("time/weight_sync") for s in steps]
     restarts = _count_events(run / "logs" / "rollout-0.jsonl", "engine failed; restarting it")
     started = _first_event(run / "logs" / "rollout-0.jsonl", "starting engine")
-    detail = (f"{len(steps)} steps in {time.monotonic() - p.started:.0f}s, weight version {result['weight_version']}; "
-              f"rewards {rewards}; trainer-vs-engine max |logprob diff| per step "
-              f"{[None if d is None else round(d, 4) for d in diffs]}; weight sync s {[round(x or 0, 2) for x in syncs]}; "
-              f"engine restarts {restarts}; engine: {(started or {}).get('module')} checked against "
-              f"{(started or {}).get('checked_against')}")
+    detail = (f"{g['backend']} backend: {len(steps)} steps in {time.monotonic() - p.started:.0f}s, weight version "
+              f"{result['weight_version']}; rewards {rewards}; first-step loss {losses[0] if losses else None}; "
+              f"trainer-vs-engine max |logprob diff| per step {[None if d is None else round(d, 4) for d in diffs]}; "
+              f"weight sync s {[round(x or 0, 2) for x in syncs]}; engine restarts {restarts}; engine: "
+              f"{(started or {}).get('module')} checked against {(started or {}).get('checked_against')}")
     ok = len(steps) == ctx["grpo_steps"] and result["weight_version"] == ctx["grpo_steps"] and restarts == 0
     return ("ok" if ok else "FAIL"), detail
 
@@ -605,13 +609,10 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def _grpo_pids(ctx) -> list[int]:
-    """Process groups the GRPO run started (actors and engines run in their own sessions): from its logs."""
+def _grpo_pids(g: dict) -> list[int]:
+    """Process groups a GRPO run started (actors and engines run in their own sessions): from its logs."""
     pids = []
-    run = ctx.get("grpo_run")
-    if run is None:
-        return pids
-    for f in (run / "logs").glob("*.jsonl"):
+    for f in (g["run"] / "logs").glob("*.jsonl"):
         for line in f.read_text(errors="replace").splitlines():
             if '"event": "actor started"' in line or '"event": "engine up"' in line:
                 try:
@@ -621,6 +622,21 @@ def _grpo_pids(ctx) -> list[int]:
     return pids
 
 
+def stop_grpo(g: dict) -> None:
+    p = g["proc"]
+    if p.poll() is None:  # let `train` stop its actors itself first
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+            p.wait(30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+    for pid in _grpo_pids(g):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def remember_pid(ctx, pid: int) -> None:
     """scripts/sglang_gpu_check.sh kills these process groups at the end, whatever happened to this driver."""
     with open(ctx["work"] / "pids.txt", "a") as f:
@@ -628,18 +644,8 @@ def remember_pid(ctx, pid: int) -> None:
 
 
 def cleanup(ctx=None) -> None:
-    p = (ctx or {}).get("grpo_proc")
-    if p is not None and p.poll() is None:  # let `train` stop its actors itself first
-        try:
-            os.killpg(p.pid, signal.SIGINT)
-            p.wait(30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-    for pid in _grpo_pids(ctx or {}):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    for g in (ctx or {}).get("grpo", []):
+        stop_grpo(g)
     for p in reversed(PROCS):
         try:
             if hasattr(p, "stop"):
@@ -667,14 +673,22 @@ def write_out(out: Path | None, ctx) -> None:
     (out / "sglang_results.md").write_text(head + text + "\n")
     (out / "sglang_results.json").write_text(json.dumps(RESULTS, indent=1))
     for name, src in (("sglang_engine.log", ctx["work"] / "sglang_engine.log"),
-                      ("local_engine.log", ctx["work"] / "local_engine.log"), ("grpo.log", ctx["work"] / "grpo.log"),
-                      ("grpo_rollout.out", ctx["work"] / "grpo" / "logs" / "rollout-0.out"),
-                      ("grpo_engine.log", ctx["work"] / "grpo" / "logs" / "engine-0.log")):
+                      ("local_engine.log", ctx["work"] / "local_engine.log")):
         try:
             data = src.read_bytes()
             (out / name).write_bytes(data[-(4 << 20):])  # the last 4 MiB at most
         except OSError:
             pass
+    # one file per GRPO run (the device tool brings back 8 files at most): the driver's log, then the rollout
+    # worker's output and the engine's log, the last 2 MiB of each
+    for g in ctx.get("grpo", []):
+        with open(out / f"{g['name']}.log", "wb") as f:
+            for src in (g["log"], g["run"] / "logs" / "rollout-0.out", g["run"] / "logs" / "engine-0.log"):
+                try:
+                    data = src.read_bytes()
+                except OSError:
+                    continue
+                f.write(f"\n===== {src} =====\n".encode() + data[-(2 << 20):])
 
 
 def main(argv=None) -> int:
@@ -685,6 +699,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grpo-steps", type=int, default=3)
     ap.add_argument("--grpo-timeout", type=float, default=320.0)
     ap.add_argument("--no-grpo", action="store_true")
+    ap.add_argument("--grpo-backends", default="torch",
+                    help="comma list of training backends, one GRPO run each, all at once (torch, megatron)")
     ap.add_argument("--fake", action="store_true", help="CPU dry run: the local engine stands in for SGLang")
     a = ap.parse_args(argv)
     work = Path(a.work)
@@ -710,7 +726,8 @@ def main(argv=None) -> int:
         ctx["alt"] = make_model(work / "model-alt", seed=1)
         ctx["alt2"] = make_model(work / "model-alt2", seed=2)
         if not a.no_grpo:
-            start_grpo(ctx)
+            for backend in a.grpo_backends.split(","):
+                start_grpo(ctx, backend)
         from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, launch_engine
         local = launch_engine(LOCAL_ENGINE_MODULE, {"model-path": str(ctx["base"]), "dtype": "float32",
                                                     "device": "cpu" if a.fake else "cuda:0", "random-seed": 0},
@@ -742,17 +759,22 @@ def main(argv=None) -> int:
         traceback.print_exc()
     finally:
         try:
-            if ctx.get("grpo_proc") is not None:
+            grpo_procs = [g["proc"] for g in ctx.get("grpo", [])]
+            if grpo_procs:
                 # the standalone engines are done: stop them so GRPO has the machine to itself
-                for p in [x for x in PROCS if x is not ctx["grpo_proc"]]:
+                for p in [x for x in PROCS if x not in grpo_procs]:
                     try:
                         p.stop(grace=5.0)
                     except Exception:  # noqa: BLE001
                         pass
-                run_check("grpo", check_grpo, ctx)
+                for g in ctx["grpo"]:
+                    run_check(g["name"], check_grpo, ctx, g)
+            else:
+                RESULTS.append({"check": "grpo", "status": "skip", "seconds": 0.0, "detail": "--no-grpo"})
         finally:
-            for pid in _grpo_pids(ctx):
-                remember_pid(ctx, pid)
+            for g in ctx.get("grpo", []):
+                for pid in _grpo_pids(g):
+                    remember_pid(ctx, pid)
             cleanup(ctx)
             write_out(out, ctx)
     return 0 if all(r["status"] in ("ok", "skip", "warn") for r in RESULTS) else 1
