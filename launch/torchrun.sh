@@ -3,7 +3,7 @@
 # With --max-restarts, a failed rank restarts the job, which resumes from its last checkpoint (docs/launch.md).
 #
 #   bash launch/torchrun.sh                              # one node
-#   NNODES=2 NODE_RANK=0 MASTER_ADDR=host0 bash launch/torchrun.sh   # two nodes (3 ranks each): see below
+#   NNODES=2 MASTER_ADDR=host0 bash launch/torchrun.sh   # two nodes (3 ranks each; c10d assigns node ranks): see below
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NNODES=${NNODES:-1}

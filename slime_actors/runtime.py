@@ -12,7 +12,7 @@ Every process of a job reads the same settings, normally from the environment it
     SLIME_ACTORS_TRACE_BODY_LIMIT  bodies larger than this are recorded by size and hash default: 65536
     SLIME_ACTORS_TRACE_KEEP_ARRAYS 1 to record array bytes too                          default: 0
     SLIME_ACTORS_HEARTBEAT      heartbeat interval in seconds                            default: 1.0
-    SLIME_ACTORS_LIVENESS       missed heartbeats before a peer is declared down         default: 3
+    SLIME_ACTORS_LIVENESS       missed heartbeats before a peer is declared down         default: 5
     SLIME_ACTORS_MAX_MESSAGE_BYTES, SLIME_ACTORS_SEND_HWM, SLIME_ACTORS_RECV_HWM,
     SLIME_ACTORS_MAX_INFLIGHT, SLIME_ACTORS_MAX_CONCURRENCY   mailbox limits (MailboxConfig)
 """
@@ -48,7 +48,7 @@ class RuntimeConfig:
     trace_body_limit: int = 65536
     trace_keep_arrays: bool = False
     heartbeat_interval: float = 1.0
-    liveness: int = 3
+    liveness: int = 5
     static_peers: dict[str, str] = field(default_factory=dict)
     mailbox: MailboxConfig = field(default_factory=MailboxConfig)
 
@@ -72,7 +72,7 @@ class RuntimeConfig:
             trace_body_limit=int(e("SLIME_ACTORS_TRACE_BODY_LIMIT", "65536")),
             trace_keep_arrays=_flag(e("SLIME_ACTORS_TRACE_KEEP_ARRAYS"), False),
             heartbeat_interval=float(e("SLIME_ACTORS_HEARTBEAT", "1.0")),
-            liveness=int(e("SLIME_ACTORS_LIVENESS", "3")),
+            liveness=int(e("SLIME_ACTORS_LIVENESS", "5")),
             mailbox=_mailbox_from_env(environ),
         )
         return replace(cfg, **overrides) if overrides else cfg

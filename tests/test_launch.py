@@ -215,3 +215,59 @@ env = { SLIME_ACTORS_JOB = "/nonexistent/job.json" }   # every start of reward/0
         assert st["processes"]["reward/0"]["restarts"] == 2
     finally:
         job.close()
+
+
+# ------------------------------------------------------------------------------------------------ role classes, GPUs
+JUDGE = "examples/reward_actor/judge.py:DigitJudge"
+
+
+def test_role_class_and_placed_gpus_reach_the_actor_process(tmp_path):
+    from slime_actors.backends.sglang_launch import base_gpu_id
+    topo = load_text(tmp_path, f"""
+[nodes.gpu]
+gpus = 4
+[roles.reward]
+class = "{JUDGE}"
+[roles.rollout]
+nodes = "gpu"
+count = 2
+gpus_per_actor = 2
+""")
+    plan = {p.name: p for p in topo.plan()}
+    env = plan["reward/0"].process_env()
+    assert env["SLIME_ACTORS_ACTOR_CLASS"] == JUDGE
+    e1 = plan["rollout/1"].process_env()
+    assert e1["CUDA_VISIBLE_DEVICES"] == "2,3" and e1["SLIME_ACTORS_GPUS"] == "2,3"
+    # the engine of rollout/1 sees GPUs 2,3 as 0,1: it starts at 0, not at the node-wide 2
+    # (without a placement, slime's node-wide rule: after the trainers' 2 GPUs, 2 per engine)
+    args = parse_args(["--config", DIGITS, "--device", "cuda", "--rollout-num-gpus-per-engine", "2",
+                       "--num-gpus-per-node", "8", "--actor-num-gpus-per-node", "2"])
+    assert base_gpu_id(args, 1, placed="") == 4
+    assert base_gpu_id(args, 1, placed="2,3") == 0
+
+
+def test_a_class_for_another_role_is_refused_naming_both():
+    from slime_actors.launch.roles import class_for
+    assert class_for("reward", JUDGE).__name__ == "DigitJudge"
+    with pytest.raises(TypeError, match=r"plays role 'reward' .*not 'buffer'"):
+        class_for("buffer", JUDGE)
+
+
+@pytest.mark.slow
+def test_topology_class_plays_the_role(tmp_path):
+    topo = topology(tmp_path, f"""
+[roles.buffer]
+[roles.reward]
+class = "{JUDGE}"
+[roles.rollout]
+[roles.trainer]
+""")
+    job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", "2", "--rm-type", "exact_match"]).start()
+    try:
+        rc = job.wait(240)
+        assert rc == 0, job.log()[-4000:]
+        assert job.result()["steps"] == 2
+        log = (job.run_dir / "logs" / "reward-0.jsonl").read_text()
+        assert '"judge ready"' in log, "reward/0 was not the topology's class"
+    finally:
+        job.close()

@@ -95,3 +95,17 @@ def test_sbatch_runs_the_rl_loop_on_slurm(tmp_path):
     assert res["accounting"]["trained_more"] == 0 and res["accounting"]["lost"] == 0
     # every actor ran under Slurm: one step per role, on the node Slurm gave
     assert "done: 3 steps" in log
+
+
+def test_run_dir_from_the_topology_or_the_option(tmp_path):
+    topo = tmp_path / "t.toml"
+    topo.write_text(f'[slurm]\nrun_dir = "{tmp_path}/shared/run"\n[roles.buffer]\n[roles.reward]\n[roles.rollout]\n'
+                    '[roles.trainer]\n')
+    p = sbatch_script(str(topo), "--config", DIGITS)
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("JOB_ARGS=("))
+    assert f"--run-dir {tmp_path}/shared/run" in line
+    p = sbatch_script(str(topo), "--config", DIGITS, "--run-dir", str(tmp_path / "flag"), "--run-dir", str(tmp_path / "opt"))
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("JOB_ARGS=("))
+    assert f"--run-dir {tmp_path}/opt" in line and "flag" not in line and "shared" not in line

@@ -179,10 +179,15 @@ class Actor:
             except Exception:
                 pass
         current = asyncio.current_task()
-        for t in list(self._tasks):
-            if t is not current:
-                t.cancel()
-        await asyncio.sleep(0)
+        pending = [t for t in self._tasks if t is not current]
+        for t in pending:
+            t.cancel()
+        if pending:
+            # let the cancelled handlers end before the mailbox closes: their askers get the error reply
+            # ("stopped while handling ...") and the trace their outcome, whatever they were awaiting
+            await asyncio.wait(pending, timeout=1.0)
+        else:
+            await asyncio.sleep(0)
         self.mailbox.close()
         if self.tracer is not None:
             self.tracer.close()

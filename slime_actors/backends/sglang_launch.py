@@ -29,6 +29,7 @@ The router: `python -m sglang_router.launch_router --host H --port P ...` plus e
 from __future__ import annotations
 
 import argparse
+import os
 import difflib
 import importlib
 import importlib.util
@@ -98,10 +99,16 @@ def _suggest(flag: str, known) -> str:
 
 # -- the engine command ---------------------------------------------------------------------------------------
 
-def base_gpu_id(args: argparse.Namespace, index: int) -> int | None:
-    """First GPU of engine `index` on its node (slime's placement), or None off GPU."""
+def base_gpu_id(args: argparse.Namespace, index: int, placed: str | None = None) -> int | None:
+    """First GPU of engine `index` on its node (slime's placement), or None off GPU. Where a topology gave the
+    worker its own GPUs (`placed`, default: $SLIME_ACTORS_GPUS; CUDA_VISIBLE_DEVICES then shows only those,
+    renumbered from 0) the engine starts at 0."""
     if str(getattr(args, "device", "cpu")).split(":")[0] != "cuda":
         return None
+    if placed is None:
+        placed = os.environ.get("SLIME_ACTORS_GPUS")
+    if placed:
+        return 0
     per_engine = max(1, int(args.rollout_num_gpus_per_engine))
     per_node = max(1, int(getattr(args, "num_gpus_per_node", 8) or 8))
     start = 0 if getattr(args, "colocate", False) or getattr(args, "debug_rollout_only", False) \

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..log import get_logger, setup_logging
     from ..runtime import RuntimeConfig
-    from .roles import actor_class
+    from .roles import class_for
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
@@ -50,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     log = get_logger(actor=name)
     job = load_job_args()
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
-    override = job.get(f"{ns.role}_actor_class") if job else None
-    cls = actor_class(override or ns.role)
+    # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
+    from .topology import ENV_ACTOR_CLASS
+    override = (job.get(f"{ns.role}_actor_class") if job else None) or os.environ.get(ENV_ACTOR_CLASS)
+    try:
+        cls = class_for(ns.role, override)
+    except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role
+        log.error("cannot build the actor", error=str(exc))
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
     config = {"args": job} if job else {}
 
     async def run() -> int:

@@ -125,6 +125,11 @@ def _runtime(args, ctx: JobContext):
     return rt
 
 
+def has_flag(argv: list[str], flag: str) -> bool:
+    """Whether `flag` is among the command-line arguments, as `--flag VALUE` or `--flag=VALUE`."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
 def _keys(args, run_dir: Path, create: bool):
     from ..mailbox.security import JobKeys
     if not args.curve:
@@ -486,7 +491,7 @@ def launch_main(argv: list[str]) -> int:
     except TopologyError as exc:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
-    if topo.job_config and "--config" not in rest and not any(a.startswith("--config=") for a in rest):
+    if topo.job_config and not has_flag(rest, "--config"):
         rest = ["--config", topo.job_config] + rest
     try:
         args = parse_args(rest)

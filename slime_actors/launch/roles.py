@@ -33,3 +33,14 @@ def actor_class(role: str):
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"{role!r} is not an Actor subclass")
     return cls
+
+
+def class_for(role: str, override: str | None = None):
+    """The class that plays `role` in this process: `override` (a job flag's or the topology's pkg.mod:Class), else
+    the built-in one. An override must play that role (its `role` attribute), or its actors would register under
+    another name."""
+    cls = actor_class(override or role)
+    if override and cls.role != role:
+        raise TypeError(f"{override} plays role {cls.role!r} (its `role` attribute), not {role!r}: set "
+                        f"`role = {role!r}` on the class or use it for role {cls.role!r}")
+    return cls

@@ -50,6 +50,9 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
         python = str(Path(s["venv"]) / "bin" / "python") if s.get("venv") else sys.executable
     workdir = workdir or s.get("workdir") or os.getcwd()
     port = port or s.get("port")
+    run_dir = run_dir or s.get("run_dir")
+    if run_dir and not any(a == "--run-dir" or a.startswith("--run-dir=") for a in job_argv):
+        job_argv = [*job_argv, "--run-dir", str(run_dir)]  # on a filesystem every node sees
     job_name = s.get("job_name", "slime-actors")
     out: list[str] = ["#!/bin/bash"]
     out.append(f"# Written by `slime-actors sbatch{(' ' + command_line) if command_line else ''}`; see docs/launch.md.")
@@ -162,6 +165,7 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
 
 def sbatch_main(argv: list[str]) -> int:
     from ..config import ConfigError, parse_args
+    from .job import has_flag
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors sbatch",
@@ -174,13 +178,16 @@ def sbatch_main(argv: list[str]) -> int:
     p.add_argument("--workdir", default=None, help="directory the job runs in (default: here)")
     p.add_argument("--port", type=int, default=None, help="the head's directory port (default: from the job id)")
     p.add_argument("--output", default=None, help="#SBATCH --output (default: slurm-%%x-%%j.out in the workdir)")
+    p.add_argument("--run-dir", dest="sbatch_run_dir", default=None,
+                   help="the job's run directory, on a filesystem every node sees (default: [slurm] run_dir, else "
+                        "the job flags' --run-dir)")
     ns, rest = p.parse_known_args(argv)
     try:
         topo = load_topology(ns.topology)
         if ns.output:
             topo.slurm["output"] = ns.output
         job_argv = list(rest)
-        if topo.job_config and "--config" not in job_argv:
+        if topo.job_config and not has_flag(job_argv, "--config"):
             job_argv = ["--config", str(Path(topo.job_config).resolve())] + job_argv
         args = parse_args(job_argv)
         topo.apply_to_args(args)
@@ -193,7 +200,12 @@ def sbatch_main(argv: list[str]) -> int:
               "the most any group asks for", file=sys.stderr)
     # paths in the flags must hold on the nodes: make relative ones absolute
     job_argv = [_abs_if_path(a) for a in job_argv]
-    sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, layout_name=lay, port=ns.port,
+    run_dir = _abs_if_path(ns.sbatch_run_dir) if ns.sbatch_run_dir else None
+    if run_dir:  # the option wins over a --run-dir among the job flags
+        job_argv = [a for i, a in enumerate(job_argv) if not (a.startswith("--run-dir=") or a == "--run-dir" or (
+            i > 0 and job_argv[i - 1] == "--run-dir"))]
+    sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
+                            port=ns.port,
                             command_line=" ".join(shlex.quote(a) for a in argv)))
     return 0
 

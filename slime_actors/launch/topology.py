@@ -27,6 +27,10 @@ class TopologyError(ValueError):
     """A bad topology file entry; the message names the file, line and key."""
 
 
+ENV_ACTOR_CLASS = "SLIME_ACTORS_ACTOR_CLASS"   # module:Class of a role given `class` in the topology
+ENV_PLACED_GPUS = "SLIME_ACTORS_GPUS"          # the GPUs the topology gave this actor (physical ids)
+
+
 @dataclass
 class RestartPolicy:
     restart: bool = True          # restart the actor when its process exits unexpectedly
@@ -80,6 +84,8 @@ class Placement:
         env = dict(self.env)
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
+            # the process sees only these, renumbered from 0: an engine it starts begins at GPU 0 of them
+            env[ENV_PLACED_GPUS] = env["CUDA_VISIBLE_DEVICES"]
         if self.cpus is not None:
             env["SLIME_ACTORS_CPUS"] = ",".join(map(str, self.cpus))
         env["LOCAL_RANK"] = str(self.local_index) if self.role == "trainer" else env.get("LOCAL_RANK", "0")
@@ -165,6 +171,8 @@ class Topology:
                                          f"group {r.nodes!r} has {len(free)} left of {total}")
                     cpus, free[:] = free[:r.cpus_per_actor], free[r.cpus_per_actor:]
                 env = {**self.env, **r.env}
+                if r.cls:
+                    env[ENV_ACTOR_CLASS] = r.cls  # the actor process builds its actor from this class
                 out.append(Placement(r.name, i, r.nodes, node, local, gpus, cpus, env, r.policy))
         rank = {name: i for i, name in enumerate(self.roles)}
         out.sort(key=lambda p: (rank[p.role], p.index))

@@ -8,8 +8,9 @@ Ranks map to roles by RANK: rank 0 is the head (`directory/0` and `controller/0`
 the reward workers, the rollout workers and the trainer ranks, in that order (a topology's `[torchrun] order`
 changes it). WORLD_SIZE must be 1 + the number of actors; a mismatch is an error that prints the mapping.
 
-Rendezvous: the head publishes its directory endpoint (and the job's CURVE keys, unless the environment has
-SLIME_ACTORS_CURVE_*) in torchrun's TCPStore at MASTER_ADDR:MASTER_PORT; the other ranks read it there. The trainer
+Rendezvous: the head publishes its directory endpoint (and, with CURVE on, the job's keys -- taken from
+SLIME_ACTORS_CURVE_* when the environment has them, else made for the run) in torchrun's TCPStore at
+MASTER_ADDR:MASTER_PORT; the other ranks read it there. The trainer
 ranks form their own process group (not every rank is a trainer): through the controller, with a separate store
 that trainer rank 0 opens on a port of its own (actors/trainer.py) -- torchrun's default group is never used.
 
@@ -98,6 +99,7 @@ def _store(master: str, port: int, rank: int):
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError, args_to_dict, parse_args
+    from .job import has_flag
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = "slime_actors.launch.torchrun"
     try:
         topo = load_topology(topo_path) if topo_path else None
-        if topo is not None and topo.job_config and "--config" not in rest:
+        if topo is not None and topo.job_config and not has_flag(rest, "--config"):
             rest = ["--config", topo.job_config] + rest
         args = parse_args(rest)
         if topo is None:
@@ -219,7 +221,7 @@ async def _actor(args, role: str, index: int, store, prefix: str, prog: str, arg
     from ..mailbox.security import ENV_PUBLIC, ENV_SECRET
     from ..runtime import RuntimeConfig
     from .job import JobContext, _runtime
-    from .roles import actor_class
+    from .roles import class_for
     name = f"{role}/{index}"
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -237,8 +239,9 @@ async def _actor(args, role: str, index: int, store, prefix: str, prog: str, arg
         rt: RuntimeConfig = _runtime(args, JobContext(args, None, prog=prog))
         rt.directory = rec["directory"]
         setup_logging(rt.run_dir, name)
-        override = getattr(args, f"{role}_actor_class", None)
-        cls = actor_class(override or role)
+        from .topology import ENV_ACTOR_CLASS
+        override = getattr(args, f"{role}_actor_class", None) or os.environ.get(ENV_ACTOR_CLASS)
+        cls = class_for(role, override)
         actor = cls(index, args=args_to_dict(args))
         try:
             await actor.start(rt)

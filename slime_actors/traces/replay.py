@@ -206,7 +206,10 @@ class ReplayTracer:
                 hid = msgpack.unpackb(bytes(header), raw=False).get("id")
             except Exception:
                 return
-            self.h.replay_handled[hid] = dict(extra or {})
+            rec = dict(extra or {})
+            if self.h.final_stop:
+                rec["_at_final_stop"] = True  # ended by the replay's own stop, after the recording's last event
+            self.h.replay_handled[hid] = rec
 
     def record_input(self, name, value, key=None) -> None:
         pass  # the replayed actor takes its inputs from the recording (replay_input)
@@ -432,6 +435,9 @@ class Harness:
         self.served_replies = 0
         self.served_inputs = 0
         self.stopped: str | None = None
+        # set when the replay stops the actor after the recording's last event: what the stop itself causes (a
+        # handler still waiting, cancelled, and its error reply) is compared only where the recording has it too
+        self.final_stop, self.final_stop_vt = False, float("inf")
         self.network: list[str] = []
         self._inputs: dict[str, deque] = {}
         for e in self.rec.inputs:
@@ -671,6 +677,7 @@ class Harness:
             await self.sleep_until(self.rec.end)
         # the recorded actor ended here: let what is still running finish the way it does on stop
         if start_task.done() and start_task.exception() is None:
+            self.final_stop, self.final_stop_vt = True, self.loop.time()
             await self.actor.stop("replay over")
         else:
             start_task.cancel()
@@ -791,6 +798,8 @@ class Harness:
                 findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
         for o in self.outs:
             if o.matched is None:
+                if o.kind == "error" and o.vt >= self.final_stop_vt:
+                    continue  # the error reply of a handler the final stop cancelled; the recording ended first
                 what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")
                         else f"{o.kind} {o.to}.{o.method}")
                 findings.append(Finding(self.t_of(o.vt), "extra", f"{what}: sent by the replay, not in the recording",
@@ -799,7 +808,7 @@ class Harness:
         for ev in self.rec.inbound[: self.fed]:
             rec_h = self.rec.handled.get(ev.id)
             rep = self.replay_handled.get(ev.id)
-            if rec_h is None and rep is None:
+            if rec_h is None and (rep is None or rep.get("_at_final_stop")):
                 continue
             outcomes += 1
             ro = (rec_h.extra or {}).get("outcome") if rec_h is not None else "not handled"
