@@ -213,7 +213,7 @@ def test_hung_engine_detected(job_factory):
     t_stop = time.monotonic()
     os.kill(info["pid"], signal.SIGSTOP)
     try:
-        job.wait_for(lambda: "failed /health_generate" in (job.run_dir / "logs" / "rollout-0.jsonl").read_text(),
+        job.wait_for(lambda: "failed /health" in (job.run_dir / "logs" / "rollout-0.jsonl").read_text(),
                      30, "the hang to be detected", interval=0.05)
     finally:
         if alive(info["pid"]):

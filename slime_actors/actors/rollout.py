@@ -254,13 +254,22 @@ class RolloutWorker(Actor):
             elif a.use_fault_tolerance and time.monotonic() - last_probe >= a.rollout_health_check_interval:
                 last_probe = time.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
-                # loading weights answers only when done: no probe then
-                if self._engine_paused is None and self._updating == 0:
-                    try:
+                # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
+                # server answers at once -- an engine that hangs (or is stopped) mid-update or while paused is still
+                # caught, instead of holding the weight sync until its timeout
+                quiet = self._engine_paused is not None or self._updating > 0
+                try:
+                    if quiet:
+                        ok = await self.client.health(timeout=a.rollout_health_check_timeout)
+                    else:
                         ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
-                    except RuntimeError:  # the client was closed under us (stopping or restarting)
-                        continue
-                    if not ok and self._engine_paused is None and self._updating == 0 and not self._restarting:
+                except RuntimeError:  # the client was closed under us (stopping or restarting)
+                    continue
+                if not ok and not self._restarting:
+                    if quiet:
+                        reason = (f"engine failed /health within {a.rollout_health_check_timeout}s (while "
+                                  f"{'updating weights' if self._updating else 'paused'})")
+                    elif self._engine_paused is None and self._updating == 0:
                         reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
@@ -290,6 +299,7 @@ class RolloutWorker(Actor):
         self._engine_ok.clear()
         self._resumed.clear()  # serve again only once the controller re-synced the new engine and resumes us
         self.engine_restarts += 1
+        self.weight_version = -1  # unknown until the new engine is up (it starts from the launch weights)
         self.log.error("engine failed; restarting it", reason=reason, restarts=self.engine_restarts)
         try:
             # in-flight work cannot finish on this engine: hand it back so the buffer re-issues it
@@ -569,20 +579,31 @@ class RolloutWorker(Actor):
         in an engine paused with retract / in_place: no flush then (their prefix cache entries stay)."""
         return bool(flush_cache) and self._engine_paused not in ("retract", "in_place")
 
+    async def _update(self, weight_version: int, call) -> dict:
+        """Run one weight-update call to the engine. If the engine was restarted meanwhile (it hung, or died, during
+        the update), the answer -- even a success from the old process -- says nothing about the engine now
+        serving, which holds its launch weights: the update fails, and the controller re-syncs the new one."""
+        restarts = self.engine_restarts
+        if self._restarting:
+            raise RuntimeError(f"{self.name}: the engine is restarting; weight version {weight_version} not loaded")
+        self._updating += 1
+        try:
+            res = await call()
+        finally:
+            self._updating = max(0, self._updating - 1)
+        if self.engine_restarts != restarts or self._restarting:
+            raise RuntimeError(f"{self.name}: the engine was restarted during the update to weight version "
+                               f"{weight_version}; the new engine does not hold it")
+        self.weight_version = weight_version
+        return res
+
     @handler
     async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
                                               weight_version: int, flush_cache: bool = True,
                                               load_format: str | None = None) -> dict:
-        self._updating += 1
-        try:
-            res = await self.client.update_weights_from_distributed(names, dtypes, shapes, group_name,
-                                                                    weight_version=str(weight_version),
-                                                                    flush_cache=self._flush(flush_cache),
-                                                                    load_format=load_format)
-        finally:
-            self._updating -= 1
-        self.weight_version = weight_version
-        return res
+        return await self._update(weight_version, lambda: self.client.update_weights_from_distributed(
+            names, dtypes, shapes, group_name, weight_version=str(weight_version), flush_cache=self._flush(flush_cache),
+            load_format=load_format))
 
     @handler
     async def destroy_weights_group(self, group_name: str) -> None:
@@ -591,14 +612,8 @@ class RolloutWorker(Actor):
     @handler
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> dict:
         await self._engine_ok.wait()
-        self._updating += 1
-        try:
-            res = await self.client.update_weights_from_disk(model_path, weight_version=str(weight_version),
-                                                             flush_cache=self._flush(True))
-        finally:
-            self._updating -= 1
-        self.weight_version = weight_version
-        return res
+        return await self._update(weight_version, lambda: self.client.update_weights_from_disk(
+            model_path, weight_version=str(weight_version), flush_cache=self._flush(True)))
 
     @handler
     async def weight_update(self, active: bool, weight_version: int | None = None) -> dict:
@@ -607,9 +622,13 @@ class RolloutWorker(Actor):
         if active:
             await self._engine_ok.wait()
             self._updating += 1
+            self._direct_update_restarts = self.engine_restarts
         else:
             self._updating = max(0, self._updating - 1)
             if weight_version is not None:
+                if self.engine_restarts != getattr(self, "_direct_update_restarts", self.engine_restarts):
+                    raise RuntimeError(f"{self.name}: the engine was restarted during the update to weight version "
+                                       f"{weight_version}; the new engine does not hold it")
                 self.weight_version = weight_version
         return {"engine_url": self.engine_url, "paused": self._engine_paused,
                 "flush_cache": self._flush(True), "tp_size": int(self._engine_caps.get("tp_size", 1))}

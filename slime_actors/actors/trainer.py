@@ -291,6 +291,7 @@ class TrainerRank(Actor):
         clients = [EngineClient(i["engine_url"], api_key=self.args.engine_api_key, timeout=600) for i in infos]
         nbytes = nbuckets = 0
         fmt = None
+        sent = False
         try:
             servers = await asyncio.gather(*(c.get_server_info() for c in clients))
             local = ["local engine" in str(s.get("version", "")) for s in servers]
@@ -319,11 +320,17 @@ class TrainerRank(Actor):
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 nbuckets += 1
                 del payloads
+            sent = True
         finally:
             await asyncio.gather(*(c.close() for c in clients))
-            await asyncio.gather(*(self._quiet(self.ask(w, "weight_update", {"active": False,
-                                                                              "weight_version": version}, timeout=60))
-                                   for w in workers))
+            # the workers learn the version only when every bucket went in; one whose engine was restarted meanwhile
+            # refuses it (the new engine holds its launch weights), and the sync fails so the controller re-syncs
+            done = await asyncio.gather(*(self.ask(w, "weight_update", {"active": False, "weight_version":
+                                                                        version if sent else None}, timeout=60)
+                                          for w in workers), return_exceptions=True)
+        for r in done:
+            if isinstance(r, BaseException):
+                raise r
         return {"bytes": nbytes, "buckets": nbuckets, "load_format": fmt}
 
     @staticmethod
