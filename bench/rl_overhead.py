@@ -34,9 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "digits" / "config.toml"
 sys.path.insert(0, str(ROOT))
 
+SMOLLM2 = ROOT / "examples" / "smollm2_arith" / "config.toml"
+# name: (config, flags, steps or None for --steps). The tiny model's steps take ~0.1 s, so the loop's fixed cost per
+# step (a few ms of messages between phases) shows; SmolLM2-135M (a real model, ~10 s a step on 2 CPUs) is what a
+# step of real work looks like.
 VARIANTS = {
-    "digits (default)": [],
-    "longer responses": ["--rollout-max-response-len", "16", "--n-samples-per-prompt", "16"],
+    "digits (default)": (CONFIG, [], None),
+    "longer responses": (CONFIG, ["--rollout-max-response-len", "16", "--n-samples-per-prompt", "16"], None),
+    "SmolLM2-135M (real model)": (SMOLLM2, ["--rollout-batch-size", "4", "--global-batch-size", "16",
+                                            "--micro-batch-size", "8"], 6),
 }
 
 
@@ -83,9 +89,9 @@ def analyse(run_dir: Path) -> list[dict]:
     return rows
 
 
-def run_variant(name: str, flags: list[str], steps: int, root: Path) -> list[dict]:
+def run_variant(name: str, config: Path, flags: list[str], steps: int, root: Path) -> list[dict]:
     run_dir = root / name.split()[0]
-    cmd = [str(Path(sys.executable).parent / "slime-actors"), "train", "--config", str(CONFIG), "--run-dir",
+    cmd = [str(Path(sys.executable).parent / "slime-actors"), "train", "--config", str(config), "--run-dir",
            str(run_dir), "--num-rollout", str(steps), "--eval-interval", "0", "--skip-eval-before-train",
            "--progress", "false", *flags]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -99,26 +105,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", type=int, default=2, help="leave out the first steps (warm-up)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--only", default=None, help="comma list of variant names' first words (digits,longer,SmolLM2-135M)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rl_overhead_"))
     load0 = os.getloadavg()[0]
     results = {}
-    for name, flags in VARIANTS.items():
-        rows = run_variant(name, flags, a.steps, root)[a.skip:]
+    only = set(a.only.split(",")) if a.only else None
+    for name, (config, flags, steps) in VARIANTS.items():
+        if only is not None and name.split()[0] not in only:
+            continue
+        rows = run_variant(name, config, flags, steps or a.steps, root)[a.skip:]
         results[name] = rows
     load1 = os.getloadavg()[0]
     print(f"# RL loop orchestration overhead ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
-          f"{os.cpu_count()} CPUs, load {load0:.1f}/{load1:.1f}; {a.steps} steps, first {a.skip} left out)")
+          f"{os.cpu_count()} CPUs, load {load0:.1f}/{load1:.1f}; {a.steps} steps (SmolLM2: 6), first {a.skip} "
+          f"left out)")
     print("command: .venv/bin/python bench/rl_overhead.py " + " ".join(sys.argv[1:]))
     print()
-    print("| config | step wall (ms, median) | generation | reward | train compute | weight sync | other "
+    print("| config | steps | step wall (ms, median) | generation | reward | train compute | weight sync | other "
           "(orchestration) | other, % of wall (median) | other incl. sync, % |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in results.items():
         med = lambda k: statistics.median(r[k] for r in rows) * 1000  # noqa: E731
         share = statistics.median(r["other"] / r["wall"] for r in rows) * 100
         share_sync = statistics.median((r["other"] + r["sync"]) / r["wall"] for r in rows) * 100
-        print(f"| {name} | {med('wall'):.0f} | {med('generation'):.0f} | {med('reward'):.0f} | {med('train'):.0f} | "
+        print(f"| {name} | {len(rows)} | {med('wall'):.0f} | {med('generation'):.0f} | {med('reward'):.0f} | {med('train'):.0f} | "
               f"{med('sync'):.0f} | {med('other'):.0f} | {share:.1f}% | {share_sync:.1f}% |")
     print("\ntarget: other <= 2% of step wall time")
     if not a.keep:

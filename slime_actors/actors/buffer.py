@@ -37,6 +37,11 @@ from .base import Actor, handler
 QUEUED, LEASED, DONE, FILTERED, GROUP_FAILED, TRAINED = "queued", "leased", "done", "filtered", "failed", "trained"
 
 
+# the persisted log is folded into a snapshot every this many trained rollouts, or once it grows past this size
+COMPACT_EVERY = int(os.environ.get("SLIME_ACTORS_BUFFER_COMPACT_EVERY", "10"))
+COMPACT_LOG_BYTES = 8 << 20
+
+
 @dataclass
 class Group:
     work_id: str
@@ -103,6 +108,7 @@ class Buffer(Actor):
         self._changed: asyncio.Condition | None = None
         self._rollout_events: dict[str, asyncio.Event] = {}
         self._log_file = None
+        self._trained_since_compact = 0
         self._replaying = False
         self.filter_fn = None
         self.stats = {"handed_out": 0, "submitted": 0, "duplicates": 0, "requeued": 0, "stale_requeued": 0}
@@ -222,6 +228,7 @@ class Buffer(Actor):
         """Snapshot the state and start an empty log (after each trained rollout). The log starts with the
         snapshot's generation: a crash between the two writes leaves an old log that _restore then ignores."""
         self._log_gen += 1
+        self._trained_since_compact = 0
         self._write_snapshot(self.state_dir / "snapshot.msgpack")
         if self._log_file is not None:
             self._log_file.close()
@@ -655,7 +662,12 @@ class Buffer(Actor):
             return
         self._apply_trained(rollout_id)
         self._persist("trained", rollout_id=rollout_id)
-        self._compact()
+        # the log is replayed on a restart; folding it into a new snapshot (packing the state, an fsync) costs
+        # milliseconds a step, so it happens every COMPACT_EVERY trained rollouts, or once the log is large
+        self._trained_since_compact += 1
+        if self._trained_since_compact >= COMPACT_EVERY or (
+                self._log_file is not None and self._log_file.tell() > COMPACT_LOG_BYTES):
+            self._compact()
 
     @handler
     def accounting(self) -> dict:
