@@ -244,7 +244,7 @@ def test_arrays_errors_and_rejections_are_recorded(traced_run):
     assert arr.header["nframes"] == 2
     got = arr.recv.arrays
     assert [a[3] for a in got] == [4000, 48] and [a[4] for a in got] == [a[4] for a in sent]  # same checksums
-    assert all(re.fullmatch(r"[0-9a-f]{8}", a[4]) for a in sent)
+    assert all(re.fullmatch(r"[0-9a-f]{16}", a[4]) for a in sent)  # XXH3-64 (the header says so)
     body = arr.send.body()
     assert body["x"]["a"]["__array__"] == "float32" and body["x"]["a"]["hash"] == sent[0][4]
     assert [a[4] for a in arr.reply.arrays] == [a[4] for a in sent]  # echoed back: the same bytes
@@ -305,3 +305,24 @@ def test_trace_summary_cli_on_a_missing_run(tmp_path):
     res = subprocess.run([slime_actors_cli(), "trace", "summary", str(tmp_path / "nothing")], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2 and "no such run directory" in res.stderr
+
+
+def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path):
+    import zlib
+
+    from slime_actors.traces.compare import first_difference
+    from slime_actors.traces.reader import read_file
+    from slime_actors.traces.writer import TraceWriter, digest
+    w = TraceWriter(tmp_path / "a.trace", "x/0")
+    w.close()
+    assert read_file(tmp_path / "a.trace").meta["digest"] == "xxh3_64"
+    data = b"some array bytes" * 1000
+    assert len(digest(data)) == 16 and digest(data) == digest(bytearray(data)) != digest(data + b"!")
+    assert digest(data, "crc32") == f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    with pytest.raises(ValueError, match="unknown trace digest 'md5'"):
+        digest(data, "md5")
+    old = {"x": {"__array__": "float32", "shape": [4], "hash": digest(data, "crc32")}}
+    new = {"x": {"__array__": "float32", "shape": [4], "hash": digest(data)}}
+    assert first_difference(old, new) is None                      # two algorithms: dtype and shape only
+    assert first_difference(new, {"x": {**new["x"], "hash": digest(data + b"!")}}) is not None
+    assert first_difference(old, {"x": {**new["x"], "shape": [5]}}) is not None

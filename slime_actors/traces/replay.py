@@ -411,6 +411,12 @@ class Harness:
         self.run_ = run
         self.rec = load_recording(run, actor, pid)
         self.role = self.rec.meta.get("role") or actor.split("/", 1)[0]
+        # the recording's checksums are checked with its own algorithm (files before "digest" hold CRC-32s)
+        self.digest_algo = self.rec.meta.get("digest", "crc32")
+        from .writer import DIGESTS
+        if self.digest_algo not in DIGESTS:
+            raise ReplayError(f"{actor}: the recording's checksums are {self.digest_algo!r}, which this version "
+                              f"does not know (known: {', '.join(DIGESTS)})")
         self.index = self.rec.meta.get("index", int(actor.split("/", 1)[1]) if "/" in actor else 0)
         loose = self.role == "trainer"
         self.rtol = rtol if rtol is not None else (1e-4 if loose else 0.0)
@@ -604,14 +610,15 @@ class Harness:
         except TypeError as exc:
             raw, buffers, refs = codec.encode_body({"__unencodable__": str(exc)})
         keep = bool(self.rec.meta.get("keep_arrays"))
-        arrays = [[r.dtype, list(r.shape), r.kind, r.nbytes, digest(b), bytes(b) if keep else None]
+        algo = self.digest_algo
+        arrays = [[r.dtype, list(r.shape), r.kind, r.nbytes, digest(b, algo), bytes(b) if keep else None]
                   for r, b in zip(refs, buffers)]
         decoded = _map_strings(decode_recorded_body(raw, arrays), self._back)
         if self.fwd_map:  # the checksum of what the recorded actor would have sent
             raw = codec.encode_body(_map_strings(codec.decode_body(raw, buffers) if buffers else
                                                  msgpack.unpackb(raw, raw=False, strict_map_key=False),
                                                  self._back))[0]
-        out = Out(kind, to, method, decoded, digest(raw), parent if kind in ("tell", "ask") else None, re,
+        out = Out(kind, to, method, decoded, digest(raw, algo), parent if kind in ("tell", "ask") else None, re,
                   self.loop.time(), f"replay-{len(self.outs) + 1}")
         self.outs.append(out)
         if kind in ("reply", "error"):

@@ -34,13 +34,29 @@ TRACE_VERSION = 2
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
 
 
-def digest(data) -> str:
-    """A content checksum for bodies over the limit and array frames: CRC-32 (zlib), 8 hex digits.
+# The checksum of bodies over the limit and of array frames, named in each file's header ("digest"): XXH3-64,
+# 16 hex digits (~15 GB/s on one core here, against ~3.3 GB/s for zlib's CRC-32 and ~0.4 GB/s for BLAKE2b; each
+# large array is checksummed once per send and once per receive, in the writer thread, which lets go of the GIL
+# meanwhile). Files written before version 2.1 have no "digest" and hold CRC-32s (8 hex digits).
+DIGEST = "xxh3_64"
+DIGESTS = ("xxh3_64", "crc32")
 
-    It tells changed data from unchanged in a trace diff or replay; it is no defence against a forger. CRC-32 runs at
-    ~3 GiB/s here against ~0.4 GiB/s for BLAKE2b, and each large array is checksummed once per send and once per
-    receive, in the writer thread (zlib lets go of the GIL while it works)."""
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+def digest(data, algo: str = DIGEST) -> str:
+    """A content checksum: it tells changed data from unchanged in a trace diff or replay; it is no defence against
+    a forger. `algo` is a file's "digest" (DIGESTS): replay checks a recording with the algorithm it was made with."""
+    if algo == "xxh3_64":
+        return _xxh3(data)
+    if algo == "crc32":
+        return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
+
+
+def _xxh3(data) -> str:
+    import xxhash
+    global _xxh3
+    _xxh3 = xxhash.xxh3_64_hexdigest  # (bound once: the first call imports)
+    return _xxh3(data)
 
 
 def trace_file_name(actor: str, pid: int | None = None) -> str:
@@ -72,7 +88,7 @@ class TraceWriter:
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "actor": actor, "pid": os.getpid(),
                 "host": socket.gethostname(), "started_ns": time.time_ns(), "body_limit": body_limit,
-                "keep_arrays": keep_arrays}
+                "keep_arrays": keep_arrays, "digest": DIGEST}
         head.update(meta or {})
         self._file.write(self._packer.pack(head))
         self._file.flush()
