@@ -100,9 +100,13 @@ def test_job_across_two_hosts_survives_a_cut_link(tmp_path, hosts):
     run_dir = tmp_path / "run"
     port = 29000 + os.getpid() % 1000
     keys = JobKeys.create().env()   # the job's CURVE keys, given to both hosts in the environment
-    steps = 30   # long enough that both cuts fall inside the run (a step takes ~2 s here)
+    # paced steps (the tiny model's take ~40 ms): a reward that takes 0.3 s, so both cuts fall inside the run
+    pace = tmp_path / "paced_reward.py"
+    pace.write_text("import asyncio\n\n\nasync def paced(args, sample):\n    await asyncio.sleep(0.3)\n"
+                    "    return float((sample.response or '').strip() == str(sample.label))\n")
+    steps = 60
     flags = [*FAST_FLAGS, "--num-rollout", str(steps), "--heartbeat-interval", "0.5", "--heartbeat-liveness", "8",
-             "--run-dir", str(run_dir), "--status", "changes"]
+             "--custom-rm-path", f"{pace}:paced", "--run-dir", str(run_dir), "--status", "changes"]
     a = Job(tmp_path, None, [], run_dir=run_dir, name="host-a", env={**keys, "SLIME_ACTORS_HOST": hosts.addr[0],
                                                                        "GLOO_SOCKET_IFNAME": hosts.veth[0]},
             cmd=["ip", "netns", "exec", hosts.ns[0], SLIME, "launch", str(topo), "--node", "a:0", "--head-port",
