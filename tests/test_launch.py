@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -271,3 +272,27 @@ class = "{JUDGE}"
         assert '"judge ready"' in log, "reward/0 was not the topology's class"
     finally:
         job.close()
+
+
+def test_four_gpu_disaggregated_topology_and_script(tmp_path):
+    """launch/disagg-4gpu.toml + launch/disagg_4gpu_smollm2.sh (the four-GPU run: Megatron TP 2 on GPUs 0-1, SGLang
+    on 2 and 3): the plan, the torchrun rank map, and every flag of the script (CHECK_ONLY=1)."""
+    import sys
+
+    from slime_actors.launch.torchrun import role_map
+    topo = load_topology(ROOT / "launch" / "disagg-4gpu.toml")
+    plan = {p.name: p for p in topo.plan()}
+    assert [plan[f"trainer/{i}"].gpus for i in (0, 1)] == [[0], [1]]
+    assert [plan[f"rollout/{i}"].process_env()["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["2", "3"]
+    assert plan["buffer/0"].gpus is None and plan["reward/0"].gpus is None
+    assert role_map(topo, 7) == [("head", 0), ("buffer", 0), ("reward", 0), ("rollout", 0), ("rollout", 1),
+                                 ("trainer", 0), ("trainer", 1)]   # torchrun --nproc-per-node 7
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    env = {**os.environ, "CHECK_ONLY": "1", "MODEL": str(tmp_path / "m"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["bash", str(ROOT / "launch" / "disagg_4gpu_smollm2.sh")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok: megatron 2 sglang ['--attention-backend', 'triton'"), r.stdout
+    assert "rollout/1      gpu[0]       3" in r.stdout
