@@ -279,6 +279,37 @@ def worker_single(o) -> dict:
             except Exception:
                 r["error"] = traceback.format_exc()
             res["archs"].setdefault(arch, {})[dtype] = r
+    # dist_checkpointing: save after one step, load into a fresh backend, the same next step bit for bit
+    r = {}
+    try:
+        import torch as _t
+        from slime_actors.backends.rl_update import rl_update
+        d = info["models"]["qwen3"]
+        args = backend_args(work, d, device=dev)
+        b = MegatronBackend(args, 0, 1)
+        b.init()
+        rl_update(b, args, make_batch(info["vocab"]["qwen3"], seed=1), 0)
+        ckpt = str(work / "resume_ckpt")
+        t0 = time.monotonic()
+        b.save(ckpt)
+        r["save_s"] = time.monotonic() - t0
+        rl_update(b, args, make_batch(info["vocab"]["qwen3"], seed=2), 1)
+        w2 = {k: v.detach().cpu().clone() for k, v in b.named_weights()}
+        _free(b)
+        b = MegatronBackend(args, 0, 1)
+        b.init()
+        t0 = time.monotonic()
+        b.load(ckpt)
+        r["load_s"] = time.monotonic() - t0
+        rl_update(b, args, make_batch(info["vocab"]["qwen3"], seed=2), 1)
+        w2b = {k: v.detach().cpu() for k, v in b.named_weights()}
+        r["n"] = len(w2)
+        r["bad"] = [k for k in w2 if k not in w2b or not _t.equal(w2[k], w2b[k])][:5]
+        r["max_diff"] = max(float((w2[k] - w2b[k]).abs().max()) for k in w2 if k in w2b)
+        _free(b)
+    except Exception:
+        r["error"] = traceback.format_exc()
+    res["resume"] = r
     # trainer vs engine log-probs, before and after a colocated sync (engine 1: the fp32 llama)
     if info.get("engine1"):
         r = {}
@@ -790,6 +821,14 @@ class Driver:
                            note=f"bad {w['bad']} extra {w['extra']}" if not w["exact"] else "")
             if "metrics" in got.get("fp32", {}):
                 self.compare_training("single", f"{arch}, TP1", got["fp32"], self.torch_reference(arch))
+        r = res.get("resume", {})
+        if "error" in r:
+            self.t.add("single", "dist_checkpointing save -> load -> next step [qwen3]", "FAIL", note=r["error"][-600:])
+        elif r:
+            self.t.add("single", "dist_checkpointing save -> load -> next step [qwen3]", status(not r["bad"]),
+                       f"{r['n'] - len(r['bad'])}/{r['n']} tensors equal (max diff {r['max_diff']:.1e}); save "
+                       f"{r['save_s']:.2f} s, load {r['load_s']:.2f} s", "bit-exact (model + optimizer)",
+                       note=f"differ: {r['bad']}" if r["bad"] else "")
         r = res.get("engine1", {})
         if "error" in r:
             self.t.add("single", "trainer/engine agreement + colocated sync", "FAIL", note=r["error"][-600:])
