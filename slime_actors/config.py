@@ -34,6 +34,11 @@ def _bool(v) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
 
 
+def has_flag(argv: list[str], flag: str) -> bool:
+    """Whether `flag` is among the command-line arguments, as `--flag VALUE` or `--flag=VALUE`."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slime-actors train", description="RL post-training on slime-actors.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)

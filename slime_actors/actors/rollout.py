@@ -25,7 +25,7 @@ import hashlib
 import os
 import time
 
-from ..mailbox.errors import MailboxError
+from ..mailbox.errors import MailboxError, RemoteError
 from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 from .base import Actor, handler
 
@@ -73,6 +73,7 @@ class RolloutWorker(Actor):
         self._engine_paused: str | None = None  # the /pause_generation mode the engine is paused in
         self._pause_lock = asyncio.Lock()  # pause/resume run in arrival order
         self._updating = 0                # weight updates in progress (health probes wait)
+        self._direct_update_restarts = 0  # engine_restarts when a colocated (direct) weight update began
         self._engine_caps: dict = {}
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0})
 
@@ -364,7 +365,6 @@ class RolloutWorker(Actor):
                 resp = await self.ask("buffer/0", "get_work", {"worker": self.name, "max_groups": free, "wait": 1.0},
                                       timeout=10, idem=poll_key)
             except MailboxError as exc:
-                from ..mailbox.errors import RemoteError
                 if isinstance(exc, RemoteError):
                     poll_key = None
                 self.log.warning("get_work failed; retrying", error=str(exc))
@@ -591,11 +591,16 @@ class RolloutWorker(Actor):
             res = await call()
         finally:
             self._updating = max(0, self._updating - 1)
-        if self.engine_restarts != restarts or self._restarting:
+        self._loaded(weight_version, restarts)
+        return res
+
+    def _loaded(self, weight_version: int, restarts_at_start: int) -> None:
+        """An update that began at `restarts_at_start` finished: the engine holds `weight_version` -- unless it was
+        restarted since (the new one holds its launch weights), which fails the update."""
+        if self.engine_restarts != restarts_at_start or self._restarting:
             raise RuntimeError(f"{self.name}: the engine was restarted during the update to weight version "
                                f"{weight_version}; the new engine does not hold it")
         self.weight_version = weight_version
-        return res
 
     @handler
     async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
@@ -626,10 +631,7 @@ class RolloutWorker(Actor):
         else:
             self._updating = max(0, self._updating - 1)
             if weight_version is not None:
-                if self.engine_restarts != getattr(self, "_direct_update_restarts", self.engine_restarts):
-                    raise RuntimeError(f"{self.name}: the engine was restarted during the update to weight version "
-                                       f"{weight_version}; the new engine does not hold it")
-                self.weight_version = weight_version
+                self._loaded(weight_version, self._direct_update_restarts)
         return {"engine_url": self.engine_url, "paused": self._engine_paused,
                 "flush_cache": self._flush(True), "tp_size": int(self._engine_caps.get("tp_size", 1))}
 

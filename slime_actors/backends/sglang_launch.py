@@ -29,10 +29,10 @@ The router: `python -m sglang_router.launch_router --host H --port P ...` plus e
 from __future__ import annotations
 
 import argparse
-import os
 import difflib
 import importlib
 import importlib.util
+import os
 from collections.abc import Sequence
 
 from slime_actors.log import get_logger
@@ -106,7 +106,8 @@ def base_gpu_id(args: argparse.Namespace, index: int, placed: str | None = None)
     if str(getattr(args, "device", "cpu")).split(":")[0] != "cuda":
         return None
     if placed is None:
-        placed = os.environ.get("SLIME_ACTORS_GPUS")
+        from ..launch.topology import ENV_PLACED_GPUS
+        placed = os.environ.get(ENV_PLACED_GPUS)
     if placed:
         return 0
     per_engine = max(1, int(args.rollout_num_gpus_per_engine))

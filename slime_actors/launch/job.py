@@ -125,11 +125,6 @@ def _runtime(args, ctx: JobContext):
     return rt
 
 
-def has_flag(argv: list[str], flag: str) -> bool:
-    """Whether `flag` is among the command-line arguments, as `--flag VALUE` or `--flag=VALUE`."""
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
 def _keys(args, run_dir: Path, create: bool):
     from ..mailbox.security import JobKeys
     if not args.curve:
@@ -469,7 +464,7 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
-    from ..config import ConfigError, parse_args
+    from ..config import ConfigError, has_flag, parse_args
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors launch", add_help=True,

@@ -22,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..config import has_flag
 from .topology import Topology
 
 
@@ -51,7 +52,7 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
     workdir = workdir or s.get("workdir") or os.getcwd()
     port = port or s.get("port")
     run_dir = run_dir or s.get("run_dir")
-    if run_dir and not any(a == "--run-dir" or a.startswith("--run-dir=") for a in job_argv):
+    if run_dir and not has_flag(job_argv, "--run-dir"):
         job_argv = [*job_argv, "--run-dir", str(run_dir)]  # on a filesystem every node sees
     job_name = s.get("job_name", "slime-actors")
     out: list[str] = ["#!/bin/bash"]
@@ -165,7 +166,6 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
 
 def sbatch_main(argv: list[str]) -> int:
     from ..config import ConfigError, parse_args
-    from .job import has_flag
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors sbatch",

@@ -99,7 +99,7 @@ def _store(master: str, port: int, rank: int):
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError, args_to_dict, parse_args
-    from .job import has_flag
+    from ..config import has_flag
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")

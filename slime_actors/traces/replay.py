@@ -207,7 +207,7 @@ class ReplayTracer:
             except Exception:
                 return
             rec = dict(extra or {})
-            if self.h.final_stop:
+            if self.h.final_stop_vt is not None:
                 rec["_at_final_stop"] = True  # ended by the replay's own stop, after the recording's last event
             self.h.replay_handled[hid] = rec
 
@@ -443,7 +443,7 @@ class Harness:
         self.stopped: str | None = None
         # set when the replay stops the actor after the recording's last event: what the stop itself causes (a
         # handler still waiting, cancelled, and its error reply) is compared only where the recording has it too
-        self.final_stop, self.final_stop_vt = False, float("inf")
+        self.final_stop_vt: float | None = None
         self.network: list[str] = []
         self._inputs: dict[str, deque] = {}
         for e in self.rec.inputs:
@@ -684,7 +684,7 @@ class Harness:
             await self.sleep_until(self.rec.end)
         # the recorded actor ended here: let what is still running finish the way it does on stop
         if start_task.done() and start_task.exception() is None:
-            self.final_stop, self.final_stop_vt = True, self.loop.time()
+            self.final_stop_vt = self.loop.time()
             await self.actor.stop("replay over")
         else:
             start_task.cancel()
@@ -805,7 +805,7 @@ class Harness:
                 findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
         for o in self.outs:
             if o.matched is None:
-                if o.kind == "error" and o.vt >= self.final_stop_vt:
+                if o.kind == "error" and self.final_stop_vt is not None and o.vt >= self.final_stop_vt:
                     continue  # the error reply of a handler the final stop cancelled; the recording ended first
                 what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")
                         else f"{o.kind} {o.to}.{o.method}")

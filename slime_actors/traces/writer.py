@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import xxhash
 
 TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
@@ -46,17 +47,10 @@ def digest(data, algo: str = DIGEST) -> str:
     """A content checksum: it tells changed data from unchanged in a trace diff or replay; it is no defence against
     a forger. `algo` is a file's "digest" (DIGESTS): replay checks a recording with the algorithm it was made with."""
     if algo == "xxh3_64":
-        return _xxh3(data)
+        return xxhash.xxh3_64_hexdigest(data)
     if algo == "crc32":
         return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
     raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
-
-
-def _xxh3(data) -> str:
-    import xxhash
-    global _xxh3
-    _xxh3 = xxhash.xxh3_64_hexdigest  # (bound once: the first call imports)
-    return _xxh3(data)
 
 
 def trace_file_name(actor: str, pid: int | None = None) -> str:
