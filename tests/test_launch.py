@@ -296,3 +296,17 @@ def test_four_gpu_disaggregated_topology_and_script(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok: megatron 2 sglang ['--attention-backend', 'triton'"), r.stdout
     assert "rollout/1      gpu[0]       3" in r.stdout
+
+
+def test_an_actor_process_with_a_bad_class_exits_naming_it(tmp_path):
+    import sys
+    env = {**os.environ, "SLIME_ACTORS_RUN_DIR": str(tmp_path / "run"), "SLIME_ACTORS_ACTOR_CLASS": JUDGE}
+    env.pop("SLIME_ACTORS_JOB", None)
+    r = subprocess.run([sys.executable, "-m", "slime_actors.launch.actor", "buffer", "0"], capture_output=True,
+                       text=True, env=env, cwd=str(ROOT), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "plays role 'reward'" in r.stderr and "not 'buffer'" in r.stderr
+    env["SLIME_ACTORS_ACTOR_CLASS"] = "no_such_module_here:Nope"
+    r = subprocess.run([sys.executable, "-m", "slime_actors.launch.actor", "buffer", "0"], capture_output=True,
+                       text=True, env=env, cwd=str(ROOT), timeout=120)
+    assert r.returncode == 2 and "no_such_module_here" in r.stderr, r.stdout + r.stderr

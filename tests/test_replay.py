@@ -317,3 +317,19 @@ def test_replay_errors_are_clear(synthetic, capsys):
     assert "expected ROLE/INDEX" in capsys.readouterr().err
     assert main(["replay", run_dir, "--actor", "sleeper/0", "--set", "x=1"]) == 2
     assert "no job flags" in capsys.readouterr().err
+
+
+def test_a_recording_with_an_unknown_checksum_algorithm_is_refused(synthetic, tmp_path, capsys):
+    import msgpack
+    run_dir, _ = synthetic
+    copy = tmp_path / "run"
+    shutil.copytree(Path(run_dir) / "traces", copy / "traces")
+    path = next((copy / "traces").glob("sleeper-0.*.trace"))
+    data = path.read_bytes()
+    up = msgpack.Unpacker(raw=False)
+    up.feed(data)
+    head = up.unpack()
+    path.write_bytes(msgpack.packb({**head, "digest": "md5"}, use_bin_type=True) + data[up.tell():])
+    assert main(["replay", str(copy), "--actor", "sleeper/0"]) == 2
+    err = capsys.readouterr().err
+    assert "checksums are 'md5'" in err and "xxh3_64" in err
