@@ -6,12 +6,14 @@ Every variant is two processes on this machine -- this driver and one server pro
 
     raw        a blocking pyzmq DEALER here, a blocking ROUTER loop there; bodies msgpack, arrays as zero-copy frames
     slime      a client actor here, an echo actor there (ipc://, CURVE off), tracing on (the default) or off
-    Ray        ray.get on an actor's method (Ray's own daemons run too: that is what a Ray actor call costs)
+    Ray        ray.get on an actor's method, from a driver process of its own (Ray's own daemons run too: that is what
+               a Ray actor call costs; its driver threads are kept out of the process the other clients run in)
 
 Figures: ask round trip of a small body (sequential), pipelined one-way messages per second (tells sent back to
 back, then one ask that is answered after all of them: per-sender FIFO), and the round trip of a 16 MiB float32 numpy
-array. The variants are interleaved -- each round runs every variant once, in a rotating order -- and the table shows
-the median over rounds, so a burst of noise from other work on the machine hits all of them alike.
+array. raw and slime are interleaved -- each round runs every variant once, in a rotating order -- and the table shows
+the median over rounds, so a burst of noise from other work on the machine hits all of them alike. Ray's rounds run
+after those, while its daemons are up (they take CPU from whatever runs beside them).
 """
 
 from __future__ import annotations
@@ -188,8 +190,9 @@ class Slime:
         return (time.perf_counter() - t0) / n * 1e3
 
 
-class RayVariant:
-    name = "Ray"
+class _RayDriver:
+    """Runs in a process of its own (see RayVariant): Ray's driver threads would otherwise share the process, and the
+    cores, with the raw and slime clients while those are measured."""
 
     def __init__(self):
         import ray
@@ -209,6 +212,7 @@ class RayVariant:
 
         self.actor = Echo.remote()
         ray.get(self.actor.echo.remote(0))
+        self.arr = _big_array()
 
     def rtt_us(self, n: int) -> float:
         get, echo = self.ray.get, self.actor.echo
@@ -224,14 +228,79 @@ class RayVariant:
         self.ray.get([sink.remote(i) for i in range(n)])
         return n / (time.perf_counter() - t0)
 
-    def big_ms(self, arr: np.ndarray, n: int) -> float:
+    def big_ms(self, n: int) -> float:
+        arr = self.arr
         t0 = time.perf_counter()
         for _ in range(n):
             _check_big(self.ray.get(self.actor.echo.remote(arr)), arr)
         return (time.perf_counter() - t0) / n * 1e3
 
+
+def _ray_driver(conn) -> None:
+    try:
+        driver = _RayDriver()
+    except Exception as exc:  # noqa: BLE001 -- reported to the bench, which prints it in its note
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        cmd, arg = conn.recv()
+        if cmd == "close":
+            driver.ray.shutdown()
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(driver, cmd)(arg)))
+        except Exception as exc:  # noqa: BLE001
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class RayVariant:
+    """Ray actor calls, made from a driver process of Ray's own (`_RayDriver`), asked for each figure in turn."""
+
+    name = "Ray"
+
+    def __init__(self, ctx):
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:
+            raise ImportError("No module named 'ray'")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_ray_driver, args=(child,), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(180):
+            self.proc.kill()
+            raise RuntimeError("the Ray driver process did not start within 180 s")
+        status, msg = self.conn.recv()
+        if status != "ready":
+            raise RuntimeError(f"the Ray driver process failed to start: {msg}")
+
+    def _call(self, cmd: str, arg):
+        self.conn.send((cmd, arg))
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"Ray {cmd} failed: {value}")
+        return value
+
+    def rtt_us(self, n: int) -> float:
+        return self._call("rtt_us", n)
+
+    def pipelined(self, n: int) -> float:
+        return self._call("pipelined", n)
+
+    def big_ms(self, arr: np.ndarray, n: int) -> float:
+        return self._call("big_ms", n)  # the driver made the same array (_big_array)
+
     def close(self) -> None:
-        self.ray.shutdown()
+        try:
+            self._call("close", None)
+        finally:
+            self.proc.join(timeout=30)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+def _big_array() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(BIG_SHAPE).astype(np.float32)
 
 
 def _check_big(out, arr) -> None:
@@ -269,37 +338,47 @@ async def run(args) -> dict:
                                         static_peers={f"bench/{index}": endpoint}))
             variants["on" if trace else "off"] = Slime(c, f"bench/{index}", trace)
 
+        arr = _big_array()
+        # warm-up: connections, imports, caches
+        for v in variants.values():
+            await _maybe(v.rtt_us(300))
+            await _maybe(v.big_ms(arr, 1))
+            await _maybe(v.pipelined(2000))
+
+        samples: dict[tuple[str, str], list[float]] = {}
+
+        async def rounds(keys: list[str]) -> None:
+            for r in range(args.rounds):
+                order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate, so no variant always goes first
+                for key in order:
+                    v = variants[key]
+                    is_ray = key == "ray"
+                    samples.setdefault((key, "rtt"), []).append(
+                        await _maybe(v.rtt_us(args.ray_asks if is_ray else args.asks)))
+                    samples.setdefault((key, "pipe"), []).append(
+                        await _maybe(v.pipelined(args.ray_calls if is_ray else args.tells)))
+                    samples.setdefault((key, "big"), []).append(
+                        await _maybe(v.big_ms(arr, args.ray_big if is_ray else args.big)))
+                print(f"  round {r + 1}/{args.rounds} done ({', '.join(keys)})", file=sys.stderr, flush=True)
+
+        await rounds(list(variants))
+
+        # Ray last, on its own: its daemons (GCS, raylet, the actor's worker, the driver's threads) keep running
+        # while Ray is up and would slow down whatever else is measured meanwhile -- a cost of Ray, not of the others.
         ray_note = None
         if args.no_ray:
             ray_note = "Ray skipped (--no-ray)"
         else:
             try:
-                variants["ray"] = RayVariant()
+                variants["ray"] = RayVariant(ctx)
             except ImportError as exc:
                 ray_note = f"Ray not importable ({exc}); install the bench extra: pip install -e '.[bench]'"
-
-        arr = np.random.default_rng(0).standard_normal(BIG_SHAPE).astype(np.float32)
-        # warm-up: connections, imports, caches
-        for key, v in variants.items():
-            small = key == "ray"
-            await _maybe(v.rtt_us(20 if small else 300))
-            await _maybe(v.big_ms(arr, 1))
-            await _maybe(v.pipelined(200 if small else 2000))
-
-        samples: dict[tuple[str, str], list[float]] = {}
-        keys = list(variants)
-        for r in range(args.rounds):
-            order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate, so no variant always goes first
-            for key in order:
-                v = variants[key]
-                is_ray = key == "ray"
-                samples.setdefault((key, "rtt"), []).append(
-                    await _maybe(v.rtt_us(args.ray_asks if is_ray else args.asks)))
-                samples.setdefault((key, "pipe"), []).append(
-                    await _maybe(v.pipelined(args.ray_calls if is_ray else args.tells)))
-                samples.setdefault((key, "big"), []).append(
-                    await _maybe(v.big_ms(arr, args.ray_big if is_ray else args.big)))
-            print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+            else:
+                v = variants["ray"]
+                v.rtt_us(20)
+                v.big_ms(arr, 1)
+                v.pipelined(200)
+                await rounds(["ray"])
 
         raw.close()
         for key in ("on", "off"):

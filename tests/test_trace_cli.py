@@ -291,6 +291,9 @@ def _boundaries(data: bytes) -> list[int]:
         out.append(up.tell())
 
 
+_REQ = msgpack.packb({"v": 1, "kind": "ask", "id": "a1", "trace": "t1", "from": "client/0", "to": "reward/0",
+                      "method": "score", "seq": 1, "ts": 1.0})
+
 BAD = {
     "empty.trace": (lambda: b"", "file is empty"),
     "garbage.trace": (lambda: b"\xc1\xc1 this is not msgpack", "expected a trace header map"),
@@ -303,6 +306,11 @@ BAD = {
     "header.trace": (lambda: _header() + msgpack.packb(["send", 1, b"\xc1", None, 0, None, None, None]),
                      "record header is not msgpack"),
     "broken.trace.gz": (lambda: b"\x1f\x8b\x08\x00garbage", "expected a gzip-compressed trace file"),
+    "outcome.trace": (lambda: _header(version=3) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None,
+                                                                   {"ok": "soon"}]), "expected extra.ok"),
+    "twice.trace": (lambda: _header(version=3) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None,
+                                                                 {"ok": [2, 1], "handled": {"outcome": "ok"}}]),
+                    "carries its outcome once"),
 }
 
 
@@ -325,6 +333,19 @@ def test_bad_trace_files_are_reported_clearly_by_every_command(cli, tmp_path, na
     shutil.copy(next(SMALL.glob("reward-0.*.trace.gz")), d)
     rc, out, err = cli("trace", "summary", d, "--skip-bad")
     assert rc == 0 and "reward" in out and f"skipped: {d / name}" in err
+
+
+def test_a_synchronously_handled_request_reads_as_recv_and_handled_in_both_forms(tmp_path):
+    """Version 3's short outcome {"ok": [t, dur]} and version 2's {"handled": {...}} give the same two events."""
+    from slime_actors.traces.reader import read_file
+    long_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"handled": {"outcome": "ok", "dur_ns": 5, "t": 20}}]
+    short_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"ok": [20, 5]}]
+    got = []
+    for version, rec in ((2, long_form), (3, short_form)):
+        f = tmp_path / f"v{version}.trace"
+        f.write_bytes(_header(version=version) + msgpack.packb(rec, use_bin_type=True))
+        got.append([(e.ev, e.t_ns, e.id, e.extra) for e in read_file(f).events])
+    assert got[0] == got[1] == [("recv", 10, "a1", None), ("handled", 20, "a1", {"outcome": "ok", "dur_ns": 5})]
 
 
 def test_offsets_point_at_the_bad_record(cli, tmp_path):

@@ -37,7 +37,7 @@ from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Inbound, Mailbox, _refs_of, current_cause, unpack_error
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
-from ..traces.writer import TraceWriter, trace_file_name
+from ..traces.writer import TraceWriter, fast_entries, trace_file_name
 
 DIRECTORY = "directory/0"
 _time = time.time
@@ -100,6 +100,7 @@ class Actor:
         self._idem_max = 4096
         self._running = False
         self._trace = None  # the trace writer's queue append, once started with tracing on
+        self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
         self._tlimit = -1
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -137,7 +138,8 @@ class Actor:
         self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
                                config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
-        self._trace = getattr(self.tracer, "append", None)  # None: a tracer without the fast entry, use record()
+        # the trace writer's fast entries (TraceWriter.append/pack); None: a tracer without them, use record()
+        self._trace, self._tpack = fast_entries(self.tracer)
         if self._trace is not None:
             # requests' recv records are written here, merged with the handled record for synchronous handlers
             self._tlimit = self.tracer.body_limit
@@ -373,13 +375,16 @@ class Actor:
         h = inbound.header
         if self.tracer is not None:
             done = _time_ns()
-            extra = {"outcome": "ok", "dur_ns": _monotonic_ns() - t0}
+            dur = _monotonic_ns() - t0
         if h["kind"] == "ask":
             if h.get("idem") is not None:
                 self._remember(h, ("reply", result))
             self._send_reply(inbound, result, None)
         if self.tracer is not None:  # after the reply: the asker need not wait for the trace
-            self._trace_handled(inbound, extra, done)
+            if inbound.t_ns:  # one record for arrival and outcome, the outcome in its short form
+                self._trace_recv(inbound, {"ok": [done, dur]})
+            else:
+                self._trace_handled(inbound, {"outcome": "ok", "dur_ns": dur}, done)
 
     def _failed(self, inbound: Inbound, exc: BaseException, t0: int) -> None:
         self.counters["failed"] += 1
@@ -400,7 +405,7 @@ class Actor:
         t, inbound.t_ns = inbound.t_ns, 0
         body, arrays = inbound.body_bytes, inbound.arrays
         if not arrays and len(body) <= self._tlimit:
-            self._trace(("recv", t, inbound.header_bytes, body, len(body), None, None, extra))
+            self._trace(self._tpack(("recv", t, inbound.header_bytes, body, len(body), None, None, extra)))
         else:
             self._trace(("recv", t, inbound.header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
                          extra))
@@ -411,7 +416,7 @@ class Actor:
             extra["t"] = t
             self._trace_recv(inbound, {"handled": extra})
         elif self._trace is not None:
-            self._trace(("handled", t, inbound.header_bytes, None, 0, None, None, extra))
+            self._trace(self._tpack(("handled", t, inbound.header_bytes, None, 0, None, None, extra)))
         else:
             self.tracer.record("handled", inbound.header_bytes, None, extra=extra)
 

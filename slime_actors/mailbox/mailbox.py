@@ -27,6 +27,7 @@ import msgpack
 import zmq
 import zmq.backend
 
+from ..traces.writer import fast_entries
 from . import codec
 from .codec import ArrayRef, ProtocolError
 from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
@@ -289,8 +290,9 @@ class Mailbox:
         # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
         self._sweep_at: float | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        # Tracing: the writer's queue append, one call per event (see TraceWriter.append).
-        self._trace = getattr(tracer, "append", None) if tracer is not None else None
+        # Tracing: the writer's queue append and the loop thread's packer (see TraceWriter.append): a record of
+        # bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread finishes.
+        self._trace, self._tpack = fast_entries(tracer)  # (None, None): a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
         # Set by an owner that records each request's arrival itself, together with its handling when that is
         # synchronous (one trace record instead of two): the mailbox then only stamps Inbound.t_ns.
@@ -454,7 +456,8 @@ class Mailbox:
     def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
         if self._trace is not None:
             if not refs and len(body_bytes) <= self._tlimit:
-                self._trace(("send", _time_ns(), header_bytes, body_bytes, len(body_bytes), None, None, None))
+                self._trace(self._tpack(("send", _time_ns(), header_bytes, body_bytes, len(body_bytes), None, None,
+                                         None)))
             else:
                 self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, buffers, None))
         elif self.tracer is not None:
@@ -661,7 +664,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[2]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(("recv", _time_ns(), header_bytes, body, len(body), None, None, None))
+                self._trace(self._tpack(("recv", _time_ns(), header_bytes, body, len(body), None, None, None)))
             else:
                 self._trace(("recv", _time_ns(), header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
                              None))
@@ -683,7 +686,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[1]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(("recv", _time_ns(), frames[0], body, len(body), None, None, None))
+                self._trace(self._tpack(("recv", _time_ns(), frames[0], body, len(body), None, None, None)))
             else:
                 self._trace(("recv", _time_ns(), frames[0], body, _refs_of(arrays) if arrays else None, arrays,
                              None))

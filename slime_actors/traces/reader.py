@@ -21,7 +21,7 @@ import msgpack
 
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
-SUPPORTED = (1, 2)  # docs/trace-format.md: what changed from one version to the next
+SUPPORTED = (1, 2, 3)  # docs/trace-format.md: what changed from one version to the next
 
 
 class TraceFormatError(ValueError):
@@ -170,11 +170,15 @@ def read_file(path: str | os.PathLike) -> TraceFile:
             if not isinstance(header, dict) or not all(isinstance(header.get(k), str) for k in _HEADER_KEYS):
                 raise TraceFormatError(path, offset, "expected a message header map with string fields "
                                                      f"{', '.join(_HEADER_KEYS)}, got {str(header)[:120]}")
-        if ev == "recv" and extra and "handled" in extra:
+        if ev == "recv" and extra and ("handled" in extra or "ok" in extra):
             # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
-            handled = dict(extra["handled"])
-            th = handled.pop("t", t)
-            rest = {k: v for k, v in extra.items() if k != "handled"} or None
+            if "ok" in extra:  # version 3's short form of a handler that returned
+                th, dur = extra["ok"]
+                handled = {"outcome": "ok", "dur_ns": dur}
+            else:
+                handled = dict(extra["handled"])
+                th = handled.pop("t", t)
+            rest = {k: v for k, v in extra.items() if k not in ("handled", "ok")} or None
             events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, rest, str(path), offset))
             events.append(Event(actor, "handled", th, header, None, 0, None, None, handled, str(path), offset))
             continue
@@ -205,6 +209,12 @@ def _check_record(ev, hraw, body, size, arrays, extra) -> str | None:
         return f"expected extra as a map or nil, got {type(extra).__name__}"
     if ev == "recv" and extra and "handled" in extra and not isinstance(extra["handled"], dict):
         return f"expected extra.handled (the request's outcome) as a map, got {type(extra['handled']).__name__}"
+    if ev == "recv" and extra and "ok" in extra:
+        ok = extra["ok"]
+        if not (isinstance(ok, list) and len(ok) == 2 and all(type(x) is int for x in ok)):
+            return f"expected extra.ok (when the handler returned, how long it ran) as [t_ns, dur_ns], got {ok!r:.80}"
+        if "handled" in extra:
+            return "a recv record carries its outcome once: extra has both 'ok' and 'handled'"
     return None
 
 

@@ -1,13 +1,20 @@
 """Per-process trace files, written off the hot path (docs/trace-format.md).
 
-The mailbox calls `TraceWriter.record(...)` for every message it sends, receives and finishes handling. That call only
-appends a tuple to a deque; a writer thread drains the deque every `flush_interval` seconds, packs the records with
-msgpack and appends them to RUN_DIR/traces/<role>-<index>.<pid>.trace. Header and body bytes are the ones that went
-over the wire, so recording costs no extra encoding on the event loop.
+The mailbox records every message it sends, receives and finishes handling, and a writer thread appends the records
+to RUN_DIR/traces/<role>-<index>.<pid>.trace every `flush_interval` seconds. Header and body bytes are the ones that
+went over the wire, so recording re-encodes nothing. Two ways in:
+
+* the hot path (the event loop's thread: mailbox and actor dispatch): a record whose parts are all bytes, ints and
+  small maps is packed at once -- `append(pack(record))`, one C call each, ~0.2 us -- and queued as bytes. Queued
+  bytes hold no references: a backlog of records costs the garbage collector nothing (queued tuples did: every
+  collection walked them, ~1 us a message), and the writer thread only writes them.
+* `record(...)`, from any thread, and records with arrays or bodies over `body_limit`: queued as a tuple that the
+  writer thread finishes (checksums) and packs.
 
 A record is the msgpack array [event, time_ns, header, body, body_size, body_hash, arrays, extra]. A request that an
-actor handled synchronously is written as one `recv` record whose extra holds {"handled": {..., "t": time_ns}}, the
-outcome that would otherwise be a separate `handled` record; the reader splits it back into the two events.
+actor handled synchronously is written as one `recv` record whose extra holds its outcome -- {"ok": [t_ns, dur_ns]}
+when the handler returned, else {"handled": {..., "t": time_ns}} -- the outcome that would otherwise be a separate
+`handled` record; the reader splits it back into the two events.
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ def digest(data, algo: str = DIGEST) -> str:
     raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
 
 
+def fast_entries(tracer) -> tuple[Any, Any]:
+    """(append, pack) of a tracer that has the hot path's entries (TraceWriter), else (None, None): use record()."""
+    append, pack = getattr(tracer, "append", None), getattr(tracer, "pack", None)
+    return (append, pack) if append is not None and pack is not None else (None, None)
+
+
 def trace_file_name(actor: str, pid: int | None = None) -> str:
     return f"{actor.replace('/', '-')}.{pid or os.getpid()}.trace"
 
@@ -71,12 +84,14 @@ class TraceWriter:
         self.records = 0
         self.lost = 0  # records that could not be written
         self._q: collections.deque = collections.deque()
-        # The hot path's entry (the mailbox and the actor's dispatch use it; see record()): a bound deque.append.
-        # It takes either a finished record, the 8-tuple (event, time_ns, header, body, body_size, None, None, extra)
-        # with header and body as bytes and no arrays -- the writer thread packs runs of these with one msgpack
-        # call -- or the 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which
-        # the writer thread finishes (checksums of arrays and of bodies over body_limit).
+        # The hot path's entries (the mailbox and the actor's dispatch use them; see record()): a bound deque.append
+        # and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
+        # `append` takes a record packed with `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None,
+        # None, extra) with header and body as bytes -- or, unpacked, such an 8-tuple (the writer packs it) or the
+        # 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which the writer
+        # thread finishes (checksums of arrays and of bodies over body_limit).
         self.append = self._q.append
+        self.pack = msgpack.Packer(use_bin_type=True).pack
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
@@ -118,32 +133,20 @@ class TraceWriter:
         # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
         # loop. Finished records are packed a run at a time: msgpack packs a list of N records as an array header
         # followed by the N records back to back, which is exactly the file's layout once the header is cut off.
+        # The common case -- everything queued is a finished record -- costs two C-level passes to classify and
+        # one pack call: no Python code per record.
         with self._drain_lock:
-            q, limit = self._q, self.body_limit
+            q = self._q
+            n = len(q)
+            if not n:
+                return
             popleft = q.popleft
-            chunks, run, n = [], [], 0
-            while q:
-                try:
-                    item = popleft()
-                except IndexError:
-                    break
-                if len(item) == 8 and type(item) is tuple:
-                    run.append(item)
-                    continue
-                if run:
-                    n += self._pack_run(run, chunks)
-                    run = []
-                if type(item) is bytes:  # a record packed by its producer
-                    chunks.append(item)
-                    n += 1
-                    continue
-                try:
-                    chunks.append(self._finish(item, limit))
-                    n += 1
-                except Exception:  # a record that cannot be packed is lost, not the writer thread
-                    self.lost += 1
-            if run:
-                n += self._pack_run(run, chunks)
+            items = [popleft() for _ in range(n)]  # only this thread (or close(), under the lock) pops
+            chunks: list = []
+            if set(map(type, items)) == _BYTES_ONLY:  # all packed on the hot path
+                chunks = items
+            else:
+                n = self._drain_mixed(items, chunks)
             if chunks:
                 try:
                     self._file.writelines(chunks)
@@ -151,6 +154,28 @@ class TraceWriter:
                     self.records += n
                 except (OSError, ValueError):
                     self.lost += n  # disk full or closed: tracing must never take the actor down
+
+    def _drain_mixed(self, items: list, chunks: list) -> int:
+        limit, run, n = self.body_limit, [], 0
+        for item in items:
+            if len(item) == 8 and type(item) is tuple:
+                run.append(item)
+                continue
+            if run:
+                n += self._pack_run(run, chunks)
+                run = []
+            if type(item) is bytes:  # a record packed by its producer
+                chunks.append(item)
+                n += 1
+                continue
+            try:
+                chunks.append(self._finish(item, limit))
+                n += 1
+            except Exception:  # a record that cannot be packed is lost, not the writer thread
+                self.lost += 1
+        if run:
+            n += self._pack_run(run, chunks)
+        return n
 
     def _pack_run(self, run: list, chunks: list) -> int:
         try:
@@ -210,6 +235,9 @@ class TraceWriter:
             self._file.close()
         except OSError:
             pass
+
+
+_BYTES_ONLY = {bytes}
 
 
 def _plain(obj):
