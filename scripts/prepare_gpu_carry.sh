@@ -15,6 +15,7 @@ PY=${PYTHON:-python3}
 wheels=(
   "pyzmq==27.3.0"
   "structlog==26.1.0"
+  "xxhash==4.1.0"       # trace checksums (slime_actors.traces.writer imports it)
 )
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
@@ -33,7 +34,7 @@ for w in "${wheels[@]}"; do
   done
   ls "$dest"/"$norm-$ver"-*.whl >/dev/null || { echo "missing wheel for $w" >&2; exit 1; }
 done
-# dependencies they declare, other than extras, must be on the image already (structlog: none on 3.12; pyzmq: none)
+# dependencies they declare, other than extras, must be on the image already (structlog: none on 3.12; pyzmq, xxhash: none)
 for f in "$dest"/*.whl; do
   deps=$(unzip -p "$f" '*/METADATA' | grep '^Requires-Dist' | grep -v 'extra ==' || true)
   [ -n "$deps" ] && echo "$(basename "$f") requires: $deps"

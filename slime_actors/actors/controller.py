@@ -306,7 +306,10 @@ class Controller(Actor):
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit {limit}); "
                                f"last: {reason}")
         self.phase = "recovering"
-        self._next_generation()
+        if self._rdzv.generation == failed:
+            self._next_generation()  # the restarted ranks rendezvous in a new generation
+        # else a restarted rank has opened the next generation already (trainer_join), and its ranks may have formed
+        # it and be loading the checkpoint: opening yet another would leave them, and this wait, in different ones
         self._fail = asyncio.get_running_loop().create_future()
         self.log.error("restarting the training group from the last checkpoint", reason=reason,
                        checkpoint=str(self._ckpt) if self._ckpt else "none (initial weights)")
