@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import multiprocessing as mp
 import os
 import platform
@@ -59,6 +60,12 @@ class BenchEcho(Actor):
     @handler
     def count(self) -> int:
         return self.received
+
+    @handler
+    def flush(self) -> None:
+        """Write out what tracing still holds (array checksums included): the end of a timed run."""
+        if self.tracer is not None:
+            self.tracer.flush()
 
 
 class BenchClient(Actor):
@@ -109,6 +116,8 @@ def _raw_server(endpoint: str, ready) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ variants
+# Each variant's client runs in a process of its own (see Remote), so nothing one variant leaves behind -- threads,
+# sockets on a shared ZMQ I/O thread, objects for the garbage collector -- slows down another.
 class Raw:
     name = "raw pyzmq"
 
@@ -116,6 +125,7 @@ class Raw:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.connect(endpoint)
+        self.arr = _big_array()
 
     def rtt_us(self, n: int) -> float:
         send, recv, packb, unpackb = self.sock.send, self.sock.recv, msgpack.packb, msgpack.unpackb
@@ -140,7 +150,8 @@ class Raw:
             raise AssertionError(f"raw server counted {end - start} of {n} messages")
         return n / dt
 
-    def big_ms(self, arr: np.ndarray, n: int) -> float:
+    def big_ms(self, n: int) -> float:
+        arr = self.arr
         meta = msgpack.packb({"dtype": arr.dtype.str, "shape": list(arr.shape)})
         t0 = time.perf_counter()
         for _ in range(n):
@@ -158,41 +169,82 @@ class Raw:
 
 
 class Slime:
-    def __init__(self, client: BenchClient, peer: str, trace: bool):
-        self.client, self.peer = client, peer
-        self.name = f"slime trace {'on' if trace else 'off'}"
+    """A client actor on its own uvloop loop, run for the length of each command.
 
-    async def rtt_us(self, n: int) -> float:
+    Each timed run ends when both sides' traces hold all it sent and received: the writer threads' work (packing
+    leftovers, array checksums) is part of what tracing costs -- and is not left to slow down the next variant."""
+
+    def __init__(self, index: int, trace: bool, endpoint: str, run_dir: str):
+        import uvloop
+
+        from slime_actors.log import setup_logging
+        setup_logging(run_dir, f"client/{index}", console=False, level="warning")
+        self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.client = BenchClient(index)
+        self.peer = f"bench/{index}"
+        self.loop.run_until_complete(self.client.start(RuntimeConfig(run_dir=run_dir, curve=False, trace=trace,
+                                                                     static_peers={self.peer: endpoint})))
+        self.arr = _big_array()
+
+    async def _flushed(self) -> None:
+        if self.client.tracer is not None:
+            self.client.tracer.flush()
+        await self.client.ask(self.peer, "flush")
+
+    async def _rtt(self, n: int) -> float:
         ask, peer = self.client.ask, self.peer
         t0 = time.perf_counter()
         for i in range(n):
             if await ask(peer, "echo", {"x": {"x": i}}) != {"x": i}:
                 raise AssertionError("slime echo returned something else")
+        await self._flushed()
         return (time.perf_counter() - t0) / n * 1e6
 
-    async def pipelined(self, n: int) -> float:
+    async def _pipelined(self, n: int) -> float:
         tell, peer = self.client.tell, self.peer
         start = await self.client.ask(peer, "count")
+        await self._flushed()
         t0 = time.perf_counter()
         for i in range(n):
             await tell(peer, "sink", {"x": i})
         end = await self.client.ask(peer, "count")  # answered after every tell before it (per-sender FIFO)
+        await self._flushed()
         dt = time.perf_counter() - t0
         if end - start != n:
             raise AssertionError(f"slime server counted {end - start} of {n} messages")
         return n / dt
 
-    async def big_ms(self, arr: np.ndarray, n: int) -> float:
+    async def _big(self, n: int) -> float:
+        arr = self.arr
         t0 = time.perf_counter()
         for _ in range(n):
             out = await self.client.ask(self.peer, "echo", {"x": arr})
             _check_big(out, arr)
+        await self._flushed()
         return (time.perf_counter() - t0) / n * 1e3
 
+    def rtt_us(self, n: int) -> float:
+        return self.loop.run_until_complete(self._rtt(n))
 
-class _RayDriver:
-    """Runs in a process of its own (see RayVariant): Ray's driver threads would otherwise share the process, and the
-    cores, with the raw and slime clients while those are measured."""
+    def pipelined(self, n: int) -> float:
+        return self.loop.run_until_complete(self._pipelined(n))
+
+    def big_ms(self, n: int) -> float:
+        return self.loop.run_until_complete(self._big(n))
+
+    def close(self) -> None:
+        async def stop():
+            await self.client.ask(self.peer, "_stop", timeout=5)
+            await self.client.stop()
+        self.loop.run_until_complete(stop())
+        self.loop.close()
+
+
+class RayClient:
+    """ray.get on a Ray actor's methods, from this (driver) process."""
+
+    name = "Ray"
 
     def __init__(self):
         import ray
@@ -235,50 +287,53 @@ class _RayDriver:
             _check_big(self.ray.get(self.actor.echo.remote(arr)), arr)
         return (time.perf_counter() - t0) / n * 1e3
 
+    def close(self) -> None:
+        self.ray.shutdown()
 
-def _ray_driver(conn) -> None:
+
+_CLIENTS = {"raw": Raw, "slime": Slime, "ray": RayClient}
+
+
+def _client_main(kind: str, args: tuple, conn) -> None:
     try:
-        driver = _RayDriver()
-    except Exception as exc:  # noqa: BLE001 -- reported to the bench, which prints it in its note
+        client = _CLIENTS[kind](*args)
+    except Exception as exc:  # noqa: BLE001 -- reported to the driver, which names it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", None))
     while True:
         cmd, arg = conn.recv()
-        if cmd == "close":
-            driver.ray.shutdown()
-            conn.send(("ok", None))
-            return
         try:
-            conn.send(("ok", getattr(driver, cmd)(arg)))
+            value = client.close() if cmd == "close" else getattr(client, cmd)(arg)
         except Exception as exc:  # noqa: BLE001
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        else:
+            conn.send(("ok", value))
+        if cmd == "close":
+            return
 
 
-class RayVariant:
-    """Ray actor calls, made from a driver process of Ray's own (`_RayDriver`), asked for each figure in turn."""
+class Remote:
+    """A variant's client in a process of its own, asked for each figure in turn over a pipe."""
 
-    name = "Ray"
-
-    def __init__(self, ctx):
-        import importlib.util
-        if importlib.util.find_spec("ray") is None:
-            raise ImportError("No module named 'ray'")
+    def __init__(self, ctx, kind: str, *args, start_timeout: float = 180):
+        self.kind = kind
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_ray_driver, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_client_main, args=(kind, args, child), daemon=True)
         self.proc.start()
-        if not self.conn.poll(180):
+        if not self.conn.poll(start_timeout):
             self.proc.kill()
-            raise RuntimeError("the Ray driver process did not start within 180 s")
+            raise RuntimeError(f"the {kind} client process did not start within {start_timeout:.0f} s")
         status, msg = self.conn.recv()
         if status != "ready":
-            raise RuntimeError(f"the Ray driver process failed to start: {msg}")
+            self.proc.join(timeout=5)
+            raise RuntimeError(f"the {kind} client process failed to start: {msg}")
 
-    def _call(self, cmd: str, arg):
+    def _call(self, cmd: str, arg=None):
         self.conn.send((cmd, arg))
         status, value = self.conn.recv()
         if status != "ok":
-            raise RuntimeError(f"Ray {cmd} failed: {value}")
+            raise RuntimeError(f"{self.kind} {cmd} failed: {value}")
         return value
 
     def rtt_us(self, n: int) -> float:
@@ -287,12 +342,12 @@ class RayVariant:
     def pipelined(self, n: int) -> float:
         return self._call("pipelined", n)
 
-    def big_ms(self, arr: np.ndarray, n: int) -> float:
-        return self._call("big_ms", n)  # the driver made the same array (_big_array)
+    def big_ms(self, n: int) -> float:
+        return self._call("big_ms", n)
 
     def close(self) -> None:
         try:
-            self._call("close", None)
+            self._call("close")
         finally:
             self.proc.join(timeout=30)
             if self.proc.is_alive():
@@ -309,14 +364,11 @@ def _check_big(out, arr) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ driver
-async def _maybe(x):
-    return await x if asyncio.iscoroutine(x) else x
-
-
-async def run(args) -> dict:
+def run(args) -> dict:
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="slime-bench-")
     procs = []
+    variants: dict[str, Remote] = {}
     try:
         q = ctx.Queue()
         raw_ep = f"ipc://{tmp}/raw.sock"
@@ -324,70 +376,57 @@ async def run(args) -> dict:
         p.start()
         procs.append(p)
         q.get(timeout=60)
-        raw = Raw(raw_ep)
-
-        variants = {"raw": raw}
+        variants["raw"] = Remote(ctx, "raw", raw_ep)
         for index, trace in ((0, True), (1, False)):
             run_dir = os.path.join(tmp, f"run{index}")
             p = ctx.Process(target=_slime_server, args=(run_dir, index, trace, q), daemon=True)
             p.start()
             procs.append(p)
             endpoint = q.get(timeout=60)
-            c = BenchClient(index)
-            await c.start(RuntimeConfig(run_dir=run_dir, curve=False, trace=trace,
-                                        static_peers={f"bench/{index}": endpoint}))
-            variants["on" if trace else "off"] = Slime(c, f"bench/{index}", trace)
+            variants["on" if trace else "off"] = Remote(ctx, "slime", index, trace, endpoint, run_dir)
 
-        arr = _big_array()
         # warm-up: connections, imports, caches
         for v in variants.values():
-            await _maybe(v.rtt_us(300))
-            await _maybe(v.big_ms(arr, 1))
-            await _maybe(v.pipelined(2000))
+            v.rtt_us(300)
+            v.big_ms(1)
+            v.pipelined(2000)
 
         samples: dict[tuple[str, str], list[float]] = {}
 
-        async def rounds(keys: list[str]) -> None:
+        def rounds(keys: list[str]) -> None:
             for r in range(args.rounds):
                 order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate, so no variant always goes first
                 for key in order:
                     v = variants[key]
                     is_ray = key == "ray"
-                    samples.setdefault((key, "rtt"), []).append(
-                        await _maybe(v.rtt_us(args.ray_asks if is_ray else args.asks)))
+                    samples.setdefault((key, "rtt"), []).append(v.rtt_us(args.ray_asks if is_ray else args.asks))
                     samples.setdefault((key, "pipe"), []).append(
-                        await _maybe(v.pipelined(args.ray_calls if is_ray else args.tells)))
-                    samples.setdefault((key, "big"), []).append(
-                        await _maybe(v.big_ms(arr, args.ray_big if is_ray else args.big)))
+                        v.pipelined(args.ray_calls if is_ray else args.tells))
+                    samples.setdefault((key, "big"), []).append(v.big_ms(args.ray_big if is_ray else args.big))
                 print(f"  round {r + 1}/{args.rounds} done ({', '.join(keys)})", file=sys.stderr, flush=True)
 
-        await rounds(list(variants))
+        rounds(list(variants))
 
         # Ray last, on its own: its daemons (GCS, raylet, the actor's worker, the driver's threads) keep running
         # while Ray is up and would slow down whatever else is measured meanwhile -- a cost of Ray, not of the others.
         ray_note = None
         if args.no_ray:
             ray_note = "Ray skipped (--no-ray)"
+        elif importlib.util.find_spec("ray") is None:
+            ray_note = "Ray not installed; install the bench extra: pip install -e '.[bench]'"
         else:
-            try:
-                variants["ray"] = RayVariant(ctx)
-            except ImportError as exc:
-                ray_note = f"Ray not importable ({exc}); install the bench extra: pip install -e '.[bench]'"
-            else:
-                v = variants["ray"]
-                v.rtt_us(20)
-                v.big_ms(arr, 1)
-                v.pipelined(200)
-                await rounds(["ray"])
-
-        raw.close()
-        for key in ("on", "off"):
-            await variants[key].client.ask(variants[key].peer, "_stop", timeout=5)
-            await variants[key].client.stop()
-        if "ray" in variants:
-            variants["ray"].close()
+            variants["ray"] = v = Remote(ctx, "ray")
+            v.rtt_us(20)
+            v.big_ms(1)
+            v.pipelined(200)
+            rounds(["ray"])
         return {"samples": samples, "ray_note": ray_note}
     finally:
+        for v in variants.values():
+            try:
+                v.close()
+            except Exception as exc:  # noqa: BLE001 -- a failed close must not hide the bench's own error
+                print(f"  closing the {v.kind} client: {exc}", file=sys.stderr)
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
@@ -470,13 +509,11 @@ def main(argv=None) -> int:
     if args.quick:
         args.rounds, args.asks, args.tells, args.big = 3, 300, 3000, 3
         args.ray_asks, args.ray_calls, args.ray_big = 50, 300, 2
-    import uvloop
-
     from slime_actors.log import setup_logging
     setup_logging(None, "bench", console=False, level="warning")
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load0 = os.getloadavg()[0]
-    result = uvloop.run(run(args))
+    result = run(args)
     print(render(result, args, started, (load0, os.getloadavg()[0])))
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import os
 import socket
 import threading
@@ -131,21 +132,22 @@ class TraceWriter:
 
     def _drain(self) -> None:
         # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
-        # loop. Finished records are packed a run at a time: msgpack packs a list of N records as an array header
-        # followed by the N records back to back, which is exactly the file's layout once the header is cut off.
-        # The common case -- everything queued is a finished record -- costs two C-level passes to classify and
-        # one pack call: no Python code per record.
+        # loop. The common case -- everything queued was packed on the hot path -- runs no Python code per record:
+        # the queue is emptied, classified and joined by C loops, and written with one call (the write itself lets
+        # go of the GIL). Otherwise finished 8-tuples are packed a run at a time: msgpack packs a list of N records
+        # as an array header followed by the N records back to back, which is the file's layout once the header is
+        # cut off.
         with self._drain_lock:
             q = self._q
             n = len(q)
             if not n:
                 return
-            popleft = q.popleft
-            items = [popleft() for _ in range(n)]  # only this thread (or close(), under the lock) pops
-            chunks: list = []
-            if set(map(type, items)) == _BYTES_ONLY:  # all packed on the hot path
-                chunks = items
+            # n calls of popleft, from C (records are never None); only this thread, or close() under the lock, pops
+            items = list(itertools.islice(iter(q.popleft, None), n))
+            if set(map(type, items)) == _BYTES_ONLY:
+                chunks = [b"".join(items)]
             else:
+                chunks = []
                 n = self._drain_mixed(items, chunks)
             if chunks:
                 try:
