@@ -366,18 +366,25 @@ def _check_big(out, arr) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 def run(args) -> dict:
     ctx = mp.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="slime-bench-")
+    # run directories (sockets, trace files) in memory where there is a tmpfs: the page cache's writeback of one
+    # variant's trace files would otherwise land, seconds later, on whichever variant runs then
+    shm = "/dev/shm" if args.run_dir is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    tmp = tempfile.mkdtemp(prefix="slime-bench-", dir=args.run_dir or shm)
     procs = []
     variants: dict[str, Remote] = {}
     try:
         q = ctx.Queue()
-        raw_ep = f"ipc://{tmp}/raw.sock"
-        p = ctx.Process(target=_raw_server, args=(raw_ep, q), daemon=True)
-        p.start()
-        procs.append(p)
-        q.get(timeout=60)
-        variants["raw"] = Remote(ctx, "raw", raw_ep)
+        wanted = set(args.variants)
+        if "raw" in wanted:
+            raw_ep = f"ipc://{tmp}/raw.sock"
+            p = ctx.Process(target=_raw_server, args=(raw_ep, q), daemon=True)
+            p.start()
+            procs.append(p)
+            q.get(timeout=60)
+            variants["raw"] = Remote(ctx, "raw", raw_ep)
         for index, trace in ((0, True), (1, False)):
+            if ("on" if trace else "off") not in wanted:
+                continue
             run_dir = os.path.join(tmp, f"run{index}")
             p = ctx.Process(target=_slime_server, args=(run_dir, index, trace, q), daemon=True)
             p.start()
@@ -420,7 +427,7 @@ def run(args) -> dict:
             v.big_ms(1)
             v.pipelined(200)
             rounds(["ray"])
-        return {"samples": samples, "ray_note": ray_note}
+        return {"samples": samples, "ray_note": ray_note, "where": os.path.dirname(tmp)}
     finally:
         for v in variants.values():
             try:
@@ -486,7 +493,7 @@ def render(result: dict, args, started: str, load: tuple) -> str:
         f"msgpack {'.'.join(map(str, msgpack.version))}, numpy {np.__version__}",
         f"rounds: {args.rounds} (interleaved, rotating order); per round: {args.asks} asks, {args.tells} tells, "
         f"{args.big} big round trips (Ray: {args.ray_asks}, {args.ray_calls}, {args.ray_big}); "
-        f"load average before/after: {load[0]:.2f} / {load[1]:.2f}",
+        f"load average before/after: {load[0]:.2f} / {load[1]:.2f}; run directories in {result['where']}",
     ]
     out = "\n".join(head) + "\n\n" + "\n".join(rows)
     if result["ray_note"]:
@@ -504,8 +511,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ray-calls", type=int, default=2000)
     ap.add_argument("--ray-big", type=int, default=5)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray column")
+    ap.add_argument("--variants", default="raw,on,off", help="which of raw, on, off to measure (default: all three; "
+                    "Ray is measured unless --no-ray)")
+    ap.add_argument("--run-dir", default=None, help="where the runs' sockets and trace files go (default: a new "
+                    "directory in /dev/shm where it exists, else in the system's temporary directory)")
     ap.add_argument("--quick", action="store_true", help="a short run (3 rounds, fewer messages) for smoke tests")
     args = ap.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(args.variants) - {"raw", "on", "off"})
+    if unknown or not args.variants:
+        ap.error(f"--variants takes raw, on, off (comma-separated), got {args.variants!r}")
     if args.quick:
         args.rounds, args.asks, args.tells, args.big = 3, 300, 3000, 3
         args.ray_asks, args.ray_calls, args.ray_big = 50, 300, 2
