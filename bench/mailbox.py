@@ -72,7 +72,14 @@ class BenchClient(Actor):
     role = "client"
 
 
-def _slime_server(run_dir: str, index: int, trace: bool, ready) -> None:
+def _pin(cpus) -> None:
+    """Keep this process (and the threads it starts: ZMQ's I/O thread, the trace writer) on these CPUs."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _slime_server(run_dir: str, index: int, trace: bool, ready, cpus=None) -> None:
+    _pin(cpus)
     import uvloop
 
     from slime_actors.log import setup_logging
@@ -87,9 +94,10 @@ def _slime_server(run_dir: str, index: int, trace: bool, ready) -> None:
     uvloop.run(main())
 
 
-def _raw_server(endpoint: str, ready) -> None:
+def _raw_server(endpoint: str, ready, cpus=None) -> None:
     """Blocking ROUTER: [id, body] -> echo (or count a {'t': ...} tell, or answer {'sync': 1} with the count);
     [id, meta, data] -> the array echoed back zero-copy, after viewing it as a numpy array."""
+    _pin(cpus)
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
     ready.put(endpoint)
@@ -246,15 +254,18 @@ class RayClient:
 
     name = "Ray"
 
-    def __init__(self):
+    def __init__(self, server_cpus=None):
         import ray
         self.ray = ray
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
         @ray.remote
         class Echo:
-            def __init__(self):
+            def __init__(self, cpus):
                 self.received = 0
+                if cpus:  # the actor's worker process, where the other variants' servers run (inline: Ray's
+                    import os  # workers cannot import this script's functions)
+                    os.sched_setaffinity(0, cpus)
 
             def echo(self, x):
                 return x
@@ -262,7 +273,7 @@ class RayClient:
             def sink(self, x):
                 self.received += 1
 
-        self.actor = Echo.remote()
+        self.actor = Echo.remote(server_cpus)
         ray.get(self.actor.echo.remote(0))
         self.arr = _big_array()
 
@@ -294,7 +305,8 @@ class RayClient:
 _CLIENTS = {"raw": Raw, "slime": Slime, "ray": RayClient}
 
 
-def _client_main(kind: str, args: tuple, conn) -> None:
+def _client_main(kind: str, args: tuple, conn, cpus=None) -> None:
+    _pin(cpus)
     try:
         client = _CLIENTS[kind](*args)
     except Exception as exc:  # noqa: BLE001 -- reported to the driver, which names it
@@ -316,10 +328,10 @@ def _client_main(kind: str, args: tuple, conn) -> None:
 class Remote:
     """A variant's client in a process of its own, asked for each figure in turn over a pipe."""
 
-    def __init__(self, ctx, kind: str, *args, start_timeout: float = 180):
+    def __init__(self, ctx, kind: str, *args, cpus=None, start_timeout: float = 180):
         self.kind = kind
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_client_main, args=(kind, args, child), daemon=True)
+        self.proc = ctx.Process(target=_client_main, args=(kind, args, child, cpus), daemon=True)
         self.proc.start()
         if not self.conn.poll(start_timeout):
             self.proc.kill()
@@ -375,22 +387,26 @@ def run(args) -> dict:
     try:
         q = ctx.Queue()
         wanted = set(args.variants)
+        # --pin: every client process on one CPU, every server process on another -- the same placement for each
+        # variant, so the scheduler's choices (both ends on one core or not) do not move the figures run to run
+        client_cpus, server_cpus = ({args.pin[0]}, {args.pin[1]}) if args.pin else (None, None)
         if "raw" in wanted:
             raw_ep = f"ipc://{tmp}/raw.sock"
-            p = ctx.Process(target=_raw_server, args=(raw_ep, q), daemon=True)
+            p = ctx.Process(target=_raw_server, args=(raw_ep, q, server_cpus), daemon=True)
             p.start()
             procs.append(p)
             q.get(timeout=60)
-            variants["raw"] = Remote(ctx, "raw", raw_ep)
+            variants["raw"] = Remote(ctx, "raw", raw_ep, cpus=client_cpus)
         for index, trace in ((0, True), (1, False)):
             if ("on" if trace else "off") not in wanted:
                 continue
             run_dir = os.path.join(tmp, f"run{index}")
-            p = ctx.Process(target=_slime_server, args=(run_dir, index, trace, q), daemon=True)
+            p = ctx.Process(target=_slime_server, args=(run_dir, index, trace, q, server_cpus), daemon=True)
             p.start()
             procs.append(p)
             endpoint = q.get(timeout=60)
-            variants["on" if trace else "off"] = Remote(ctx, "slime", index, trace, endpoint, run_dir)
+            variants["on" if trace else "off"] = Remote(ctx, "slime", index, trace, endpoint, run_dir,
+                                                        cpus=client_cpus)
 
         # warm-up: connections, imports, caches
         for v in variants.values():
@@ -422,7 +438,7 @@ def run(args) -> dict:
         elif importlib.util.find_spec("ray") is None:
             ray_note = "Ray not installed; install the bench extra: pip install -e '.[bench]'"
         else:
-            variants["ray"] = v = Remote(ctx, "ray")
+            variants["ray"] = v = Remote(ctx, "ray", server_cpus, cpus=client_cpus)
             v.rtt_us(20)
             v.big_ms(1)
             v.pipelined(200)
@@ -493,7 +509,10 @@ def render(result: dict, args, started: str, load: tuple) -> str:
         f"msgpack {'.'.join(map(str, msgpack.version))}, numpy {np.__version__}",
         f"rounds: {args.rounds} (interleaved, rotating order); per round: {args.asks} asks, {args.tells} tells, "
         f"{args.big} big round trips (Ray: {args.ray_asks}, {args.ray_calls}, {args.ray_big}); "
-        f"load average before/after: {load[0]:.2f} / {load[1]:.2f}; run directories in {result['where']}",
+        f"load average before/after: {load[0]:.2f} / {load[1]:.2f}; run directories in {result['where']}; "
+        + (f"clients pinned to CPU {args.pin[0]}, servers (Ray: its actor's worker) to CPU {args.pin[1]}, Ray's "
+              "daemons unpinned" if args.pin
+           else "not pinned"),
     ]
     out = "\n".join(head) + "\n\n" + "\n".join(rows)
     if result["ray_note"]:
@@ -513,11 +532,26 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray column")
     ap.add_argument("--variants", default="raw,on,off", help="which of raw, on, off to measure (default: all three; "
                     "Ray is measured unless --no-ray)")
+    ap.add_argument("--pin", default="auto", help="CPUs for the client and the server processes, as C,S (default "
+                    "auto: the first two this process may use, when there are at least two; 'none' to let the "
+                    "scheduler place them)")
     ap.add_argument("--run-dir", default=None, help="where the runs' sockets and trace files go (default: a new "
                     "directory in /dev/shm where it exists, else in the system's temporary directory)")
     ap.add_argument("--quick", action="store_true", help="a short run (3 rounds, fewer messages) for smoke tests")
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.pin == "auto":
+        args.pin = allowed[:2] if len(allowed) >= 2 else None
+    elif args.pin == "none":
+        args.pin = None
+    else:
+        try:
+            args.pin = [int(c) for c in args.pin.split(",")]
+        except ValueError:
+            args.pin = []
+        if len(args.pin) != 2 or not set(args.pin) <= set(allowed):
+            ap.error(f"--pin takes two of the CPUs this process may use ({allowed}) as C,S, or auto, or none")
     unknown = sorted(set(args.variants) - {"raw", "on", "off"})
     if unknown or not args.variants:
         ap.error(f"--variants takes raw, on, off (comma-separated), got {args.variants!r}")
