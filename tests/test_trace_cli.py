@@ -18,6 +18,7 @@ import msgpack
 import pytest
 
 from slime_actors.cli import main
+from slime_actors.mailbox.codec import header_as_dict
 from slime_actors.traces.query import steps
 from slime_actors.traces.reader import TraceRun
 
