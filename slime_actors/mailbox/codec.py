@@ -312,19 +312,11 @@ def make_header(kind: str, sender: str, receiver: str, method: str, seq: int, tr
                 deadline: float | None = None, idem: str | None = None, re: str | None = None,
                 nframes: int = 0, msg_id: str | None = None) -> dict:
     """A version-1 header (a map): what is sent to a version-1 peer (its asks are answered in its version)."""
-    h = {"v": 1, "kind": kind, "id": msg_id or f"{_PREFIX}{next(_ids) & 0xFFFFFFFF:08x}",
-         "trace": trace, "from": sender, "to": receiver, "method": method, "seq": seq, "ts": _time()}
-    if parent is not None:
-        h["parent"] = parent
-    if deadline is not None:
-        h["deadline"] = deadline
-    if idem is not None:
-        h["idem"] = idem
-    if re is not None:
-        h["re"] = re
-    if nframes:
-        h["nframes"] = nframes
-    return h
+    h = header_v2(kind, sender, receiver, method, seq, trace, parent, deadline, idem, re)
+    h[0], h[13] = 1, nframes
+    if msg_id:
+        h[2] = msg_id
+    return header_as_dict(h)
 
 
 _time = time.time
