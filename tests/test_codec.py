@@ -98,25 +98,65 @@ def good_header(**over):
     return h
 
 
-@pytest.mark.parametrize("over,msg", [
-    ({"v": 2}, "protocol version 2 is not supported"),
-    ({"v": None}, "protocol version None"),
+def v2_header(**over) -> list:
+    h = codec.header_v2("ask", "a/0", "b/0", "m", 1, codec.new_trace_id(), None, deadline=1.0)
+    for k, v in over.items():
+        h[codec.V2_FIELDS.index(k)] = v
+    return h
+
+
+BAD_FIELDS = [
     ({"kind": "shout"}, "unknown message kind 'shout'"),
     ({"id": 5}, "header field 'id' must be str"),
     ({"seq": "1"}, "header field 'seq' must be int"),
+    ({"seq": True}, "header field 'seq' must be int"),
     ({"method": None}, "header field 'method' must be str"),
     ({"deadline": "soon"}, "header field 'deadline' must be float or nil"),
     ({"kind": "reply"}, "must carry 're'"),
     ({"nframes": -1}, "'nframes' must be >= 0"),
-])
-def test_header_validation(over, msg):
+]
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"v": 3}, "protocol version 3 is not supported"),
+    ({"v": 2}, "a version 2 header is a msgpack array, got a map"),
+    ({"v": None}, "protocol version None"),
+] + BAD_FIELDS)
+def test_header_validation_version_1(over, msg):
     with pytest.raises(ProtocolError, match=msg):
         codec.decode_header(msgpack.packb(good_header(**over)))
 
 
-def test_header_must_be_a_map():
-    with pytest.raises(ProtocolError, match="header must be a msgpack map"):
+@pytest.mark.parametrize("over,msg", [
+    ({"v": 1}, "its first field \\(the version\\) is 1"),
+    ({"v": 3}, "its first field \\(the version\\) is 3"),
+    ({"v": True}, "its first field \\(the version\\) is True"),
+] + BAD_FIELDS)
+def test_header_validation_version_2(over, msg):
+    with pytest.raises(ProtocolError, match=msg):
+        codec.decode_header(msgpack.packb(v2_header(**over)))
+
+
+def test_both_versions_decode_to_the_same_map():
+    a = v2_header(parent="0" * 16, idem="k", nframes=2)
+    m = codec.decode_header(msgpack.packb(a))
+    v1 = {k: x for k, x in zip(codec.V2_FIELDS, a) if x is not None}
+    v1["v"] = 1
+    assert codec.decode_header(msgpack.packb(v1)) == dict(m, v=1)
+    assert m["v"] == 2 and m["nframes"] == 2 and "re" not in m
+    # nils and nframes 0 are left out, as a version-1 map leaves them out
+    assert "nframes" not in codec.decode_header(msgpack.packb(v2_header(nframes=0)))
+    # later versions may append fields: a version-2 reader ignores them
+    assert codec.decode_header(msgpack.packb(a + ["future", 1])) == m
+    with pytest.raises(ProtocolError, match="array of 14 fields"):
+        codec.decode_header(msgpack.packb(a[:13]))
+
+
+def test_header_must_be_an_array_or_a_map():
+    with pytest.raises(ProtocolError, match="array of 14 fields"):
         codec.decode_header(msgpack.packb([1, 2, 3]))
+    with pytest.raises(ProtocolError, match="must be a msgpack array \\(version 2\\) or map \\(version 1\\)"):
+        codec.decode_header(msgpack.packb("hello"))
     with pytest.raises(ProtocolError, match="header is not valid msgpack"):
         codec.decode_header(b"")
 

@@ -106,6 +106,22 @@ def test_decode_header_rejects_wrong_field_types(kv):
 
 
 @FAST
+@given(header_with_a_wrong_field())
+def test_decode_header_rejects_wrong_field_types_in_a_version_2_array(kv):
+    key, value = kv
+    h = codec.header_v2("ask", "a/0", "b/0", "m", 1, codec.new_trace_id(), None, deadline=1.0)
+    h[codec.V2_FIELDS.index(key)] = value
+    with pytest.raises(ProtocolError, match="must be|not supported|unknown message kind|the version"):
+        codec.decode_header(packb(h))
+
+
+@FAST
+@given(st.lists(weird, min_size=14, max_size=16))
+def test_decode_header_random_arrays(values):
+    assert_only_protocol_errors(codec.decode_header, packb([2] + values[1:]))
+
+
+@FAST
 @given(st.integers(0, 200), st.sampled_from(HUGE), st.binary(max_size=32))
 def test_huge_declared_sizes_are_refused_without_allocating(cut, huge, tail):
     h = packb(good_header())

@@ -25,6 +25,7 @@ from helpers import Echo, LoopThread
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.directory import Directory
 from slime_actors.cli import main
+from slime_actors.mailbox import codec
 from slime_actors.runtime import RuntimeConfig
 from slime_actors.traces.reader import TraceRun
 from slime_actors.traces.replay import replay
@@ -137,7 +138,7 @@ def _rewrite(src: Path, dst: Path, edit) -> None:
     head = up.unpack()
     out = []
     for rec in up:
-        h = msgpack.unpackb(rec[2], raw=False) if rec[2] else {}
+        h = codec.header_as_dict(msgpack.unpackb(rec[2], raw=False)) if rec[2] else {}
         out.extend(edit(rec, h))
     dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
 

@@ -18,6 +18,7 @@ import msgpack
 import pytest
 
 from slime_actors.cli import main
+from slime_actors.mailbox.codec import header_as_dict
 from slime_actors.traces.query import steps
 from slime_actors.traces.reader import TraceRun
 
@@ -168,7 +169,7 @@ def rewrite(path: Path, edit) -> None:
     head, recs = up.unpack(), list(up)
     for rec in recs:
         if rec[2]:
-            edit(rec, msgpack.unpackb(rec[2], raw=False))
+            edit(rec, header_as_dict(msgpack.unpackb(rec[2], raw=False)))
     path.write_bytes(gzip.compress(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True)
                                                                     for r in recs)))
 

@@ -89,15 +89,34 @@ REQUIRED = {"v": int, "kind": str, "id": str, "trace": str, "from": str, "to": s
             "ts": float}
 
 
-def check_header(h: dict) -> None:
+def header_fields() -> list[str]:
+    """The version 2 header's field names in order, read from the document's header table."""
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", section(doc_text(), "Header"), flags=re.M)
+    assert [int(i) for i, _ in rows] == list(range(len(rows)))
+    return [name for _, name in rows]
+
+
+def as_map(h) -> dict:
+    """A received header as a map: version 2's array by the document's positions (nil = not set), a map as is."""
+    if isinstance(h, list):
+        return {k: x for k, x in zip(header_fields(), h) if x is not None}
+    return h
+
+
+def check_header(h: dict, version: int) -> None:
     """What the document's header table promises about every header."""
     for key, typ in REQUIRED.items():
         assert type(h[key]) is typ, (key, h)
-    assert h["v"] == 1
+    assert h["v"] == version
     assert re.fullmatch(r"[0-9a-f]{16}", h["id"]) and re.fullmatch(r"[0-9a-f]{32}", h["trace"])
     assert h["kind"] in ("tell", "ask", "reply", "error", "hb")
     if h["kind"] in ("reply", "error"):
         assert type(h["re"]) is str
+
+
+def test_the_header_table_lists_the_fields_in_order():
+    assert header_fields() == ["v", "kind", "id", "trace", "from", "to", "method", "seq", "ts", "parent",
+                               "deadline", "idem", "re", "nframes"]
 
 
 def test_worked_example_bytes_match_the_json_view_and_get_the_documented_reply(dealer):
@@ -106,21 +125,37 @@ def test_worked_example_bytes_match_the_json_view_and_get_the_documented_reply(d
     view = json_views(blocks[0])
     frames = frames_from_hex(blocks[1])
     assert len(frames) == 2
-    # the hex dump is the JSON view, byte for byte as documented (header 126 bytes, body 6 bytes)
+    # the hex dump is the JSON view, byte for byte as documented (header 93 bytes, body 6 bytes)
     assert [msgpack.unpackb(f) for f in frames] == view
-    assert (len(frames[0]), len(frames[1])) == (126, 6)
-    ask = view[0]
+    assert (len(frames[0]), len(frames[1])) == (93, 6)
+    ask = as_map(view[0])
 
     dealer.send_multipart(frames)
     reply = dealer.recv_multipart()
     assert len(reply) == 2
-    h, body = msgpack.unpackb(reply[0]), msgpack.unpackb(reply[1])
-    check_header(h)
-    documented = json_views(blocks[2])[0]
+    raw_h, body = msgpack.unpackb(reply[0]), msgpack.unpackb(reply[1])
+    assert isinstance(raw_h, list) and len(raw_h) == 14  # a version-2 ask is answered in version 2
+    h = as_map(raw_h)
+    check_header(h, 2)
+    documented = as_map(json_views(blocks[2])[0])
     for key in ("v", "kind", "trace", "from", "to", "method", "parent", "re"):
         assert h[key] == documented[key], key
     assert h["re"] == h["parent"] == ask["id"] and h["trace"] == ask["trace"]
     assert body == json_views(blocks[2])[1] == "hi"
+    assert h["nframes"] == 0 and "deadline" not in h and "idem" not in h
+
+
+def test_a_version_1_ask_is_answered_in_version_1(dealer):
+    """The document's version-1 map: the same ask as a map gets a map back."""
+    ask = as_map(json_views(code_blocks(section(doc_text(), "Worked example: an ask and its reply"))[0])[0])
+    ask = dict(ask, v=1, id=os.urandom(8).hex())
+    del ask["nframes"]  # absent = 0 in a map
+    dealer.send_multipart([msgpack.packb(ask), msgpack.packb({"x": "hi"})])
+    reply = dealer.recv_multipart()
+    h = msgpack.unpackb(reply[0])
+    assert isinstance(h, dict)
+    check_header(h, 1)
+    assert h["kind"] == "reply" and h["re"] == h["parent"] == ask["id"] and msgpack.unpackb(reply[1]) == "hi"
     assert "nframes" not in h
 
 
@@ -131,23 +166,31 @@ def handmade_header(**over) -> dict:
     return h
 
 
+def handmade_v2(**over) -> list:
+    fields = header_fields()
+    h = [None] * len(fields)
+    for k, x in dict(handmade_header(v=2, nframes=0), **over).items():
+        h[fields.index(k)] = x
+    return h
+
+
 def test_handmade_ask_with_deadline_and_an_array(dealer):
     """The array layout: ext type 1 with [frame_index, dtype, shape, kind], raw little-endian C-order frame."""
     a = np.arange(12, dtype="<f4").reshape(3, 4) * 0.5
     ref = msgpack.ExtType(1, msgpack.packb([0, "float32", [3, 4], "numpy"]))
-    h = handmade_header(deadline=time.time() + 30, nframes=1, seq=7)
+    h = handmade_v2(deadline=time.time() + 30, nframes=1, seq=7)
     dealer.send_multipart([msgpack.packb(h), msgpack.packb({"x": {"a": ref, "tag": "t"}}), a.tobytes()])
     reply = dealer.recv_multipart()
-    rh = msgpack.unpackb(reply[0])
-    check_header(rh)
-    assert rh["kind"] == "reply" and rh["re"] == h["id"] and rh["nframes"] == 1 and len(reply) == 3
+    rh = as_map(msgpack.unpackb(reply[0]))
+    check_header(rh, 2)
+    assert rh["kind"] == "reply" and rh["re"] == as_map(h)["id"] and rh["nframes"] == 1 and len(reply) == 3
     refs = []
     body = msgpack.unpackb(reply[1], ext_hook=lambda code, data: refs.append((code, msgpack.unpackb(data))) or "ref")
     assert body == {"a": "ref", "tag": "t"}
     assert refs == [(1, [0, "float32", [3, 4], "numpy"])]
     assert reply[2] == a.tobytes()
 
-    # the document's own array example: 3 float32 values, 12 bytes
+    # the document's own array example: 3 float32 values, 12 bytes (here in a version-1 header: same layout)
     ex = section(doc_text(), "Worked example: an ask and its reply")
     arr_section = ex[ex.index("### With an array"):]
     body_hex, = [b for b in code_blocks(arr_section)]
@@ -164,21 +207,29 @@ def test_handmade_ask_with_deadline_and_an_array(dealer):
 @pytest.mark.parametrize("frames,expect", [
     ([bytes.fromhex("92 01")], "expected header and body frames"),
     ([b"\xc1", b"\xc0"], "header is not valid msgpack"),
-    ("v2", "protocol version 2"),
+    ("v3", "protocol version 3"),
+    ("v2_map", "a version 2 header is a msgpack array, got a map"),
     ("v_true", "protocol version True"),
     ("seq_str", "'seq' must be int"),
     ("frames_mismatch", "header says 2 array frame(s), message has 0"),
     ("reply_kind", "cannot be sent to a mailbox"),
+    ([msgpack.packb([2, "ask", "x"]), b"\xc0"], "a version 2 header is an array of 14 fields"),
+    ("v2_seq_str", "'seq' must be int"),
+    ("v2_as_v1", "its first field (the version) is 1"),
 ])
 def test_undecodable_requests_get_an_error_with_empty_re(dealer, frames, expect):
-    bad = {"v2": {"v": 2}, "v_true": {"v": True}, "seq_str": {"seq": "1"}, "frames_mismatch": {"nframes": 2},
+    bad = {"v3": {"v": 3}, "v2_map": {"v": 2}, "v_true": {"v": True}, "seq_str": {"seq": "1"}, "frames_mismatch": {"nframes": 2},
            "reply_kind": {"kind": "reply", "re": "00"}}
-    if isinstance(frames, str):
+    if frames == "v2_seq_str":
+        frames = [msgpack.packb(handmade_v2(seq="1")), msgpack.packb({"x": 1})]
+    elif frames == "v2_as_v1":
+        frames = [msgpack.packb(handmade_v2(v=1)), msgpack.packb({"x": 1})]
+    elif isinstance(frames, str):
         frames = [msgpack.packb(handmade_header(**bad[frames])), msgpack.packb({"x": 1})]
     dealer.send_multipart(frames)
     reply = dealer.recv_multipart()
     h, body = msgpack.unpackb(reply[0]), msgpack.unpackb(reply[1])
-    check_header(h)
+    check_header(h, 1)  # an unreadable request is answered in version 1, which every version reads
     assert (h["kind"], h["re"], h["to"], h["method"], h["seq"]) == ("error", "", "?", "", 0)
     assert set(body) == {"type", "message", "peer", "method"}
     assert body["type"] == "ProtocolError" and expect in body["message"] and body["peer"] == "echo/1"
@@ -199,7 +250,7 @@ def test_documented_error_bodies(dealer, over, body, frames, typ, expect):
     dealer.send_multipart([msgpack.packb(h), msgpack.packb(body)] + frames)
     reply = dealer.recv_multipart()
     rh, rb = msgpack.unpackb(reply[0]), msgpack.unpackb(reply[1])
-    check_header(rh)
+    check_header(rh, 1)
     assert rh["kind"] == "error" and rh["re"] == h["id"] and rh["parent"] == h["id"]
     assert rb["type"] == typ and expect in rb["message"]
     assert rb["peer"] == "echo/1" and rb["method"] == h["method"]

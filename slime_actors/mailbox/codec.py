@@ -2,7 +2,8 @@
 
 A message is a ZeroMQ multipart message of 2 + N frames:
 
-    frame 0   header  msgpack map (the envelope: version, kind, ids, sender, receiver, method, ...)
+    frame 0   header  the envelope (version, kind, ids, sender, receiver, method, ...): a msgpack array of fixed
+                      positions (protocol version 2), or a msgpack map (version 1, still accepted)
     frame 1   body    msgpack value; arrays inside it are ext type 1 referring to frames 2..
     frame 2.. arrays  raw little-endian C-contiguous bytes, one frame per array, sent without copying
 
@@ -24,8 +25,8 @@ import numpy as np
 
 from .errors import MessageTooLarge, ProtocolError
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 ARRAY_EXT = 1
 
 KINDS = ("tell", "ask", "reply", "error", "hb")
@@ -36,6 +37,11 @@ RESPONSE_KINDS = ("reply", "error")
 REQUIRED_HEADER = {"v": int, "kind": str, "id": str, "trace": str, "from": str, "to": str, "method": str,
                    "seq": int, "ts": float}
 OPTIONAL_HEADER = {"parent": str, "deadline": float, "idem": str, "re": str, "nframes": int}
+# Version 2: the same fields as an array, in this order (nil where an optional field is not set). Decoding a map
+# costs a string object per key and a lookup per field; the array is ~2.5x cheaper to decode and ~1.7x to pack.
+V2_FIELDS = ("v", "kind", "id", "trace", "from", "to", "method", "seq", "ts", "parent", "deadline", "idem", "re",
+             "nframes")
+V2_LEN = len(V2_FIELDS)
 
 # dtype names on the wire <-> numpy dtypes.  bfloat16 has no numpy dtype: it travels as raw 2-byte words.
 _WIRE_DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
@@ -295,29 +301,45 @@ def traceparent(header: dict) -> str:
     return f"00-{header['trace']}-{header['id']}-01"
 
 
+def header_v2(kind: str, sender: str, receiver: str, method: str, seq: int, trace: str, parent: str | None,
+              deadline: float | None = None, idem: str | None = None, re: str | None = None) -> list:
+    """A version-2 header (V2_FIELDS order) with a new message id at [2]; [13], nframes, is set when encoding."""
+    return [2, kind, f"{_PREFIX}{next(_ids) & 0xFFFFFFFF:08x}", trace, sender, receiver, method, seq, _time(),
+            parent, deadline, idem, re, 0]
+
+
 def make_header(kind: str, sender: str, receiver: str, method: str, seq: int, trace: str, parent: str | None,
                 deadline: float | None = None, idem: str | None = None, re: str | None = None,
                 nframes: int = 0, msg_id: str | None = None) -> dict:
-    h = {"v": PROTOCOL_VERSION, "kind": kind, "id": msg_id or f"{_PREFIX}{next(_ids) & 0xFFFFFFFF:08x}",
-         "trace": trace, "from": sender, "to": receiver, "method": method, "seq": seq, "ts": _time()}
-    if parent is not None:
-        h["parent"] = parent
-    if deadline is not None:
-        h["deadline"] = deadline
-    if idem is not None:
-        h["idem"] = idem
-    if re is not None:
-        h["re"] = re
-    if nframes:
-        h["nframes"] = nframes
-    return h
+    """A version-1 header (a map): what is sent to a version-1 peer (its asks are answered in its version)."""
+    h = header_v2(kind, sender, receiver, method, seq, trace, parent, deadline, idem, re)
+    h[0], h[13] = 1, nframes
+    if msg_id:
+        h[2] = msg_id
+    return header_as_dict(h)
 
 
 _time = time.time
 
 
-def pack_header(h: dict) -> bytes:
+def pack_header(h: dict | list) -> bytes:
+    """Pack a header as it is: a map (version 1) or an array (version 2)."""
     return msgpack.packb(h, use_bin_type=True)
+
+
+def header_as_dict(h) -> dict | None:
+    """A decoded header of either version as a map, without validating it (for trace readers); None if neither."""
+    if type(h) is dict:
+        return h
+    if type(h) is list and len(h) >= V2_LEN:
+        out = dict(zip(V2_FIELDS, h))
+        for key in ("parent", "deadline", "idem", "re"):
+            if out[key] is None:
+                del out[key]
+        if not out["nframes"]:
+            del out["nframes"]
+        return out
+    return None
 
 
 _KNOWN_OPTIONAL = frozenset(OPTIONAL_HEADER)
@@ -326,16 +348,19 @@ _RESPONSE_SET = frozenset(RESPONSE_KINDS)
 
 
 def decode_header(data) -> dict:
-    """Decode and validate a header frame. Raises ProtocolError naming what is wrong."""
+    """Decode and validate a header frame (version 2 array or version 1 map) into a map: the required fields and the
+    optional ones that are set (nframes only when > 0). Raises ProtocolError naming what is wrong."""
     try:
         h = _unpackb(data)
     except Exception as exc:
         raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}: {exc}") from None
-    # fast path: a well-formed header as this implementation writes it (exact types, known keys only)
+    if type(h) is list:
+        return _decode_v2(h)
+    # version 1, fast path: a well-formed header as this implementation writes it (exact types, known keys only)
     if type(h) is dict:
         g = h.get
         v = g("v")
-        if (v == PROTOCOL_VERSION and type(v) is int and type(g("id")) is str and type(g("trace")) is str
+        if (v == 1 and type(v) is int and type(g("id")) is str and type(g("trace")) is str
                 and type(g("from")) is str and type(g("to")) is str and type(g("method")) is str
                 and type(g("seq")) is int and type(g("ts")) is float and type(g("kind")) is str):
             kind = g("kind")
@@ -363,15 +388,54 @@ def decode_header(data) -> dict:
                             n -= 1 if type(x) is int and x >= 0 else 99
                     if n == 0:
                         return h
-    return _decode_header_slow(h)
+    return _decode_header_slow(h, 1)
 
 
-def _decode_header_slow(h) -> dict:
+def _decode_v2(a: list) -> dict:
+    n = len(a)
+    if n != V2_LEN:
+        if n < V2_LEN:
+            raise ProtocolError(f"a version 2 header is an array of {V2_LEN} fields ({', '.join(V2_FIELDS)}), "
+                                f"got {n}")
+        a = a[:V2_LEN]  # fields a later version appended
+    v, kind, mid, trace, frm, to, method, seq, ts, parent, dl, idem, re_, nf = a
+    # fast path: exact types, as this implementation writes them
+    if (v == 2 and type(v) is int and type(kind) is str and type(mid) is str and type(trace) is str
+            and type(frm) is str and type(to) is str and type(method) is str and type(seq) is int
+            and type(ts) is float and (parent is None or type(parent) is str) and (dl is None or type(dl) is float)
+            and (idem is None or type(idem) is str) and (nf is None or (type(nf) is int and nf >= 0))
+            and ((kind in _REQUEST_SET and re_ is None) or (kind in _RESPONSE_SET and type(re_) is str))):
+        h = {"v": 2, "kind": kind, "id": mid, "trace": trace, "from": frm, "to": to, "method": method, "seq": seq,
+             "ts": ts}
+        if parent is not None:
+            h["parent"] = parent
+        if dl is not None:
+            h["deadline"] = dl
+        if idem is not None:
+            h["idem"] = idem
+        if re_ is not None:
+            h["re"] = re_
+        if nf:
+            h["nframes"] = nf
+        return h
+    if type(v) is not int or v != 2:
+        raise ProtocolError(f"an array header is protocol version 2, but its first field (the version) is {v!r}")
+    m = dict(zip(V2_FIELDS, a))
+    m = {k: x for k, x in m.items() if x is not None}
+    if m.get("nframes") == 0:
+        del m["nframes"]
+    return _decode_header_slow(m, 2)
+
+
+def _decode_header_slow(h, layout: int) -> dict:
     if not isinstance(h, dict):
-        raise ProtocolError(f"header must be a msgpack map, got {type(h).__name__}")
+        raise ProtocolError(f"header must be a msgpack array (version 2) or map (version 1), got {type(h).__name__}")
     v = h.get("v")
     if type(v) is not int or v not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"protocol version {v!r} is not supported (supported: {list(SUPPORTED_VERSIONS)})")
+    if v != layout:
+        raise ProtocolError(f"a version {v} header is a msgpack {'array' if v == 2 else 'map'}, got a "
+                            f"{'map' if layout == 1 else 'array'}")
     for key, typ in REQUIRED_HEADER.items():
         val = h.get(key)
         if typ is float and isinstance(val, int) and not isinstance(val, bool):

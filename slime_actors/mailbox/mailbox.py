@@ -423,17 +423,22 @@ class Mailbox:
             return codec.new_trace_id(), None
         return cause
 
-    def _encode(self, header: dict, body: Any, host_copy: bool):
+    def _encode(self, header: list | dict, body: Any, host_copy: bool):
+        """Encode a message: `header` is a version-2 array (codec.header_v2) or, to a version-1 asker, a map."""
         body_bytes, buffers, refs = self._body_encoder.encode(body, host_copy)
         if buffers:
-            header["nframes"] = len(buffers)
+            if type(header) is list:
+                header[13] = len(buffers)
+            else:
+                header["nframes"] = len(buffers)
             total = sum(r.nbytes for r in refs)
         else:
             total = 0
         header_bytes = self._header_packer.pack(header)
         total += len(header_bytes) + len(body_bytes)
         if total > self.config.max_message_bytes:
-            raise MessageTooLarge(f"{header['method']} to {header['to']}: message is {total} bytes, over the "
+            method, to = (header[6], header[5]) if type(header) is list else (header["method"], header["to"])
+            raise MessageTooLarge(f"{method} to {to}: message is {total} bytes, over the "
                                   f"{self.config.max_message_bytes}-byte limit")
         return header_bytes, body_bytes, buffers, refs
 
@@ -487,15 +492,15 @@ class Mailbox:
         peer.seq += 1
         cause = current_cause.get()
         if cause is None:
-            header = codec.make_header("tell", self.name, to, method, peer.seq, codec.new_trace_id(), None)
+            header = codec.header_v2("tell", self.name, to, method, peer.seq, codec.new_trace_id(), None)
         else:
-            header = codec.make_header("tell", self.name, to, method, peer.seq, cause[0], cause[1])
+            header = codec.header_v2("tell", self.name, to, method, peer.seq, cause[0], cause[1])
         hb, bb, buffers, refs = self._encode(header, body, host_copy)
         sock = peer.sock
         if not self._try_send(sock, None, hb, bb, buffers):
             await self._send_later(sock, None, hb, bb, buffers)
         self._sent(hb, bb, refs, buffers)
-        return header["id"]
+        return header[2]
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
                   idem: str | None = None, host_copy: bool = False) -> Any:
@@ -509,10 +514,10 @@ class Mailbox:
             peer.seq += 1
             cause = current_cause.get()
             trace, parent = (codec.new_trace_id(), None) if cause is None else cause
-            header = codec.make_header("ask", self.name, to, method, peer.seq, trace, parent,
-                                       deadline=_time() + timeout, idem=idem)
+            header = codec.header_v2("ask", self.name, to, method, peer.seq, trace, parent,
+                                     deadline=_time() + timeout, idem=idem)
             hb, bb, buffers, refs = self._encode(header, body, host_copy)
-            mid = header["id"]
+            mid = header[2]
             loop = self._loop
             fut = loop.create_future()
             deadline = loop.time() + timeout
@@ -578,9 +583,10 @@ class Mailbox:
         seq = self._seq_out.get(inbound.identity, 0) + 1
         self._seq_out[inbound.identity] = seq
         rid = req.get("id")
-        header = codec.make_header("reply" if error is None else "error", self.name, req.get("from", "?"),
-                                   req.get("method", ""), seq, req.get("trace") or codec.new_trace_id(), rid,
-                                   re=rid or "")
+        # answered in the asker's version: a version-1 client gets a map, everyone else the array
+        make = codec.make_header if req.get("v") == 1 else codec.header_v2
+        header = make("reply" if error is None else "error", self.name, req.get("from", "?"), req.get("method", ""),
+                      seq, req.get("trace") or codec.new_trace_id(), rid, re=rid or "")
         try:
             return self._encode(header, body if error is None else error, host_copy)
         except (TypeError, MessageTooLarge) as exc:
@@ -627,7 +633,8 @@ class Mailbox:
         self.on_drop(f"reply to {req.get('from')} for {req.get('method')} not delivered: {exc}", inbound.identity)
 
     def reply_error_raw(self, identity: bytes, message: str) -> None:
-        """Answer a message we could not decode (no usable header): an error with re="" (best effort)."""
+        """Answer a message we could not decode (no usable header): an error with re="" (best effort), in version 1
+        (a map): its sender's version is unknown, and every version reads that."""
         header = codec.make_header("error", self.name, "?", "", 0, codec.new_trace_id(), None, re="")
         body = {"type": "ProtocolError", "message": message, "peer": self.name, "method": ""}
         try:
@@ -725,7 +732,7 @@ class Mailbox:
         """A liveness message (kind hb) to `to`; never waits for an answer."""
         peer = await self._peer(to)
         peer.seq += 1
-        header = codec.make_header("hb", self.name, to, "heartbeat", peer.seq, codec.new_trace_id(), None)
+        header = codec.header_v2("hb", self.name, to, "heartbeat", peer.seq, codec.new_trace_id(), None)
         await self._send(peer.sock, [], header, body, False)
 
 

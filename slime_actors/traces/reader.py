@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import msgpack
 
+from ..mailbox.codec import header_as_dict
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
 SUPPORTED = (1, 2, 3)  # docs/trace-format.md: what changed from one version to the next
@@ -164,12 +165,14 @@ def read_file(path: str | os.PathLike) -> TraceFile:
         header = None
         if hraw is not None:
             try:
-                header = msgpack.unpackb(hraw, raw=False, strict_map_key=False)
+                header = header_as_dict(msgpack.unpackb(hraw, raw=False, strict_map_key=False))
             except Exception as exc:
                 raise TraceFormatError(path, offset, f"record header is not msgpack: {exc}") from None
+            # an envelope of either protocol version (docs/wire-format.md): version 2's array is read as a map
             if not isinstance(header, dict) or not all(isinstance(header.get(k), str) for k in _HEADER_KEYS):
-                raise TraceFormatError(path, offset, "expected a message header map with string fields "
-                                                     f"{', '.join(_HEADER_KEYS)}, got {str(header)[:120]}")
+                raise TraceFormatError(path, offset, "expected a message header (a version 2 array or a version 1 "
+                                                     f"map) with string fields {', '.join(_HEADER_KEYS)}, got "
+                                                     f"{str(header)[:120]}")
         if ev == "recv" and extra and ("handled" in extra or "ok" in extra):
             # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
             if "ok" in extra:  # version 3's short form of a handler that returned

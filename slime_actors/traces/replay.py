@@ -45,6 +45,7 @@ from typing import Any
 import msgpack
 
 from ..log import get_logger
+from ..mailbox import codec
 from .compare import Difference, first_difference, volatile_for_replay
 from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body
 from .writer import digest
@@ -203,7 +204,7 @@ class ReplayTracer:
     def record(self, ev, header, body=None, refs=None, buffers=None, extra=None) -> None:
         if ev == "handled" and header is not None:
             try:
-                hid = msgpack.unpackb(bytes(header), raw=False).get("id")
+                hid = codec.header_as_dict(msgpack.unpackb(bytes(header), raw=False)).get("id")
             except Exception:
                 return
             rec = dict(extra or {})
