@@ -218,6 +218,9 @@ def _dist_worker(rank, world, port, args_dict, out_dir):
         assert all(torch.equal(w[k], v) for k, v in weights(b).items())
         if rank == 0:
             torch.save({"weights": w, "metrics": metrics}, os.path.join(out_dir, "result.pt"))
+        # leave together: a rank that tore its group down while the other still used it made gloo's background
+        # thread abort the other (SIGABRT, "terminate called without an active exception"; seen once in CI-like runs)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
