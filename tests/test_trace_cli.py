@@ -393,3 +393,15 @@ def test_missing_run_and_console_script(tmp_path):
     res = subprocess.run([str(exe), "trace", "summary", str(SMALL)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "NO_COLOR": "1"})
     assert res.returncode == 0 and "reward      score" in res.stdout
+
+
+def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
+    """A file's header names the version of the records in it: the short {"ok": ...} outcome is version 3, so a file
+    that holds it must not say 2 (older readers would misread it)."""
+    from slime_actors.traces.reader import SUPPORTED
+    from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
+    assert TRACE_VERSION == max(SUPPORTED) == 3
+    w = TraceWriter(tmp_path / "a.trace", "reward/0")
+    w.close()
+    meta = next(iter(msgpack.Unpacker(open(tmp_path / "a.trace", "rb"), raw=False)))
+    assert meta["version"] == TRACE_VERSION

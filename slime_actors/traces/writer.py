@@ -36,8 +36,10 @@ import xxhash
 TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
 # 2: a request handled synchronously may be one `recv` record whose extra holds {"handled": {...}} (the reader splits
-#    it); inputs may carry a `key`. Readers of version 2 read version 1 files too (docs/trace-format.md).
-TRACE_VERSION = 2
+#    it); inputs may carry a `key`.
+# 3: a returned handler's outcome in that record may be the short {"ok": [t_ns, dur_ns]}. Readers read every older
+#    version too (docs/trace-format.md, *Versions*).
+TRACE_VERSION = 3
 
 # events
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
