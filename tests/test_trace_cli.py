@@ -312,6 +312,14 @@ BAD = {
     "twice.trace": (lambda: _header(version=3) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None,
                                                                  {"ok": [2, 1], "handled": {"outcome": "ok"}}]),
                     "carries its outcome once"),
+    "dur.trace": (lambda: _header(version=4) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None, None, -1]),
+                  "expected the outcome field dur_ns as an int >= 0"),
+    "sent.trace": (lambda: _header(version=4) + msgpack.packb(["send", 1, _REQ, None, 0, None, None, None, 1]),
+                   "only a recv record carries an outcome"),
+    "both.trace": (lambda: _header(version=4) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None,
+                                                                {"ok": [2, 1]}, 1]), "carries its outcome once"),
+    "ten.trace": (lambda: _header(version=4) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None, None, 2, 1]),
+                  "expected a record [event, time_ns"),
 }
 
 
@@ -336,17 +344,20 @@ def test_bad_trace_files_are_reported_clearly_by_every_command(cli, tmp_path, na
     assert rc == 0 and "reward" in out and f"skipped: {d / name}" in err
 
 
-def test_a_synchronously_handled_request_reads_as_recv_and_handled_in_both_forms(tmp_path):
-    """Version 3's short outcome {"ok": [t, dur]} and version 2's {"handled": {...}} give the same two events."""
+def test_a_synchronously_handled_request_reads_as_recv_and_handled_in_every_form(tmp_path):
+    """Version 4's outcome field [..., dur_ns], version 3's {"ok": [t, dur]} and version 2's
+    {"handled": {...}} give the same two events."""
     from slime_actors.traces.reader import read_file
-    long_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"handled": {"outcome": "ok", "dur_ns": 5, "t": 20}}]
-    short_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"ok": [20, 5]}]
+    long_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"handled": {"outcome": "ok", "dur_ns": 10, "t": 20}}]
+    short_form = ["recv", 10, _REQ, b"\x80", 1, None, None, {"ok": [20, 10]}]
+    fields_form = ["recv", 10, _REQ, b"\x80", 1, None, None, None, 10]
     got = []
-    for version, rec in ((2, long_form), (3, short_form)):
+    for version, rec in ((2, long_form), (3, short_form), (4, fields_form)):
         f = tmp_path / f"v{version}.trace"
         f.write_bytes(_header(version=version) + msgpack.packb(rec, use_bin_type=True))
         got.append([(e.ev, e.t_ns, e.id, e.extra) for e in read_file(f).events])
-    assert got[0] == got[1] == [("recv", 10, "a1", None), ("handled", 20, "a1", {"outcome": "ok", "dur_ns": 5})]
+    assert got[0] == got[1] == got[2] == [("recv", 10, "a1", None),
+                                          ("handled", 20, "a1", {"outcome": "ok", "dur_ns": 10})]
 
 
 def test_offsets_point_at_the_bad_record(cli, tmp_path):
@@ -396,11 +407,10 @@ def test_missing_run_and_console_script(tmp_path):
 
 
 def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
-    """A file's header names the version of the records in it: the short {"ok": ...} outcome is version 3, so a file
-    that holds it must not say 2 (older readers would misread it)."""
+    """A file's header names the version of the records in it (older readers would misread newer records)."""
     from slime_actors.traces.reader import SUPPORTED
     from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
-    assert TRACE_VERSION == max(SUPPORTED) == 3
+    assert TRACE_VERSION == max(SUPPORTED) == 4
     w = TraceWriter(tmp_path / "a.trace", "reward/0")
     w.close()
     meta = next(iter(msgpack.Unpacker(open(tmp_path / "a.trace", "rb"), raw=False)))

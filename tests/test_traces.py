@@ -326,3 +326,24 @@ def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path
     assert first_difference(old, new) is None                      # two algorithms: dtype and shape only
     assert first_difference(new, {"x": {**new["x"], "hash": digest(data + b"!")}}) is not None
     assert first_difference(old, {"x": {**new["x"], "shape": [5]}}) is not None
+
+
+def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
+    """The common case is written as one recv record with dur_ns appended (format version 4), and read back as a recv
+    and an ok handled event dur_ns after it."""
+    import glob
+
+    import msgpack
+
+    from slime_actors.traces.reader import read_file
+    run_dir, _ = traced_run
+    (path,) = glob.glob(os.path.join(run_dir, "traces", "echo-1.*.trace"))
+    up = msgpack.Unpacker(open(path, "rb"), raw=False)
+    meta = next(up)
+    long_records = [r for r in up if len(r) == 9]
+    assert meta["version"] == 4 and long_records
+    assert all(r[0] == "recv" and r[8] >= 0 for r in long_records)
+    handled = {e.id: e for e in read_file(path).events if e.ev == "handled"}
+    for r in long_records:
+        mid = msgpack.unpackb(r[2])[2]  # a version-2 header: the id is its third field
+        assert handled[mid].t_ns == r[1] + r[8] and handled[mid].extra == {"outcome": "ok", "dur_ns": r[8]}

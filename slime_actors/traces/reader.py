@@ -22,7 +22,7 @@ import msgpack
 from ..mailbox.codec import header_as_dict
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
-SUPPORTED = (1, 2, 3)  # docs/trace-format.md: what changed from one version to the next
+SUPPORTED = (1, 2, 3, 4)  # docs/trace-format.md: what changed from one version to the next
 
 
 class TraceFormatError(ValueError):
@@ -155,11 +155,14 @@ def read_file(path: str | os.PathLike) -> TraceFile:
             break
         except Exception as exc:
             raise TraceFormatError(path, offset, f"expected a trace record, could not decode: {exc}") from None
-        if not isinstance(rec, list) or len(rec) != 8 or not isinstance(rec[0], str) or not isinstance(rec[1], int):
+        if (not isinstance(rec, list) or len(rec) not in (8, 9) or not isinstance(rec[0], str)
+                or not isinstance(rec[1], int)):
             raise TraceFormatError(path, offset, "expected a record [event, time_ns, header, body, body_size, "
-                                                 f"body_hash, arrays, extra], got {str(rec)[:120]}")
-        ev, t, hraw, body, size, bhash, arrays, extra = rec
-        problem = _check_record(ev, hraw, body, size, arrays, extra)
+                                                 "body_hash, arrays, extra] (a recv may add dur_ns), "
+                                                 f"got {str(rec)[:120]}")
+        ev, t, hraw, body, size, bhash, arrays, extra = rec[:8]
+        problem = _check_record(ev, hraw, body, size, arrays, extra) or (_check_outcome(ev, extra, rec[8])
+                                                                         if len(rec) == 9 else None)
         if problem:
             raise TraceFormatError(path, offset, problem)
         header = None
@@ -173,6 +176,11 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                 raise TraceFormatError(path, offset, "expected a message header (a version 2 array or a version 1 "
                                                      f"map) with string fields {', '.join(_HEADER_KEYS)}, got "
                                                      f"{str(header)[:120]}")
+        if len(rec) == 9:  # version 4: a request whose handler returned dur_ns after its arrival, in one record
+            events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, extra, str(path), offset))
+            events.append(Event(actor, "handled", t + rec[8], header, None, 0, None, None,
+                                {"outcome": "ok", "dur_ns": rec[8]}, str(path), offset))
+            continue
         if ev == "recv" and extra and ("handled" in extra or "ok" in extra):
             # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
             if "ok" in extra:  # version 3's short form of a handler that returned
@@ -218,6 +226,18 @@ def _check_record(ev, hraw, body, size, arrays, extra) -> str | None:
             return f"expected extra.ok (when the handler returned, how long it ran) as [t_ns, dur_ns], got {ok!r:.80}"
         if "handled" in extra:
             return "a recv record carries its outcome once: extra has both 'ok' and 'handled'"
+    return None
+
+
+def _check_outcome(ev, extra, dur) -> str | None:
+    """What is wrong with a version-4 record's outcome field dur_ns (None if nothing)."""
+    if ev != "recv":
+        return f"only a recv record carries an outcome (dur_ns), this is a {str(ev)[:40]!r}"
+    if type(dur) is not int or dur < 0:
+        return f"expected the outcome field dur_ns as an int >= 0, got {dur!r:.80}"
+    if extra and ("ok" in extra or "handled" in extra):
+        return "a recv record carries its outcome once: it has dur_ns and extra." + \
+            ("ok" if "ok" in extra else "handled")
     return None
 
 

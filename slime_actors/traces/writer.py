@@ -12,9 +12,10 @@ went over the wire, so recording re-encodes nothing. Two ways in:
   writer thread finishes (checksums) and packs.
 
 A record is the msgpack array [event, time_ns, header, body, body_size, body_hash, arrays, extra]. A request that an
-actor handled synchronously is written as one `recv` record whose extra holds its outcome -- {"ok": [t_ns, dur_ns]}
-when the handler returned, else {"handled": {..., "t": time_ns}} -- the outcome that would otherwise be a separate
-`handled` record; the reader splits it back into the two events.
+actor handled synchronously is written as one `recv` record that also holds its outcome -- when the handler returned,
+a ninth field, [..., extra, dur_ns] (it returned dur_ns after the request's arrival); else extra =
+{"handled": {..., "t": time_ns}} -- the outcome that would otherwise be a separate `handled` record; the reader splits
+it back into the two events.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
 # 2: a request handled synchronously may be one `recv` record whose extra holds {"handled": {...}} (the reader splits
 #    it); inputs may carry a `key`.
-# 3: a returned handler's outcome in that record may be the short {"ok": [t_ns, dur_ns]}. Readers read every older
-#    version too (docs/trace-format.md, *Versions*).
-TRACE_VERSION = 3
+# 3: a returned handler's outcome in that record may be the short {"ok": [t_ns, dur_ns]}.
+# 4: ... or, instead, a ninth field of the recv record: [..., extra, dur_ns], the handler having returned dur_ns after
+#    the arrival (no map, no list, no clock read of its own: the cheapest record to build and pack on the loop).
+#    Readers read every older version too (docs/trace-format.md, *Versions*).
+TRACE_VERSION = 4
 
 # events
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
@@ -90,9 +93,9 @@ class TraceWriter:
         # The hot path's entries (the mailbox and the actor's dispatch use them; see record()): a bound deque.append
         # and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
         # `append` takes a record packed with `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None,
-        # None, extra) with header and body as bytes -- or, unpacked, such an 8-tuple (the writer packs it) or the
-        # 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which the writer
-        # thread finishes (checksums of arrays and of bodies over body_limit).
+        # None, extra), or the 9-tuple of a recv with its outcome, with header and body as bytes -- or, unpacked,
+        # such an 8-tuple (the writer packs it) or the 7-tuple that record() queues (event, time_ns, header, body,
+        # refs, buffers, extra), which the writer thread finishes (checksums of arrays and of bodies over body_limit).
         self.append = self._q.append
         self.pack = msgpack.Packer(use_bin_type=True).pack
         self._file = open(self.path, "ab", buffering=1 << 20)
@@ -146,9 +149,9 @@ class TraceWriter:
                 return
             # n calls of popleft, from C (records are never None); only this thread, or close() under the lock, pops
             items = list(itertools.islice(iter(q.popleft, None), n))
-            if set(map(type, items)) == _BYTES_ONLY:
-                chunks = [b"".join(items)]
-            else:
+            try:
+                chunks = [b"".join(items)]  # all bytes (join checks each item's type, in C)
+            except TypeError:  # tuples among them
                 chunks = []
                 n = self._drain_mixed(items, chunks)
             if chunks:
@@ -239,9 +242,6 @@ class TraceWriter:
             self._file.close()
         except OSError:
             pass
-
-
-_BYTES_ONLY = {bytes}
 
 
 def _plain(obj):
