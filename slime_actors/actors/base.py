@@ -28,6 +28,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from ..log import get_logger
@@ -223,12 +224,16 @@ class Actor:
         return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
 
     # ------------------------------------------------------------------------------------------ sending
-    async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
-                  idem: str | None = None, host_copy: bool = False) -> Any:
-        return await self.mailbox.ask(to, method, body, timeout=timeout, idem=idem, host_copy=host_copy)
+    # ask and tell hand back the mailbox's coroutine (await it) instead of wrapping it in one of their own: a
+    # coroutine frame fewer on every call and every resumption
+    def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
+            idem: str | None = None, host_copy: bool = False) -> Coroutine[Any, Any, Any]:
+        """Send a request to `to` (a name, role/index) and wait for the reply: ``await actor.ask(...)``."""
+        return self.mailbox.ask(to, method, body, timeout=timeout, idem=idem, host_copy=host_copy)
 
-    async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
-        return await self.mailbox.tell(to, method, body, host_copy=host_copy)
+    def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> Coroutine[Any, Any, str]:
+        """Send a one-way message: ``await actor.tell(...)`` (waits only while the peer's queue is full)."""
+        return self.mailbox.tell(to, method, body, host_copy=host_copy)
 
     def record_input(self, name: str, value: Any, key: str | None = None) -> None:
         """Record a nondeterministic input (engine output, clock) in the trace for replay."""
@@ -374,7 +379,6 @@ class Actor:
 
     def _succeeded(self, inbound: Inbound, result: Any, t0: int) -> None:
         """A handler returned; `t0` is when its request counts as begun (time_ns: see _on_request), 0 untraced."""
-        self.counters["handled"] += 1
         h = inbound.header
         if t0:
             done = _time_ns()
@@ -382,7 +386,8 @@ class Actor:
             if h.get("idem") is not None:
                 self._remember(h, ("reply", result))
             self._send_reply(inbound, result, None)
-        if t0:  # after the reply: the asker need not wait for the trace
+        self.counters["handled"] += 1  # this and the trace after the reply: the asker need not wait for them
+        if t0:
             dur = done - t0 if done > t0 else 0  # a wall-clock step back reads as 0, not as a negative time
             body = inbound.body_bytes
             if t0 == inbound.t_ns and not inbound.arrays and len(body) <= self._tlimit:

@@ -514,23 +514,19 @@ class Mailbox:
             peer.seq += 1
             cause = current_cause.get()
             trace, parent = (codec.new_trace_id(), None) if cause is None else cause
-            header = codec.header_v2("ask", self.name, to, method, peer.seq, trace, parent,
-                                     deadline=_time() + timeout, idem=idem)
+            header = codec.header_v2("ask", self.name, to, method, peer.seq, trace, parent, _time() + timeout, idem)
             hb, bb, buffers, refs = self._encode(header, body, host_copy)
-            mid = header[2]
+            sock = peer.sock
+            if not self._try_send(sock, None, hb, bb, buffers):
+                await self._send_later(sock, None, hb, bb, buffers)
+            # Registered once sent: the reply can only be read by a later turn of the loop (this task has not
+            # yielded since the send), and the bookkeeping then runs while the message travels, not before it.
             loop = self._loop
             fut = loop.create_future()
             deadline = loop.time() + timeout
-            self._pending[mid] = _Pending(fut, to, method, deadline, timeout)
+            self._pending[header[2]] = _Pending(fut, to, method, deadline, timeout)
             if self._sweep_at is None or deadline < self._sweep_at:
                 self._arm(deadline)
-            sock = peer.sock
-            if not self._try_send(sock, None, hb, bb, buffers):
-                try:
-                    await self._send_later(sock, None, hb, bb, buffers)
-                except BaseException:
-                    self._pending.pop(mid, None)
-                    raise
             self._sent(hb, bb, refs, buffers)
             return await fut
         finally:
@@ -586,7 +582,7 @@ class Mailbox:
         # answered in the asker's version: a version-1 client gets a map, everyone else the array
         make = codec.make_header if req.get("v") == 1 else codec.header_v2
         header = make("reply" if error is None else "error", self.name, req.get("from", "?"), req.get("method", ""),
-                      seq, req.get("trace") or codec.new_trace_id(), rid, re=rid or "")
+                      seq, req.get("trace") or codec.new_trace_id(), rid, None, None, rid or "")
         try:
             return self._encode(header, body if error is None else error, host_copy)
         except (TypeError, MessageTooLarge) as exc:
