@@ -95,6 +95,51 @@ def test_ask_timeout_names_peer_and_method(loop_thread, run_dir, echo_proc):
     assert wait_for(lambda: c.mailbox.stats["late_replies"] == 1, 5)
 
 
+def test_ask_timeout_covers_waiting_for_room_to_send(loop_thread, run_dir):
+    """A peer that takes nothing (its queue at the high-water mark): the ask fails at its deadline, naming peer and
+    method, instead of waiting for room forever; nothing of it is left pending."""
+    mb = MailboxConfig(send_hwm=2)
+    nobody = f"ipc://{os.path.join(run_dir, 'nobody.sock')}"  # never bound: messages queue up to the HWM
+    c = Client(0)
+    loop_thread.call(c.start(RuntimeConfig(run_dir=run_dir, curve=False, mailbox=mb, static_peers={"gone/0": nobody})))
+
+    async def fill_then_ask():
+        sent = 0
+        while sent < 50:  # tells wait (by design) while the queue is full: fill it without blocking
+            try:
+                await asyncio.wait_for(c.tell("gone/0", "work", {"n": sent}), 0.2)
+            except asyncio.TimeoutError:
+                break
+            sent += 1
+        t0 = time.monotonic()
+        with pytest.raises(AskTimeout, match=r"ask gone/0\.count got no reply within 0\.3s"):
+            await c.ask("gone/0", "count", timeout=0.3)
+        return sent, time.monotonic() - t0
+
+    sent, waited = loop_thread.call(fill_then_ask(), timeout=30)
+    assert sent < 50, "the queue never filled: the test did not exercise a full queue"
+    assert 0.25 < waited < 2.0, waited
+    assert not c.mailbox._pending
+    loop_thread.call(c.stop())
+
+
+def test_ask_timeout_covers_waiting_for_credit(loop_thread, run_dir, echo_proc):
+    """With one ask allowed in flight, a second ask's timeout counts from its call, not from when it got credit."""
+    c = client_for(loop_thread, run_dir, endpoint_of(run_dir), mailbox=MailboxConfig(max_inflight_asks=1))
+
+    async def two():
+        first = asyncio.ensure_future(c.ask("echo/1", "sleep", {"seconds": 0.5}, timeout=10))
+        await asyncio.sleep(0.05)  # the first ask holds the one credit
+        t0 = time.monotonic()
+        with pytest.raises(AskTimeout, match=r"ask echo/1\.sleep got no reply within 0\.8s"):
+            # credit comes at ~0.5 s, the reply ~0.5 s later: past the 0.8 s deadline of the whole ask
+            await c.ask("echo/1", "sleep", {"seconds": 0.5}, timeout=0.8)
+        return await first, time.monotonic() - t0
+
+    first, waited = loop_thread.call(two(), timeout=30)
+    assert first == 0.5 and 0.7 < waited < 3.0, waited  # (without the fix: no error, the reply at ~1 s)
+
+
 def test_remote_errors_unknown_methods_and_bad_fields(loop_thread, run_dir, echo_proc):
     c = client_for(loop_thread, run_dir, endpoint_of(run_dir))
     with pytest.raises(RemoteError) as e:

@@ -504,26 +504,37 @@ class Mailbox:
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
                   idem: str | None = None, host_copy: bool = False) -> Any:
-        """Send a request and wait for its reply body. Raises AskTimeout, RemoteError or PeerDown."""
+        """Send a request and wait for its reply body. Raises AskTimeout, RemoteError or PeerDown.
+
+        `timeout` bounds the whole ask: waiting for credit (asks in flight to the peer) and for room in its queue as
+        well as for the reply; the receiver sees what is left of it as the header's deadline."""
         timeout = self.config.default_timeout if timeout is None else timeout
         peer = self._peers.get(to) or await self._peer(to)
+        loop = self._loop
+        deadline = loop.time() + timeout
+        left = timeout
         if peer.inflight >= peer.max_inflight:
-            await self._wait_credit(peer, method, timeout)
+            await self._wait_credit(peer, method, timeout, deadline)
+            left = max(0.0, deadline - loop.time())
         peer.inflight += 1
         try:
             peer.seq += 1
             cause = current_cause.get()
             trace, parent = (codec.new_trace_id(), None) if cause is None else cause
-            header = codec.header_v2("ask", self.name, to, method, peer.seq, trace, parent, _time() + timeout, idem)
+            header = codec.header_v2("ask", self.name, to, method, peer.seq, trace, parent, _time() + left, idem)
             hb, bb, buffers, refs = self._encode(header, body, host_copy)
             sock = peer.sock
             if not self._try_send(sock, None, hb, bb, buffers):
-                await self._send_later(sock, None, hb, bb, buffers)
+                # the peer's queue is full: wait for room, but not past the ask's deadline (waiting for room
+                # cannot be interrupted half-way through a message: it is queued whole or not at all)
+                try:
+                    await asyncio.wait_for(self._send_later(sock, None, hb, bb, buffers),
+                                           max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    raise AskTimeout(to, method, timeout) from None
             # Registered once sent: the reply can only be read by a later turn of the loop (this task has not
             # yielded since the send), and the bookkeeping then runs while the message travels, not before it.
-            loop = self._loop
             fut = loop.create_future()
-            deadline = loop.time() + timeout
             self._pending[header[2]] = _Pending(fut, to, method, deadline, timeout)
             if self._sweep_at is None or deadline < self._sweep_at:
                 self._arm(deadline)
@@ -532,12 +543,11 @@ class Mailbox:
         finally:
             peer.release()
 
-    async def _wait_credit(self, peer: _Peer, method: str, timeout: float) -> None:
-        t0 = time.monotonic()
+    async def _wait_credit(self, peer: _Peer, method: str, timeout: float, deadline: float) -> None:
         while peer.inflight >= peer.max_inflight:
             w = self._loop.create_future()
             peer.waiting.append(w)
-            left = timeout - (time.monotonic() - t0)
+            left = deadline - self._loop.time()
             if left <= 0:
                 raise AskTimeout(peer.name, method, timeout)
             try:
