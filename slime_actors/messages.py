@@ -42,23 +42,24 @@ class MessageSpec:
 
     def check(self, body: Any) -> dict:
         """Return the body as keyword arguments, or raise BadRequest naming what is wrong."""
-        where = f"{self.role}.{self.method}"
         if body is None:
             body = {}
         if not isinstance(body, dict):
-            raise BadRequest(f"{where}: body must be a map of fields, got {type(body).__name__}")
+            raise BadRequest(f"{self.role}.{self.method}: body must be a map of fields, got {type(body).__name__}")
         fields = self.fields
         if not self.required.issubset(body.keys()):
             missing = sorted(self.required - body.keys())
-            raise BadRequest(f"{where}: missing field(s) {', '.join(missing)}")
+            raise BadRequest(f"{self.role}.{self.method}: missing field(s) {', '.join(missing)}")
         for key, val in body.items():
             f = fields.get(key)
             if f is None:
                 if self.open:
                     continue
-                raise BadRequest(f"{where}: unknown field {key!r} (fields: {', '.join(fields) or 'none'})")
+                raise BadRequest(f"{self.role}.{self.method}: unknown field {key!r} "
+                                 f"(fields: {', '.join(fields) or 'none'})")
             if f.type != "any" and not _is(f.type, val) and not (val is None and not f.required):
-                raise BadRequest(f"{where}: field {key!r} must be {f.type}, got {type(val).__name__}")
+                raise BadRequest(f"{self.role}.{self.method}: field {key!r} must be {f.type}, got "
+                                 f"{type(val).__name__}")
         return body
 
 
