@@ -2,7 +2,6 @@
 message naming what is allowed. No figure is checked against a target here: these machines are shared and noisy, and
 targets belong to the benchmarks' own output (docs/performance.md)."""
 
-import os
 import re
 import subprocess
 import sys
@@ -11,9 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(*args, timeout=300, env=None):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def test_mailbox_bench_prints_every_figure_and_ratio():

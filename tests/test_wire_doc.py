@@ -218,8 +218,8 @@ def test_handmade_ask_with_deadline_and_an_array(dealer):
     ("v2_as_v1", "its first field (the version) is 1"),
 ])
 def test_undecodable_requests_get_an_error_with_empty_re(dealer, frames, expect):
-    bad = {"v3": {"v": 3}, "v2_map": {"v": 2}, "v_true": {"v": True}, "seq_str": {"seq": "1"}, "frames_mismatch": {"nframes": 2},
-           "reply_kind": {"kind": "reply", "re": "00"}}
+    bad = {"v3": {"v": 3}, "v2_map": {"v": 2}, "v_true": {"v": True}, "seq_str": {"seq": "1"},
+           "frames_mismatch": {"nframes": 2}, "reply_kind": {"kind": "reply", "re": "00"}}
     if frames == "v2_seq_str":
         frames = [msgpack.packb(handmade_v2(seq="1")), msgpack.packb({"x": 1})]
     elif frames == "v2_as_v1":

@@ -405,7 +405,7 @@ class Actor:
         if self.tracer is not None:
             done = _time_ns()
             self._trace_handled(inbound, {"outcome": "error", "error": f"{err['type']}: {err['message']}"[:2000],
-                                          "dur_ns": max(0, done - t0)}, done)
+                                          "dur_ns": done - t0 if done > t0 else 0}, done)
         self.log.error("handler failed", method=h["method"], sender=h["from"], error=f"{err['type']}: {exc}")
         if h["kind"] == "ask":
             self._remember(h, ("error", err))

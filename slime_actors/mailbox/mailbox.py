@@ -144,8 +144,8 @@ class _Sock:
         """Read and dispatch queued messages (at most `batch`), then come back later if more may be queued.
 
         Checking for a next message costs either ZMQ_EVENTS (a syscall, ~0.9 us on the project VM) or, when there is
-        none, a raised zmq.Again (~2.5 us). So: after the first message ask ZMQ_EVENTS; once two have been read there is a backlog,
-        and reading on until zmq.Again is cheaper than a ZMQ_EVENTS per message. When a message read straight off
+        none, a raised zmq.Again (~2.5 us). So: after the first message ask ZMQ_EVENTS; once two have been read
+        there is a backlog, and reading on until zmq.Again is cheaper than a ZMQ_EVENTS per message. When a message read straight off
         an FD wake-up resolves an ask, the check is left to `ready` after the woken task has run: the asker gets
         its answer one syscall sooner, and that check merges with the one its next send schedules.
         """

@@ -176,21 +176,20 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                 raise TraceFormatError(path, offset, "expected a message header (a version 2 array or a version 1 "
                                                      f"map) with string fields {', '.join(_HEADER_KEYS)}, got "
                                                      f"{str(header)[:120]}")
-        if len(rec) == 9:  # version 4: a request whose handler returned dur_ns after its arrival, in one record
-            events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, extra, str(path), offset))
-            events.append(Event(actor, "handled", t + rec[8], header, None, 0, None, None,
-                                {"outcome": "ok", "dur_ns": rec[8]}, str(path), offset))
-            continue
-        if ev == "recv" and extra and ("handled" in extra or "ok" in extra):
-            # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
+        # a request handled synchronously: one record carries its arrival and its outcome (see the writer)
+        handled = None
+        if len(rec) == 9:  # version 4: its handler returned dur_ns after the arrival
+            handled, th = {"outcome": "ok", "dur_ns": rec[8]}, t + rec[8]
+        elif ev == "recv" and extra and ("handled" in extra or "ok" in extra):
             if "ok" in extra:  # version 3's short form of a handler that returned
                 th, dur = extra["ok"]
                 handled = {"outcome": "ok", "dur_ns": dur}
             else:
                 handled = dict(extra["handled"])
                 th = handled.pop("t", t)
-            rest = {k: v for k, v in extra.items() if k not in ("handled", "ok")} or None
-            events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, rest, str(path), offset))
+            extra = {k: v for k, v in extra.items() if k not in ("handled", "ok")} or None
+        if handled is not None:
+            events.append(Event(actor, "recv", t, header, body, size, bhash, arrays, extra, str(path), offset))
             events.append(Event(actor, "handled", th, header, None, 0, None, None, handled, str(path), offset))
             continue
         events.append(Event(actor, ev, t, header, body, size, bhash, arrays, extra, str(path), offset))

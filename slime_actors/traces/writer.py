@@ -138,7 +138,7 @@ class TraceWriter:
     def _drain(self) -> None:
         # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
         # loop. The common case -- everything queued was packed on the hot path -- runs no Python code per record:
-        # the queue is emptied, classified and joined by C loops, and written with one call (the write itself lets
+        # the queue is emptied and joined by C loops, and written with one call (the write itself lets
         # go of the GIL). Otherwise finished 8-tuples are packed a run at a time: msgpack packs a list of N records
         # as an array header followed by the N records back to back, which is the file's layout once the header is
         # cut off.
