@@ -14,6 +14,7 @@ import time
 import msgpack
 import numpy as np
 import pytest
+import xxhash
 import zmq
 
 from helpers import Echo, spawn_actor
@@ -116,7 +117,7 @@ def check_header(h: dict, version: int) -> None:
 
 def test_the_header_table_lists_the_fields_in_order():
     assert header_fields() == ["v", "kind", "id", "trace", "from", "to", "method", "seq", "ts", "parent",
-                               "deadline", "idem", "re", "nframes"]
+                               "deadline", "idem", "re", "nframes", "sums"]
 
 
 def test_worked_example_bytes_match_the_json_view_and_get_the_documented_reply(dealer):
@@ -189,6 +190,8 @@ def test_handmade_ask_with_deadline_and_an_array(dealer):
     assert body == {"a": "ref", "tag": "t"}
     assert refs == [(1, [0, "float32", [3, 4], "numpy"])]
     assert reply[2] == a.tobytes()
+    # the echo traces (the default): its reply declares the frame's XXH3-64 (field 14, "Array checksums")
+    assert rh["sums"] == [xxhash.xxh3_64_hexdigest(a.tobytes())]
 
     # the document's own array example: 3 float32 values, 12 bytes (here in a version-1 header: same layout)
     ex = section(doc_text(), "Worked example: an ask and its reply")
@@ -202,6 +205,11 @@ def test_handmade_ask_with_deadline_and_an_array(dealer):
     dealer.send_multipart([msgpack.packb(h), body_bytes, frame])
     reply = dealer.recv_multipart()
     assert msgpack.unpackb(reply[0])["kind"] == "reply" and reply[2] == frame
+    # in version 2 the traced echo's reply declares the checksum the document gives
+    doc_sum = re.search(r'`sums`,\s+`\["([0-9a-f]{16})"\]`', arr_section).group(1)
+    dealer.send_multipart([msgpack.packb(handmade_v2(nframes=1, seq=8)), body_bytes, frame])
+    reply = dealer.recv_multipart()
+    assert as_map(msgpack.unpackb(reply[0]))["sums"] == [doc_sum] and reply[2] == frame
 
 
 @pytest.mark.parametrize("frames,expect", [

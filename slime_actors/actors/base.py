@@ -35,7 +35,7 @@ from ..log import get_logger
 from ..mailbox import codec
 from ..mailbox.codec import ProtocolError
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
-from ..mailbox.mailbox import Inbound, Mailbox, _refs_of, current_cause, unpack_error
+from ..mailbox.mailbox import Inbound, Mailbox, current_cause, unpack_error
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
 from ..traces.writer import TraceWriter, fast_entries, trace_file_name
@@ -420,8 +420,8 @@ class Actor:
         if not arrays and len(body) <= self._tlimit:
             self._trace(self._tpack(("recv", t, inbound.header_bytes, body, len(body), None, None, extra)))
         else:
-            self._trace(("recv", t, inbound.header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
-                         extra))
+            refs, bufs = self.mailbox.recv_arrays(inbound.header, arrays)
+            self._trace(("recv", t, inbound.header_bytes, body, refs, bufs, extra))
 
     def _trace_handled(self, inbound: Inbound, extra: dict, t: int) -> None:
         """Record a request's outcome: merged into its recv record when that is not written yet (one record)."""

@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from .checksums import check_sums
 from .errors import MessageTooLarge, ProtocolError
 
 PROTOCOL_VERSION = 2
@@ -42,6 +43,10 @@ OPTIONAL_HEADER = {"parent": str, "deadline": float, "idem": str, "re": str, "nf
 V2_FIELDS = ("v", "kind", "id", "trace", "from", "to", "method", "seq", "ts", "parent", "deadline", "idem", "re",
              "nframes")
 V2_LEN = len(V2_FIELDS)
+# Appended to version 2 (receivers before it ignore fields after the 14th): [14] `sums`, nil or one XXH3-64
+# checksum per array frame, which a traced sender declares so that a traced receiver need not compute them
+# (mailbox/checksums.py). Decoded as the map key "sums", present only when set.
+SUMS_AT = V2_LEN
 
 # dtype names on the wire <-> numpy dtypes.  bfloat16 has no numpy dtype: it travels as raw 2-byte words.
 _WIRE_DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
@@ -63,10 +68,11 @@ def _torch():
 class ArrayRef:
     """An array that was (or will be) carried in an out-of-band frame: what the trace records about it."""
 
-    __slots__ = ("index", "dtype", "shape", "kind", "nbytes")
+    __slots__ = ("index", "dtype", "shape", "kind", "nbytes", "sum")
 
-    def __init__(self, index: int, dtype: str, shape: tuple, kind: str, nbytes: int):
+    def __init__(self, index: int, dtype: str, shape: tuple, kind: str, nbytes: int, sum: str | None = None):
         self.index, self.dtype, self.shape, self.kind, self.nbytes = index, dtype, shape, kind, nbytes
+        self.sum = sum  # its frame's checksum, when known before the trace writer sees it (mailbox/checksums.py)
 
     def meta(self) -> list:
         return [self.dtype, list(self.shape), self.kind, self.nbytes]
@@ -210,12 +216,14 @@ def _make_array(frame, dtype: str, shape: tuple, kind: str):
         return _as_tensor(torch, np.frombuffer(buf, dtype=_NP_OF[dtype])).reshape(shape)
     if dtype not in _NP_OF:
         raise ProtocolError(f"dtype {dtype} can only travel as a torch tensor")
-    return np.frombuffer(buf, dtype=_NP_OF[dtype]).reshape(shape)
+    # read-only (as Ray's zero-copy arrays are: .copy() to change one), so that an array passed on unchanged is
+    # known to be unchanged without reading it (mailbox/checksums.py)
+    return np.frombuffer(buf.toreadonly(), dtype=_NP_OF[dtype]).reshape(shape)
 
 
 def _as_tensor(torch, a: np.ndarray):
-    # Received frames are read-only buffers owned by the message; torch warns about that once per process.  The
-    # tensor keeps the frame alive.  Writing into it is allowed (nobody else reads that memory).
+    # The tensor keeps the frame alive. Writing into it is allowed (nobody else reads that memory); torch warns
+    # about a read-only buffer (a frame received as bytes) once per process.
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -389,11 +397,13 @@ def decode_header(data) -> dict:
 
 def _decode_v2(a: list) -> dict:
     n = len(a)
+    sums = None
     if n != V2_LEN:
         if n < V2_LEN:
             raise ProtocolError(f"a version 2 header is an array of {V2_LEN} fields ({', '.join(V2_FIELDS)}), "
                                 f"got {n}")
-        a = a[:V2_LEN]  # fields a later version appended
+        sums = a[SUMS_AT]
+        a = a[:V2_LEN]  # and any fields a later version appended
     v, kind, mid, trace, frm, to, method, seq, ts, parent, dl, idem, re_, nf = a
     # fast path: exact types, as this implementation writes them
     if (v == 2 and type(v) is int and type(kind) is str and type(mid) is str and type(trace) is str
@@ -413,6 +423,8 @@ def _decode_v2(a: list) -> dict:
             h["re"] = re_
         if nf:
             h["nframes"] = nf
+        if sums is not None:
+            h["sums"] = check_sums(sums, nf or 0)
         return h
     if type(v) is not int or v != 2:
         raise ProtocolError(f"an array header is protocol version 2, but its first field (the version) is {v!r}")
@@ -420,7 +432,10 @@ def _decode_v2(a: list) -> dict:
     m = {k: x for k, x in m.items() if x is not None}
     if m.get("nframes") == 0:
         del m["nframes"]
-    return _decode_header_slow(m, 2)
+    h = _decode_header_slow(m, 2)
+    if sums is not None:
+        h["sums"] = check_sums(sums, h.get("nframes", 0))
+    return h
 
 
 def _decode_header_slow(h, layout: int) -> dict:

@@ -29,6 +29,7 @@ import zmq.backend
 
 from ..traces.writer import fast_entries
 from . import codec
+from .checksums import ArraySums
 from .codec import ArrayRef, ProtocolError
 from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
 from .security import Authenticator, JobKeys
@@ -301,6 +302,11 @@ class Mailbox:
         # bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread finishes.
         self._trace, self._tpack = fast_entries(tracer)  # (None, None): a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
+        # Traced: array frames are checksummed once, here, before they are sent, and the checksums travel in the
+        # header (`sums`) so that a traced receiver records them instead of computing its own; the trace records
+        # then hold the checksums, not the buffers (unless it keeps arrays: docs/trace-format.md).
+        self.sums = ArraySums() if tracer is not None else None
+        self._keep_arrays = bool(getattr(tracer, "keep_arrays", False))
         # Set by an owner that records each request's arrival itself, together with its handling when that is
         # synchronous (one trace record instead of two): the mailbox then only stamps Inbound.t_ns.
         self.defer_recv_trace = False
@@ -427,10 +433,18 @@ class Mailbox:
         """Encode a message: `header` is a version-2 array (codec.header_v2) or, to a version-1 asker, a map."""
         body_bytes, buffers, refs = self._body_encoder.encode(body, host_copy)
         if buffers:
+            if self.sums is not None:
+                sums = self.sums.for_send(buffers)
+                for ref, s in zip(refs, sums):
+                    ref.sum = s
+            else:
+                sums = None
             if type(header) is list:
                 header[13] = len(buffers)
+                if sums is not None:
+                    header.append(sums)  # [14], codec.SUMS_AT
             else:
-                header["nframes"] = len(buffers)
+                header["nframes"] = len(buffers)  # a version-1 peer: no sums (it would ignore them)
             total = sum(r.nbytes for r in refs)
         else:
             total = 0
@@ -471,10 +485,19 @@ class Mailbox:
                 self._trace(self._tpack(("send", _time_ns(), header_bytes, body_bytes, len(body_bytes), None, None,
                                          None)))
             else:
-                self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, buffers, None))
+                self._trace(("send", _time_ns(), header_bytes, body_bytes, refs,
+                             buffers if self._keep_arrays else None, None))  # refs hold the checksums
         elif self.tracer is not None:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
         self.stats["sent"] += 1
+
+    def recv_arrays(self, header: dict, arrays: list) -> tuple[list[ArrayRef] | None, list | None]:
+        """(refs, buffers) for the trace record of a received message: with the sender's checksums (the header's
+        `sums`) the record needs no buffers, unless the trace keeps arrays; without them the writer computes them."""
+        if not arrays:
+            return None, None
+        sums = header.get("sums")
+        return _refs_of(arrays, sums), arrays if sums is None or self._keep_arrays else None
 
     async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list) -> None:
         while not self._try_send(sock, head, hb, bb, buffers):
@@ -678,6 +701,8 @@ class Mailbox:
             return
         self.stats["received"] += 1
         arrays = frames[3:]
+        if arrays and self.sums is not None and "sums" in header:
+            self.sums.received(arrays, header["sums"])
         if self.defer_recv_trace:
             self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity, _time_ns()))
             return
@@ -686,10 +711,10 @@ class Mailbox:
             if not arrays and len(body) <= self._tlimit:
                 self._trace(self._tpack(("recv", _time_ns(), header_bytes, body, len(body), None, None, None)))
             else:
-                self._trace(("recv", _time_ns(), header_bytes, body, _refs_of(arrays) if arrays else None, arrays,
-                             None))
+                refs, bufs = self.recv_arrays(header, arrays)
+                self._trace(("recv", _time_ns(), header_bytes, body, refs, bufs, None))
         elif self.tracer is not None:
-            self.tracer.record("recv", header_bytes, frames[2], _refs_of(arrays), arrays)
+            self.tracer.record("recv", header_bytes, frames[2], *self.recv_arrays(header, arrays))
         self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
 
     def _on_dealer(self, peer: str, frames: list) -> None:
@@ -703,15 +728,17 @@ class Mailbox:
             self._drop(f"from {peer}: {exc}", None, frames)
             return
         arrays = frames[2:]
+        if arrays and self.sums is not None and "sums" in header:
+            self.sums.received(arrays, header["sums"])
         if self._trace is not None:
             body = frames[1]
             if not arrays and len(body) <= self._tlimit:
                 self._trace(self._tpack(("recv", _time_ns(), frames[0], body, len(body), None, None, None)))
             else:
-                self._trace(("recv", _time_ns(), frames[0], body, _refs_of(arrays) if arrays else None, arrays,
-                             None))
+                refs, bufs = self.recv_arrays(header, arrays)
+                self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, None))
         elif self.tracer is not None:
-            self.tracer.record("recv", frames[0], frames[1], _refs_of(arrays), arrays)
+            self.tracer.record("recv", frames[0], frames[1], *self.recv_arrays(header, arrays))
         self.stats["replies"] += 1
         p = self._pending.pop(header["re"], None)
         if p is None:
@@ -748,11 +775,13 @@ _time = time.time
 _time_ns = time.time_ns
 
 
-def _refs_of(arrays: list) -> list[ArrayRef] | None:
+def _refs_of(arrays: list, sums: list | None = None) -> list[ArrayRef] | None:
     if not arrays:
         return None
-    # the body names dtype and shape; the trace only needs sizes and hashes here, the reader decodes the rest
-    return [ArrayRef(i, "bytes", (len(a),), "raw", len(a)) for i, a in enumerate(arrays)]
+    # the body names dtype and shape; the trace only needs sizes and checksums here, the reader decodes the rest
+    if sums is None:
+        return [ArrayRef(i, "bytes", (len(a),), "raw", len(a)) for i, a in enumerate(arrays)]
+    return [ArrayRef(i, "bytes", (len(a),), "raw", len(a), s) for i, (a, s) in enumerate(zip(arrays, sums))]
 
 
 def unpack_error(exc: BaseException, peer: str, method: str, with_traceback: bool = True) -> dict:
