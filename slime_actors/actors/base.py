@@ -46,7 +46,10 @@ _time_ns = time.time_ns
 
 
 def handler(fn=None, *, name: str | None = None):
-    """Mark a method as a message handler. Its parameters are the body's fields; its return value is the reply."""
+    """Mark a method as a message handler. Its parameters are the body's fields; its return value is the reply.
+
+    Arrays in a body arrive without a copy: a numpy array is a read-only view of the received frame (`.copy()` it to
+    change it), a torch tensor a writable one (docs/wire-format.md, *Arrays: ext type 1*)."""
     def mark(f):
         f._slime_handler = name or f.__name__
         return f

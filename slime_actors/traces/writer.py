@@ -9,7 +9,8 @@ went over the wire, so recording re-encodes nothing. Two ways in:
   bytes hold no references: a backlog of records costs the garbage collector nothing (queued tuples did: every
   collection walked them, ~1 us a message), and the writer thread only writes them.
 * `record(...)`, from any thread, and records with arrays or bodies over `body_limit`: queued as a tuple that the
-  writer thread finishes (checksums) and packs.
+  writer thread finishes (the checksum of a body over the limit, and of an array frame whose checksum was not known
+  already) and packs.
 
 A record is the msgpack array [event, time_ns, header, body, body_size, body_hash, arrays, extra]. A request that an
 actor handled synchronously is written as one `recv` record that also holds its outcome -- when the handler returned,
@@ -49,9 +50,10 @@ SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
 
 
 # The checksum of bodies over the limit and of array frames, named in each file's header ("digest"): XXH3-64,
-# 16 hex digits (~15 GB/s on one core here, against ~3.3 GB/s for zlib's CRC-32 and ~0.4 GB/s for BLAKE2b; each
-# large array is checksummed once per send and once per receive, in the writer thread, which lets go of the GIL
-# meanwhile). Files written before the header named its "digest" hold CRC-32s (8 hex digits).
+# 16 hex digits (~15 GB/s on one core here, against ~3.3 GB/s for zlib's CRC-32 and ~0.4 GB/s for BLAKE2b). A
+# mailbox checksums the arrays it sends itself and hands them over in ArrayRef.sum, and a receiver gets them from the
+# sender's header (mailbox/checksums.py): here only frames that came without one are checksummed. Files written
+# before the header named its "digest" hold CRC-32s (8 hex digits).
 DIGEST = "xxh3_64"
 DIGESTS = ("xxh3_64", "crc32")
 
