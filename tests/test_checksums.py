@@ -171,6 +171,12 @@ def test_bad_sums_are_protocol_errors(sums, message):
         codec.decode_header(msgpack.packb(_ask_with_sums(sums)))
 
 
+def test_a_version_1_map_has_no_sums_whatever_it_holds():
+    h = codec.make_header("ask", "raw/0", "fwd/0", "echo", 1, codec.new_trace_id(), None)
+    h.update(nframes=1, sums=5)
+    assert "sums" not in codec.decode_header(msgpack.packb(h))
+
+
 def test_declared_sums_are_decoded_and_nil_means_none():
     h = codec.decode_header(msgpack.packb(_ask_with_sums(["0123456789abcdef"])))
     assert h["sums"] == ["0123456789abcdef"] and h["nframes"] == 1

@@ -447,6 +447,8 @@ def _decode_header_slow(h, layout: int) -> dict:
     if v != layout:
         raise ProtocolError(f"a version {v} header is a msgpack {'array' if v == 2 else 'map'}, got a "
                             f"{'map' if layout == 1 else 'array'}")
+    if layout == 1:
+        h.pop("sums", None)  # a key version 1 does not define (ignored, as unknown keys are): only [14] of version 2
     for key, typ in REQUIRED_HEADER.items():
         val = h.get(key)
         if typ is float and isinstance(val, int) and not isinstance(val, bool):
