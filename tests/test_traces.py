@@ -296,7 +296,11 @@ def test_trace_summary_cli(traced_run):
     rtt = [float(x) for x in echo[6:9]]
     handle = [float(x) for x in echo[9:12]]
     assert 0 < rtt[0] <= rtt[1] <= rtt[2] < 20_000
-    assert 0 <= handle[0] <= handle[1] <= handle[2] <= rtt[2]
+    # a handler's time counts from the request's arrival, an ask's round trip from when its send had left the
+    # asker (docs/trace-format.md): in a busy process that stamp can come a GIL switch interval (5 ms) late, so a
+    # handler's time may exceed its round trip by that much (seen: 1099.4 against 1096.8 ms, the first tensor's
+    # torch import in the echo)
+    assert 0 <= handle[0] <= handle[1] <= handle[2] <= rtt[2] + 10
     assert rows[("relay", "poke")][6] == "-"  # a tell has no round trip
     assert "slowest messages" in res.stdout
 

@@ -104,6 +104,7 @@ class Actor:
         self._running = False
         self._trace = None  # the trace writer's queue append, once started with tracing on
         self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
+        self._trec = None  # ... and its record packer (TraceWriter.rec)
         self._tlimit = -1
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -142,7 +143,7 @@ class Actor:
                                config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
         # the trace writer's fast entries (TraceWriter.append/pack); None: a tracer without them, use record()
-        self._trace, self._tpack = fast_entries(self.tracer)
+        self._trace, self._tpack, self._trec = fast_entries(self.tracer)
         if self._trace is not None:
             # requests' recv records are written here, merged with the handled record for synchronous handlers
             self._tlimit = self.tracer.body_limit
@@ -397,7 +398,7 @@ class Actor:
                 # the common case, inline: one record of arrival and outcome, [..., extra, dur_ns], handled at
                 # arrival + dur_ns
                 inbound.t_ns = 0
-                self._trace(self._tpack(("recv", t0, inbound.header_bytes, body, len(body), None, None, None, dur)))
+                self._trace(self._trec("recv", t0, inbound.header_bytes, body, dur))
             else:
                 self._trace_handled(inbound, {"outcome": "ok", "dur_ns": dur}, done)
 

@@ -300,7 +300,7 @@ class Mailbox:
         self._sweep_handle: asyncio.TimerHandle | None = None
         # Tracing: the writer's queue append and the loop thread's packer (see TraceWriter.append): a record of
         # bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread finishes.
-        self._trace, self._tpack = fast_entries(tracer)  # (None, None): a tracer without them, record() below
+        self._trace, self._tpack, self._trec = fast_entries(tracer)  # None: a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
         # Traced: array frames are checksummed once, here, before they are sent, and the checksums travel in the
         # header (`sums`) so that a traced receiver records them instead of computing its own; the trace records
@@ -482,8 +482,7 @@ class Mailbox:
     def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
         if self._trace is not None:
             if not refs and len(body_bytes) <= self._tlimit:
-                self._trace(self._tpack(("send", _time_ns(), header_bytes, body_bytes, len(body_bytes), None, None,
-                                         None)))
+                self._trace(self._trec("send", _time_ns(), header_bytes, body_bytes))
             else:
                 self._trace(("send", _time_ns(), header_bytes, body_bytes, refs,
                              buffers if self._keep_arrays else None, None))  # refs hold the checksums
@@ -709,7 +708,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[2]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(self._tpack(("recv", _time_ns(), header_bytes, body, len(body), None, None, None)))
+                self._trace(self._trec("recv", _time_ns(), header_bytes, body))
             else:
                 refs, bufs = self.recv_arrays(header, arrays)
                 self._trace(("recv", _time_ns(), header_bytes, body, refs, bufs, None))
@@ -733,7 +732,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[1]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(self._tpack(("recv", _time_ns(), frames[0], body, len(body), None, None, None)))
+                self._trace(self._trec("recv", _time_ns(), frames[0], body))
             else:
                 refs, bufs = self.recv_arrays(header, arrays)
                 self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, None))

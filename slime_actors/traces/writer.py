@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import itertools
 import os
 import socket
@@ -34,6 +35,11 @@ from typing import Any
 
 import msgpack
 import xxhash
+
+try:  # the record packer in C (setup.py builds it; optional): the same bytes as msgpack's, ~4x faster
+    from ._fastrec import rec as _c_rec
+except ImportError:
+    _c_rec = None
 
 TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
@@ -68,10 +74,19 @@ def digest(data, algo: str = DIGEST) -> str:
     raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
 
 
-def fast_entries(tracer) -> tuple[Any, Any]:
-    """(append, pack) of a tracer that has the hot path's entries (TraceWriter), else (None, None): use record()."""
-    append, pack = getattr(tracer, "append", None), getattr(tracer, "pack", None)
-    return (append, pack) if append is not None and pack is not None else (None, None)
+def fast_entries(tracer) -> tuple[Any, Any, Any]:
+    """(append, pack, rec) of a tracer that has the hot path's entries (TraceWriter), else (None, None, None): use
+    record()."""
+    entries = getattr(tracer, "append", None), getattr(tracer, "pack", None), getattr(tracer, "rec", None)
+    return entries if None not in entries else (None, None, None)
+
+
+def rec_py(pack, ev: str, t: int, header: bytes, body: bytes, dur: int | None = None) -> bytes:
+    """What `_fastrec.rec` returns, packed by msgpack: the 8-tuple record (event, t, header, body, len(body), None,
+    None, None), or with dur the 9-tuple of a recv with its handler's duration."""
+    if dur is None:
+        return pack((ev, t, header, body, len(body), None, None, None))
+    return pack((ev, t, header, body, len(body), None, None, None, dur))
 
 
 def trace_file_name(actor: str, pid: int | None = None) -> str:
@@ -100,6 +115,9 @@ class TraceWriter:
         # refs, buffers, extra), which the writer thread finishes (checksums of arrays and of bodies over body_limit).
         self.append = self._q.append
         self.pack = msgpack.Packer(use_bin_type=True).pack
+        # rec(ev, t, header, body[, dur]) -> the packed record of a message without arrays whose header and body are
+        # bytes and whose body is within body_limit (the common case, as append(pack(tuple)) would give it)
+        self.rec = _c_rec if _c_rec is not None else functools.partial(rec_py, self.pack)
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
