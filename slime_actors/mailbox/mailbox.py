@@ -298,9 +298,10 @@ class Mailbox:
         # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
         self._sweep_at: float | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        # Tracing: the writer's queue append and the loop thread's packer (see TraceWriter.append): a record of
-        # bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread finishes.
-        self._trace, self._tpack, self._trec = fast_entries(tracer)  # None: a tracer without them, record() below
+        # Tracing: the writer's queue append and the loop thread's record packer (see TraceWriter.append and .rec):
+        # a record of bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread
+        # finishes.
+        self._trace, _, self._trec = fast_entries(tracer)  # None: a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
         # Traced: array frames are checksummed once, here, before they are sent, and the checksums travel in the
         # header (`sums`) so that a traced receiver records them instead of computing its own; the trace records

@@ -86,6 +86,7 @@ static int get_buffer(PyObject *o, const char *what, Py_buffer *view) {
 }
 
 static PyObject *rec(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
     if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "rec(ev, t, header, body[, dur]) takes 4 or 5 arguments");
         return NULL;
@@ -139,6 +140,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastrec", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastrec", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__fastrec(void) { return PyModule_Create(&module); }
