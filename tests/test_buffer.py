@@ -6,10 +6,12 @@ import pytest
 
 from slime_actors.actors.base import Actor
 from slime_actors.actors.buffer import Buffer
+from slime_actors.actors.rollout import submit_key
 from slime_actors.config import args_to_dict, parse_args
 from slime_actors.mailbox import RemoteError
 from slime_actors.models.tiny import make_tiny_model
 from slime_actors.runtime import RuntimeConfig
+from slime_actors.types import Sample
 
 
 class Worker(Actor):
@@ -99,6 +101,31 @@ def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path
     ask(loop_thread, w2, "mark_trained", {"rollout_id": 0})
     acc = ask(loop_thread, w2, "accounting", {})
     assert acc["trained_once"] == 8 and acc["trained_more"] == 0 and acc["duplicated"] == []
+
+
+def test_a_group_leased_again_to_the_same_worker_is_a_new_submission(loop_thread, run_dir, tmp_path, tiny):
+    """Seen in the two-host test: rollout/1 finishes a group and submits it while its link is cut; the directory
+    declares it down and the buffer re-issues the group; the late submission is refused (the group is queued); the
+    link returns and the group is leased back to rollout/1, which generates it again and submits it. That
+    submission must be judged anew, not answered from the idempotency cache with the first one's refusal."""
+    args = make_args(tmp_path, tiny)
+    b, w1, _ = start(loop_thread, run_dir, args)
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    g1 = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 1})["groups"][0]
+    assert ask(loop_thread, w1, "release_worker", {"worker": "rollout/1"})["requeued"] == 1  # declared down
+
+    def submit(group):
+        samples = finish(group)
+        key = submit_key(group["work_id"], group["attempt"], Sample.from_wire(samples[0]))
+        return loop_thread.call(w1.ask("buffer/0", "submit", {"worker": "rollout/1", "work_id": group["work_id"],
+                                                              "samples": samples}, timeout=10, idem=key))
+
+    late = submit(g1)
+    assert not late["accepted"] and "is queued" in late["reason"]
+    g2 = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 1})["groups"][0]
+    assert g2["work_id"] == g1["work_id"] and g2["attempt"] == g1["attempt"] + 1
+    assert submit(g2)["accepted"]
+    assert submit(g2) == {"accepted": True, "outcome": "done"}  # a retry of that one: answered from the cache
 
 
 def test_failed_and_filtered_groups_are_replaced(loop_thread, run_dir, tmp_path, tiny):

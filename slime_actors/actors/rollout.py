@@ -47,6 +47,15 @@ class EngineHandle:
         return await self._w._generate_raw(input_ids, sampling_params)
 
 
+def submit_key(work_id: str, lease: int, first: Sample) -> str:
+    """The idempotency key of a group's submission: a retry of the same submission (its reply lost on a cut link)
+    gets the buffer's cached answer, while the same group leased again -- `lease` is the buffer's count of its
+    leases, the group's `attempt` -- is a new submission. (Without the lease, a group re-issued while its first
+    submission was in flight, then leased back to the same worker, found its new submission answered with the
+    first one's refusal from the cache, and stayed leased to a worker that had let it go.)"""
+    return f"{work_id}:{lease}:{first.index}:{first.weight_version}:{len(first.response_tokens)}"
+
+
 class RolloutWorker(Actor):
     role = "rollout"
 
@@ -405,7 +414,7 @@ class RolloutWorker(Actor):
             await self._score(samples, group["kind"])
             self.counters["groups"] += 1
             self.counters["samples"] += n
-            await self._submit(wid, samples)
+            await self._submit(wid, samples, group.get("attempt", 0))
         except asyncio.CancelledError:
             # the engine is being restarted or the worker stops: the buffer gets the group back via release_worker
             raise
@@ -491,12 +500,12 @@ class RolloutWorker(Actor):
             s.status = FAILED
             s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"
 
-    async def _submit(self, wid: str, samples: list[Sample]) -> None:
+    async def _submit(self, wid: str, samples: list[Sample], lease: int) -> None:
         body = {"worker": self.name, "work_id": wid, "samples": [s.to_wire() for s in samples]}
+        idem = submit_key(wid, lease, samples[0])
         for attempt in range(20):
             try:
-                res = await self.ask("buffer/0", "submit", body, timeout=60, idem=f"{wid}:{samples[0].index}:"
-                                     f"{samples[0].weight_version}:{len(samples[0].response_tokens)}")
+                res = await self.ask("buffer/0", "submit", body, timeout=60, idem=idem)
                 if not res.get("accepted"):
                     self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
                 return
