@@ -7,7 +7,8 @@
  * byte for byte what msgpack.Packer(use_bin_type=True).pack of that tuple gives (tests/test_fastrec.py checks it):
  * ev a str of < 32 ASCII characters (fixstr), header and body bytes or any other contiguous buffer (bin 8/16/32),
  * t and dur ints in [0, 2**64) (the smallest unsigned encoding).  Anything else raises TypeError or ValueError.
- * It saves the tuple and msgpack's generic dispatch: ~0.25 us a record on the project VM (docs/performance.md).
+ * It saves the tuple and msgpack's generic dispatch: ~56 ns a record against ~238 ns on the project VM
+ * (docs/performance.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
