@@ -67,19 +67,22 @@ class ArraySums:
                 ref = weakref.ref(frame, lambda r, k=key: known.get(k, (None,))[0] is r and known.pop(k, None))
                 known[key] = (ref, s)
 
-    def for_send(self, buffers: list) -> list[str]:
-        """The checksums of the array buffers about to be sent (codec's memoryviews), in order."""
+    def for_send(self, buffers: list, refs: list | None = None) -> list[str]:
+        """The checksums of the array buffers about to be sent (codec's memoryviews), in order; also set as the
+        `sum` of each of their ArrayRefs when given (what the trace writer records)."""
         out = []
         known = self._known
         for buf in buffers:
-            if known and buf.readonly and len(buf) >= FORWARD_MIN:
-                s = self._forwarded(buf)
-                if s is not None:
-                    out.append(s)
-                    self.reused += 1
-                    continue
-            out.append(_hexdigest(buf))
-            self.computed += 1
+            s = self._forwarded(buf) if known and buf.readonly and len(buf) >= FORWARD_MIN else None
+            if s is None:
+                s = _hexdigest(buf)
+                self.computed += 1
+            else:
+                self.reused += 1
+            out.append(s)
+        if refs is not None:
+            for ref, s in zip(refs, out):
+                ref.sum = s
         return out
 
     def _forwarded(self, buf: memoryview) -> str | None:

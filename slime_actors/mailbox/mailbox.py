@@ -146,9 +146,9 @@ class _Sock:
 
         Checking for a next message costs either ZMQ_EVENTS (a syscall, ~0.9 us on the project VM) or, when there is
         none, a raised zmq.Again (~2.5 us). So: after the first message ask ZMQ_EVENTS; once two have been read
-        there is a backlog, and reading on until zmq.Again is cheaper than a ZMQ_EVENTS per message. When a message read straight off
-        an FD wake-up resolves an ask, the check is left to `ready` after the woken task has run: the asker gets
-        its answer one syscall sooner, and that check merges with the one its next send schedules.
+        there is a backlog, and reading on until zmq.Again is cheaper than a ZMQ_EVENTS per message. When a message
+        read straight off an FD wake-up resolves an ask, the check is left to `ready` after the woken task has run:
+        the asker gets its answer one syscall sooner, and that check merges with the one its next send schedules.
         """
         sock = self.sock
         on_message, recv, get, router = self.on_message, sock.recv, sock.getsockopt, self.router
@@ -434,12 +434,7 @@ class Mailbox:
         """Encode a message: `header` is a version-2 array (codec.header_v2) or, to a version-1 asker, a map."""
         body_bytes, buffers, refs = self._body_encoder.encode(body, host_copy)
         if buffers:
-            if self.sums is not None:
-                sums = self.sums.for_send(buffers)
-                for ref, s in zip(refs, sums):
-                    ref.sum = s
-            else:
-                sums = None
+            sums = self.sums.for_send(buffers, refs) if self.sums is not None else None
             if type(header) is list:
                 header[13] = len(buffers)
                 if sums is not None:
