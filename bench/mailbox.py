@@ -4,7 +4,9 @@
 
 Every variant is two processes on this machine -- this driver and one server process:
 
-    raw        a blocking pyzmq DEALER here, a blocking ROUTER loop there; bodies msgpack, arrays as zero-copy frames
+    raw        a blocking pyzmq DEALER here, a blocking ROUTER loop there; bodies msgpack, arrays as zero-copy frames;
+               both processes with the malloc settings a mailbox applies (slime_actors/mailbox/allocator.py), so
+               the floor does not pay for page faults that slime's processes are spared
     slime      a client actor here, an echo actor there (ipc://, CURVE off), tracing on (the default) or off
     Ray        ray.get on an actor's method, from a driver process of its own (Ray's own daemons run too: that is what
                a Ray actor call costs; its driver threads are kept out of the process the other clients run in)
@@ -36,6 +38,8 @@ import numpy as np
 import zmq
 
 from slime_actors.actors.base import Actor, handler
+from slime_actors.mailbox import allocator
+from slime_actors.mailbox.mailbox import MailboxConfig
 from slime_actors.runtime import RuntimeConfig
 
 BIG_SHAPE = (4 << 20,)  # 4 Mi float32 = 16 MiB
@@ -98,6 +102,7 @@ def _raw_server(endpoint: str, ready, cpus=None) -> None:
     """Blocking ROUTER: [id, body] -> echo (or count a {'t': ...} tell, or answer {'sync': 1} with the count);
     [id, meta, data] -> the array echoed back zero-copy, after viewing it as a numpy array."""
     _pin(cpus)
+    allocator.keep_freed(MailboxConfig().malloc_keep_mib)
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
     ready.put(endpoint)
@@ -130,6 +135,7 @@ class Raw:
     name = "raw pyzmq"
 
     def __init__(self, endpoint: str):
+        allocator.keep_freed(MailboxConfig().malloc_keep_mib)
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.linger = 0
         self.sock.connect(endpoint)

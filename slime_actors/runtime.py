@@ -15,6 +15,7 @@ Every process of a job reads the same settings, normally from the environment it
     SLIME_ACTORS_LIVENESS       missed heartbeats before a peer is declared down         default: 5
     SLIME_ACTORS_MAX_MESSAGE_BYTES, SLIME_ACTORS_SEND_HWM, SLIME_ACTORS_RECV_HWM,
     SLIME_ACTORS_MAX_INFLIGHT, SLIME_ACTORS_MAX_CONCURRENCY   mailbox limits (MailboxConfig)
+    SLIME_ACTORS_MALLOC_KEEP_MIB   freed MiB glibc keeps for large messages (0: untouched)  default: 256
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class RuntimeConfig:
 
 _MAILBOX_ENV = {"SLIME_ACTORS_MAX_MESSAGE_BYTES": "max_message_bytes", "SLIME_ACTORS_SEND_HWM": "send_hwm",
                 "SLIME_ACTORS_RECV_HWM": "recv_hwm", "SLIME_ACTORS_MAX_INFLIGHT": "max_inflight_asks",
-                "SLIME_ACTORS_MAX_CONCURRENCY": "max_concurrency"}
+                "SLIME_ACTORS_MAX_CONCURRENCY": "max_concurrency", "SLIME_ACTORS_MALLOC_KEEP_MIB": "malloc_keep_mib"}
 
 
 def _mailbox_from_env(environ) -> MailboxConfig:

@@ -28,7 +28,7 @@ import zmq
 import zmq.backend
 
 from ..traces.writer import fast_entries
-from . import codec
+from . import allocator, codec
 from .checksums import ArraySums
 from .codec import ArrayRef, ProtocolError
 from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
@@ -67,6 +67,7 @@ class MailboxConfig:
     default_timeout: float = 60.0             # ask deadline when the caller gives none
     linger_ms: int = 1000                     # how long close() waits for unsent messages
     recv_batch: int = 256                     # messages read per wake-up before yielding to other work
+    malloc_keep_mib: int = 256                # glibc: freed memory kept for reuse by large messages (allocator.py)
 
 
 class Inbound:
@@ -278,6 +279,7 @@ class Mailbox:
                  on_drop: Callable[[str, bytes | None], None] | None = None):
         self.name = name
         self.config = config or MailboxConfig()
+        allocator.keep_freed(self.config.malloc_keep_mib)
         self.keys = keys
         self.tracer = tracer
         self.resolver = resolver
