@@ -60,15 +60,71 @@ def test_c_records_refuse_what_they_cannot_pack(args, error, match):
 
 
 def test_the_writer_falls_back_to_msgpack_without_the_extension(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer, "_c_rec", None)
+    monkeypatch.setattr(writer, "_CRecorder", None)
     w = writer.TraceWriter(tmp_path / "a.trace", "a/0")
     try:
-        assert w.rec is not C
-        rec = w.rec("recv", 123, b"\x9e" + b"h" * 20, b"\x81\xa1x\x01", 7)
-        assert msgpack.unpackb(rec) == ["recv", 123, b"\x9e" + b"h" * 20, b"\x81\xa1x\x01", 4, None, None, None, 7]
-        w.append(rec)
+        assert isinstance(w._rq, writer.PyRecorder)
+        w.rec("recv", 123, b"\x9e" + b"h" * 20, b"\x81\xa1x\x01", 7)
     finally:
         w.close()
     with open(tmp_path / "a.trace", "rb") as f:
         head, got = list(msgpack.Unpacker(f))
-    assert head["actor"] == "a/0" and got[-1] == 7
+    assert head["actor"] == "a/0"
+    assert got == ["recv", 123, b"\x9e" + b"h" * 20, b"\x81\xa1x\x01", 4, None, None, None, 7]
+
+
+RECORDERS = [pytest.param(lambda: writer.PyRecorder(PACK), id="python"),
+             pytest.param(lambda: writer._CRecorder(), id="c", marks=needs_c)]
+
+
+@pytest.mark.parametrize("make", RECORDERS)
+def test_a_recorder_queues_records_and_items_in_order(make):
+    r = make()
+    assert r.take() == ([], 0)
+    r.rec("send", 1, b"h1", b"b1")
+    r.rec("recv", 2, b"h2", b"b2", 9)
+    r.put(("handled", 3, b"h3", None, 0, None, None, {"x": 1}))
+    r.put(PACK(("recv", 4, b"h4", b"", 0, None, None, None)))
+    r.rec("recv", 5, b"h5", b"b5")
+    assert r.pending == 5
+    items, n = r.take()
+    assert n == 5 and r.pending == 0 and r.take() == ([], 0)
+    records = []
+    for item in items:
+        records += list(msgpack.Unpacker(__import__("io").BytesIO(item))) if type(item) is bytes else [list(item)]
+    assert [rec[1] for rec in records] == [1, 2, 3, 4, 5]  # the order they were queued in
+    assert records[1] == ["recv", 2, b"h2", b"b2", 2, None, None, None, 9]
+
+
+@needs_c
+def test_the_c_recorder_grows_past_its_buffer_and_refuses_what_rec_refuses():
+    r = writer._CRecorder()
+    big = b"z" * 70000  # past the first 64 KiB buffer in one record, then many small ones
+    r.rec("recv", 1, b"h", big)
+    for i in range(5000):
+        r.rec("send", i, b"h" * 50, b"b" * 20)
+    with pytest.raises(TypeError, match="header must be bytes-like"):
+        r.rec("recv", 1, "header", b"")
+    with pytest.raises(TypeError, match="4 or 5 arguments"):
+        r.rec("recv", 1, b"")
+    items, n = r.take()
+    assert n == 5001  # the refused ones are not queued
+    assert b"".join(items) == C("recv", 1, b"h", big) + b"".join(C("send", i, b"h" * 50, b"b" * 20)
+                                                                  for i in range(5000))
+    with pytest.raises(TypeError, match="no arguments"):
+        writer._CRecorder(1)
+
+
+def test_records_lost_in_packing_are_counted_and_the_rest_written(tmp_path):
+    w = writer.TraceWriter(tmp_path / "a.trace", "a/0", flush_interval=60)
+    try:
+        w.rec("send", 1, b"h", b"b")
+        w.append(("recv", 2, b"h", b"b", 1, None, None, {"bad": object()}))  # msgpack cannot pack it
+        w.rec("send", 3, b"h", b"b")
+        w.flush()
+        assert (w.records, w.lost) == (2, 1)
+    finally:
+        w.close()
+    with open(tmp_path / "a.trace", "rb") as f:
+        got = list(msgpack.Unpacker(f))[1:]
+    assert [rec[1] for rec in got] == [1, 3]

@@ -104,7 +104,7 @@ class Actor:
         self._running = False
         self._trace = None  # the trace writer's queue append, once started with tracing on
         self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
-        self._trec = None  # ... and its record packer (TraceWriter.rec)
+        self._trec = None  # ... and its queue of packed records (TraceWriter.rec)
         self._tlimit = -1
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -398,7 +398,7 @@ class Actor:
                 # the common case, inline: one record of arrival and outcome, [..., extra, dur_ns], handled at
                 # arrival + dur_ns
                 inbound.t_ns = 0
-                self._trace(self._trec("recv", t0, inbound.header_bytes, body, dur))
+                self._trec("recv", t0, inbound.header_bytes, body, dur)
             else:
                 self._trace_handled(inbound, {"outcome": "ok", "dur_ns": dur}, done)
 

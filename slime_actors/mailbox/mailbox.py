@@ -300,9 +300,8 @@ class Mailbox:
         # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
         self._sweep_at: float | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        # Tracing: the writer's queue append and the loop thread's record packer (see TraceWriter.append and .rec):
-        # a record of bytes is queued packed, one with arrays or a body over the limit as a tuple the writer thread
-        # finishes.
+        # Tracing: the writer's queue (see TraceWriter.append and .rec): a record of bytes is packed onto it at once,
+        # one with arrays or a body over the limit queued as a tuple the writer thread finishes.
         self._trace, _, self._trec = fast_entries(tracer)  # None: a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
         # Traced: array frames are checksummed once, here, before they are sent, and the checksums travel in the
@@ -480,7 +479,7 @@ class Mailbox:
     def _sent(self, header_bytes, body_bytes, refs, buffers) -> None:
         if self._trace is not None:
             if not refs and len(body_bytes) <= self._tlimit:
-                self._trace(self._trec("send", _time_ns(), header_bytes, body_bytes))
+                self._trec("send", _time_ns(), header_bytes, body_bytes)
             else:
                 self._trace(("send", _time_ns(), header_bytes, body_bytes, refs,
                              buffers if self._keep_arrays else None, None))  # refs hold the checksums
@@ -706,7 +705,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[2]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(self._trec("recv", _time_ns(), header_bytes, body))
+                self._trec("recv", _time_ns(), header_bytes, body)
             else:
                 refs, bufs = self.recv_arrays(header, arrays)
                 self._trace(("recv", _time_ns(), header_bytes, body, refs, bufs, None))
@@ -730,7 +729,7 @@ class Mailbox:
         if self._trace is not None:
             body = frames[1]
             if not arrays and len(body) <= self._tlimit:
-                self._trace(self._trec("recv", _time_ns(), frames[0], body))
+                self._trec("recv", _time_ns(), frames[0], body)
             else:
                 refs, bufs = self.recv_arrays(header, arrays)
                 self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, None))

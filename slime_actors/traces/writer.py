@@ -4,10 +4,12 @@ The mailbox records every message it sends, receives and finishes handling, and 
 to RUN_DIR/traces/<role>-<index>.<pid>.trace every `flush_interval` seconds. Header and body bytes are the ones that
 went over the wire, so recording re-encodes nothing. Two ways in:
 
-* the hot path (the event loop's thread: mailbox and actor dispatch): a record whose parts are all bytes, ints and
-  small maps is packed at once -- `append(pack(record))`, one C call each, ~0.2 us -- and queued as bytes. Queued
-  bytes hold no references: a backlog of records costs the garbage collector nothing (queued tuples did: every
-  collection walked them, ~1 us a message), and the writer thread only writes them.
+* the hot path (the event loop's thread: mailbox and actor dispatch): the common record -- header and body bytes
+  within the limit, no arrays -- is packed at once onto the end of the queue's buffer, `rec(...)`, one C call
+  (`_fastrec.Recorder`: no object per record); another whose parts are all bytes, ints and small maps is packed
+  and queued as bytes, `append(pack(record))`. Packed records hold no references: a backlog of records costs the
+  garbage collector nothing (queued tuples did: every collection walked them, ~1 us a message), and the writer
+  thread only writes them.
 * `record(...)`, from any thread, and records with arrays or bodies over `body_limit`: queued as a tuple that the
   writer thread finishes (the checksum of a body over the limit, and of an array frame whose checksum was not known
   already) and packs.
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import functools
 import itertools
 import os
 import socket
@@ -36,10 +37,11 @@ from typing import Any
 import msgpack
 import xxhash
 
-try:  # the record packer in C (setup.py builds it; optional): the same bytes as msgpack's, ~4x faster
+try:  # the record packer and queue in C (setup.py builds them; optional): the same bytes as msgpack's, ~4x faster
+    from ._fastrec import Recorder as _CRecorder
     from ._fastrec import rec as _c_rec
 except ImportError:
-    _c_rec = None
+    _c_rec = _CRecorder = None
 
 TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
@@ -89,6 +91,28 @@ def rec_py(pack, ev: str, t: int, header: bytes, body: bytes, dur: int | None = 
     return pack((ev, t, header, body, len(body), None, None, None, dur))
 
 
+class PyRecorder:
+    """`_fastrec.Recorder` without the extension: a queue of items, packed records among them as bytes."""
+
+    def __init__(self, pack):
+        self._pack = pack
+        self._q = collections.deque()
+        self.put = self._q.append
+
+    def rec(self, ev: str, t: int, header: bytes, body: bytes, dur: int | None = None) -> None:
+        self._q.append(rec_py(self._pack, ev, t, header, body, dur))
+
+    def take(self) -> tuple[list, int]:
+        q = self._q
+        n = len(q)
+        # n calls of popleft, from C (items are never None); only the writer thread takes, under its lock
+        return list(itertools.islice(iter(q.popleft, None), n)), n
+
+    @property
+    def pending(self) -> int:
+        return len(self._q)
+
+
 def trace_file_name(actor: str, pid: int | None = None) -> str:
     return f"{actor.replace('/', '-')}.{pid or os.getpid()}.trace"
 
@@ -106,18 +130,18 @@ class TraceWriter:
         self.flush_interval = flush_interval
         self.records = 0
         self.lost = 0  # records that could not be written
-        self._q: collections.deque = collections.deque()
-        # The hot path's entries (the mailbox and the actor's dispatch use them; see record()): a bound deque.append
-        # and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
-        # `append` takes a record packed with `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None,
-        # None, extra), or the 9-tuple of a recv with its outcome, with header and body as bytes -- or, unpacked,
-        # such an 8-tuple (the writer packs it) or the 7-tuple that record() queues (event, time_ns, header, body,
-        # refs, buffers, extra), which the writer thread finishes (checksums of arrays and of bodies over body_limit).
-        self.append = self._q.append
+        # The hot path's entries (the mailbox and the actor's dispatch use them; see record()), the queue's own
+        # methods, and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
+        # rec(ev, t, header, body[, dur]) queues, packed, the record of a message without arrays whose header and
+        # body are bytes and whose body is within body_limit (the common case). `append` queues a record packed with
+        # `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None, None, extra), or the 9-tuple of a recv
+        # with its outcome, with header and body as bytes -- or, unpacked, such an 8-tuple (the writer packs it) or
+        # the 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which the writer
+        # thread finishes (checksums of arrays and of bodies over body_limit). Records are written in queue order.
         self.pack = msgpack.Packer(use_bin_type=True).pack
-        # rec(ev, t, header, body[, dur]) -> the packed record of a message without arrays whose header and body are
-        # bytes and whose body is within body_limit (the common case, as append(pack(tuple)) would give it)
-        self.rec = _c_rec if _c_rec is not None else functools.partial(rec_py, self.pack)
+        self._rq = _CRecorder() if _CRecorder is not None else PyRecorder(self.pack)
+        self.append = self._rq.put
+        self.rec = self._rq.rec
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._packer = msgpack.Packer(use_bin_type=True)
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
@@ -136,7 +160,7 @@ class TraceWriter:
     # -- hot path ---------------------------------------------------------------------------------------------
     def record(self, ev: str, header, body=None, refs=None, buffers=None, extra: dict | None = None) -> None:
         """Queue one record. `header`/`body` are the raw msgpack bytes (or memoryviews) of the frames."""
-        self._q.append((ev, time.time_ns(), header, body, refs, buffers, extra))
+        self.append((ev, time.time_ns(), header, body, refs, buffers, extra))
 
     def record_input(self, name: str, value: Any, key: str | None = None) -> None:
         """Record a nondeterministic input (an engine's output, a clock reading) so replay can feed it back.
@@ -146,7 +170,7 @@ class TraceWriter:
         whatever the body limit (replay cannot do without them): queued as a finished record."""
         body = msgpack.packb(value, use_bin_type=True, default=_plain)
         extra = {"name": name} if key is None else {"name": name, "key": key}
-        self._q.append((INPUT, time.time_ns(), None, body, len(body), None, None, extra))  # a finished record
+        self.append((INPUT, time.time_ns(), None, body, len(body), None, None, extra))  # a finished record
 
     # -- writer thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -158,22 +182,20 @@ class TraceWriter:
     def _drain(self) -> None:
         # Runs in the writer thread, holding the GIL while it works: every microsecond here is taken from the event
         # loop. The common case -- everything queued was packed on the hot path -- runs no Python code per record:
-        # the queue is emptied and joined by C loops, and written with one call (the write itself lets
-        # go of the GIL). Otherwise finished 8-tuples are packed a run at a time: msgpack packs a list of N records
-        # as an array header followed by the N records back to back, which is the file's layout once the header is
-        # cut off.
-        with self._drain_lock:
-            q = self._q
-            n = len(q)
+        # the queue is taken in one call (a few bytes items, each many records) and written with one call (the
+        # write itself lets go of the GIL). Otherwise finished 8-tuples are packed a run at a time: msgpack packs a
+        # list of N records as an array header followed by the N records back to back, which is the file's layout
+        # once the header is cut off.
+        with self._drain_lock:  # only this thread, or close() under the lock, takes
+            items, n = self._rq.take()
             if not n:
                 return
-            # n calls of popleft, from C (records are never None); only this thread, or close() under the lock, pops
-            items = list(itertools.islice(iter(q.popleft, None), n))
             try:
                 chunks = [b"".join(items)]  # all bytes (join checks each item's type, in C)
             except TypeError:  # tuples among them
-                chunks = []
-                n = self._drain_mixed(items, chunks)
+                chunks, lost = [], self.lost
+                self._drain_mixed(items, chunks)
+                n -= self.lost - lost
             if chunks:
                 try:
                     self._file.writelines(chunks)
@@ -182,43 +204,39 @@ class TraceWriter:
                 except (OSError, ValueError):
                     self.lost += n  # disk full or closed: tracing must never take the actor down
 
-    def _drain_mixed(self, items: list, chunks: list) -> int:
-        limit, run, n = self.body_limit, [], 0
+    def _drain_mixed(self, items: list, chunks: list) -> None:
+        """Packs what the hot path left unpacked, in order, onto chunks; a record that cannot be packed is counted
+        in `lost`."""
+        limit, run = self.body_limit, []
         for item in items:
             if len(item) == 8 and type(item) is tuple:
                 run.append(item)
                 continue
             if run:
-                n += self._pack_run(run, chunks)
+                self._pack_run(run, chunks)
                 run = []
-            if type(item) is bytes:  # a record packed by its producer
+            if type(item) is bytes:  # records packed by their producer
                 chunks.append(item)
-                n += 1
                 continue
             try:
                 chunks.append(self._finish(item, limit))
-                n += 1
             except Exception:  # a record that cannot be packed is lost, not the writer thread
                 self.lost += 1
         if run:
-            n += self._pack_run(run, chunks)
-        return n
+            self._pack_run(run, chunks)
 
-    def _pack_run(self, run: list, chunks: list) -> int:
+    def _pack_run(self, run: list, chunks: list) -> None:
         try:
             data = self._packer.pack(run)
         except Exception:  # one bad record: pack them one by one and lose only that one
-            good = 0
             for rec in run:
                 try:
                     chunks.append(self._packer.pack(rec))
-                    good += 1
                 except Exception:
                     self.lost += 1
-            return good
+            return
         k = len(run)
         chunks.append(memoryview(data)[1 if k < 16 else 3 if k < 65536 else 5:])
-        return k
 
     def _finish(self, item: tuple, limit: int) -> bytes:
         ev, t, header, body, refs, buffers, extra = item
