@@ -26,12 +26,10 @@ import weakref
 import numpy as np
 import xxhash
 
-from ..traces.digest import DIGEST, PIECE, xxh3_64_tree
 from .errors import ProtocolError
 
-# The wire's checksum: the trace files' (traces/digest.py: XXH3-64 of the frame up to 1 MiB, of its 1 MiB pieces'
-# XXH3-64s above, checked by several threads), as 16 lowercase hex digits.
-ALGO = DIGEST
+# The wire's checksum: XXH3-64 as 16 lowercase hex digits, the trace writer's DIGEST (a test keeps them equal).
+ALGO = "xxh3_64"
 _hexdigest = xxhash.xxh3_64_hexdigest
 _SUM = re.compile(r"[0-9a-f]{16}")
 # Frames at least this large are remembered, and looked up when sent; below it a checksum costs a few
@@ -77,7 +75,7 @@ class ArraySums:
         for buf in buffers:
             s = self._forwarded(buf) if known and buf.readonly and len(buf) >= FORWARD_MIN else None
             if s is None:
-                s = _hexdigest(buf) if len(buf) <= PIECE else xxh3_64_tree(buf)
+                s = _hexdigest(buf)
                 self.computed += 1
             else:
                 self.reused += 1

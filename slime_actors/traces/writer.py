@@ -30,12 +30,12 @@ import os
 import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from .digest import DIGEST, digest
+import xxhash
 
 try:  # the record packer and queue in C (setup.py builds them; optional): the same bytes as msgpack's, ~4x faster
     from ._fastrec import Recorder as _CRecorder
@@ -57,9 +57,23 @@ TRACE_VERSION = 4
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
 
 
-# The checksum of bodies over the limit and of array frames, named in each file's header ("digest"; digest.py). A
+# The checksum of bodies over the limit and of array frames, named in each file's header ("digest"): XXH3-64,
+# 16 hex digits (~15 GB/s on one core here, against ~3.3 GB/s for zlib's CRC-32 and ~0.4 GB/s for BLAKE2b). A
 # mailbox checksums the arrays it sends itself and hands them over in ArrayRef.sum, and a receiver gets them from the
-# sender's header (mailbox/checksums.py): here only frames that came without one are checksummed.
+# sender's header (mailbox/checksums.py): here only frames that came without one are checksummed. Files written
+# before the header named its "digest" hold CRC-32s (8 hex digits).
+DIGEST = "xxh3_64"
+DIGESTS = ("xxh3_64", "crc32")
+
+
+def digest(data, algo: str = DIGEST) -> str:
+    """A content checksum: it tells changed data from unchanged in a trace diff or replay; it is no defence against
+    a forger. `algo` is a file's "digest" (DIGESTS): replay checks a recording with the algorithm it was made with."""
+    if algo == "xxh3_64":
+        return xxhash.xxh3_64_hexdigest(data)
+    if algo == "crc32":
+        return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
 
 
 def fast_entries(tracer) -> tuple[Any, Any, Any]:
