@@ -170,6 +170,10 @@ typedef struct {
 
 /* Moves buf's records onto the end of items as one bytes item. */
 static int cut(Recorder *r) {
+    if (r->items == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the Recorder has been cleared");
+        return -1;
+    }
     if (r->len == 0) return 0;
     PyObject *chunk = PyBytes_FromStringAndSize(r->buf, r->len);
     if (chunk == NULL) return -1;
@@ -249,13 +253,14 @@ static PyObject *Recorder_put(Recorder *r, PyObject *item) {
 
 static PyObject *Recorder_take(Recorder *r, PyObject *unused) {
     (void)unused;
-    if (cut(r) < 0) return NULL;
-    PyObject *n = PyLong_FromSsize_t(r->nitems);
+    /* The list and the tuple first: their allocation may run the garbage collector, and so finalizers that record
+     * something. From the cut on nothing can run Python code until the queue has been swapped. */
     PyObject *fresh = PyList_New(0);
-    PyObject *out = n != NULL && fresh != NULL ? PyTuple_New(2) : NULL;
-    if (out == NULL) { /* nothing taken: the queue is as it was */
-        Py_XDECREF(n);
+    PyObject *out = fresh != NULL ? PyTuple_New(2) : NULL;
+    PyObject *n = NULL;
+    if (out == NULL || cut(r) < 0 || (n = PyLong_FromSsize_t(r->nitems)) == NULL) { /* nothing taken */
         Py_XDECREF(fresh);
+        Py_XDECREF(out);
         return NULL;
     }
     PyTuple_SET_ITEM(out, 0, r->items);
