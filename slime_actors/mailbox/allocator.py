@@ -17,7 +17,7 @@ done where the C library is not glibc.
 from __future__ import annotations
 
 import ctypes
-import platform
+import os
 
 import structlog
 
@@ -29,8 +29,15 @@ _applied: int | None = None  # the MiB this process last set; None: untouched
 log = structlog.get_logger("slime_actors.allocator")
 
 
+def _glibc() -> bool:
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError, AttributeError):  # not a glibc system
+        return False
+
+
 def _libc():
-    if platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return None
     try:
         return ctypes.CDLL(None)
@@ -54,4 +61,5 @@ def keep_freed(mib: int) -> bool:
         log.warning("mallopt refused a setting; malloc left with glibc's defaults", keep_mib=mib)
         return False
     _applied = mib
+    log.debug("malloc keeps large message buffers", mmap_threshold=MMAP_THRESHOLD_MAX, keep_mib=mib)
     return True
