@@ -8,8 +8,9 @@ faults, each a zeroed page, ~2 ms of a 10 ms round trip on a 2-core VM (docs/per
 
 `keep_freed(mib)` fixes the mmap threshold at glibc's largest (32 MiB: larger blocks are still mapped and returned
 on free) and keeps up to `mib` MiB free at the top of a heap before trimming, so a frame's buffer is reused while
-it is hot. The price is memory: up to `mib` MiB that a heap once held stays with the process (each thread's heap
--- at most 64 MiB in glibc -- by the same rule). Set by MailboxConfig.malloc_keep_mib
+it is hot. The price is memory: up to `mib` MiB that a heap once held stays with the process, and the heaps of
+other threads (libzmq's I/O thread allocates received messages in its own) are at most 64 MiB each in glibc, so at
+64 and more they keep what they once held. Set by MailboxConfig.malloc_keep_mib
 (SLIME_ACTORS_MALLOC_KEEP_MIB); 0 leaves malloc as it was. Process-wide: the last mailbox to ask wins. Nothing is
 done where the C library is not glibc.
 """
