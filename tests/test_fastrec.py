@@ -1,6 +1,7 @@
 """The trace record's C packer (slime_actors/traces/_fastrec.c) gives msgpack's bytes exactly, refuses what it cannot
 pack, and the writer falls back to msgpack when it is not built."""
 
+import io
 import shutil
 import sysconfig
 
@@ -91,7 +92,7 @@ def test_a_recorder_queues_records_and_items_in_order(make):
     assert n == 5 and r.pending == 0 and r.take() == ([], 0)
     records = []
     for item in items:
-        records += list(msgpack.Unpacker(__import__("io").BytesIO(item))) if type(item) is bytes else [list(item)]
+        records += list(msgpack.Unpacker(io.BytesIO(item))) if type(item) is bytes else [list(item)]
     assert [rec[1] for rec in records] == [1, 2, 3, 4, 5]  # the order they were queued in
     assert records[1] == ["recv", 2, b"h2", b"b2", 2, None, None, None, 9]
 
