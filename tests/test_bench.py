@@ -1,6 +1,6 @@
-"""The benchmarks run and print their tables (bench/mailbox.py, bench/trace_cost.py), and refuse bad options with a
-message naming what is allowed. No figure is checked against a target here: these machines are shared and noisy, and
-targets belong to the benchmarks' own output (docs/performance.md)."""
+"""The benchmarks run and print their tables (bench/mailbox.py, bench/trace_cost.py, bench/allocator_rss.py), and
+refuse bad options with a message naming what is allowed. No figure is checked against a target here: these machines
+are shared and noisy, and targets belong to the benchmarks' own output (docs/performance.md)."""
 
 import re
 import subprocess
@@ -53,3 +53,13 @@ def test_trace_cost_bench_prints_its_table():
     assert float(rows["untraced"]) > 0 and float(rows["traced"]) > 0
     assert "of the traced message" in rows["tracing's share"] and "target >= 0.9x" in \
         rows["throughput on / off if the receiver's Python were all"]
+
+
+def test_allocator_rss_bench_prints_both_settings():
+    p = _run("bench/allocator_rss.py", "--arrays", "4", "--repeats", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| 0 ") or ln.startswith("| 256 ")]
+    assert [r.split("|")[1].strip() for r in rows] == ["0 (glibc defaults)", "256 (default)"], p.stdout
+    for r in rows:
+        start, busy, peak, after = (int(c) for c in r.split("|")[2:6])
+        assert 0 < start <= peak and busy <= peak and after > 0, r
