@@ -4,6 +4,7 @@ pack, and the writer falls back to msgpack when it is not built."""
 import io
 import shutil
 import sysconfig
+import time
 
 import msgpack
 import pytest
@@ -129,3 +130,33 @@ def test_records_lost_in_packing_are_counted_and_the_rest_written(tmp_path):
     with open(tmp_path / "a.trace", "rb") as f:
         got = list(msgpack.Unpacker(f))[1:]
     assert [rec[1] for rec in got] == [1, 3]
+
+
+def _packed_by(how: str):
+    """rec(ev, t, header, body, dur) -> the packed record, by one of the four ways there are to pack it."""
+    if how == "c":
+        return C
+    if how == "py":
+        return lambda *a: writer.rec_py(PACK, *a)
+
+    def via(make):
+        def pack(*a):
+            r = make()
+            r.rec(*a)
+            return b"".join(r.take()[0])
+        return pack
+    return via(writer._CRecorder if how == "c-recorder" else lambda: writer.PyRecorder(PACK))
+
+
+@pytest.mark.parametrize("how", [pytest.param("c", marks=needs_c), "py", pytest.param("c-recorder", marks=needs_c),
+                                 "py-recorder"])
+def test_a_duration_of_none_runs_until_now(how):
+    pack = _packed_by(how)
+    t = time.time_ns()
+    got = msgpack.unpackb(pack("recv", t, b"h", b"b", None))
+    after = time.time_ns()
+    assert got[:8] == ["recv", t, b"h", b"b", 1, None, None, None] and 0 <= got[8] <= after - t
+    later = after + 10**10  # a clock that stepped back: 0, not a negative time
+    assert msgpack.unpackb(pack("recv", later, b"h", b"b", None))[8] == 0
+    assert msgpack.unpackb(pack("recv", t, b"h", b"b", 42))[8] == 42
+    assert len(msgpack.unpackb(pack("recv", t, b"h", b"b"))) == 8

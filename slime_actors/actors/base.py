@@ -382,25 +382,31 @@ class Actor:
                 self.mailbox.pause_receiving(False)
 
     def _succeeded(self, inbound: Inbound, result: Any, t0: int) -> None:
-        """A handler returned; `t0` is when its request counts as begun (time_ns: see _on_request), 0 untraced."""
+        """A handler returned; `t0` is when its request counts as begun (time_ns: see _on_request), 0 untraced.
+
+        Its trace is written after the reply (the asker need not wait for it); in the common case one record of
+        arrival and outcome, [..., extra, dur_ns], handled at arrival + dur_ns. An ask's handling ends before its
+        reply is built; a tell's when its record is packed, which reads the clock itself (dur None)."""
         h = inbound.header
-        if t0:
-            done = _time_ns()
+        done = None
         if h["kind"] == "ask":
+            if t0:
+                done = _time_ns()
             if h.get("idem") is not None:
                 self._remember(h, ("reply", result))
             self._send_reply(inbound, result, None)
-        self.counters["handled"] += 1  # this and the trace after the reply: the asker need not wait for them
+        self.counters["handled"] += 1
         if t0:
-            dur = done - t0 if done > t0 else 0  # a wall-clock step back reads as 0, not as a negative time
             body = inbound.body_bytes
             if t0 == inbound.t_ns and not inbound.arrays and len(body) <= self._tlimit:
-                # the common case, inline: one record of arrival and outcome, [..., extra, dur_ns], handled at
-                # arrival + dur_ns
                 inbound.t_ns = 0
-                self._trec("recv", t0, inbound.header_bytes, body, dur)
+                # a wall-clock step back reads as 0, not as a negative time
+                self._trec("recv", t0, inbound.header_bytes, body,
+                           None if done is None else done - t0 if done > t0 else 0)
             else:
-                self._trace_handled(inbound, {"outcome": "ok", "dur_ns": dur}, done)
+                if done is None:
+                    done = _time_ns()
+                self._trace_handled(inbound, {"outcome": "ok", "dur_ns": done - t0 if done > t0 else 0}, done)
 
     def _failed(self, inbound: Inbound, exc: BaseException, t0: int) -> None:
         self.counters["failed"] += 1

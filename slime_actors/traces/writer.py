@@ -83,12 +83,17 @@ def fast_entries(tracer) -> tuple[Any, Any, Any]:
     return entries if None not in entries else (None, None, None)
 
 
-def rec_py(pack, ev: str, t: int, header: bytes, body: bytes, dur: int | None = None) -> bytes:
+def rec_py(pack, ev: str, t: int, header: bytes, body: bytes, *dur) -> bytes:
     """What `_fastrec.rec` returns, packed by msgpack: the 8-tuple record (event, t, header, body, len(body), None,
-    None, None), or with dur the 9-tuple of a recv with its handler's duration."""
-    if dur is None:
+    None, None), or with a duration the 9-tuple of a recv with its handler's duration -- `None` for "from t until
+    now" (0 if the clock stepped back)."""
+    if not dur:
         return pack((ev, t, header, body, len(body), None, None, None))
-    return pack((ev, t, header, body, len(body), None, None, None, dur))
+    d = dur[0]
+    if d is None:
+        d = time.time_ns() - t
+        d = d if d > 0 else 0
+    return pack((ev, t, header, body, len(body), None, None, None, d))
 
 
 class PyRecorder:
@@ -99,8 +104,8 @@ class PyRecorder:
         self._q = collections.deque()
         self.put = self._q.append
 
-    def rec(self, ev: str, t: int, header: bytes, body: bytes, dur: int | None = None) -> None:
-        self._q.append(rec_py(self._pack, ev, t, header, body, dur))
+    def rec(self, ev: str, t: int, header: bytes, body: bytes, *dur) -> None:
+        self._q.append(rec_py(self._pack, ev, t, header, body, *dur))
 
     def take(self) -> tuple[list, int]:
         q = self._q
@@ -133,7 +138,7 @@ class TraceWriter:
         # The hot path's entries (the mailbox and the actor's dispatch use them; see record()), the queue's own
         # methods, and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
         # rec(ev, t, header, body[, dur]) queues, packed, the record of a message without arrays whose header and
-        # body are bytes and whose body is within body_limit (the common case). `append` queues a record packed with
+        # body are bytes and whose body is within body_limit (the common case); dur None: from t until now. `append` queues a record packed with
         # `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None, None, extra), or the 9-tuple of a recv
         # with its outcome, with header and body as bytes -- or, unpacked, such an 8-tuple (the writer packs it) or
         # the 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which the writer
