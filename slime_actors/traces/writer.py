@@ -37,11 +37,10 @@ from typing import Any
 import msgpack
 import xxhash
 
-try:  # the record packer and queue in C (setup.py builds them; optional): the same bytes as msgpack's, ~4x faster
+try:  # the record queue in C (setup.py builds it; optional): the same bytes as msgpack's, ~4x faster
     from ._fastrec import Recorder as _CRecorder
-    from ._fastrec import rec as _c_rec
 except ImportError:
-    _c_rec = _CRecorder = None
+    _CRecorder = None
 
 TRACE_FORMAT = "slime-actors-trace"
 # 1: every request's outcome is a `handled` record of its own.
@@ -138,11 +137,12 @@ class TraceWriter:
         # The hot path's entries (the mailbox and the actor's dispatch use them; see record()), the queue's own
         # methods, and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
         # rec(ev, t, header, body[, dur]) queues, packed, the record of a message without arrays whose header and
-        # body are bytes and whose body is within body_limit (the common case); dur None: from t until now. `append` queues a record packed with
-        # `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None, None, extra), or the 9-tuple of a recv
-        # with its outcome, with header and body as bytes -- or, unpacked, such an 8-tuple (the writer packs it) or
-        # the 7-tuple that record() queues (event, time_ns, header, body, refs, buffers, extra), which the writer
-        # thread finishes (checksums of arrays and of bodies over body_limit). Records are written in queue order.
+        # body are bytes and whose body is within body_limit (the common case); dur None: from t until now.
+        # `append` queues a record packed with `pack` -- the 8-tuple (event, time_ns, header, body, body_size, None,
+        # None, extra), or the 9-tuple of a recv with its outcome, with header and body as bytes -- or, unpacked,
+        # such an 8-tuple (the writer packs it) or the 7-tuple that record() queues (event, time_ns, header, body,
+        # refs, buffers, extra), which the writer thread finishes (checksums of arrays and of bodies over
+        # body_limit). Records are written in queue order.
         self.pack = msgpack.Packer(use_bin_type=True).pack
         self._rq = _CRecorder() if _CRecorder is not None else PyRecorder(self.pack)
         self.append = self._rq.put
