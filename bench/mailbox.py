@@ -7,14 +7,20 @@ Every variant is two processes on this machine -- this driver and one server pro
     raw        a blocking pyzmq DEALER here, a blocking ROUTER loop there; bodies msgpack, arrays as zero-copy frames;
                both processes with the malloc settings a mailbox applies (slime_actors/mailbox/allocator.py), so
                the floor does not pay for page faults that slime's processes are spared
+    loop       raw's messages, but both ends on a uvloop event loop (add_reader on the sockets' ZMQ_FD, a future per
+               ask): no envelope, no actor, no tracing -- what any asyncio mailbox pays before it does anything, so
+               the gap between raw and slime reads as the event loop's share and slime's own
     slime      a client actor here, an echo actor there (ipc://, CURVE off), tracing on (the default) or off
     Ray        ray.get on an actor's method, from a driver process of its own (Ray's own daemons run too: that is what
                a Ray actor call costs; its driver threads are kept out of the process the other clients run in)
 
 Figures: ask round trip of a small body (sequential), pipelined one-way messages per second (tells sent back to
 back, then one ask that is answered after all of them: per-sender FIFO), and the round trip of a 16 MiB float32 numpy
-array. raw and slime are interleaved -- each round runs every variant once, in a rotating order -- and the table shows
-the median over rounds, so a burst of noise from other work on the machine hits all of them alike. Ray's rounds run
+array. raw, loop and slime are interleaved -- each round runs every variant once, in a rotating order -- and the table
+shows the median over rounds, so a burst of noise from other work on the machine hits all of them alike. A ratio
+between two interleaved variants is the median of the per-round ratios, with their range, and its verdict says
+whether every round met the target (PASS), the median did but some rounds did not (BORDERLINE), or the median did not
+(MISS). Ray's rounds run
 after those, while its daemons are up (they take CPU from whatever runs beside them).
 """
 
@@ -128,6 +134,51 @@ def _raw_server(endpoint: str, ready, cpus=None) -> None:
             sock.send_multipart([frames[0], frames[1], arr], copy=False)
 
 
+def _loop_server(endpoint: str, ready, cpus=None) -> None:
+    """raw's ROUTER protocol (_raw_server), served from a uvloop event loop: ZMQ_FD in add_reader, drained without
+    blocking -- the asynchronous floor's server."""
+    _pin(cpus)
+    allocator.keep_freed(MailboxConfig().malloc_keep_mib)
+    import uvloop
+
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    unpackb, packb = msgpack.unpackb, msgpack.packb
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        count = 0
+
+        def on_readable():
+            nonlocal count
+            while not done.done() and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                if len(frames) == 2:
+                    body = unpackb(frames[1].bytes)
+                    if "t" in body:
+                        count += 1
+                    elif "sync" in body:
+                        sock.send_multipart([frames[0], packb(count)])
+                    elif "stop" in body:
+                        sock.send_multipart([frames[0], packb(True)])
+                        done.set_result(None)
+                    else:
+                        sock.send_multipart([frames[0], packb(body)])
+                else:
+                    meta = unpackb(frames[1].bytes)
+                    arr = np.frombuffer(frames[2].buffer, dtype=meta["dtype"]).reshape(meta["shape"])
+                    sock.send_multipart([frames[0], frames[1], arr], copy=False)
+
+        loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
+        ready.put(endpoint)
+        loop.call_soon(on_readable)
+        await done
+        loop.remove_reader(sock.getsockopt(zmq.FD))
+
+    uvloop.run(main())
+
+
 # ------------------------------------------------------------------------------------------------ variants
 # Each variant's client runs in a process of its own (see Remote), so nothing one variant leaves behind -- threads,
 # sockets on a shared ZMQ I/O thread, objects for the garbage collector -- slows down another.
@@ -180,6 +231,104 @@ class Raw:
         self.sock.send(msgpack.packb({"stop": 1}))
         self.sock.recv()
         self.sock.close()
+
+
+class Loop:
+    """raw's client messages from a uvloop event loop: each send is followed by a check of the socket (a send can
+    consume ZMQ_FD's edge), each ask waits on a future that the reader callback resolves -- the least an asyncio
+    mailbox does per message, with no envelope, actor or tracing."""
+
+    name = "uvloop floor"
+
+    def __init__(self, endpoint: str):
+        import uvloop
+
+        allocator.keep_freed(MailboxConfig().malloc_keep_mib)
+        self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+        self.arr = _big_array()
+        self.waiter = None   # the future of the ask in flight
+        self.writer = None   # a future for room in the queue
+        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_readable)
+
+    def _on_readable(self) -> None:
+        sock = self.sock
+        while True:
+            events = sock.getsockopt(zmq.EVENTS)
+            if events & zmq.POLLOUT and self.writer is not None and not self.writer.done():
+                self.writer.set_result(None)
+            if not events & zmq.POLLIN:
+                return
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            w, self.waiter = self.waiter, None
+            if w is None or w.done():
+                raise AssertionError("loop client: a reply nobody asked for")
+            w.set_result(frames)
+
+    def _ask(self, parts, copy=True):
+        self.waiter = fut = self.loop.create_future()
+        self.sock.send_multipart(parts, copy=copy)
+        self.loop.call_soon(self._on_readable)
+        return fut
+
+    async def _rtt(self, n: int) -> float:
+        packb, unpackb = msgpack.packb, msgpack.unpackb
+        t0 = time.perf_counter()
+        for i in range(n):
+            frames = await self._ask([packb({"x": i})])
+            if unpackb(frames[0].bytes) != {"x": i}:
+                raise AssertionError("loop echo returned something else")
+        return (time.perf_counter() - t0) / n * 1e6
+
+    async def _pipelined(self, n: int) -> float:
+        send, packb = self.sock.send, msgpack.packb
+        start = msgpack.unpackb((await self._ask([packb({"sync": 1})]))[0].bytes)
+        t0 = time.perf_counter()
+        for i in range(n):
+            while True:
+                try:
+                    send(packb({"t": i}), zmq.NOBLOCK)
+                    break
+                except zmq.Again:  # the queue is full: wait for room (polled too: the FD is edge-triggered)
+                    self.writer = self.loop.create_future()
+                    self.loop.call_soon(self._on_readable)
+                    try:
+                        await asyncio.wait_for(self.writer, 0.05)
+                    except asyncio.TimeoutError:
+                        pass
+        end = msgpack.unpackb((await self._ask([packb({"sync": 1})]))[0].bytes)
+        dt = time.perf_counter() - t0
+        if end - start != n:
+            raise AssertionError(f"loop server counted {end - start} of {n} messages")
+        return n / dt
+
+    async def _big(self, n: int) -> float:
+        arr = self.arr
+        meta = msgpack.packb({"dtype": arr.dtype.str, "shape": list(arr.shape)})
+        t0 = time.perf_counter()
+        for _ in range(n):
+            frames = await self._ask([meta, arr], copy=False)
+            m = msgpack.unpackb(frames[0].bytes)
+            _check_big(np.frombuffer(frames[1].buffer, dtype=m["dtype"]).reshape(m["shape"]), arr)
+        return (time.perf_counter() - t0) / n * 1e3
+
+    def rtt_us(self, n: int) -> float:
+        return self.loop.run_until_complete(self._rtt(n))
+
+    def pipelined(self, n: int) -> float:
+        return self.loop.run_until_complete(self._pipelined(n))
+
+    def big_ms(self, n: int) -> float:
+        return self.loop.run_until_complete(self._big(n))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self._ask([msgpack.packb({"stop": 1})]))
+        self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        self.sock.close()
+        self.loop.close()
 
 
 class Slime:
@@ -308,7 +457,7 @@ class RayClient:
         self.ray.shutdown()
 
 
-_CLIENTS = {"raw": Raw, "slime": Slime, "ray": RayClient}
+_CLIENTS = {"raw": Raw, "loop": Loop, "slime": Slime, "ray": RayClient}
 
 
 def _client_main(kind: str, args: tuple, conn, cpus=None) -> None:
@@ -403,6 +552,13 @@ def run(args) -> dict:
             procs.append(p)
             q.get(timeout=60)
             variants["raw"] = Remote(ctx, "raw", raw_ep, cpus=client_cpus)
+        if "loop" in wanted:
+            loop_ep = f"ipc://{tmp}/loop.sock"
+            p = ctx.Process(target=_loop_server, args=(loop_ep, q, server_cpus), daemon=True)
+            p.start()
+            procs.append(p)
+            q.get(timeout=60)
+            variants["loop"] = Remote(ctx, "loop", loop_ep, cpus=client_cpus)
         for index, trace in ((0, True), (1, False)):
             if ("on" if trace else "off") not in wanted:
                 continue
@@ -472,9 +628,35 @@ def _med(samples, key, fig):
     return statistics.median(vals) if vals else None
 
 
+COLUMNS = ("raw", "loop", "on", "off", "ray")
+INTERLEAVED = {"raw", "loop", "on", "off"}  # measured round by round, side by side (Ray runs after them)
+
+
+def ratios(samples: dict, num: tuple, den: tuple) -> list[float]:
+    """num/den per round, for two figures measured in the same rounds; else the one ratio of their medians."""
+    a, b = samples.get(num), samples.get(den)
+    if not a or not b:
+        return []
+    if {num[0], den[0]} <= INTERLEAVED and len(a) == len(b):
+        return [x / y for x, y in zip(a, b)]
+    return [statistics.median(a) / statistics.median(b)]
+
+
+def verdict(rs: list[float], target: float, op: str) -> str:
+    """PASS: every round met the target; BORDERLINE: the median did, not every round; MISS: the median did not."""
+    if not rs:
+        return "SKIP"
+    def ok(r):
+        return r <= target if op == "≤" else r >= target
+    if not ok(statistics.median(rs)):
+        return "MISS"
+    met = sum(map(ok, rs))
+    return "PASS" if met == len(rs) else f"BORDERLINE ({met}/{len(rs)} rounds)"
+
+
 def render(result: dict, args, started: str, load: tuple) -> str:
     s = result["samples"]
-    med = {(k, f): _med(s, k, f) for k in ("raw", "on", "off", "ray") for f in ("rtt", "pipe", "big")}
+    med = {(k, f): _med(s, k, f) for k in COLUMNS for f in ("rtt", "pipe", "big")}
     mib = BIG_SHAPE[0] * 4 / 2**20
 
     def gbps(ms):  # payload moved per second, both directions
@@ -483,34 +665,38 @@ def render(result: dict, args, started: str, load: tuple) -> str:
     def cell(v, fmt):
         return "—" if v is None else fmt.format(v)
 
-    def ratio_row(what, num, den, target, op):
-        if num is None or den is None:
-            return f"| {what} | | | | | n/a | {op} {target:g} | SKIP |"
-        r = num / den
-        ok = r <= target if op == "≤" else r >= target
-        return f"| {what} | | | | | {r:.2f}x | {op} {target:g}x | {'PASS' if ok else 'MISS'} |"
+    def figure_row(what, fig, fmt, f=lambda v: v):
+        return f"| {what} | " + " | ".join(cell(f(med[(k, fig)]), fmt) for k in COLUMNS) + " | | | |"
+
+    def ratio_row(what, num, den, target=None, op=None):
+        """A ratio (median of per-round ratios, their range) and its verdict; target None: shown, not judged."""
+        rs = ratios(s, num, den)
+        empty = "| " * len(COLUMNS)
+        goal = "—" if target is None else f"{op} {target:g}x"
+        if not rs:
+            return f"| {what} {empty}| n/a | {goal} | {'' if target is None else 'SKIP'} |"
+        r = statistics.median(rs)
+        spread = f" ({min(rs):.2f}–{max(rs):.2f})" if len(rs) > 1 else ""
+        judged = "" if target is None else verdict(rs, target, op)
+        return f"| {what} {empty}| {r:.2f}x{spread} | {goal} | {judged} |"
 
     rows = [
-        "| figure (median of rounds) | raw pyzmq | slime trace on | slime trace off | Ray | ratio | target | |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-        "| ask round trip, small body (µs) | " + " | ".join(cell(med[(k, "rtt")], "{:.0f}") for k in
-                                                  ("raw", "on", "off", "ray")) + " | | | |",
-        "| pipelined one-way msgs/s | " + " | ".join(cell(med[(k, "pipe")], "{:,.0f}") for k in
-                                                  ("raw", "on", "off", "ray")) + " | | | |",
-        f"| {mib:.0f} MiB array round trip (ms) | " + " | ".join(cell(med[(k, "big")], "{:.1f}") for k in
-                                                            ("raw", "on", "off", "ray")) + " | | | |",
-        f"| {mib:.0f} MiB round trip throughput (GiB/s, both ways) | " + " | ".join(
-            cell(gbps(med[(k, "big")]), "{:.2f}") for k in ("raw", "on", "off", "ray")) + " | | | |",
-        ratio_row("ask RTT: slime (trace on) / raw", med[("on", "rtt")], med[("raw", "rtt")], 1.3, "≤"),
-        ratio_row("ask RTT: slime (trace off) / raw", med[("off", "rtt")], med[("raw", "rtt")], 1.3, "≤"),
-        ratio_row("ask RTT: Ray / slime (trace on)", med[("ray", "rtt")], med[("on", "rtt")], 7, "≥"),
-        ratio_row("pipelined: slime (trace on) / Ray async calls", med[("on", "pipe")], med[("ray", "pipe")], 15,
-                  "≥"),
-        ratio_row(f"{mib:.0f} MiB throughput: slime (trace on) / raw", med[("raw", "big")], med[("on", "big")], 0.9,
-                  "≥"),
-        ratio_row(f"{mib:.0f} MiB throughput: slime (trace off) / raw", med[("raw", "big")], med[("off", "big")],
-                  0.9, "≥"),
-        ratio_row("tracing: throughput on / off (cost ≤ 10%)", med[("on", "pipe")], med[("off", "pipe")], 0.9, "≥"),
+        "| figure (median of rounds) | raw pyzmq | uvloop floor | slime trace on | slime trace off | Ray | ratio "
+        "(per-round range) | target | |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        figure_row("ask round trip, small body (µs)", "rtt", "{:.0f}"),
+        figure_row("pipelined one-way msgs/s", "pipe", "{:,.0f}"),
+        figure_row(f"{mib:.0f} MiB array round trip (ms)", "big", "{:.1f}"),
+        figure_row(f"{mib:.0f} MiB round trip throughput (GiB/s, both ways)", "big", "{:.2f}", gbps),
+        ratio_row("ask RTT: slime (trace on) / raw", ("on", "rtt"), ("raw", "rtt"), 1.3, "≤"),
+        ratio_row("ask RTT: slime (trace off) / raw", ("off", "rtt"), ("raw", "rtt"), 1.3, "≤"),
+        ratio_row("ask RTT: uvloop floor / raw (the event loop's share)", ("loop", "rtt"), ("raw", "rtt")),
+        ratio_row("ask RTT: slime (trace on) / uvloop floor (slime's own share)", ("on", "rtt"), ("loop", "rtt")),
+        ratio_row("ask RTT: Ray / slime (trace on)", ("ray", "rtt"), ("on", "rtt"), 7, "≥"),
+        ratio_row("pipelined: slime (trace on) / Ray async calls", ("on", "pipe"), ("ray", "pipe"), 15, "≥"),
+        ratio_row(f"{mib:.0f} MiB throughput: slime (trace on) / raw", ("raw", "big"), ("on", "big"), 0.9, "≥"),
+        ratio_row(f"{mib:.0f} MiB throughput: slime (trace off) / raw", ("raw", "big"), ("off", "big"), 0.9, "≥"),
+        ratio_row("tracing: throughput on / off (cost ≤ 10%)", ("on", "pipe"), ("off", "pipe"), 0.9, "≥"),
     ]
     head = [
         f"command: {' '.join([os.path.relpath(sys.executable)] + sys.argv)}",
@@ -540,8 +726,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ray-calls", type=int, default=2000)
     ap.add_argument("--ray-big", type=int, default=5)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray column")
-    ap.add_argument("--variants", default="raw,on,off", help="which of raw, on, off to measure (default: all three; "
-                    "Ray is measured unless --no-ray)")
+    ap.add_argument("--variants", default="raw,loop,on,off", help="which of raw, loop, on, off to measure (default: "
+                    "all four; Ray is measured unless --no-ray)")
     ap.add_argument("--pin", default="auto", help="CPUs for the client and the server processes, as C,S (default "
                     "auto: the first two this process may use, when there are at least two; 'none' to let the "
                     "scheduler place them)")
@@ -562,9 +748,9 @@ def main(argv=None) -> int:
             args.pin = []
         if len(args.pin) != 2 or not set(args.pin) <= set(allowed):
             ap.error(f"--pin takes two of the CPUs this process may use ({allowed}) as C,S, or auto, or none")
-    unknown = sorted(set(args.variants) - {"raw", "on", "off"})
+    unknown = sorted(set(args.variants) - INTERLEAVED)
     if unknown or not args.variants:
-        ap.error(f"--variants takes raw, on, off (comma-separated), got {args.variants!r}")
+        ap.error(f"--variants takes raw, loop, on, off (comma-separated), got {args.variants!r}")
     if args.quick:
         args.rounds, args.asks, args.tells, args.big = 3, 300, 3000, 3
         args.ray_asks, args.ray_calls, args.ray_big = 50, 300, 2

@@ -2,6 +2,7 @@
 refuse bad options with a message naming what is allowed. No figure is checked against a target here: these machines
 are shared and noisy, and targets belong to the benchmarks' own output (docs/performance.md)."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -14,33 +15,64 @@ def _run(*args, timeout=300):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.split("|")[1:-1]]
+
+
 def test_mailbox_bench_prints_every_figure_and_ratio():
     p = _run("bench/mailbox.py", "--quick", "--no-ray")
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
+    header = next(ln for ln in out.splitlines() if ln.startswith("| figure"))
+    assert _cells(header)[1:6] == ["raw pyzmq", "uvloop floor", "slime trace on", "slime trace off", "Ray"], header
     for row in ("ask round trip, small body (µs)", "pipelined one-way msgs/s", "16 MiB array round trip (ms)"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {row} |"))
-        cells = [c.strip() for c in line.split("|")[2:6]]
-        assert all(re.fullmatch(r"[\d,.]+", c) for c in cells[:3]) and cells[3] == "—", line  # raw, on, off; no Ray
+        cells = _cells(line)[1:6]
+        assert all(re.fullmatch(r"[\d,.]+", c) for c in cells[:4]) and cells[4] == "—", line  # no Ray
     for ratio in ("slime (trace on) / raw", "slime (trace off) / raw", "throughput on / off"):
         line = next(ln for ln in out.splitlines() if ratio in ln)
-        assert re.search(r"\| \d+\.\d\dx \|", line) and re.search(r"\| (PASS|MISS) \|", line), line
+        # three rounds, paired: the median of the per-round ratios and their range
+        assert re.search(r"\| \d+\.\d\dx \(\d+\.\d\d–\d+\.\d\d\) \|", line), line
+        assert re.search(r"\| (PASS|MISS|BORDERLINE \([12]/3 rounds\)) \|$", line), line
+    for ratio in ("uvloop floor / raw", "slime (trace on) / uvloop floor"):  # shown, not judged
+        line = next(ln for ln in out.splitlines() if ratio in ln)
+        assert re.search(r"\| \d+\.\d\dx \(.*\) \| — \|  \|$", line), line
     assert "Ray / slime" in out and "SKIP" in out and "note: Ray skipped (--no-ray)" in out
     assert "command:" in out and "date:" in out
+
+
+def test_mailbox_bench_verdicts_from_per_round_ratios():
+    spec = importlib.util.spec_from_file_location("bench_mailbox", ROOT / "bench" / "mailbox.py")
+    bench = importlib.util.module_from_spec(spec)  # (the stdlib has a module named mailbox)
+    spec.loader.exec_module(bench)
+    s = {("on", "rtt"): [110.0, 120.0, 100.0], ("raw", "rtt"): [100.0, 80.0, 100.0],
+         ("ray", "rtt"): [900.0, 700.0]}
+    rs = bench.ratios(s, ("on", "rtt"), ("raw", "rtt"))
+    assert rs == [1.1, 1.5, 1.0]  # paired round by round, not a ratio of medians (110/100)
+    assert bench.verdict(rs, 1.3, "≤") == "BORDERLINE (2/3 rounds)"
+    assert bench.verdict(rs, 1.6, "≤") == "PASS"
+    assert bench.verdict(rs, 1.05, "≤") == "MISS"  # the median (1.1) misses
+    assert bench.verdict([0.95, 0.85, 0.92], 0.9, "≥") == "BORDERLINE (2/3 rounds)"
+    assert bench.verdict([], 0.9, "≥") == "SKIP"
+    # Ray runs after the others: its ratio is of medians, one value
+    assert bench.ratios(s, ("ray", "rtt"), ("on", "rtt")) == [800.0 / 110.0]
+    assert bench.ratios(s, ("loop", "rtt"), ("raw", "rtt")) == []
 
 
 def test_mailbox_bench_runs_only_the_variants_asked_for():
     p = _run("bench/mailbox.py", "--quick", "--no-ray", "--variants", "raw,off", "--pin", "none")
     assert p.returncode == 0, p.stderr[-3000:]
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("| ask round trip"))
-    raw, on, off = (c.strip() for c in line.split("|")[2:5])
-    assert re.fullmatch(r"[\d,.]+", raw) and on == "—" and re.fullmatch(r"[\d,.]+", off), line
+    raw, loop, on, off = _cells(line)[1:5]
+    assert re.fullmatch(r"[\d,.]+", raw) and loop == on == "—" and re.fullmatch(r"[\d,.]+", off), line
     assert "not pinned" in next(ln for ln in p.stdout.splitlines() if ln.startswith("rounds:"))
+    line = next(ln for ln in p.stdout.splitlines() if "uvloop floor / raw" in ln)
+    assert "| n/a | — |" in line, line
 
 
 def test_mailbox_bench_refuses_bad_options():
     p = _run("bench/mailbox.py", "--variants", "raw,foo")
-    assert p.returncode == 2 and "--variants takes raw, on, off" in p.stderr and "foo" in p.stderr
+    assert p.returncode == 2 and "--variants takes raw, loop, on, off" in p.stderr and "foo" in p.stderr
     p = _run("bench/mailbox.py", "--pin", "0,99999")
     assert p.returncode == 2 and "--pin takes two of the CPUs this process may use" in p.stderr
 
