@@ -151,9 +151,18 @@ def _loop_server(endpoint: str, ready, cpus=None) -> None:
         count = 0
 
         def on_readable():
+            # as a mailbox drains its socket: read without asking first (zmq.Again: nothing there), ask ZMQ_EVENTS
+            # after the first message, read on until zmq.Again once there is a backlog
             nonlocal count
-            while not done.done() and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            n = 0
+            while not done.done():
+                if n == 1 and not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                n += 1
                 if len(frames) == 2:
                     body = unpackb(frames[1].bytes)
                     if "t" in body:
@@ -172,7 +181,7 @@ def _loop_server(endpoint: str, ready, cpus=None) -> None:
 
         loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
         ready.put(endpoint)
-        loop.call_soon(on_readable)
+        loop.call_soon(on_readable)  # (a reply's send may consume the FD's edge: on_readable checks after it)
         await done
         loop.remove_reader(sock.getsockopt(zmq.FD))
 
@@ -234,9 +243,9 @@ class Raw:
 
 
 class Loop:
-    """raw's client messages from a uvloop event loop: each send is followed by a check of the socket (a send can
-    consume ZMQ_FD's edge), each ask waits on a future that the reader callback resolves -- the least an asyncio
-    mailbox does per message, with no envelope, actor or tracing."""
+    """raw's client messages from a uvloop event loop: each ask waits on a future that the reader callback resolves,
+    each send is followed by one ZMQ_EVENTS check (a send can consume ZMQ_FD's edge), a wake-up reads without one --
+    the least an asyncio mailbox does per message (slime's checks, no more), with no envelope, actor or tracing."""
 
     name = "uvloop floor"
 
@@ -252,9 +261,22 @@ class Loop:
         self.arr = _big_array()
         self.waiter = None   # the future of the ask in flight
         self.writer = None   # a future for room in the queue
-        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_readable)
+        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_fd)
 
-    def _on_readable(self) -> None:
+    def _on_fd(self) -> None:
+        """The FD woke: read the reply without asking ZMQ_EVENTS first, and leave the next check to the send that
+        the woken ask makes next (as a mailbox does); waiting for room, check the socket's events instead."""
+        if self.writer is not None and not self.writer.done():
+            self._check()
+            return
+        try:
+            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        self._answer(frames)
+
+    def _check(self) -> None:
+        """After a send (it may have consumed the FD's edge) or while waiting for room: ask ZMQ_EVENTS."""
         sock = self.sock
         while True:
             events = sock.getsockopt(zmq.EVENTS)
@@ -262,16 +284,18 @@ class Loop:
                 self.writer.set_result(None)
             if not events & zmq.POLLIN:
                 return
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            w, self.waiter = self.waiter, None
-            if w is None or w.done():
-                raise AssertionError("loop client: a reply nobody asked for")
-            w.set_result(frames)
+            self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+
+    def _answer(self, frames) -> None:
+        w, self.waiter = self.waiter, None
+        if w is None or w.done():
+            raise AssertionError("loop client: a reply nobody asked for")
+        w.set_result(frames)
 
     def _ask(self, parts, copy=True):
         self.waiter = fut = self.loop.create_future()
         self.sock.send_multipart(parts, copy=copy)
-        self.loop.call_soon(self._on_readable)
+        self.loop.call_soon(self._check)
         return fut
 
     async def _rtt(self, n: int) -> float:
@@ -294,7 +318,7 @@ class Loop:
                     break
                 except zmq.Again:  # the queue is full: wait for room (polled too: the FD is edge-triggered)
                     self.writer = self.loop.create_future()
-                    self.loop.call_soon(self._on_readable)
+                    self.loop.call_soon(self._check)
                     try:
                         await asyncio.wait_for(self.writer, 0.05)
                     except asyncio.TimeoutError:
