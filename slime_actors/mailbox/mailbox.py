@@ -10,6 +10,10 @@ DEALER has a send high-water mark, a peer has a bound on asks in flight, and whe
 the ROUTER stops reading, so a fast sender waits instead of growing a queue.
 
 A per-sender FIFO holds because each sender reaches each receiver over exactly one connection.
+
+Large array frames are sent from the sender's memory, and what a peer receives is still the array as it was sent: a
+tell returns once ZeroMQ has let go of them, an ask's reply means the peer had them, and a reply copies writable ones
+(docs/wire-format.md, "Arrays are sent from your memory").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import contextvars
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +51,8 @@ NOBLOCK, SNDMORE, EVENTS = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.EVENTS)
 SEND_MORE_NOW = NOBLOCK | SNDMORE
 RCVMORE = int(zmq.RCVMORE)
 _backend_send = zmq.backend.Socket.send  # skips pyzmq's Python-level wrapper (routing_id/group handling)
+# Array frames this large are sent from the sender's memory; smaller ones are copied (cheaper than the bookkeeping)
+ZERO_COPY_MIN = 65536
 
 
 def context() -> zmq.Context:
@@ -261,6 +268,47 @@ class _Peer:
                 break
 
 
+class _Released:
+    """A future that resolves once ZeroMQ has let go of a message's zero-copy frames: when they have been written
+    out, the caller may change the arrays they were read from.
+
+    Each such frame is passed to ZeroMQ as a memoryview of its own, which pyzmq keeps alive until libzmq frees the
+    message (its garbage-collector thread drops it then); a weak reference to it says when. Its callback runs on
+    pyzmq's thread (or on ours), so it hands over to the loop."""
+
+    __slots__ = ("loop", "future", "left", "refs")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.future = loop.create_future()
+        self.left = 0
+        self.refs = []
+
+    def frames(self, buffers: list) -> list:
+        """The frames to send: each zero-copy one wrapped in a memoryview only ZeroMQ will hold on to."""
+        out = []
+        for b in buffers:
+            if len(b) >= ZERO_COPY_MIN:
+                b = memoryview(b)
+                self.refs.append(weakref.ref(b, self._gone))
+                self.left += 1
+            out.append(b)
+        if not self.left:
+            self.future.set_result(None)
+        return out
+
+    def _gone(self, _ref) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._count)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _count(self) -> None:
+        self.left -= 1
+        if self.left <= 0 and not self.future.done():
+            self.future.set_result(None)
+
+
 class _Pending:
     __slots__ = ("future", "peer", "method", "deadline", "timeout")
 
@@ -454,8 +502,11 @@ class Mailbox:
         return header_bytes, body_bytes, buffers, refs
 
     @staticmethod
-    def _try_send(sock: _Sock, head: bytes | None, header_bytes: bytes, body_bytes: bytes, buffers: list) -> bool:
-        """Send without waiting; False if the peer's queue is full (nothing was sent)."""
+    def _try_send(sock: _Sock, head: bytes | None, header_bytes: bytes, body_bytes: bytes, buffers: list,
+                  copy_writable: bool = False) -> bool:
+        """Send without waiting; False if the peer's queue is full (nothing was sent). Array frames of
+        ZERO_COPY_MIN bytes and more are sent from the caller's memory, unless copy_writable asks for a copy of
+        the writable ones (replies: see reply_nowait)."""
         send = sock.send
         try:
             if head is not None:
@@ -470,7 +521,8 @@ class Mailbox:
             send(body_bytes, SNDMORE)
             last = len(buffers) - 1
             for i, b in enumerate(buffers):
-                send(b, 0 if i == last else SNDMORE, copy=len(b) < 65536)
+                send(b, 0 if i == last else SNDMORE,
+                     copy=len(b) < ZERO_COPY_MIN or (copy_writable and not b.readonly))
         else:
             send(body_bytes, 0)
         sock.kick()
@@ -481,8 +533,10 @@ class Mailbox:
             if not refs and len(body_bytes) <= self._tlimit:
                 self._trec("send", _time_ns(), header_bytes, body_bytes)
             else:
-                self._trace(("send", _time_ns(), header_bytes, body_bytes, refs,
-                             buffers if self._keep_arrays else None, None))  # refs hold the checksums
+                # refs hold the checksums; a trace that keeps arrays copies the writable ones now: the writer thread
+                # gets to them later, when the caller may have changed them
+                kept = [b if b.readonly else bytes(b) for b in buffers] if self._keep_arrays and buffers else None
+                self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, kept, None))
         elif self.tracer is not None:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
         self.stats["sent"] += 1
@@ -506,7 +560,9 @@ class Mailbox:
         self._sent(hb, bb, refs, buffers)
 
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
-        """Send a one-way message. Waits only while the peer's queue is full. Returns the message id."""
+        """Send a one-way message. Returns the message id once it is queued -- waiting while the peer's queue is
+        full -- and, when it carries arrays of ZERO_COPY_MIN bytes or more (sent from the caller's memory), once
+        ZeroMQ has written them out: after `await tell(...)` the caller may change its arrays."""
         peer = self._peers.get(to) or await self._peer(to)
         peer.seq += 1
         cause = current_cause.get()
@@ -516,9 +572,17 @@ class Mailbox:
             header = codec.header_v2("tell", self.name, to, method, peer.seq, cause[0], cause[1])
         hb, bb, buffers, refs = self._encode(header, body, host_copy)
         sock = peer.sock
-        if not self._try_send(sock, None, hb, bb, buffers):
-            await self._send_later(sock, None, hb, bb, buffers)
+        released = None
+        frames = buffers
+        if buffers:
+            released = _Released(self._loop)
+            frames = released.frames(buffers)
+        if not self._try_send(sock, None, hb, bb, frames):
+            await self._send_later(sock, None, hb, bb, frames)
+        frames = None  # (the zero-copy frames' last holder must be ZeroMQ)
         self._sent(hb, bb, refs, buffers)
+        if released is not None and not released.future.done():
+            await released.future
         return header[2]
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
@@ -623,21 +687,28 @@ class Mailbox:
 
     def reply_nowait(self, inbound: Inbound, body: Any = None, *, error: dict | None = None,
                      host_copy: bool = False):
-        """Answer an ask now if the asker's queue has room. Returns None when sent, else a coroutine to await."""
+        """Answer an ask now if the asker's queue has room. Returns None when sent, else a coroutine to await.
+
+        A writable array in a reply is sent as a copy: the actor goes on with its next message at once and may
+        change it (a handler that answers with a view of its own storage). A read-only one -- received and passed
+        on, or marked read-only by the handler -- is sent from its memory, as are the arrays of tells and asks."""
         hb, bb, buffers, refs = parts = self._reply_parts(inbound, body, error, host_copy)
         try:
-            if self._try_send(self._router, inbound.identity, hb, bb, buffers):
+            if self._try_send(self._router, inbound.identity, hb, bb, buffers, True):
                 self._sent(hb, bb, refs, buffers)
                 return None
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
             return None
+        if any(not b.readonly and len(b) >= ZERO_COPY_MIN for b in buffers):
+            # sent later: the copy is taken now, as the handler returned it
+            parts = (hb, bb, [b if b.readonly else memoryview(bytes(b)) for b in buffers], refs)
         return self._reply_later(inbound, parts)
 
     async def _reply_later(self, inbound: Inbound, parts) -> None:
         hb, bb, buffers, refs = parts
         try:
-            while not self._try_send(self._router, inbound.identity, hb, bb, buffers):
+            while not self._try_send(self._router, inbound.identity, hb, bb, buffers, True):
                 await self._router.writable()
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
