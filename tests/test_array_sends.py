@@ -2,7 +2,8 @@
 when it was sent, whatever the sender writes to it afterwards (docs/wire-format.md, "Arrays are sent from your
 memory").
 
-  * a tell returns once ZeroMQ has let go of its arrays, so writing to them afterwards is safe;
+  * a tell copies a writable array under TELL_COPY_MAX, and for a larger one returns once ZeroMQ has let go of it,
+    so writing to them afterwards is safe; a read-only array is sent as is, without waiting;
   * an ask is safe once its reply has come (the peer had the whole message before it answered);
   * a reply carries a copy of a writable array (the handler's actor may change it right after returning); a
     read-only one -- an array received and passed on, or one the handler marked read-only -- is sent zero-copy.
@@ -15,10 +16,11 @@ import numpy as np
 import pytest
 
 from slime_actors.actors.base import Actor, handler
-from slime_actors.mailbox.mailbox import ZERO_COPY_MIN
+from slime_actors.mailbox.mailbox import TELL_COPY_MAX, ZERO_COPY_MIN
 from slime_actors.runtime import RuntimeConfig
 
 N = 8 << 20  # float32: 32 MiB, far more than a socket buffer holds -- the send takes a while
+assert N * 4 >= TELL_COPY_MAX  # tells of N floats are sent from their memory, not copied
 
 
 class Store(Actor):
@@ -284,3 +286,47 @@ def test_a_trace_that_keeps_arrays_keeps_them_as_they_were_sent(loop_thread, run
         loop_thread.call(store.stop())
     (put,) = [m for m in TraceRun(run_dir).messages().values() if m.method == "put"]
     assert put.send.arrays[0][5] == np.full(ZERO_COPY_MIN // 4, 3.0, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("nbytes", [ZERO_COPY_MIN, TELL_COPY_MAX - 4])
+def test_a_tell_of_a_smaller_writable_array_returns_at_once_and_sends_a_copy(loop_thread, run_dir, nbytes):
+    """Under TELL_COPY_MAX a tell copies: it returns while the peer is not even up, and what arrives later is the
+    array as it was (sent from its memory without the copy, the overwrite below would be what arrived)."""
+    endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
+    sender = Sender(0)
+    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": endpoint})))
+    store = Store(0)
+    arr = np.full(nbytes // 4, 2.0, np.float32)
+
+    async def scenario():
+        await asyncio.wait_for(sender.tell("store/0", "put", {"x": arr}), 5)
+        arr[:] = -1.0
+        await store.start(_rt(run_dir), endpoint=endpoint)
+        return await sender.ask("store/0", "got_so_far")
+
+    try:
+        assert loop_thread.call(scenario(), timeout=60) == [[2.0, 2.0]]
+    finally:
+        loop_thread.call(sender.stop())
+        loop_thread.call(store.stop())
+
+
+def test_a_tell_of_a_read_only_array_does_not_wait(loop_thread, run_dir):
+    """Read-only (nothing changes it): sent from its memory, and the tell returns while the peer is not up."""
+    endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
+    sender = Sender(0)
+    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": endpoint})))
+    store = Store(0)
+    arr = np.full(N, 4.0, np.float32)
+    arr.setflags(write=False)
+
+    async def scenario():
+        await asyncio.wait_for(sender.tell("store/0", "put", {"x": arr}), 5)
+        await store.start(_rt(run_dir), endpoint=endpoint)
+        return await sender.ask("store/0", "got_so_far")
+
+    try:
+        assert loop_thread.call(scenario(), timeout=60) == [[4.0, 4.0]]
+    finally:
+        loop_thread.call(sender.stop())
+        loop_thread.call(store.stop())

@@ -95,3 +95,15 @@ def test_allocator_rss_bench_prints_both_settings():
     for r in rows:
         start, busy, peak, after = (int(c) for c in r.split("|")[2:6])
         assert 0 < start <= peak and busy <= peak and after > 0, r
+
+
+def test_array_tells_bench_prints_its_table():
+    p = _run("bench/array_tells.py", "--sizes", "65536,1048576", "--bytes", str(4 << 20), "--rounds", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [ln for ln in p.stdout.splitlines() if re.match(r"\| [\d,]+ KiB \|", ln)]
+    assert len(rows) == 2, p.stdout
+    for ln in rows:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert all(float(c.replace(",", "")) > 0 for c in cells[2:]), ln
+    p = _run("bench/array_tells.py", "--sizes", "big")
+    assert p.returncode == 2 and "--sizes takes byte counts" in p.stderr

@@ -236,9 +236,9 @@ class Actor:
         return self.mailbox.ask(to, method, body, timeout=timeout, idem=idem, host_copy=host_copy)
 
     def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> Coroutine[Any, Any, str]:
-        """Send a one-way message: ``await actor.tell(...)``. Waits while the peer's queue is full and, when the body
-        holds arrays of 64 KiB or more (sent from their memory), until they have been written out: after the await
-        the caller may change them (docs/wire-format.md, "Arrays are sent from your memory")."""
+        """Send a one-way message: ``await actor.tell(...)``. Waits while the peer's queue is full; after the await
+        the caller may change the arrays it sent (a writable one under 4 MiB is copied; the tell of a larger one
+        returns once it has been written out: docs/wire-format.md, "Arrays are sent from your memory")."""
         return self.mailbox.tell(to, method, body, host_copy=host_copy)
 
     def record_input(self, name: str, value: Any, key: str | None = None) -> None:

@@ -12,8 +12,8 @@ the ROUTER stops reading, so a fast sender waits instead of growing a queue.
 A per-sender FIFO holds because each sender reaches each receiver over exactly one connection.
 
 Large array frames are sent from the sender's memory, and what a peer receives is still the array as it was sent: a
-tell returns once ZeroMQ has let go of them, an ask's reply means the peer had them, and a reply copies writable ones
-(docs/wire-format.md, "Arrays are sent from your memory").
+tell copies writable ones under TELL_COPY_MAX and returns once ZeroMQ has let go of larger ones, an ask's reply
+means the peer had them, and a reply copies writable ones (docs/wire-format.md, "Arrays are sent from your memory").
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ RCVMORE = int(zmq.RCVMORE)
 _backend_send = zmq.backend.Socket.send  # skips pyzmq's Python-level wrapper (routing_id/group handling)
 # Array frames this large are sent from the sender's memory; smaller ones are copied (cheaper than the bookkeeping)
 ZERO_COPY_MIN = 65536
+# A tell copies a writable array smaller than this and returns at once; a larger one is sent from its memory, and the
+# tell returns once ZeroMQ has let go of it. Waiting costs ~0.15 ms a tell (pyzmq's garbage-collector thread says
+# when), a copy ~0.1 ms per MiB: up to 4 MiB copying is as fast or faster (bench/array_tells.py, docs/performance.md)
+TELL_COPY_MAX = 4 << 20
+_ALWAYS = 1 << 62  # copy_below for replies: every writable array
 
 
 def context() -> zmq.Context:
@@ -269,12 +274,10 @@ class _Peer:
 
 
 class _Released:
-    """A future that resolves once ZeroMQ has let go of a message's zero-copy frames: when they have been written
-    out, the caller may change the arrays they were read from.
-
-    Each such frame is passed to ZeroMQ as a memoryview of its own, which pyzmq keeps alive until libzmq frees the
-    message (its garbage-collector thread drops it then); a weak reference to it says when. Its callback runs on
-    pyzmq's thread (or on ours), so it hands over to the loop."""
+    """Makes a tell's large writable arrays safe to change once the tell returns: each is wrapped in a memoryview of
+    its own, which pyzmq keeps alive until libzmq has written the frame out and freed it (its garbage-collector
+    thread drops it then); a weak reference to the view resolves `future` when the last one is gone. The callback
+    runs on pyzmq's thread (or on ours), so it hands over to the loop."""
 
     __slots__ = ("loop", "future", "left", "refs")
 
@@ -284,18 +287,11 @@ class _Released:
         self.left = 0
         self.refs = []
 
-    def frames(self, buffers: list) -> list:
-        """The frames to send: each zero-copy one wrapped in a memoryview only ZeroMQ will hold on to."""
-        out = []
-        for b in buffers:
-            if len(b) >= ZERO_COPY_MIN:
-                b = memoryview(b)
-                self.refs.append(weakref.ref(b, self._gone))
-                self.left += 1
-            out.append(b)
-        if not self.left:
-            self.future.set_result(None)
-        return out
+    def wrap(self, b: memoryview) -> memoryview:
+        b = memoryview(b)
+        self.refs.append(weakref.ref(b, self._gone))
+        self.left += 1
+        return b
 
     def _gone(self, _ref) -> None:
         try:
@@ -503,10 +499,10 @@ class Mailbox:
 
     @staticmethod
     def _try_send(sock: _Sock, head: bytes | None, header_bytes: bytes, body_bytes: bytes, buffers: list,
-                  copy_writable: bool = False) -> bool:
+                  copy_below: int = 0) -> bool:
         """Send without waiting; False if the peer's queue is full (nothing was sent). Array frames of
-        ZERO_COPY_MIN bytes and more are sent from the caller's memory, unless copy_writable asks for a copy of
-        the writable ones (replies: see reply_nowait)."""
+        ZERO_COPY_MIN bytes and more are sent from the caller's memory, except writable ones smaller than
+        copy_below, which are copied (tells and replies: see tell and reply_nowait)."""
         send = sock.send
         try:
             if head is not None:
@@ -521,8 +517,8 @@ class Mailbox:
             send(body_bytes, SNDMORE)
             last = len(buffers) - 1
             for i, b in enumerate(buffers):
-                send(b, 0 if i == last else SNDMORE,
-                     copy=len(b) < ZERO_COPY_MIN or (copy_writable and not b.readonly))
+                n = len(b)
+                send(b, 0 if i == last else SNDMORE, copy=n < ZERO_COPY_MIN or (n < copy_below and not b.readonly))
         else:
             send(body_bytes, 0)
         sock.kick()
@@ -549,8 +545,9 @@ class Mailbox:
         sums = header.get("sums")
         return _refs_of(arrays, sums), arrays if sums is None or self._keep_arrays else None
 
-    async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list) -> None:
-        while not self._try_send(sock, head, hb, bb, buffers):
+    async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list,
+                          copy_below: int = 0) -> None:
+        while not self._try_send(sock, head, hb, bb, buffers, copy_below):
             await sock.writable()
 
     async def _send(self, sock: _Sock, head: list, header: dict, body: Any, host_copy: bool) -> None:
@@ -560,9 +557,10 @@ class Mailbox:
         self._sent(hb, bb, refs, buffers)
 
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
-        """Send a one-way message. Returns the message id once it is queued -- waiting while the peer's queue is
-        full -- and, when it carries arrays of ZERO_COPY_MIN bytes or more (sent from the caller's memory), once
-        ZeroMQ has written them out: after `await tell(...)` the caller may change its arrays."""
+        """Send a one-way message. Returns the message id once it is queued (waiting while the peer's queue is full),
+        and the caller may then change the arrays it sent: a writable one is copied if smaller than TELL_COPY_MAX,
+        else sent from its memory and the tell returns once ZeroMQ has written it out. A read-only array is sent
+        from its memory without waiting (read-only: nothing changes it)."""
         peer = self._peers.get(to) or await self._peer(to)
         peer.seq += 1
         cause = current_cause.get()
@@ -575,13 +573,16 @@ class Mailbox:
         released = None
         frames = buffers
         if buffers:
-            released = _Released(self._loop)
-            frames = released.frames(buffers)
-        if not self._try_send(sock, None, hb, bb, frames):
-            await self._send_later(sock, None, hb, bb, frames)
-        frames = None  # (the zero-copy frames' last holder must be ZeroMQ)
+            for i, b in enumerate(buffers):
+                if len(b) >= TELL_COPY_MAX and not b.readonly:
+                    if released is None:
+                        released, frames = _Released(self._loop), list(buffers)
+                    frames[i] = released.wrap(b)
+        if not self._try_send(sock, None, hb, bb, frames, TELL_COPY_MAX):
+            await self._send_later(sock, None, hb, bb, frames, TELL_COPY_MAX)
+        frames = None  # (the wrapped frames' last holder must be ZeroMQ)
         self._sent(hb, bb, refs, buffers)
-        if released is not None and not released.future.done():
+        if released is not None:
             await released.future
         return header[2]
 
@@ -694,7 +695,7 @@ class Mailbox:
         on, or marked read-only by the handler -- is sent from its memory, as are the arrays of tells and asks."""
         hb, bb, buffers, refs = parts = self._reply_parts(inbound, body, error, host_copy)
         try:
-            if self._try_send(self._router, inbound.identity, hb, bb, buffers, True):
+            if self._try_send(self._router, inbound.identity, hb, bb, buffers, _ALWAYS):
                 self._sent(hb, bb, refs, buffers)
                 return None
         except zmq.ZMQError as exc:
@@ -708,7 +709,7 @@ class Mailbox:
     async def _reply_later(self, inbound: Inbound, parts) -> None:
         hb, bb, buffers, refs = parts
         try:
-            while not self._try_send(self._router, inbound.identity, hb, bb, buffers, True):
+            while not self._try_send(self._router, inbound.identity, hb, bb, buffers, _ALWAYS):
                 await self._router.writable()
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
