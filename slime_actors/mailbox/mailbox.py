@@ -570,21 +570,29 @@ class Mailbox:
             header = codec.header_v2("tell", self.name, to, method, peer.seq, cause[0], cause[1])
         hb, bb, buffers, refs = self._encode(header, body, host_copy)
         sock = peer.sock
+        if buffers:
+            await self._tell_arrays(sock, hb, bb, buffers, refs)
+            return header[2]
+        if not self._try_send(sock, None, hb, bb, buffers):
+            await self._send_later(sock, None, hb, bb, buffers)
+        self._sent(hb, bb, refs, buffers)
+        return header[2]
+
+    async def _tell_arrays(self, sock: _Sock, hb: bytes, bb: bytes, buffers: list, refs: list) -> None:
+        """A tell with arrays: writable ones under TELL_COPY_MAX are copied, larger ones waited for (see tell)."""
         released = None
         frames = buffers
-        if buffers:
-            for i, b in enumerate(buffers):
-                if len(b) >= TELL_COPY_MAX and not b.readonly:
-                    if released is None:
-                        released, frames = _Released(self._loop), list(buffers)
-                    frames[i] = released.wrap(b)
+        for i, b in enumerate(buffers):
+            if len(b) >= TELL_COPY_MAX and not b.readonly:
+                if released is None:
+                    released, frames = _Released(self._loop), list(buffers)
+                frames[i] = released.wrap(b)
         if not self._try_send(sock, None, hb, bb, frames, TELL_COPY_MAX):
             await self._send_later(sock, None, hb, bb, frames, TELL_COPY_MAX)
         frames = None  # (the wrapped frames' last holder must be ZeroMQ)
         self._sent(hb, bb, refs, buffers)
         if released is not None:
             await released.future
-        return header[2]
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
                   idem: str | None = None, host_copy: bool = False) -> Any:
@@ -692,7 +700,7 @@ class Mailbox:
 
         A writable array in a reply is sent as a copy: the actor goes on with its next message at once and may
         change it (a handler that answers with a view of its own storage). A read-only one -- received and passed
-        on, or marked read-only by the handler -- is sent from its memory, as are the arrays of tells and asks."""
+        on, or marked read-only by the handler -- is sent from its memory."""
         hb, bb, buffers, refs = parts = self._reply_parts(inbound, body, error, host_copy)
         try:
             if self._try_send(self._router, inbound.identity, hb, bb, buffers, _ALWAYS):
