@@ -135,11 +135,40 @@ def test_an_untraced_senders_arrays_are_checksummed_by_a_traced_receiver(pair):
     assert cli.mailbox.sums is None
     big = np.random.default_rng(1).standard_normal(N).astype(np.float32)
     lt.call(cli.ask("fwd/0", "echo", {"x": big}))
-    assert fwd.mailbox.sums.reused == 0  # nothing was declared
+    # nothing was declared: the receiver checksummed the frame as it arrived, and sent it back with that checksum
+    assert (fwd.mailbox.sums.computed, fwd.mailbox.sums.reused) == (1, 1)
     stop()
     (m,) = _messages(run_dir, "echo")
     assert m.send is None and "sums" not in m.header
     assert m.recv.arrays[0][4] == m.reply_sent.arrays[0][4] == _sum(big)
+
+
+def test_a_received_tensor_changed_by_its_handler_is_recorded_as_it_arrived(pair):
+    """A received torch tensor is writable, and `bump` adds 1 to it in place. With no checksum declared (an untraced
+    sender) the receiver's record must still hold the checksum of what arrived -- taken at arrival, not when the
+    trace writer gets to the record (after the handler: it ran on the changed tensor before the fix)."""
+    import torch
+    lt, start, stop, run_dir = pair
+    cli, fwd = start(client_traced=False)
+    t = torch.zeros(N, dtype=torch.float32)
+    assert float(lt.call(cli.ask("fwd/0", "bump", {"t": t}))[0]) == 1.0
+    stop()
+    (m,) = _messages(run_dir, "bump")
+    assert m.recv.arrays[0][4] == _sum(np.zeros(N, np.float32))
+    assert m.reply_sent.arrays[0][4] == _sum(np.ones(N, np.float32))
+
+
+def test_kept_arrays_of_a_received_tensor_changed_by_its_handler_are_as_it_arrived(pair):
+    import torch
+    lt, start, stop, run_dir = pair
+    cli, fwd = start(trace_keep_arrays=True)
+    t = torch.zeros(N, dtype=torch.float32)
+    assert float(lt.call(cli.ask("fwd/0", "bump", {"t": t}))[0]) == 1.0
+    stop()
+    (m,) = _messages(run_dir, "bump")
+    zeros, ones = np.zeros(N, np.float32).tobytes(), np.ones(N, np.float32).tobytes()
+    assert m.send.arrays[0][5] == m.recv.arrays[0][5] == zeros
+    assert m.reply_sent.arrays[0][5] == m.reply.arrays[0][5] == ones
 
 
 def test_kept_arrays_keep_their_bytes_with_the_checksum(pair):

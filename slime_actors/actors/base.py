@@ -432,7 +432,7 @@ class Actor:
         if not arrays and len(body) <= self._tlimit:
             self._trace(self._tpack(("recv", t, inbound.header_bytes, body, len(body), None, None, extra)))
         else:
-            refs, bufs = self.mailbox.recv_arrays(inbound.header, arrays)
+            refs, bufs = self.mailbox.recv_arrays(inbound.header, arrays, inbound.kept)
             self._trace(("recv", t, inbound.header_bytes, body, refs, bufs, extra))
 
     def _trace_handled(self, inbound: Inbound, extra: dict, t: int) -> None:

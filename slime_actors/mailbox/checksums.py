@@ -4,8 +4,9 @@ A trace records each array frame by shape, dtype and checksum. Without help ever
 twice -- its sender for the `send` record, its receiver for the `recv` record -- and an actor that passes a
 received array on (an echo, a buffer handing a batch to a trainer) a third and a fourth time. With tracing on, a
 mailbox therefore checksums what it sends once, on the event loop before the send, and declares the checksums in
-the header; a traced receiver records the declared ones instead of computing its own, and remembers them for the
-frames it received, so that an array sent on unchanged is not checksummed again.
+the header; a traced receiver records the declared ones instead of computing its own (or, from a sender that
+declared none, computes them as the message arrives: before a handler can change a received torch tensor), and
+remembers them for the frames it received, so that an array sent on unchanged is not checksummed again.
 
 "Unchanged" is decided without reading the bytes. A received numpy array is a read-only view of its frame (codec:
 nothing in numpy can write to it, and its WRITEABLE flag cannot be set); an outgoing buffer that is read-only, is
@@ -57,6 +58,11 @@ class ArraySums:
         self._known: dict[int, tuple] = {}  # id(frame) -> (weak reference to the frame, checksum)
         self.computed = 0  # frames checksummed here (for tests and benchmarks)
         self.reused = 0    # frames sent on with the checksum declared when they were received
+
+    def of_frames(self, frames: list) -> list[str]:
+        """Checksum received frames now (their sender declared none)."""
+        self.computed += len(frames)
+        return [_hexdigest(f.buffer if hasattr(f, "buffer") else f) for f in frames]
 
     def received(self, frames: list, sums: list) -> None:
         """Remember the declared checksums of large received frames while those frames are alive."""

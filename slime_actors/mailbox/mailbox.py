@@ -88,12 +88,13 @@ class Inbound:
     `t_ns` is the arrival time when the mailbox left the request's `recv` trace record to the handler side (see
     Mailbox.defer_recv_trace), else 0."""
 
-    __slots__ = ("header", "header_bytes", "body_bytes", "arrays", "identity", "t_ns")
+    __slots__ = ("header", "header_bytes", "body_bytes", "arrays", "identity", "t_ns", "kept")
 
     def __init__(self, header: dict, header_bytes: bytes, body_bytes: bytes, arrays: list, identity: bytes,
-                 t_ns: int = 0):
+                 t_ns: int = 0, kept: list | None = None):
         self.header, self.header_bytes, self.body_bytes = header, header_bytes, body_bytes
         self.arrays, self.identity, self.t_ns = arrays, identity, t_ns
+        self.kept = kept  # copies of the arrays as they arrived, for a trace that keeps arrays (Mailbox._arrived)
 
 
 class _Sock:
@@ -537,13 +538,27 @@ class Mailbox:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
         self.stats["sent"] += 1
 
-    def recv_arrays(self, header: dict, arrays: list) -> tuple[list[ArrayRef] | None, list | None]:
-        """(refs, buffers) for the trace record of a received message: with the sender's checksums (the header's
-        `sums`) the record needs no buffers, unless the trace keeps arrays; without them the writer computes them."""
+    def _arrived(self, header: dict, arrays: list) -> list | None:
+        """Traced, as a message with arrays arrives -- before a handler or an awaiting task can change them (a received
+        torch tensor is writable): the checksums its sender declared are remembered, or computed now and set as the
+        header's `sums` when it declared none. Returns copies of the arrays for a trace that keeps them (the writer
+        thread gets to its records later), else None."""
+        sums = header.get("sums")
+        if sums is None:
+            header["sums"] = sums = self.sums.of_frames(arrays)
+        self.sums.received(arrays, sums)
+        return [bytes(f.buffer if hasattr(f, "buffer") else f) for f in arrays] if self._keep_arrays else None
+
+    def recv_arrays(self, header: dict, arrays: list, kept: list | None = None) -> tuple[list[ArrayRef] | None,
+                                                                                     list | None]:
+        """(refs, buffers) for the trace record of a received message: the refs hold its checksums (set by
+        _arrived), the buffers are the copies `kept` of a trace that keeps arrays."""
         if not arrays:
             return None, None
         sums = header.get("sums")
-        return _refs_of(arrays, sums), arrays if sums is None or self._keep_arrays else None
+        if sums is None:  # not through _arrived: the writer thread checksums the frames
+            return _refs_of(arrays), arrays
+        return _refs_of(arrays, sums), kept
 
     async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list,
                           copy_below: int = 0) -> None:
@@ -777,20 +792,19 @@ class Mailbox:
             return
         self.stats["received"] += 1
         arrays = frames[3:]
-        if arrays and self.sums is not None and "sums" in header:
-            self.sums.received(arrays, header["sums"])
+        kept = self._arrived(header, arrays) if arrays and self.sums is not None else None
         if self.defer_recv_trace:
-            self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity, _time_ns()))
+            self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity, _time_ns(), kept))
             return
         if self._trace is not None:
             body = frames[2]
             if not arrays and len(body) <= self._tlimit:
                 self._trec("recv", _time_ns(), header_bytes, body)
             else:
-                refs, bufs = self.recv_arrays(header, arrays)
+                refs, bufs = self.recv_arrays(header, arrays, kept)
                 self._trace(("recv", _time_ns(), header_bytes, body, refs, bufs, None))
         elif self.tracer is not None:
-            self.tracer.record("recv", header_bytes, frames[2], *self.recv_arrays(header, arrays))
+            self.tracer.record("recv", header_bytes, frames[2], *self.recv_arrays(header, arrays, kept))
         self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
 
     def _on_dealer(self, peer: str, frames: list) -> None:
@@ -804,17 +818,16 @@ class Mailbox:
             self._drop(f"from {peer}: {exc}", None, frames)
             return
         arrays = frames[2:]
-        if arrays and self.sums is not None and "sums" in header:
-            self.sums.received(arrays, header["sums"])
+        kept = self._arrived(header, arrays) if arrays and self.sums is not None else None
         if self._trace is not None:
             body = frames[1]
             if not arrays and len(body) <= self._tlimit:
                 self._trec("recv", _time_ns(), frames[0], body)
             else:
-                refs, bufs = self.recv_arrays(header, arrays)
+                refs, bufs = self.recv_arrays(header, arrays, kept)
                 self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, None))
         elif self.tracer is not None:
-            self.tracer.record("recv", frames[0], frames[1], *self.recv_arrays(header, arrays))
+            self.tracer.record("recv", frames[0], frames[1], *self.recv_arrays(header, arrays, kept))
         self.stats["replies"] += 1
         p = self._pending.pop(header["re"], None)
         if p is None:
