@@ -20,8 +20,7 @@ array. raw, loop and slime are interleaved -- each round runs every variant once
 shows the median over rounds, so a burst of noise from other work on the machine hits all of them alike. A ratio
 between two interleaved variants is the median of the per-round ratios, with their range, and its verdict says
 whether every round met the target (PASS), the median did but some rounds did not (BORDERLINE), or the median did not
-(MISS). Ray's rounds run
-after those, while its daemons are up (they take CPU from whatever runs beside them).
+(MISS). Ray's rounds run after those, while its daemons are up (they take CPU from whatever runs beside them).
 """
 
 from __future__ import annotations
@@ -242,6 +241,17 @@ class Raw:
         self.sock.close()
 
 
+def _recv_frames(sock) -> list:
+    """One message's frames, without blocking, by Frame.more (recv_multipart asks ZMQ_RCVMORE after each frame,
+    which raw's client, reading exactly the one frame it expects, does not)."""
+    f = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [f]
+    while f.more:
+        f = sock.recv(0, copy=False)
+        frames.append(f)
+    return frames
+
+
 class Loop:
     """raw's client messages from a uvloop event loop: each ask waits on a future that the reader callback resolves,
     each send is followed by one ZMQ_EVENTS check (a send can consume ZMQ_FD's edge), a wake-up reads without one --
@@ -270,7 +280,7 @@ class Loop:
             self._check()
             return
         try:
-            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            frames = _recv_frames(self.sock)
         except zmq.Again:
             return
         self._answer(frames)
@@ -284,7 +294,7 @@ class Loop:
                 self.writer.set_result(None)
             if not events & zmq.POLLIN:
                 return
-            self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            self._answer(_recv_frames(sock))
 
     def _answer(self, frames) -> None:
         w, self.waiter = self.waiter, None
