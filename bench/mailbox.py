@@ -241,6 +241,19 @@ class Raw:
         self.sock.close()
 
 
+class _OnLoop:
+    """A client whose figures are coroutines (_rtt, _pipelined, _big) run on its own event loop, `self.loop`."""
+
+    def rtt_us(self, n: int) -> float:
+        return self.loop.run_until_complete(self._rtt(n))
+
+    def pipelined(self, n: int) -> float:
+        return self.loop.run_until_complete(self._pipelined(n))
+
+    def big_ms(self, n: int) -> float:
+        return self.loop.run_until_complete(self._big(n))
+
+
 def _recv_frames(sock) -> list:
     """One message's frames, without blocking, by Frame.more (recv_multipart asks ZMQ_RCVMORE after each frame,
     which raw's client, reading exactly the one frame it expects, does not)."""
@@ -252,7 +265,7 @@ def _recv_frames(sock) -> list:
     return frames
 
 
-class Loop:
+class Loop(_OnLoop):
     """raw's client messages from a uvloop event loop: each ask waits on a future that the reader callback resolves,
     each send is followed by one ZMQ_EVENTS check (a send can consume ZMQ_FD's edge), a wake-up reads without one --
     the least an asyncio mailbox does per message (slime's checks, no more), with no envelope, actor or tracing."""
@@ -349,15 +362,6 @@ class Loop:
             _check_big(np.frombuffer(frames[1].buffer, dtype=m["dtype"]).reshape(m["shape"]), arr)
         return (time.perf_counter() - t0) / n * 1e3
 
-    def rtt_us(self, n: int) -> float:
-        return self.loop.run_until_complete(self._rtt(n))
-
-    def pipelined(self, n: int) -> float:
-        return self.loop.run_until_complete(self._pipelined(n))
-
-    def big_ms(self, n: int) -> float:
-        return self.loop.run_until_complete(self._big(n))
-
     def close(self) -> None:
         self.loop.run_until_complete(self._ask([msgpack.packb({"stop": 1})]))
         self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
@@ -365,7 +369,7 @@ class Loop:
         self.loop.close()
 
 
-class Slime:
+class Slime(_OnLoop):
     """A client actor on its own uvloop loop, run for the length of each command.
 
     Each timed run ends when both sides' traces hold all it sent and received: the writer threads' work (packing
@@ -420,15 +424,6 @@ class Slime:
             _check_big(out, arr)
         await self._flushed()
         return (time.perf_counter() - t0) / n * 1e3
-
-    def rtt_us(self, n: int) -> float:
-        return self.loop.run_until_complete(self._rtt(n))
-
-    def pipelined(self, n: int) -> float:
-        return self.loop.run_until_complete(self._pipelined(n))
-
-    def big_ms(self, n: int) -> float:
-        return self.loop.run_until_complete(self._big(n))
 
     def close(self) -> None:
         async def stop():

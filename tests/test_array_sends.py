@@ -68,39 +68,58 @@ def _rt(run_dir, **kw):
     return RuntimeConfig(run_dir=run_dir, curve=False, trace=False, **kw)
 
 
-def test_a_tell_returns_only_once_its_arrays_are_sent(loop_thread, run_dir):
+@pytest.fixture
+def actors(loop_thread, run_dir):
+    """A factory: actors(late=False, **sender_rt) -> (sender, store, start_store). With late, the store is not up
+    yet -- the sender's messages wait in ZeroMQ's queue until `await start_store()` binds it where they go. Called
+    inside the test, so that a test can patch the mailbox first. Both are stopped afterwards."""
+    started = []
+
+    def make(late=False, **sender_rt):
+        store = Store(0)
+        endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
+        if late:
+            async def start_store():
+                await store.start(_rt(run_dir), endpoint=endpoint)
+                started.append(store)
+        else:
+            endpoint = loop_thread.call(store.start(_rt(run_dir)))
+            started.append(store)
+            start_store = None
+        sender = Sender(0)
+        rt = {"curve": False, "trace": False, **sender_rt}
+        loop_thread.call(sender.start(RuntimeConfig(run_dir=run_dir, static_peers={"store/0": endpoint}, **rt)))
+        started.append(sender)
+        return sender, store, start_store
+
+    yield make
+    for a in reversed(started):
+        loop_thread.call(a.stop())
+
+
+def test_a_tell_returns_only_once_its_arrays_are_sent(loop_thread, actors):
     """The receiver is not up yet: the tell's message waits in ZeroMQ's queue, read from the caller's array. The
     tell must not return until it has gone (before the fix it returned at once, and the overwrite below reached
     the receiver)."""
-    endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": endpoint})))
-    store = Store(0)
+    sender, store, start_store = actors(late=True)
     arr = np.ones(N, np.float32)
 
     async def scenario():
         tell = asyncio.ensure_future(sender.tell("store/0", "put", {"x": arr}))
         await asyncio.sleep(0.3)
         waited = not tell.done()
-        await store.start(_rt(run_dir), endpoint=endpoint)
+        await start_store()
         await asyncio.wait_for(tell, 30)
         arr[:] = -1.0  # the caller reuses its buffer right after the tell returned
         return waited, await sender.ask("store/0", "got_so_far")
 
-    try:
-        waited, got = loop_thread.call(scenario(), timeout=60)
-        assert waited, "the tell returned while its array was still queued, read from the caller's memory"
-        assert got == [[1.0, 1.0]], got
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    waited, got = loop_thread.call(scenario(), timeout=60)
+    assert waited, "the tell returned while its array was still queued, read from the caller's memory"
+    assert got == [[1.0, 1.0]], got
 
 
-def test_tells_of_an_array_rewritten_after_each_send_arrive_intact(loop_thread, run_dir):
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": ep})))
+def test_tells_of_an_array_rewritten_after_each_send_arrive_intact(loop_thread, actors):
+    sender, store, _ = actors()
     arr = np.empty(N, np.float32)
 
     async def scenario():
@@ -110,42 +129,32 @@ def test_tells_of_an_array_rewritten_after_each_send_arrive_intact(loop_thread, 
             arr[:] = -1.0
         return await sender.ask("store/0", "got_so_far")
 
-    try:
-        assert loop_thread.call(scenario(), timeout=60) == [[float(i), float(i)] for i in range(6)]
-        assert sender.mailbox.stats["sent"] >= 6
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    assert loop_thread.call(scenario(), timeout=60) == [[float(i), float(i)] for i in range(6)]
 
 
-def test_a_reply_of_live_storage_is_not_changed_by_what_the_actor_does_next(loop_thread, run_dir):
-    """The actor answers with its own writable array and overwrites it in the very next message (sent right behind
-    the ask, so it runs while the reply's 32 MiB are still being written out): the asker gets the array as it was
-    when the handler returned."""
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": ep})))
-
-    async def scenario():
-        out = []
-        for value in (1.0, 2.0, 3.0):
-            asking = asyncio.ensure_future(sender.ask("store/0", "live_view", timeout=30))
-            await asyncio.sleep(0)  # the ask is sent first (per-sender FIFO), then the overwrite
-            await sender.tell("store/0", "overwrite", {"value": value})
-            x = (await asking)["x"]
-            out.append((float(x.min()), float(x.max())))
-        return out
-
-    try:
-        # live starts at 0, and each ask is answered before the overwrite behind it runs
-        assert loop_thread.call(scenario(), timeout=60) == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+async def _live_views_around_overwrites(sender, values):
+    """Ask for the store's live storage, with an overwrite told right behind each ask (per-sender FIFO: it runs
+    while the reply may still be going out); (min, max) of each answer."""
+    out = []
+    for value in values:
+        asking = asyncio.ensure_future(sender.ask("store/0", "live_view", timeout=30))
+        await asyncio.sleep(0)  # the ask is sent first, then the overwrite
+        await sender.tell("store/0", "overwrite", {"value": value})
+        x = (await asking)["x"]
+        out.append((float(x.min()), float(x.max())))
+    return out
 
 
-def test_read_only_arrays_are_answered_zero_copy_and_writable_ones_copied(loop_thread, run_dir, monkeypatch):
+def test_a_reply_of_live_storage_is_not_changed_by_what_the_actor_does_next(loop_thread, actors):
+    """The actor answers with its own writable array and overwrites it in the very next message, while the reply's
+    32 MiB are still being written out: the asker gets the array as it was when the handler returned."""
+    sender, store, _ = actors()
+    # live starts at 0, and each ask is answered before the overwrite behind it runs
+    got = loop_thread.call(_live_views_around_overwrites(sender, (1.0, 2.0, 3.0)), timeout=60)
+    assert got == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
+
+
+def test_read_only_arrays_are_answered_zero_copy_and_writable_ones_copied(loop_thread, actors, monkeypatch):
     """What the reply path passes to ZeroMQ: a read-only array (marked so, or received and passed on) goes as is;
     a writable one is copied; small frames are copied either way."""
     from slime_actors.mailbox import mailbox as mb
@@ -159,35 +168,23 @@ def test_read_only_arrays_are_answered_zero_copy_and_writable_ones_copied(loop_t
         return real(sock, data, flags, copy=copy, track=track)
 
     monkeypatch.setattr(mb, "_backend_send", spy)
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": ep})))
-    try:
-        sends.clear()
-        x = loop_thread.call(sender.ask("store/0", "frozen_view"))["x"]
-        assert float(x.max()) == 7.0 and sends == [False], sends  # the reply: zero-copy
-        sends.clear()
-        loop_thread.call(sender.ask("store/0", "live_view"))
-        assert sends == [True], sends  # the reply: copied
-        sends.clear()
-        big = np.arange(N, dtype=np.float32)
-        back = loop_thread.call(sender.ask("store/0", "echo", {"x": big}))
-        assert np.array_equal(back, big)
-        # the ask zero-copy (its reply proves the peer had it), the echo's reply of the received, read-only array
-        # zero-copy too
-        assert sends == [False, False], sends
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    sender, store, _ = actors()
+    x = loop_thread.call(sender.ask("store/0", "frozen_view"))["x"]
+    assert float(x.max()) == 7.0 and sends == [False], sends  # the reply: zero-copy
+    sends.clear()
+    loop_thread.call(sender.ask("store/0", "live_view"))
+    assert sends == [True], sends  # the reply: copied
+    sends.clear()
+    big = np.arange(N, dtype=np.float32)
+    assert np.array_equal(loop_thread.call(sender.ask("store/0", "echo", {"x": big})), big)
+    # the ask zero-copy (its reply proves the peer had it), the echo's reply of the received, read-only array
+    # zero-copy too
+    assert sends == [False, False], sends
 
 
 @pytest.mark.parametrize("nbytes", [ZERO_COPY_MIN - 4, ZERO_COPY_MIN])
-def test_tells_around_the_zero_copy_size_arrive_intact(loop_thread, run_dir, nbytes):
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": ep})))
+def test_tells_around_the_zero_copy_size_arrive_intact(loop_thread, actors, nbytes):
+    sender, store, _ = actors()
     arr = np.full(nbytes // 4, 5.0, np.float32)
 
     async def scenario():
@@ -195,14 +192,10 @@ def test_tells_around_the_zero_copy_size_arrive_intact(loop_thread, run_dir, nby
         arr[:] = 0.0
         return await sender.ask("store/0", "got_so_far")
 
-    try:
-        assert loop_thread.call(scenario(), timeout=60) == [[5.0, 5.0]]
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    assert loop_thread.call(scenario(), timeout=60) == [[5.0, 5.0]]
 
 
-def test_a_reply_that_must_wait_for_room_carries_the_array_as_the_handler_returned_it(loop_thread, run_dir,
+def test_a_reply_that_must_wait_for_room_carries_the_array_as_the_handler_returned_it(loop_thread, actors,
                                                                                       monkeypatch):
     """The asker's queue is full when the actor answers (simulated: the reply's first send attempt finds no room),
     so the reply goes out later -- after the actor has overwritten its storage in the next message. It must carry
@@ -212,66 +205,42 @@ def test_a_reply_that_must_wait_for_room_carries_the_array_as_the_handler_return
     real = Mailbox._try_send
     refused = []
 
-    def full_once(sock, head, hb, bb, buffers, copy_writable=False):
+    def full_once(sock, head, hb, bb, buffers, copy_below=0):
         if head is not None and buffers and not refused:
             refused.append(len(buffers))
             return False
-        return real(sock, head, hb, bb, buffers, copy_writable)
+        return real(sock, head, hb, bb, buffers, copy_below)
 
     monkeypatch.setattr(Mailbox, "_try_send", staticmethod(full_once))
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": ep})))
-
-    async def scenario():
-        asking = asyncio.ensure_future(sender.ask("store/0", "live_view", timeout=30))
-        await asyncio.sleep(0)
-        await sender.tell("store/0", "overwrite", {"value": 9.0})
-        x = (await asking)["x"]
-        return float(x.min()), float(x.max()), await sender.ask("store/0", "got_so_far")
-
-    try:
-        lo, hi, _ = loop_thread.call(scenario(), timeout=60)
-        assert refused == [1], "the reply was never refused: the test did not exercise a reply sent later"
-        assert (lo, hi) == (0.0, 0.0), (lo, hi)
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    sender, store, _ = actors()
+    got = loop_thread.call(_live_views_around_overwrites(sender, (9.0,)), timeout=60)
+    assert refused == [1], "the reply was never refused: the test did not exercise a reply sent later"
+    assert got == [(0.0, 0.0)], got
 
 
-def test_a_tell_to_a_peer_that_never_takes_it_returns_when_the_peer_is_dropped(loop_thread, run_dir):
-    """Nobody ever binds the endpoint: the tell waits while its array is queued (it is read from the caller's
-    memory until then), and returns once the connection is dropped (a peer declared down) and the message with it."""
-    nobody = f"ipc://{os.path.join(run_dir, 'nobody.sock')}"
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"gone/0": nobody})))
+def test_a_tell_to_a_peer_that_never_takes_it_returns_when_the_peer_is_dropped(loop_thread, actors):
+    """Nobody binds the endpoint: the tell waits while its array is queued (it is read from the caller's memory
+    until then), and returns once the connection is dropped (a peer declared down) and the message with it."""
+    sender, store, _ = actors(late=True)
     arr = np.ones(N, np.float32)
 
     async def scenario():
-        tell = asyncio.ensure_future(sender.tell("gone/0", "put", {"x": arr}))
+        tell = asyncio.ensure_future(sender.tell("store/0", "put", {"x": arr}))
         await asyncio.sleep(0.3)
         waiting = not tell.done()
-        sender.mailbox.disconnect("gone/0")
+        sender.mailbox.disconnect("store/0")
         await asyncio.wait_for(tell, 10)
         return waiting
 
-    try:
-        assert loop_thread.call(scenario(), timeout=30)
-    finally:
-        loop_thread.call(sender.stop())
+    assert loop_thread.call(scenario(), timeout=30)
 
 
-def test_a_trace_that_keeps_arrays_keeps_them_as_they_were_sent(loop_thread, run_dir):
+def test_a_trace_that_keeps_arrays_keeps_them_as_they_were_sent(loop_thread, run_dir, actors):
     """With --trace-keep-arrays the send record holds the array's bytes: those as sent, not as the caller's buffer
     holds them when the trace writer gets to the record (it runs later, on its own thread)."""
     from slime_actors.traces.reader import TraceRun
 
-    store = Store(0)
-    ep = loop_thread.call(store.start(_rt(run_dir)))
-    sender = Sender(0)
-    loop_thread.call(sender.start(RuntimeConfig(run_dir=run_dir, curve=False, trace=True, trace_keep_arrays=True,
-                                                static_peers={"store/0": ep})))
+    sender, store, _ = actors(trace=True, trace_keep_arrays=True)
     arr = np.full(ZERO_COPY_MIN // 4, 3.0, np.float32)
 
     async def scenario():
@@ -279,54 +248,37 @@ def test_a_trace_that_keeps_arrays_keeps_them_as_they_were_sent(loop_thread, run
         arr[:] = -1.0
         await sender.ask("store/0", "got_so_far")
 
-    try:
-        loop_thread.call(scenario(), timeout=60)
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    loop_thread.call(scenario(), timeout=60)
+    loop_thread.call(sender.stop())  # (stopped twice: the fixture's stop of a stopped actor does nothing)
     (put,) = [m for m in TraceRun(run_dir).messages().values() if m.method == "put"]
     assert put.send.arrays[0][5] == np.full(ZERO_COPY_MIN // 4, 3.0, np.float32).tobytes()
 
 
 @pytest.mark.parametrize("nbytes", [ZERO_COPY_MIN, TELL_COPY_MAX - 4])
-def test_a_tell_of_a_smaller_writable_array_returns_at_once_and_sends_a_copy(loop_thread, run_dir, nbytes):
+def test_a_tell_of_a_smaller_writable_array_returns_at_once_and_sends_a_copy(loop_thread, actors, nbytes):
     """Under TELL_COPY_MAX a tell copies: it returns while the peer is not even up, and what arrives later is the
     array as it was (sent from its memory without the copy, the overwrite below would be what arrived)."""
-    endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": endpoint})))
-    store = Store(0)
+    sender, store, start_store = actors(late=True)
     arr = np.full(nbytes // 4, 2.0, np.float32)
 
     async def scenario():
         await asyncio.wait_for(sender.tell("store/0", "put", {"x": arr}), 5)
         arr[:] = -1.0
-        await store.start(_rt(run_dir), endpoint=endpoint)
+        await start_store()
         return await sender.ask("store/0", "got_so_far")
 
-    try:
-        assert loop_thread.call(scenario(), timeout=60) == [[2.0, 2.0]]
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    assert loop_thread.call(scenario(), timeout=60) == [[2.0, 2.0]]
 
 
-def test_a_tell_of_a_read_only_array_does_not_wait(loop_thread, run_dir):
+def test_a_tell_of_a_read_only_array_does_not_wait(loop_thread, actors):
     """Read-only (nothing changes it): sent from its memory, and the tell returns while the peer is not up."""
-    endpoint = f"ipc://{os.path.join(run_dir, 'late-store.sock')}"
-    sender = Sender(0)
-    loop_thread.call(sender.start(_rt(run_dir, static_peers={"store/0": endpoint})))
-    store = Store(0)
+    sender, store, start_store = actors(late=True)
     arr = np.full(N, 4.0, np.float32)
     arr.setflags(write=False)
 
     async def scenario():
         await asyncio.wait_for(sender.tell("store/0", "put", {"x": arr}), 5)
-        await store.start(_rt(run_dir), endpoint=endpoint)
+        await start_store()
         return await sender.ask("store/0", "got_so_far")
 
-    try:
-        assert loop_thread.call(scenario(), timeout=60) == [[4.0, 4.0]]
-    finally:
-        loop_thread.call(sender.stop())
-        loop_thread.call(store.stop())
+    assert loop_thread.call(scenario(), timeout=60) == [[4.0, 4.0]]

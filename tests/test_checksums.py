@@ -143,29 +143,28 @@ def test_an_untraced_senders_arrays_are_checksummed_by_a_traced_receiver(pair):
     assert m.recv.arrays[0][4] == m.reply_sent.arrays[0][4] == _sum(big)
 
 
-def test_a_received_tensor_changed_by_its_handler_is_recorded_as_it_arrived(pair):
-    """A received torch tensor is writable, and `bump` adds 1 to it in place. With no checksum declared (an untraced
-    sender) the receiver's record must still hold the checksum of what arrived -- taken at arrival, not when the
-    trace writer gets to the record (after the handler: it ran on the changed tensor before the fix)."""
+def _bumped(pair, **start):
+    """A zero tensor sent to `bump`, which adds 1 to the received (writable) tensor in place: the ask's trace."""
     import torch
-    lt, start, stop, run_dir = pair
-    cli, fwd = start(client_traced=False)
-    t = torch.zeros(N, dtype=torch.float32)
-    assert float(lt.call(cli.ask("fwd/0", "bump", {"t": t}))[0]) == 1.0
+    lt, start_actors, stop, run_dir = pair
+    cli, fwd = start_actors(**start)
+    assert float(lt.call(cli.ask("fwd/0", "bump", {"t": torch.zeros(N, dtype=torch.float32)}))[0]) == 1.0
     stop()
     (m,) = _messages(run_dir, "bump")
+    return m
+
+
+def test_a_received_tensor_changed_by_its_handler_is_recorded_as_it_arrived(pair):
+    """With no checksum declared (an untraced sender) the receiver's record must still hold the checksum of what
+    arrived -- taken at arrival, not when the trace writer gets to the record (after the handler: before the fix it
+    checksummed the changed tensor)."""
+    m = _bumped(pair, client_traced=False)
     assert m.recv.arrays[0][4] == _sum(np.zeros(N, np.float32))
     assert m.reply_sent.arrays[0][4] == _sum(np.ones(N, np.float32))
 
 
 def test_kept_arrays_of_a_received_tensor_changed_by_its_handler_are_as_it_arrived(pair):
-    import torch
-    lt, start, stop, run_dir = pair
-    cli, fwd = start(trace_keep_arrays=True)
-    t = torch.zeros(N, dtype=torch.float32)
-    assert float(lt.call(cli.ask("fwd/0", "bump", {"t": t}))[0]) == 1.0
-    stop()
-    (m,) = _messages(run_dir, "bump")
+    m = _bumped(pair, trace_keep_arrays=True)
     zeros, ones = np.zeros(N, np.float32).tobytes(), np.ones(N, np.float32).tobytes()
     assert m.send.arrays[0][5] == m.recv.arrays[0][5] == zeros
     assert m.reply_sent.arrays[0][5] == m.reply.arrays[0][5] == ones
