@@ -551,14 +551,11 @@ class Mailbox:
 
     def recv_arrays(self, header: dict, arrays: list, kept: list | None = None) -> tuple[list[ArrayRef] | None,
                                                                                      list | None]:
-        """(refs, buffers) for the trace record of a received message: the refs hold its checksums (set by
-        _arrived), the buffers are the copies `kept` of a trace that keeps arrays."""
+        """(refs, buffers) for the trace record of a received message: the refs hold its checksums (the header's
+        `sums`, which _arrived set), the buffers are the copies `kept` of a trace that keeps arrays."""
         if not arrays:
             return None, None
-        sums = header.get("sums")
-        if sums is None:  # not through _arrived: the writer thread checksums the frames
-            return _refs_of(arrays), arrays
-        return _refs_of(arrays, sums), kept
+        return _refs_of(arrays, header["sums"]), kept
 
     async def _send_later(self, sock: _Sock, head: bytes | None, hb: bytes, bb: bytes, buffers: list,
                           copy_below: int = 0) -> None:
@@ -864,12 +861,8 @@ _time = time.time
 _time_ns = time.time_ns
 
 
-def _refs_of(arrays: list, sums: list | None = None) -> list[ArrayRef] | None:
-    if not arrays:
-        return None
+def _refs_of(arrays: list, sums: list) -> list[ArrayRef]:
     # the body names dtype and shape; the trace only needs sizes and checksums here, the reader decodes the rest
-    if sums is None:
-        return [ArrayRef(i, "bytes", (len(a),), "raw", len(a)) for i, a in enumerate(arrays)]
     return [ArrayRef(i, "bytes", (len(a),), "raw", len(a), s) for i, (a, s) in enumerate(zip(arrays, sums))]
 
 
