@@ -107,3 +107,6 @@ def test_array_tells_bench_prints_its_table():
         assert all(float(c.replace(",", "")) > 0 for c in cells[2:]), ln
     p = _run("bench/array_tells.py", "--sizes", "big")
     assert p.returncode == 2 and "--sizes takes byte counts" in p.stderr
+    for bad in (["--sizes", "2"], ["--rounds", "0"], ["--bytes", "0"]):
+        p = _run("bench/array_tells.py", *bad)
+        assert p.returncode == 2 and "--sizes must be >= 4 bytes each, --rounds and --bytes >= 1" in p.stderr, bad
