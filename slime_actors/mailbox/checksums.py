@@ -59,10 +59,10 @@ class ArraySums:
         self.computed = 0  # frames checksummed here (for tests and benchmarks)
         self.reused = 0    # frames sent on with the checksum declared when they were received
 
-    def of_frames(self, frames: list) -> list[str]:
-        """Checksum received frames now (their sender declared none)."""
-        self.computed += len(frames)
-        return [_hexdigest(f.buffer if hasattr(f, "buffer") else f) for f in frames]
+    def of_frames(self, buffers: list) -> list[str]:
+        """Checksum received frames' memory now (their sender declared none)."""
+        self.computed += len(buffers)
+        return [_hexdigest(b) for b in buffers]
 
     def received(self, frames: list, sums: list) -> None:
         """Remember the declared checksums of large received frames while those frames are alive."""

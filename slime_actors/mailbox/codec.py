@@ -200,12 +200,13 @@ def _check_ref(data: bytes, frames: list) -> tuple[int, str, tuple, str]:
     return index, dtype, tuple(shape), kind
 
 
-def _buffer(frame):
+def frame_buffer(frame) -> memoryview:
+    """The memory of a received frame (a zmq Frame, or bytes for a copied one)."""
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
 def _make_array(frame, dtype: str, shape: tuple, kind: str):
-    buf = _buffer(frame)
+    buf = frame_buffer(frame)
     if kind == "torch":
         torch = _torch()
         if torch is None:

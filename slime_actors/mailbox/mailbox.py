@@ -532,7 +532,7 @@ class Mailbox:
             else:
                 # refs hold the checksums; a trace that keeps arrays copies the writable ones now: the writer thread
                 # gets to them later, when the caller may have changed them
-                kept = [b if b.readonly else bytes(b) for b in buffers] if self._keep_arrays and buffers else None
+                kept = _frozen(buffers) if self._keep_arrays and buffers else None
                 self._trace(("send", _time_ns(), header_bytes, body_bytes, refs, kept, None))
         elif self.tracer is not None:
             self.tracer.record("send", header_bytes, body_bytes, refs, buffers)
@@ -544,10 +544,11 @@ class Mailbox:
         header's `sums` when it declared none. Returns copies of the arrays for a trace that keeps them (the writer
         thread gets to its records later), else None."""
         sums = header.get("sums")
+        bufs = [codec.frame_buffer(f) for f in arrays] if sums is None or self._keep_arrays else None
         if sums is None:
-            header["sums"] = sums = self.sums.of_frames(arrays)
+            header["sums"] = sums = self.sums.of_frames(bufs)
         self.sums.received(arrays, sums)
-        return [bytes(f.buffer if hasattr(f, "buffer") else f) for f in arrays] if self._keep_arrays else None
+        return [bytes(b) for b in bufs] if self._keep_arrays else None
 
     def recv_arrays(self, header: dict, arrays: list, kept: list | None = None) -> tuple[list[ArrayRef] | None,
                                                                                      list | None]:
@@ -721,9 +722,8 @@ class Mailbox:
         except zmq.ZMQError as exc:
             self._reply_lost(inbound, exc)
             return None
-        if any(not b.readonly and len(b) >= ZERO_COPY_MIN for b in buffers):
-            # sent later: the copy is taken now, as the handler returned it
-            parts = (hb, bb, [b if b.readonly else memoryview(bytes(b)) for b in buffers], refs)
+        if buffers:  # sent later: the copies are taken now, as the handler returned them
+            parts = (hb, bb, _frozen(buffers), refs)
         return self._reply_later(inbound, parts)
 
     async def _reply_later(self, inbound: Inbound, parts) -> None:
@@ -859,6 +859,11 @@ _INBOUND_KINDS = frozenset(("tell", "ask", "hb"))
 _RESPONSE_KINDS = frozenset(codec.RESPONSE_KINDS)
 _time = time.time
 _time_ns = time.time_ns
+
+
+def _frozen(buffers: list) -> list:
+    """The buffers as they are now: read-only ones as they are (nothing changes them), copies of writable ones."""
+    return [b if b.readonly else memoryview(bytes(b)) for b in buffers]
 
 
 def _refs_of(arrays: list, sums: list) -> list[ArrayRef]:
