@@ -74,6 +74,8 @@ def test_stating_the_answer_scores_one(response):
 @pytest.mark.parametrize("response,want", [
     (r"I first thought 12, but \boxed{13}", ("13", "boxed")),           # the box wins over everything
     (r"\boxed{1} then \boxed{2}. The answer is 3", ("2", "boxed")),
+    (r"so \boxed{27}. Put your final answer in \boxed{}.", ("27", "boxed")),     # an empty box is no answer
+    (r"Put your final answer in \boxed{}. 73 - 30 = 43", ("43", "number")),
     ("The answer is 7. Later: 8", ("7", "stated")),                     # a stated answer wins over loose numbers
     ("The answer is simple: 12 * 8 = 96", ("96", "number")),            # "simple" is no answer: the last number
     ("answer: 3.5. Check: 7 / 2", ("3.5", "stated")),
@@ -221,6 +223,7 @@ def test_grading_flags_are_checked():
 # ------------------------------------------------------------------------------------------------ rm types
 def test_boxed_math_needs_a_box():
     assert score("boxed_math", "12 * 8 = 96", "96")[0] == 0.0
+    assert score("boxed_math", r"12 * 8 = 96 \boxed{}", "96")[0] == 0.0
     assert score("boxed_math", r"so \boxed{96}", "96")[0] == 1.0
     assert score("boxed_math", r"\boxed{3\sqrt{2}}", r"3\sqrt{2}")[0] == 1.0
 

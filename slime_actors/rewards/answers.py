@@ -10,7 +10,7 @@
 
 The rules (docs/adding-a-reward-actor.md, *How `math` grades*):
 
-1. The answer is the content of the last \\boxed{...} / \\fbox{...}; else the last explicit final-answer form --
+1. The answer is the content of the last non-empty \\boxed{...} / \\fbox{...}; else the last explicit final-answer form --
    "answer is X", "answer: X" (any case; "The final answer is", "**Answer:**" included) or "#### X" -- whose X
    starts like a math answer (a digit, a sign, ".", "$", "\\", "(", "[", "{"), X running to the end of its line
    and cut at the first ". "; else the last number-like value of the response (an integer, a decimal, a number
@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["Answer", "extract_answer", "extract_boxed", "gold_number", "answer_number", "strip_math_delimiters"]
+__all__ = ["Answer", "extract_answer", "boxed_answer", "extract_boxed", "iter_boxed", "gold_number", "answer_number", "strip_math_delimiters"]
 
 _BOX_CMDS = ("\\boxed", "\\fbox")
 
@@ -43,16 +43,24 @@ class Answer:
 def extract_boxed(text: str | None) -> str | None:
     """Contents of the last top-level \\boxed{...} (or \\fbox{...}, or `\\boxed x`) in `text`, None if there is none
     or it is unbalanced. Escaped braces (\\{ \\}) do not count as nesting."""
-    if not text:
-        return None
     found = None
+    for found in iter_boxed(text):
+        pass
+    return found
+
+
+def iter_boxed(text: str | None):
+    """The contents of every top-level \\boxed{...} / \\fbox{...} / `\\boxed x` of `text`, in order, up to the
+    first unbalanced one."""
+    if not text:
+        return
     i = 0
     n = len(text)
     while True:
         starts = [(text.find(c, i), c) for c in _BOX_CMDS]
         starts = [(s, c) for s, c in starts if s >= 0]
         if not starts:
-            return found
+            return
         s, cmd = min(starts)
         j = s + len(cmd)
         if j < n and (text[j].isalpha()):          # e.g. \boxedfoo: another command
@@ -75,13 +83,13 @@ def extract_boxed(text: str | None) -> str | None:
                         break
                 k += 1
             if k >= n:           # unbalanced: nothing after this can be a complete box either
-                return found
-            found = text[j + 1:k]
+                return
+            yield text[j + 1:k]
             i = k + 1
         elif cmd == "\\boxed" and j > s + len(cmd):    # "\boxed 5": up to whitespace or $
             m = re.match(r"[^\s$]+", text[j:])
             if m:
-                found = m.group(0)
+                yield m.group(0)
                 i = j + m.end()
             else:
                 i = j
@@ -97,13 +105,22 @@ _NUMBER = re.compile(r"\\[dt]?frac\{\s*\d+\s*\}\{\s*\d+\s*\}|\d{1,3}(?:,\d{3})+(
 _SIGN_BEFORE = set(" \t\n=(:[{$")
 
 
+def boxed_answer(response: str | None) -> Answer | None:
+    """The last non-empty \\boxed{} of the response (an empty one is the instruction echoed, not an answer)."""
+    boxed = None
+    for box in iter_boxed(response):
+        if box.strip():
+            boxed = box
+    return Answer(boxed.strip(), "boxed") if boxed is not None else None
+
+
 def extract_answer(response: str | None) -> Answer | None:
     """The response's final answer (rule 1 of the module docstring), or None when it states none."""
     if not response:
         return None
-    boxed = extract_boxed(response)
+    boxed = boxed_answer(response)
     if boxed is not None:
-        return Answer(boxed.strip(), "boxed")
+        return boxed
     stated = None
     for m in _FINAL.finditer(response):
         x = m.group(1)

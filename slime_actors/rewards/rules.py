@@ -23,7 +23,7 @@ import string
 from collections import Counter
 from dataclasses import dataclass
 
-from .answers import Answer, answer_number, extract_answer, extract_boxed, gold_number
+from .answers import Answer, answer_number, boxed_answer, extract_answer, extract_boxed, gold_number
 from .grading import DEFAULT_TIMEOUT, grading_pool
 
 __all__ = ["extract_boxed", "normalize_boxed", "math_reward", "grade_math", "agrade_math", "Grade",
@@ -163,10 +163,7 @@ async def agrade_math(response: str | None, label, timeout: float = DEFAULT_TIME
 
 
 def _answer(response: str | None, boxed_only: bool) -> Answer | None:
-    if not boxed_only:
-        return extract_answer(response or "")
-    boxed = extract_boxed(response or "")
-    return Answer(boxed.strip(), "boxed") if boxed is not None else None
+    return boxed_answer(response) if boxed_only else extract_answer(response)
 
 
 def math_reward(response: str, label, timeout: float = DEFAULT_TIMEOUT) -> float:
