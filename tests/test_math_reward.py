@@ -213,6 +213,22 @@ def test_a_dead_grading_process_is_replaced():
         pool.close()
 
 
+def test_a_grading_process_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch):
+    fake = tmp_path / "math_verify"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('math-verify is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    pool = GradingPool(2)
+    try:
+        with pytest.raises(GradingError, match="did not start: ImportError: math-verify is broken here"):
+            pool.warm_up()
+        with pytest.raises(GradingError, match="did not start"):
+            pool.verify(["x"], "x", "boxed")
+        assert not pool._children
+    finally:
+        pool.close()
+
+
 def test_grading_flags_are_checked():
     with pytest.raises(ConfigError, match="--math-grading-timeout must be > 0"):
         parse_args(["--math-grading-timeout", "0"])

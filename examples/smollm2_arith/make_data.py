@@ -1,8 +1,8 @@
 """Arithmetic prompts for SmolLM2-135M-Instruct, answers required in \\boxed{} and graded by the strict math reward.
 
-    python examples/smollm2_arith/make_data.py                  # this example's train.jsonl / heldout.jsonl
+    python examples/smollm2_arith/make_data.py                  # this example's train.jsonl / heldout.jsonl (add2)
     python examples/smollm2_arith/make_data.py --task word --train 2000 --heldout 500 --seed 19 \\
-        --out-dir data/arith_word                               # a larger word-problem set (the TRL comparison)
+        --out-dir data/arith_word                               # a word-problem set (the TRL comparison)
     python examples/smollm2_arith/make_data.py --task mul1 --heldout 64 --train 0 --out-dir /tmp/mul1
 
 Tasks (--task):
@@ -11,7 +11,7 @@ Tasks (--task):
   mul2x1  two-digit times one-digit ("What is 23 * 4?"); 336 distinct problems
   word1   one-step word problems: add, subtract, multiply or divide small numbers
   word2   two-step word problems (a + b * c, a - b + c, a * b - c)
-  word    word1 and word2 mixed (half each); the default
+  word    word1 and word2 mixed (half each)
 
 Every row is {"messages": [{"role": "user", "content": QUESTION + " " + INSTRUCTION}], "label": "ANSWER",
 "metadata": {"task": ..., "kind": ...}}. The answer is an integer >= 0. Held-out and train problems never share
@@ -153,8 +153,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="word", choices=sorted(TASKS))
-    p.add_argument("--train", type=int, default=2000, help="train prompts")
+    p.add_argument("--task", default="add2", choices=sorted(TASKS))
+    p.add_argument("--train", type=int, default=1000, help="train prompts")
     p.add_argument("--heldout", type=int, default=200, help="held-out prompts")
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--out-dir", default=str(Path(__file__).parent), help="where train.jsonl and heldout.jsonl go")

@@ -27,7 +27,10 @@ class RewardWorker(Actor):
         # import the reward modules and load a custom function before serving, off the event loop, so the first
         # `score` does not stall the mailbox and bad paths fail at start-up; start the math grading processes
         # (each imports sympy and math-verify: about a second) when a math rule is configured
-        await self.run_blocking(_prepare, self.args)
+        problem = await self.run_blocking(_prepare, self.args)
+        if problem:
+            self.log.warning("math grading processes did not start: labels that are plain numbers are graded, "
+                             "others fail with this error", error=problem)
 
     async def on_stop(self) -> None:
         from ..rewards.grading import close_grading_pool
@@ -56,10 +59,16 @@ class RewardWorker(Actor):
 MATH_RULES = ("math", "boxed_math", "deepscaler")
 
 
-def _prepare(args) -> None:
-    from ..rewards import check_reward_args, grading_pool
+def _prepare(args) -> str | None:
+    """Check the reward flags (raises); start the grading processes for a math rule. Returns why they could not
+    start (math-verify missing, say), or None."""
+    from ..rewards import GradingError, check_reward_args, grading_pool
     if getattr(args, "reward_actor_class", None) is None or args.rm_type or args.custom_rm_path:
         check_reward_args(args)
     pool = grading_pool(getattr(args, "math_grading_processes", None))
     if (args.rm_type or "").removeprefix("boxed_") in MATH_RULES and not args.custom_rm_path:
-        pool.warm_up()
+        try:
+            pool.warm_up()
+        except GradingError as exc:
+            return str(exc)
+    return None

@@ -201,8 +201,15 @@ class GradingPool:
         barrier = threading.Barrier(self.processes)
 
         def start(_):
-            self._child()
-            barrier.wait(STARTUP_TIMEOUT)    # every thread takes one task, so every process starts
+            try:
+                self._child()
+            except BaseException:
+                barrier.abort()
+                raise
+            try:
+                barrier.wait(STARTUP_TIMEOUT)    # every thread takes one task, so every process starts
+            except threading.BrokenBarrierError:
+                pass
 
         list(self._executor.map(start, range(self.processes)))
 
