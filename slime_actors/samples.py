@@ -201,6 +201,7 @@ def load_eval_files(run: Path) -> dict[tuple[str, int], list[dict]]:
                     rows.append(json.loads(line))
                 except ValueError:
                     raise SamplesError(f"{p}:{i}: not a JSON line") from None
+        rows.sort(key=lambda r: r.get("index", 0) if isinstance(r, dict) else 0)   # prompt order
         out[(m.group(1), int(m.group(2)))] = rows
     return out
 
