@@ -229,6 +229,35 @@ def test_a_grading_process_that_cannot_start_is_a_clear_error(tmp_path, monkeypa
         pool.close()
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_grading_processes_end_with_the_process_that_started_them():
+    import subprocess
+    import sys
+    import time
+    code = ("from slime_actors.rewards.grading import GradingPool\n"
+            "p = GradingPool(1); p.warm_up(); print(next(iter(p._children)).proc.pid, flush=True)\n"
+            "import time; time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(owner.stdout.readline())
+        assert not _gone(child)
+        owner.kill()
+        owner.wait()
+        t0 = time.monotonic()
+        while not _gone(child) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        assert _gone(child), "the grading process outlived the process that started it"
+    finally:
+        owner.kill()
+
+
 def test_grading_flags_are_checked():
     with pytest.raises(ConfigError, match="--math-grading-timeout must be > 0"):
         parse_args(["--math-grading-timeout", "0"])

@@ -57,6 +57,7 @@ class _Child:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])     # the directory that holds the slime_actors package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["SLIME_ACTORS_GRADING_PARENT"] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, close_fds=True)
         self.fd = self.proc.stdout.fileno()
@@ -318,8 +319,23 @@ def _verify(req: dict) -> dict:
     return {"score": 0.0, "timed_out": timed_out}
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this process when the thread that started it ends (its pool closed, or the reward
+    worker died) -- even in the middle of a computation in C that holds the GIL and ignores every alarm."""
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:    # the parent was already gone
+        os._exit(0)
+
+
 def _child_main() -> int:
     import logging
+    _die_with_parent(int(os.environ.get("SLIME_ACTORS_GRADING_PARENT", "0")) or os.getppid())
     logging.disable(logging.CRITICAL)    # math-verify logs a warning for every timeout and parse failure
     out = os.fdopen(os.dup(1), "wb")     # frames go to the original stdout; a stray print goes to stderr
     os.dup2(2, 1)
