@@ -358,7 +358,8 @@ def _cmd_samples(args) -> int:
         if args.set:
             keys = [k for k in keys if k[0] == args.set]
             if not keys:
-                raise SamplesError(f"no evaluation set {args.set!r} (sets: {', '.join(sorted({k[0] for k in rs.evals}))})")
+                sets = ", ".join(sorted({k[0] for k in rs.evals}))
+                raise SamplesError(f"no evaluation set {args.set!r} (sets: {sets})")
         if args.step is not None:
             keys = [k for k in keys if k[1] == args.step]
             if not keys:

@@ -54,7 +54,7 @@ def test_held_out_numbers_are_not_renamed_train_problems(md):
 
 
 def test_answers_are_right(md):
-    train, held = md.generate("word", 0, 400, seed=5)
+    _, held = md.generate("word", 0, 400, seed=5)
     for r in held:
         nums = [int(x) for x in re.findall(r"\d+", _problem(r))]
         kind = r["metadata"]["kind"]

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from ..config import debug_rollout_path
 from ..log import console_write
-from ..samples import EVAL_DIR
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
+from ..samples import EVAL_DIR
 from .base import Actor, handler
 from .trainer import latest_checkpoint, read_meta
 

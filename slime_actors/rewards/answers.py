@@ -10,8 +10,8 @@
 
 The rules (docs/adding-a-reward-actor.md, *How `math` grades*):
 
-1. The answer is the content of the last non-empty \\boxed{...} / \\fbox{...}; else the last explicit final-answer form --
-   "answer is X", "answer: X" (any case; "The final answer is", "**Answer:**" included) or "#### X" -- whose X
+1. The answer is the content of the last non-empty \\boxed{...} / \\fbox{...}; else the last explicit final-answer
+   form -- "answer is X", "answer: X" (any case; "The final answer is", "**Answer:**" included) or "#### X" -- whose X
    starts like a math answer (a digit, a sign, ".", "$", "\\", "(", "[", "{"), X running to the end of its line
    and cut at the first ". "; else the last number-like value of the response (an integer, a decimal, a number
    with thousands commas, \\frac{a}{b}; a sign when it is not a subtraction).
@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["Answer", "extract_answer", "boxed_answer", "extract_boxed", "iter_boxed", "gold_number", "answer_number", "strip_math_delimiters"]
+__all__ = ["Answer", "extract_answer", "boxed_answer", "extract_boxed", "iter_boxed", "gold_number", "answer_number",
+           "strip_math_delimiters"]
 
 _BOX_CMDS = ("\\boxed", "\\fbox")
 
@@ -43,10 +44,10 @@ class Answer:
 def extract_boxed(text: str | None) -> str | None:
     """Contents of the last top-level \\boxed{...} (or \\fbox{...}, or `\\boxed x`) in `text`, None if there is none
     or it is unbalanced. Escaped braces (\\{ \\}) do not count as nesting."""
-    found = None
-    for found in iter_boxed(text):
-        pass
-    return found
+    last = None
+    for box in iter_boxed(text):
+        last = box
+    return last
 
 
 def iter_boxed(text: str | None):

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import msgpack
 
-__all__ = ["GradingPool", "GradingError", "grading_pool", "grading_stats", "close_grading_pool", "DEFAULT_TIMEOUT", "DEFAULT_PROCESSES"]
+__all__ = ["GradingPool", "GradingError", "grading_pool", "grading_stats", "close_grading_pool", "DEFAULT_TIMEOUT",
+           "DEFAULT_PROCESSES"]
 
 DEFAULT_TIMEOUT = float(os.environ.get("SLIME_ACTORS_GRADING_TIMEOUT", "5"))
 DEFAULT_PROCESSES = int(os.environ.get("SLIME_ACTORS_GRADING_PROCESSES", "2"))
