@@ -128,7 +128,7 @@ def test_rollout_stats_carry_examples_and_timeouts_and_the_trace_has_the_samples
 
 
 def test_the_reward_worker_reports_grading_timeouts(loop_thread, run_dir, tmp_path, tiny):
-    args = make_args(tmp_path, tiny, "--math-grading-timeout", "0.8", "--math-grading-processes", "1")
+    args = make_args(tmp_path, tiny, "--math-grading-timeout", "2", "--math-grading-processes", "1")
     r = RewardWorker(0, args=args)
     ep = loop_thread.call(r.start(RuntimeConfig(run_dir=run_dir, curve=False)), timeout=180)
     w = Worker(1)
