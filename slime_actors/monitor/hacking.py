@@ -374,11 +374,11 @@ def _numbers_in(response: str) -> list[float]:
         if float(m.group(2)) != 0:
             out.append(float(m.group(1)) / float(m.group(2)))
     for m in _NUM.finditer(text):
-        start = m.start()
-        if start > 0 and (text[start - 1].isdigit() or text[start - 1] == "."):
-            continue        # the tail of a number already read (a decimal part after a letter, ...)
+        before = text[m.start() - 1] if m.start() > 0 else ""
         sign = m.group(1)
-        if sign and start > 0 and (text[start - 1].isalnum() or text[start - 1] in ")]}_"):
+        if not sign and (before.isdigit() or before == "."):
+            continue        # the rest of something already read ("1,0000": "0000"; "v.5")
+        if sign and (before.isalnum() or before in ")]}_"):
             sign = None     # 30-7: a subtraction, not -7
         body, frac = m.group(2), m.group(3) or ""
         v = float(body.replace(",", "") + frac)
@@ -486,9 +486,11 @@ def _prompt_text(prompt) -> str:
     return str(prompt)
 
 
-def _clip(text: str, n: int = 160) -> str:
+def _clip(text: str, n: int = 160, tail: bool = False) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    if len(text) <= n:
+        return text
+    return "..." + text[-(n - 3):] if tail else text[: n - 3] + "..."
 
 
 def _example(samples: list[Sample], want=lambda s: True) -> dict | None:
@@ -503,7 +505,7 @@ def _example(samples: list[Sample], want=lambda s: True) -> dict | None:
 
 def _show(ex: dict) -> str:
     return (f"sample {ex['index']} (reward {ex['reward']:g}, {ex['response_tokens']} tokens, finish "
-            f"{ex['finish_reason']}): {_clip(_prompt_text(ex['prompt']), 100)!r} -> {_clip(ex['response'])!r}")
+            f"{ex['finish_reason']}): {_clip(_prompt_text(ex['prompt']), 100, tail=True)!r} -> {_clip(ex['response'])!r}")
 
 
 def _pct(x: float) -> str:
