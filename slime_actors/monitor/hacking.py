@@ -69,11 +69,13 @@ restart.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from slime_actors.types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 
@@ -143,7 +145,7 @@ class HackThresholds:
                 object.__setattr__(self, f.name, float(v))
 
     @classmethod
-    def parse(cls, text: str | None) -> "HackThresholds":
+    def parse(cls, text: str | None) -> HackThresholds:
         """'rewarded_truncated=0.7,min_samples=16' -> thresholds with those two changed. Unknown names, values that
         are not numbers and values out of range are a ValueError naming them."""
         if not text or not text.strip():
@@ -274,7 +276,7 @@ def distinct_2(samples: list[Sample]) -> Measure:
     seen, total = set(), 0
     for s in samples:
         w = words(s.response)
-        for bg in zip(w, w[1:]):
+        for bg in itertools.pairwise(w):
             seen.add(bg)
             total += 1
     if total == 0:
@@ -362,7 +364,7 @@ def _number(answer) -> float | None:
 
 def _numbers_in(response: str) -> list[float]:
     """Every number a response writes: plain (a minus sign counts when it is not a subtraction: nothing word-like
-    before it), with thousands separators (and their parts), \\frac{a}{b} and a/b as their quotient."""
+    before it), with thousands separators (1,000 is 1000), \\frac{a}{b} and a/b as their quotient."""
     text = str(response).replace("{,}", ",")
     for a, b in _SQUASH:
         text = text.replace(a, b)
@@ -383,8 +385,6 @@ def _numbers_in(response: str) -> list[float]:
         body, frac = m.group(2), m.group(3) or ""
         v = float(body.replace(",", "") + frac)
         out.append(-v if sign else v)
-        if "," in body:
-            out.extend(float(p) for p in body.split(","))
     return out
 
 
@@ -505,7 +505,8 @@ def _example(samples: list[Sample], want=lambda s: True) -> dict | None:
 
 def _show(ex: dict) -> str:
     return (f"sample {ex['index']} (reward {ex['reward']:g}, {ex['response_tokens']} tokens, finish "
-            f"{ex['finish_reason']}): {_clip(_prompt_text(ex['prompt']), 100, tail=True)!r} -> {_clip(ex['response'])!r}")
+            f"{ex['finish_reason']}): {_clip(_prompt_text(ex['prompt']), 100, tail=True)!r} -> "
+            f"{_clip(ex['response'])!r}")
 
 
 def _pct(x: float) -> str:
@@ -716,8 +717,8 @@ class AlarmMonitor:
         self.history = self.history[-(t.jump_window + 1):]
         then = next((h for h in self.history if h["rollout_id"] == rid - t.jump_window), None)
         if then is None:
-            return name, None, f"no rollout {rid - t.jump_window} to compare with (needs {t.jump_window} earlier " \
-                               "rollouts)", out
+            why = f"no rollout {rid - t.jump_window} to compare with (needs {t.jump_window} earlier rollouts)"
+            return name, None, why, out
         span = self.reward_max - self.reward_min
         if span <= 0:
             return name, None, "the reward has not varied during the run", out
