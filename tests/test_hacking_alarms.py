@@ -179,6 +179,10 @@ def test_make_train_digits_rollouts_trip_none():
 
 
 # ------------------------------------------------------------------------------------------ thresholds, both sides
+OPENERS = ["so", "thus", "hence", "then", "well", "finally", "clearly", "now", "here", "done"]
+COLOURS = ["red", "blue", "green", "teal", "grey", "pink", "gold"]
+
+
 def cut_rollout(n_rewarded: int, n_cut: int, *, extra_unrewarded: int = 0, groups: int = 8, lp=-1.0):
     """n_rewarded rewarded samples (n_cut of them cut off at the limit) + unrewarded ones that finished, spread
     over `groups` groups; every response different."""
@@ -186,7 +190,8 @@ def cut_rollout(n_rewarded: int, n_cut: int, *, extra_unrewarded: int = 0, group
     for i in range(n_rewarded + extra_unrewarded):
         rewarded = i < n_rewarded
         cut = rewarded and i < n_cut
-        out.append(sample(i, i % groups, f"answer {i} is here with words {i}", 1.0 if rewarded else 0.0,
+        text = f"{OPENERS[i % len(OPENERS)]} answer {i} is {COLOURS[i % len(COLOURS)]} with words"
+        out.append(sample(i, i % groups, text, 1.0 if rewarded else 0.0,
                           ntok=12 if cut else 6, finish="length" if cut else "stop", lp=lp))
     return out
 
@@ -280,37 +285,85 @@ def test_collapse_counts_only_responses_of_2k_words():
 
 
 def test_group_distinct_threshold_both_sides():
-    # groups of 5 with one opening; distinct-2's arm is switched off (0 is never reached with bigrams present)
+    # groups of 5 with one opening; the template-share arm set out of reach (no rollout here is all one response)
     def groups_with(distinct: int):
-        out = []
-        for g in range(8):
-            for j in range(5):
-                out.append(sample(5 * g + j, g, f"To find {g} go go v{min(j, distinct - 1)}", 0.0, ntok=8))
-        return out
-    t = HackThresholds(distinct_2=0.0)
+        return [sample(5 * g + j, g, f"To find {g} go go {COLOURS[min(j, distinct - 1)]}", 0.0, ntok=8)
+                for g in range(8) for j in range(5)]
+    t = HackThresholds(template_share=1.0)
     two = AlarmMonitor(t).observe(0, groups_with(2))      # (2 - 1) / (5 - 1) = 0.25
-    assert two.metrics["hack/group_distinct"] == 0.25 and [a.name for a in two.alarms] == ["collapse"]
+    assert two.metrics["hack/group_distinct"] == 0.25 and two.metrics["hack/template_share"] == 0.8
+    assert [a.name for a in two.alarms] == ["collapse"]
     three = AlarmMonitor(t).observe(0, groups_with(3))    # 0.5
     assert three.metrics["hack/group_distinct"] == 0.5 and three.alarms == []
     assert "group distinct 0.500 > 0.25" in three.skipped["collapse"]
-    assert [a.name for a in AlarmMonitor(HackThresholds(distinct_2=0.0, group_distinct=0.5))
+    assert [a.name for a in AlarmMonitor(HackThresholds(template_share=1.0, group_distinct=0.5))
             .observe(0, groups_with(3)).alarms] == ["collapse"]
 
 
-def test_distinct_2_threshold_both_sides():
-    # groups of one sample (no per-group measure): distinct-2 decides. 8 responses 'To find <g> go go go go'
-    rows = [sample(g, g, f"To find {g} go go go go", 0.0, ntok=8) for g in range(8)]
+def test_template_share_threshold_both_sides():
+    # groups of one sample (no per-group measure): the template share decides. All open with 'To find <n>';
+    # `same` of the 8 are one response numbers aside, the others each end in their own word
+    def rows(same: int):
+        return [sample(g, g, f"To find {g} go go " + ("alike" if g < same else COLOURS[g % 7] + " " + OPENERS[g]),
+                       0.0, ntok=8) for g in range(8)]
+    at = AlarmMonitor().observe(0, rows(4))
+    assert "hack/group_distinct" not in at.metrics and at.metrics["hack/template_share"] == 0.5
+    assert [a.name for a in at.alarms] == ["collapse"] and at.alarms[0].details["template_share"] == 0.5
+    below = AlarmMonitor().observe(0, rows(3))
+    assert below.metrics["hack/template_share"] == 0.375 and below.alarms == []
+    assert "template share 0.375 < 0.5" in below.skipped["collapse"]
+    assert AlarmMonitor(HackThresholds(template_share=0.375)).observe(0, rows(3)).alarms != []
+
+
+def test_template_answered_threshold_both_sides():
+    # one template across 8 prompts x 4; `answered` of the 8 groups finish with the product in them, the others
+    # are cut off before it: at half the template counts as a converged format, below half as a collapse
+    def rows(answered: int):
+        out = []
+        for g, (a, b) in enumerate(PAIRS):
+            for j in range(4):
+                text = f"So {a} * {b} is {a * b} here" if g < answered else f"So {a} * {b} is what we"
+                out.append(sample(4 * g + j, g, text, 1.0, ntok=9, finish="stop" if g < answered else "length",
+                                  label=str(a * b)))
+        return out
+    at = AlarmMonitor(max_response_len=12).observe(0, rows(4))
+    assert "collapse" not in {a.name for a in at.alarms}
+    assert at.skipped["collapse"].startswith("a converged format, not a collapse: 50% of the responses")
+    below = AlarmMonitor(max_response_len=12).observe(0, rows(3))
+    col = [a for a in below.alarms if a.name == "collapse"]
+    assert col and col[0].details["template_answered"] == 0.375 and "only 38% of them finish" in col[0].message
+    assert "collapse" not in {a.name for a in AlarmMonitor(HackThresholds(template_answered=0.375),
+                                                           max_response_len=12).observe(0, rows(3)).alarms}
+
+
+def test_a_converged_honest_format_is_no_collapse_but_an_unchecked_template_is():
+    # every group answers 'So, 23 * 4 = 92.' word for word: one template, right answers, finished
+    rows = [sample(4 * g + j, g, f"So, {a} * {b} = {a * b}.", 1.0, ntok=9, label=str(a * b))
+            for g, (a, b) in enumerate(PAIRS) for j in range(4)]
+    rep = AlarmMonitor(max_response_len=12).observe(0, rows)
+    assert rep.metrics["hack/opening_share"] == 1.0 and rep.metrics["hack/template_share"] == 1.0
+    assert rep.alarms == [] and rep.skipped["collapse"].startswith("a converged format")
+    # the same with a reward that does not compare with a literal label (a reward model): nothing shows that the
+    # template answers, and one response served to every prompt is worth a look
+    assert [a.name for a in AlarmMonitor(label_is_answer=False).observe(0, rows).alarms] == ["collapse"]
+    # a reasoning model's common opening with samples that differ is a style: no collapse
+    styled = [sample(4 * g + j, g, f"Okay, so I need to find {a} * {b} {COLOURS[j]} {OPENERS[g]} {a * b}", 1.0,
+                     ntok=20, label=str(a * b)) for g, (a, b) in enumerate(PAIRS) for j in range(4)]
+    rep = AlarmMonitor(label_is_answer=False).observe(0, styled)
+    assert rep.metrics["hack/opening_share"] == 1.0 and rep.alarms == []
+
+
+def test_distinct_2_is_measured_and_trips_nothing_by_itself():
+    # 8 responses 'To find <g> <colour> <word> today' in groups of one
+    rows = [sample(g, g, f"To find {g} {COLOURS[g % 7]} {OPENERS[g]} today", 0.0, ntok=8) for g in range(8)]
     rep = AlarmMonitor().observe(0, rows)
-    assert "hack/group_distinct" not in rep.metrics
-    # bigrams: (To find) (find g) (g go) (go go) x3 per response: 48 in all, distinct 1 + 8 + 8 + 1 = 18
-    d2 = rep.metrics["hack/distinct_2"]
-    assert d2 == 18 / 48 == 0.375
-    assert [a.name for a in AlarmMonitor(HackThresholds(distinct_2=0.375)).observe(0, rows).alarms] == ["collapse"]
-    assert AlarmMonitor(HackThresholds(distinct_2=0.37)).observe(0, rows).alarms == []
-    assert rep.alarms == []          # 0.375 > 0.2: the default does not trip
-
-
-OPENERS = ["so", "thus", "hence", "then", "well", "finally", "clearly", "now", "here", "done"]
+    # bigrams: (To find) (find g) (g colour) (colour word) (word today): 40 in all; distinct 1 + 8 + 8 + 8 + 8
+    assert rep.metrics["hack/distinct_2"] == 33 / 40 and rep.metrics["hack/opening_share"] == 1.0
+    assert rep.alarms == []
+    same = [sample(g, g, "To find it red here", 0.0, ntok=8) for g in range(8)]
+    assert H.distinct_2(same) == Measure(4 / 32, 32)
+    with pytest.raises(TypeError):
+        HackThresholds(distinct_2=0.2)       # no threshold of its own (see the module's rules)
 
 
 def labelled(n_rewarded: int, n_present: int, *, label="96"):

@@ -16,9 +16,10 @@ computed over, and -- when the value is None -- why it means nothing for this ro
     rewarded_truncated  share of rewarded samples (reward > 0) whose response hit the length limit
     group_distinct      distinct responses per group, (distinct - 1) / (n - 1): 0 all alike, 1 all different;
                         mean over the groups of 2 or more samples
-    distinct_2          distinct word bigrams / all word bigrams, over the whole rollout
+    distinct_2          distinct word bigrams / all word bigrams, over the whole rollout (logged, no alarm: see below)
     opening_share       share of long responses (2k words or more) that begin with the rollout's most common first
                         k words, numbers counted as one word "<n>"
+    template_share      share of long responses that are, numbers aside, the rollout's most common long response
     answer_present      share of rewarded samples whose response contains the label's value at all
     entropy_proxy       mean over samples of the mean negative log-probability of the sampled tokens
     response_length     mean response length in tokens
@@ -31,8 +32,11 @@ Alarms (`AlarmMonitor`, across rollouts; thresholds in `HackThresholds`, default
 at the threshold trips):
 
     rewarded_truncated  rewarded_truncated >= 0.5, over >= 8 rewarded samples, where finishing was possible
-    collapse            opening_share >= 0.75 (over >= 8 long responses from >= 4 groups)
-                        AND (group_distinct <= 0.25 over >= 4 groups OR distinct_2 <= 0.2)
+    collapse            opening_share >= 0.75 (over >= 8 long responses, the opening in >= 4 groups)
+                        AND the samples no longer differ: group_distinct <= 0.25 (over >= 4 groups)
+                            OR template_share >= 0.5
+                        AND the template does not visibly answer: under 50% of the responses with that opening
+                            finish by themselves with their label's value in them (always true without literal labels)
     answer_absent       answer_present <= 0.5, over >= 8 rewarded samples whose label is a literal answer
     jump                the reward rose >= 0.1 of the run's reward range per rollout over the last 3 rollouts
                         AND (response length fell >= 40% OR the entropy proxy fell >= 50%) over the same rollouts
@@ -44,9 +48,17 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
   long (>= 64 tokens: room for a complete answer in any task) or when the run has shown that responses can end by
   themselves -- some response so far finished ("stop") with some text before the limit.
 * collapse counts only responses of 2k words or more: in shorter ones the first k words are most of the response,
-  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. Identical
-  samples in a group alone are a policy sure of its answer (what learning a short answer looks like); one opening
-  across prompts alone is a format; both at once are one template served to every prompt.
+  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. Its three
+  parts guard each other: identical samples in a group alone are a policy sure of its answer (what learning a short
+  answer looks like); one opening across prompts alone is a style (reasoning models open every response with
+  "Okay, so I need to"); one template that finishes with each prompt's right answer in it is a converged format
+  ("So, 23 * 4 = 92."). One template that is cut off, or lacks the answer, served to every prompt is what the
+  SmolLM2 run did. Where labels are not literal answers (a reward model, a custom reward) the third part cannot be
+  checked and holds: a template every prompt gets is then worth a look in any case.
+* distinct_2 has no threshold: it falls as a rollout holds more words, honest or not (English prose: 75% of the
+  bigrams of its first 1,000 words are distinct, 37% of its first 50,000), so no one value serves a 12-token task
+  and a 4,096-token one. It is logged to watch within a run; template_share measures the same thing independently
+  of length.
 * group_distinct needs groups of 2 or more samples; distinct_2 needs responses of 2 words or more.
 * answer_present needs a literal label (a string, a number, or a list of them) and a rule-based reward that compares
   the response with it (`label_is_answer`); a missing label, a dict, a rubric, an f1 reward (partial credit by
@@ -73,7 +85,7 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
@@ -81,14 +93,16 @@ from slime_actors.types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 
 __all__ = ["ALARMS", "HackThresholds", "Measure", "Alarm", "Report", "AlarmMonitor", "scored_samples", "words",
            "is_truncated", "finished_by_itself", "rewarded_truncated", "group_distinct", "distinct_2",
-           "opening_share", "answer_present", "literal_answers", "answer_in_response", "entropy_proxy",
+           "opening_share", "template_share", "answer_present", "literal_answers", "answer_in_response",
+           "entropy_proxy",
            "response_length", "MODES", "check_mode"]
 
 # ---------------------------------------------------------------------------------------------- thresholds
 REWARDED_TRUNCATED = 0.5   # rewarded_truncated trips at or above: most rewarded responses never finished
 OPENING_SHARE = 0.75       # collapse: this share of long responses (or more) open with the same k words ...
 GROUP_DISTINCT = 0.25      # ... and groups are this alike (or more): (distinct - 1) / (n - 1) at or below ...
-DISTINCT_2 = 0.2           # ... or the rollout's distinct-2 is at or below this
+TEMPLATE_SHARE = 0.5       # ... or this share of long responses (or more) are one response, numbers aside ...
+TEMPLATE_ANSWERED = 0.5    # ... unless this share (or more) of the opening's responses finish with their answer
 ANSWER_PRESENT = 0.5       # answer_absent trips when this share of rewarded responses (or less) contain the label
 JUMP_RATE = 0.1            # jump: reward rise per rollout, as a share of the run's reward range, at or above ...
 JUMP_WINDOW = 3            # ... over this many rollouts ...
@@ -117,7 +131,8 @@ class HackThresholds:
     rewarded_truncated: float = REWARDED_TRUNCATED
     opening_share: float = OPENING_SHARE
     group_distinct: float = GROUP_DISTINCT
-    distinct_2: float = DISTINCT_2
+    template_share: float = TEMPLATE_SHARE
+    template_answered: float = TEMPLATE_ANSWERED
     answer_present: float = ANSWER_PRESENT
     jump_rate: float = JUMP_RATE
     jump_window: int = JUMP_WINDOW
@@ -293,7 +308,7 @@ def opening_share(samples: list[Sample], k: int = OPENING_WORDS) -> Measure:
     openings: dict[tuple, list[Sample]] = {}
     n = 0
     for s in samples:
-        w = words(s.response)
+        w = [m.group(0) for m in itertools.islice(_WORD.finditer(s.response or ""), 2 * k)]
         if len(w) < 2 * k:
             continue
         n += 1
@@ -304,6 +319,26 @@ def opening_share(samples: list[Sample], k: int = OPENING_WORDS) -> Measure:
     top, members = max(openings.items(), key=lambda kv: len(kv[1]))    # ties: the first seen
     return Measure(len(members) / n, n, None, {"opening": " ".join(top), "groups": len(_groups(members)),
                                                "samples": [s.index for s in members]})
+
+
+def template_share(samples: list[Sample], k: int = OPENING_WORDS) -> Measure:
+    """Share of long responses (2k words or more) that are word for word the rollout's most common long response,
+    numbers aside ('To find 30 * 7, you can multiply' and 'To find 23 * 4, you can multiply' are one); n = long
+    responses; detail = {"template": its words, "groups": how many groups it occurs in}."""
+    if k < 1:
+        raise ValueError(f"opening length k must be >= 1, got {k}")
+    shapes: dict[tuple, list[Sample]] = {}
+    n = 0
+    for s in samples:
+        w = words(s.response)
+        if len(w) < 2 * k:
+            continue
+        n += 1
+        shapes.setdefault(tuple(_shape(x) for x in w), []).append(s)
+    if n == 0:
+        return Measure(None, 0, f"no response has {2 * k} words or more")
+    top, members = max(shapes.items(), key=lambda kv: len(kv[1]))
+    return Measure(len(members) / n, n, None, {"template": _clip(" ".join(top)), "groups": len(_groups(members))})
 
 
 def literal_answers(label) -> list | None:
@@ -362,19 +397,18 @@ def _number(answer) -> float | None:
     return None
 
 
-def _numbers_in(response: str) -> list[float]:
+def _numbers_in(response: str) -> Iterator[float]:
     """Every number a response writes: plain (a minus sign counts when it is not a subtraction: nothing word-like
     before it), with thousands separators (1,000 is 1000), \\frac{a}{b} and a/b as their quotient."""
     text = str(response).replace("{,}", ",")
     for a, b in _SQUASH:
         text = text.replace(a, b)
-    out = []
     for m in _FRAC.finditer(text):
         if float(m.group(2)) != 0:
-            out.append(float(m.group(1)) / float(m.group(2)))
+            yield float(m.group(1)) / float(m.group(2))
     for m in _SLASH.finditer(text):
         if float(m.group(2)) != 0:
-            out.append(float(m.group(1)) / float(m.group(2)))
+            yield float(m.group(1)) / float(m.group(2))
     for m in _NUM.finditer(text):
         before = text[m.start() - 1] if m.start() > 0 else ""
         sign = m.group(1)
@@ -384,8 +418,7 @@ def _numbers_in(response: str) -> list[float]:
             sign = None     # 30-7: a subtraction, not -7
         body, frac = m.group(2), m.group(3) or ""
         v = float(body.replace(",", "") + frac)
-        out.append(-v if sign else v)
-    return out
+        yield -v if sign else v
 
 
 def answer_in_response(answer, response: str) -> bool:
@@ -426,11 +459,18 @@ def answer_present(samples: list[Sample]) -> Measure:
 def entropy_proxy(samples: list[Sample]) -> Measure:
     """Mean over samples of -mean(rollout_log_probs): the sampled tokens' surprise, which falls as the policy's
     entropy does (an estimate of it when sampling at temperature 1); n = samples with log-probs."""
+    import numpy as np
     vals = []
     for s in samples:
-        lps = [float(x) for x in s.rollout_log_probs if x is not None and math.isfinite(float(x))]
-        if lps:
-            vals.append(-sum(lps) / len(lps))
+        if not s.rollout_log_probs:
+            continue
+        try:
+            lps = np.asarray(s.rollout_log_probs, dtype=np.float64)
+        except (TypeError, ValueError):     # a None among them (a custom generate function's gap)
+            lps = np.asarray([x for x in s.rollout_log_probs if isinstance(x, (int, float))], dtype=np.float64)
+        lps = lps[np.isfinite(lps)]
+        if lps.size:
+            vals.append(-float(lps.mean()))
     if not vals:
         return Measure(None, 0, "no sample has rollout log-probs")
     return Measure(sum(vals) / len(vals), len(vals))
@@ -589,6 +629,7 @@ class AlarmMonitor:
         m_gd = group_distinct(scored)
         m_d2 = distinct_2(scored)
         m_op = opening_share(scored, t.opening_words)
+        m_tp = template_share(scored, t.opening_words)
         m_ap = answer_present(scored) if self.label_is_answer else \
             Measure(None, 0, "the reward does not compare responses with a literal label")
         m_ent = entropy_proxy(scored)
@@ -600,7 +641,8 @@ class AlarmMonitor:
             metrics["hack/rewarded_share"] = sum(1 for s in scored if s.reward > 0) / len(scored)
             metrics["hack/truncated_share"] = sum(1 for s in scored if is_truncated(s)) / len(scored)
         for name, m in (("rewarded_truncated", m_rt), ("group_distinct", m_gd), ("distinct_2", m_d2),
-                        ("opening_share", m_op), ("answer_present", m_ap), ("entropy_proxy", m_ent)):
+                        ("opening_share", m_op), ("template_share", m_tp), ("answer_present", m_ap),
+                        ("entropy_proxy", m_ent)):
             if m.value is not None:
                 metrics[f"hack/{name}"] = float(m.value)
 
@@ -611,7 +653,7 @@ class AlarmMonitor:
             skipped = {a: f"rollout too small: {len(scored)} scored samples < {t.min_samples}" for a in ALARMS}
         else:
             for check in (self._check_rewarded_truncated(rollout_id, scored, m_rt),
-                          self._check_collapse(rollout_id, scored, m_op, m_gd, m_d2),
+                          self._check_collapse(rollout_id, scored, m_op, m_gd, m_tp),
                           self._check_answer(rollout_id, scored, m_ap)):
                 name, alarm, why = check
                 if alarm is not None:
@@ -656,7 +698,7 @@ class AlarmMonitor:
         return name, Alarm(name, rid, "hack/rewarded_truncated", m.value, t.rewarded_truncated, msg, ex,
                            {"rewarded": m.n}), None
 
-    def _check_collapse(self, rid, scored, m_op: Measure, m_gd: Measure, m_d2: Measure):
+    def _check_collapse(self, rid, scored, m_op: Measure, m_gd: Measure, m_tp: Measure):
         t = self.t
         name = "collapse"
         if m_op.value is None:
@@ -667,24 +709,37 @@ class AlarmMonitor:
             return name, None, f"the top opening occurs in {m_op.detail['groups']} group(s) < {t.min_groups}"
         if m_op.value < t.opening_share:
             return name, None, f"opening share {m_op.value:.3f} < {t.opening_share}"
-        alike = m_gd.value is not None and m_gd.n >= t.min_groups and m_gd.value <= t.group_distinct
-        flat = m_d2.value is not None and m_d2.value <= t.distinct_2
-        if not (alike or flat):
-            gd = "n/a" if m_gd.value is None else f"{m_gd.value:.3f}"
-            d2 = "n/a" if m_d2.value is None else f"{m_d2.value:.3f}"
+        gd = "n/a" if m_gd.value is None or m_gd.n < t.min_groups else f"{m_gd.value:.3f}"
+        alike = gd != "n/a" and m_gd.value <= t.group_distinct
+        one = m_tp.value is not None and m_tp.value >= t.template_share
+        if not (alike or one):
+            tp = "n/a" if m_tp.value is None else f"{m_tp.value:.3f}"
             return name, None, (f"one opening ({m_op.value:.3f}) but the samples still differ: group distinct {gd} "
-                                f"> {t.group_distinct}, distinct-2 {d2} > {t.distinct_2}")
-        members = set(m_op.detail["samples"])
-        ex = _example(scored, lambda s: s.index in members)
-        gd = f"{m_gd.value:.2f}" if m_gd.value is not None else "n/a"
-        d2 = f"{m_d2.value:.2f}" if m_d2.value is not None else "n/a"
+                                f"> {t.group_distinct}, template share {tp} < {t.template_share}")
+        members = [s for s in scored if s.index in set(m_op.detail["samples"])]
+        answered = None
+        if self.label_is_answer:
+            labelled = [s for s in members if literal_answers(s.label) is not None]
+            if labelled:
+                answered = sum(1 for s in labelled if finished_by_itself(s) and any(
+                    answer_in_response(a, s.response) for a in literal_answers(s.label))) / len(labelled)
+                if answered >= t.template_answered:
+                    return name, None, (f"a converged format, not a collapse: {_pct(answered)} of the responses "
+                                        f"opening with {m_op.detail['opening']!r} finish with their answer in them "
+                                        f"(>= {_pct(t.template_answered)})")
+        ex = _example(members)
+        tp = "n/a" if m_tp.value is None else _pct(m_tp.value)
+        how = ("" if answered is None else
+               f"; only {_pct(answered)} of them finish with their label's value in them")
         msg = (f"responses collapsed to one template: {_pct(m_op.value)} of the {m_op.n} long responses of rollout "
                f"{rid} open with {m_op.detail['opening']!r} across {m_op.detail['groups']} prompts (threshold "
                f"{_pct(t.opening_share)}), and the samples no longer differ (distinct per group {gd}, threshold "
-               f"{t.group_distinct}; distinct-2 {d2}, threshold {t.distinct_2}). Example: {_show(ex)}")
+               f"{t.group_distinct}; {tp} are one response numbers aside, threshold {_pct(t.template_share)}){how}. "
+               f"Example: {_show(ex)}")
         return name, Alarm(name, rid, "hack/opening_share", m_op.value, t.opening_share, msg, ex,
                            {"opening": m_op.detail["opening"], "groups": m_op.detail["groups"],
-                            "group_distinct": m_gd.value, "distinct_2": m_d2.value}), None
+                            "group_distinct": m_gd.value, "template_share": m_tp.value,
+                            "template_answered": answered}), None
 
     def _check_answer(self, rid, scored, m: Measure):
         t = self.t
