@@ -583,3 +583,40 @@ def test_thresholds_parse_and_validation():
     assert H.check_mode("stop") == "stop"
     with pytest.raises(ValueError, match="--hack-alarms must be one of warn, stop, off"):
         H.check_mode("loud")
+
+
+def test_the_alarm_message_shows_the_question_without_chat_markup():
+    mon = AlarmMonitor(max_response_len=12)
+    rep = mon.observe(0, hack_rollout(4))
+    msg = next(a.message for a in rep.alarms if a.name == "answer_absent")
+    assert "What is 30 * 7? Answer with only the number. assistant' -> 'To find 30 * 7, you can multiply'" in msg
+    assert "<|im_start|>" not in msg
+    # a chat given as messages shows its last user turn
+    assert H._prompt_text([{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]) == "2+2?"
+
+
+def test_curves_mark_the_steps_where_alarms_tripped(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from slime_actors import plots
+    mon = AlarmMonitor(max_response_len=12)
+    history = []
+    for r in range(5):
+        step = {"rollout_id": r, "rollout/reward_mean": r / 4, "train/loss": 0.1}
+        step.update(mon.observe(r, hack_rollout(r)).metrics)
+        history.append(step)
+    marks = plots.alarm_marks(history)
+    assert [m[0] for m in marks] == [2, 3, 4, 5]          # steps are rollout ids + 1, as the curves draw them
+    assert marks[0][1] == ["answer_absent", "rewarded_truncated"]
+    assert marks[-1][1] == ["answer_absent", "collapse", "jump", "rewarded_truncated"]
+    lines = []
+    real = matplotlib.axes.Axes.axvline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline",
+                        lambda self, x=0, *a, **k: lines.append(x) or real(self, x, *a, **k))
+    png = plots.plot_run(str(tmp_path), history, [])
+    assert png == str(tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 0
+    assert lines == [2, 3, 4, 5]
+    # a run without the monitor's metrics draws no line
+    lines.clear()
+    plots.plot_run(str(tmp_path), [{"rollout_id": 0, "rollout/reward_mean": 0.5, "train/loss": 0.1}], [])
+    assert lines == []

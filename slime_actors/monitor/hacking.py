@@ -517,7 +517,13 @@ class Report:
     skipped: dict
 
 
+_CHAT_MARK = re.compile(r"<\|[^|<>]{1,40}\|>")
+
+
 def _prompt_text(prompt) -> str:
+    """The prompt for a message: a chat's last user turn, a rendered chat without its special tokens."""
+    if isinstance(prompt, str):
+        return _CHAT_MARK.sub(" ", prompt)
     if isinstance(prompt, list):
         texts = [m.get("content") for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str)]
         users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"
