@@ -506,7 +506,8 @@ def test_state_round_trip_continues_the_same_way():
     for bad in (None, {}, {"version": 2}, {"version": 1, "history": [{"rollout_id": "x"}]},
                 {**state, "trips": [1, 2]}):
         with pytest.raises(ValueError, match="AlarmMonitor state"):
-            AlarmMonitor().load_state_dict(bad)
+            b.load_state_dict(bad)
+    assert b.state_dict() == a.state_dict()          # a state that failed to load changed nothing
 
 
 def test_counts_repeat_trips_and_switched_off_alarms():

@@ -604,14 +604,17 @@ class AlarmMonitor:
                         "length": None if h["length"] is None else float(h["length"]),
                         "entropy": None if h["entropy"] is None else float(h["entropy"])}
                        for h in state["history"]]
-            self.finished_seen = int(state["finished_seen"])
-            self.reward_min = None if state["reward_min"] is None else float(state["reward_min"])
-            self.reward_max = None if state["reward_max"] is None else float(state["reward_max"])
-            self.trips = Counter({str(k): int(v) for k, v in state["trips"].items()})
-            self.last_rollout = None if state["last_rollout"] is None else int(state["last_rollout"])
+            finished_seen = int(state["finished_seen"])
+            reward_min = None if state["reward_min"] is None else float(state["reward_min"])
+            reward_max = None if state["reward_max"] is None else float(state["reward_max"])
+            trips = Counter({str(k): int(v) for k, v in state["trips"].items()})
+            last_rollout = None if state["last_rollout"] is None else int(state["last_rollout"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"AlarmMonitor state is malformed: {type(exc).__name__}: {exc}") from None
-        self.history = history
+        # all or nothing: a state that fails to load leaves the monitor as it was
+        self.history, self.finished_seen, self.reward_min, self.reward_max = history, finished_seen, reward_min, \
+            reward_max
+        self.trips, self.last_rollout = trips, last_rollout
 
     # ------------------------------------------------------------------ one rollout
     def observe(self, rollout_id: int, samples: Iterable) -> Report:
