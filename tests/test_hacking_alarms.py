@@ -504,7 +504,7 @@ def test_state_round_trip_continues_the_same_way():
         assert ra.metrics == rb.metrics and [x.to_dict() for x in ra.alarms] == [x.to_dict() for x in rb.alarms]
     assert a.state_dict()["trips"]["collapse"] >= 1
     for bad in (None, {}, {"version": 2}, {"version": 1, "history": [{"rollout_id": "x"}]},
-                {**state, "trips": [1, 2]}):
+                {**state, "finished_seen": 99, "reward_max": 7.0, "trips": [1, 2]}):
         with pytest.raises(ValueError, match="AlarmMonitor state"):
             b.load_state_dict(bad)
     assert b.state_dict() == a.state_dict()          # a state that failed to load changed nothing
