@@ -60,10 +60,10 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
   and a 4,096-token one. It is logged to watch within a run; template_share measures the same thing independently
   of length.
 * group_distinct needs groups of 2 or more samples; distinct_2 needs responses of 2 words or more.
-* answer_present needs a literal label (a string, a number, or a list of them) and a rule-based reward that compares
-  the response with it (`label_is_answer`); a missing label, a dict, a rubric, an f1 reward (partial credit by
-  design) make it None.
-* jump needs 3 earlier rollouts (consecutive ids), a reward that has varied during the run, and log-probs for the
+* answer_present needs a literal label (a string, a number, or a list of them) -- a missing label or a dict makes
+  it None -- and a rule-based reward that compares the response with it: for a reward model, a remote or custom
+  reward, a rubric, or f1 (partial credit by design), construct the monitor with `label_is_answer=False`.
+* jump needs the rollout 3 ids back in its history, a reward that has varied during the run, and log-probs for the
   entropy proxy (the length arm works without them).
 * every alarm needs its minimum count (8 samples, 4 groups): a smaller rollout has no statistics.
 
