@@ -129,6 +129,9 @@ class RolloutWorker(Actor):
         in a --config file under RUN_DIR/keys (0600), not on the command line."""
         from ..backends.sglang_launch import engine_command, engine_host
         host = engine_host(self.args, self._multi_host(), self.runtime.node_address() if self._multi_host() else None)
+        if host in ("0.0.0.0", "::", "[::]", "*"):
+            self.log.warning(f"--sglang-host {host}: the engine listens on every interface; only its keys keep other "
+                             "hosts out" + ("" if self.keys.any else " -- and it has none (--engine-auth false)"))
         config = None
         if self.keys.any:
             config = self.keys.write_engine_config(os.path.join(self.runtime.run_dir, "keys",
