@@ -7,10 +7,10 @@
     proc.stop()                                                          # SIGTERM, then SIGKILL, whole group
 
 The process runs in its own process group (so stop() also ends its children: SGLang's scheduler and detokenizer
-processes), its stdout and stderr lines go to the log file and to `on_line` -- with every string of `redact` (the
-engine's keys: SGLang logs its launch arguments, keys included) replaced by "<redacted>", as in the command lines
-this module logs --, and launch_engine returns once GET /health answers 200 -- or raises EngineStartError with the exit code and the last lines of output if the process
-dies first, or when `startup_timeout` passes.
+processes), its stdout and stderr lines go to the log file and to `on_line`, and launch_engine returns once GET
+/health answers 200 -- or raises EngineStartError with the exit code and the last lines of output if the process
+dies first, or when `startup_timeout` passes. Every string of `redact` (the engine's keys: SGLang logs its launch
+arguments, keys included) is replaced by "<redacted>" in those lines and in the command lines this module shows.
 """
 
 from __future__ import annotations

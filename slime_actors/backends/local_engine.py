@@ -728,7 +728,7 @@ def resolve_dtype(name: str) -> torch.dtype:
 # -- HTTP -------------------------------------------------------------------------------------------------------
 
 # which endpoint takes which key: SGLang's rule, in one place (engine_auth: ADMIN_PATHS, refusal_status)
-from slime_actors.backends.engine_auth import ADMIN_PATHS, REDACTED, refusal_status  # noqa: E402,F401
+from slime_actors.backends.engine_auth import REDACTED, refusal_status  # noqa: E402
 
 # body schemas of the msgspec-struct endpoints: field -> (check, default or REQUIRED). Unknown keys are ignored.
 REQUIRED = object()

@@ -8,8 +8,9 @@ What it writes:
   * `endpoints`: every route of python/sglang/srt/entrypoints/http_server.py -- path, methods, the handler and its
     line, and its auth level: the `@auth_level(AuthLevel.X)` mark, "normal" without one (the default of
     `_get_auth_level_from_app_and_scope`, utils/auth.py). Read from the AST.
-  * `decisions` (columns in `decision_columns`; refused_with null = allowed): what `decide_request_auth` (python/sglang/srt/utils/auth.py) answers for every combination of the
-    keys the server holds, the endpoint's level, the request's method, path and Authorization header. auth.py is
+  * `decisions` (columns in `decision_columns`; refused_with null = allowed): what `decide_request_auth`
+    (python/sglang/srt/utils/auth.py) answers for every combination of the keys the server holds, the endpoint's
+    level, the request's method, path and Authorization header. auth.py is
     "intentionally lightweight ... so it can be used in unit tests" (its docstring): it imports only the standard
     library at module level, so this script executes that file (never the rest of SGLang) to tabulate the function.
   * `facts`: where the middleware is installed and when not, the refusal bodies, and what /server_info returns,
@@ -132,7 +133,8 @@ def main(argv: list[str]) -> int:
                 "source": line_of(http_server, "**dataclasses.asdict(server_args),", hs)},
             "server_args_logged": {
                 "value": "the launch logs server_args=ServerArgs(...) at INFO, keys included",
-                "source": line_of(engine_py, 'logger.info(f"{server_args=}")', "python/sglang/srt/entrypoints/engine.py")},
+                "source": line_of(engine_py, 'logger.info(f"{server_args=}")',
+                                  "python/sglang/srt/entrypoints/engine.py")},
             "config_file": {
                 "value": "--config FILE (.yaml/.yml, a mapping of flag names to values) is read by "
                          "prepare_server_args: its flags go before the command line's, so the command line wins",
