@@ -153,7 +153,7 @@ def test_engine_output_and_command_line_are_redacted(tmp_path):
     assert API not in " ".join(proc.argv) and "--api-key <redacted>" in " ".join(proc.argv)
 
 
-def test_local_engine_reads_keys_from_a_config_file_as_sglang_does(tmp_path):
+def test_local_engine_reads_keys_from_a_config_file_as_sglang_does(tmp_path, capsys):
     from slime_actors.backends.local_engine import parse_args as engine_args
     cfg = EngineKeys(API, ADMIN).write_engine_config(tmp_path / "keys" / "e.yaml")
     a = engine_args(["--model-path", "m", "--config", str(cfg)])
@@ -169,9 +169,10 @@ def test_local_engine_reads_keys_from_a_config_file_as_sglang_does(tmp_path):
                           (["--config", str(tmp_path / "bad.yaml")], "not valid YAML"),
                           (["--config", str(cfg), f"--config={cfg}"], "only one is allowed"),
                           (["--config"], "no config file given")):
-        p = subprocess.run([sys.executable, "-m", LOCAL_ENGINE_MODULE, "--model-path", "m", *argv],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and message in p.stderr, (argv, p.stderr[-500:])
+        with pytest.raises(SystemExit) as exit_:
+            engine_args(["--model-path", "m", *argv])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, (argv, err[-500:])
 
 
 # -- an engine with keys: refused requests change nothing -------------------------------------------------------------
