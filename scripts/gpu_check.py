@@ -41,6 +41,18 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the engines this check starts hold keys, as a job's do (slime_actors/backends/engine_auth.py); its clients send them
+ENGINE_KEYS_ENV = "GPU_CHECK_ENGINE_KEYS"
+
+
+def engine_keys():
+    """This check's engine keys: made once, shared with its worker processes through the environment."""
+    from slime_actors.backends.engine_auth import EngineKeys
+    if not os.environ.get(ENGINE_KEYS_ENV):
+        keys = EngineKeys.create()
+        os.environ[ENGINE_KEYS_ENV] = f"{keys.api_key}:{keys.admin_key}"
+    api, admin = os.environ[ENGINE_KEYS_ENV].split(":")
+    return EngineKeys(api, admin)
 sys.path.insert(0, str(ROOT))
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -204,7 +216,7 @@ def _rl_step(b, args, batch) -> dict:
 
 async def _engine_samples(url: str, prompts: list, n_tokens: int, seed: int = 0) -> list:
     from slime_actors.backends.engine_client import EngineClient
-    async with EngineClient(url, timeout=300) as c:
+    async with EngineClient(url, timeout=300, keys=engine_keys()) as c:
         outs = await asyncio.gather(*(c.generate(p, {"max_new_tokens": n_tokens, "temperature": 1.0,
                                                      "ignore_eos": True, "sampling_seed": seed + i},
                                                  return_logprob=True) for i, p in enumerate(prompts)))
@@ -238,7 +250,7 @@ def colocated_sync(b, url: str, version: int) -> dict:
     async def go():
         n = nbytes = 0
         t0 = time.perf_counter()
-        async with EngineClient(url, timeout=300) as c:
+        async with EngineClient(url, timeout=300, keys=engine_keys()) as c:
             for bucket in b.weight_buckets(b.args.update_weight_buffer_size):
                 shared = share_bucket(bucket)
                 try:
@@ -673,10 +685,12 @@ class Driver:
         specs = {"engine1": (self.models["llama"], "float32"), "engine2": (self.models["big"], "bfloat16")}
         for name, (model, dtype) in specs.items():
             try:
+                keys = engine_keys()
                 flags = {"model-path": model, "dtype": dtype, "device": "cpu" if self.dry else "cuda",
-                         "random-seed": 0, "skip-tokenizer-init": True, "max-running-requests": 16}
+                         "random-seed": 0, "skip-tokenizer-init": True, "max-running-requests": 16,
+                         "config": str(keys.write_engine_config(self.work / "keys" / f"{name}.yaml"))}
                 self.engines[name] = launch_engine(LOCAL_ENGINE_MODULE, flags, env=self.gpu_env(0),
-                                                   log_path=self.log_path(name), wait=False)
+                                                   log_path=self.log_path(name), wait=False, redact=keys.secrets)
                 self._record_pid(self.engines[name].pid)
             except Exception as exc:
                 self.t.add("single", f"{name} start", "FAIL", note=str(exc))

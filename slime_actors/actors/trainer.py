@@ -285,10 +285,12 @@ class TrainerRank(Actor):
         (weight_sync.share_bucket: CUDA IPC on GPU, a shared-memory file on CPU; nothing pickled). The trainer posts
         to each engine itself, so no payload becomes an actor message; the worker holds its health probes meanwhile
         and learns the new version at the end."""
+        from ..backends.engine_auth import EngineKeys
         from ..backends.engine_client import EngineClient, serialize_named_tensors
         from ..backends.weight_sync import bucket_metadata, share_bucket
         infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
-        clients = [EngineClient(i["engine_url"], api_key=self.args.engine_api_key, timeout=600) for i in infos]
+        keys = EngineKeys.from_env()  # the job's engine keys (the launcher's environment); admin key: the updates
+        clients = [EngineClient(i["engine_url"], keys=keys, timeout=600) for i in infos]
         nbytes = nbuckets = 0
         fmt = None
         sent = False

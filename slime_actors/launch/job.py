@@ -141,6 +141,18 @@ def _keys(args, run_dir: Path, create: bool):
     return keys
 
 
+def _engine_keys(args, run_dir: Path, create: bool, prog: str | None = None):
+    """The job's engine HTTP keys (backends/engine_auth.py), saved under RUN_DIR/keys; with `prog`, the warnings
+    about them are printed."""
+    from ..backends.engine_auth import job_engine_keys, startup_warnings
+    keys = job_engine_keys(args, run_dir, create, user=getattr(args, "engine_user_keys", None))
+    if prog:
+        for w in startup_warnings(args, keys):
+            get_logger(actor="launcher").warning(w)
+            print(f"{prog}: warning: {w}", file=sys.stderr)
+    return keys
+
+
 def _status_mode(ctx: JobContext) -> str:
     if ctx.status != "auto":
         return ctx.status
@@ -242,6 +254,11 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     run_dir = Path(args.run_dir).resolve()
     rt = _runtime(args, ctx)
     keys = _keys(args, run_dir, create=ctx.fresh)
+    try:
+        engine_keys = _engine_keys(args, run_dir, ctx.fresh, prog=ctx.prog)
+    except ValueError as exc:
+        print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
+        return 2, None
     directory = Directory(0)
     endpoint = None
     if ctx.head_port:  # other nodes find the directory at a port they were told (SLIME_ACTORS_HOST: the address)
@@ -253,6 +270,8 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
+    if engine_keys is not None:
+        env.update(engine_keys.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
@@ -353,6 +372,14 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
+    try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys
+        engine_keys = _engine_keys(args, run_dir, create=False)
+    except ValueError as exc:
+        print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
+        await agent.stop()
+        return 2
+    if engine_keys is not None:
+        env.update(engine_keys.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent.launcher = launcher
     launcher.start_all()
