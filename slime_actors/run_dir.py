@@ -7,9 +7,11 @@ checkpoint (--save), an HF export (--save-hf) or any other file a user put there
     state = inspect_run_dir(path)            # reads only: "new", "ours" or "legacy"; RunDirError for anything else
     prepare_run_dir(path, resume=False)      # after every other check passed: create / clear / archive
 
-* A missing or empty directory is created and marked.
-* A directory without the marker that is not empty is refused (RunDirError names what it holds). One exception: a
-  run directory of an earlier slime-actors version (its job.json is one this project wrote) is adopted and marked.
+* A missing or empty directory is created and marked; so is a directory without the marker that holds none of the
+  names listed here (its files are not ours and are never touched).
+* A directory without the marker that holds such names (`--run-dir .` in a project with a logs/ folder) is refused:
+  RunDirError names them. One exception: a run directory of an earlier slime-actors version (its job.json is one
+  this project wrote) is adopted and marked.
 * A new run (nothing to resume) into one of ours clears the previous run's live state and history (LIVE + HISTORY).
 * A resumed run (--load found a checkpoint) clears only the live state (a new job never inherits a buffer log,
   sockets or keys) and moves the previous attempt's traces, logs and job files to `attempts/N/`; metrics.jsonl,
@@ -56,9 +58,17 @@ def _is_legacy(p: Path) -> bool:
     return isinstance(job, dict) and _LEGACY_KEYS <= set(job)
 
 
+def _ours_by_name(p: Path) -> list[str]:
+    """Entries of `p` with the names a run writes and clears."""
+    names = set(LIVE_DIRS + LIVE_FILES + HISTORY_DIRS + HISTORY_FILES)
+    return sorted(x.name + ("/" if x.is_dir() else "") for x in p.iterdir()
+                  if x.name in names or any(x.match(g) for g in LIVE_GLOBS))
+
+
 def inspect_run_dir(path: str | os.PathLike) -> str:
-    """What `path` is, without changing anything: "new" (missing or empty), "ours" (marked) or "legacy" (a run
-    directory of an earlier version). Raises RunDirError for a file, or a non-empty directory that is not ours."""
+    """What `path` is, without changing anything: "new" (missing, empty, or holding none of the names a run
+    writes), "ours" (marked) or "legacy" (a run directory of an earlier version). Raises RunDirError for a file,
+    or an unmarked directory holding names a run would clear (logs/, traces/, metrics.jsonl, ...)."""
     p = Path(path)
     if not p.exists():
         return "new"
@@ -66,15 +76,16 @@ def inspect_run_dir(path: str | os.PathLike) -> str:
         raise RunDirError(f"--run-dir {path}: is a file, not a directory")
     if (p / MARKER).is_file():
         return "ours"
-    if not any(p.iterdir()):
-        return "new"
     if _is_legacy(p):
         return "legacy"
+    clash = _ours_by_name(p)
+    if not clash:
+        return "new"  # its files are not ours and a run never touches them
     raise RunDirError(
-        f"--run-dir {path}: this directory is not empty and is not a slime-actors run directory (no {MARKER} "
-        f"marker); it holds: {_listing(p)}. Nothing was changed. Give a new or empty directory (a run directory "
-        f"of this project is marked when it is created; to reuse this one anyway, create the marker file "
-        f"{p / MARKER} -- a new run then clears only {', '.join(HISTORY_DIRS + LIVE_DIRS)} and its own files)")
+        f"--run-dir {path}: this directory is not a slime-actors run directory (no {MARKER} marker) and it holds "
+        f"{', '.join(clash[:8])} -- names a run writes and clears (it also holds: {_listing(p)}). Nothing was "
+        f"changed. Give a new or empty directory, or one without those names (a run directory is marked when a run "
+        f"creates it; marking this one by hand, {p / MARKER}, lets a run clear exactly those names)")
 
 
 def deleted_paths(path: str | os.PathLike) -> list[Path]:

@@ -92,8 +92,24 @@ def test_run_dir_that_holds_a_users_files_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     before = snapshot(tmp_path)
     p = train("--run-dir", ".", cwd=tmp_path)
-    assert_refused(p, "--run-dir .", "not a slime-actors run directory", "logs/", "notes.txt", "Nothing was changed")
+    assert_refused(p, "--run-dir .", "not a slime-actors run directory", "logs/, tensorboard/, traces/",
+                   "notes.txt", "Nothing was changed")
     assert snapshot(tmp_path) == before
+
+
+def test_a_directory_of_other_files_is_used_and_its_files_left_alone(tmp_path):
+    """A directory without the marker that holds none of the names a run writes is marked and used; a later new run
+    there clears only what runs wrote."""
+    from slime_actors.run_dir import MARKER, inspect_run_dir, prepare_run_dir
+    (tmp_path / "ckpt" / "iter_0000002").mkdir(parents=True)
+    (tmp_path / "ckpt" / "iter_0000002" / "meta.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert inspect_run_dir(tmp_path) == "new"
+    prepare_run_dir(tmp_path)
+    (tmp_path / "logs").mkdir()  # as a run writes it
+    (tmp_path / "metrics.jsonl").write_text("{}")
+    prepare_run_dir(tmp_path)
+    assert set(snapshot(tmp_path)) == {MARKER, "notes.txt", "ckpt/iter_0000002/meta.json"}
 
 
 def test_a_new_run_clears_only_its_own_state(tmp_path):

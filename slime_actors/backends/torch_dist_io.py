@@ -5,12 +5,14 @@ with `torch.distributed.checkpoint` alone: no megatron-core, no process group, n
     write_model_tensors(dir, {name: tensor, ...})    # a torch_dist directory megatron-core's dist_checkpointing loads
 
 A torch_dist directory holds `.metadata` (the DCP metadata: every key's global shape and dtype), `__R_0.distcp`
-files (the shards), `metadata.json` ({"sharded_backend": "torch_dist", ...}) and, in older checkpoints,
-`common.pt`. Model tensors are stored under megatron-core's sharded keys: the layers of a TransformerBlock are
-stacked along a first axis (`decoder.layers.self_attention.linear_qkv.weight` of shape [num_layers, ...]);
-tensor-parallel shards are parts of one global tensor (the fused QKV rows, `linear_fc1` as cat(gate, up) --
-megatron's SwiGLU factory stores the gate halves of every rank first --, the vocabulary padded to the training's
-padded size). Keys of the optimizer (`optimizer.*`), RNG and `_extra_state` objects are not model weights.
+files (the data), `metadata.json` ({"sharded_backend": "torch_dist", ...}) and, in older checkpoints, `common.pt`
+(newer ones keep the non-tensor state as a `common_state` object inside). Model tensors are stored under
+megatron-core's sharded keys: the layers of a TransformerBlock stacked along a first axis
+(`decoder.layers.self_attention.linear_qkv.weight` of shape [num_layers, ...]); the per-layer norms under Transformer
+Engine's fused names for the local layer spec too (STORAGE_NAMES); tensor-parallel shards as parts of one global
+tensor (the fused QKV rows; `linear_fc1` as cat(gate, up) -- megatron's SwiGLU factory stores the gate halves of
+every rank first; the vocabulary padded to the saving layout's padded size). Keys of the optimizer (`optimizer.*`),
+RNG, `_extra_state` and common objects are not model weights.
 """
 
 from __future__ import annotations
