@@ -973,7 +973,6 @@ class Driver:
         base += [] if two else ["--colocate", "--update-weight-transport", "colocated"]  # (no NCCL within one GPU)
         steps = self.train("grpo-megatron", base, self.o.timeout_grpo, (0, 1) if two else (0,))
         if steps is not None:
-            self.check_exports(n, max(1, n // 2), exports, ckpt)
             versions = [s.get("weight_version_after") for s in steps]
             agree = max(s.get("train/train_rollout_logprob_abs_diff_max", float("inf")) for s in steps)
             losses = [s.get("train/loss", float("nan")) for s in steps]
@@ -990,6 +989,7 @@ class Driver:
             self.t.add("grpo", "loss variance falls / policy sharpens", "PASS" if v2 <= v1 or ent[-1] < ent[0]
                        else "FAIL", f"loss var {v1:.1e} -> {v2:.1e}; entropy {ent[0]:.3f} -> {ent[-1]:.3f}; "
                        f"reward {rew[0]:.3f} -> {rew[-1]:.3f}", "falls")
+            self.check_exports(n, max(1, n // 2), exports, ckpt)
             torch_steps = self.train("grpo-torch-first-step", ["--train-backend", "torch", "--num-rollout", "1",
                                                                "--debug-train-only", "--load-debug-rollout-data",
                                                                str(rollouts)],

@@ -17,10 +17,11 @@ from .config import ConfigError, args_to_dict, parse_args
 
 def check_paths(args) -> Path | None:
     """Every path the job reads or writes, checked before anything is written (docs/fault-tolerance.md, "Run
-    directories and checkpoints"): the run directory is new, empty or ours; --load is a checkpoint of this layout
-    (or --load = --save, still empty); --save is not another tool's checkpoint directory; --ref-load, when the
-    reference model is used, is a Hugging Face directory; nothing lies where a run clears its state. Returns the
-    checkpoint to resume from (None: a new run). Raises RunDirError / CheckpointError (ValueErrors)."""
+    directories and checkpoints"): the run directory is new, ours, or holds none of the names a run clears; --load
+    is a checkpoint of this layout (or --load = --save, still empty); --save is not another tool's checkpoint
+    directory; --ref-load, when the reference model is used, is a Hugging Face directory; nothing lies where a run
+    clears its state. Returns the checkpoint to resume from (None: a new run). Raises RunDirError /
+    CheckpointError (ValueErrors)."""
     from .checkpoints import CheckpointError, check_save_root, detect_layout, resolve_load
     from .run_dir import check_nothing_inside, inspect_run_dir
     inspect_run_dir(args.run_dir)
@@ -36,7 +37,6 @@ def check_paths(args) -> Path | None:
     check_nothing_inside(args.run_dir, {
         "--save": args.save, "--load": args.load, "--save-hf": args.save_hf, "--prompt-data": args.prompt_data,
         "--hf-checkpoint": args.hf_checkpoint, "--ref-load": args.ref_load,
-        "--update-weight-disk-dir": args.update_weight_disk_dir,
         "--save-debug-rollout-data": args.save_debug_rollout_data,
         "--load-debug-rollout-data": args.load_debug_rollout_data})
     return ckpt

@@ -30,10 +30,10 @@ import random
 import time
 from pathlib import Path
 
+from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 from ..config import debug_rollout_path
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from .base import Actor, handler
-from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -661,9 +661,9 @@ class Controller(Actor):
             if self.evals else {}
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
             if self.evals else {}
-        self.result = {"steps": len(self.history) - self._rows_before_start, "eval_before": first, "eval_after": last, "plot": png,
-                       "weight_version": self.version, "metrics": str(self.metrics_path),
-                       "recoveries": self.recoveries, "accounting": self.accounting}
+        self.result = {"steps": len(self.history) - self._rows_before_start, "eval_before": first,
+                       "eval_after": last, "plot": png, "weight_version": self.version,
+                       "metrics": str(self.metrics_path), "recoveries": self.recoveries, "accounting": self.accounting}
 
 
 def _r(v):
