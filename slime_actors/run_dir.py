@@ -44,12 +44,6 @@ class RunDirError(ValueError):
     """A run directory that cannot be used without risking someone's files; the message says why."""
 
 
-def _listing(p: Path, limit: int = 8) -> str:
-    names = sorted(x.name + ("/" if x.is_dir() else "") for x in p.iterdir())
-    more = f", ... ({len(names)} entries)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
-
-
 def _is_legacy(p: Path) -> bool:
     try:
         job = json.loads((p / "job.json").read_text())
@@ -81,11 +75,14 @@ def inspect_run_dir(path: str | os.PathLike) -> str:
     clash = _ours_by_name(p)
     if not clash:
         return "new"  # its files are not ours and a run never touches them
+    others = len(list(p.iterdir())) - len(clash)
     raise RunDirError(
         f"--run-dir {path}: this directory is not a slime-actors run directory (no {MARKER} marker) and it holds "
-        f"{', '.join(clash[:8])} -- names a run writes and clears (it also holds: {_listing(p)}). Nothing was "
-        f"changed. Give a new or empty directory, or one without those names (a run directory is marked when a run "
-        f"creates it; marking this one by hand, {p / MARKER}, lets a run clear exactly those names)")
+        f"{', '.join(clash[:8])} -- names a run writes and clears" + (f" (and {others} other entries)" if others
+                                                                      else "") +
+        f". Nothing was changed. Give a new or empty directory, or one without those names (a run directory is "
+        f"marked when a run creates it; marking this one by hand, {p / MARKER}, lets a run clear exactly those "
+        f"names)")
 
 
 def deleted_paths(path: str | os.PathLike) -> list[Path]:

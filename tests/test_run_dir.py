@@ -93,7 +93,7 @@ def test_run_dir_that_holds_a_users_files_is_refused(tmp_path):
     before = snapshot(tmp_path)
     p = train("--run-dir", ".", cwd=tmp_path)
     assert_refused(p, "--run-dir .", "not a slime-actors run directory", "logs/, tensorboard/, traces/",
-                   "notes.txt", "Nothing was changed")
+                   "and 1 other entries", "Nothing was changed")
     assert snapshot(tmp_path) == before
 
 
