@@ -141,6 +141,17 @@ def _archive_attempt(p: Path) -> Path | None:
     return dest
 
 
+def join_run_dir(path: str | os.PathLike) -> Path:
+    """For a node agent (another host's part of a job, which may start before the head): the run directory is
+    checked as the head checks it, created and marked if new, and never cleared (the head does that)."""
+    p = Path(path)
+    state = inspect_run_dir(p)
+    p.mkdir(parents=True, exist_ok=True)
+    if state != "ours":
+        _write_marker(p)
+    return p
+
+
 def prepare_run_dir(path: str | os.PathLike, resume: bool = False) -> Path:
     """Make `path` ready for a job (call it only once every other check passed): create and mark it, then clear
     a previous run's live state -- and, unless resuming, its history. Raises RunDirError (nothing changed) for a

@@ -276,3 +276,21 @@ def test_export_replaces_only_its_own_directories(tmp_path):
     with pytest.raises(CheckpointError, match="source model directory"):
         export_hf(w.items(), model, model)
     assert os.path.exists(model / "model.safetensors")
+
+
+def test_a_node_agent_that_arrives_first_marks_the_run_dir_for_the_head(tmp_path):
+    """Another host's agent may start before the head and write keys/ and traces/ at once: it marks a new run
+    directory (the head then treats it as ours), refuses a user's, and never clears anything."""
+    from slime_actors.run_dir import MARKER, RunDirError, inspect_run_dir, join_run_dir
+    run = tmp_path / "run"
+    join_run_dir(run)
+    (run / "traces").mkdir()
+    (run / "traces" / "agent-1.1.trace").write_bytes(b"t")
+    assert (run / MARKER).is_file() and inspect_run_dir(run) == "ours"
+    join_run_dir(run)
+    assert (run / "traces" / "agent-1.1.trace").exists()
+    user = tmp_path / "user"
+    (user / "logs").mkdir(parents=True)
+    with pytest.raises(RunDirError, match="logs/"):
+        join_run_dir(user)
+    assert not (user / MARKER).exists()

@@ -417,7 +417,8 @@ def prepare(args, ctx: JobContext) -> Path:
             prepare_run_dir(args, resume=ckpt is not None)
         run_dir.mkdir(parents=True, exist_ok=True)
         return write_job(args, run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from ..run_dir import join_run_dir
+    join_run_dir(run_dir)  # an agent may get there before the head: it writes keys and traces right away
     # agents resolve the model once they joined the head, which has made it by then (a tiny model is written to
     # disk; two processes writing it at once would race)
     return run_dir.resolve() / f"job-agent-{ctx.agent_index()}.json"
