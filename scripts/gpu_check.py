@@ -16,7 +16,9 @@ Checks and bars:
   grpo        `slime-actors train` on examples/digits with the megatron backend and the local engine on GPU: steps
               complete, weight versions advance, trainer/engine log-probs agree every step (<= 1e-4), the loss
               variance (reported); the torch backend on the same first rollout: first-step loss within 1e-3; and a
-              colocated run (--colocate, CUDA IPC sync)
+              colocated run (--colocate, CUDA IPC sync); the megatron run's --save-hf exports (issue 17): one after
+              every --save-interval rollouts and the last, each loads in transformers and holds bit for bit the
+              weights of the dist_checkpointing checkpoint of that rollout (`slime-actors convert`)
 
 Megatron runs in worker subprocesses (`--worker ...`), the HF / torch references in this process. Every check is
 guarded: a failure becomes a FAIL row and the table is always printed; with $OUT set, $OUT/gpu_results.md,
@@ -977,7 +979,11 @@ class Driver:
         rollouts = self.work / "rollouts"
         shutil.rmtree(rollouts, ignore_errors=True)
         two = self.dry or self.n_gpus >= 2
-        base = ["--train-backend", "megatron", "--num-rollout", str(n), "--save-debug-rollout-data", str(rollouts)]
+        exports, ckpt = self.work / "grpo-megatron-hf", self.work / "grpo-megatron-ckpt"
+        for d in (exports, ckpt):  # (this check's own work directories)
+            shutil.rmtree(d, ignore_errors=True)
+        base = ["--train-backend", "megatron", "--num-rollout", str(n), "--save-debug-rollout-data", str(rollouts),
+                "--save", str(ckpt), "--save-interval", str(max(1, n // 2)), "--save-hf", str(exports / "{rollout_id}")]
         base += [] if two else ["--colocate", "--update-weight-transport", "colocated"]  # (no NCCL within one GPU)
         steps = self.train("grpo-megatron", base, self.o.timeout_grpo, (0, 1) if two else (0,))
         if steps is not None:
@@ -997,6 +1003,7 @@ class Driver:
             self.t.add("grpo", "loss variance falls / policy sharpens", "PASS" if v2 <= v1 or ent[-1] < ent[0]
                        else "FAIL", f"loss var {v1:.1e} -> {v2:.1e}; entropy {ent[0]:.3f} -> {ent[-1]:.3f}; "
                        f"reward {rew[0]:.3f} -> {rew[-1]:.3f}", "falls")
+            self.check_exports(n, max(1, n // 2), exports, ckpt)
             torch_steps = self.train("grpo-torch-first-step", ["--train-backend", "torch", "--num-rollout", "1",
                                                                "--debug-train-only", "--load-debug-rollout-data",
                                                                str(rollouts)],
@@ -1016,6 +1023,37 @@ class Driver:
                 ok = [s.get("weight_version_after") for s in c] == [1, 2, 3] and agree <= AGREE_BAR
                 self.t.add("grpo", "megatron GRPO, colocated (engine on the trainer's GPU, CUDA IPC)", status(ok),
                            f"{len(c)}/3 steps, log-probs max abs {agree:.2e}", f"<= {AGREE_BAR:g}")
+
+    def check_exports(self, n: int, interval: int, exports: Path, ckpt: Path) -> None:
+        """--save-hf from the megatron backend (issue 17): an HF directory after every --save-interval rollouts and
+        after the last, that transformers loads, holding exactly the weights of the dist_checkpointing checkpoint of
+        the same rollout (converted by `slime-actors convert`)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from slime_actors.backends.weight_sync import load_weights_from_disk
+        from slime_actors.convert import main as convert
+        t0 = time.monotonic()
+        want = [k for k in range(n) if (k + 1) % interval == 0 or k + 1 == n]
+        got = sorted(int(p.name) for p in exports.iterdir() if p.name.isdigit()) if exports.exists() else []
+        bad = []
+        for k in want:
+            hf, conv = exports / str(k), self.work / f"grpo-megatron-conv-{k}"
+            shutil.rmtree(conv, ignore_errors=True)
+            try:
+                AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+                if convert([str(ckpt / f"iter_{k + 1:07d}"), str(conv)]) != 0:
+                    bad.append(f"{k}: convert failed")
+                    continue
+                a, b = dict(load_weights_from_disk(hf)), dict(load_weights_from_disk(conv))
+                diff = [x for x in a if x not in b or not torch.equal(a[x], b[x])] + sorted(set(b) - set(a))
+                if diff:
+                    bad.append(f"{k}: {diff[:3]}")
+            except Exception as exc:  # a missing or unloadable export
+                bad.append(f"{k}: {type(exc).__name__}: {str(exc)[:200]}")
+        self.t.add("grpo", "--save-hf exports (megatron): load in transformers, = the checkpoint's weights",
+                   status(got == want and not bad), f"exports after rollouts {got}", f"{want}, bit-exact",
+                   note="; ".join(bad)[:600], seconds=time.monotonic() - t0)
 
     # -- the whole run --
     def main(self) -> int:

@@ -72,7 +72,7 @@ def plot_run(run_dir: str, history: list[dict], evals: list[dict]) -> str | None
 
     ax = axes[2]
     parts = [("time/rollout", "rollout"), ("time/train", "train"), ("time/weight_sync", "weight sync"),
-             ("time/eval", "eval"), ("time/save", "checkpoint")]
+             ("time/eval", "eval"), ("time/save", "checkpoint"), ("time/save_hf", "HF export")]
     bottom = [0.0] * len(history)
     steps = [h["rollout_id"] + 1 for h in history]
     for key, label in parts:

@@ -425,16 +425,27 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
 # entry points
 
 def prepare(args, ctx: JobContext) -> Path:
-    """Run dir, resolved model, job file. Returns the job file's path."""
+    """Checks, run dir, resolved model, job file. Returns the job file's path. Every check comes before the first
+    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause)."""
+    from ..checkpoints import check_hf_exports, read_meta
     from ..models import resolve_checkpoint
-    from ..train import prepare_run_dir, write_job
+    from ..train import check_paths, prepare_run_dir, write_job
     run_dir = Path(args.run_dir)
-    if ctx.is_head and ctx.fresh:
-        prepare_run_dir(args)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if ctx.is_head:
-        args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
+        ckpt = check_paths(args)
+        spec = args.hf_checkpoint
+        if not spec.startswith(("tiny:", "smollm2:")):
+            resolve_checkpoint(spec, run_dir.parent / ".models")  # checks only (no download, nothing written)
+        start = read_meta(ckpt)["next_rollout_id"] if ckpt is not None else (args.start_rollout_id or 0)
+        check_hf_exports(args, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
+        args.hf_checkpoint = resolve_checkpoint(spec, run_dir.parent / ".models")
+        check_hf_exports(args, args.hf_checkpoint, start)
+        if ctx.fresh:
+            prepare_run_dir(args, resume=ckpt is not None)
+        run_dir.mkdir(parents=True, exist_ok=True)
         return write_job(args, run_dir).resolve()
+    from ..run_dir import join_run_dir
+    join_run_dir(run_dir)  # an agent may get there before the head: it writes keys and traces right away
     # agents resolve the model once they joined the head, which has made it by then (a tiny model is written to
     # disk; two processes writing it at once would race)
     return run_dir.resolve() / f"job-agent-{ctx.agent_index()}.json"

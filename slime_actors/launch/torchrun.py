@@ -156,7 +156,11 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     if not fresh:
         os.environ["SLIME_ACTORS_RESUME_FROM_SAVE"] = "1"  # the controller resumes from the newest checkpoint
     ctx = JobContext(args, topo, status="changes", prog=prog, fresh=fresh)
-    prepare(args, ctx)
+    try:
+        prepare(args, ctx)
+    except (FileNotFoundError, ValueError) as exc:  # checked before anything was written
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     run_dir = Path(args.run_dir).resolve()
     setup_logging(run_dir, "controller/0")
     log = get_logger(actor="torchrun-head")
