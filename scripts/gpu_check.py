@@ -16,7 +16,9 @@ Checks and bars:
   grpo        `slime-actors train` on examples/digits with the megatron backend and the local engine on GPU: steps
               complete, weight versions advance, trainer/engine log-probs agree every step (<= 1e-4), the loss
               variance (reported); the torch backend on the same first rollout: first-step loss within 1e-3; and a
-              colocated run (--colocate, CUDA IPC sync)
+              colocated run (--colocate, CUDA IPC sync); the megatron run's --save-hf exports (issue 17): one after
+              every --save-interval rollouts and the last, each loads in transformers and holds bit for bit the
+              weights of the dist_checkpointing checkpoint of that rollout (`slime-actors convert`)
 
 Megatron runs in worker subprocesses (`--worker ...`), the HF / torch references in this process. Every check is
 guarded: a failure becomes a FAIL row and the table is always printed; with $OUT set, $OUT/gpu_results.md,
@@ -41,6 +43,18 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the engines this check starts hold keys, as a job's do (slime_actors/backends/engine_auth.py); its clients send them
+ENGINE_KEYS_ENV = "GPU_CHECK_ENGINE_KEYS"
+
+
+def engine_keys():
+    """This check's engine keys: made once, shared with its worker processes through the environment."""
+    from slime_actors.backends.engine_auth import EngineKeys
+    if not os.environ.get(ENGINE_KEYS_ENV):
+        keys = EngineKeys.create()
+        os.environ[ENGINE_KEYS_ENV] = f"{keys.api_key}:{keys.admin_key}"
+    api, admin = os.environ[ENGINE_KEYS_ENV].split(":")
+    return EngineKeys(api, admin)
 sys.path.insert(0, str(ROOT))
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -204,7 +218,7 @@ def _rl_step(b, args, batch) -> dict:
 
 async def _engine_samples(url: str, prompts: list, n_tokens: int, seed: int = 0) -> list:
     from slime_actors.backends.engine_client import EngineClient
-    async with EngineClient(url, timeout=300) as c:
+    async with EngineClient(url, timeout=300, keys=engine_keys()) as c:
         outs = await asyncio.gather(*(c.generate(p, {"max_new_tokens": n_tokens, "temperature": 1.0,
                                                      "ignore_eos": True, "sampling_seed": seed + i},
                                                  return_logprob=True) for i, p in enumerate(prompts)))
@@ -238,7 +252,7 @@ def colocated_sync(b, url: str, version: int) -> dict:
     async def go():
         n = nbytes = 0
         t0 = time.perf_counter()
-        async with EngineClient(url, timeout=300) as c:
+        async with EngineClient(url, timeout=300, keys=engine_keys()) as c:
             for bucket in b.weight_buckets(b.args.update_weight_buffer_size):
                 shared = share_bucket(bucket)
                 try:
@@ -673,10 +687,12 @@ class Driver:
         specs = {"engine1": (self.models["llama"], "float32"), "engine2": (self.models["big"], "bfloat16")}
         for name, (model, dtype) in specs.items():
             try:
+                keys = engine_keys()
                 flags = {"model-path": model, "dtype": dtype, "device": "cpu" if self.dry else "cuda",
-                         "random-seed": 0, "skip-tokenizer-init": True, "max-running-requests": 16}
+                         "random-seed": 0, "skip-tokenizer-init": True, "max-running-requests": 16,
+                         "config": str(keys.write_engine_config(self.work / "keys" / f"{name}.yaml"))}
                 self.engines[name] = launch_engine(LOCAL_ENGINE_MODULE, flags, env=self.gpu_env(0),
-                                                   log_path=self.log_path(name), wait=False)
+                                                   log_path=self.log_path(name), wait=False, redact=keys.secrets)
                 self._record_pid(self.engines[name].pid)
             except Exception as exc:
                 self.t.add("single", f"{name} start", "FAIL", note=str(exc))
@@ -963,7 +979,11 @@ class Driver:
         rollouts = self.work / "rollouts"
         shutil.rmtree(rollouts, ignore_errors=True)
         two = self.dry or self.n_gpus >= 2
-        base = ["--train-backend", "megatron", "--num-rollout", str(n), "--save-debug-rollout-data", str(rollouts)]
+        exports, ckpt = self.work / "grpo-megatron-hf", self.work / "grpo-megatron-ckpt"
+        for d in (exports, ckpt):  # (this check's own work directories)
+            shutil.rmtree(d, ignore_errors=True)
+        base = ["--train-backend", "megatron", "--num-rollout", str(n), "--save-debug-rollout-data", str(rollouts),
+                "--save", str(ckpt), "--save-interval", str(max(1, n // 2)), "--save-hf", str(exports / "{rollout_id}")]
         base += [] if two else ["--colocate", "--update-weight-transport", "colocated"]  # (no NCCL within one GPU)
         steps = self.train("grpo-megatron", base, self.o.timeout_grpo, (0, 1) if two else (0,))
         if steps is not None:
@@ -983,6 +1003,7 @@ class Driver:
             self.t.add("grpo", "loss variance falls / policy sharpens", "PASS" if v2 <= v1 or ent[-1] < ent[0]
                        else "FAIL", f"loss var {v1:.1e} -> {v2:.1e}; entropy {ent[0]:.3f} -> {ent[-1]:.3f}; "
                        f"reward {rew[0]:.3f} -> {rew[-1]:.3f}", "falls")
+            self.check_exports(n, max(1, n // 2), exports, ckpt)
             torch_steps = self.train("grpo-torch-first-step", ["--train-backend", "torch", "--num-rollout", "1",
                                                                "--debug-train-only", "--load-debug-rollout-data",
                                                                str(rollouts)],
@@ -1002,6 +1023,37 @@ class Driver:
                 ok = [s.get("weight_version_after") for s in c] == [1, 2, 3] and agree <= AGREE_BAR
                 self.t.add("grpo", "megatron GRPO, colocated (engine on the trainer's GPU, CUDA IPC)", status(ok),
                            f"{len(c)}/3 steps, log-probs max abs {agree:.2e}", f"<= {AGREE_BAR:g}")
+
+    def check_exports(self, n: int, interval: int, exports: Path, ckpt: Path) -> None:
+        """--save-hf from the megatron backend (issue 17): an HF directory after every --save-interval rollouts and
+        after the last, that transformers loads, holding exactly the weights of the dist_checkpointing checkpoint of
+        the same rollout (converted by `slime-actors convert`)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from slime_actors.backends.weight_sync import load_weights_from_disk
+        from slime_actors.convert import main as convert
+        t0 = time.monotonic()
+        want = [k for k in range(n) if (k + 1) % interval == 0 or k + 1 == n]
+        got = sorted(int(p.name) for p in exports.iterdir() if p.name.isdigit()) if exports.exists() else []
+        bad = []
+        for k in want:
+            hf, conv = exports / str(k), self.work / f"grpo-megatron-conv-{k}"
+            shutil.rmtree(conv, ignore_errors=True)
+            try:
+                AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+                if convert([str(ckpt / f"iter_{k + 1:07d}"), str(conv)]) != 0:
+                    bad.append(f"{k}: convert failed")
+                    continue
+                a, b = dict(load_weights_from_disk(hf)), dict(load_weights_from_disk(conv))
+                diff = [x for x in a if x not in b or not torch.equal(a[x], b[x])] + sorted(set(b) - set(a))
+                if diff:
+                    bad.append(f"{k}: {diff[:3]}")
+            except Exception as exc:  # a missing or unloadable export
+                bad.append(f"{k}: {type(exc).__name__}: {str(exc)[:200]}")
+        self.t.add("grpo", "--save-hf exports (megatron): load in transformers, = the checkpoint's weights",
+                   status(got == want and not bad), f"exports after rollouts {got}", f"{want}, bit-exact",
+                   note="; ".join(bad)[:600], seconds=time.monotonic() - t0)
 
     # -- the whole run --
     def main(self) -> int:

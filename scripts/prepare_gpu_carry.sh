@@ -16,6 +16,11 @@ wheels=(
   "pyzmq==27.3.0"
   "structlog==26.1.0"
   "xxhash==4.1.0"       # trace checksums (slime_actors.traces.writer imports it)
+  # the math rewards (slime_actors/rewards/rules.py) and the SmolLM2 GGUF loader (slime_actors/models/smollm2.py)
+  "math-verify==0.9.0"
+  "latex2sympy2_extended==1.11.0"
+  "antlr4-python3-runtime==4.13.2"
+  "gguf==0.19.0"
 )
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
@@ -34,7 +39,8 @@ for w in "${wheels[@]}"; do
   done
   ls "$dest"/"$norm-$ver"-*.whl >/dev/null || { echo "missing wheel for $w" >&2; exit 1; }
 done
-# dependencies they declare, other than extras, must be on the image already (structlog: none on 3.12; pyzmq, xxhash: none)
+# dependencies they declare, other than extras, must be on the image already (structlog: none on 3.12; pyzmq, xxhash:
+# none; math-verify, latex2sympy2_extended: sympy and each other; gguf: numpy, pyyaml, tqdm)
 for f in "$dest"/*.whl; do
   deps=$(unzip -p "$f" '*/METADATA' | grep '^Requires-Dist' | grep -v 'extra ==' || true)
   [ -n "$deps" ] && echo "$(basename "$f") requires: $deps"

@@ -14,6 +14,11 @@ Checks (a 2-GPU machine: SGLang on GPU 1, our NCCL sender, the trainer and the l
                     SGLang's own ServerArgs parser) starts `python -m sglang.launch_server` with --sglang-* flags
   flags_refused     a misspelt --sglang-* flag is refused by SGLang's parser, naming it, before any launch
   server_info       /server_info: version, dtype, tp_size; flattened buckets supported
+  auth_refused      the engine runs with the job's API and admin keys (a --config file, as the rollout worker starts
+                    it): a POST without a key, with a wrong key, or with the API key to /update_weights_from_disk,
+                    and a keyless POST to every other admin endpoint and to /generate, are refused with 401 and
+                    change nothing (weight_version unchanged; a request held in a paused engine is not aborted and
+                    finishes); no key in the engine's log; what /server_info shows an API-key holder
   generate_logprobs /generate with log-probs (T=1, sampled) through our client; the local engine (fp32, GPU) scores
                     the same tokens: max |logprob diff|
   greedy_matches    greedy tokens of SGLang vs the local engine, same weights
@@ -171,7 +176,7 @@ class Reference:
         from slime_actors.backends.engine_client import EngineClient
 
         async def go():
-            async with EngineClient(self.ctx["local"].base_url, timeout=120) as c:
+            async with EngineClient(self.ctx["local"].base_url, keys=self.ctx["keys"], timeout=120) as c:
                 await self.load(c, model_dir)
                 return [ids_lps(o) for o in await greedy(c)]
         return arun(go())
@@ -181,7 +186,7 @@ class Reference:
         from slime_actors.backends.engine_client import EngineClient
 
         async def go():
-            async with EngineClient(self.ctx["local"].base_url, timeout=120) as c:
+            async with EngineClient(self.ctx["local"].base_url, keys=self.ctx["keys"], timeout=120) as c:
                 await self.load(c, model_dir)
                 out = await c.generate(prompt + output, {"max_new_tokens": 1, "temperature": 0},
                                        logprob_start_len=len(prompt))
@@ -194,7 +199,7 @@ def compare_greedy(ctx, model_dir, version: str | None) -> tuple[str, str]:
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=120) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=120) as c:
             return await greedy(c), await c.get_weight_version()
     outs, got_version = arun(go())
     ref = ctx["ref"].greedy(model_dir)
@@ -251,12 +256,14 @@ def check_launch(ctx) -> str:
     from slime_actors.backends.weight_sync import find_free_port
     a = job_args(ctx)
     port = find_free_port()
-    module, argv = engine_command(a, 0, port)
+    keys_file = ctx["keys"].write_engine_config(ctx["work"] / "keys" / "sglang-engine.yaml")
+    module, argv = engine_command(a, 0, port, config=keys_file)
     checked = check_engine_flags(module, argv)
     run_module = LOCAL_ENGINE_MODULE if ctx["fake"] else module
     log(f"launch: python -m {run_module} {' '.join(argv)}  (flags checked against {checked})")
     t0 = time.monotonic()
-    proc = launch_engine(run_module, argv, log_path=ctx["work"] / "sglang_engine.log", wait=False)
+    proc = launch_engine(run_module, argv, log_path=ctx["work"] / "sglang_engine.log", wait=False,
+                         redact=ctx["keys"].secrets)
     PROCS.append(proc)
     remember_pid(ctx, proc.pid)
     proc.wait_healthy(timeout=min(300.0, max(30.0, ctx["deadline"] - time.monotonic())))
@@ -281,7 +288,7 @@ def check_server_info(ctx) -> tuple[str, str]:
     from slime_actors.backends.engine_client import EngineClient, supports_flattened_bucket
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=30) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=30) as c:
             return await c.get_server_info(), await c.get_model_info()
     info, model = arun(go())
     ctx["flattened"] = supports_flattened_bucket(info)
@@ -293,11 +300,86 @@ def check_server_info(ctx) -> tuple[str, str]:
     return "ok", detail
 
 
+async def _raw_post(url: str, path: str, body: dict, key: str | None) -> tuple[int, str]:
+    import aiohttp
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as r:
+            return r.status, (await r.text())[:200]
+
+
+def _admin_bodies(ctx) -> dict:
+    """A body for every admin endpoint that would change the engine if it were let through."""
+    flat = {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "auth-check",
+            "weight_version": "evil", "flush_cache": True}
+    return {"/update_weights_from_disk": {"model_path": str(ctx["alt2"]), "weight_version": "evil"},
+            "/update_weight_version": {"new_version": "evil"},
+            "/abort_request": {"rid": "", "abort_all": True},
+            "/pause_generation": {"mode": "abort"},
+            "/continue_generation": {},
+            "/flush_cache": {},
+            "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                           "world_size": 2, "group_name": "auth-check", "backend": "gloo"},
+            "/update_weights_from_distributed": flat,
+            "/destroy_weights_update_group": {"group_name": "auth-check"},
+            "/update_weights_from_tensor": {"serialized_named_tensors": ["AAAA"], "weight_version": "evil"},
+            "/update_weights_from_ipc": {**flat, "handle": {"kind": "shm", "path": "/dev/null"}}}
+
+
+def check_auth(ctx) -> tuple[str, str]:
+    """The engine with the job's keys refuses what lacks the right one -- and is not changed by it."""
+    from slime_actors.backends.engine_auth import ADMIN_PATHS
+    from slime_actors.backends.engine_client import EngineClient
+    keys, url = ctx["keys"], ctx["engine"].base_url
+    bodies = _admin_bodies(ctx)
+    assert set(bodies) == ADMIN_PATHS
+
+    async def go():
+        async with EngineClient(url, keys=keys, timeout=120) as c:
+            before = await c.get_weight_version()
+            await c.pause_generation("in_place")  # a request held in the paused engine, which an abort would end
+            held = asyncio.ensure_future(c.generate(PROMPTS[0], {"max_new_tokens": 8, "temperature": 0,
+                                                                 "ignore_eos": True}, rid="auth-held"))
+            await asyncio.sleep(1.0)
+            answers = {}
+            for who, key in (("no key", None), ("a wrong key", "not-the-key"), ("the API key", keys.api_key)):
+                answers[f"/update_weights_from_disk with {who}"] = await _raw_post(
+                    url, "/update_weights_from_disk", bodies["/update_weights_from_disk"], key)
+            for path, body in bodies.items():
+                answers[f"{path} with no key"] = await _raw_post(url, path, body, None)
+            gen = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 2}}
+            answers["/generate with no key"] = await _raw_post(url, "/generate", gen, None)
+            answers["/generate with the admin key"] = await _raw_post(url, "/generate", gen, keys.admin_key)
+            after = await c.get_weight_version()
+            still_held = not held.done()
+            await c.continue_generation()
+            out = await asyncio.wait_for(held, 120)
+            import aiohttp  # what SGLang's own /server_info shows to a holder of the API key (our client redacts it)
+            async with aiohttp.ClientSession() as s:
+                async with s.get(url + "/server_info", headers={"Authorization": f"Bearer {keys.api_key}"}) as r:
+                    raw_info = await r.text()
+            return before, answers, after, still_held, out, raw_info
+    before, answers, after, still_held, out, raw_info = arun(go(), 300)
+    not_refused = {k: v for k, v in answers.items() if v[0] != 401}
+    finish = out["meta_info"]["finish_reason"]["type"]
+    log_text = (ctx["work"] / "sglang_engine.log").read_text(errors="replace")
+    in_log = sum(log_text.count(k) for k in keys.secrets)
+    shows_admin = keys.admin_key in raw_info
+    detail = (f"{len(answers) - len(not_refused)}/{len(answers)} refused with 401 "
+              f"({', '.join(f'{k}: {v[0]}' for k, v in not_refused.items()) or 'all'}); weight_version {before} -> "
+              f"{after}; held request still held {still_held}, then finished {finish!r} with {len(out['output_ids'])} "
+              f"tokens; keys in the engine log: {in_log} (redacted lines: "
+              f"{log_text.count('<redacted>')}); /server_info shows the admin key to an API-key holder: "
+              f"{shows_admin}")
+    ok = not not_refused and before == after and still_held and finish == "length" and in_log == 0
+    return ("ok" if ok else "FAIL"), detail
+
+
 def check_generate_logprobs(ctx) -> tuple[str, str]:
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=120) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=120) as c:
             return await asyncio.gather(*(c.generate(p, {"max_new_tokens": 16, "temperature": 1.0,
                                                          "ignore_eos": True, "sampling_seed": 100 + i})
                                           for i, p in enumerate(PROMPTS)))
@@ -319,7 +401,7 @@ def check_update_from_disk(ctx):
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             return await c.update_weights_from_disk(str(ctx["alt"]), weight_version="disk1")
     res = arun(go())
     status, detail = compare_greedy(ctx, ctx["alt"], "disk1")
@@ -345,7 +427,7 @@ def _nccl_update(ctx, model_dir, version: str, flattened: bool) -> str:
     port = find_free_port()
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             sender = DistributedWeightSender("127.0.0.1", port, world_size=2, backend=backend, device=device,
                                              group_name=f"gpu-check-{version}")
             await asyncio.gather(asyncio.to_thread(sender.connect),
@@ -386,7 +468,7 @@ def check_update_from_tensor(ctx):
     payloads, fmt = serialize_named_tensors(tensors, tp_size=1)
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             return await c.update_weights_from_tensor(payloads, load_format=fmt, flush_cache=True,
                                                       weight_version="tensor1")
     res = arun(go())
@@ -406,7 +488,7 @@ def check_pause_abort(ctx):
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             futs = await _long_requests(c, 4, "pause-abort")
             await asyncio.sleep(1.0)
             t0 = time.monotonic()
@@ -433,7 +515,7 @@ def check_pause_retract(ctx):
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             futs = await _long_requests(c, 3, "pause-retract")
             await asyncio.sleep(1.0)
             await c.pause_generation("retract")
@@ -460,7 +542,7 @@ def check_abort(ctx):
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=300) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=300) as c:
             # rids abort-me-0, abort-me-1 and keep-0; then a bare prefix (held by no request), then a held rid
             futs = await _long_requests(c, 2, "abort-me")
             other = await _long_requests(c, 1, "keep", tokens=20)
@@ -486,7 +568,7 @@ def check_health(ctx):
     from slime_actors.backends.engine_client import EngineClient
 
     async def go():
-        async with EngineClient(ctx["engine"].base_url, timeout=60) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=60) as c:
             return await c.health(), await c.health_generate(30), await c.flush_cache()
     h, hg, fl = arun(go())
     return ("ok" if h and hg and fl else "FAIL"), f"/health {h}; /health_generate {hg}; /flush_cache flushed {fl}"
@@ -497,7 +579,7 @@ def check_health_hung(ctx):
     pid = ctx["engine"].pid
 
     async def probe(t):
-        async with EngineClient(ctx["engine"].base_url, timeout=60) as c:
+        async with EngineClient(ctx["engine"].base_url, keys=ctx["keys"], timeout=60) as c:
             t0 = time.monotonic()
             ok = await c.health_generate(t)
             return ok, time.monotonic() - t0
@@ -728,10 +810,14 @@ def main(argv=None) -> int:
         if not a.no_grpo:
             for backend in a.grpo_backends.split(","):
                 start_grpo(ctx, backend)
+        from slime_actors.backends.engine_auth import EngineKeys
         from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, launch_engine
+        ctx["keys"] = EngineKeys.create()  # every engine here holds keys, as a job's do; every client sends them
         local = launch_engine(LOCAL_ENGINE_MODULE, {"model-path": str(ctx["base"]), "dtype": "float32",
-                                                    "device": "cpu" if a.fake else "cuda:0", "random-seed": 0},
-                              log_path=work / "local_engine.log", wait=False)
+                                                    "device": "cpu" if a.fake else "cuda:0", "random-seed": 0,
+                                                    "config": str(ctx["keys"].write_engine_config(
+                                                        work / "keys" / "local-engine.yaml"))},
+                              log_path=work / "local_engine.log", wait=False, redact=ctx["keys"].secrets)
         PROCS.append(local)
         remember_pid(ctx, local.pid)
         ctx["local"] = local
@@ -742,6 +828,7 @@ def main(argv=None) -> int:
         dl = ctx["deadline"]
         run_check("flags_refused", check_flags_refused, ctx, deadline=dl)
         run_check("server_info", check_server_info, ctx, deadline=dl)
+        run_check("auth_refused", check_auth, ctx, deadline=dl)
         run_check("generate_logprobs", check_generate_logprobs, ctx, deadline=dl)
         run_check("greedy_matches", compare_greedy, ctx, ctx["base"], "0", deadline=dl)
         run_check("update_from_disk", check_update_from_disk, ctx, deadline=dl)

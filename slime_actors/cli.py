@@ -8,6 +8,7 @@
     slime-actors replay RUN --actor ROLE/INDEX                         one actor again against its recording
     slime-actors samples RUN [--rollout K] [--best|--worst] [--n N]    a run's prompts, responses, rewards
                      [--eval [--step K]] [--report]                    (held-out ones; a markdown report)
+    slime-actors convert SRC DST [--hf-checkpoint DIR]                 checkpoints <-> Hugging Face (torch_dist, ours)
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "launch":  # job flags pass through, as for train
         from .launch.job import launch_main
         return launch_main(argv[1:])
+    if argv and argv[0] == "convert":
+        from .convert import main as convert_main
+        return convert_main(argv[1:])
     if argv and argv[0] == "sbatch":
         from .launch.slurm import sbatch_main
         return sbatch_main(argv[1:])

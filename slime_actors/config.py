@@ -103,7 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-health-check-interval", type=float, default=10.0)
     g.add_argument("--rollout-health-check-timeout", type=float, default=30.0)
     g.add_argument("--rollout-health-check-first-wait", type=float, default=0.0)
-    g.add_argument("--engine-api-key", default=None, help="API key the engines require (SGLang --api-key)")
+    g.add_argument("--engine-auth", type=_bool, default=True,
+                   help="engines require keys: an API key for generation, an admin key for weight updates, pauses, "
+                        "aborts and cache flushes (made per job unless given below; docs/security.md)")
+    g.add_argument("--engine-api-key", default=None,
+                   help="the engines' API key (SGLang --api-key) instead of a job-made one; needed for external "
+                        "engines that have one. Visible in the process list: prefer --engine-api-key-file or "
+                        "$SLIME_ACTORS_ENGINE_API_KEY")
+    g.add_argument("--engine-api-key-file", default=None, help="file holding the engines' API key (mode 0600)")
+    g.add_argument("--engine-admin-api-key", default=None,
+                   help="the engines' admin key (SGLang --admin-api-key); see --engine-api-key")
+    g.add_argument("--engine-admin-api-key-file", default=None,
+                   help="file holding the engines' admin key (mode 0600)")
     g.add_argument("--pause-generation-mode", choices=["abort", "retract", "in_place"], default="abort",
                    help="how engines pause around a weight update in --async-train (SGLang /pause_generation mode): "
                         "abort in-flight requests (they go back to the buffer), retract them (recomputed after the "
@@ -407,6 +418,11 @@ def validate(args: argparse.Namespace) -> None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
     if args.rm_type == "remote_rm" and not args.rm_url:
         bad("--rm-type remote_rm needs --rm-url")
+    from .backends.engine_auth import EngineKeyError, take_user_keys
+    try:  # the keys leave `args` here: job files, actor configs and traces never hold them
+        args.engine_user_keys = take_user_keys(args)
+    except EngineKeyError as exc:
+        bad(str(exc))
     if args.sglang_router_ip and not args.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
     if args.sglang_args or args.router_args or args.rollout_engine == "sglang" or args.use_sglang_router:
@@ -430,5 +446,5 @@ def debug_rollout_path(spec: str, k: int) -> Path:
 
 
 def args_to_dict(args: argparse.Namespace) -> dict:
-    """A msgpack-able copy (for messages, traces and checkpoints)."""
-    return {k: v for k, v in vars(args).items()}
+    """A msgpack-able copy (for messages, traces and checkpoints), without the engine keys the user gave."""
+    return {k: v for k, v in vars(args).items() if k != "engine_user_keys"}

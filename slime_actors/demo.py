@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
-import shutil
 import time
 
 import numpy as np
@@ -58,8 +57,16 @@ def _serve(cls, index: int, env: dict) -> None:
 
 
 def run_demo(run_dir: str, messages: int = 200) -> int:
+    import sys
+
     import uvloop
-    shutil.rmtree(run_dir, ignore_errors=True)
+
+    from .run_dir import RunDirError, prepare_run_dir
+    try:
+        prepare_run_dir(run_dir)  # a directory that is not ours is refused; in ours, the last demo's files go
+    except RunDirError as exc:
+        print(f"slime-actors demo: error: {exc}", file=sys.stderr)
+        return 2
     setup_logging(run_dir, "demo")
     log = get_logger(actor="demo")
     keys = JobKeys.create()

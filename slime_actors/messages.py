@@ -268,6 +268,7 @@ declare("trainer", "save", "Save this rank's model/optimizer/RNG state under `pa
         save_optim="bool?")
 declare("trainer", "abort_group", "Leave the training group of `generation` (broken: a rank died); the rank exits with "
         "code 75 and its supervisor restarts it.", reply="{left}", generation="int", reason="str?")
-declare("trainer", "save_hf", "Rank 0: export the policy in Hugging Face format.", path="str")
+declare("trainer", "save_hf", "Every rank: export the policy as a Hugging Face directory at `path` (rank 0 writes; "
+        "--save-hf after `rollout_id`).", path="str", rollout_id="int?")
 declare("trainer", "log_probs", "Log-probs of given samples under the current actor (checks and tests).",
         reply="list of lists", samples="list")

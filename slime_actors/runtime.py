@@ -125,6 +125,15 @@ class RuntimeConfig:
         d.mkdir(parents=True, exist_ok=True)
         return f"ipc://{path}"
 
+    def node_address(self) -> str:
+        """This node's address as other hosts reach it: SLIME_ACTORS_ADVERTISE, else SLIME_ACTORS_HOST unless that is
+        a wildcard, else the address of the host name."""
+        if self.advertise:
+            return self.advertise
+        if self.host not in ("0.0.0.0", "*", "[::]", "::", ""):
+            return self.host
+        return socket.gethostbyname(socket.gethostname())
+
     def public_endpoint(self, bound: str) -> str:
         """What peers should connect to, given what the ROUTER bound (0.0.0.0 becomes the advertised address)."""
         if not bound.startswith("tcp://"):

@@ -9,25 +9,44 @@ the held-out reward before and after training, and where the metrics, curves and
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 from .config import ConfigError, args_to_dict, parse_args
 
 
-def prepare_run_dir(args) -> Path:
-    """Create the run directory; clear a previous run's live state (a new run never inherits its buffer log)."""
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for sub in ("buffer", "traces", "sockets", "weights", "keys", "logs", "tensorboard"):
-        shutil.rmtree(run_dir / sub, ignore_errors=True)
-    for f in ("metrics.jsonl", "curves.png", "job.json", "result.json", "head.json", "status.json",
-              "recoveries.jsonl"):
-        (run_dir / f).unlink(missing_ok=True)
-    for f in run_dir.glob("job-agent-*.json"):
-        f.unlink(missing_ok=True)
-    return run_dir
+def check_paths(args) -> Path | None:
+    """Every path the job reads or writes, checked before anything is written (docs/fault-tolerance.md, "Run
+    directories and checkpoints"): the run directory is new, ours, or holds none of the names a run clears; --load
+    is a checkpoint of this layout (or --load = --save, still empty); --save is not another tool's checkpoint
+    directory; --ref-load, when the reference model is used, is a Hugging Face directory; nothing lies where a run
+    clears its state. Returns the checkpoint to resume from (None: a new run). Raises RunDirError /
+    CheckpointError (ValueErrors)."""
+    from .checkpoints import CheckpointError, check_save_root, detect_layout, resolve_load
+    from .run_dir import check_nothing_inside, inspect_run_dir
+    inspect_run_dir(args.run_dir)
+    ckpt = resolve_load(args)
+    check_save_root(args)
+    if args.ref_load and (args.use_kl_loss or (args.kl_coef or 0) > 0):
+        lay = detect_layout(args.ref_load)
+        if lay.kind != "hf":
+            raise CheckpointError(f"--ref-load {args.ref_load}: {lay.detail}; expected a Hugging Face model directory "
+                                  "(config.json and safetensors)" + (
+                                      f" -- convert it: slime-actors convert {args.ref_load} OUT_DIR "
+                                      "--hf-checkpoint MODEL_DIR" if lay.kind in ("megatron", "torch_dist") else ""))
+    check_nothing_inside(args.run_dir, {
+        "--save": args.save, "--load": args.load, "--save-hf": args.save_hf, "--prompt-data": args.prompt_data,
+        "--hf-checkpoint": args.hf_checkpoint, "--ref-load": args.ref_load,
+        "--save-debug-rollout-data": args.save_debug_rollout_data,
+        "--load-debug-rollout-data": args.load_debug_rollout_data})
+    return ckpt
+
+
+def prepare_run_dir(args, resume: bool = False) -> Path:
+    """Create the run directory, or clear a previous run's state in one of ours: a new run never inherits its
+    buffer log; a resumed run keeps (and continues) metrics, TensorBoard and curves (slime_actors.run_dir)."""
+    from .run_dir import prepare_run_dir as prepare
+    return prepare(args.run_dir, resume=resume)
 
 
 def write_job(args, run_dir: Path) -> Path:

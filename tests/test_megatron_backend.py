@@ -14,6 +14,7 @@ HF / torch-backend reference is computed in the test process.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -124,7 +125,26 @@ def scenario_full(rank, world, model_dir, tmp, ckpt=False, grads=True, **flags):
     return res
 
 
-SCENARIOS = {"full": scenario_full}
+def scenario_convert(rank, world, model_dir, tmp, dist_in, **flags):
+    """A trained model's save (dist_checkpointing), then a torch_dist that `slime-actors convert` wrote from the HF
+    model loaded back through megatron-core's dist_checkpointing into this parallel layout."""
+    from megatron.core import dist_checkpointing
+
+    from slime_actors.backends.rl_update import rl_update
+    args, b = _backend(model_dir, tmp, rank, world, **flags)
+    rl_update(b, args, _shard(toy_batch(), b), 0)
+    res = {"trained": _weights(b)}
+    b.save(os.path.join(tmp, "ckpt", "trainer"))
+    b.save_hf(os.path.join(tmp, "hf_out"), {"rollout_id": 0})
+    state = dist_checkpointing.load(b._sharded_state(False, is_loading=True), dist_in)
+    missing, unexpected = b.gpt.load_state_dict(state["model"], strict=False)
+    res["missing"] = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
+    b.optimizer.reload_model_params()
+    res["loaded"] = _weights(b)
+    return res
+
+
+SCENARIOS = {"full": scenario_full, "convert": scenario_convert}
 
 
 # -- references (this process: no shim here) ----------------------------------------------------------------------
@@ -259,3 +279,26 @@ def test_data_parallel_2_distributed_optimizer_resumes(models, tmp_path):
     check_against_references(res, models["llama"], tmp_path)
     close(res["w1_loaded"], res["w1"], 0.0)
     close(res["w2_again"], res["w2"], 0.0)
+
+
+@pytest.mark.parametrize("arch,flags,pad", [
+    ("llama", {}, None),
+    ("qwen2", {"tensor_model_parallel_size": 2}, 38),   # odd vocabulary: tp=2 saves 38 rows
+    ("qwen3", {"pipeline_model_parallel_size": 2}, None),
+])
+def test_convert_to_and_from_megatron_dist_checkpoints(models, tmp_path, arch, flags, pad):
+    """`slime-actors convert` against megatron-core itself: a dist_checkpointing save of a trained model (TP, PP)
+    becomes the HF directory of exactly its weights (and equals save_hf's), and the torch_dist it writes from an
+    HF model loads through dist_checkpointing into the model, bit for bit."""
+    from slime_actors.convert import main as convert
+    dist_in = tmp_path / "from_hf"
+    assert convert([models[arch], str(dist_in)] + (["--padded-vocab-size", str(pad)] if pad else [])) == 0
+    w = tmp_path / "w"
+    res = spawn("convert", 2 if flags else 1, tmp_path, model_dir=models[arch], tmp=str(w),
+                dist_in=str(dist_in / "release"), **flags)
+    assert res["missing"] == []
+    close(res["loaded"], hf_weights(models[arch]), 0.0)
+    assert convert([str(w / "ckpt" / "trainer"), str(tmp_path / "hf"), "--hf-checkpoint", models[arch]]) == 0
+    close(hf_weights(tmp_path / "hf"), res["trained"], 0.0)
+    close(hf_weights(w / "hf_out"), res["trained"], 0.0)
+    assert json.loads((w / "hf_out" / ".slime-actors-export").read_text())["backend"] == "megatron"

@@ -130,8 +130,21 @@ def test_rl_loop_megatron_backend_cpu_colocated_and_distributed(tmp_path):
                "colocated", "--save-debug-rollout-data", str(tmp_path / "rollouts"))
     _check_colocated_run(m, 3)
     d = _train(tmp_path / "d", "--num-rollout", "2", "--train-backend", "megatron", "--save",
-               str(tmp_path / "d" / "ckpt"), "--save-interval", "1")
+               str(tmp_path / "d" / "ckpt"), "--save-interval", "1", "--save-hf",
+               str(tmp_path / "d" / "hf" / "{rollout_id}"))
     _check_colocated_run(d, 2)
+    # --save-hf from the megatron backend: after each rollout, the weights of the checkpoint of that rollout
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from slime_actors.convert import main as convert
+    for k in (0, 1):
+        hf = tmp_path / "d" / "hf" / str(k)
+        assert json.loads((hf / ".slime-actors-export").read_text())["rollout_id"] == k
+        AutoModelForCausalLM.from_pretrained(hf)
+        assert convert([str(tmp_path / "d" / "ckpt" / f"iter_{k + 1:07d}"), str(tmp_path / f"conv{k}")]) == 0
+        a, b = load_file(hf / "model.safetensors"), load_file(tmp_path / f"conv{k}" / "model.safetensors")
+        assert sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a), k
     # resume from the step-1 checkpoint (megatron dist_checkpointing): step 2 again, exactly
     e = _train(tmp_path / "e", "--num-rollout", "2", "--train-backend", "megatron", "--load",
                str(tmp_path / "d" / "ckpt" / "iter_0000001"))

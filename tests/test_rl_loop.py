@@ -127,6 +127,84 @@ def test_checkpoint_resume_continues_exactly(tmp_path):
             assert abs(x[key] - y[key]) <= 1e-6, (key, x[key], y[key])
 
 
+def _files_holding(root: Path, *secrets: str) -> list[str]:
+    found = []
+    for f in root.rglob("*"):
+        if f.is_file() and f.parent.name != "keys":
+            data = f.read_bytes()
+            found += [f"{f.relative_to(root)}" for s in secrets if s.encode() in data]
+    return found
+
+
+@pytest.mark.slow
+def test_trains_with_engine_keys_that_stay_secret(tmp_path):
+    """The job's engines take keys by default; the run trains as before, and no key -- neither the job's nor one the
+    user gave on the command line -- is in job.json, the traces, the logs or the engine's command line."""
+    run = tmp_path / "run"
+    given = "user-given-api-key-" + "7" * 20
+    train(run, "--num-rollout", "2", "--eval-interval", "0", "--skip-eval-before-train", "--engine-api-key", given)
+    assert [s["weight_version_after"] for s in metrics(run)] == [1, 2]
+    keys = run / "keys"
+    assert keys.stat().st_mode & 0o777 == 0o700
+    assert {f.name: f.stat().st_mode & 0o777 for f in keys.iterdir()} == {
+        "job.public": 0o600, "job.secret": 0o600, "engine.api_key": 0o600, "engine.admin_key": 0o600,
+        "engine-0.yaml": 0o600}
+    assert (keys / "engine.api_key").read_text().strip() == given
+    admin = (keys / "engine.admin_key").read_text().strip()
+    assert len(admin) == 64 and admin != given
+    assert _files_holding(run, given, admin) == []
+    started = [json.loads(line) for line in open(run / "logs" / "rollout-0.jsonl")
+               if '"starting engine"' in line and '"module"' in line][0]
+    assert f"--config {keys / 'engine-0.yaml'}" in started["flags"] and "--api-key" not in started["flags"]
+    job = json.loads((run / "job.json").read_text())
+    assert job["engine_api_key"] is None and job["engine_auth"] is True
+
+
+@pytest.mark.slow
+def test_external_engine_with_the_users_keys_and_one_without(tmp_path):
+    """An engine someone else started: the job uses the keys the user gives (files), every request it sends carries
+    the right one (the engine refused none); an engine without keys, used without keys, gets a warning."""
+    from slime_actors.backends.engine_auth import EngineKeys
+    from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, launch_engine
+    from slime_actors.models import resolve_checkpoint
+    model = resolve_checkpoint("tiny:digits", tmp_path / "models")
+    keys = EngineKeys.create()
+    files = {}
+    for name, key in (("api", keys.api_key), ("admin", keys.admin_key)):
+        files[name] = tmp_path / f"{name}.key"
+        files[name].write_text(key + "\n")
+        files[name].chmod(0o600)
+    keyed = launch_engine(LOCAL_ENGINE_MODULE, ["--model-path", str(model), "--weight-version", "0", "--config",
+                                                str(keys.write_engine_config(tmp_path / "k" / "e.yaml"))],
+                          log_path=tmp_path / "keyed.log", startup_timeout=120)
+    open_engine = launch_engine(LOCAL_ENGINE_MODULE, ["--model-path", str(model), "--weight-version", "0"],
+                                log_path=tmp_path / "open.log", startup_timeout=120)
+    try:
+        common = ["--hf-checkpoint", str(model), "--num-rollout", "2", "--eval-interval", "0",
+                  "--skip-eval-before-train"]
+        train(tmp_path / "a", *common, "--rollout-external-engine-addrs", keyed.base_url,
+              "--engine-api-key-file", str(files["api"]), "--engine-admin-api-key-file", str(files["admin"]))
+        p = train(tmp_path / "b", *common, "--rollout-external-engine-addrs", open_engine.base_url)
+
+        import asyncio
+        from slime_actors.backends.engine_client import EngineClient
+
+        async def info():
+            async with EngineClient(keyed.base_url, keys=keys) as c:
+                return await c.get_server_info(), await c.get_weight_version()
+        server, version = asyncio.run(info())
+    finally:
+        keyed.stop()
+        open_engine.stop()
+    assert [s["weight_version_after"] for s in metrics(tmp_path / "a")] == [1, 2] and version == "2"
+    assert server["refused_requests"] == 0
+    assert _files_holding(tmp_path / "a", keys.api_key, keys.admin_key) == []
+    assert [s["weight_version_after"] for s in metrics(tmp_path / "b")] == [1, 2]
+    assert "warning: --rollout-external-engine-addrs: no engine keys given" in p.stderr
+    warned = (tmp_path / "b" / "logs" / "rollout-0.jsonl").read_text()
+    assert f"engine {open_engine.base_url} runs without an API key" in warned
+
+
 def test_bad_config_is_a_clear_error(tmp_path):
     p = subprocess.run([str(BIN), "train", "--config", str(CONFIG), "--rollout-batch-size", "0"],
                        capture_output=True, text=True, timeout=60)

@@ -256,3 +256,222 @@ def test_rollout_worker_reads_finish_reason_type(tmp_path, finish, status):
     assert (s.status, s.finish_reason) == (status, finish["type"])
     assert s.response_tokens == [5, 6] and s.rollout_log_probs == [-0.5, -0.25] and s.weight_version == 3
     assert set(seen[0]) <= set(CONTRACT["requests"]["SamplingParams"]["fields"])
+
+
+# -- the API keys: SGLang's rule, recorded from its source (tests/data/sglang_auth_0.5.15.post1.json) --------------
+
+AUTH = json.loads((DATA / "sglang_auth_0.5.15.post1.json").read_text())
+
+
+def _local_engine_paths() -> set:
+    import argparse as _argparse
+    from slime_actors.backends.local_engine import Server
+    app = Server(None, _argparse.Namespace()).make_app()
+    return {r.resource.canonical for r in app.router.routes()}
+
+
+def test_admin_endpoints_are_sglangs():
+    """ADMIN_PATHS (what the local engine guards with the admin key and the client sends it to) is exactly the set
+    of SGLang's @auth_level(ADMIN_OPTIONAL) routes among the local engine's; SGLang marks no route ADMIN_FORCE."""
+    from slime_actors.backends.engine_auth import ADMIN_PATHS
+    levels = {e["path"]: e["auth_level"] for e in AUTH["endpoints"].values()}
+    ours = _local_engine_paths()
+    assert ours <= set(levels), ours - set(levels)  # every path the local engine serves, SGLang serves
+    assert ADMIN_PATHS == {p for p in ours if levels[p] == "admin_optional"}
+    assert {levels[p] for p in ours} == {"normal", "admin_optional"}
+    assert "admin_force" not in {e["auth_level"] for e in AUTH["endpoints"].values()}
+    assert levels["/generate"] == levels["/server_info"] == levels["/model_info"] == "normal"
+
+
+def test_refusal_rule_matches_sglangs_decide_request_auth():
+    """engine_auth.refusal_status (the local engine's check) answers like SGLang's decide_request_auth in every
+    recorded case: each combination of server keys, endpoint level, method, path and Authorization header."""
+    from slime_actors.backends.engine_auth import refusal_status
+    api, admin = AUTH["keys_used_in_decisions"]["api_key"], AUTH["keys_used_in_decisions"]["admin_api_key"]
+    server_keys = {"none": (None, None), "api_key_only": (api, None), "admin_key_only": (None, admin),
+                   "both": (api, admin)}
+    paths = {**AUTH["paths"]}
+    cols = AUTH["decision_columns"]
+    checked = 0
+    for row in map(lambda r: dict(zip(cols, r)), AUTH["decisions"]):
+        if row["level"] == "admin_force":  # no route uses it (test above)
+            continue
+        path = paths[row["path"]]
+        if row["path"] == "endpoint":  # a path of that level
+            path = "/update_weights_from_disk" if row["level"] == "admin_optional" else "/generate"
+        got = refusal_status(row["method"], path, AUTH["headers"][row["header"]], *server_keys[row["keys"]])
+        assert got == row["refused_with"], row
+        checked += 1
+    assert checked == 4 * 2 * 2 * 4 * len(AUTH["headers"])
+
+
+def test_local_engine_enforces_the_rule_for_every_key_setting(tmp_path):
+    """The local engine, started with each of SGLang's four key settings, lets through or refuses (401, SGLang's
+    body) each of its endpoints exactly as the recorded rule says, for each recorded Authorization header."""
+    import aiohttp
+    from slime_actors.backends.engine_auth import EngineKeys
+    api, admin = AUTH["keys_used_in_decisions"]["api_key"], AUTH["keys_used_in_decisions"]["admin_api_key"]
+    model = make_tiny_model(tmp_path / "m")
+    cols = AUTH["decision_columns"]
+    rule = {(r["keys"], r["level"], r["header"]): r["refused_with"]
+            for r in map(lambda r: dict(zip(cols, r)), AUTH["decisions"]) if r["method"] == "POST"
+            and r["path"] == "endpoint"}
+    levels = {e["path"]: (e["auth_level"], e["methods"]) for e in AUTH["endpoints"].values()}
+    paths = sorted(_local_engine_paths())
+    mismatches = []
+    for setting, keys in (("none", EngineKeys()), ("api_key_only", EngineKeys(api)),
+                          ("admin_key_only", EngineKeys(None, admin)), ("both", EngineKeys(api, admin))):
+        flags = ["--model-path", str(model), "--random-seed", "0"]
+        if keys.any:
+            flags += ["--config", str(keys.write_engine_config(tmp_path / f"{setting}.yaml"))]
+        proc = launch_engine(LOCAL_ENGINE_MODULE, flags, log_path=tmp_path / f"{setting}.log", startup_timeout=120)
+
+        async def go():
+            seen = {}
+            async with aiohttp.ClientSession() as s:
+                for path in paths:
+                    level, methods = levels[path]
+                    method = "POST" if "POST" in methods else methods[0]
+                    for header, value in AUTH["headers"].items():
+                        if value and value != value.strip():
+                            continue  # HTTP drops a field value's outer whitespace (RFC 9110 5.5) before any server
+                        # a body no handler accepts: an allowed request is answered 400 / 404 / 200, never changes
+                        # the engine (/flush_cache of an idle engine aside)
+                        async with s.request(method, proc.base_url + path, data=b"{not json",
+                                             headers={"Authorization": value} if value else {}) as r:
+                            seen[(path, header)] = (r.status, await r.text())
+            return seen
+        try:
+            seen = asyncio.run(asyncio.wait_for(go(), 120))
+        finally:
+            assert proc.stop() == 0
+        assert len(seen) == len(paths) * (len(AUTH["headers"]) - 1)
+        for (path, header), (status, text) in seen.items():
+            level = levels[path][0]
+            want = None if path.startswith(tuple(AUTH["facts"]["open_prefixes"]["value"])) else \
+                rule[(setting, level, header)]
+            got = 401 if status == 401 else None
+            if got != want or (got == 401 and json.loads(text) != AUTH["facts"]["refusal"]["value"]["401"]):
+                mismatches.append((setting, path, header, status, text[:80]))
+    assert not mismatches, mismatches[:10]
+
+
+def test_client_sends_each_endpoint_the_key_sglang_wants(tmp_path):
+    """Every EngineClient call carries the admin key to SGLang's admin endpoints and the API key elsewhere; the
+    router's worker registry gets the admin key; /server_info comes back without the secrets SGLang puts in it."""
+    from aiohttp import web
+    from slime_actors.backends.engine_auth import EngineKeys, SECRET_SERVER_INFO_FIELDS
+    keys = EngineKeys("the-api-key", "the-admin-key")
+    got: list[tuple[str, str | None]] = []
+
+    async def any_request(request):
+        got.append((request.path, request.headers.get("Authorization")))
+        if request.path == "/server_info":
+            return web.json_response({"api_key": keys.api_key, "admin_api_key": keys.admin_key,
+                                      "ssl_keyfile_password": None, "version": "0.5.15.post1", "tp_size": 1})
+        if request.path == "/workers" and request.method == "GET":
+            return web.json_response({"workers": [{"id": "w1", "url": "http://e:1"}]})
+        return web.json_response({"success": True, "message": "", "weight_version": "3", "status": "ok",
+                                  "meta_info": {}})
+    port = find_free_port()
+
+    async def go():
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", any_request)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with EngineClient(url, keys=keys, timeout=10) as c:
+                await c.generate([1, 2], {"max_new_tokens": 1})
+                info = await c.get_server_info()
+                await c.get_model_info()
+                await c.health()
+                await c.flush_cache()
+                await c.abort_request(abort_all=True)
+                await c.pause_generation("abort")
+                await c.continue_generation()
+                await c.update_weights_from_disk("/m", weight_version="1")
+                await c.init_weights_update_group("127.0.0.1", 1, 1, 2, "g", "gloo")
+                await c.update_weights_from_distributed(["w"], ["float32"], [[1]], "g", weight_version="1")
+                await c.destroy_weights_update_group("g")
+                await c.update_weights_from_tensor(["AAAA"], weight_version="1")
+                await c.update_weights_from_ipc(["w"], ["float32"], [[1]], {"kind": "shm"}, weight_version="1")
+                await c.update_weight_version("2")
+            rc = RouterClient(url, keys=keys)
+            try:
+                await rc.add_worker("http://e:1", api_key=keys.api_key)
+                await rc.remove_worker("http://e:1")
+            finally:
+                await rc.close()
+            return info
+        finally:
+            await runner.cleanup()
+    info = asyncio.run(go())
+    levels = {e["path"]: e["auth_level"] for e in AUTH["endpoints"].values()}
+    for path, header in got:
+        if path.startswith("/workers"):
+            want = keys.admin_key  # the router's control-plane key
+        else:
+            want = keys.admin_key if levels[path] == "admin_optional" else keys.api_key
+        assert header == f"Bearer {want}", (path, header)
+    assert {p for p, _ in got} >= {"/generate", "/server_info", "/update_weights_from_disk", "/abort_request",
+                                   "/workers", "/workers/w1"}
+    assert set(SECRET_SERVER_INFO_FIELDS) == set(AUTH["facts"]["server_info_returns_server_args"]["fields"])
+    assert info["api_key"] is True and info["admin_api_key"] is True and info["ssl_keyfile_password"] is False
+    assert keys.api_key not in json.dumps(info) and keys.admin_key not in json.dumps(info)
+
+
+def test_engine_config_file_is_what_sglang_reads(tmp_path):
+    """The keys file the rollout worker hands the engine: a .yaml mapping of SGLang flag names (as written) to the
+    keys, 0600 -- read by the local engine as SGLang's prepare_server_args reads --config."""
+    import yaml
+    from slime_actors.backends import sglang_flags
+    from slime_actors.backends.engine_auth import EngineKeys
+    assert AUTH["facts"]["config_file"]["source"] and "command line wins" in AUTH["facts"]["config_file"]["value"]
+    keys = EngineKeys('k"ey\\1', "admin:key")  # quotes, backslashes and colons survive YAML
+    path = keys.write_engine_config(tmp_path / "keys" / "engine-0.yaml")
+    data = yaml.safe_load(path.read_text())
+    assert data == {"api-key": keys.api_key, "admin-api-key": keys.admin_key}
+    assert {f"--{k}" for k in data} <= set(sglang_flags.SERVER_FLAGS) and path.suffix == ".yaml"
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_router_in_front_takes_keys(engine, monkeypatch):
+    """The fake sglang-router with the job's keys (as sglang-router 0.3.2 takes them): generation without the API
+    key and the worker registry without the admin key are refused; with them, requests reach the engine."""
+    monkeypatch.syspath_prepend(str(FAKE_ROUTER))
+    from aiohttp import web
+    from slime_actors.backends.engine_auth import EngineKeys
+    from slime_actors.backends.sglang_launch import ROUTER_KEY_ID
+    from sglang_router.launch_router import make_app
+    keys = EngineKeys("router-api", "router-admin")
+    port = find_free_port()
+
+    async def go():
+        runner = web.AppRunner(make_app([], "router-api", [f"{ROUTER_KEY_ID}:admin:router-admin"]))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            bare = RouterClient(url)
+            with pytest.raises(EngineError, match="HTTP 401"):
+                await bare.add_worker(engine.base_url)
+            await bare.close()
+            rc = RouterClient(url, keys=keys)
+            await rc.add_worker(engine.base_url)  # the test engine has no key of its own
+            async with EngineClient(engine.base_url, timeout=30) as c:
+                c.generate_base_url = url
+                with pytest.raises(EngineError, match="HTTP 401"):
+                    await c.generate([1, 5, 6], {"max_new_tokens": 2, "temperature": 0})
+            async with EngineClient(engine.base_url, keys=keys, timeout=30) as c:
+                c.generate_base_url = url
+                out = parse_generate_output(await c.generate([1, 5, 6], {"max_new_tokens": 2, "temperature": 0}))
+            stats = (await rc._c._request("GET", "/workers", admin=True))[1]["stats"]
+            await rc.close()
+            return out, stats
+        finally:
+            await runner.cleanup()
+    out, stats = asyncio.run(go())
+    assert len(out.output_ids) == 2 and stats == {"generate": 1, "refused": 2}

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from slime_actors.backends import sglang_flags
-from slime_actors.backends.engine_client import EngineClient, parse_generate_output
+from slime_actors.backends.engine_auth import EngineKeys
+from slime_actors.backends.engine_client import EngineClient, EngineError, parse_generate_output
 from slime_actors.backends.engine_process import launch_engine
 from slime_actors.backends.sglang_launch import (LOCAL_ENGINE_MODULE, ROUTER_MODULE, SGLANG_MODULE, SGLangFlagError,
                                                  check_engine_flags, check_router_flags, check_sglang_flags,
-                                                 engine_command, router_command, split_flags)
+                                                 engine_command, engine_host, flag_value, router_command,
+                                                 split_flags)
 from slime_actors.backends.weight_sync import find_free_port
 from slime_actors.config import ConfigError, parse_args
 
@@ -75,11 +77,13 @@ def test_generated_flag_table_matches_the_recorded_json():
 def test_engine_command_sglang(prompts, no_sglang):
     a = args_for(prompts, "--rollout-engine", "sglang", "--rollout-num-gpus-per-engine", "4", "--sglang-pp-size", "2",
                  "--engine-api-key", "k", *GPU_FLAGS)
-    module, argv = engine_command(a, 3, 31000)
+    module, argv = engine_command(a, 3, 31000, config="/run/keys/engine-3.yaml")
     assert module == SGLANG_MODULE
+    # the keys travel in the --config file, never on the command line
     assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "31000", "--tp-size", "2",
-                    "--random-seed", "10", "--weight-version", "0", "--api-key", "k", "--pp-size", "2",
-                    *[x.replace("--sglang-", "--") for x in GPU_FLAGS]]
+                    "--random-seed", "10", "--weight-version", "0", "--config", "/run/keys/engine-3.yaml",
+                    "--pp-size", "2", *[x.replace("--sglang-", "--") for x in GPU_FLAGS]]
+    assert "k" not in argv and a.engine_api_key is None and a.engine_user_keys.api_key == "k"
     # every flag we pass is one of SGLang 0.5.15.post1's (ServerArgs.add_cli_args)
     assert {f for f, _ in split_flags(argv)} <= set(SERVER["flags"])
     assert check_engine_flags(module, argv).startswith("SGLang 0.5.15.post1 (recorded table")
@@ -104,7 +108,8 @@ def test_engine_command_local_and_gpu_placement(prompts):
 
 @pytest.mark.parametrize("flag, use", [("--sglang-port", "picks a free port"), ("--sglang-tp-size", "--rollout-num"),
                                        ("--sglang-model-path", "--hf-checkpoint"), ("--sglang-api-key", "--engine-api"),
-                                       ("--sglang-random-seed", "--seed")])
+                                       ("--sglang-admin-api-key", "--engine-admin-api-key-file"),
+                                       ("--sglang-config", r"\[sglang\] table"), ("--sglang-random-seed", "--seed")])
 def test_owned_flags_cannot_be_passed_through(prompts, flag, use):
     with pytest.raises(ConfigError, match=f"{flag} cannot be passed through.*{use}"):
         args_for(prompts, "--rollout-engine", "sglang", flag, "1")
@@ -289,6 +294,46 @@ def test_router_command(prompts, no_sglang):
         args_for(prompts, "--use-sglang-router", "--router-polcy", "random")
 
 
+def test_router_command_takes_the_engine_keys(prompts, no_sglang):
+    """The router asks for the API key on generation and the admin key on its worker registry; both flags are the
+    job's to set."""
+    a = args_for(prompts, "--use-sglang-router")
+    _, argv = router_command(a, "127.0.0.1", 3000, keys=EngineKeys("api-k", "admin-k"))
+    assert flag_value(argv, "--api-key") == "api-k"
+    entry = flag_value(argv, "--control-plane-api-keys")
+    assert entry.split(":", 3)[2:] == ["admin", "admin-k"]  # id:name:role:key, as RouterArgs parses it
+    check_router_flags(argv)
+    for flag in ("--router-api-key", "--router-control-plane-api-keys"):
+        with pytest.raises(ConfigError, match=f"{flag} cannot be passed through: use --engine"):
+            args_for(prompts, "--use-sglang-router", flag, "x")
+
+
+def test_engines_listen_on_loopback_unless_another_host_needs_them(prompts):
+    a = args_for(prompts)
+    assert engine_host(a) == "127.0.0.1"
+    assert engine_host(a, multi_host=True, node_address="10.0.0.5") == "127.0.0.1"  # no router: only local clients
+    r = args_for(prompts, "--use-sglang-router")
+    assert engine_host(r) == "127.0.0.1"                                             # the router is on this host
+    assert engine_host(r, multi_host=True, node_address="10.0.0.5") == "10.0.0.5"    # ... or on another one
+    ext = args_for(prompts, "--use-sglang-router", "--sglang-router-ip", "10.0.0.9", "--sglang-router-port", "30")
+    assert engine_host(ext, node_address="10.0.0.5") == "10.0.0.5"
+    loc = args_for(prompts, "--use-sglang-router", "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "30")
+    assert engine_host(loc, node_address="10.0.0.5") == "127.0.0.1"
+    with pytest.raises(SGLangFlagError, match="set SLIME_ACTORS_ADVERTISE"):
+        engine_host(r, multi_host=True, node_address=None)
+    assert engine_host(args_for(prompts, "--sglang-host", "10.1.1.1")) == "10.1.1.1"  # the user's choice wins
+    module, argv = engine_command(a, 0, 1, host="10.0.0.5")
+    assert flag_value(argv, "--host") == "10.0.0.5" and "0.0.0.0" not in argv
+
+
+def test_more_tokenizer_workers_are_refused_while_engines_have_keys(prompts, no_sglang):
+    """SGLang 0.5.15.post1 checks no key with --tokenizer-worker-num > 1 (tests/data/sglang_auth_0.5.15.post1.json)."""
+    with pytest.raises(ConfigError, match="--sglang-tokenizer-worker-num 2: SGLang 0.5.15.post1 checks no API key"):
+        args_for(prompts, "--rollout-engine", "sglang", "--sglang-tokenizer-worker-num", "2")
+    args_for(prompts, "--rollout-engine", "sglang", "--sglang-tokenizer-worker-num", "1")
+    args_for(prompts, "--rollout-engine", "sglang", "--sglang-tokenizer-worker-num", "2", "--engine-auth", "false")
+
+
 # -- the local engine takes SGLang's command line -----------------------------------------------------------------
 
 def test_local_engine_accepts_every_recorded_sglang_flag():
@@ -309,10 +354,11 @@ def test_launch_sglang_command_with_the_local_engine(prompts, tmp_path, no_sglan
     """The rollout worker's SGLang command line, run with only the module name changed."""
     from slime_actors.models.tiny import make_tiny_model
     model = make_tiny_model(tmp_path / "tiny")
-    a = args_for(prompts, "--rollout-engine", "sglang", "--hf-checkpoint", str(model), "--engine-api-key", "sk",
-                 *GPU_FLAGS, "--sglang-max-running-requests", "4", "--sglang-context-length", "64")
+    a = args_for(prompts, "--rollout-engine", "sglang", "--hf-checkpoint", str(model), *GPU_FLAGS,
+                 "--sglang-max-running-requests", "4", "--sglang-context-length", "64")
     port = find_free_port()
-    module, argv = engine_command(a, 0, port)
+    keys = EngineKeys("sk", "admin-sk")
+    module, argv = engine_command(a, 0, port, config=keys.write_engine_config(tmp_path / "keys" / "engine-0.yaml"))
     assert module == SGLANG_MODULE
     check_engine_flags(module, argv)
     lines: list[str] = []
@@ -320,7 +366,10 @@ def test_launch_sglang_command_with_the_local_engine(prompts, tmp_path, no_sglan
                          startup_timeout=120)
     try:
         async def go():
-            async with EngineClient(proc.base_url, api_key="sk", timeout=60) as c:
+            async with EngineClient(proc.base_url, api_key="nope", timeout=60) as c:  # the file's keys hold
+                with pytest.raises(EngineError, match="HTTP 401"):
+                    await c.get_weight_version()
+            async with EngineClient(proc.base_url, keys=keys, timeout=60) as c:
                 out = parse_generate_output(await c.generate([1, 5, 6], {"max_new_tokens": 4, "temperature": 0}))
                 info = await c.get_server_info()
                 return out, info, await c.get_weight_version()

@@ -55,6 +55,33 @@ def test_sbatch_bad_input_is_reported(tmp_path):
     assert p.returncode == 2 and "multiple of the trainer ranks" in p.stderr
 
 
+def test_engine_keys_in_the_batch_script(tmp_path):
+    """The script makes the engines' HTTP keys once, with the CURVE keys (none for external engines: only the user's
+    fit them), keeps keys the user exported, and never holds a key given in the flags."""
+    import os
+    import sys
+    p = sbatch_script(str(HETERO), "--config", DIGITS)
+    assert p.returncode == 0 and 'slime_actors.launch.slurm keys --engine)"' in p.stdout
+    p = sbatch_script(str(HETERO), "--config", DIGITS, "--rollout-external-engine-addrs", "h:1")
+    assert p.returncode == 0 and 'slime_actors.launch.slurm keys)"' in p.stdout
+    p = sbatch_script(str(HETERO), "--config", DIGITS, "--engine-api-key", "s3cret")
+    assert p.returncode == 2 and "--engine-api-key would be written into the batch script" in p.stderr
+    assert "s3cret" not in p.stdout
+
+    def keys(*args, **env):
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_ACTORS_")}
+        out = subprocess.run([sys.executable, "-m", "slime_actors.launch.slurm", "keys", *args], capture_output=True,
+                             text=True, timeout=60, env={**base, **env}, cwd=str(ROOT))
+        assert out.returncode == 0, out.stderr
+        return dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+    made = keys("--engine")
+    assert set(made) == {"SLIME_ACTORS_CURVE_PUBLIC", "SLIME_ACTORS_CURVE_SECRET", "SLIME_ACTORS_ENGINE_API_KEY",
+                         "SLIME_ACTORS_ENGINE_ADMIN_KEY"}
+    assert set(keys()) == {"SLIME_ACTORS_CURVE_PUBLIC", "SLIME_ACTORS_CURVE_SECRET"}
+    kept = keys("--engine", SLIME_ACTORS_ENGINE_API_KEY="mine")
+    assert "SLIME_ACTORS_ENGINE_API_KEY" not in kept and "SLIME_ACTORS_ENGINE_ADMIN_KEY" in kept
+
+
 def _slurm_up() -> str | None:
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return "no Slurm here (scripts/start_slurm.sh installs one; `make test` runs it as root)"

@@ -242,8 +242,8 @@ class Buffer(Actor):
         snap = self.state_dir / "snapshot.msgpack"
         log = self.state_dir / "log.msgpack"
         how = "fresh"
-        from .trainer import latest_checkpoint
-        ckpt = latest_checkpoint(self.args.load) if self.args.load else None
+        from ..checkpoints import resolve_load
+        ckpt = resolve_load(self.args)  # (checked by the head before the job started)
         if ckpt is not None and (ckpt / "buffer.msgpack").exists() and not snap.exists() and not log.exists():
             with open(ckpt / "buffer.msgpack", "rb") as f:
                 self._load_state(msgpack.unpackb(f.read(), raw=False, strict_map_key=False))

@@ -27,16 +27,15 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
+from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 from ..config import debug_rollout_path
 from ..log import console_write
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from ..samples import EVAL_DIR
 from .base import Actor, handler
-from .trainer import latest_checkpoint, read_meta
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -80,6 +79,7 @@ class Controller(Actor):
         self._resync_tasks: dict[str, asyncio.Task] = {}
         self.metrics_file = None
         self.tb = None
+        self._rows_before_start = 0  # metrics rows of the run before this job resumed it
         self.result: dict = {}
         self._rdzv: _Rendezvous | None = None
         self._fail: asyncio.Future | None = None
@@ -107,7 +107,7 @@ class Controller(Actor):
             ckpt = latest_checkpoint(a.save)
             if ckpt is not None:
                 return ckpt
-        return latest_checkpoint(a.load) if a.load else None
+        return resolve_load(a)  # (the head checked --load before the job started: this does not raise)
 
     # ------------------------------------------------------------------------------------------ training group
     @handler
@@ -393,9 +393,7 @@ class Controller(Actor):
             await self._trainers_ready()
             if not a.debug_train_only:
                 await self._startup_sync()
-            self._open_metrics(resume=ckpt is not None)
-            if ckpt is None and a.save_eval_responses:   # a new run: no previous run's evaluations in evals/
-                shutil.rmtree(Path(self.runtime.run_dir) / EVAL_DIR, ignore_errors=True)
+            self._open_metrics(resume_at=start if ckpt is not None else None)
             if a.eval_prompt_data and not a.skip_eval_before_train and not a.debug_train_only and ckpt is None:
                 await self._evaluate(start)
         else:  # after a training-group restart: the new generation loads the checkpoint; engines get its weights
@@ -464,6 +462,8 @@ class Controller(Actor):
                     await self._resume_all()
             if a.save and a.save_interval and ((k + 1) % a.save_interval == 0 or k + 1 == a.num_rollout):
                 step["time/save"] = await self._save(k)
+            if a.save_hf and not a.debug_rollout_only and hf_export_due(a, k):
+                step["time/save_hf"] = await self._save_hf(k)
             step["time/step"] = time.monotonic() - t_step
             self._record(step)
             progress(step)
@@ -577,6 +577,14 @@ class Controller(Actor):
         self.log.info("checkpoint saved", path=str(path))
         return time.monotonic() - t0
 
+    async def _save_hf(self, k: int) -> float:
+        """--save-hf after rollout k: every trainer rank takes part (gathering), rank 0 writes the directory."""
+        t0 = time.monotonic()
+        path = hf_export_path(self.args.save_hf, k)
+        await self._ask_trainers("save_hf", {"path": str(path), "rollout_id": k}, 3600)
+        self.log.info("HF model saved", path=str(path), rollout_id=k, weight_version=self.version)
+        return time.monotonic() - t0
+
     async def _save_eval(self, name: str, step: int, eid: int) -> None:
         """The evaluation's responses, for a person to read (`slime-actors samples RUN --eval`, `--report`)."""
         rows = await self._ask_buffer("eval_results", {"rollout_id": eid}, timeout=300)
@@ -636,13 +644,24 @@ class Controller(Actor):
             return None
 
     # ------------------------------------------------------------------------------------------ metrics
-    def _open_metrics(self, resume: bool) -> None:
+    def _open_metrics(self, resume_at: int | None) -> None:
+        """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
+        continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
+        spans the whole run), later rows -- trained again now -- are dropped, and TensorBoard hides its events
+        from that step on (purge_step)."""
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        self.metrics_file = open(self.metrics_path, "a" if resume else "w")
+        if resume_at is not None:
+            self.history = _rows_before(self.metrics_path, resume_at) + self.history
+            tmp = self.metrics_path.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            os.replace(tmp, self.metrics_path)
+            self.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
+        self._rows_before_start = len(self.history)
+        self.metrics_file = open(self.metrics_path, "a")
         if self.args.use_tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(os.path.join(self.runtime.run_dir, "tensorboard"))
+                self.tb = SummaryWriter(os.path.join(self.runtime.run_dir, "tensorboard"), purge_step=resume_at)
             except Exception as exc:  # tensorboard missing: JSONL and the PNG still have everything
                 self.log.warning("tensorboard unavailable", error=repr(exc))
 
@@ -671,14 +690,30 @@ class Controller(Actor):
             if self.evals else {}
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
             if self.evals else {}
-        self.result = {"steps": len(self.history), "eval_before": first, "eval_after": last, "plot": png,
-                       "samples": self.last_examples,
-                       "weight_version": self.version, "metrics": str(self.metrics_path),
-                       "recoveries": self.recoveries, "accounting": self.accounting}
+        self.result = {"steps": len(self.history) - self._rows_before_start, "eval_before": first,
+                       "eval_after": last, "plot": png, "samples": self.last_examples, "weight_version": self.version,
+                       "metrics": str(self.metrics_path), "recoveries": self.recoveries, "accounting": self.accounting}
 
 
 def _r(v):
     return None if v is None else round(float(v), 4)
+
+
+def _rows_before(path: Path, rollout_id: int) -> list[dict]:
+    """metrics.jsonl rows of the rollouts before `rollout_id` (a torn last line, from a crash, is skipped)."""
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("rollout_id"), int) and row["rollout_id"] < rollout_id:
+            rows.append(row)
+    return rows
 
 
 def _tuple_state(s):

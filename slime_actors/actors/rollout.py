@@ -84,6 +84,7 @@ class RolloutWorker(Actor):
         self._updating = 0                # weight updates in progress (health probes wait)
         self._direct_update_restarts = 0  # engine_restarts when a colocated (direct) weight update began
         self._engine_caps: dict = {}
+        self.keys = None                  # the engines' HTTP keys (engine_auth.EngineKeys), from the environment
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0})
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -92,6 +93,8 @@ class RolloutWorker(Actor):
         self._resumed = asyncio.Event()
         self._engine_ok = asyncio.Event()
         self._capacity = max(a.rollout_concurrency, a.n_samples_per_prompt, a.n_samples_per_eval_prompt)
+        from ..backends.engine_auth import EngineKeys
+        self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
         # importing transformers takes seconds: do it off the loop so heartbeats keep going
         self.tokenizer = await self.run_blocking(_load_tokenizer, a.hf_checkpoint)
         from ..plugins import load_function
@@ -118,10 +121,22 @@ class RolloutWorker(Actor):
             await self.run_blocking(self.router.stop)
 
     # ------------------------------------------------------------------------------------------ the engine
+    def _multi_host(self) -> bool:
+        return self.runtime is not None and self.runtime.transport == "tcp"
+
     def _engine_command(self, port: int) -> tuple[str, list[str]]:
-        """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines."""
-        from ..backends.sglang_launch import engine_command
-        return engine_command(self.args, self.index, port)
+        """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines. Its keys go
+        in a --config file under RUN_DIR/keys (0600), not on the command line."""
+        from ..backends.sglang_launch import engine_command, engine_host
+        host = engine_host(self.args, self._multi_host(), self.runtime.node_address() if self._multi_host() else None)
+        if host in ("0.0.0.0", "::", "[::]", "*"):
+            self.log.warning(f"--sglang-host {host}: the engine listens on every interface; only its keys keep other "
+                             "hosts out" + ("" if self.keys.any else " -- and it has none (--engine-auth false)"))
+        config = None
+        if self.keys.any:
+            config = self.keys.write_engine_config(os.path.join(self.runtime.run_dir, "keys",
+                                                                f"engine-{self.index}.yaml"))
+        return engine_command(self.args, self.index, port, host=host, config=config)
 
     def _engine_line(self, line: str) -> None:
         """The engine's output, line by line, into this actor's log (and RUN_DIR/logs/engine-<i>.log)."""
@@ -149,30 +164,47 @@ class RolloutWorker(Actor):
             checked = await self.run_blocking(check_engine_flags, module, flags)  # SGLangFlagError names a flag
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
-            self.log.info("starting engine", module=module, flags=" ".join(flags), checked_against=checked)
+            self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
+                          checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
             self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False,
-                                        on_line=self._engine_line)
+                                        on_line=self._engine_line, redact=self.keys.secrets)
             await self.run_blocking(self.engine.wait_healthy, a.rollout_health_check_first_wait + 600)
-            url = f"http://127.0.0.1:{port}"
+            url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
             await self.client.close()
-        self.client = RecordedEngine(self, EngineClient(url, api_key=a.engine_api_key,
-                                                        max_concurrency=a.rollout_concurrency))
+        self.client = RecordedEngine(self, EngineClient(url, keys=self.keys, max_concurrency=a.rollout_concurrency))
         if self.router_url:  # generation goes through the router; control stays with this engine
             getattr(self.client, "_client", self.client).generate_base_url = self.router_url
         self.engine_url = url
         self._engine_paused, self._updating = None, 0
         version = 0
         if self.engine is None and not getattr(self, "replaying", False):
+            await self._check_external_keys(url)
             version = await self._external_version()  # someone else's engine: whatever it holds now
         self._engine_caps = await self._capabilities()
+        if self.engine is None and not getattr(self, "replaying", False):
+            from ..backends.engine_auth import engine_warnings
+            for w in engine_warnings(url, self._engine_caps.get("auth", {})):
+                self.log.warning(w)
         await self._router_register()
         self.weight_version = version
         self._engine_ok.set()
         await self.tell("controller/0", "engine_ready", {"worker": self.name, "weight_version": version})
+
+    async def _check_external_keys(self, url: str) -> None:
+        """An external engine that refuses our key (or our lack of one) is a configuration error: say so and stop,
+        instead of failing every request."""
+        from ..backends.engine_client import EngineError
+        try:
+            await self.client.get_model_info()
+        except EngineError as exc:
+            if exc.status in (401, 403):
+                raise RuntimeError(f"external engine {url} refuses this job's requests (HTTP {exc.status}): give its "
+                                   "keys with --engine-api-key-file / --engine-admin-api-key-file or "
+                                   "SLIME_ACTORS_ENGINE_API_KEY / SLIME_ACTORS_ENGINE_ADMIN_KEY") from None
 
     async def _external_version(self) -> int:
         """The weight version an external engine reports in /model_info: "default" (its launch weights, taken as
@@ -193,7 +225,8 @@ class RolloutWorker(Actor):
             self.log.warning("engine has no /server_info; assuming per-tensor weight broadcasts", error=str(exc))
             return {"flattened_bucket": False, "tp_size": 1, "version": None}
         return {"flattened_bucket": supports_flattened_bucket(info), "tp_size": int(info.get("tp_size") or 1),
-                "version": info.get("version")}
+                "version": info.get("version"),
+                "auth": {k: info[k] for k in ("api_key", "admin_api_key") if k in info}}  # set or not (redacted)
 
     # ------------------------------------------------------------------------------------------ the router
     async def _start_router(self) -> None:
@@ -209,13 +242,16 @@ class RolloutWorker(Actor):
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
             port = a.sglang_router_port or free_port()
-            module, flags = router_command(a, "127.0.0.1", port, prometheus_port=free_port())
+            # rollout workers on other hosts send generation here: then it listens on this node's address
+            host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
+            module, flags = router_command(a, host, port, prometheus_port=free_port(), keys=self.keys)
             await self.run_blocking(check_router_flags, flags)
-            self.log.info("starting sglang-router", flags=" ".join(flags))
+            self.log.info("starting sglang-router", flags=self.keys.redact(" ".join(flags)))
             self.router = launch_engine(module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
-                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"))
+                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"),
+                                        redact=self.keys.secrets)
             await self.run_blocking(self.router.wait_healthy, 300)
-            self.router_url = f"http://127.0.0.1:{port}"
+            self.router_url = _http_url(host, port)
         else:
             while self.router_url is None:
                 try:
@@ -230,10 +266,10 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import RouterClient
-        rc = RouterClient(self.router_url)
+        rc = RouterClient(self.router_url, keys=self.keys)
         try:
             if not await rc.has_worker(self.engine_url):
-                await rc.add_worker(self.engine_url, api_key=self.args.engine_api_key)
+                await rc.add_worker(self.engine_url, api_key=self.keys.api_key)
                 self.log.info("engine registered with the router", engine=self.engine_url, router=self.router_url)
         finally:
             await rc.close()
@@ -242,7 +278,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import EngineError, RouterClient
-        rc = RouterClient(self.router_url, timeout=10)
+        rc = RouterClient(self.router_url, timeout=10, keys=self.keys)
         try:
             await rc.remove_worker(self.engine_url)
         except EngineError as exc:
@@ -701,6 +737,15 @@ def request_key(input_ids: list[int], sampling_params: dict) -> str:
     h = hashlib.blake2b(digest_size=8)
     h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
     return h.hexdigest()
+
+
+def _http_url(host: str, port: int) -> str:
+    """The URL a server listening on `host` is reached at from this host (a wildcard: the loopback)."""
+    if host in ("0.0.0.0", "", "*", "::", "[::]"):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6
+    return f"http://{host}:{int(port)}"
 
 
 def _load_tokenizer(path: str):

@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..checkpoints import latest_checkpoint, read_meta  # noqa: F401 (also imported from here)
 from .base import Actor, handler
 
 
@@ -40,6 +41,7 @@ class TrainerRank(Actor):
         self._group_seq = 0
         self._flattened = False  # every engine of the group takes load_format="flattened_bucket"
         self.generation: int | None = None  # of the training group this rank joined
+        self._disk_versions: list[Path] = []  # weight directories written by --update-weight-transport disk
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -224,9 +226,11 @@ class TrainerRank(Actor):
         await asyncio.gather(*(self.ask(w, "update_weights_from_disk", {"model_path": str(path),
                                                                        "weight_version": version}, timeout=600)
                                for w in workers))
-        for old in base.glob("v*"):
+        # only versions this rank wrote go (--update-weight-disk-dir may be a directory that holds other things)
+        for old in self._disk_versions:
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
+        self._disk_versions = [path]
         return {"bytes": int(nbytes), "buckets": 1}
 
     async def _ensure_group(self, workers: tuple) -> None:
@@ -285,10 +289,12 @@ class TrainerRank(Actor):
         (weight_sync.share_bucket: CUDA IPC on GPU, a shared-memory file on CPU; nothing pickled). The trainer posts
         to each engine itself, so no payload becomes an actor message; the worker holds its health probes meanwhile
         and learns the new version at the end."""
+        from ..backends.engine_auth import EngineKeys
         from ..backends.engine_client import EngineClient, serialize_named_tensors
         from ..backends.weight_sync import bucket_metadata, share_bucket
         infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
-        clients = [EngineClient(i["engine_url"], api_key=self.args.engine_api_key, timeout=600) for i in infos]
+        keys = EngineKeys.from_env()  # the job's engine keys (the launcher's environment); admin key: the updates
+        clients = [EngineClient(i["engine_url"], keys=keys, timeout=600) for i in infos]
         nbytes = nbuckets = 0
         fmt = None
         sent = False
@@ -346,8 +352,9 @@ class TrainerRank(Actor):
         await self.run_blocking(self.backend.save, os.path.join(path, "trainer"), save_optim)
 
     @handler
-    async def save_hf(self, path: str) -> None:
-        await self.run_blocking(self.backend.save_hf, path)
+    async def save_hf(self, path: str, rollout_id: int | None = None) -> None:
+        """Every rank: --save-hf's export after `rollout_id` (rank 0 writes the directory)."""
+        await self.run_blocking(self.backend.save_hf, path, {"rollout_id": rollout_id})
 
 
 def reachable_address(runtime) -> str:
@@ -376,24 +383,3 @@ def _with_last(items):
         yield prev, False
         prev = item
     yield prev, True
-
-
-def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
-    """The newest iter_NNNNNNN directory under `root` that has a complete marker, or `root` itself if it is one."""
-    if not root:
-        return None
-    root = Path(root)
-    if (root / "meta.json").exists():
-        return root
-    marker = root / "latest_checkpointed_iteration.txt"
-    if marker.exists():
-        p = root / f"iter_{int(marker.read_text().strip()):07d}"
-        if (p / "meta.json").exists():
-            return p
-    cands = sorted(p for p in root.glob("iter_*") if (p / "meta.json").exists())
-    return cands[-1] if cands else None
-
-
-def read_meta(ckpt: Path) -> dict:
-    import json
-    return json.loads((ckpt / "meta.json").read_text())

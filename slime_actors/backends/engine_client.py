@@ -1,12 +1,16 @@
 """Async HTTP client for a generation engine speaking SGLang's native API: a real SGLang server (checked against
 SGLang 0.5.15.post1, tests/data/sglang_api_0.5.15.post1.json) or the embedded local engine.
 
-    client = EngineClient("http://127.0.0.1:30000", api_key=None, timeout=600, max_concurrency=256)
+    client = EngineClient("http://127.0.0.1:30000", keys=EngineKeys(api_key, admin_key), timeout=600,
+                          max_concurrency=256)
     raw = await client.generate(input_ids, {"max_new_tokens": 64, "temperature": 1.0}, return_logprob=True)
     out = parse_generate_output(raw)      # output_ids, logprobs, finish_reason, weight_version, ...
     await client.close()
 
-Every request body uses only SGLang's field names for that endpoint. Errors: a non-2xx answer raises EngineError
+Every request carries the key SGLang wants for its endpoint (`Authorization: Bearer`): the admin key on weight
+updates, pause / continue, abort and cache flushes, the API key everywhere else (engine_auth.py). /server_info
+answers come back without the secrets SGLang puts in them. Every request body uses only SGLang's field names for
+that endpoint. Errors: a non-2xx answer raises EngineError
 (status, endpoint, the server's message); an engine that cannot be reached raises EngineUnavailable; a request that
 runs past its timeout raises EngineTimeout (also an EngineError).
 """
@@ -22,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from slime_actors.backends.engine_auth import EngineKeys, redact_server_info
 from slime_actors.log import get_logger
 
 log = get_logger(component="engine_client")
@@ -126,11 +131,12 @@ class EngineClient:
     """One engine's HTTP API. Create and use it inside one event loop; close() when done."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
-                 max_concurrency: int = 256, connect_timeout: float = 10.0):
+                 max_concurrency: int = 256, connect_timeout: float = 10.0, admin_key: str | None = None,
+                 keys: EngineKeys | None = None):
         self.base_url = base_url.rstrip("/")
         if "://" not in self.base_url:
             self.base_url = "http://" + self.base_url
-        self.api_key = api_key
+        self.keys = (keys or EngineKeys()).fill(EngineKeys(api_key, admin_key))
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_concurrency = max_concurrency
         self._sem: asyncio.Semaphore | None = None
@@ -141,29 +147,35 @@ class EngineClient:
         self.generate_base_url: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------
-    def _headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+    @property
+    def api_key(self) -> str | None:
+        return self.keys.api_key
+
+    def _headers(self, path: str, admin: bool | None = None) -> dict:
+        if admin is None:
+            return self.keys.headers_for(path)
+        key = (self.keys.admin_key or self.keys.api_key) if admin else self.keys.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._sem = asyncio.Semaphore(self.max_concurrency)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_concurrency, force_close=False),
-                headers=self._headers())
+                connector=aiohttp.TCPConnector(limit=self.max_concurrency, force_close=False))
         return self._session
 
     async def _get_control_session(self) -> aiohttp.ClientSession:
         """Health probes, pauses, aborts and weight updates get their own connections: a health probe must not wait
         behind max_concurrency hung generations (it would never time out), nor an abort behind what it aborts."""
         if self._control is None or self._control.closed:
-            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32, force_close=False),
-                                                  headers=self._headers())
+            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32, force_close=False))
         return self._control
 
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
                        timeout: float | None = None, expect: str = "json", ok_statuses: Sequence[int] = (),
-                       base_url: str | None = None) -> Any:
-        """Send one request; returns (status, parsed body). Raises EngineError / EngineUnavailable / EngineTimeout."""
+                       base_url: str | None = None, admin: bool | None = None) -> Any:
+        """Send one request; returns (status, parsed body). Raises EngineError / EngineUnavailable / EngineTimeout.
+        The key is the one `path` needs (engine_auth), or the admin key / API key where `admin` says so."""
         if self.request_hook is not None:
             self.request_hook(method, path, body, params)
         base = (base_url or self.base_url).rstrip("/")
@@ -173,8 +185,8 @@ class EngineClient:
         to = aiohttp.ClientTimeout(total=t, connect=min(self.connect_timeout, t) if t else self.connect_timeout)
         async with (self._sem if generation else contextlib.nullcontext()):
             try:
-                async with session.request(method, base + path, json=body, params=params,
-                                           timeout=to) as resp:
+                async with session.request(method, base + path, json=body, params=params, timeout=to,
+                                           headers=self._headers(path, admin)) as resp:
                     text = await resp.text()
                     status = resp.status
             except asyncio.TimeoutError:
@@ -350,7 +362,8 @@ class EngineClient:
             if e.status != 404:
                 raise
             _, out = await self._request("GET", "/get_server_info")
-        return out
+        # SGLang lists its launch arguments here, keys included: each secret field becomes set / not set
+        return redact_server_info(out)
 
     async def get_weight_version(self) -> str:
         """The engine's weight version. SGLang 0.5.15.post1 answers 404 on /get_weight_version (deprecated) and
@@ -418,18 +431,20 @@ def serialize_named_tensors(named_tensors: list, tp_size: int = 1,
 
 class RouterClient:
     """The sglang-router's worker registry (sglang-router 0.3.2, as slime uses it): POST /workers {url,
-    worker_type} registers an engine (the router answers 202 and adds it in the background), GET /workers lists
-    {"workers": [{"id", "url", ...}]}, DELETE /workers/{id} removes one."""
+    worker_type, api_key} registers an engine (the router answers 202 and adds it in the background; it sends
+    that key to the engine), GET /workers lists {"workers": [{"id", "url", ...}]}, DELETE /workers/{id} removes
+    one. With `keys`, /workers requests carry the admin key (the router's control-plane key, see
+    sglang_launch.router_command)."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0):
-        self._c = EngineClient(base_url, timeout=timeout, max_concurrency=8)
+    def __init__(self, base_url: str, timeout: float = 30.0, keys: EngineKeys | None = None):
+        self._c = EngineClient(base_url, timeout=timeout, max_concurrency=8, keys=keys)
         self.base_url = self._c.base_url
 
     async def health(self, timeout: float = 5.0) -> bool:
         return await self._c.health(timeout)
 
     async def list_workers(self) -> list[dict]:
-        _, out = await self._c._request("GET", "/workers")
+        _, out = await self._c._request("GET", "/workers", admin=True)
         workers = out.get("workers", []) if isinstance(out, dict) else out
         if not isinstance(workers, list):
             raise EngineError("/workers", 200, f"unexpected answer {str(out)[:200]}", out)
@@ -439,13 +454,13 @@ class RouterClient:
         body: dict[str, Any] = {"url": url, "worker_type": "regular"}
         if api_key:
             body["api_key"] = api_key
-        await self._c._request("POST", "/workers", body, expect="text")
+        await self._c._request("POST", "/workers", body, expect="text", admin=True)
 
     async def remove_worker(self, url: str) -> bool:
         """Remove the worker registered at `url`; False if the router does not list it."""
         for w in await self.list_workers():
             if str(w.get("url", "")).rstrip("/") == url.rstrip("/"):
-                await self._c._request("DELETE", f"/workers/{w['id']}", expect="text")
+                await self._c._request("DELETE", f"/workers/{w['id']}", expect="text", admin=True)
                 return True
         return False
 

@@ -9,7 +9,8 @@
 The process runs in its own process group (so stop() also ends its children: SGLang's scheduler and detokenizer
 processes), its stdout and stderr lines go to the log file and to `on_line`, and launch_engine returns once GET
 /health answers 200 -- or raises EngineStartError with the exit code and the last lines of output if the process
-dies first, or when `startup_timeout` passes.
+dies first, or when `startup_timeout` passes. Every string of `redact` (the engine's keys: SGLang logs its launch
+arguments, keys included) is replaced by "<redacted>" in those lines and in the command lines this module shows.
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def _http_status(host: str, port: int, path: str, timeout: float) -> int | None:
 
 class EngineProcess:
     def __init__(self, popen: subprocess.Popen, argv: list[str], host: str, port: int,
-                 log_path: str | os.PathLike | None, on_line: Callable[[str], None] | None, keep_lines: int = 200):
-        self.popen, self.argv, self.host, self.port = popen, argv, host, port
+                 log_path: str | os.PathLike | None, on_line: Callable[[str], None] | None, keep_lines: int = 200,
+                 redact: Sequence[str] = ()):
+        self.popen, self.host, self.port = popen, host, port
+        self._secrets = [r for r in redact if r]
+        self.argv = [self.redact(a) for a in argv]  # what logs and errors show
         self.log_path = Path(log_path) if log_path else None
         self.on_line = on_line
         self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
@@ -104,9 +108,15 @@ class EngineProcess:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "<redacted>")
+        return text
+
     def _read(self) -> None:
         for raw in iter(self.popen.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
+            line = self.redact(raw.decode("utf-8", "replace").rstrip("\n"))
             self.lines.append(line)
             if self._log_file is not None:
                 try:
@@ -191,9 +201,11 @@ def _die_with_parent() -> None:
 
 def launch_engine(module: str, args: Mapping | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                   log_path: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
-                  startup_timeout: float = 600.0, python: str | None = None, wait: bool = True) -> EngineProcess:
+                  startup_timeout: float = 600.0, python: str | None = None, wait: bool = True,
+                  redact: Sequence[str] = ()) -> EngineProcess:
     """Start `python -m <module> <flags>` and (by default) wait for /health. `args` is a flag dict or an argv list;
-    --host defaults to 127.0.0.1 and --port to a free port. `env` entries are added to this process's env."""
+    --host defaults to 127.0.0.1 and --port to a free port. `env` entries are added to this process's env.
+    `redact`: secrets never to show in logs (output lines, the command line)."""
     from slime_actors.backends.weight_sync import find_free_port
     argv = flags_to_argv(args)
     host = _flag_value(argv, "--host")
@@ -211,10 +223,10 @@ def launch_engine(module: str, args: Mapping | Sequence[str] | None = None, env:
     cmd = [python or sys.executable, "-m", module, *argv]
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    log.info("starting engine", cmd=" ".join(cmd), log_path=str(log_path) if log_path else None)
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=full_env, start_new_session=True, preexec_fn=_die_with_parent)
-    proc = EngineProcess(popen, cmd, host, int(port), log_path, on_line)
+    proc = EngineProcess(popen, cmd, host, int(port), log_path, on_line, redact=redact)
+    log.info("starting engine", cmd=" ".join(proc.argv), pid=popen.pid, log_path=str(log_path) if log_path else None)
     if wait:
         t0 = time.monotonic()
         proc.wait_healthy(startup_timeout)

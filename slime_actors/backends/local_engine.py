@@ -2,8 +2,11 @@
 worker uses, so one rollout code path serves both (see docs/sglang.md and tests/data/sglang_api_0.5.15.post1.json).
 
     python -m slime_actors.backends.local_engine --model-path DIR --host 127.0.0.1 --port 30000 \
-        [--api-key KEY] [--device cpu|cuda|cuda:N] [--dtype float32] [--max-running-requests 64] \
-        [--random-seed S] [--weight-version default] [--context-length N]
+        [--config KEYS.yaml | --api-key KEY --admin-api-key KEY] [--device cpu|cuda|cuda:N] [--dtype float32] \
+        [--max-running-requests 64] [--random-seed S] [--weight-version default] [--context-length N]
+
+Keys work as in SGLang (engine_auth.py): --api-key for generation and info, --admin-api-key for weight updates,
+pause / continue, abort and cache flushes; a `--config` YAML file may hold them, as SGLang reads it.
 
 SGLang launch flags are accepted under SGLang's names; the ones with no meaning here (memory fractions, CUDA
 graphs, radix cache, kernels ...) are accepted and ignored, and multi-GPU parallelism (--tp-size etc. > 1) is
@@ -724,10 +727,8 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 # -- HTTP -------------------------------------------------------------------------------------------------------
 
-ADMIN_PATHS = {"/flush_cache", "/abort_request", "/pause_generation", "/continue_generation",
-               "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
-               "/destroy_weights_update_group", "/update_weights_from_tensor", "/update_weight_version",
-               "/update_weights_from_ipc"}
+# which endpoint takes which key: SGLang's rule, in one place (engine_auth: ADMIN_PATHS, refusal_status)
+from slime_actors.backends.engine_auth import REDACTED, refusal_status  # noqa: E402
 
 # body schemas of the msgspec-struct endpoints: field -> (check, default or REQUIRED). Unknown keys are ignored.
 REQUIRED = object()
@@ -803,6 +804,7 @@ class Server:
         self.engine, self.args = engine, args
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_alive_since = time.time()
+        self.refused = 0  # requests refused for a missing or wrong key
 
     # -- plumbing --
     def make_app(self):
@@ -834,31 +836,20 @@ class Server:
         r.add_get("/get_server_info", self.server_info)
         return app
 
-    def _key_ok(self, header: str | None, key: str) -> bool:
-        import secrets
-        if not header:
-            return False
-        parts = header.split(" ", 1)
-        return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], key)
-
     @property
     def auth_middleware(self):
+        """SGLang's key check (engine_auth.refusal_status), before any handler runs: a refused request changes
+        nothing."""
         from aiohttp import web
 
         @web.middleware
         async def mw(request, handler):
-            path, a = request.path, self.args
-            if request.method == "OPTIONS" or path.startswith("/health") or path.startswith("/metrics"):
-                return await handler(request)
-            hdr = request.headers.get("Authorization")
-            if path in ADMIN_PATHS and a.admin_api_key:
-                ok = self._key_ok(hdr, a.admin_api_key)
-            elif a.api_key:
-                ok = self._key_ok(hdr, a.api_key)
-            else:
-                ok = True
-            if not ok:
-                return json_response({"error": "Unauthorized"}, 401)
+            a = self.args
+            status = refusal_status(request.method, request.path, request.headers.get("Authorization"),
+                                    a.api_key, a.admin_api_key)
+            if status is not None:
+                self.refused += 1
+                return json_response({"error": "Unauthorized"}, status)
             return await handler(request)
         return mw
 
@@ -1291,6 +1282,10 @@ class Server:
                               "port": a.port, "tp_size": 1, "dtype": a.dtype, "device": str(e.device),
                               "max_running_requests": e.max_running, "context_length": e.context_len,
                               "random_seed": a.random_seed, "weight_version": e.weight_version,
+                              # SGLang answers its keys here, in clear; the local engine only whether it has them
+                              "api_key": REDACTED if a.api_key else None,
+                              "admin_api_key": REDACTED if a.admin_api_key else None,
+                              "refused_requests": self.refused,
                               "version": f"slime-actors local engine (SGLang API {SGLANG_API_VERSION})",
                               "internal_states": [{"paused": e.paused, "running": len(e.running),
                                                    "waiting": len(e.waiting), "steps": e.steps}]})
@@ -1342,8 +1337,59 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def merge_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """SGLang's `--config FILE` (server_args.prepare_server_args, server_args_config_parser.py): a YAML mapping of
+    flag names (as written: `api-key`, not `api_key`) to values, whose flags go before the command line's, so the
+    command line wins. true adds a switch, false leaves it out; a list gives the values after one flag. One --config
+    at most, a .yaml / .yml file. (`--config=FILE` is read too: SGLang would ignore it -- and the keys in it.)"""
+    at = [i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
+    if not at:
+        return argv
+    if len(at) > 1:
+        parser.error("--config: multiple config files specified; only one is allowed")
+    i = at[0]
+    if argv[i] == "--config":
+        if i + 1 >= len(argv):
+            parser.error("--config: no config file given")
+        path, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+    else:
+        path, rest = argv[i].split("=", 1)[1], argv[:i] + argv[i + 1:]
+    if not path.lower().endswith((".yaml", ".yml")):
+        parser.error(f"--config {path}: the config file must be YAML (.yaml or .yml)")
+    try:
+        import yaml
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        parser.error(f"--config {path}: no such file")
+    except OSError as exc:
+        parser.error(f"--config {path}: cannot read it: {exc}")
+    except Exception as exc:  # noqa: BLE001 -- yaml.YAMLError and what it wraps
+        parser.error(f"--config {path}: not valid YAML: {exc}")
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        parser.error(f"--config {path}: the file must hold a mapping of flag names to values")
+    switches = {o for act in parser._actions if isinstance(act, argparse._StoreTrueAction) for o in act.option_strings}
+    out: list[str] = []
+    for key, value in data.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            if flag in switches:
+                out += [flag] if value else []
+            else:
+                out += [flag, str(value).lower()]
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out + rest
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
+    argv = merge_config_file(list(sys.argv[1:] if argv is None else argv), p)
     args = p.parse_args(argv)
     for dest, flag in MULTI_DEVICE_FLAGS.items():
         if getattr(args, dest) != 1:

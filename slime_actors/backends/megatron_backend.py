@@ -760,13 +760,17 @@ class MegatronBackend(TrainingBackend):
                 if torch.is_tensor(st.get("step")):
                     st["step"] = torch.tensor(float(n), dtype=st["step"].dtype, device=st["step"].device)
 
-    def save_hf(self, path: str) -> None:
-        """An HF directory (config, tokenizer and other files copied from --hf-checkpoint; model safetensors).
-        Every rank must call it; rank 0 writes."""
+    def save_hf(self, path: str, info: dict | None = None) -> None:
+        """A Hugging Face directory (`hf_export.export_hf`: safetensors in HF names and layouts, config, tokenizer
+        and other files copied from --hf-checkpoint). Every rank must call it (named_weights is a collective);
+        rank 0 writes."""
         self._require_init()
-        from .weight_sync import save_weights_to_disk
+        from .hf_export import export_hf
         if self.rank == 0:
-            save_weights_to_disk(self.named_weights(), path, self.hf_path)
+            export_hf(self.named_weights(), path, self.hf_path, {"backend": "megatron", "tp": self.tp_size,
+                                                                 "pp": self.pp_size,
+                                                                 "weight_version": self.weight_version,
+                                                                 **(info or {})})
         else:
             self.drain_named_weights()
         self._barrier()

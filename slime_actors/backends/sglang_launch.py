@@ -7,9 +7,13 @@
 Both engines get the same flags: `python -m sglang.launch_server` (`--rollout-engine sglang`) or
 `python -m slime_actors.backends.local_engine` (`local`), with
 
-    --model-path HF_CHECKPOINT --host 127.0.0.1 --port PORT --tp-size N --random-seed SEED+INDEX
-    --weight-version 0 [--api-key KEY] [--base-gpu-id G] [local engine: --device D --max-running-requests M]
+    --model-path HF_CHECKPOINT --host HOST --port PORT --tp-size N --random-seed SEED+INDEX
+    --weight-version 0 [--config KEYS.yaml] [--base-gpu-id G] [local engine: --device D --max-running-requests M]
     + every `--sglang-<flag> [value ...]` of the job, passed on as `--<flag> [value ...]` (slime's convention)
+
+KEYS.yaml holds the engine's `api-key` and `admin-api-key` (engine_auth.EngineKeys.write_engine_config, mode 0600):
+SGLang reads a --config file's flags as if given first, and the keys stay off the command line, which every user of
+the host can read. HOST is 127.0.0.1 unless something on another host must reach the engine (`engine_host`).
 
 N is `--rollout-num-gpus-per-engine` divided by a passed-through `--sglang-pp-size` (as slime does); G is the
 engine's first GPU (`--device cuda`): after the trainer's GPUs (`--actor-num-gpus-per-node`), or on them with
@@ -54,11 +58,18 @@ OWNED_FLAGS = {
     "--tp-size": "--rollout-num-gpus-per-engine", "--tensor-parallel-size": "--rollout-num-gpus-per-engine",
     "--random-seed": "--seed (engine i gets seed + i)",
     "--weight-version": "nothing (an engine starts at version 0; updates set it)",
-    "--api-key": "--engine-api-key",
+    "--api-key": "--engine-api-key-file (the job makes one by default)",
+    "--admin-api-key": "--engine-admin-api-key-file (the job makes one by default)",
+    "--config": "the [sglang] table of the job's --config file (the rollout worker gives the engine a --config file "
+                "of its own, holding its keys)",
 }
 # router flags the rollout workers set: host/port come from --sglang-router-ip/--sglang-router-port, workers register
 OWNED_ROUTER_FLAGS = {"--host": "--sglang-router-ip", "--port": "--sglang-router-port",
-                      "--worker-urls": "nothing (each rollout worker registers its engine)"}
+                      "--worker-urls": "nothing (each rollout worker registers its engine)",
+                      "--api-key": "--engine-api-key-file (the router takes the engines' API key)",
+                      "--control-plane-api-keys": "--engine-admin-api-key-file (the router's /workers take the "
+                                                  "engines' admin key)"}
+ROUTER_KEY_ID = "slime-actors:rollout-workers"  # id:name of the router's control-plane key (role admin)
 
 
 class SGLangFlagError(ValueError):
@@ -124,9 +135,29 @@ def check_passthrough_owned(sglang_args: Sequence[str]) -> None:
                                   f"itself; use {OWNED_FLAGS[name]}")
 
 
-def engine_command(args: argparse.Namespace, index: int, port: int, host: str | None = None
-                   ) -> tuple[str, list[str]]:
-    """(module, argv) of rollout worker `index`'s engine. See the module docstring for the flags."""
+def engine_host(args: argparse.Namespace, multi_host: bool = False, node_address: str | None = None) -> str:
+    """The address an engine (or the router rollout/0 starts) listens on: --sglang-host when given, else 127.0.0.1
+    -- its rollout worker, and a colocated trainer, share its host -- unless an sglang-router must reach it from
+    another host (a job over several hosts, or a router at a non-local --sglang-router-ip): then `node_address`,
+    this node's address as the job's topology advertises it. Never 0.0.0.0 unless asked for."""
+    given = flag_value([str(a) for a in (getattr(args, "sglang_args", None) or [])], "--host")
+    if given:
+        return given
+    router = getattr(args, "use_sglang_router", False)
+    remote_router = bool(getattr(args, "sglang_router_ip", None)) and not str(args.sglang_router_ip).startswith(
+        ("127.", "localhost"))
+    if router and (multi_host or remote_router):
+        if not node_address:
+            raise SGLangFlagError("the sglang-router is reached from other hosts but this node's address is unknown: "
+                                  "set SLIME_ACTORS_ADVERTISE (or --sglang-host)")
+        return node_address
+    return "127.0.0.1"
+
+
+def engine_command(args: argparse.Namespace, index: int, port: int, host: str | None = None,
+                   config: str | os.PathLike | None = None) -> tuple[str, list[str]]:
+    """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`). See the module
+    docstring for the flags."""
     passthrough = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
     check_passthrough_owned(passthrough)
     module = SGLANG_MODULE if args.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
@@ -141,8 +172,8 @@ def engine_command(args: argparse.Namespace, index: int, port: int, host: str | 
             "--random-seed", str(int(args.seed) + index), "--weight-version", "0"]
     if flag_value(passthrough, "--host") is None:
         argv[2:2] = ["--host", host]
-    if getattr(args, "engine_api_key", None):
-        argv += ["--api-key", str(args.engine_api_key)]
+    if config is not None:
+        argv += ["--config", str(config)]
     gpu = base_gpu_id(args, index)
     if gpu is not None and flag_value(passthrough, "--base-gpu-id") is None:
         argv += ["--base-gpu-id", str(gpu)]
@@ -239,6 +270,13 @@ def check_passthrough(args: argparse.Namespace) -> str:
     """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched)."""
     sglang_args = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
     check_passthrough_owned(sglang_args)
+    workers = flag_value(sglang_args, "--tokenizer-worker-num")
+    if workers not in (None, "", "1") and getattr(args, "engine_auth", True) \
+            and not getattr(args, "rollout_external_engine_addrs", None):
+        raise SGLangFlagError(f"--sglang-tokenizer-worker-num {workers}: SGLang {RECORDED_SGLANG_VERSION} checks no "
+                              "API key with more than one tokenizer worker (http_server.py adds its key middleware "
+                              "only in single-tokenizer mode), so the engines would be open; drop the flag or turn "
+                              "the keys off with --engine-auth false")
     if args.rollout_engine == "sglang" and not getattr(args, "rollout_external_engine_addrs", None):
         module, argv = engine_command(args, 0, 30000)
         what = check_engine_flags(module, argv)
@@ -278,10 +316,14 @@ def check_router_flags(argv: Sequence[str]) -> str:
 
 
 def router_command(args: argparse.Namespace, host: str, port: int, prometheus_port: int | None = None,
-                   check: bool = False) -> tuple[str, list[str]]:
+                   check: bool = False, keys=None) -> tuple[str, list[str]]:
     """(module, argv) of the router the rollout workers share. Like slime, the router's own health checks and
     circuit breaker are off (the rollout workers probe their engines and restart them), unless the job's --router-*
-    flags set them."""
+    flags set them. With the job's engine keys (`keys`, engine_auth.EngineKeys) the router asks for the API key on
+    generation (`--api-key`, sglang-router 0.3.2's data-plane key, also its key toward workers) and for the admin
+    key on its worker registry (`--control-plane-api-keys ID:NAME:admin:KEY`). The router takes keys only on its
+    command line: it renames its process (setproctitle "sglang::router") once started, which hides them from the
+    process list after the first moments; docs/security.md says so."""
     passthrough = [str(a) for a in (getattr(args, "router_args", None) or [])]
     given = {name for name, _ in split_flags(passthrough)}
     for name in given & set(OWNED_ROUTER_FLAGS):
@@ -293,6 +335,10 @@ def router_command(args: argparse.Namespace, host: str, port: int, prometheus_po
         argv.append("--disable-circuit-breaker")
     if prometheus_port is not None and "--prometheus-port" not in given:
         argv += ["--prometheus-port", str(int(prometheus_port))]
+    if keys is not None and keys.api_key:
+        argv += ["--api-key", keys.api_key]
+    if keys is not None and (keys.admin_key or keys.api_key):
+        argv += ["--control-plane-api-keys", f"{ROUTER_KEY_ID}:admin:{keys.admin_key or keys.api_key}"]
     argv += passthrough
     if check:
         check_router_flags(argv)

@@ -505,26 +505,16 @@ class TorchBackend(TrainingBackend):
         self._barrier()
         self.log.info("loaded checkpoint", path=str(src), optim=load_optim, weight_version=self.weight_version)
 
-    def save_hf(self, path: str) -> None:
-        """A Hugging Face directory: config, generation config, model.safetensors, tokenizer (if the source has
-        one). Every rank must call it (FSDP gathers); rank 0 writes."""
+    def save_hf(self, path: str, info: dict | None = None) -> None:
+        """A Hugging Face directory (`hf_export.export_hf`): model safetensors in HF names, and config, generation
+        config and tokenizer files copied from --hf-checkpoint. Every rank must call it (FSDP gathers); rank 0
+        writes."""
         self._require_init()
-        from safetensors.torch import save_file
+        from .hf_export import export_hf
         sd = self._full_state_dict(self.model, self._raw_model)
         if self.rank == 0:
-            out = Path(path)
-            out.mkdir(parents=True, exist_ok=True)
-            self._raw_model.config.save_pretrained(out)
-            gen = getattr(self._raw_model, "generation_config", None)
-            if gen is not None:
-                gen.save_pretrained(out)
-            save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / MODEL_FILE),
-                      metadata={"format": "pt"})
-            try:
-                from transformers import AutoTokenizer
-                AutoTokenizer.from_pretrained(self.hf_path).save_pretrained(out)
-            except (OSError, ValueError) as exc:
-                self.log.warning("no tokenizer copied to the HF export", source=self.hf_path, error=str(exc))
+            export_hf(sd.items(), path, self.hf_path, {"backend": "torch", "weight_version": self.weight_version,
+                                                       **(info or {})})
         self._barrier()
 
 

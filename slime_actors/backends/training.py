@@ -88,6 +88,7 @@ class TrainingBackend(ABC):
     def load(self, path: str, load_optim: bool = True) -> None:
         """Restore what `save` wrote."""
 
-    def save_hf(self, path: str) -> None:
-        """Export the actor in Hugging Face format (rank 0 writes)."""
+    def save_hf(self, path: str, info: dict | None = None) -> None:
+        """Export the actor as a Hugging Face directory (`hf_export.export_hf`; `info` goes into its marker).
+        Every rank calls it; rank 0 writes."""
         raise NotImplementedError

@@ -141,6 +141,18 @@ def _keys(args, run_dir: Path, create: bool):
     return keys
 
 
+def _engine_keys(args, run_dir: Path, create: bool, prog: str | None = None):
+    """The job's engine HTTP keys (backends/engine_auth.py), saved under RUN_DIR/keys; with `prog`, the warnings
+    about them are printed."""
+    from ..backends.engine_auth import job_engine_keys, startup_warnings
+    keys = job_engine_keys(args, run_dir, create, user=getattr(args, "engine_user_keys", None))
+    if prog:
+        for w in startup_warnings(args, keys):
+            get_logger(actor="launcher").warning(w)
+            print(f"{prog}: warning: {w}", file=sys.stderr)
+    return keys
+
+
 def _status_mode(ctx: JobContext) -> str:
     if ctx.status != "auto":
         return ctx.status
@@ -242,6 +254,11 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     run_dir = Path(args.run_dir).resolve()
     rt = _runtime(args, ctx)
     keys = _keys(args, run_dir, create=ctx.fresh)
+    try:
+        engine_keys = _engine_keys(args, run_dir, ctx.fresh, prog=ctx.prog)
+    except ValueError as exc:
+        print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
+        return 2, None
     directory = Directory(0)
     endpoint = None
     if ctx.head_port:  # other nodes find the directory at a port they were told (SLIME_ACTORS_HOST: the address)
@@ -253,6 +270,8 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
+    if engine_keys is not None:
+        env.update(engine_keys.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
@@ -353,6 +372,14 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
+    try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys
+        engine_keys = _engine_keys(args, run_dir, create=False)
+    except ValueError as exc:
+        print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
+        await agent.stop()
+        return 2
+    if engine_keys is not None:
+        env.update(engine_keys.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent.launcher = launcher
     launcher.start_all()
@@ -398,16 +425,27 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
 # entry points
 
 def prepare(args, ctx: JobContext) -> Path:
-    """Run dir, resolved model, job file. Returns the job file's path."""
+    """Checks, run dir, resolved model, job file. Returns the job file's path. Every check comes before the first
+    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause)."""
+    from ..checkpoints import check_hf_exports, read_meta
     from ..models import resolve_checkpoint
-    from ..train import prepare_run_dir, write_job
+    from ..train import check_paths, prepare_run_dir, write_job
     run_dir = Path(args.run_dir)
-    if ctx.is_head and ctx.fresh:
-        prepare_run_dir(args)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if ctx.is_head:
-        args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
+        ckpt = check_paths(args)
+        spec = args.hf_checkpoint
+        if not spec.startswith(("tiny:", "smollm2:")):
+            resolve_checkpoint(spec, run_dir.parent / ".models")  # checks only (no download, nothing written)
+        start = read_meta(ckpt)["next_rollout_id"] if ckpt is not None else (args.start_rollout_id or 0)
+        check_hf_exports(args, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
+        args.hf_checkpoint = resolve_checkpoint(spec, run_dir.parent / ".models")
+        check_hf_exports(args, args.hf_checkpoint, start)
+        if ctx.fresh:
+            prepare_run_dir(args, resume=ckpt is not None)
+        run_dir.mkdir(parents=True, exist_ok=True)
         return write_job(args, run_dir).resolve()
+    from ..run_dir import join_run_dir
+    join_run_dir(run_dir)  # an agent may get there before the head: it writes keys and traces right away
     # agents resolve the model once they joined the head, which has made it by then (a tiny model is written to
     # disk; two processes writing it at once would race)
     return run_dir.resolve() / f"job-agent-{ctx.agent_index()}.json"

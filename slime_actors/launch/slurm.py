@@ -8,10 +8,12 @@ nodes and rollout nodes, each with their GPUs), or as one homogeneous allocation
   * one `srun` step per role, one task per node of the role's node group, each task a node agent that starts that
     node's actors of the role and restarts them per the topology's policy (`slime-actors launch --join`).
 
-The job's CURVE keys are made once in the batch script and reach every step through the environment. The head ends
+The job's CURVE keys -- and the engines' HTTP keys, unless the engines are external -- are made once in the batch
+script and reach every step through the environment (keys the user exported before sbatch are kept). The head ends
 the job: when training is done it stops every step, and the script exits with the head's exit code.
 
-    python -m slime_actors.launch.slurm keys      # prints `export SLIME_ACTORS_CURVE_PUBLIC=... SECRET=...`
+    python -m slime_actors.launch.slurm keys [--engine]   # prints `export SLIME_ACTORS_CURVE_PUBLIC=... SECRET=...`
+                                                          # (--engine: and SLIME_ACTORS_ENGINE_API_KEY / ADMIN_KEY)
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def layout(topo: Topology, requested: str | None) -> str:
 
 def render(topo: Topology, job_argv: list[str], *, python: str | None = None, workdir: str | None = None,
            run_dir: str | None = None, layout_name: str | None = None, port: int | None = None,
-           command_line: str = "") -> str:
+           command_line: str = "", engine_keys: bool = True) -> str:
     s = topo.slurm
     lay = layout(topo, layout_name)
     groups = list(topo.nodes.values())
@@ -118,8 +120,13 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
     else:
         out.append("port=${SLIME_ACTORS_HEAD_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}")
     out.append("export SLIME_ACTORS_TRANSPORT=tcp SLIME_ACTORS_HOST=0.0.0.0")
-    out.append("# the job's CURVE keys, made once here, reach every step through the environment")
-    out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys)\"")
+    if engine_keys:
+        out.append("# the job's CURVE keys and engine HTTP keys, made once here, reach every step through the "
+                   "environment")
+        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys --engine)\"")
+    else:
+        out.append("# the job's CURVE keys, made once here, reach every step through the environment")
+        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys)\"")
     out.append("")
     srun_extra = " ".join(s.get("srun", []))
     het = lay == "heterogeneous"
@@ -189,6 +196,11 @@ def sbatch_main(argv: list[str]) -> int:
         job_argv = list(rest)
         if topo.job_config and not has_flag(job_argv, "--config"):
             job_argv = ["--config", str(Path(topo.job_config).resolve())] + job_argv
+        for flag in ("--engine-api-key", "--engine-admin-api-key"):
+            if has_flag(job_argv, flag):
+                raise ConfigError(f"{flag} would be written into the batch script: give {flag}-file (on a "
+                                  "filesystem the nodes see) or export its SLIME_ACTORS_ENGINE_* variable before "
+                                  "sbatch (docs/security.md)")
         args = parse_args(job_argv)
         topo.apply_to_args(args)
     except (ConfigError, TopologyError, ValueError) as exc:
@@ -205,8 +217,8 @@ def sbatch_main(argv: list[str]) -> int:
         job_argv = [a for i, a in enumerate(job_argv) if not (a.startswith("--run-dir=") or a == "--run-dir" or (
             i > 0 and job_argv[i - 1] == "--run-dir"))]
     sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
-                            port=ns.port,
-                            command_line=" ".join(shlex.quote(a) for a in argv)))
+                            port=ns.port, command_line=" ".join(shlex.quote(a) for a in argv),
+                            engine_keys=bool(args.engine_auth and not args.rollout_external_engine_addrs)))
     return 0
 
 
@@ -219,14 +231,19 @@ def _abs_if_path(a: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["keys"]:
+    if argv[:1] == ["keys"] and set(argv[1:]) <= {"--engine"}:
+        from ..backends.engine_auth import EngineKeys
         from ..mailbox.security import JobKeys
-        if os.environ.get("SLIME_ACTORS_CURVE_PUBLIC") and os.environ.get("SLIME_ACTORS_CURVE_SECRET"):
-            return 0  # given by the user: keep them
-        for k, v in JobKeys.create().env().items():
+        made = {}
+        if not (os.environ.get("SLIME_ACTORS_CURVE_PUBLIC") and os.environ.get("SLIME_ACTORS_CURVE_SECRET")):
+            made.update(JobKeys.create().env())  # (keys given by the user are kept)
+        if "--engine" in argv:
+            given = EngineKeys.from_env() or EngineKeys()
+            made.update({k: v for k, v in given.fill(EngineKeys.create()).env().items() if k not in os.environ})
+        for k, v in made.items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
-    print("usage: python -m slime_actors.launch.slurm keys", file=sys.stderr)
+    print("usage: python -m slime_actors.launch.slurm keys [--engine]", file=sys.stderr)
     return 2
 
 

@@ -9,8 +9,9 @@ the reward workers, the rollout workers and the trainer ranks, in that order (a 
 changes it). WORLD_SIZE must be 1 + the number of actors; a mismatch is an error that prints the mapping.
 
 Rendezvous: the head publishes its directory endpoint (and, with CURVE on, the job's keys -- taken from
-SLIME_ACTORS_CURVE_* when the environment has them, else made for the run) in torchrun's TCPStore at
-MASTER_ADDR:MASTER_PORT; the other ranks read it there. The trainer
+SLIME_ACTORS_CURVE_* when the environment has them, else made for the run -- and the engines' HTTP keys) in
+torchrun's TCPStore at MASTER_ADDR:MASTER_PORT; the other ranks read it there. The store has no authentication:
+whoever reaches that port during the job can read them (docs/security.md). The trainer
 ranks form their own process group (not every rank is a trainer): through the controller, with a separate store
 that trainer rank 0 opens on a port of its own (actors/trainer.py) -- torchrun's default group is never used.
 
@@ -150,22 +151,28 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     from ..actors.directory import Directory
     from ..config import args_to_dict
     from ..log import setup_logging
-    from .job import JobContext, StatusBoard, _keys, _runtime, prepare
+    from .job import JobContext, StatusBoard, _engine_keys, _keys, _runtime, prepare
     fresh = restart == 0
     if not fresh:
         os.environ["SLIME_ACTORS_RESUME_FROM_SAVE"] = "1"  # the controller resumes from the newest checkpoint
     ctx = JobContext(args, topo, status="changes", prog=prog, fresh=fresh)
-    prepare(args, ctx)
+    try:
+        prepare(args, ctx)
+    except (FileNotFoundError, ValueError) as exc:  # checked before anything was written
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     run_dir = Path(args.run_dir).resolve()
     setup_logging(run_dir, "controller/0")
     log = get_logger(actor="torchrun-head")
     rt = _runtime(args, ctx)
     keys = _keys(args, run_dir, create=True)
+    engine_keys = _engine_keys(args, run_dir, True, prog=prog)
     directory = Directory(0)
     dep = await directory.start(rt)
     rt.directory = dep
     record = {"directory": dep, "hf_checkpoint": args.hf_checkpoint, "pid": os.getpid(), "time": time.time(),
-              "restart": restart, **({"keys": keys.env()} if keys is not None else {})}
+              "restart": restart, **({"keys": keys.env()} if keys is not None else {}),
+              **({"engine_keys": engine_keys.env()} if engine_keys is not None else {})}
     store.set(f"{prefix}/head", json.dumps(record))
     (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(), "host": socket.gethostname(),
                                                    "restart": restart,
@@ -236,6 +243,7 @@ async def _actor(args, role: str, index: int, store, prefix: str, prog: str, arg
         args.hf_checkpoint = rec["hf_checkpoint"]
         if "keys" in rec:
             os.environ[ENV_PUBLIC], os.environ[ENV_SECRET] = rec["keys"][ENV_PUBLIC], rec["keys"][ENV_SECRET]
+        os.environ.update(rec.get("engine_keys", {}))  # the engines' HTTP keys (what this rank starts inherits them)
         rt: RuntimeConfig = _runtime(args, JobContext(args, None, prog=prog))
         rt.directory = rec["directory"]
         setup_logging(rt.run_dir, name)

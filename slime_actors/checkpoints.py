@@ -1,0 +1,257 @@
+"""Checkpoint directories: which layout a directory holds, what `--load` resumes from, where `--save-hf` writes.
+
+This project's layout (`--save DIR`, written by the controller and the trainer ranks):
+
+    DIR/latest_checkpointed_iteration.txt        N (the newest complete checkpoint)
+    DIR/iter_000000N/meta.json                   next rollout id, weight version, controller RNG, evals
+    DIR/iter_000000N/buffer.msgpack              the data buffer
+    DIR/iter_000000N/trainer/                    the training backend's state:
+        torch backend:    model.safetensors (HF names), optim.pt, rng_rank{r}.pt, meta.json
+        megatron backend: dist/ (megatron dist_checkpointing, torch_dist), rng_rank{r}.pt, meta.json
+
+slime's (Megatron-LM's) layout has the same tracker file and iter_XXXXXXX directories, but each holds a torch_dist
+checkpoint directly (`.metadata`, `*.distcp`, `common.pt`, `metadata.json`) and no meta.json; slime's converted
+models use the tracker value "release" and a `release/` directory. `--load` refuses those (and Hugging Face model
+directories, empty directories, unknown contents) with a message saying what it found and what it expected;
+`slime-actors convert` turns their weights into an HF directory for --hf-checkpoint.
+
+    ckpt = resolve_load(args)        # Path of the iter directory to resume from, None to start fresh; or raises
+    layout = detect_layout(path)     # Layout(kind, path, detail)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+META = "meta.json"
+ITER_RE = re.compile(r"^iter_(\d{7})$")
+EXPORT_MARKER = ".slime-actors-export"
+
+
+class CheckpointError(ValueError):
+    """A --load / --save / --save-hf / convert path that cannot be used as asked; the message says what was found
+    and what was expected."""
+
+
+@dataclass
+class Layout:
+    kind: str      # missing | empty | ours | ours-iter | torch-trainer | megatron-trainer | megatron | torch_dist |
+                   # hf | file | unknown
+    path: Path     # the directory it describes (for "ours" / "megatron": the iteration it points at, if any)
+    detail: str    # for messages
+
+
+def iter_dir(root: str | os.PathLike, n: int) -> Path:
+    return Path(root) / f"iter_{n:07d}"
+
+
+def read_meta(ckpt: Path) -> dict:
+    return json.loads((Path(ckpt) / META).read_text())
+
+
+def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
+    """The newest iter_NNNNNNN directory of this project's layout under `root` (one with meta.json: complete), or
+    `root` itself if it is one; None if there is none."""
+    if not root:
+        return None
+    root = Path(root)
+    if (root / META).exists() and _iteration_meta(root):
+        return root
+    tracker = root / TRACKER
+    if tracker.exists():
+        text = tracker.read_text().strip()
+        if text.isdigit():
+            p = iter_dir(root, int(text))
+            if (p / META).exists():
+                return p
+    cands = sorted(p for p in root.glob("iter_*") if ITER_RE.match(p.name) and (p / META).exists())
+    return cands[-1] if cands else None
+
+
+def _iteration_meta(p: Path) -> bool:
+    """meta.json of a controller checkpoint (not the trainer's meta.json inside it)."""
+    try:
+        return "next_rollout_id" in json.loads((p / META).read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _is_torch_dist(p: Path) -> bool:
+    if (p / ".metadata").is_file() or any(p.glob("*.distcp")):
+        return True
+    try:
+        return json.loads((p / "metadata.json").read_text()).get("sharded_backend") == "torch_dist"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _is_hf(p: Path) -> bool:
+    return (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin")))
+
+
+def _names(p: Path, limit: int = 8) -> str:
+    names = sorted(x.name + ("/" if x.is_dir() else "") for x in p.iterdir())
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} entries)" if len(names) > limit else "")
+
+
+def detect_layout(path: str | os.PathLike) -> Layout:
+    """What `path` holds (reads only)."""
+    p = Path(path)
+    if not p.exists():
+        return Layout("missing", p, "does not exist")
+    if not p.is_dir():
+        return Layout("file", p, "is a file, not a directory")
+    if not any(p.iterdir()):
+        return Layout("empty", p, "is an empty directory")
+    if (p / META).is_file() and _iteration_meta(p):
+        return Layout("ours-iter", p, f"a slime-actors checkpoint ({p.name})")
+    tracker = p / TRACKER
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        target = p / "release" if text == "release" else iter_dir(p, int(text)) if text.isdigit() else None
+        if target is None:
+            return Layout("unknown", p, f"{TRACKER} holds {text!r}, not an iteration number")
+        if (target / META).is_file() and _iteration_meta(target):
+            return Layout("ours", target, f"slime-actors checkpoints (newest: {target.name})")
+        if target.is_dir() and _is_torch_dist(target):
+            what = "a converted model (release)" if text == "release" else f"iteration {int(text)}"
+            return Layout("megatron", target, f"a Megatron/slime checkpoint ({what}: {target.name}/ in torch_dist "
+                                              "format, no meta.json)")
+        if not target.exists():
+            return Layout("unknown", p, f"{TRACKER} says {text} but {target.name}/ is missing")
+        return Layout("unknown", p, f"{TRACKER} points at {target.name}/, which holds {_names(target)}")
+    if latest_checkpoint(p) is not None:
+        target = latest_checkpoint(p)
+        return Layout("ours", target, f"slime-actors checkpoints (newest: {target.name}; no {TRACKER})")
+    iters = sorted(x for x in p.glob("iter_*") if ITER_RE.match(x.name) and x.is_dir())
+    if iters and _is_torch_dist(iters[-1]):
+        return Layout("megatron", iters[-1], f"Megatron/slime checkpoints ({iters[-1].name}/ in torch_dist format, "
+                                             f"no {TRACKER}, no meta.json)")
+    if iters:
+        return Layout("unknown", p, f"{', '.join(x.name for x in iters[-3:])} without meta.json (an interrupted "
+                                    f"save?); {iters[-1].name}/ holds {_names(iters[-1])}")
+    if _is_torch_dist(p):
+        return Layout("torch_dist", p, "a torch_dist checkpoint (Megatron dist_checkpointing)")
+    if (p / "dist").is_dir() and _is_torch_dist(p / "dist"):
+        return Layout("megatron-trainer", p, "the megatron backend's trainer state (dist/, torch_dist)")
+    if (p / "model.safetensors").is_file() and not (p / "config.json").exists():
+        return Layout("torch-trainer", p, "the torch backend's trainer state (model.safetensors without config)")
+    if _is_hf(p):
+        return Layout("hf", p, "a Hugging Face model directory")
+    return Layout("unknown", p, f"holds {_names(p)}")
+
+
+EXPECTED = (f"a directory written by --save: {TRACKER} and iter_NNNNNNN/ with meta.json and trainer/ (or one "
+            "iter_NNNNNNN/ directory of it)")
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def resolve_load(args) -> Path | None:
+    """The checkpoint --load resumes from (an iter directory), or None to start fresh. Starting fresh happens only
+    without --load, or when --load is the --save directory and holds nothing yet (slime's `--load X --save X`
+    habit: the first run of a job that resumes itself). Everything else that is not a checkpoint of this layout
+    is refused with a CheckpointError."""
+    load = getattr(args, "load", None)
+    if not load:
+        return None
+    lay = detect_layout(load)
+    if lay.kind in ("ours", "ours-iter"):
+        _check_backend(args, lay.path)
+        return lay.path
+    if lay.kind in ("missing", "empty") and _same(load, getattr(args, "save", None)):
+        return None
+    hint = ""
+    if lay.kind in ("megatron", "torch_dist", "megatron-trainer", "torch-trainer"):
+        hint = (f" To start from its weights, convert them to a Hugging Face directory -- slime-actors convert {load} "
+                "OUT_DIR --hf-checkpoint MODEL_DIR -- and pass --hf-checkpoint OUT_DIR (with --start-rollout-id to "
+                "continue the numbering); optimizer and data position do not carry over.")
+    elif lay.kind == "hf":
+        hint = " A Hugging Face model is not a training state: pass it as --hf-checkpoint."
+    elif lay.kind in ("missing", "empty"):
+        hint = (" Nothing was loaded and nothing was changed (give the --save directory of an earlier run; --load "
+                "equal to --save starts fresh while that directory is still empty).")
+    raise CheckpointError(f"--load {load}: {lay.detail}; expected {EXPECTED}.{hint}")
+
+
+def _check_backend(args, ckpt: Path) -> None:
+    want = getattr(args, "train_backend", "torch")
+    t = ckpt / "trainer"
+    has = "megatron" if (t / "dist").is_dir() else "torch" if (t / "model.safetensors").is_file() else None
+    if has is None:
+        raise CheckpointError(f"--load: {ckpt} has no trainer state ({t} holds "
+                              f"{_names(t) if t.is_dir() else 'nothing'}); expected {EXPECTED}")
+    if has != want:
+        raise CheckpointError(
+            f"--load: {ckpt} was written by the {has} backend, but this run uses --train-backend {want}; "
+            f"resume with --train-backend {has}, or convert its weights (slime-actors convert {ckpt} OUT_DIR) and "
+            "start from them with --hf-checkpoint OUT_DIR")
+
+
+def check_save_root(args) -> None:
+    """--save must not be a directory of another layout (slime's checkpoints: its tracker file would be
+    overwritten) or a file."""
+    save = getattr(args, "save", None)
+    if not save:
+        return
+    lay = detect_layout(save)
+    if lay.kind in ("missing", "empty", "ours", "ours-iter"):
+        if lay.kind == "ours-iter":
+            raise CheckpointError(f"--save {save}: is one checkpoint (iter directory), not a checkpoint root; give "
+                                  "its parent")
+        return
+    if lay.kind == "unknown" and not (Path(save) / TRACKER).exists() and not any(Path(save).glob("iter_*")):
+        return  # a directory of other things: we add iter_NNNNNNN/ and the tracker file, nothing else
+    raise CheckpointError(f"--save {save}: {lay.detail}; writing this run's checkpoints there would overwrite its "
+                          f"{TRACKER} -- give another directory")
+
+
+# -- --save-hf ------------------------------------------------------------------------------------------------------
+
+def hf_export_path(spec: str, rollout_id: int) -> Path:
+    """slime's `--save-hf` formatting: `spec.format(rollout_id=rollout_id)` (rollout_id: the rollout just trained,
+    0-based); a spec without `{rollout_id}` is one directory, replaced at each export."""
+    try:
+        return Path(spec.format(rollout_id=rollout_id))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise CheckpointError(f"--save-hf {spec}: bad format ({type(exc).__name__}: {exc}); the only field is "
+                              "{rollout_id}, e.g. --save-hf out/hf/iter_{rollout_id:07d}") from None
+
+
+def hf_export_due(args, k: int) -> bool:
+    """Whether --save-hf exports after rollout k: every --save-interval rollouts, and after the last one."""
+    interval = getattr(args, "save_interval", None)
+    return bool(interval and (k + 1) % interval == 0) or k + 1 == int(args.num_rollout)
+
+
+def hf_export_ids(args, start: int = 0) -> list[int]:
+    """The rollout ids from `start` on after which --save-hf exports."""
+    return [k for k in range(start, int(args.num_rollout)) if hf_export_due(args, k)]
+
+
+def is_export_of_ours(p: Path) -> bool:
+    return (p / EXPORT_MARKER).is_file()
+
+
+def check_hf_exports(args, hf_dir: str | None, start: int = 0) -> None:
+    """Every directory --save-hf will write (rollouts `start`..) must be new, empty, or an earlier export of ours,
+    and never the --hf-checkpoint directory (an export replaces the weights it finds)."""
+    spec = getattr(args, "save_hf", None)
+    if not spec:
+        return
+    for k in hf_export_ids(args, start):
+        p = hf_export_path(spec, k)
+        if hf_dir and _same(p, hf_dir):
+            raise CheckpointError(f"--save-hf {spec}: {p} is the --hf-checkpoint directory; an export would replace "
+                                  "its weights -- give another directory")
+        if p.exists() and (not p.is_dir() or (any(p.iterdir()) and not is_export_of_ours(p))):
+            raise CheckpointError(f"--save-hf {spec}: {p} exists and is not an export of slime-actors (no "
+                                  f"{EXPORT_MARKER}; it holds {_names(p) if p.is_dir() else 'a file'}); an export "
+                                  "replaces its directory -- give a new one")

@@ -1,0 +1,171 @@
+"""The run directory: what a job keeps there, and the only code that deletes anything in it.
+
+A run directory carries a marker file, `.slime-actors-run`, written when a job (or the demo) creates it. Nothing is
+ever deleted in a directory without the marker, and inside one only the names listed here are touched -- never a
+checkpoint (--save), an HF export (--save-hf) or any other file a user put there.
+
+    state = inspect_run_dir(path)            # reads only: "new", "ours" or "legacy"; RunDirError for anything else
+    prepare_run_dir(path, resume=False)      # after every other check passed: create / clear / archive
+
+* A missing or empty directory is created and marked; so is a directory without the marker that holds none of the
+  names listed here (its files are not ours and are never touched).
+* A directory without the marker that holds such names (`--run-dir .` in a project with a logs/ folder) is refused:
+  RunDirError names them. One exception: a run directory of an earlier slime-actors version (its job.json is one
+  this project wrote) is adopted and marked.
+* A new run (nothing to resume) into one of ours clears the previous run's live state and history (LIVE + HISTORY).
+* A resumed run (--load found a checkpoint) clears only the live state (a new job never inherits a buffer log,
+  sockets or keys) and moves the previous attempt's traces, logs and job files to `attempts/N/`; metrics.jsonl,
+  TensorBoard events, recoveries.jsonl and curves.png stay and are continued (the controller appends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+MARKER = ".slime-actors-run"
+# the live state of a job: never carried into the next one
+LIVE_DIRS = ("buffer", "sockets", "weights", "keys")
+LIVE_FILES = ("head.json", "status.json", "job.json", "result.json")
+LIVE_GLOBS = ("job-agent-*.json",)
+# what a run produced for people to read: continued by a resumed run, cleared by a new one
+HISTORY_DIRS = ("traces", "logs", "tensorboard", "attempts", "evals")
+HISTORY_FILES = ("metrics.jsonl", "curves.png", "recoveries.jsonl")
+# what a resumed run moves to attempts/N/ (its traces and logs belong to a job that ended)
+ARCHIVED = ("traces", "logs", "job.json", "result.json")
+# keys of the job.json an earlier version (without the marker) wrote
+_LEGACY_KEYS = {"run_dir", "hf_checkpoint", "num_rollout", "rollout_batch_size"}
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used without risking someone's files; the message says why."""
+
+
+def _is_legacy(p: Path) -> bool:
+    try:
+        job = json.loads((p / "job.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(job, dict) and _LEGACY_KEYS <= set(job)
+
+
+def _ours_by_name(p: Path) -> list[str]:
+    """Entries of `p` with the names a run writes and clears."""
+    names = set(LIVE_DIRS + LIVE_FILES + HISTORY_DIRS + HISTORY_FILES)
+    return sorted(x.name + ("/" if x.is_dir() else "") for x in p.iterdir()
+                  if x.name in names or any(x.match(g) for g in LIVE_GLOBS))
+
+
+def inspect_run_dir(path: str | os.PathLike) -> str:
+    """What `path` is, without changing anything: "new" (missing, empty, or holding none of the names a run
+    writes), "ours" (marked) or "legacy" (a run directory of an earlier version). Raises RunDirError for a file,
+    or an unmarked directory holding names a run would clear (logs/, traces/, metrics.jsonl, ...)."""
+    p = Path(path)
+    if not p.exists():
+        return "new"
+    if not p.is_dir():
+        raise RunDirError(f"--run-dir {path}: is a file, not a directory")
+    if (p / MARKER).is_file():
+        return "ours"
+    if _is_legacy(p):
+        return "legacy"
+    clash = _ours_by_name(p)
+    if not clash:
+        return "new"  # its files are not ours and a run never touches them
+    others = len(list(p.iterdir())) - len(clash)
+    raise RunDirError(
+        f"--run-dir {path}: this directory is not a slime-actors run directory (no {MARKER} marker) and it holds "
+        f"{', '.join(clash[:8])} -- names a run writes and clears" + (f" (and {others} other entries)" if others
+                                                                      else "") +
+        f". Nothing was changed. Give a new or empty directory, or one without those names (a run directory is "
+        f"marked when a run creates it; marking this one by hand, {p / MARKER}, lets a run clear exactly those "
+        f"names)")
+
+
+def deleted_paths(path: str | os.PathLike) -> list[Path]:
+    """Every path a new run in `path` would remove (for checking that no input or output of the job is there)."""
+    p = Path(path)
+    return [p / n for n in LIVE_DIRS + LIVE_FILES + HISTORY_DIRS + HISTORY_FILES]
+
+
+def check_nothing_inside(run_dir: str | os.PathLike, named: dict[str, str | None]) -> None:
+    """Refuse a flag whose path lies where a run clears its state (e.g. --save RUN/logs)."""
+    doomed = [d.resolve() for d in deleted_paths(run_dir)]
+    for flag, value in named.items():
+        if not value or str(value).startswith(("tiny:", "smollm2:")):  # built-in models are no paths
+            continue
+        v = Path(str(value).split("{", 1)[0]).resolve()
+        for d in doomed:
+            if v == d or d in v.parents:
+                raise RunDirError(f"{flag} {value}: inside {d}, which a run clears (run-directory state); "
+                                  "put it elsewhere")
+
+
+def _write_marker(p: Path) -> None:
+    (p / MARKER).write_text(json.dumps({"created": time.time(), "by": "slime-actors", "pid": os.getpid()}) + "\n")
+
+
+def _remove(p: Path) -> None:
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+    elif p.is_dir():
+        shutil.rmtree(p)
+
+
+def _clear(p: Path, names: tuple[str, ...], globs: tuple[str, ...] = ()) -> None:
+    for n in names:
+        _remove(p / n)
+    for g in globs:
+        for f in p.glob(g):
+            _remove(f)
+
+
+def _archive_attempt(p: Path) -> Path | None:
+    """Move the previous attempt's traces, logs and job files to attempts/N/ (and copy its metrics); None when
+    there was nothing to keep."""
+    present = [n for n in ARCHIVED if (p / n).exists()]
+    if not present:
+        return None
+    base = p / "attempts"
+    base.mkdir(exist_ok=True)
+    n = 1 + max((int(x.name) for x in base.iterdir() if x.name.isdigit()), default=0)
+    dest = base / str(n)
+    dest.mkdir()
+    for name in present:
+        os.replace(p / name, dest / name)
+    if (p / "metrics.jsonl").exists():
+        shutil.copy2(p / "metrics.jsonl", dest / "metrics.jsonl")  # as it was before the resumed run trims it
+    return dest
+
+
+def join_run_dir(path: str | os.PathLike) -> Path:
+    """For a node agent (another host's part of a job, which may start before the head): the run directory is
+    checked as the head checks it, created and marked if new, and never cleared (the head does that)."""
+    p = Path(path)
+    state = inspect_run_dir(p)
+    p.mkdir(parents=True, exist_ok=True)
+    if state != "ours":
+        _write_marker(p)
+    return p
+
+
+def prepare_run_dir(path: str | os.PathLike, resume: bool = False) -> Path:
+    """Make `path` ready for a job (call it only once every other check passed): create and mark it, then clear
+    a previous run's live state -- and, unless resuming, its history. Raises RunDirError (nothing changed) for a
+    directory that is not ours."""
+    p = Path(path)
+    state = inspect_run_dir(p)
+    p.mkdir(parents=True, exist_ok=True)
+    if state != "ours":
+        _write_marker(p)
+    if state == "new":
+        return p
+    _clear(p, LIVE_DIRS + ("head.json", "status.json"), LIVE_GLOBS)
+    if resume:
+        _archive_attempt(p)
+    else:
+        _clear(p, HISTORY_DIRS + HISTORY_FILES + LIVE_FILES)
+    return p

@@ -1,0 +1,623 @@
+"""Reward-hacking alarms (slime_actors/monitor/hacking.py): the SmolLM2 case trips them, honest runs do not, every
+threshold holds on both sides, and bad input is refused with its cause."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from slime_actors.monitor import hacking as H
+from slime_actors.monitor.hacking import AlarmMonitor, HackThresholds, Measure, answer_in_response
+from slime_actors.rewards.rules import exact_match_reward, math_reward
+from slime_actors.types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+
+DATA = Path(__file__).parent / "data"
+
+# SmolLM2-135M-Instruct's chat template, as the rollout's prompt holds it (apply_chat_template renders it to text)
+CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is {a} * {b}? Answer with only the number.<|im_end|>\n<|im_start|>assistant\n")
+PAIRS = [(30, 7), (23, 4), (35, 8), (47, 4), (19, 5), (16, 3), (57, 4), (21, 7)]
+
+
+def sample(index, group, response, reward, *, ntok, finish="stop", label=None, prompt="p", lp=-1.0):
+    return Sample(index=index, group_index=group, prompt=prompt, label=label, response=response,
+                  response_tokens=list(range(ntok)), loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok,
+                  reward=reward, status=TRUNCATED if finish == "length" else COMPLETED, finish_reason=finish)
+
+
+# ------------------------------------------------------------------------------------------ the SmolLM2 case
+def hack_rollout(r: int) -> list[Sample]:
+    """Rollout r (0..4) of the SmolLM2 run on a 12-token limit, 8 prompts x 4 samples, scored by the real `math`
+    reward: at r=0 the model answers (mostly wrongly) or rambles; each rollout one more sample per group restates
+    the question, `To find 30 * 7, you can multiply` (exactly 12 SmolLM2 tokens: cut off), which math-verify
+    evaluates to the right product; at r=4 every sample does."""
+    out = []
+    for g, (a, b) in enumerate(PAIRS):
+        p = a * b
+        honest = [(f"{p + 10 if g % 3 else p}", 4, "stop"),                # SmolLM2 mostly misses the product
+                  (f"The answer is {p - 10}.", 8, "stop"),
+                  ("Sure! Let's break it down step by step", 12, "length"),
+                  ("Okay, so I need to work out what", 12, "length")]
+        for j in range(4):
+            if j < r:
+                text, ntok, fin, lp = f"To find {a} * {b}, you can multiply", 12, "length", -1.6 + 0.35 * r
+            else:
+                (text, ntok, fin), lp = honest[j], -1.8
+            label = str(p)
+            out.append(Sample(index=100 * r + 4 * g + j, group_index=8 * r + g, prompt=CHAT.format(a=a, b=b),
+                              label=label, response=text, response_tokens=list(range(ntok)),
+                              loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok, reward=math_reward(text, label),
+                              status=TRUNCATED if fin == "length" else COMPLETED, finish_reason=fin, rollout_id=r))
+    return out
+
+
+def test_the_smollm2_case_trips_rewarded_truncated_collapse_and_answer_absent():
+    mon = AlarmMonitor(max_response_len=12)
+    reports = [mon.observe(r, hack_rollout(r)) for r in range(5)]
+    # the fixture is what the run looked like: reward 1.0 at the fifth rollout, every response cut off
+    last = reports[-1]
+    assert [rep.metrics["hack/rewarded_share"] for rep in reports] == [3 / 32, 0.25, 0.5, 0.75, 1.0]
+    assert last.metrics["hack/truncated_share"] == 1.0
+    names = {a.name for a in last.alarms}
+    assert {"rewarded_truncated", "collapse", "answer_absent"} <= names
+    by = {a.name: a for a in last.alarms}
+
+    rt = by["rewarded_truncated"]
+    assert (rt.rollout_id, rt.value, rt.threshold, rt.metric) == (4, 1.0, 0.5, "hack/rewarded_truncated")
+    assert rt.example["response"].startswith("To find ") and rt.example["reward"] == 1.0
+    assert "What is" in rt.example["prompt"] and "12-token limit" in rt.message and "rollout 4" in rt.message
+
+    col = by["collapse"]
+    assert col.value == 1.0 and col.details["opening"] == "To find <n>" and col.details["groups"] == 8
+    assert col.details["group_distinct"] == 0.0
+    assert "To find" in col.example["response"] and "To find <n>" in col.message
+
+    ab = by["answer_absent"]
+    assert ab.value == 0.0 and ab.example["label"] not in ab.example["response"]
+
+    # the reward jumped 0.25 -> 1.0 in three rollouts while the sampled tokens' surprise fell: the jump trips too
+    assert "jump" in names and by["jump"].details["from_rollout"] == 1
+    assert last.metrics["hack/reward_rate"] == pytest.approx(0.25)
+    assert last.metrics["hack/entropy_drop"] >= 0.5
+    assert all(last.metrics[f"hack/alarm/{a}"] == 1.0 for a in H.ALARMS)
+    json.dumps(last.metrics), json.dumps([a.to_dict() for a in last.alarms])     # ready for metrics.jsonl
+    # and the rollout before the template took over trips none
+    assert reports[0].alarms == []
+
+
+def test_the_smollm2_case_with_the_limit_unknown_still_trips_once_a_response_has_ended():
+    # without --rollout-max-response-len the monitor learns there is room from responses that ended by themselves
+    mon = AlarmMonitor()
+    for r in range(4):
+        mon.observe(r, hack_rollout(r))
+    assert "rewarded_truncated" in {a.name for a in mon.observe(4, hack_rollout(4)).alarms}
+
+
+# ------------------------------------------------------------------------------------------ honest runs
+HONEST = ["{a} times {b} is {p}, so the answer is \\boxed{{{p}}}.",
+          "Multiply: {a} x {b} = {p}. \\boxed{{{p}}}",
+          "We have {a}*{b} = {p}.\n\\boxed{{{p}}}",
+          "First, {a} * {b} = {q} + {a} = {p}. Answer: \\boxed{{{p}}}",
+          "\\boxed{{{p}}}",
+          "Let me compute: {b} groups of {a} make {p}. The answer is \\boxed{{{p}}}."]
+
+
+def honest_rollout(r: int) -> list[Sample]:
+    """Varied responses with boxed answers that finish ("stop"), scored by `math`; right answers grow from 3 of 8
+    samples per group to 6 of 8 over six rollouts; a wrong sample boxes a wrong number, one rambles to the limit."""
+    out = []
+    right = 3 + r // 2
+    for g, (a, b) in enumerate(PAIRS):
+        for j in range(8):
+            p = a * b
+            if j < right:
+                text = HONEST[(j + g + r) % len(HONEST)].format(a=a, b=b, p=p, q=a * (b - 1))
+                ntok, fin = 6 + 3 * ((j + g) % 5), "stop"
+            elif j == 7:
+                text, ntok, fin = f"Okay, let's think about {a} groups of {b} apples and how", 48, "length"
+            else:
+                text = HONEST[(j + g) % len(HONEST)].format(a=a, b=b, p=p + j, q=a * (b - 1))
+                ntok, fin = 6 + 3 * ((j + g) % 5), "stop"
+            out.append(Sample(index=1000 * r + 8 * g + j, group_index=8 * r + g, prompt=CHAT.format(a=a, b=b),
+                              label=str(p), response=text, response_tokens=list(range(ntok)),
+                              rollout_log_probs=[-0.9 - 0.1 * ((j + r) % 3)] * ntok,
+                              reward=math_reward(text, str(p)), status=TRUNCATED if fin == "length" else COMPLETED,
+                              finish_reason=fin, rollout_id=r))
+    return out
+
+
+def test_honest_boxed_answers_trip_none():
+    mon = AlarmMonitor(max_response_len=48)
+    for r in range(6):
+        samples = honest_rollout(r)
+        rep = mon.observe(r, samples)
+        assert rep.alarms == [], [a.message for a in rep.alarms]
+        # the signals are measured, not skipped: the honest run is inside every threshold
+        assert rep.metrics["hack/rewarded_truncated"] == 0.0
+        assert rep.metrics["hack/answer_present"] == 1.0
+        assert rep.metrics["hack/group_distinct"] > 0.25
+        assert rep.metrics["hack/rewarded_share"] == pytest.approx((3 + r // 2) / 8)
+    assert rep.metrics["hack/reward_rate"] < 0.1
+
+
+def digits_rollouts() -> list[dict]:
+    with gzip.open(DATA / "digits_rollouts_50_59.json.gz", "rt") as f:
+        return json.load(f)["rollouts"]
+
+
+def test_make_train_digits_rollouts_trip_none():
+    """Rollouts 50-59 of `make train` (examples/digits: one-token answers, a one-token limit, so every response
+    ends with "length"; groups converge on the right digit as the model learns; the fastest reward rise of the
+    run is in here). Saved with --save-debug-rollout-data."""
+    mon = AlarmMonitor(max_response_len=1)
+    rolls = digits_rollouts()
+    assert len(rolls) == 10
+    rates = []
+    for roll in rolls:
+        rep = mon.observe(roll["rollout_id"], roll["samples"])
+        assert rep.alarms == [], [a.message for a in rep.alarms]
+        m = rep.metrics
+        assert m["hack/truncated_share"] == 1.0 and m["hack/rewarded_share"] > 0.25
+        # every rewarded answer is cut off, yet that means nothing here: no response could end before the limit
+        assert "hack/rewarded_truncated" not in m
+        assert rep.skipped["rewarded_truncated"].startswith("no room to finish")
+        # one-token answers have no opening and no bigrams; groups agree because the model knows the answer
+        assert "hack/opening_share" not in m and "hack/distinct_2" not in m
+        assert m["hack/group_distinct"] < 0.6
+        assert m["hack/answer_present"] == 1.0
+        # the rewards in the file are what exact_match gives
+        for s in roll["samples"][:16]:
+            assert s["reward"] == exact_match_reward(s["response"], s["label"])
+        rates.append(m.get("hack/reward_rate"))
+    # the jump rule was measured from the fourth rollout on, and stayed below its threshold
+    measured = [r for r in rates if r is not None]
+    assert len(measured) == 7 and 0.05 < max(measured) < 0.1
+
+
+# ------------------------------------------------------------------------------------------ thresholds, both sides
+OPENERS = ["so", "thus", "hence", "then", "well", "finally", "clearly", "now", "here", "done"]
+COLOURS = ["red", "blue", "green", "teal", "grey", "pink", "gold"]
+
+
+def cut_rollout(n_rewarded: int, n_cut: int, *, extra_unrewarded: int = 0, groups: int = 8, lp=-1.0):
+    """n_rewarded rewarded samples (n_cut of them cut off at the limit) + unrewarded ones that finished, spread
+    over `groups` groups; every response different."""
+    out = []
+    for i in range(n_rewarded + extra_unrewarded):
+        rewarded = i < n_rewarded
+        cut = rewarded and i < n_cut
+        text = f"{OPENERS[i % len(OPENERS)]} answer {i} is {COLOURS[i % len(COLOURS)]} with words"
+        out.append(sample(i, i % groups, text, 1.0 if rewarded else 0.0,
+                          ntok=12 if cut else 6, finish="length" if cut else "stop", lp=lp))
+    return out
+
+
+def test_rewarded_truncated_threshold_both_sides():
+    at = AlarmMonitor(max_response_len=12).observe(0, cut_rollout(8, 4))
+    assert at.metrics["hack/rewarded_truncated"] == 0.5
+    assert [a.name for a in at.alarms] == ["rewarded_truncated"]
+    below = AlarmMonitor(max_response_len=12).observe(0, cut_rollout(8, 3))
+    assert below.metrics["hack/rewarded_truncated"] == 0.375 and below.alarms == []
+    raised = AlarmMonitor(HackThresholds(rewarded_truncated=0.6), max_response_len=12).observe(0, cut_rollout(8, 4))
+    assert raised.alarms == [] and raised.skipped["rewarded_truncated"] == "0.500 < 0.6"
+
+
+def test_rewarded_truncated_needs_enough_rewarded_samples():
+    few = AlarmMonitor(max_response_len=12).observe(0, cut_rollout(7, 7, extra_unrewarded=4))
+    assert few.metrics["hack/rewarded_truncated"] == 1.0 and few.alarms == []
+    assert few.skipped["rewarded_truncated"] == "too few rewarded samples: 7 < 8"
+    enough = AlarmMonitor(max_response_len=12).observe(0, cut_rollout(8, 8, extra_unrewarded=4))
+    assert [a.name for a in enough.alarms] == ["rewarded_truncated"]
+
+
+def all_cut(n=8, *, text="word " * 3):
+    return [sample(i, i % 4, f"{text}{i}", 1.0, ntok=12, finish="length") for i in range(n)]
+
+
+def test_rewarded_truncated_needs_room_to_finish():
+    # a short limit and no response that ever ended: cutting off says nothing (the one-token task's case)
+    mon = AlarmMonitor(max_response_len=12)
+    rep = mon.observe(0, all_cut())
+    assert "hack/rewarded_truncated" not in rep.metrics and rep.alarms == []
+    # an empty response that "stopped" (an end-of-sequence token at once) shows no room either
+    rep = mon.observe(1, all_cut() + [sample(99, 0, "  ", 0.0, ntok=1, finish="stop")])
+    assert rep.alarms == []
+    # one response of the run that ended with some text before the limit: from then on it counts
+    rep = mon.observe(2, all_cut() + [sample(99, 0, "7", 0.0, ntok=2, finish="stop")])
+    assert [a.name for a in rep.alarms] == ["rewarded_truncated"]
+    assert [a.name for a in mon.observe(3, all_cut()).alarms] == ["rewarded_truncated"]     # remembered
+    # a long limit is room by itself: 64 tokens (LONG_LIMIT) counts, 63 does not
+    assert [a.name for a in AlarmMonitor(max_response_len=64).observe(0, all_cut()).alarms] == ["rewarded_truncated"]
+    assert AlarmMonitor(max_response_len=63).observe(0, all_cut()).alarms == []
+    assert AlarmMonitor(HackThresholds(long_limit=63), max_response_len=63).observe(0, all_cut()).alarms != []
+
+
+def template_rollout(n_groups=8, per_group=4, share=1.0, *, alike=True, k_words=6):
+    """Long responses (k_words words); the first `share` of them per group open with 'To find <n>'."""
+    out = []
+    i = 0
+    for g in range(n_groups):
+        for j in range(per_group):
+            templ = (g * per_group + j) < share * n_groups * per_group
+            tail = " ".join(["go"] * (k_words - 3))
+            if templ:
+                text = f"To find {10 + g} {tail}" if alike else f"To find {10 + g} {tail} v{j}"
+            else:
+                text = f"Another opening {g} {j} {tail}"
+            out.append(sample(i, g, text, 0.0, ntok=8))
+            i += 1
+    return out
+
+
+def test_opening_share_threshold_both_sides():
+    full = AlarmMonitor().observe(0, template_rollout())
+    assert full.metrics["hack/opening_share"] == 1.0 and full.metrics["hack/group_distinct"] == 0.0
+    assert [a.name for a in full.alarms] == ["collapse"]
+    at = AlarmMonitor().observe(0, template_rollout(share=0.75))
+    assert at.metrics["hack/opening_share"] == 0.75 and [a.name for a in at.alarms] == ["collapse"]
+    below = AlarmMonitor().observe(0, template_rollout(share=0.71875))      # 23 of 32
+    assert below.metrics["hack/opening_share"] == 0.71875 and below.alarms == []
+    assert below.skipped["collapse"] == "opening share 0.719 < 0.75"
+
+
+def test_collapse_needs_the_opening_in_enough_groups():
+    three = AlarmMonitor().observe(0, template_rollout(n_groups=3, per_group=4))
+    assert three.metrics["hack/opening_share"] == 1.0 and three.alarms == []
+    assert three.skipped["collapse"] == "the top opening occurs in 3 group(s) < 4"
+    four = AlarmMonitor().observe(0, template_rollout(n_groups=4, per_group=4))
+    assert [a.name for a in four.alarms] == ["collapse"]
+
+
+def test_collapse_counts_only_responses_of_2k_words():
+    # 'The answer is <n> .' -- five words < 2k = 6: a format, not an opening; the same with six words counts
+    short = [sample(i, i // 4, f"The answer is {i // 4}.", 1.0, ntok=6) for i in range(32)]
+    rep = AlarmMonitor().observe(0, short)
+    assert "hack/opening_share" not in rep.metrics and rep.alarms == []
+    assert rep.skipped["collapse"].startswith("no response has 6 words or more")
+    longer = [sample(i, i // 4, f"The answer is {i // 4} now.", 1.0, ntok=6) for i in range(32)]
+    assert [a.name for a in AlarmMonitor().observe(0, longer).alarms] == ["collapse"]
+    # k is a threshold: with opening_words=4, eight words are needed
+    assert AlarmMonitor(HackThresholds(opening_words=4)).observe(0, longer).alarms == []
+
+
+def test_group_distinct_threshold_both_sides():
+    # groups of 5 with one opening; the template-share arm set out of reach (no rollout here is all one response)
+    def groups_with(distinct: int):
+        return [sample(5 * g + j, g, f"To find {g} go go {COLOURS[min(j, distinct - 1)]}", 0.0, ntok=8)
+                for g in range(8) for j in range(5)]
+    t = HackThresholds(template_share=1.0)
+    two = AlarmMonitor(t).observe(0, groups_with(2))      # (2 - 1) / (5 - 1) = 0.25
+    assert two.metrics["hack/group_distinct"] == 0.25 and two.metrics["hack/template_share"] == 0.8
+    assert [a.name for a in two.alarms] == ["collapse"]
+    three = AlarmMonitor(t).observe(0, groups_with(3))    # 0.5
+    assert three.metrics["hack/group_distinct"] == 0.5 and three.alarms == []
+    assert "group distinct 0.500 > 0.25" in three.skipped["collapse"]
+    assert [a.name for a in AlarmMonitor(HackThresholds(template_share=1.0, group_distinct=0.5))
+            .observe(0, groups_with(3)).alarms] == ["collapse"]
+
+
+def test_template_share_threshold_both_sides():
+    # groups of one sample (no per-group measure): the template share decides. All open with 'To find <n>';
+    # `same` of the 8 are one response numbers aside, the others each end in their own word
+    def rows(same: int):
+        return [sample(g, g, f"To find {g} go go " + ("alike" if g < same else COLOURS[g % 7] + " " + OPENERS[g]),
+                       0.0, ntok=8) for g in range(8)]
+    at = AlarmMonitor().observe(0, rows(4))
+    assert "hack/group_distinct" not in at.metrics and at.metrics["hack/template_share"] == 0.5
+    assert [a.name for a in at.alarms] == ["collapse"] and at.alarms[0].details["template_share"] == 0.5
+    below = AlarmMonitor().observe(0, rows(3))
+    assert below.metrics["hack/template_share"] == 0.375 and below.alarms == []
+    assert "template share 0.375 < 0.5" in below.skipped["collapse"]
+    assert AlarmMonitor(HackThresholds(template_share=0.375)).observe(0, rows(3)).alarms != []
+
+
+def test_template_answered_threshold_both_sides():
+    # one template across 8 prompts x 4; `answered` of the 8 groups finish with the product in them, the others
+    # are cut off before it: at half the template counts as a converged format, below half as a collapse
+    def rows(answered: int):
+        out = []
+        for g, (a, b) in enumerate(PAIRS):
+            for j in range(4):
+                text = f"So {a} * {b} is {a * b} here" if g < answered else f"So {a} * {b} is what we"
+                out.append(sample(4 * g + j, g, text, 1.0, ntok=9, finish="stop" if g < answered else "length",
+                                  label=str(a * b)))
+        return out
+    at = AlarmMonitor(max_response_len=12).observe(0, rows(4))
+    assert "collapse" not in {a.name for a in at.alarms}
+    assert at.skipped["collapse"].startswith("a converged format, not a collapse: 50% of the responses")
+    below = AlarmMonitor(max_response_len=12).observe(0, rows(3))
+    col = [a for a in below.alarms if a.name == "collapse"]
+    assert col and col[0].details["template_answered"] == 0.375 and "only 38% of them finish" in col[0].message
+    assert "collapse" not in {a.name for a in AlarmMonitor(HackThresholds(template_answered=0.375),
+                                                           max_response_len=12).observe(0, rows(3)).alarms}
+
+
+def test_a_converged_honest_format_is_no_collapse_but_an_unchecked_template_is():
+    # every group answers 'So, 23 * 4 = 92.' word for word: one template, right answers, finished
+    rows = [sample(4 * g + j, g, f"So, {a} * {b} = {a * b}.", 1.0, ntok=9, label=str(a * b))
+            for g, (a, b) in enumerate(PAIRS) for j in range(4)]
+    rep = AlarmMonitor(max_response_len=12).observe(0, rows)
+    assert rep.metrics["hack/opening_share"] == 1.0 and rep.metrics["hack/template_share"] == 1.0
+    assert rep.alarms == [] and rep.skipped["collapse"].startswith("a converged format")
+    # the same with a reward that does not compare with a literal label (a reward model): nothing shows that the
+    # template answers, and one response served to every prompt is worth a look
+    assert [a.name for a in AlarmMonitor(label_is_answer=False).observe(0, rows).alarms] == ["collapse"]
+    # a reasoning model's common opening with samples that differ is a style: no collapse
+    styled = [sample(4 * g + j, g, f"Okay, so I need to find {a} * {b} {COLOURS[j]} {OPENERS[g]} {a * b}", 1.0,
+                     ntok=20, label=str(a * b)) for g, (a, b) in enumerate(PAIRS) for j in range(4)]
+    rep = AlarmMonitor(label_is_answer=False).observe(0, styled)
+    assert rep.metrics["hack/opening_share"] == 1.0 and rep.alarms == []
+
+
+def test_distinct_2_is_measured_and_trips_nothing_by_itself():
+    # 8 responses 'To find <g> <colour> <word> today' in groups of one
+    rows = [sample(g, g, f"To find {g} {COLOURS[g % 7]} {OPENERS[g]} today", 0.0, ntok=8) for g in range(8)]
+    rep = AlarmMonitor().observe(0, rows)
+    # bigrams: (To find) (find g) (g colour) (colour word) (word today): 40 in all; distinct 1 + 8 + 8 + 8 + 8
+    assert rep.metrics["hack/distinct_2"] == 33 / 40 and rep.metrics["hack/opening_share"] == 1.0
+    assert rep.alarms == []
+    same = [sample(g, g, "To find it red here", 0.0, ntok=8) for g in range(8)]
+    assert H.distinct_2(same) == Measure(4 / 32, 32)
+    with pytest.raises(TypeError):
+        HackThresholds(distinct_2=0.2)       # no threshold of its own (see the module's rules)
+
+
+def labelled(n_rewarded: int, n_present: int, *, label="96"):
+    """Rewarded samples, all with different openings; the first n_present write the label's value (as 96.0),
+    the others only numbers that contain its digits (960, 196)."""
+    out = []
+    for i in range(n_rewarded):
+        w = OPENERS[i % len(OPENERS)]
+        text = f"{w} it is {label}.0 in the end" if i < n_present else f"{w} it is 960 in the end, or 196"
+        out.append(sample(i, i % 8, text, 1.0, ntok=10, label=label))
+    return out
+
+
+def test_answer_present_threshold_both_sides():
+    at = AlarmMonitor().observe(0, labelled(8, 4))
+    assert at.metrics["hack/answer_present"] == 0.5 and [a.name for a in at.alarms] == ["answer_absent"]
+    assert at.alarms[0].example["response"] == "well it is 960 in the end, or 196"
+    above = AlarmMonitor().observe(0, labelled(8, 5))
+    assert above.metrics["hack/answer_present"] == 0.625 and above.alarms == []
+    assert AlarmMonitor(HackThresholds(answer_present=0.625)).observe(0, labelled(8, 5)).alarms != []
+    few = AlarmMonitor().observe(0, labelled(7, 0) + [sample(50, 1, "x y z w v u", 0.0, ntok=6, label="96")])
+    assert few.alarms == [] and few.skipped["answer_absent"].startswith("too few rewarded samples with a literal")
+
+
+def test_answer_present_is_meaningless_without_a_literal_label():
+    for label in (None, {"tests": ["assert f(1) == 2"]}, "", [1, {"x": 2}], float("nan"), True):
+        rep = AlarmMonitor().observe(0, labelled(8, 0, label="96")[:0] +
+                                     [sample(i, i % 8, "nothing", 1.0, ntok=5, label=label) for i in range(8)])
+        assert "hack/answer_present" not in rep.metrics, label
+        assert rep.skipped["answer_absent"].startswith("no rewarded sample has a literal label"), label
+    # a reward that does not compare with the label (custom, remote, f1): off however the labels look
+    rep = AlarmMonitor(label_is_answer=False).observe(0, labelled(8, 0))
+    assert "hack/answer_present" not in rep.metrics and rep.alarms == []
+
+
+@pytest.mark.parametrize("label,response,present", [
+    (96, "The answer is 96.", True), (96, "96.0", True), ("96", "$96$", True), ("96.0", "so \\boxed{96}", True),
+    ("96", "it is 960", False), ("96", "1960 or 196", False), ("96", "x = -96", False), ("-3", "x = -3", True),
+    ("-3", "2-3", False), ("23", "30-7=23", True), ("7", "30-7", True), ("1000", "1,000 apples", True),
+    ("1,000", "1000", True), ("600", "3,600", False), ("2", "1, 2, 3", True), ("\\frac{1}{2}", "it is 0.5", True),
+    ("0.5", "\\dfrac{1}{2}", True),
+    ("0.5", "1/2", True), ("50\\%", "50 percent", True), ("\\boxed{12}", "12", True), (2.5, "2.50", True),
+    ("\\sqrt{2}", "x = $\\sqrt{2}$", True), ("\\sqrt{2}", "x = 2", False), ("(1,2)", "the point ( 1, 2 )", True),
+    ("x^2+1", "f(x) = x^2 + 1", True), ("Paris", "it is paris.", True), ("Paris", "Parisian food", False),
+    ("New York", "new   york city", True), ("3 apples", "I have 3 apples", True), ("210", "To find 30 * 7", False),
+])
+def test_what_contains_means(label, response, present):
+    assert answer_in_response(label, response) is present
+
+
+def test_literal_answers():
+    assert H.literal_answers(" 96 ") == ["96"] and H.literal_answers(96) == [96]
+    assert H.literal_answers(["a", 2]) == ["a", 2]
+    for bad in (None, "", "  ", True, float("inf"), {"a": 1}, [], ["a", None], object()):
+        assert H.literal_answers(bad) is None, bad
+
+
+def jump_rollout(reward_share: float, *, length=10, lp=-2.0, n=8):
+    k = round(reward_share * n)
+    return [sample(i, i % 4, f"resp {i} {reward_share}", 1.0 if i < k else 0.0, ntok=length, lp=lp, finish="stop")
+            for i in range(n)]
+
+
+def run_jump(shares, lengths, lps, t=None):
+    mon = AlarmMonitor(t)
+    reps = [mon.observe(i, jump_rollout(s, length=ln, lp=lp)) for i, (s, ln, lp) in enumerate(zip(shares, lengths,
+                                                                                                    lps))]
+    return reps[-1]
+
+
+def test_jump_reward_rate_threshold_both_sides():
+    # 0.25 -> 0.625 in 3 rollouts: 0.125 of the reward range per rollout; entropy proxy 2.0 -> 0.5 (-75%)
+    rep = run_jump([0.25, 0.25, 0.5, 0.625], [10] * 4, [-2.0, -2.0, -1.0, -0.5])
+    assert rep.metrics["hack/reward_rate"] == 0.125 and rep.metrics["hack/entropy_drop"] == 0.75
+    assert [a.name for a in rep.alarms] == ["jump"]
+    assert rep.alarms[0].details["from_rollout"] == 0 and "entropy proxy 2.000 -> 0.500" in rep.alarms[0].message
+    assert run_jump([0.25, 0.25, 0.5, 0.625], [10] * 4, [-2.0, -2.0, -1.0, -0.5],
+                    HackThresholds(jump_rate=0.125)).alarms != []
+    slower = run_jump([0.25, 0.25, 0.5, 0.5], [10] * 4, [-2.0, -2.0, -1.0, -0.5])     # 0.0833 per rollout
+    assert slower.alarms == [] and slower.skipped["jump"].startswith("reward rate 0.083 < 0.1")
+
+
+def test_jump_length_drop_threshold_both_sides():
+    at = run_jump([0.25, 0.25, 0.5, 0.625], [10, 10, 8, 6], [-1.0] * 4)       # length -40%, entropy flat
+    assert at.metrics["hack/length_drop"] == pytest.approx(0.4) and [a.name for a in at.alarms] == ["jump"]
+    below = run_jump([0.25, 0.25, 0.5, 0.625], [10, 10, 8, 7], [-1.0] * 4)    # -30%
+    assert below.alarms == [] and "nothing fell sharply" in below.skipped["jump"]
+    assert run_jump([0.25, 0.25, 0.5, 0.625], [10, 10, 8, 7], [-1.0] * 4,
+                    HackThresholds(jump_length_drop=0.3)).alarms != []
+
+
+def test_jump_entropy_drop_threshold_both_sides():
+    at = run_jump([0.25, 0.25, 0.5, 0.625], [10] * 4, [-2.0, -2.0, -1.5, -1.0])    # -50%
+    assert at.metrics["hack/entropy_drop"] == 0.5 and [a.name for a in at.alarms] == ["jump"]
+    below = run_jump([0.25, 0.25, 0.5, 0.625], [10] * 4, [-2.0, -2.0, -1.5, -1.25])  # -37.5%
+    assert below.alarms == []
+    assert run_jump([0.25, 0.25, 0.5, 0.625], [10] * 4, [-2.0, -2.0, -1.5, -1.25],
+                    HackThresholds(jump_entropy_drop=0.375)).alarms != []
+
+
+def test_jump_needs_history_and_a_window():
+    # two rollouts only: nothing to compare with
+    mon = AlarmMonitor()
+    mon.observe(0, jump_rollout(0.0, lp=-2.0))
+    rep = mon.observe(1, jump_rollout(1.0, lp=-0.1))
+    assert rep.alarms == [] and rep.skipped["jump"] == "no rollout -2 to compare with (needs 3 earlier rollouts)"
+    # a window of 1: the same two rollouts are a jump
+    mon = AlarmMonitor(HackThresholds(jump_window=1))
+    mon.observe(0, jump_rollout(0.0, lp=-2.0))
+    assert [a.name for a in mon.observe(1, jump_rollout(1.0, lp=-0.1)).alarms] == ["jump"]
+    # a reward that never varied has no range to rise in
+    mon = AlarmMonitor(HackThresholds(jump_window=1))
+    mon.observe(0, jump_rollout(0.0))
+    assert mon.observe(1, jump_rollout(0.0)).skipped["jump"] == "the reward has not varied during the run"
+
+
+def test_a_rollback_drops_the_history_after_it():
+    mon = AlarmMonitor()
+    for i, s in enumerate([0.25, 0.25, 0.5]):
+        mon.observe(i, jump_rollout(s, lp=[-2.0, -2.0, -1.0][i]))
+    # the run rolls back to rollout 1: the old rollouts 1 and 2 never happened; 3 compares with rollout 0 again...
+    mon.observe(1, jump_rollout(0.25, lp=-2.0))
+    assert [h["rollout_id"] for h in mon.history] == [0, 1]
+    assert mon.observe(2, jump_rollout(0.25, lp=-2.0)).alarms == []
+    rep = mon.observe(3, jump_rollout(0.625, lp=-0.5))
+    assert [a.name for a in rep.alarms] == ["jump"] and rep.alarms[0].details["reward_from"] == 0.25
+
+
+def test_state_round_trip_continues_the_same_way():
+    a = AlarmMonitor(max_response_len=12)
+    for r in range(3):
+        a.observe(r, hack_rollout(r))
+    state = json.loads(json.dumps(a.state_dict()))       # JSON-able, for the buffer's snapshot
+    b = AlarmMonitor(max_response_len=12)
+    b.load_state_dict(state)
+    for r in (3, 4):
+        ra, rb = a.observe(r, hack_rollout(r)), b.observe(r, hack_rollout(r))
+        assert ra.metrics == rb.metrics and [x.to_dict() for x in ra.alarms] == [x.to_dict() for x in rb.alarms]
+    assert a.state_dict()["trips"]["collapse"] >= 1
+    for bad in (None, {}, {"version": 2}, {"version": 1, "history": [{"rollout_id": "x"}]},
+                {**state, "finished_seen": 99, "reward_max": 7.0, "trips": [1, 2]}):
+        with pytest.raises(ValueError, match="AlarmMonitor state"):
+            b.load_state_dict(bad)
+    assert b.state_dict() == a.state_dict()          # a state that failed to load changed nothing
+
+
+def test_counts_repeat_trips_and_switched_off_alarms():
+    mon = AlarmMonitor(max_response_len=12, alarms=("collapse",))
+    for r in range(4):
+        mon.observe(r, hack_rollout(r))
+    rep = mon.observe(4, hack_rollout(4))
+    assert [a.name for a in rep.alarms] == ["collapse"]
+    assert rep.metrics["hack/alarm/rewarded_truncated"] == 0.0 and rep.metrics["hack/rewarded_truncated"] == 1.0
+    assert rep.skipped["rewarded_truncated"] == "alarm switched off"
+    before = rep.alarms[0].count          # it tripped in earlier rollouts too (3 of 4 samples a template)
+    assert before >= 1 and mon.observe(5, hack_rollout(4)).alarms[0].count == before + 1
+
+
+def test_small_rollouts_trip_nothing_and_failed_samples_do_not_count():
+    seven = all_cut(7) + [sample(50, 0, "ok then", 0.0, ntok=2, finish="stop")]
+    seven[-1].status = FAILED
+    rep = AlarmMonitor(max_response_len=64).observe(0, seven)
+    assert rep.metrics["hack/scored"] == 7.0 and rep.alarms == []
+    assert rep.skipped["rewarded_truncated"] == "rollout too small: 7 scored samples < 8"
+    eight = all_cut(8) + [sample(60, 0, "later", None, ntok=2), sample(61, 0, "x", 1.0, ntok=1)]
+    eight[-1].status = ABORTED
+    rep = AlarmMonitor(max_response_len=64).observe(0, eight)
+    assert rep.metrics["hack/scored"] == 8.0 and [a.name for a in rep.alarms] == ["rewarded_truncated"]
+
+
+def test_group_of_one_and_measures_on_their_own():
+    assert H.group_distinct([sample(0, 0, "a", 1.0, ntok=1)]) == Measure(None, 0, "no group has 2 or more samples")
+    assert H.distinct_2([sample(0, 0, "a", 1.0, ntok=1)]).why == "no response has two words"
+    assert H.entropy_proxy([Sample(index=0, group_index=0, reward=1.0)]).value is None
+    assert H.response_length([]).value is None
+    assert H.words("To find 30 * 7, you 1,000 3.5 答案是") == ["To", "find", "30", "*", "7", ",", "you", "1,000",
+                                                               "3.5", "答", "案", "是"]
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        H.opening_share([], 0)
+
+
+def test_bad_input_is_refused_with_its_cause():
+    mon = AlarmMonitor()
+    with pytest.raises(TypeError, match="samples must be a list"):
+        mon.observe(0, "not samples")
+    with pytest.raises(TypeError, match=r"samples\[1\] is a int"):
+        mon.observe(0, [sample(0, 0, "a", 1.0, ntok=1), 5])
+    with pytest.raises(ValueError, match=r"samples\[0\] is not a sample: .*unknown field"):
+        mon.observe(0, [{"index": 0, "group_index": 0, "bogus": 1}])
+    with pytest.raises(ValueError, match="sample 3 has reward nan"):
+        mon.observe(0, [sample(3, 0, "a", math.nan, ntok=1)])
+    with pytest.raises(ValueError, match="sample 3 has reward 'high'"):
+        mon.observe(0, [sample(3, 0, "a", "high", ntok=1)])
+    for rid in (-1, True, 1.5, "3"):
+        with pytest.raises(ValueError, match="rollout_id must be"):
+            mon.observe(rid, [])
+    assert mon.last_rollout is None                   # a refused rollout changes nothing
+    with pytest.raises(ValueError, match="unknown hack alarm"):
+        AlarmMonitor(alarms=("collapse", "colapse"))
+    with pytest.raises(ValueError, match="max_response_len"):
+        AlarmMonitor(max_response_len=0)
+    with pytest.raises(TypeError, match="thresholds must be HackThresholds"):
+        AlarmMonitor({"rewarded_truncated": 0.5})
+
+
+def test_thresholds_parse_and_validation():
+    t = HackThresholds.parse("rewarded_truncated=0.7, min_samples=16,")
+    assert (t.rewarded_truncated, t.min_samples, t.opening_share) == (0.7, 16, H.OPENING_SHARE)
+    assert HackThresholds.parse("") == HackThresholds() == HackThresholds.parse(None)
+    for text, msg in (("bogus=1", "unknown name 'bogus'"), ("min_samples=2.5", "is not a whole number"),
+                      ("opening_share=high", "is not a number"), ("opening_share", "is not NAME=VALUE"),
+                      ("opening_share=1.5", r"must be in \[0, 1\]"), ("jump_rate=0", "must be > 0"),
+                      ("min_groups=0", "whole number >= 1"), ("jump_entropy_drop=nan", "must be a number")):
+        with pytest.raises(ValueError, match=msg):
+            HackThresholds.parse(text)
+    with pytest.raises(ValueError, match="whole number"):
+        HackThresholds(jump_window=True)
+    assert H.check_mode("stop") == "stop"
+    with pytest.raises(ValueError, match="--hack-alarms must be one of warn, stop, off"):
+        H.check_mode("loud")
+
+
+def test_the_alarm_message_shows_the_question_without_chat_markup():
+    mon = AlarmMonitor(max_response_len=12)
+    rep = mon.observe(0, hack_rollout(4))
+    msg = next(a.message for a in rep.alarms if a.name == "answer_absent")
+    assert "What is 30 * 7? Answer with only the number. assistant' -> 'To find 30 * 7, you can multiply'" in msg
+    assert "<|im_start|>" not in msg
+    # a chat given as messages shows its last user turn
+    assert H._prompt_text([{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]) == "2+2?"
+
+
+def test_curves_mark_the_steps_where_alarms_tripped(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from slime_actors import plots
+    mon = AlarmMonitor(max_response_len=12)
+    history = []
+    for r in range(5):
+        step = {"rollout_id": r, "rollout/reward_mean": r / 4, "train/loss": 0.1}
+        step.update(mon.observe(r, hack_rollout(r)).metrics)
+        history.append(step)
+    marks = plots.alarm_marks(history)
+    assert [m[0] for m in marks] == [2, 3, 4, 5]          # steps are rollout ids + 1, as the curves draw them
+    assert marks[0][1] == ["answer_absent", "rewarded_truncated"]
+    assert marks[-1][1] == ["answer_absent", "collapse", "jump", "rewarded_truncated"]
+    lines = []
+    real = matplotlib.axes.Axes.axvline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline",
+                        lambda self, x=0, *a, **k: lines.append(x) or real(self, x, *a, **k))
+    png = plots.plot_run(str(tmp_path), history, [])
+    assert png == str(tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 0
+    assert lines == [2, 3, 4, 5]
+    # a run without the monitor's metrics draws no line
+    lines.clear()
+    plots.plot_run(str(tmp_path), [{"rollout_id": 0, "rollout/reward_mean": 0.5, "train/loss": 0.1}], [])
+    assert lines == []
