@@ -6,6 +6,8 @@
     slime-actors demo [--run-dir DIR]                                  actors exchanging traced messages
     slime-actors trace summary|show|chain|diff|export|timeline RUN     read a run's traces (docs/debugging.md)
     slime-actors replay RUN --actor ROLE/INDEX                         one actor again against its recording
+    slime-actors samples RUN [--rollout K] [--best|--worst] [--n N]    a run's prompts, responses, rewards
+                     [--eval [--step K]] [--report]                    (held-out ones; a markdown report)
     slime-actors convert SRC DST [--hf-checkpoint DIR]                 checkpoints <-> Hugging Face (torch_dist, ours)
 """
 
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .traces.cli import add_replay_command, add_trace_commands
     add_trace_commands(sub)   # trace summary|show|chain|diff|export|timeline (slime_actors/traces/cli.py)
     add_replay_command(sub)
+    from .samples import add_samples_command
+    add_samples_command(sub)   # samples RUN ... (slime_actors/samples.py)
     return p
 
 

@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pkg.mod:Class of your own reward actor (role reward, handler score); see "
                         "docs/adding-a-reward-actor.md")
     g.add_argument("--reward-batch-size", type=int, default=64)
+    g.add_argument("--math-grading-timeout", type=float, default=5.0,
+                   help="seconds math-verify may spend on one sample (math, boxed_math, deepscaler); past it the "
+                        "sample scores 0 and counts in rollout/reward_timeouts")
+    g.add_argument("--math-grading-processes", type=int, default=2,
+                   help="math-verify processes per reward worker (each item's deadline is enforced by killing its "
+                        "process)")
 
     g = p.add_argument_group("algorithm")
     g.add_argument("--advantage-estimator", choices=ESTIMATORS, default="grpo")
@@ -206,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("logging and debugging")
     g.add_argument("--use-tensorboard", type=_bool, default=True)
+    g.add_argument("--log-samples-interval", type=int, default=1,
+                   help="print the best and the worst sample of one group every N rollouts (and the last; 0: never); "
+                        "TensorBoard gets them every rollout")
+    g.add_argument("--save-eval-responses", type=_bool, default=True,
+                   help="write every held-out evaluation's responses to RUN_DIR/evals/NAME_stepK.jsonl "
+                        "(`slime-actors samples RUN --eval` / `--report` read them)")
     g.add_argument("--debug-rollout-only", action="store_true")
     g.add_argument("--debug-train-only", action="store_true")
     g.add_argument("--save-debug-rollout-data", default=None)
@@ -352,9 +364,14 @@ def validate(args: argparse.Namespace) -> None:
         bad(f"--over-sampling-batch-size ({args.over_sampling_batch_size}) must be >= --rollout-batch-size "
             f"({args.rollout_batch_size})")
     for name in ("rollout_batch_size", "n_samples_per_prompt", "num_rollout", "rollout_num_engines",
-                 "actor_num_gpus_per_node", "micro_batch_size", "rollout_max_response_len"):
+                 "actor_num_gpus_per_node", "micro_batch_size", "rollout_max_response_len",
+                 "math_grading_processes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.log_samples_interval < 0:
+        bad(f"--log-samples-interval must be >= 0, got {args.log_samples_interval}")
+    if not args.math_grading_timeout > 0:
+        bad(f"--math-grading-timeout must be > 0 seconds, got {args.math_grading_timeout}")
     if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
         bad(f"--eps-clip-c must be > 1.0, got {args.eps_clip_c}")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:

@@ -3,6 +3,7 @@
     from slime_actors.log import get_logger, setup_logging
     setup_logging(run_dir="runs/x", name="reward/0")   # once per process
     log = get_logger(actor="reward/0"); log.info("scored", n=8)
+    console_write("a line above the progress bar")     # plain console text that leaves a tqdm bar intact
 """
 
 from __future__ import annotations
@@ -44,16 +45,27 @@ class _Tee:
         return self.render(logger, method_name, dict(event_dict))
 
 
+def console_write(text: str, stream=None) -> None:
+    """Lines on the console (stderr) that leave a progress bar of this process intact: with a tqdm bar showing,
+    through tqdm.write (the bar is cleared, the text written, the bar drawn again below it)."""
+    stream = stream if stream is not None else sys.stderr
+    tq = sys.modules.get("tqdm")
+    try:
+        bars = getattr(getattr(tq, "tqdm", None), "_instances", None) if tq is not None else None
+        if bars:
+            tq.tqdm.write(text, file=stream)
+            return
+        stream.write(text + "\n")
+        stream.flush()
+    except (ValueError, OSError):  # a closed or broken stream: the JSON file still has log lines
+        pass
+
+
 class _StderrLogger:
     """Writes to whatever sys.stderr is *now* (test runners and daemons swap it after set-up)."""
 
     def msg(self, message: str) -> None:
-        stream = sys.stderr
-        try:
-            stream.write(message + "\n")
-            stream.flush()
-        except (ValueError, OSError):  # a closed or broken stream: the JSON file still has the line
-            pass
+        console_write(message, sys.stderr)
 
     log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
 

@@ -256,7 +256,7 @@ declare("rollout", "kill_engine", "Kill the engine process (fault-injection and 
 
 # reward
 declare("reward", "score", "Score samples; per-sample rewards and errors (a failing function loses nothing).",
-        reply="{rewards: [float|None], errors: [str|None]}", samples="list", group="bool?")
+        reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}", samples="list", group="bool?")
 
 # trainer
 declare("trainer", "train", "Pull this rank's shard of the rollout and run the RL update on it.",

@@ -77,6 +77,10 @@ def print_summary(result: dict, run_dir: Path) -> None:
         delta = f"{a - b:+.3f}" if a is not None and b is not None else "?"
         print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
               f"{a if a is None else f'{a:.3f}'} ({delta})")
+    if result.get("samples"):
+        from .samples import format_examples
+        last = result["samples"]
+        print(format_examples(last["rollout_id"], last["examples"], kind="last rollout"))
     print(f"metrics: {result['metrics']}")
     if result.get("plot"):
         print(f"curves:  {result['plot']}")

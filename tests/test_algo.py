@@ -53,6 +53,44 @@ def test_identical_rewards_give_zero_advantages(estimator):
         close(a, torch.zeros_like(a))
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("value,n", [(0.7, 8), (2.9, 8), (0.1, 7), (0.9, 3), (-1.7, 16), (0.35, 7)])
+def test_identical_non_dyadic_rewards_give_exactly_zero(estimator, value, n):
+    # fp32 statistics gave 0.7 x 8 -> +0.0596 each and 2.9 x 8 -> -0.238 (a mean a few ulps off, divided by eps)
+    r = normalize_group_rewards([value] * n, [3] * n, estimator)
+    assert torch.equal(r, torch.zeros(n)), r.tolist()
+    masks = [torch.ones(1 + i % 3) for i in range(n)]
+    for whiten in (False, True):
+        adv, _ = compute_advantages_and_returns(estimator, r, masks, normalize_advantages=whiten)
+        for a in adv:
+            assert torch.equal(a, torch.zeros_like(a)), a.tolist()
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "reinforce_plus_plus_baseline"])
+def test_a_constant_group_among_others_is_exactly_zero(estimator):
+    # group 0: 0.7 x 8 (interleaved with group 1), group 1: mixed, group 2: 2.9 x 3
+    rewards = [0.7, 0.1] * 4 + [0.7] * 4 + [0.9, 0.3, 2.9] + [2.9] * 3
+    groups = [0, 1] * 4 + [0] * 4 + [1, 1, 1] + [2] * 3
+    r = normalize_group_rewards(rewards, groups, estimator)
+    const = [i for i, g in enumerate(groups) if g != 1]
+    mixed = [i for i, g in enumerate(groups) if g == 1]
+    assert torch.equal(r[const], torch.zeros(len(const))), r[const].tolist()
+    assert (r[mixed] != 0).all()
+    assert abs(float(r[mixed].double().sum())) < 1e-6      # group 1 still centred
+    if estimator != "reinforce_plus_plus_baseline":   # (its whitening shifts every sample by the batch's mean)
+        adv, _ = compute_advantages_and_returns(estimator, r, [torch.ones(2)] * len(rewards))
+        for i in const:
+            assert torch.equal(adv[i], torch.zeros(2))
+
+
+def test_whitening_a_constant_batch_gives_exact_zeros():
+    # reinforce_plus_plus (no baseline) whitens the raw rewards: a batch of one value has nothing to tell apart
+    masks = [torch.ones(3), torch.tensor([0.0, 1.0]), torch.ones(1), torch.ones(3), torch.ones(2)]
+    adv, _ = compute_advantages_and_returns("reinforce_plus_plus", [0.1] * 5, masks)
+    for a, m in zip(adv, masks):
+        assert torch.equal(a[m.bool()], torch.zeros(int(m.sum())))
+
+
 # -- per-token advantages -------------------------------------------------------------------------------------
 def test_grpo_broadcasts_normalized_reward():
     masks = [torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0, 1.0])]

@@ -43,6 +43,32 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
 
 
 @pytest.mark.slow
+def test_samples_are_shown_and_evaluations_saved(tmp_path):
+    run = tmp_path / "run"
+    p = train(run, "--num-rollout", "3", "--eval-interval", "2", "--log-samples-interval", "2")
+    # the best and the worst sample of one group: rollouts 0 and 2 (the interval, and the last) on the console ...
+    assert "rollout 0 samples (group" in p.stderr and "rollout 2 samples (group" in p.stderr
+    assert "rollout 1 samples (group" not in p.stderr
+    assert "  prompt   " in p.stderr and "first =" in p.stderr
+    # ... the last one again in the summary, and every one as TensorBoard text
+    assert "last rollout 2 samples (group" in p.stdout
+    events = b"".join(f.read_bytes() for f in (run / "tensorboard").iterdir())
+    assert events.count(b"rollout/samples") >= 3
+    # every evaluation's responses (before training, after step 2, after the last step), in prompt order
+    files = sorted(f.name for f in (run / "evals").iterdir())
+    assert files == ["heldout_step000000.jsonl", "heldout_step000002.jsonl", "heldout_step000003.jsonl"]
+    rows = [json.loads(line) for line in (run / "evals" / "heldout_step000003.jsonl").read_text().splitlines()]
+    assert len(rows) == 100 and all(r["response"] is not None and r["reward"] in (0.0, 1.0) for r in rows)
+    result = json.loads((run / "result.json").read_text())
+    assert abs(sum(r["reward"] for r in rows) / 100 - result["eval_after"]["heldout"]) < 1e-9
+    # no rollout was saved: the samples command reads the buffer's trace
+    out = subprocess.run([str(BIN), "samples", str(run), "--worst", "--n", "3"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("rollout 2: 128 samples") and out.stdout.count("--- reward") == 3
+
+
+@pytest.mark.slow
 def test_own_reward_actor(tmp_path):
     run = tmp_path / "run"
     train(run, "--num-rollout", "2", "--eval-interval", "0", "--reward-actor-class",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import msgpack
 
+from ..samples import pick_examples
 from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
 from .base import Actor, handler
 
@@ -637,6 +638,8 @@ class Buffer(Actor):
                 "reward_mean": sum(rewards) / len(rewards) if rewards else None,
                 "response_len_mean": sum(lengths) / len(lengths) if lengths else None,
                 "truncated": sum(1 for s in samples if s.status == TRUNCATED),
+                "reward_timeouts": sum(1 for s in samples if s.metadata.get("reward_timed_out")),
+                "examples": pick_examples(samples),   # the best and the worst of one group, for people to read
                 "seconds": (r.finished or self._now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
                 "weight_version_min": min((s.weight_version for s in samples), default=-1)}

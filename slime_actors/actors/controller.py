@@ -32,7 +32,9 @@ from pathlib import Path
 
 from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 from ..config import debug_rollout_path
+from ..log import console_write
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
+from ..samples import EVAL_DIR
 from .base import Actor, handler
 
 
@@ -88,6 +90,7 @@ class Controller(Actor):
         self._pending: asyncio.Future | None = None  # async mode: the next rollout, generated while training
         self._fresh_engines: set[str] = set()  # engines (re)started since their last weight sync
         self._failed_generation: int | None = None
+        self.last_examples: dict | None = None   # the last rollout's best and worst sample (printed at the end)
 
     async def on_start(self) -> None:
         self.done = asyncio.get_running_loop().create_future()
@@ -421,6 +424,7 @@ class Controller(Actor):
             step.update({f"rollout/{key}": v for key, v in stats.items() if isinstance(v, (int, float))
                          and not isinstance(v, bool)})
             step["time/rollout"] = t_roll
+            self._show_samples(k, stats.get("examples"))
             if a.save_debug_rollout_data:
                 await self._save_debug_rollout(k)
             if a.debug_rollout_only:
@@ -550,6 +554,8 @@ class Controller(Actor):
             out[name] = st["reward_mean"] if st["reward_mean"] is not None else 0.0
             self.evals.append({"step": step, "name": name, "reward": out[name], "samples": st["samples"]})
             self.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st["samples"])
+            if self.args.save_eval_responses:
+                await self._save_eval(name, step, eid)
         if prev != "rollout":
             await self._pause_all()
         self.phase = prev
@@ -578,6 +584,29 @@ class Controller(Actor):
         await self._ask_trainers("save_hf", {"path": str(path), "rollout_id": k}, 3600)
         self.log.info("HF model saved", path=str(path), rollout_id=k, weight_version=self.version)
         return time.monotonic() - t0
+
+    async def _save_eval(self, name: str, step: int, eid: int) -> None:
+        """The evaluation's responses, for a person to read (`slime-actors samples RUN --eval`, `--report`)."""
+        rows = await self._ask_buffer("eval_results", {"rollout_id": eid}, timeout=300)
+        path = Path(self.runtime.run_dir) / EVAL_DIR / f"{name}_step{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps({**r, "step": step, "weight_version": self.version}, default=str) + "\n"
+                               for r in rows))
+        tmp.replace(path)
+
+    def _show_samples(self, k: int, examples: list | None) -> None:
+        """The best and the worst sample of one group (the buffer picks them): on the console every
+        --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
+        if not examples:
+            return
+        from ..samples import examples_markdown, format_examples
+        self.last_examples = {"rollout_id": k, "examples": examples}
+        every = self.args.log_samples_interval
+        if every and (k % every == 0 or k + 1 == self.args.num_rollout):
+            console_write(format_examples(k, examples))
+        if self.tb is not None:
+            self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
 
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
@@ -662,7 +691,7 @@ class Controller(Actor):
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
             if self.evals else {}
         self.result = {"steps": len(self.history) - self._rows_before_start, "eval_before": first,
-                       "eval_after": last, "plot": png, "weight_version": self.version,
+                       "eval_after": last, "plot": png, "samples": self.last_examples, "weight_version": self.version,
                        "metrics": str(self.metrics_path), "recoveries": self.recoveries, "accounting": self.accounting}
 
 

@@ -21,12 +21,20 @@ class RewardWorker(Actor):
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
         self.args = argparse.Namespace(**config["args"])
-        self.counters.update({"scored": 0, "reward_errors": 0})
+        self.counters.update({"scored": 0, "reward_errors": 0, "reward_timeouts": 0})
 
     async def on_start(self) -> None:
-        # import the reward modules (math-verify, sympy: seconds) and load a custom function before serving, off
-        # the event loop, so the first `score` does not stall the mailbox and bad paths fail at start-up
-        await self.run_blocking(_prepare, self.args)
+        # import the reward modules and load a custom function before serving, off the event loop, so the first
+        # `score` does not stall the mailbox and bad paths fail at start-up; start the math grading processes
+        # (each imports sympy and math-verify: about a second) when a math rule is configured
+        problem = await self.run_blocking(_prepare, self.args)
+        if problem:
+            self.log.warning("math grading processes did not start: labels that are plain numbers are graded, "
+                             "others fail with this error", error=problem)
+
+    async def on_stop(self) -> None:
+        from ..rewards.grading import close_grading_pool
+        close_grading_pool()
 
     @handler
     async def score(self, samples: list, group: bool = False) -> dict:
@@ -35,15 +43,32 @@ class RewardWorker(Actor):
         rewards, errors = await score_samples(self.args, parsed, group=group or self.args.group_rm,
                                               concurrency=self.args.reward_batch_size)
         n_err = sum(1 for e in errors if e is not None)
+        timed_out = [bool(s.metadata.get("reward_timed_out")) for s in parsed]
         self.counters["scored"] += len(parsed) - n_err
         self.counters["reward_errors"] += n_err
+        self.counters["reward_timeouts"] += sum(timed_out)
         if n_err:
             first = next(e for e in errors if e is not None)
             self.log.warning("reward function failed", samples=n_err, of=len(parsed), first_error=first)
-        return {"rewards": rewards, "errors": errors}
+        if any(timed_out):
+            self.log.warning("grading ran out of time; those samples score 0", samples=sum(timed_out),
+                             of=len(parsed), timeout_s=self.args.math_grading_timeout)
+        return {"rewards": rewards, "errors": errors, "timed_out": timed_out}
 
 
-def _prepare(args) -> None:
-    from ..rewards import check_reward_args
+MATH_RULES = ("math", "boxed_math", "deepscaler")
+
+
+def _prepare(args) -> str | None:
+    """Check the reward flags (raises); start the grading processes for a math rule. Returns why they could not
+    start (math-verify missing, say), or None."""
+    from ..rewards import GradingError, check_reward_args, grading_pool
     if getattr(args, "reward_actor_class", None) is None or args.rm_type or args.custom_rm_path:
         check_reward_args(args)
+    pool = grading_pool(getattr(args, "math_grading_processes", None))
+    if (args.rm_type or "").removeprefix("boxed_") in MATH_RULES and not args.custom_rm_path:
+        try:
+            pool.warm_up()
+        except GradingError as exc:
+            return str(exc)
+    return None

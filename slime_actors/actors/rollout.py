@@ -523,9 +523,12 @@ class RolloutWorker(Actor):
                 await asyncio.sleep(0.2 * (attempt + 1))
                 continue
             failed = []
-            for s, r, e in zip(todo, res["rewards"], res["errors"]):
+            timed_out = res.get("timed_out") or []   # a reward actor of your own may leave it out
+            for i, (s, r, e) in enumerate(zip(todo, res["rewards"], res["errors"])):
                 if e is None and r is not None:
                     s.reward = float(r)
+                    if i < len(timed_out) and timed_out[i]:
+                        s.metadata["reward_timed_out"] = True
                 else:
                     last_errors[s.index] = e or "no reward"
                     failed.append(s)

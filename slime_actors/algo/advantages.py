@@ -39,7 +39,8 @@ def normalize_group_rewards(rewards: Sequence[float] | torch.Tensor, group_index
                             estimator: str, std_normalization: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Rewards after per-group post-processing (fp32, same order). ``group_index`` names each sample's prompt
     group (samples of a group need not be adjacent); None means one group. A group of identical rewards gives
-    zeros; a group of one sample has std 0."""
+    exactly zeros (0.7 x 8 too, whose fp32 mean is a few ulps off 0.7: a group without spread is set to 0 rather
+    than its rounding error divided by eps); a group of one sample has std 0."""
     r = torch.as_tensor(rewards, dtype=torch.float32).flatten().clone()
     if estimator not in GROUP_NORM_ESTIMATORS + BASELINE_ESTIMATORS:
         return r
@@ -52,10 +53,12 @@ def normalize_group_rewards(rewards: Sequence[float] | torch.Tensor, group_index
     for g in torch.unique(gi).tolist():
         sel = gi == g
         x = r[sel]
+        if bool((x == x[0]).all()):
+            out[sel] = 0.0
+            continue
         x = x - x.mean()
         if estimator in GROUP_NORM_ESTIMATORS and std_normalization:
-            std = x.std() if x.numel() > 1 else torch.zeros(())
-            x = x / (std + eps)
+            x = x / (x.std() + eps)
         out[sel] = x
     return out
 
@@ -151,7 +154,8 @@ def masked_whiten(values: Sequence[torch.Tensor], loss_masks: Sequence[torch.Ten
     mask = torch.cat([m.float() for m in loss_masks]) if loss_masks else torch.zeros(0)
     if flat.shape != mask.shape:
         raise ValueError(f"{flat.numel()} values but {mask.numel()} mask entries")
-    stats = torch.stack([(flat * mask).sum(), (flat.pow(2) * mask).sum(), mask.sum()]).double()
+    f64, m64 = flat.double(), mask.double()   # exact sums of fp32 values: a constant stays its own mean
+    stats = torch.stack([(f64 * m64).sum(), (f64.pow(2) * m64).sum(), m64.sum()])
     if reduce is not None:
         stats = reduce(stats)
     s, s2, n = (float(x) for x in stats)
@@ -161,10 +165,11 @@ def masked_whiten(values: Sequence[torch.Tensor], loss_masks: Sequence[torch.Ten
     var = max(s2 / n - mean * mean, 0.0)
     if n >= 2:
         var *= n / (n - 1)
-    out = (flat - mean) * (var + eps) ** -0.5
+    # in float64: equal values (all zeros from constant groups, say) stay exactly equal to the mean
+    out = (flat.double() - mean) * (var + eps) ** -0.5
     if not shift_mean:
         out = out + mean
-    return list(out.split([v.numel() for v in values]))
+    return list(out.float().split([v.numel() for v in values]))
 
 
 def compute_advantages_and_returns(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..actors.base import Actor, handler
-from ..log import get_logger
+from ..log import console_write, get_logger
 from ..mailbox.errors import MailboxError
 from .local import LocalLauncher, become_subreaper
 from .topology import Placement, Topology
@@ -201,12 +201,12 @@ class StatusBoard:
         elif self.mode == "table":
             if force or now - self._last_print >= 10:
                 self._last_print = now
-                print(self.table(actors, line), file=sys.stderr, flush=True)
+                console_write(self.table(actors, line))
         else:  # changes: one line when who is up changes (or the phase), else every 30 s
             key = (tuple(down), c.get("phase"), restarts)
             if force or key != self._last_key or now - self._last_print >= 30:
                 self._last_key, self._last_print = key, now
-                print(line, file=sys.stderr, flush=True)
+                console_write(line)
 
     @staticmethod
     def table(actors: dict, head: str) -> str:

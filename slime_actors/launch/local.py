@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..log import get_logger
+from ..log import console_write, get_logger
 from .topology import RestartPolicy
 
 __all__ = ["LocalLauncher", "ActorProc", "RestartPolicy", "SupervisionError", "become_subreaper", "descendants",
@@ -208,7 +208,7 @@ class LocalLauncher:
                 if self.echo:
                     text = line.decode(errors="replace").rstrip()
                     if any(m in text for m in _ECHO):
-                        print(f"{ap.name:>12} | {text}", file=sys.stderr, flush=True)
+                        console_write(f"{ap.name:>12} | {text}")
 
     def start_all(self) -> None:
         for ap in self.procs.values():

@@ -4,9 +4,11 @@ Which function (first match wins):
   1. --custom-rm-path: a user function, loaded by `slime_actors.plugins.load_function` —
      `async def fn(args, sample) -> float` (or sync); with --group-rm `fn(args, samples) -> list[float]`.
   2. sample.metadata["rm_type"], when a row carries its own reward type (slime's convention).
-  3. --rm-type: a built-in (BUILTIN_RMS: math, boxed, exact_match, exact_match_ci, f1, deepscaler, remote_rm,
-     random) or one added with `register_reward`. "boxed_<type>" scores the last \\boxed{} of the response with
-     <type> (e.g. boxed_f1).
+  3. --rm-type: a built-in (BUILTIN_RMS: math, boxed_math, dapo, boxed, exact_match, exact_match_ci, f1,
+     deepscaler, remote_rm, random) or one added with `register_reward`. "boxed_<type>" scores the last \\boxed{}
+     of the response with <type> (e.g. boxed_f1). The math rules (math, boxed_math, deepscaler) grade the final
+     answer (docs/adding-a-reward-actor.md); their math-verify work has a hard deadline (--math-grading-timeout)
+     in any thread, and a sample that runs past it scores 0 and is marked metadata["reward_timed_out"].
 
 What a function may return: a number (bool, int, float, numpy/torch scalar), or a dict from which --reward-key
 picks the reward (default key "reward"). Anything else, or NaN/inf, is an error.
@@ -68,9 +70,36 @@ def _exact_match_ci(args, sample):
     return rules.exact_match_reward(sample.response, sample.label, ignore_case=True)
 
 
-def _deepscaler(args, sample):
+def _grading_timeout(args) -> float:
+    t = getattr(args, "math_grading_timeout", None)
+    return float(t) if t else rules.DEFAULT_TIMEOUT
+
+
+async def _graded(args, sample, response: str | None, boxed_only: bool = False) -> float:
+    g = await rules.agrade_math(response, sample.label, _grading_timeout(args), boxed_only=boxed_only)
+    if g.timed_out:   # the reward worker reports it (rollout/reward_timeouts)
+        sample.metadata["reward_timed_out"] = True
+    return g.score
+
+
+async def _math(args, sample):
+    return await _graded(args, sample, sample.response)
+
+
+async def _boxed_math(args, sample):
+    return await _graded(args, sample, sample.response, boxed_only=True)
+
+
+async def _deepscaler(args, sample):
     answer = rules.strip_thinking(sample.response or "")
-    return 0.0 if answer is None else rules.math_reward(answer, sample.label)
+    if answer is None:
+        rules._labels(sample.label)      # a missing label is still an error
+        return 0.0
+    return await _graded(args, sample, answer)
+
+
+def _dapo(args, sample):
+    return rules.dapo_reward(sample.response, sample.label)
 
 
 def _random(args, sample):
@@ -78,7 +107,9 @@ def _random(args, sample):
 
 
 BUILTIN_RMS: dict[str, Callable] = {
-    "math": _rule(rules.math_reward),
+    "math": _math,
+    "boxed_math": _boxed_math,
+    "dapo": _dapo,
     "boxed": _rule(rules.boxed_reward),
     "exact_match": _exact_match,
     "exact_match_ci": _exact_match_ci,
