@@ -39,7 +39,7 @@ QUEUED, LEASED, DONE, FILTERED, GROUP_FAILED, TRAINED = "queued", "leased", "don
 
 
 # the persisted log is folded into a snapshot every this many trained rollouts, or once it grows past this size
-COMPACT_EVERY = int(os.environ.get("SLIME_ACTORS_BUFFER_COMPACT_EVERY", "10"))
+COMPACT_EVERY = 10
 COMPACT_LOG_BYTES = 8 << 20
 
 

@@ -38,6 +38,9 @@ from ..samples import EVAL_DIR
 from .base import Actor, handler
 
 
+MAX_GROUP_RESTARTS = 5  # training group restarts within 600 s before the job gives up
+
+
 class TrainerGroupFailed(RuntimeError):
     """A trainer rank failed; `confirmed` when a rank is known dead (not just an error one of them raised)."""
 
@@ -61,8 +64,10 @@ class _Rendezvous:
 class Controller(Actor):
     role = "controller"
 
-    def __init__(self, index: int = 0, **config):
-        super().__init__(index, **config)
+    def __init__(self, index: int = 0, resume_from_save: bool = False, **config):
+        """`resume_from_save`: a restarted job (torchrun) resumes from the newest checkpoint under --save."""
+        super().__init__(index, resume_from_save=resume_from_save, **config)
+        self.resume_from_save = resume_from_save
         self.args = argparse.Namespace(**config["args"])
         a = self.args
         self.rollouts = [f"rollout/{i}" for i in range(a.rollout_num_engines)]
@@ -103,7 +108,7 @@ class Controller(Actor):
 
     def _initial_checkpoint(self) -> Path | None:
         a = self.args
-        if os.environ.get("SLIME_ACTORS_RESUME_FROM_SAVE") == "1" and a.save:  # a restarted job (torchrun)
+        if self.resume_from_save and a.save:  # a restarted job (torchrun)
             ckpt = latest_checkpoint(a.save)
             if ckpt is not None:
                 return ckpt
@@ -305,7 +310,7 @@ class Controller(Actor):
         rec = {"time": time.time(), "reason": reason, "failed_at_rollout": self.rollout_id,
                "failed_generation": failed}
         window = [r for r in self.recoveries if time.time() - r["time"] < 600]
-        limit = int(os.environ.get("SLIME_ACTORS_TRAINER_MAX_RESTARTS", "5"))
+        limit = MAX_GROUP_RESTARTS
         if len(window) >= limit:
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit {limit}); "
                                f"last: {reason}")

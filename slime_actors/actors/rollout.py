@@ -30,6 +30,9 @@ from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 from .base import Actor, handler
 
 
+REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward worker answers at all
+
+
 class EngineHandle:
     """What custom generate functions get: the engine's client, the tokenizer, and a generate() shortcut."""
 
@@ -486,10 +489,10 @@ class RolloutWorker(Actor):
 
     async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
-        SLIME_ACTORS_REWARD_WAIT seconds (default 300) -- scoring is pure, so a retry is harmless -- instead of
+        REWARD_WAIT_S seconds -- scoring is pure, so a retry is harmless -- instead of
         spending the group's attempts, which are for reward functions that fail."""
         a = self.args
-        wait = float(os.environ.get("SLIME_ACTORS_REWARD_WAIT", "300"))
+        wait = REWARD_WAIT_S
         t0 = time.monotonic()
         k = 0
         while True:

@@ -22,8 +22,11 @@ import shutil
 import time
 from pathlib import Path
 
+from .. import env as E
 from ..checkpoints import latest_checkpoint, read_meta  # noqa: F401 (also imported from here)
 from .base import Actor, handler
+
+GROUP_TIMEOUT_S = 1800.0  # the training group's collectives and store (torch.distributed timeout)
 
 
 class TrainerRank(Actor):
@@ -90,7 +93,7 @@ class TrainerRank(Actor):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.device == "cuda" else "gloo"
-            timeout = datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_TRAINER_PG_TIMEOUT", "1800")))
+            timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
             # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
             # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
             store = dist.TCPStore(rdzv["master_addr"], rdzv["master_port"], self.world_size,
@@ -163,7 +166,7 @@ class TrainerRank(Actor):
     def _record_batch(self, batch: dict) -> None:
         """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is
         recorded by size and checksum only), so `slime-actors replay` can train on it again.
-        SLIME_ACTORS_TRACE_BATCH_LIMIT (bytes, default 256 MiB) bounds what is kept."""
+        The runtime's trace_batch_limit (SLIME_ACTORS_TRACE_BATCH_LIMIT, bytes) bounds what is kept."""
         if self.tracer is None or self.replaying:
             return
         from ..mailbox.codec import encode_body
@@ -171,11 +174,11 @@ class TrainerRank(Actor):
         size = len(body) + sum(r.nbytes for r in refs)
         if size <= self.runtime.trace_body_limit:
             return  # the reply's body is in the trace already
-        if size <= int(os.environ.get("SLIME_ACTORS_TRACE_BATCH_LIMIT", 256 << 20)):
+        if size <= self.runtime.trace_batch_limit:
             self.record_input("get_batch", batch)
         else:
             self.record_input("get_batch", {"__omitted__": True, "size": size,
-                                            "why": "over SLIME_ACTORS_TRACE_BATCH_LIMIT"})
+                                            "why": f"over {E.TRACE_BATCH_LIMIT.name}"})
 
     @handler
     async def log_probs(self, samples: list) -> list:
@@ -246,7 +249,7 @@ class TrainerRank(Actor):
                                  self._quiet(self.run_blocking(sender.close)), return_exceptions=True)
         self._group_seq += 1
         name = f"slime-weights-{os.getpid()}-{self._group_seq}"  # unique: a restarted rank 0 starts again at 1
-        addr = os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_ADDR") or reachable_address(self.runtime)
+        addr = E.WEIGHT_SYNC_ADDR.get() or reachable_address(self.runtime)
         port = free_port(addr)
         backend = "nccl" if self.args.device == "cuda" else "gloo"
         world = 1 + len(workers)
@@ -359,9 +362,9 @@ class TrainerRank(Actor):
 
 def reachable_address(runtime) -> str:
     """The address other hosts reach this process at (for the trainer group's and the weight sync's stores)."""
-    env = os.environ.get("SLIME_ACTORS_TRAINER_ADDR")
-    if env:
-        return env
+    given = E.TRAINER_ADDR.get()
+    if given:
+        return given
     if runtime is None or runtime.transport != "tcp":
         return "127.0.0.1"
     if runtime.advertise:

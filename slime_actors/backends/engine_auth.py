@@ -33,8 +33,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_API_KEY = "SLIME_ACTORS_ENGINE_API_KEY"
-ENV_ADMIN_KEY = "SLIME_ACTORS_ENGINE_ADMIN_KEY"
+from ..env import ENGINE_ADMIN_KEY, ENGINE_API_KEY
+
+ENV_API_KEY = ENGINE_API_KEY.name
+ENV_ADMIN_KEY = ENGINE_ADMIN_KEY.name
 API_KEY_FILE = "engine.api_key"
 ADMIN_KEY_FILE = "engine.admin_key"
 REDACTED = "<redacted>"

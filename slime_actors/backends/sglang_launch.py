@@ -39,6 +39,7 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
+from slime_actors.env import PLACED_GPUS
 from slime_actors.log import get_logger
 
 from . import sglang_flags
@@ -117,8 +118,7 @@ def base_gpu_id(args: argparse.Namespace, index: int, placed: str | None = None)
     if str(getattr(args, "device", "cpu")).split(":")[0] != "cuda":
         return None
     if placed is None:
-        from ..launch.topology import ENV_PLACED_GPUS
-        placed = os.environ.get(ENV_PLACED_GPUS)
+        placed = PLACED_GPUS.get()
     if placed:
         return 0
     per_engine = max(1, int(args.rollout_num_gpus_per_engine))

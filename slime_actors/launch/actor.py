@@ -13,16 +13,18 @@ import os
 import signal
 import sys
 
+from .. import env as E
+
 
 def load_job_args(path: str | None = None) -> dict:
-    path = path or os.environ.get("SLIME_ACTORS_JOB")
+    path = path or E.JOB.get()
     if not path:
         return {}
     try:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise SystemExit(f"error: job file {path} (SLIME_ACTORS_JOB) does not exist") from None
+        raise SystemExit(f"error: job file {path} ({E.JOB.name}) does not exist") from None
     except json.JSONDecodeError as exc:
         raise SystemExit(f"error: job file {path} is not valid JSON: {exc}") from None
 
@@ -40,19 +42,18 @@ def main(argv: list[str] | None = None) -> int:
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
-    cpus = os.environ.get("SLIME_ACTORS_CPUS")  # the topology's CPU affinity (also when srun/torchrun start us)
+    cpus = E.CPUS.get()  # the topology's CPU affinity (also when srun/torchrun start us)
     if cpus:
         try:
             os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
         except (OSError, ValueError) as exc:
-            print(f"warning: SLIME_ACTORS_CPUS={cpus!r} not applied: {exc}", file=sys.stderr)
+            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(rt.run_dir, name, console=True)
     log = get_logger(actor=name)
     job = load_job_args()
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
     # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
-    from .topology import ENV_ACTOR_CLASS
-    override = (job.get(f"{ns.role}_actor_class") if job else None) or os.environ.get(ENV_ACTOR_CLASS)
+    override = (job.get(f"{ns.role}_actor_class") if job else None) or E.ACTOR_CLASS.get()
     try:
         cls = class_for(ns.role, override)
     except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role

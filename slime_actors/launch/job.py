@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import env as E
 from ..actors.base import Actor, handler
 from ..log import console_write, get_logger
 from ..mailbox.errors import MailboxError
@@ -267,7 +268,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     rt.directory = dep
     (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(),
                                                    "host": socket.gethostname(), "started": time.time()}))
-    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
     if engine_keys is not None:
@@ -352,7 +353,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     _install_signals(loop, stop, holder)
     agent = NodeAgent(node_no)
     t0 = time.monotonic()
-    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    join_timeout = E.JOIN_TIMEOUT.get()
     while True:  # the head may not be up yet: keep knocking
         try:
             keys_ok = args.curve is False or _keys(args, run_dir, create=False) is not None
@@ -369,7 +370,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     setup_logging(str(run_dir), agent.name)
     await loop.run_in_executor(None, write_agent_job, args, job_path)
     keys = _keys(args, run_dir, create=False)
-    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
     try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys

@@ -24,6 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .. import env as E
 from ..config import has_flag
 from .topology import Topology
 
@@ -116,10 +117,10 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
             off += g.count
     out.append(f"head=${{{_var(topo.head)}[0]}}   # first node of node group {topo.head!r}: the rendezvous")
     if port:
-        out.append(f"port=${{SLIME_ACTORS_HEAD_PORT:-{int(port)}}}")
+        out.append(f"port=${{{E.HEAD_PORT.name}:-{int(port)}}}")
     else:
-        out.append("port=${SLIME_ACTORS_HEAD_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}")
-    out.append("export SLIME_ACTORS_TRANSPORT=tcp SLIME_ACTORS_HOST=0.0.0.0")
+        out.append(f"port=${{{E.HEAD_PORT.name}:-$(( 20000 + SLURM_JOB_ID % 20000 ))}}")
+    out.append(f"export {E.TRANSPORT.name}=tcp {E.HOST.name}=0.0.0.0")
     if engine_keys:
         out.append("# the job's CURVE keys and engine HTTP keys, made once here, reach every step through the "
                    "environment")
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..backends.engine_auth import EngineKeys
         from ..mailbox.security import JobKeys
         made = {}
-        if not (os.environ.get("SLIME_ACTORS_CURVE_PUBLIC") and os.environ.get("SLIME_ACTORS_CURVE_SECRET")):
+        if not (E.CURVE_PUBLIC.get() and E.CURVE_SECRET.get()):
             made.update(JobKeys.create().env())  # (keys given by the user are kept)
         if "--engine" in argv:
             given = EngineKeys.from_env() or EngineKeys()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import env as E
+
 HEAD_ROLES = ("directory", "controller")          # run in the head process (the launcher on the head node)
 BUILTIN_ROLES = ("buffer", "reward", "rollout", "trainer")
 DEFAULT_ORDER = ("buffer", "reward", "rollout", "trainer")
@@ -25,10 +27,6 @@ DEFAULT_ORDER = ("buffer", "reward", "rollout", "trainer")
 
 class TopologyError(ValueError):
     """A bad topology file entry; the message names the file, line and key."""
-
-
-ENV_ACTOR_CLASS = "SLIME_ACTORS_ACTOR_CLASS"   # module:Class of a role given `class` in the topology
-ENV_PLACED_GPUS = "SLIME_ACTORS_GPUS"          # the GPUs the topology gave this actor (physical ids)
 
 
 @dataclass
@@ -85,9 +83,9 @@ class Placement:
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
             # the process sees only these, renumbered from 0: an engine it starts begins at GPU 0 of them
-            env[ENV_PLACED_GPUS] = env["CUDA_VISIBLE_DEVICES"]
+            env[E.PLACED_GPUS.name] = env["CUDA_VISIBLE_DEVICES"]
         if self.cpus is not None:
-            env["SLIME_ACTORS_CPUS"] = ",".join(map(str, self.cpus))
+            env[E.CPUS.name] = ",".join(map(str, self.cpus))
         env["LOCAL_RANK"] = str(self.local_index) if self.role == "trainer" else env.get("LOCAL_RANK", "0")
         return env
 
@@ -172,14 +170,11 @@ class Topology:
                     cpus, free[:] = free[:r.cpus_per_actor], free[r.cpus_per_actor:]
                 env = {**self.env, **r.env}
                 if r.cls:
-                    env[ENV_ACTOR_CLASS] = r.cls  # the actor process builds its actor from this class
+                    env[E.ACTOR_CLASS.name] = r.cls  # the actor process builds its actor from this class
                 out.append(Placement(r.name, i, r.nodes, node, local, gpus, cpus, env, r.policy))
         rank = {name: i for i, name in enumerate(self.roles)}
         out.sort(key=lambda p: (rank[p.role], p.index))
         return out
-
-    def head_node(self) -> tuple[str, int]:
-        return self.head, 0
 
     def describe(self) -> str:
         """A short table of the plan (for --dry-run and the launcher's first lines)."""

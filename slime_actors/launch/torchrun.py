@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import env as E
 from ..log import get_logger
 
 EXIT_TERMINATED = 143
@@ -95,7 +96,7 @@ def _store(master: str, port: int, rank: int):
     from torch.distributed import TCPStore
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
     return TCPStore(master, port, is_master=(rank == 0 and not agent), wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))))
+                    timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     role, index = roles[rank]
     # where this rank is reached: tcp across nodes, ipc on one node
-    if nnodes > 1 or os.environ.get("SLIME_ACTORS_TRANSPORT") == "tcp" or args.transport == "tcp":
+    if nnodes > 1 or E.TRANSPORT.get() == "tcp" or args.transport == "tcp":
         args.transport = "tcp"
-        os.environ.setdefault("SLIME_ACTORS_HOST", "0.0.0.0")
-        os.environ.setdefault("SLIME_ACTORS_ADVERTISE", _route_address(master, mport))
+        os.environ.setdefault(E.HOST.name, "0.0.0.0")
+        os.environ.setdefault(E.ADVERTISE.name, _route_address(master, mport))
     plan = {(p.role, p.index): p for p in topo.plan()}
     if role != "head":
         for k, v in plan[(role, index)].process_env().items():
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[k] = v
     store = _store(master, mport, rank)
     prefix = f"slime-actors/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
-    os.environ["SLIME_ACTORS_RUN_DIR"] = str(Path(args.run_dir).resolve())  # what this rank starts inherits it
+    os.environ[E.RUN_DIR.name] = str(Path(args.run_dir).resolve())  # what this rank starts inherits it
     import uvloop
     if role == "head":
         return uvloop.run(_head(args, topo, store, prefix, _round(args), prog))
@@ -153,8 +154,6 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     from ..log import setup_logging
     from .job import JobContext, StatusBoard, _engine_keys, _keys, _runtime, prepare
     fresh = restart == 0
-    if not fresh:
-        os.environ["SLIME_ACTORS_RESUME_FROM_SAVE"] = "1"  # the controller resumes from the newest checkpoint
     ctx = JobContext(args, topo, status="changes", prog=prog, fresh=fresh)
     try:
         prepare(args, ctx)
@@ -177,7 +176,8 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(), "host": socket.gethostname(),
                                                    "restart": restart,
                                                    "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}))
-    controller = Controller(0, args=args_to_dict(args))
+    # a restarted job resumes from the newest checkpoint under --save
+    controller = Controller(0, args=args_to_dict(args), resume_from_save=not fresh)
     await controller.start(rt)
     log.info("head up", directory=dep, restart=restart, world=os.environ.get("WORLD_SIZE"))
     loop = asyncio.get_running_loop()
@@ -235,7 +235,7 @@ async def _actor(args, role: str, index: int, store, prefix: str, prog: str, arg
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     t0 = time.monotonic()
-    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    join_timeout = E.JOIN_TIMEOUT.get()
     actor = None
     while True:
         # the head's record (a restarted job may still show the last round's: then registering fails; read again)
@@ -247,8 +247,7 @@ async def _actor(args, role: str, index: int, store, prefix: str, prog: str, arg
         rt: RuntimeConfig = _runtime(args, JobContext(args, None, prog=prog))
         rt.directory = rec["directory"]
         setup_logging(rt.run_dir, name)
-        from .topology import ENV_ACTOR_CLASS
-        override = getattr(args, f"{role}_actor_class", None) or os.environ.get(ENV_ACTOR_CLASS)
+        override = getattr(args, f"{role}_actor_class", None) or E.ACTOR_CLASS.get()
         cls = class_for(role, override)
         actor = cls(index, args=args_to_dict(args))
         try:
