@@ -297,7 +297,7 @@ class DebugSection:
 
 @dataclass(slots=True)
 class JobConfig:
-    """The job's flags, by section. Build it with `parse_args` (the head) or `from_dict` (every actor)."""
+    """The job's flags, by section. Build it with `parse_config` (the head) or `from_dict` (every actor)."""
     run: RunSection = field(default_factory=RunSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -760,27 +760,3 @@ def debug_rollout_path(spec: str, k: int) -> Path:
         return p / f"rollout_{k:06d}.msgpack"
     return p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# transitional: the flat Namespace the package still reads while it moves to JobConfig
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    cfg = parse_config(argv)
-    args = argparse.Namespace(**cfg.to_dict())
-    from .backends.engine_auth import EngineKeyError, take_user_keys
-    try:  # the keys leave `args` here: job files, actor configs and traces never hold them
-        args.engine_user_keys = take_user_keys(args)
-    except EngineKeyError as exc:
-        raise ConfigError(str(exc)) from None
-    if args.sglang_args or args.router_args or args.rollout_engine == "sglang" or args.use_sglang_router:
-        from .backends.sglang_launch import SGLangFlagError, check_passthrough
-        try:
-            check_passthrough(args)
-        except SGLangFlagError as exc:
-            raise ConfigError(str(exc)) from None
-    return args
-
-
-def args_to_dict(args: argparse.Namespace) -> dict:
-    """A msgpack-able copy (for messages, traces and checkpoints), without the engine keys the user gave."""
-    return {k: v for k, v in vars(args).items() if k != "engine_user_keys"}

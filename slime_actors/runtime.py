@@ -4,6 +4,7 @@ Every process of a job reads the same settings, normally from the environment it
 writes it, `RuntimeConfig.from_env()` reads it back; each variable is described in slime_actors.env): the run
 directory, the directory's endpoint, transport and addresses, CURVE, tracing (--trace, --trace-keep-arrays, the body
 and batch limits), liveness (--heartbeat-interval, --heartbeat-liveness) and the mailbox limits (MailboxConfig).
+A launcher builds its own from the job's config (`RuntimeConfig.for_job`) and hands it on with `env()`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import env as E
-from .config import default_of
+from .config import JobConfig, default_of
 from .mailbox.mailbox import MailboxConfig
 from .mailbox.security import JobKeys
 
@@ -63,6 +64,18 @@ class RuntimeConfig:
             if getattr(self.mailbox, attr) != getattr(default, attr):
                 out[var.name] = str(getattr(self.mailbox, attr))
         return out
+
+    @classmethod
+    def for_job(cls, cfg: JobConfig, multi_host: bool = False, environ=os.environ) -> "RuntimeConfig":
+        """A launcher's settings: the environment's (addresses, mailbox limits), then the job's flags (run directory,
+        CURVE, tracing, liveness, transport -- tcp whenever the job spans hosts)."""
+        rt = cls.from_env(environ)
+        r = cfg.runtime
+        rt.run_dir = str(Path(cfg.run.run_dir).resolve())
+        rt.curve, rt.trace, rt.trace_keep_arrays = r.curve, r.trace, r.trace_keep_arrays
+        rt.transport = "tcp" if multi_host and r.transport == "ipc" else r.transport
+        rt.heartbeat_interval, rt.liveness = r.heartbeat_interval, r.heartbeat_liveness
+        return rt
 
     @property
     def down_after(self) -> float:
@@ -130,3 +143,21 @@ def _mailbox_from_env(environ) -> MailboxConfig:
         if v is not None:
             setattr(cfg, attr, v)
     return cfg
+
+
+def job_keys(curve: bool, run_dir: str | os.PathLike, create: bool) -> JobKeys | None:
+    """The job's CURVE keys (--curve): from the environment, else RUN_DIR/keys, else made here (`create`: the head
+    of a new job); saved under RUN_DIR/keys. None with CURVE off. RuntimeError when another process finds none."""
+    if not curve:
+        return None
+    run_dir = Path(run_dir)
+    keys = JobKeys.from_env()
+    if keys is None and not create and (run_dir / "keys" / "job.public").exists():
+        keys = JobKeys.load(run_dir)
+    if keys is None:
+        if not create:
+            raise RuntimeError(f"no CURVE keys: set {E.CURVE_PUBLIC.name}/SECRET (as the head has them) or share "
+                               f"{run_dir / 'keys'}")
+        keys = JobKeys.create()
+    keys.save(run_dir)
+    return keys

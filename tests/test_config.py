@@ -190,3 +190,44 @@ def test_flags_and_defaults_of_the_parser_are_the_fields():
         assert a.default == spec.default and a.option_strings == [spec.option]
         assert (a.nargs == "+") == spec.is_list and a.choices == spec.choices
         assert (a.const is True) == spec.switch   # store_true for bools defaulting to False
+
+
+def test_an_actor_process_names_the_job_file_and_the_field(tmp_path):
+    from slime_actors.launch.actor import load_job_config
+    good = digits().to_dict()
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(good))
+    assert load_job_config(str(path)) == JobConfig.from_dict(good)
+    path.write_text(json.dumps({**good, "n_samples_per_prompt": "eight"}))
+    with pytest.raises(SystemExit) as exc:
+        load_job_config(str(path))
+    assert str(exc.value) == (f"error: job file {path}: field 'n_samples_per_prompt' (--n-samples-per-prompt) must be "
+                              "an integer, got 'eight'")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the package reads the typed config
+
+PKG = os.path.join(ROOT, "slime_actors")
+# argparse namespaces of other commands, not the job's config (the local engine's own CLI, `slime-actors trace`)
+OWN_CLI_NAMESPACES = ("backends/local_engine", "traces/cli.py")
+
+
+def _package_sources():
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                yield os.path.relpath(path, PKG).replace(os.sep, "/"), open(path).read()
+
+
+def test_no_namespace_and_no_getattr_defaults_on_args_in_the_package():
+    namespaces, getattrs = [], []
+    for rel, text in _package_sources():
+        if rel != "config.py" and re.search(r"Namespace\(\s*\*\*", text):
+            namespaces.append(rel)
+        if rel != "config.py" and not rel.startswith(OWN_CLI_NAMESPACES) \
+                and re.search(r"getattr\(\s*(self\.)?(args|cfg|a)\s*,", text):
+            getattrs.append(rel)
+    assert not namespaces, f"argparse.Namespace(**...) outside slime_actors/config.py: {namespaces}"
+    assert not getattrs, f"getattr(args, ...) instead of the typed config: {getattrs}"

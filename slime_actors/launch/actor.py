@@ -14,19 +14,26 @@ import signal
 import sys
 
 from .. import env as E
+from ..config import ConfigError, JobConfig
 
 
-def load_job_args(path: str | None = None) -> dict:
+def load_job_config(path: str | None = None) -> JobConfig | None:
+    """The job's typed config from its job file (SLIME_ACTORS_JOB); None when there is none. SystemExit naming the
+    file (and the field) when it is missing or malformed."""
     path = path or E.JOB.get()
     if not path:
-        return {}
+        return None
     try:
         with open(path) as f:
-            return json.load(f)
+            data = json.load(f)
     except FileNotFoundError:
         raise SystemExit(f"error: job file {path} ({E.JOB.name}) does not exist") from None
     except json.JSONDecodeError as exc:
         raise SystemExit(f"error: job file {path} is not valid JSON: {exc}") from None
+    try:
+        return JobConfig.from_dict(data, source=f"job file {path}")
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..log import get_logger, setup_logging
     from ..runtime import RuntimeConfig
-    from .roles import class_for
+    from .roles import job_class_for
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
@@ -50,17 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(rt.run_dir, name, console=True)
     log = get_logger(actor=name)
-    job = load_job_args()
+    job = load_job_config()
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
     # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
-    override = (job.get(f"{ns.role}_actor_class") if job else None) or E.ACTOR_CLASS.get()
     try:
-        cls = class_for(ns.role, override)
+        cls = job_class_for(ns.role, job)
     except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role
         log.error("cannot build the actor", error=str(exc))
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    config = {"args": job} if job else {}
+    config = {"args": job.to_dict()} if job is not None else {}
 
     async def run() -> int:
         import asyncio

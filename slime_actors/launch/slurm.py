@@ -173,7 +173,8 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
 
 
 def sbatch_main(argv: list[str]) -> int:
-    from ..config import ConfigError, parse_args
+    from ..config import ConfigError
+    from .job_config import build_job_config
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors sbatch",
@@ -202,8 +203,7 @@ def sbatch_main(argv: list[str]) -> int:
                 raise ConfigError(f"{flag} would be written into the batch script: give {flag}-file (on a "
                                   "filesystem the nodes see) or export its SLIME_ACTORS_ENGINE_* variable before "
                                   "sbatch (docs/security.md)")
-        args = parse_args(job_argv)
-        topo.apply_to_args(args)
+        cfg, _ = build_job_config(job_argv, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors sbatch: error: {exc}", file=sys.stderr)
         return 2
@@ -217,9 +217,10 @@ def sbatch_main(argv: list[str]) -> int:
     if run_dir:  # the option wins over a --run-dir among the job flags
         job_argv = [a for i, a in enumerate(job_argv) if not (a.startswith("--run-dir=") or a == "--run-dir" or (
             i > 0 and job_argv[i - 1] == "--run-dir"))]
+    eng = cfg.engine
     sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
                             port=ns.port, command_line=" ".join(shlex.quote(a) for a in argv),
-                            engine_keys=bool(args.engine_auth and not args.rollout_external_engine_addrs)))
+                            engine_keys=bool(eng.engine_auth and not eng.rollout_external_engine_addrs)))
     return 0
 
 
