@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_actors.config import DataSection, JobConfig
+from slime_actors.config import DataSection, JobConfig, default_of
 from slime_actors.log import get_logger
 from slime_actors.types import Sample
 
@@ -172,11 +172,11 @@ def _tname(v) -> str:
 class PromptDataset:
     """The prompts of one file, and a resumable position over epochs (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, tokenizer=None, input_key: str = "input", label_key: str | None = None,
-                 metadata_key: str | None = "metadata", tool_key: str | None = None,
-                 apply_chat_template: bool = False, max_prompt_len: int | None = None, shuffle: bool = False,
-                 seed: int = 42, on_error: str = "raise", apply_chat_template_kwargs: dict | None = None,
-                 name: str | None = None):
+    def __init__(self, path: str | os.PathLike, tokenizer=None, input_key: str = default_of("input_key"),
+                 label_key: str | None = None, metadata_key: str | None = default_of("metadata_key"),
+                 tool_key: str | None = None, apply_chat_template: bool = False, max_prompt_len: int | None = None,
+                 shuffle: bool = False, seed: int = default_of("rollout_seed"), on_error: str = "raise",
+                 apply_chat_template_kwargs: dict | None = None, name: str | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:

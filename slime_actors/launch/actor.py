@@ -1,7 +1,8 @@
 """Run one actor in this process: `python -m slime_actors.launch.actor ROLE INDEX`.
 
-The job's flags come from the file named by SLIME_ACTORS_JOB (written by the launcher); where the job lives (run
-directory, directory endpoint, keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.runtime).
+The job's config comes from the file named by SLIME_ACTORS_JOB (written by the launcher; rebuilt typed here, an
+error naming the file and the field when it is malformed); where the job lives (run directory, directory endpoint,
+keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.env, slime_actors.runtime).
 SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed).
 """
 
