@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,34 @@ def sample(index, group, response, reward, *, ntok, finish="stop", label=None, p
 
 
 # ------------------------------------------------------------------------------------------ the SmolLM2 case
+_LAST_VALUE = re.compile(r"(\d+)\s*([*x+-])\s*(\d+)|(\d+)")
+
+
+def evaluating_verifier(response: str, label) -> float:
+    """The verifier the SmolLM2 run gamed: it took the last number or `a op b` expression of the response and
+    evaluated it (math-verify over the whole response did that), so `To find 30 * 7, you can multiply` scored as 210.
+    The project's `math` reward no longer does (it grades a stated final answer: this response gets 0), so the
+    fixture keeps the gameable verifier to stay the case the alarms are for."""
+    found = _LAST_VALUE.findall(response)
+    if not found:
+        return 0.0
+    a, op, b, n = found[-1]
+    value = int(n) if n else {"*": int(a) * int(b), "x": int(a) * int(b), "+": int(a) + int(b),
+                              "-": int(a) - int(b)}[op]
+    return 1.0 if value == int(label) else 0.0
+
+
+def test_the_evaluating_verifier_is_the_gameable_one():
+    assert evaluating_verifier("To find 30 * 7, you can multiply", "210") == 1.0
+    assert math_reward("To find 30 * 7, you can multiply", "210") == 0.0      # what the strict reward says
+    assert [evaluating_verifier(t, "210") for t in ("210", "220", "The answer is 200.", "Okay, so")] == [1, 0, 0, 0]
+
+
 def hack_rollout(r: int) -> list[Sample]:
-    """Rollout r (0..4) of the SmolLM2 run on a 12-token limit, 8 prompts x 4 samples, scored by the real `math`
-    reward: at r=0 the model answers (mostly wrongly) or rambles; each rollout one more sample per group restates
-    the question, `To find 30 * 7, you can multiply` (exactly 12 SmolLM2 tokens: cut off), which math-verify
-    evaluates to the right product; at r=4 every sample does."""
+    """Rollout r (0..4) of the SmolLM2 run on a 12-token limit, 8 prompts x 4 samples, scored by the run's
+    `evaluating_verifier`: at r=0 the model answers (mostly wrongly) or rambles; each rollout one more sample per
+    group restates the question, `To find 30 * 7, you can multiply` (exactly 12 SmolLM2 tokens: cut off), which the
+    verifier evaluates to the right product; at r=4 every sample does."""
     out = []
     for g, (a, b) in enumerate(PAIRS):
         p = a * b
@@ -50,7 +74,8 @@ def hack_rollout(r: int) -> list[Sample]:
             label = str(p)
             out.append(Sample(index=100 * r + 4 * g + j, group_index=8 * r + g, prompt=CHAT.format(a=a, b=b),
                               label=label, response=text, response_tokens=list(range(ntok)),
-                              loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok, reward=math_reward(text, label),
+                              loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok,
+                              reward=evaluating_verifier(text, label),
                               status=TRUNCATED if fin == "length" else COMPLETED, finish_reason=fin, rollout_id=r))
     return out
 
