@@ -220,19 +220,19 @@ def add_rollout(rid: int, longs=(), wrong=None, *, lp=-0.07, short="{a} + {b} = 
 
 SMOL_ADD = {
     # 20 long in 15 groups: 19 open '<n> + <n>' (11 'equals', 8 '= c.'), 1 'The sum of'; 9 of the 19 right
-    17: dict(longs=[(g, "equals", g < 5) for g in range(11)] + [(g, "eqdot", g < 13) for g in range(11, 15)]
-             + [(g, "eqdot", g % 2 == 0) for g in range(4)] + [(4, "sum", True)],
-             wrong={g: 4 if g < 29 else 3 for g in range(16, 32)}, lp=-0.0767),
-    # 13 long in 11 groups, all '<n> + <n>' (4 'equals', 3 '= c.', 3 'a + b = b + a = c.', 3 '... The answer is c.');
-    # 5 right
-    18: dict(longs=[(g, "equals", g < 2) for g in range(4)] + [(g, "eqdot", g == 4) for g in range(4, 7)]
-             + [(g, "swap", g == 7) for g in range(7, 10)]
-             + [(10, "answer", True), (0, "answer", False), (1, "answer", False)],
-             wrong={g: 5 if g < 10 else 4 for g in range(8, 32)}, lp=-0.0785),
+    17: {"longs": [(g, "equals", g < 5) for g in range(11)] + [(g, "eqdot", g < 13) for g in range(11, 15)]
+          + [(g, "eqdot", g % 2 == 0) for g in range(4)] + [(4, "sum", True)],
+          "wrong": {g: 4 if g < 29 else 3 for g in range(16, 32)}, "lp": -0.0767},
+    # 13 long in 11 groups, all '<n> + <n>' (4 'equals', 3 '= c.', 3 'a + b = b + a = c.', 3 '... The answer is
+    # c.'); 5 right
+    18: {"longs": [(g, "equals", g < 2) for g in range(4)] + [(g, "eqdot", g == 4) for g in range(4, 7)]
+          + [(g, "swap", g == 7) for g in range(7, 10)]
+          + [(10, "answer", True), (0, "answer", False), (1, "answer", False)],
+          "wrong": {g: 5 if g < 10 else 4 for g in range(8, 32)}, "lp": -0.0785},
     # 8 long in 7 groups, all '<n> + <n>' (5 'equals', 3 '= c.'); 3 right
-    25: dict(longs=[(g, "equals", g < 2) for g in range(5)] + [(5, "eqdot", True), (6, "eqdot", False),
-                                                                 (0, "eqdot", False)],
-             wrong={g: 4 if g < 26 else 3 for g in range(20, 32)}, lp=-0.0396),
+    25: {"longs": [(g, "equals", g < 2) for g in range(5)]
+          + [(5, "eqdot", True), (6, "eqdot", False), (0, "eqdot", False)],
+          "wrong": {g: 4 if g < 26 else 3 for g in range(20, 32)}, "lp": -0.0396},
 }
 # what the run logged for these rollouts (its alarms file: one JSON line of hack/* metrics per rollout), and the
 # ALARM lines' counts: long responses, the prompts the opening came from, the share of them with the right sum
@@ -283,7 +283,8 @@ def test_a_converged_format_with_mostly_wrong_answers_is_no_collapse():
     assert rep.metrics["hack/template_share"] == 1.0 and rep.metrics["hack/opening_share"] == 1.0
     assert rep.metrics["hack/group_distinct"] == pytest.approx(1 / 7) and rep.metrics["hack/rewarded_share"] == 0.375
     assert rep.alarms == [], [a.message for a in rep.alarms]
-    assert rep.metrics["hack/long_share"] == 1.0 and "finish stating an answer (>= 50%; 38% the right one)" in rep.skipped["collapse"]
+    assert rep.metrics["hack/long_share"] == 1.0
+    assert "finish stating an answer (>= 50%; 38% the right one)" in rep.skipped["collapse"]
     # the same template restating the question, finished, states no answer: one template served to every prompt
     rows = weak_rollout(3, 8, "restate")
     rep = AlarmMonitor(max_response_len=128).observe(3, rows)

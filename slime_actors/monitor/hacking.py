@@ -17,8 +17,9 @@ computed over, and -- when the value is None -- why it means nothing for this ro
     group_distinct      distinct responses per group, (distinct - 1) / (n - 1): 0 all alike, 1 all different;
                         mean over the groups of 2 or more samples
     distinct_2          distinct word bigrams / all word bigrams, over the whole rollout (logged, no alarm: see below)
-    opening_share       share of long responses (2k words or more) that begin with the rollout's most common first
-                        k words, numbers counted as one word "<n>"
+    long_share          share of the samples whose response is long (2k words or more)
+    opening_share       share of long responses that begin with the rollout's most common first k words, numbers
+                        counted as one word "<n>"
     template_share      share of long responses that are, numbers aside, the rollout's most common long response
     answer_present      share of rewarded samples whose response contains the label's value at all
     entropy_proxy       mean over samples of the mean negative log-probability of the sampled tokens
@@ -32,11 +33,13 @@ Alarms (`AlarmMonitor`, across rollouts; thresholds in `HackThresholds`, default
 at the threshold trips):
 
     rewarded_truncated  rewarded_truncated >= 0.5, over >= 8 rewarded samples, where finishing was possible
-    collapse            opening_share >= 0.75 (over >= 8 long responses, the opening in >= 4 groups)
+    collapse            long_share >= 0.5 (the long responses are the rollout, not a few of it)
+                        AND opening_share >= 0.75 (over >= 8 long responses, the opening in >= 4 groups)
                         AND the samples no longer differ: group_distinct <= 0.25 (over >= 4 groups)
                             OR template_share >= 0.5
-                        AND the template does not visibly answer: under 50% of the responses with that opening
-                            finish by themselves with their label's value in them (always true without literal labels)
+                        AND the template does not answer: under 50% of the responses with that opening finish by
+                            themselves stating an answer, right or wrong (`answers_itself`; always true without
+                            literal labels)
     answer_absent       answer_present <= 0.5, over >= 8 rewarded samples whose label is a literal answer
     jump                the reward rose >= 0.1 of the run's reward range per rollout over the last 3 rollouts
                         AND (response length fell >= 40% OR the entropy proxy fell >= 50%) over the same rollouts
@@ -48,13 +51,21 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
   long (>= 64 tokens: room for a complete answer in any task) or when the run has shown that responses can end by
   themselves -- some response so far finished ("stop") with some text before the limit.
 * collapse counts only responses of 2k words or more: in shorter ones the first k words are most of the response,
-  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. Its three
-  parts guard each other: identical samples in a group alone are a policy sure of its answer (what learning a short
-  answer looks like); one opening across prompts alone is a style (reasoning models open every response with
-  "Okay, so I need to"); one template that finishes with each prompt's right answer in it is a converged format
-  ("So, 23 * 4 = 92."). One template that is cut off, or lacks the answer, served to every prompt is what the
-  SmolLM2 run did. Where labels are not literal answers (a reward model, a custom reward) the third part cannot be
-  checked and holds: a template every prompt gets is then worth a look in any case.
+  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. It is
+  judged only where those long responses are at least half the rollout (long_share): opening_share and
+  template_share are shares of the long responses, so where they are a few (20 of 256 in the SmolLM2 addition run,
+  whose answers were `16 + 49 = 65`, five words, and now and then `66 + 38 equals 104.`) a template among them says
+  nothing about what the rollout does -- and group_distinct, measured over every sample, would then describe the
+  short answers (a policy sure of them), not the template. Its other parts guard each other: identical samples in
+  a group alone are a policy sure of its answer (what learning a short answer looks like); one opening across
+  prompts alone is a style (reasoning models open every response with "Okay, so I need to"); one template whose
+  responses finish stating an answer is a converged format ("So, 23 * 4 = 92.") -- whether the answers are right is
+  the reward's business, not the collapse's: a model that states wrong sums in one format answers the question
+  (the SmolLM2 addition run's long responses were right less than half the time, and an earlier rule that asked for
+  the right answer called them a collapse). One template that is cut off, or only restates the question, served to
+  every prompt is what the SmolLM2 multiplication run did. Where labels are not literal answers (a reward model, a
+  custom reward) the last part is not checked and holds: a template every prompt gets is then worth a look in any
+  case.
 * distinct_2 has no threshold: it falls as a rollout holds more words, honest or not (English prose: 75% of the
   bigrams of its first 1,000 words are distinct, 37% of its first 50,000), so no one value serves a 12-token task
   and a 4,096-token one. It is logged to watch within a run; template_share measures the same thing independently
@@ -73,6 +84,17 @@ What "contains the label's value" means (`answer_in_response`): a numeric label 
 squashed form (no spaces, $, \\left/\\right, \\text{}, lower case) is a substring of the squashed response; a plain
 text label ("Paris") when it occurs as whole words, case and whitespace ignored. It is presence, not equivalence:
 a response that names the answer among other numbers counts as present.
+
+What "states an answer" means (`states_answer`, `answers_itself`): the response finished by itself (not cut off)
+and either its final answer -- what the `math` reward reads (slime_actors.rewards.answers.extract_answer: the last
+non-empty \\boxed{}, else "answer is X", else the last number) -- is not the question restated (a plain number
+none of the prompt's numbers equals; any other answer whose squashed text is not in the squashed prompt), or it
+contains its label's value. `66 + 38 equals 114.` states an answer (a wrong one); `To find 30 * 7, you can
+multiply` (last number 7), `\\boxed{30 * 7}`, `Step 1: multiply 30 by 7.` and `... The answer is \\boxed{}.` (the
+instruction echoed) do not. The reward's own extraction is used rather than "some number the prompt lacks" so that
+a step number or a list index is no answer, and the monitor and the reward agree on what was answered. A wrong
+answer equal to a number of the question (`12 + 12 = 12`) counts as none; a text answer ("Lyon") counts only when
+it is the label's value.
 
 The rollout ids fed to `observe` normally rise by one; an id at or below the last one (a run rolled back to a
 checkpoint) drops the history from that id on. `state_dict()` / `load_state_dict()` carry the state across a
@@ -707,7 +729,8 @@ class AlarmMonitor:
             metrics["hack/rewarded_share"] = sum(1 for s in scored if s.reward > 0) / len(scored)
             metrics["hack/truncated_share"] = sum(1 for s in scored if is_truncated(s)) / len(scored)
         for name, m in (("rewarded_truncated", m_rt), ("group_distinct", m_gd), ("distinct_2", m_d2),
-                        ("long_share", m_ls), ("opening_share", m_op), ("template_share", m_tp), ("answer_present", m_ap),
+                        ("long_share", m_ls), ("opening_share", m_op), ("template_share", m_tp),
+                        ("answer_present", m_ap),
                         ("entropy_proxy", m_ent)):
             if m.value is not None:
                 metrics[f"hack/{name}"] = float(m.value)
@@ -800,8 +823,8 @@ class AlarmMonitor:
         ex = _example(members)
         tp = "n/a" if m_tp.value is None else _pct(m_tp.value)
         how = ("" if answered is None else
-               f"; only {_pct(answered)} of them finish stating an answer (a number the question does not hold, or "
-               f"their label's value)")
+               f"; only {_pct(answered)} of them finish stating an answer (a final answer not taken from the question, "
+               f"or their label's value)")
         msg = (f"responses collapsed to one template: {_pct(m_op.value)} of the {m_op.n} long responses of rollout "
                f"{rid} ({_pct(m_ls.value)} of its samples) open with {m_op.detail['opening']!r} across "
                f"{m_op.detail['groups']} prompts (threshold {_pct(t.opening_share)}), and the samples no longer "
