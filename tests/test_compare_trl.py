@@ -269,6 +269,24 @@ def test_report_keeps_going_when_a_run_is_missing_or_stopped(tmp_path):
     assert "trl: exit status -15" in md
 
 
+def test_same_prompts_finds_a_step_whose_prompts_differ(tmp_path, monkeypatch):
+    import slime_actors.samples as samples
+
+    class S:
+        def __init__(self, q):
+            self.prompt = [{"role": "user", "content": q}]
+
+    rollouts = {0: [S("What is 1 + 2?"), S("What is 3 + 4?")], 1: [S("What is 5 + 6?"), S("What is 7 + 8?")]}
+    monkeypatch.setattr(samples, "load_from_traces", lambda run: (rollouts, {}, []))
+    ours = report.Run("ours-local", "ours", "ours")
+    trl = report.Run("trl", "trl", "trl", questions={1: ["What is 3 + 4?", "What is 1 + 2?"],
+                                                     2: ["What is 5 + 6?", "What is 9 + 9?"]})
+    n, diffs = report.same_prompts(tmp_path, ours, trl)
+    assert n == 2 and len(diffs) == 1 and diffs[0].startswith("step 2:") and "What is 9 + 9?" in diffs[0]
+    trl.questions[2] = ["What is 7 + 8?", "What is 5 + 6?"]
+    assert report.same_prompts(tmp_path, ours, trl) == (2, [])
+
+
 # ------------------------------------------------------------------------------------------------ the driver
 def _args(*extra):
     return run.build_parser().parse_args(list(extra))
@@ -389,5 +407,7 @@ def test_both_frameworks_two_steps_on_cpu_fill_every_column(tmp_path):
         assert [e["step"] for e in r["evals"]] == [0, 1, 2] and len(r["split"]) == 2, name
         assert r["info"]["rc"] == 0
     assert s["runs"]["ours-local"]["split"][0]["source"] == "traces"
+    assert s["same_prompts"]["ours-local"] == {"steps_compared": 2, "differences": []}
+    assert "trained on the same prompts in each of the 2 steps" in md
     for f in ("accuracy_vs_time.png", "gpu_util.png", "step_timeline.png", "runs.tar.gz"):
         assert (out / f).stat().st_size > 0, f

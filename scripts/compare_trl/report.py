@@ -56,6 +56,7 @@ class Run:
     torch_peak_gib: float | None = None
     notes: list[str] = field(default_factory=list)
     util: list[dict] = field(default_factory=list)
+    questions: dict[int, list[str]] = field(default_factory=dict)   # step -> its prompts (TRL: its reward calls)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -161,6 +162,8 @@ def load_trl(run_dir: Path, name: str) -> Run:
             run.steps.append({"step": int(r["step"]), "seconds": float(r["step_seconds"]),
                               "samples": float(r.get("samples") or 0), "gen_tokens": float(r.get("gen_tokens") or 0),
                               "reward_mean": r.get("reward_mean"), "end": float(r["time"])})
+            if isinstance(r.get("questions"), list):
+                run.questions[int(r["step"])] = [str(q) for q in r["questions"]]
             gen, rew = float(r.get("generation_seconds") or 0), float(r.get("reward_seconds") or 0)
             prep = float(r.get("prepare_seconds") or 0)
             wall = float(r["step_seconds"])
@@ -188,6 +191,30 @@ def load_run(work: Path, name: str) -> Run:
         run.notes.append(f"{d}: no such run folder (the run did not start)")
         return run
     return load_trl(d, name) if name == "trl" or (d / "trl_metrics.jsonl").exists() else load_ours(d, name)
+
+
+def same_prompts(work: Path, ours: Run, trl: Run) -> tuple[int, list[str]]:
+    """(steps compared, differences): each of TRL's questions of step k must be among the prompts our buffer
+    received for rollout k-1 (its trace), and the two steps must have as many prompts."""
+    if not trl.questions:
+        return 0, []
+    try:
+        from slime_actors.samples import load_from_traces, prompt_text
+        rollouts, _, _ = load_from_traces(work / ours.name)
+    except Exception as exc:
+        return 0, [f"{ours.name}: its trace could not be read ({type(exc).__name__}: {exc})"]
+    checked, diffs = 0, []
+    for step, qs in sorted(trl.questions.items()):
+        samples = rollouts.get(step - 1)
+        if not samples:
+            continue
+        ours_prompts = {prompt_text(s.prompt) for s in samples}
+        checked += 1
+        missing = [q for q in qs if not any(q in p for p in ours_prompts)]
+        if missing or len(ours_prompts) != len(qs):
+            diffs.append(f"step {step}: {len(qs)} prompts in TRL, {len(ours_prompts)} in {ours.name}; "
+                         f"not in {ours.name}: {missing[:3]}")
+    return checked, diffs
 
 
 def attach_util(runs: list[Run], samples: list[dict]) -> str | None:
@@ -482,6 +509,16 @@ def render_markdown(runs: list[Run], cmp: dict, job: dict, work: Path, images: d
     L += ["", "Ratios are ours / TRL; \"better\" says which side the row favours. Step times leave out the held-out "
               "evaluations; samples/s and tokens/s are over the summed step times. Accuracy at equal wall-clock: each "
               "run's last evaluation at or before the shorter run's training wall-clock."]
+    trl_name = next((r.name for r in runs if r.framework == "trl"), "trl")
+    for name, sp in cmp.get("same_prompts", {}).items():
+        n, diffs = sp["steps_compared"], sp["differences"]
+        if n and not diffs:
+            L.append(f"\nPrompts: {name} and {trl_name} trained on the same prompts in each of the {n} steps "
+                     "compared (our buffer's trace against TRL's reward calls).")
+        elif diffs:
+            L.append(f"\n**Prompts differ** between {name} and {trl_name}: " + "; ".join(diffs[:5]))
+        else:
+            L.append(f"\nPrompts: not compared for {name} (no trace of its rollouts, or no TRL step log).")
     if any(cmp["metrics"][r.name].get("time_to_first_step_note") for r in runs):
         L.append("\n\\* " + "; ".join(f"{r.name}: {cmp['metrics'][r.name]['time_to_first_step_note']}" for r in runs
                                      if cmp["metrics"][r.name].get("time_to_first_step_note")))
@@ -615,6 +652,12 @@ def build_report(work: str | Path, out: str | Path, names: list[str]) -> list[Pa
     runs = [load_run(work, n) for n in names]
     attach_util(runs, read_samples(work / "util.csv"))
     cmp = compare(runs, job)
+    trl = next((r for r in runs if r.framework == "trl"), None)
+    cmp["same_prompts"] = {}
+    for r in runs:
+        if r.framework == "ours" and trl is not None and r.steps and trl.steps:
+            n, diffs = same_prompts(work, r, trl)
+            cmp["same_prompts"][r.name] = {"steps_compared": n, "differences": diffs}
     out.mkdir(parents=True, exist_ok=True)
     files = []
     images = {}
@@ -629,6 +672,7 @@ def build_report(work: str | Path, out: str | Path, names: list[str]) -> list[Pa
     md = render_markdown(runs, cmp, job, work, images)
     (out / "report.md").write_text(md)
     summary = {"job": job, "equal_step": cmp["equal_step"], "equal_time_s": cmp["equal_time_s"],
+               "same_prompts": cmp["same_prompts"],
                "ratios_ours_over_trl": cmp["ratios"],
                "runs": {r.name: {"label": r.label, "framework": r.framework, "metrics": cmp["metrics"][r.name],
                                  "steps": r.steps, "evals": r.evals, "split": r.split, "notes": r.notes + r.split_notes,

@@ -68,6 +68,14 @@ def completion_text(c) -> str:
     return str(c)
 
 
+def user_text(prompt) -> str:
+    """The last user turn of a conversational prompt (the question), or the prompt itself."""
+    if isinstance(prompt, list):
+        users = [str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return users[-1] if users else ""
+    return str(prompt)
+
+
 class Log:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         seed=job["seed"], use_cpu=cpu, remove_unused_columns=False, disable_tqdm=True, log_completions=False)
 
     stats = {"gen_tokens": 0, "samples": 0, "reward_sum": 0.0, "generation": 0.0, "reward": 0.0, "prepare": 0.0}
+    questions: set[str] = set()   # the step's prompts (their user turn), to check both sides had the same
 
     def strict_math(prompts, completions, label, completion_ids=None, **kw):
         """Our strict math reward (slime_actors.rewards.rules.math_reward) on each completion."""
+        questions.update(user_text(p) for p in prompts)
         scores = [math_reward(completion_text(c), lab) for c, lab in zip(completions, label)]
         stats["samples"] += len(scores)
         stats["reward_sum"] += sum(scores)
@@ -209,11 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             log.write("step", step=state.global_step, step_seconds=now - self.last, samples=n,
                       gen_tokens=stats["gen_tokens"], reward_mean=(stats["reward_sum"] / n) if n else None,
                       generation_seconds=stats["generation"], reward_seconds=stats["reward"],
-                      prepare_seconds=stats["prepare"])
+                      prepare_seconds=stats["prepare"], questions=sorted(questions))
             print(f"[trl] step {state.global_step}: {now - self.last:.2f} s, reward "
                   f"{(stats['reward_sum'] / n) if n else float('nan'):.3f}, {stats['gen_tokens']} tokens", flush=True)
             for k in stats:
                 stats[k] = 0 if isinstance(stats[k], int) else 0.0
+            questions.clear()
             ev = job["eval_every"]
             if (ev and state.global_step % ev == 0) or (state.global_step == args.max_steps and
                                                          not (ev and args.max_steps % ev == 0)):
