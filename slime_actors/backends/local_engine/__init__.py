@@ -21,15 +21,26 @@ One module per job:
 * cli.py       -- the command line (`__main__.py` runs it)
 """
 
-from .cli import MULTI_DEVICE_FLAGS, build_parser, main, merge_config_file, parse_args
-from .params import (GENERATE_UNSUPPORTED, SAMPLING_DEFAULTS, SAMPLING_EPS, SAMPLING_UNSUPPORTED, SCHEMAS,
-                     SGLANG_API_VERSION, TOP_K_ALL, GenerateItem, RequestError, SamplingParams, parse_generate,
-                     parse_sampling_params, validate_struct)
-from .scheduler import Engine, Req, resolve_device, resolve_dtype
-from .server import HEALTH_CHECK_TIMEOUT, Server, serve
+from importlib import import_module
 
-__all__ = ["MULTI_DEVICE_FLAGS", "build_parser", "main", "merge_config_file", "parse_args", "GENERATE_UNSUPPORTED",
-           "SAMPLING_DEFAULTS", "SAMPLING_EPS", "SAMPLING_UNSUPPORTED", "SCHEMAS", "SGLANG_API_VERSION", "TOP_K_ALL",
-           "GenerateItem", "RequestError", "SamplingParams", "parse_generate", "parse_sampling_params",
-           "validate_struct", "Engine", "Req", "resolve_device", "resolve_dtype", "HEALTH_CHECK_TIMEOUT", "Server",
-           "serve"]
+# The public names, imported when first used: `params` alone needs neither torch nor aiohttp.
+_HOME = {
+    **dict.fromkeys(("MULTI_DEVICE_FLAGS", "build_parser", "main", "merge_config_file", "parse_args"), "cli"),
+    **dict.fromkeys(("GENERATE_UNSUPPORTED", "SAMPLING_DEFAULTS", "SAMPLING_EPS", "SAMPLING_UNSUPPORTED", "SCHEMAS",
+                     "SGLANG_API_VERSION", "TOP_K_ALL", "GenerateItem", "RequestError", "SamplingParams",
+                     "parse_generate", "parse_sampling_params", "validate_struct"), "params"),
+    **dict.fromkeys(("Engine", "Req", "resolve_device", "resolve_dtype"), "scheduler"),
+    **dict.fromkeys(("HEALTH_CHECK_TIMEOUT", "Server", "serve"), "server"),
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
