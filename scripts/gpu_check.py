@@ -1136,7 +1136,7 @@ def _free_port() -> int:
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", default=os.environ.get("WORK", "/tmp/megatron_gpu_check"))
-    p.add_argument("--cpu-dry-run", action="store_true", help="everything on CPU (megatron via its shim, gloo)")
+    p.add_argument("--cpu-dry-run", action="store_true", help="everything on CPU (megatron via tests/megatron_cpu_shim.py, gloo)")
     p.add_argument("--dry-run-grpo", action="store_true", help="with --cpu-dry-run: run the GRPO checks too")
     p.add_argument("--only", default=None, help="comma list of: convert,single,parallel,grpo,speed")
     p.add_argument("--budget", type=float, default=float(os.environ.get("CHECK_BUDGET", 540)),
