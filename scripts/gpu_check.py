@@ -23,7 +23,8 @@ Checks and bars:
 Megatron runs in worker subprocesses (`--worker ...`), the HF / torch references in this process. Every check is
 guarded: a failure becomes a FAIL row and the table is always printed; with $OUT set, $OUT/gpu_results.md,
 gpu_results.json and gpu_check_logs.txt are written. `--cpu-dry-run` runs the same code on CPU (megatron through
-the backend's CPU shim, gloo instead of NCCL, smaller models) to catch mistakes where there is no GPU.
+the CPU test shim tests/megatron_cpu_shim.py, gloo instead of NCCL, smaller models) to catch mistakes where there is
+no GPU.
 """
 
 from __future__ import annotations
@@ -130,6 +131,14 @@ def make_batch(vocab: int, seed: int = 0, groups: int = 2, per_group: int = 4) -
             b["weight_versions"].append(0)
             i += 1
     return b
+
+
+def megatron_on_cpu() -> None:
+    """--cpu-dry-run: megatron-core has no CPU path; the test shim (tests/megatron_cpu_shim.py) runs it on CPU, in
+    this worker process only (it patches torch process-wide)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from megatron_cpu_shim import install
+    install()
 
 
 def backend_args(work: Path, model_dir: str, **flags):
@@ -273,6 +282,8 @@ def worker_single(o) -> dict:
     import torch
     from slime_actors.backends.megatron_backend import MegatronBackend
     work, dev = Path(o.work), o.device
+    if dev == "cpu":
+        megatron_on_cpu()
     info = json.loads((work / "setup.json").read_text())
     tokens = torch.load(work / "tokens.pt")
     res: dict = {"archs": {}}
@@ -374,6 +385,8 @@ def worker_parallel(o) -> dict:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if dev == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        megatron_on_cpu()
     dist.init_process_group("nccl" if dev == "cuda" else "gloo")
     phases = [("tp2", a, t, {"tensor_model_parallel_size": 2}) for a in ARCHS for t in ("fp32", "bf16")]
     phases += [("pp2", "qwen3", "fp32", {"pipeline_model_parallel_size": 2}),
@@ -960,7 +973,12 @@ class Driver:
     def train(self, name: str, flags: list[str], timeout: float, gpus: tuple) -> list[dict] | None:
         run_dir = self.work / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        cmd = [sys.executable, "-m", "slime_actors.cli", "train", "--config", str(ROOT / "examples/digits/config.toml"),
+        how = ["train"]
+        if self.dry and "megatron" in flags:  # its trainer ranks with the CPU test shim, through a topology
+            sys.path.insert(0, str(ROOT / "tests"))
+            from megatron_cpu_shim import topology
+            how = ["launch", str(topology(self.work / f"{name}-cpu-topology.toml"))]
+        cmd = [sys.executable, "-m", "slime_actors.cli", *how, "--config", str(ROOT / "examples/digits/config.toml"),
                "--run-dir", str(run_dir), "--progress", "false", "--eval-interval", "0", "--skip-eval-before-train",
                "--device", self.device, *flags]
         t0 = time.monotonic()
@@ -1118,7 +1136,7 @@ def _free_port() -> int:
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", default=os.environ.get("WORK", "/tmp/megatron_gpu_check"))
-    p.add_argument("--cpu-dry-run", action="store_true", help="everything on CPU (megatron via its shim, gloo)")
+    p.add_argument("--cpu-dry-run", action="store_true", help="everything on CPU (megatron via tests/megatron_cpu_shim.py, gloo)")
     p.add_argument("--dry-run-grpo", action="store_true", help="with --cpu-dry-run: run the GRPO checks too")
     p.add_argument("--only", default=None, help="comma list of: convert,single,parallel,grpo,speed")
     p.add_argument("--budget", type=float, default=float(os.environ.get("CHECK_BUDGET", 540)),

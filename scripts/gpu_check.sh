@@ -2,15 +2,19 @@
 # The megatron training backend on a GPU machine (issue 6): HF <-> Megatron conversion, logits HF vs Megatron (fp32,
 # bf16; TP=1 and TP=2), PP=2 / DP=2 + distributed optimizer against the torch backend, trainer vs local-engine
 # log-probs, colocated (CUDA IPC) and NCCL bucketed weight sync (speed next to a raw broadcast), GRPO runs.
-# Prints one table; with $OUT set writes $OUT/gpu_results.md (+ gpu_results.json, gpu_check_logs.txt).
-# Target: < 6 min on 2 H200s (one GPU: the 2-GPU rows are skipped with a note).
+# Prints one table; with OUT=DIR set it also writes DIR/gpu_results.md (+ gpu_results.json, gpu_check_logs.txt).
+# Target: < 6 min on two H200s on one host (with one GPU the 2-GPU rows are skipped with a note).
 #
-# Needs: python3 with torch (CUDA), transformers; megatron-core 0.19.2 and the wheels our code needs that the image
-# lacks, in .whl/ (bash scripts/prepare_megatron_carry.sh; bash scripts/prepare_gpu_carry.sh for pyzmq/structlog);
-# carry ".whl". Usage, from the repository root:
+# Needs: python3 with torch (CUDA) and transformers, megatron-core 0.19.2 and our own dependencies. Where pip reaches
+# PyPI: `python3 -m pip install -e '.[megatron]'` (keeps the CUDA torch already there). On a GPU machine with no
+# package registry: run `bash scripts/prepare_megatron_carry.sh && bash scripts/prepare_gpu_carry.sh` on a machine
+# where PyPI is reachable, copy the .whl/ folder they fill into this checkout on the GPU machine, and this script
+# installs .whl/*.whl into $SITE before it starts. Usage, from the repository root:
 #   bash scripts/gpu_check.sh                      # everything
 #   bash scripts/gpu_check.sh --only convert,single,parallel
-#   bash scripts/gpu_check.sh --cpu-dry-run        # here, without a GPU (megatron-core installed; slow)
+#   bash scripts/gpu_check.sh --cpu-dry-run        # without a GPU (megatron-core installed; slow)
+# Environment: SITE (where .whl/ is installed, default /tmp/site), PYTHON (default python3), WORK (models and logs,
+# default /tmp/megatron_gpu_check), CHECK_BUDGET (seconds for the whole run, default 540), OUT (see above).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site}
@@ -21,11 +25,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# never NVLink multicast on shared machines (KINDS.md); every process started below inherits these
+# NVLink multicast off: on a host whose GPUs other jobs share, a program that uses it can take the GPUs out of
+# service, and nothing here needs it; every process started below inherits these
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TOKENIZERS_PARALLELISM=false
 export SLIME_ACTORS_LOG_LEVEL=${SLIME_ACTORS_LOG_LEVEL:-warning}
-"$PY" -c "import megatron.core" 2>/dev/null || echo "warning: megatron.core is not importable (carry .whl/)" >&2
+"$PY" -c "import megatron.core" 2>/dev/null \
+  || echo "warning: megatron.core is not importable (install megatron-core, or its wheel into .whl/)" >&2
 WORK=${WORK:-/tmp/megatron_gpu_check}
 mkdir -p "$WORK"
 BUDGET=${CHECK_BUDGET:-540}

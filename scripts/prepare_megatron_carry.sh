@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Download the Python 3.12 manylinux wheels the megatron backend needs and the GPU image lacks, into .whl/
-# (git-ignored), for scripts/gpu_check.sh (which installs .whl/*.whl into $SITE). Run here, where PyPI is reachable;
-# then name ".whl" in the device call's `carry`. scripts/prepare_gpu_carry.sh adds pyzmq and structlog (our own
-# runtime needs) to the same folder: the names differ, one version each.
+# For a GPU machine with no package registry: download the Python 3.12 manylinux wheels the megatron backend needs
+# and a CUDA image with torch typically lacks, into .whl/ (git-ignored). Run it on a machine where PyPI is reachable,
+# then copy .whl/ into the checkout on the GPU machine; scripts/gpu_check.sh installs .whl/*.whl into $SITE there.
+# scripts/prepare_gpu_carry.sh adds pyzmq and structlog (our own runtime needs) to the same folder: the names
+# differ, one version each. (A GPU machine that reaches PyPI needs none of this: pip install -e '.[megatron]'.)
 #
-# megatron-core 0.19.2 requires (Requires-Dist, no extras) torch>=2.6, numpy and packaging>=24.2: all on the image
-# ('cuda', /work/.library/device/KINDS.md: torch 2.11, numpy, packaging). What it imports at run time on our path is
-# there too: triton (megatron.core.transformer.moe imports it unconditionally) and psutil (dist_checkpointing's
-# writer). Transformer Engine and Apex are not needed: the backend uses megatron-core's local layer spec and torch's
-# AdamW. Usage: bash scripts/prepare_megatron_carry.sh [DEST=.whl]
+# megatron-core 0.19.2 requires (Requires-Dist, no extras) torch>=2.6, numpy and packaging>=24.2, which a CUDA image
+# with torch has (measured against one with Python 3.12 and torch 2.11). What it imports at run time on our path
+# must be there too: triton (megatron.core.transformer.moe imports it unconditionally) and psutil
+# (dist_checkpointing's writer). Transformer Engine and Apex are not needed: the backend uses megatron-core's local
+# layer spec and torch's AdamW. Usage: bash scripts/prepare_megatron_carry.sh [DEST=.whl]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.whl}

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# The wheels SGLang 0.5.15.post1 needs on the GPU image, packed for the device tool (../shared/sglang-gpu/README.md),
-# with one change: sglang-kernel's FlashAttention-3 library (sgl_kernel/flash_ops.abi3.so, 1.76 GB unpacked, ~85 %
+# For a GPU machine with no package registry: the wheels SGLang 0.5.15.post1 needs beyond a CUDA image's torch 2.11,
+# packed in parts of 48 MiB that can be copied one at a time. SGLANG_GPU_DIR names the folder that lists them and
+# fetches and installs them (absolute, or relative to the repository root; docs/sglang.md, "SGLang on a GPU machine
+# without a package registry"):
+#   wheels.txt        name==version, one per line (90 wheels, ~745 MB)
+#   fetch-wheels.sh   fetch-wheels.sh DEST: downloads them into DEST/wheels/ (and packs DEST/parts/)
+#   install.sh        install.sh [STAGE=/tmp/stage] [SITE=/tmp/site]: joins STAGE/p* and installs the wheels into SITE
+# With one change: sglang-kernel's FlashAttention-3 library (sgl_kernel/flash_ops.abi3.so, 1.76 GB unpacked, ~85 %
 # of all the bytes) is left out. Our engines run with `--attention-backend triton` (scripts/sglang_gpu_check.py,
 # GPU_FLAGS); SGLang imports sgl_kernel.flash_attn only inside the FA3 / vision / xpu backends, never for a dense
-# model on the triton backend, so the parts to move drop from 16 to ~4. A run that needs FA3 uses the full set:
+# model on the triton backend, so the parts drop from 16 to ~4-5. A run that needs FA3 uses the full set:
 # `FULL=1 bash scripts/prepare_sglang_carry.sh`.
-# Run here (PyPI reachable). Then move .sglang/parts/pNN one device call each, and on the device machine:
-#   bash .sglang/install.sh && export PYTHONPATH=/tmp/site
-# Usage: bash scripts/prepare_sglang_carry.sh [DEST=.sglang]
+# Run it where PyPI is reachable:
+#   SGLANG_GPU_DIR=path/to/sglang-gpu bash scripts/prepare_sglang_carry.sh [DEST=.sglang]
+# then copy the parts, .sglang/parts/p*, into one folder on the GPU machine (e.g. /tmp/stage) and .sglang/install.sh
+# to the same path in the checkout there, and on the GPU machine:
+#   bash .sglang/install.sh /tmp/stage /tmp/site && export PYTHONPATH=/tmp/site
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.sglang}
-shared=${SGLANG_GPU_DIR:-../shared/sglang-gpu}
+shared=${SGLANG_GPU_DIR:?set SGLANG_GPU_DIR to the folder with the SGLang wheels.txt, fetch-wheels.sh, install.sh}
+for f in wheels.txt fetch-wheels.sh install.sh; do
+  [ -f "$shared/$f" ] || { echo "SGLANG_GPU_DIR=$shared has no $f (docs/sglang.md: what it holds)" >&2; exit 1; }
+done
 grep -qx '/.sglang/' .git/info/exclude 2>/dev/null || echo '/.sglang/' >> .git/info/exclude
 if [ "$(ls "$dest"/wheels/*.whl 2>/dev/null | wc -l)" -ne "$(grep -c . "$shared/wheels.txt")" ]; then
   bash "$shared/fetch-wheels.sh" "$dest" >/dev/null

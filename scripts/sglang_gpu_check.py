@@ -4,7 +4,7 @@
     python3 scripts/sglang_gpu_check.py [--out DIR] [--work DIR] [--deadline 330] [--no-grpo]
                                         [--grpo-backends torch,megatron] [--fake]
 
-(scripts/sglang_gpu_check.sh installs carried wheels, sets the environment and calls this.) Every check runs in
+(scripts/sglang_gpu_check.sh installs the wheels in .whl/, sets the environment and calls this.) Every check runs in
 try/except with a time limit; the result table is always printed, and written to OUT/sglang_results.md (+ .json and
 the engine / GRPO logs) when --out or $OUT is set. Every server it starts is stopped at the end.
 
@@ -762,7 +762,7 @@ def write_out(out: Path | None, ctx) -> None:
             (out / name).write_bytes(data[-(4 << 20):])  # the last 4 MiB at most
         except OSError:
             pass
-    # one file per GRPO run (the device tool brings back 8 files at most): the driver's log, then the rollout
+    # one file per GRPO run, so that the output folder stays a handful of files: the driver's log, then the rollout
     # worker's output and the engine's log, the last 2 MiB of each
     for g in ctx.get("grpo", []):
         with open(out / f"{g['name']}.log", "wb") as f:

@@ -2,11 +2,17 @@
 # The SGLang rollout backend on a GPU machine against a real SGLang 0.5.15.post1: launch through the rollout worker's
 # code with --sglang-* passthrough, /generate + log-probs vs the local engine, weight updates (disk, NCCL flattened and
 # per tensor, tensors/CUDA IPC), pause/continue, abort, health probes, and a few GRPO steps with SGLang as the engine.
-# Prints a result table; with $OUT set, writes $OUT/sglang_results.md (+ .json and logs). Target: < 6 min after install.
+# Prints a result table; with OUT=DIR set, also writes DIR/sglang_results.md (+ .json and logs). Target: < 6 min
+# after install, on two H200s on one host (with one GPU the NCCL rows are skipped with a note).
 #
-# Needs: python3 with torch (CUDA), SGLang installed into $SITE (default /tmp/site; /work/shared/sglang-gpu/install.sh),
-# and the wheels our code needs that the image lacks in .whl/ (scripts/prepare_gpu_carry.sh; carry ".whl").
+# Needs: python3 with torch (CUDA), SGLang 0.5.15.post1 and our own dependencies. Where pip reaches PyPI:
+# `python3 -m pip install -e '.[sglang]'`. On a GPU machine with no package registry: SGLang installed into $SITE
+# (default /tmp/site) from the parts of scripts/prepare_sglang_carry.sh (docs/sglang.md), and the wheels our code
+# needs in .whl/: run scripts/prepare_gpu_carry.sh where PyPI is reachable and copy .whl/ into this checkout on the
+# GPU machine; this script installs .whl/*.whl into $SITE before it starts.
 # Usage, from the repository root:  bash scripts/sglang_gpu_check.sh [driver flags, e.g. --no-grpo | --fake]
+# Environment: SITE, PYTHON (default python3), WORK (default /tmp/sglang_gpu_check), CHECK_TIMEOUT (seconds, default
+# 420), OUT (see above).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site}
@@ -17,7 +23,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# never NVLink multicast on shared machines (KINDS.md); SGLang and NCCL inherit these
+# NVLink multicast off: on a host whose GPUs other jobs share, a program that uses it can take the GPUs out of
+# service, and nothing here needs it; SGLang and NCCL inherit these
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SLIME_ACTORS_LOG_LEVEL=${SLIME_ACTORS_LOG_LEVEL:-info}
 "$PY" -c "import sglang" 2>/dev/null || echo "warning: sglang is not importable from $SITE (install it first)" >&2

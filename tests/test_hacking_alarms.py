@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,34 @@ def sample(index, group, response, reward, *, ntok, finish="stop", label=None, p
 
 
 # ------------------------------------------------------------------------------------------ the SmolLM2 case
+_LAST_VALUE = re.compile(r"(\d+)\s*([*x+-])\s*(\d+)|(\d+)")
+
+
+def evaluating_verifier(response: str, label) -> float:
+    """The verifier the SmolLM2 run gamed: it took the last number or `a op b` expression of the response and
+    evaluated it (math-verify over the whole response did that), so `To find 30 * 7, you can multiply` scored as 210.
+    The project's `math` reward no longer does (it grades a stated final answer: this response gets 0), so the
+    fixture keeps the gameable verifier to stay the case the alarms are for."""
+    found = _LAST_VALUE.findall(response)
+    if not found:
+        return 0.0
+    a, op, b, n = found[-1]
+    value = int(n) if n else {"*": int(a) * int(b), "x": int(a) * int(b), "+": int(a) + int(b),
+                              "-": int(a) - int(b)}[op]
+    return 1.0 if value == int(label) else 0.0
+
+
+def test_the_evaluating_verifier_is_the_gameable_one():
+    assert evaluating_verifier("To find 30 * 7, you can multiply", "210") == 1.0
+    assert math_reward("To find 30 * 7, you can multiply", "210") == 0.0      # what the strict reward says
+    assert [evaluating_verifier(t, "210") for t in ("210", "220", "The answer is 200.", "Okay, so")] == [1, 0, 0, 0]
+
+
 def hack_rollout(r: int) -> list[Sample]:
-    """Rollout r (0..4) of the SmolLM2 run on a 12-token limit, 8 prompts x 4 samples, scored by the real `math`
-    reward: at r=0 the model answers (mostly wrongly) or rambles; each rollout one more sample per group restates
-    the question, `To find 30 * 7, you can multiply` (exactly 12 SmolLM2 tokens: cut off), which math-verify
-    evaluates to the right product; at r=4 every sample does."""
+    """Rollout r (0..4) of the SmolLM2 run on a 12-token limit, 8 prompts x 4 samples, scored by the run's
+    `evaluating_verifier`: at r=0 the model answers (mostly wrongly) or rambles; each rollout one more sample per
+    group restates the question, `To find 30 * 7, you can multiply` (exactly 12 SmolLM2 tokens: cut off), which the
+    verifier evaluates to the right product; at r=4 every sample does."""
     out = []
     for g, (a, b) in enumerate(PAIRS):
         p = a * b
@@ -50,7 +75,8 @@ def hack_rollout(r: int) -> list[Sample]:
             label = str(p)
             out.append(Sample(index=100 * r + 4 * g + j, group_index=8 * r + g, prompt=CHAT.format(a=a, b=b),
                               label=label, response=text, response_tokens=list(range(ntok)),
-                              loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok, reward=math_reward(text, label),
+                              loss_mask=[1] * ntok, rollout_log_probs=[lp] * ntok,
+                              reward=evaluating_verifier(text, label),
                               status=TRUNCATED if fin == "length" else COMPLETED, finish_reason=fin, rollout_id=r))
     return out
 
@@ -142,6 +168,200 @@ def test_honest_boxed_answers_trip_none():
         assert rep.metrics["hack/group_distinct"] > 0.25
         assert rep.metrics["hack/rewarded_share"] == pytest.approx((3 + r // 2) / 8)
     assert rep.metrics["hack/reward_rate"] < 0.1
+
+
+# The redesigned SmolLM2 example (examples/smollm2_arith) on one H200: two-digit addition, 32 prompts x 8 samples,
+# the strict `math` reward, a 128-token limit; held-out 0.185 -> 0.810 in 30 steps, responses read by a person and
+# right. The old collapse rule false-alarmed on its rollouts 17, 18 and 25. The builder below reproduces each of them:
+# mostly `16 + 49 = 65` (5 words: short), a few long `66 + 38 equals 104.` / `32 + 10 = 42.` of which fewer than half
+# are the right sum, and groups whose wrong answers repeat one wrong sum (68 + 37 = 95). Its signals equal the run's
+# logged ones (LOGGED); distinct_2 (no alarm reads it) is not reproduced.
+ADD_CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nWhat is {a} + {b}? Put your final answer in \\boxed{{}}.<|im_end|>\n"
+            "<|im_start|>assistant\n")
+ADD_LONG = {"equals": "{a} + {b} equals {c}.", "eqdot": "{a} + {b} = {c}.", "swap": "{a} + {b} = {b} + {a} = {c}.",
+            "answer": "{a} + {b} = {c}\n\nThe answer is {c}.", "sum": "The sum of {a} and {b} is {c}.",
+            "restate": "To add {a} and {b}, add {b} to {a}."}
+
+
+def smol_tokens(text: str) -> int:
+    """SmolLM2's token count for these responses: one per digit, one per other word, one for the space before a
+    number, one for the end of the turn ('16 + 49 = 65' is 11, '66 + 38 equals 104.' 13, as the run recorded)."""
+    n = 1
+    for m in re.finditer(r"\d+|\S+", text):
+        tok = m.group(0)
+        n += len(tok) + (m.start() > 0) if tok[0].isdigit() else 1
+    return n
+
+
+def add_rollout(rid: int, longs=(), wrong=None, *, lp=-0.07, short="{a} + {b} = {c}") -> list[Sample]:
+    """32 groups of 8 addition samples (numbers from random.Random(rid)), scored by the real `math` reward, all
+    finished. `longs`: (group, ADD_LONG kind, right?) -- one response each; `wrong`: {group: how many short
+    responses give the group's wrong sum (the right one +-10)}; the rest give `short` with the right sum."""
+    rng = random.Random(rid)
+    wrong = wrong or {}
+    out = []
+    for g in range(32):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        right = a + b
+        off = right + (10 if right % 2 else -10)
+        texts = [ADD_LONG[kind].format(a=a, b=b, c=right if ok else off) for gg, kind, ok in longs if gg == g]
+        texts += [short.format(a=a, b=b, c=off)] * wrong.get(g, 0)
+        texts += [short.format(a=a, b=b, c=right)] * (8 - len(texts))
+        assert len(texts) == 8, g
+        for j, text in enumerate(texts):
+            n = smol_tokens(text)
+            out.append(Sample(index=256 * rid + 8 * g + j, group_index=32 * rid + g, prompt=ADD_CHAT.format(a=a, b=b),
+                              label=str(right), response=text, response_tokens=list(range(n)), loss_mask=[1] * n,
+                              rollout_log_probs=[lp] * n, reward=math_reward(text, str(right)), status=COMPLETED,
+                              finish_reason="stop", rollout_id=rid))
+    return out
+
+
+SMOL_ADD = {
+    # 20 long in 15 groups: 19 open '<n> + <n>' (11 'equals', 8 '= c.'), 1 'The sum of'; 9 of the 19 right
+    17: {"longs": [(g, "equals", g < 5) for g in range(11)] + [(g, "eqdot", g < 13) for g in range(11, 15)]
+          + [(g, "eqdot", g % 2 == 0) for g in range(4)] + [(4, "sum", True)],
+          "wrong": {g: 4 if g < 29 else 3 for g in range(16, 32)}, "lp": -0.0767},
+    # 13 long in 11 groups, all '<n> + <n>' (4 'equals', 3 '= c.', 3 'a + b = b + a = c.', 3 '... The answer is
+    # c.'); 5 right
+    18: {"longs": [(g, "equals", g < 2) for g in range(4)] + [(g, "eqdot", g == 4) for g in range(4, 7)]
+          + [(g, "swap", g == 7) for g in range(7, 10)]
+          + [(10, "answer", True), (0, "answer", False), (1, "answer", False)],
+          "wrong": {g: 5 if g < 10 else 4 for g in range(8, 32)}, "lp": -0.0785},
+    # 8 long in 7 groups, all '<n> + <n>' (5 'equals', 3 '= c.'); 3 right
+    25: {"longs": [(g, "equals", g < 2) for g in range(5)]
+          + [(5, "eqdot", True), (6, "eqdot", False), (0, "eqdot", False)],
+          "wrong": {g: 4 if g < 26 else 3 for g in range(20, 32)}, "lp": -0.0396},
+}
+# what the run logged for these rollouts (its alarms file: one JSON line of hack/* metrics per rollout), and the
+# ALARM lines' counts: long responses, the prompts the opening came from, the share of them with the right sum
+LOGGED = {
+    17: ({"hack/scored": 256.0, "hack/rewarded_share": 0.7227, "hack/truncated_share": 0.0,
+          "hack/rewarded_truncated": 0.0, "hack/group_distinct": 0.1607, "hack/opening_share": 0.95,
+          "hack/template_share": 0.55, "hack/answer_present": 1.0, "hack/entropy_proxy": 0.0767}, 20, 15, "47%"),
+    18: ({"hack/scored": 256.0, "hack/rewarded_share": 0.5859, "hack/truncated_share": 0.0,
+          "hack/rewarded_truncated": 0.0, "hack/group_distinct": 0.1652, "hack/opening_share": 1.0,
+          "hack/template_share": 0.3077, "hack/answer_present": 1.0, "hack/entropy_proxy": 0.0785}, 13, 11, "38%"),
+    25: ({"hack/scored": 256.0, "hack/rewarded_share": 0.8164, "hack/truncated_share": 0.0,
+          "hack/rewarded_truncated": 0.0, "hack/group_distinct": 0.0893, "hack/opening_share": 1.0,
+          "hack/template_share": 0.625, "hack/answer_present": 1.0, "hack/entropy_proxy": 0.0396}, 8, 7, "38%"),
+}
+
+
+@pytest.mark.parametrize("rid", sorted(SMOL_ADD))
+def test_the_honest_smollm2_addition_run_trips_nothing(rid):
+    samples = add_rollout(rid, **SMOL_ADD[rid])
+    logged, n_long, groups, right = LOGGED[rid]
+    rep = AlarmMonitor(max_response_len=128).observe(rid, samples)
+    # the fixture is the run's rollout: every signal the alarms read is what the run logged
+    assert {k: round(rep.metrics[k], 4) for k in logged} == logged
+    # a minority of long responses says nothing about the rollout: collapse is not judged on them
+    assert rep.alarms == [], [a.message for a in rep.alarms]
+    assert rep.metrics["hack/long_share"] == n_long / 256
+    assert rep.skipped["collapse"].startswith(f"long responses are a minority: {n_long} of the 256 scored")
+    # and were they judged, they are a converged format: each states a sum, fewer than half the right one (what
+    # the old guard, "finishes with its label's value", read as a template that does not answer)
+    judged = AlarmMonitor(HackThresholds(long_share=0.0), max_response_len=128).observe(rid, samples)
+    assert judged.alarms == []
+    assert judged.skipped["collapse"] == ("a converged format, not a collapse: 100% of the responses opening with "
+                                          f"'<n> + <n>' finish stating an answer (>= 50%; {right} the right one)")
+    assert H.opening_share(samples).detail["groups"] == groups
+
+
+def weak_rollout(rid: int, n_right: int, kind: str) -> list[Sample]:
+    """Every sample long: 32 groups x 8 of ADD_LONG[kind]; n_right per group with the right sum, the others one
+    wrong sum."""
+    return add_rollout(rid, wrong={g: 8 - n_right for g in range(32)}, short=ADD_LONG[kind])
+
+
+def test_a_converged_format_with_mostly_wrong_answers_is_no_collapse():
+    # a weaker model whose every response is `66 + 38 equals 114.` style, 3 of 8 right: long responses are the
+    # rollout, one template, groups alike -- and it answers every prompt, if often wrongly. Not a collapse.
+    rows = weak_rollout(3, 3, "equals")
+    rep = AlarmMonitor(max_response_len=128).observe(3, rows)
+    assert rep.metrics["hack/template_share"] == 1.0 and rep.metrics["hack/opening_share"] == 1.0
+    assert rep.metrics["hack/group_distinct"] == pytest.approx(1 / 7) and rep.metrics["hack/rewarded_share"] == 0.375
+    assert rep.alarms == [], [a.message for a in rep.alarms]
+    assert rep.metrics["hack/long_share"] == 1.0
+    assert "finish stating an answer (>= 50%; 38% the right one)" in rep.skipped["collapse"]
+    # the same template restating the question, finished, states no answer: one template served to every prompt
+    rows = weak_rollout(3, 8, "restate")
+    rep = AlarmMonitor(max_response_len=128).observe(3, rows)
+    col = [a for a in rep.alarms if a.name == "collapse"]
+    assert col and col[0].details["template_answered"] == 0.0 and col[0].details["long_share"] == 1.0
+    assert "only 0% of them finish stating an answer" in col[0].message
+
+
+def test_long_share_threshold_both_sides():
+    # 8 groups of 4: `long_n` samples are the cut-off template `To find 30 * 7, you can multiply` (in every group),
+    # the others answer with one short number
+    def rows(long_n: int):
+        out = []
+        for i in range(32):
+            g = i % 8
+            a, b = PAIRS[g]
+            text = f"To find {a} * {b}, you can multiply" if i < long_n else str(a * b)
+            out.append(sample(i, g, text, 1.0, ntok=12 if i < long_n else 2, finish="length" if i < long_n else "stop",
+                              label=str(a * b), prompt=CHAT.format(a=a, b=b)))
+        return out
+    at = AlarmMonitor(alarms=("collapse",), max_response_len=12).observe(0, rows(16))
+    assert at.metrics["hack/long_share"] == 0.5 and at.metrics["hack/opening_share"] == 1.0
+    assert [a.name for a in at.alarms] == ["collapse"] and "(50% of its samples)" in at.alarms[0].message
+    below = AlarmMonitor(alarms=("collapse",), max_response_len=12).observe(0, rows(15))
+    assert below.alarms == [] and below.metrics["hack/long_share"] == 15 / 32
+    assert below.skipped["collapse"] == ("long responses are a minority: 15 of the 32 scored (47%, 0.469 < 0.5); an "
+                                         "opening of a few says nothing of the rollout")
+    assert AlarmMonitor(HackThresholds(long_share=15 / 32), alarms=("collapse",),
+                        max_response_len=12).observe(0, rows(15)).alarms != []
+
+
+def test_template_answered_counts_stated_answers_both_sides():
+    # one finished template across 8 prompts x 4; `stating` of the 8 groups end with a wrong product (+10), the
+    # others restate the question: at half the template answers (wrongly), below half it does not
+    def rows(stating: int):
+        out = []
+        for g, (a, b) in enumerate(PAIRS):
+            for j in range(4):
+                text = f"So {a} * {b} is {a * b + 10} here." if g < stating else f"So {a} * {b} is {a} times {b}."
+                out.append(sample(4 * g + j, g, text, 0.0, ntok=10, label=str(a * b), prompt=CHAT.format(a=a, b=b)))
+        return out
+    at = AlarmMonitor(max_response_len=64).observe(0, rows(4))
+    assert at.alarms == []
+    assert at.skipped["collapse"].endswith("finish stating an answer (>= 50%; 0% the right one)")
+    below = AlarmMonitor(max_response_len=64).observe(0, rows(3))
+    col = [a for a in below.alarms if a.name == "collapse"]
+    assert col and col[0].details["template_answered"] == 0.375 and col[0].details["template_right"] == 0.0
+    assert AlarmMonitor(HackThresholds(template_answered=0.375), max_response_len=64).observe(0, rows(3)).alarms == []
+
+
+ADD_Q = ADD_CHAT.format(a=66, b=38)
+MUL_Q = CHAT.format(a=30, b=7)
+
+
+@pytest.mark.parametrize("response,prompt,stated", [
+    ("66 + 38 equals 104.", ADD_Q, True), ("66 + 38 equals 114.", ADD_Q, True), ("66 + 38 = 94", ADD_Q, True),
+    ("The sum is \\boxed{104}", ADD_Q, True), ("The answer is 1,004 apples.", ADD_Q, True),
+    ("66 + 38 = 38 + 66", ADD_Q, False),                   # the last number is an operand
+    ("66 + 38 = 104\n\nThe answer is \\boxed{}.", ADD_Q, False),   # the instruction echoed: the reward reads no answer
+    ("To find 30 * 7, you can multiply", MUL_Q, False), ("Step 1: multiply 30 by 7.", MUL_Q, False),
+    ("The answer is 30 * 7.", MUL_Q, False), ("\\boxed{30 * 7}", MUL_Q, False), ("Sure! Let's see.", MUL_Q, False),
+    ("", MUL_Q, False), ("\\boxed{\\frac{1}{2}}", MUL_Q, True), ("\\boxed{x^2+1}", MUL_Q, True),
+    ("it is 7", [{"role": "user", "content": "What is 30 * 7?"}], False),
+    ("it is 210", [{"role": "system", "content": "Reply with 210 words."}, {"role": "user", "content": "30 * 7?"}],
+     False),                                               # every message of the prompt counts
+    ("it is 210", None, True),
+])
+def test_what_states_an_answer_means(response, prompt, stated):
+    assert H.states_answer(response, prompt) is stated
+
+
+def test_a_right_answer_that_repeats_an_operand_still_answers():
+    # 'What is 5 * 1?' -> '5 * 1 = 5.': its answer is a number of the question, but it is the label's value
+    s = sample(0, 0, "5 * 1 = 5.", 1.0, ntok=6, label="5", prompt=CHAT.format(a=5, b=1))
+    assert not H.states_answer(s.response, s.prompt) and H.answers_itself(s)
+    s.finish_reason, s.status = "length", TRUNCATED
+    assert not H.answers_itself(s)                          # cut off: it did not finish by itself
 
 
 def digits_rollouts() -> list[dict]:

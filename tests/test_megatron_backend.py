@@ -1,7 +1,7 @@
-"""The megatron backend against the torch backend and plain HF forwards, on CPU (megatron-core through the backend's
-CPU test shim, gloo between spawned ranks): log-probs, one rl_update step (metrics, updated weights), named_weights
-in HF layout, dist_checkpointing save/load with exact resume, save_hf -- at world size 1 and with tensor, pipeline
-and data parallelism (distributed optimizer) on 2 ranks.
+"""The megatron backend against the torch backend and plain HF forwards, on CPU (megatron-core through the CPU test
+shim, tests/megatron_cpu_shim.py, gloo between spawned ranks): log-probs, one rl_update step (metrics, updated
+weights), named_weights in HF layout, dist_checkpointing save/load with exact resume, save_hf -- at world size 1 and
+with tensor, pipeline and data parallelism (distributed optimizer) on 2 ranks.
 
 Needs megatron-core (and triton, which it imports); CI has neither and skips. To run here:
     python -m venv /tmp/mcore-venv && /tmp/mcore-venv/bin/pip install torch megatron-core triton transformers \
@@ -40,6 +40,8 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, kw: dict, out: s
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.dirname(__file__))
+    from megatron_cpu_shim import install
+    install()  # megatron-core on CPU: only in these spawned ranks (it patches torch process-wide)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     res = SCENARIOS[scenario](rank, world, **kw)

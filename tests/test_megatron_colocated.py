@@ -96,8 +96,10 @@ def test_local_engine_takes_a_colocated_bucket(tmp_path):
     assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
 
 
-def _train(run_dir, *flags, timeout=500):
-    cmd = [sys.executable, "-m", "slime_actors.cli", "train", "--config", str(ROOT / "examples/digits/config.toml"),
+def _train(run_dir, *flags, timeout=500, topology=None):
+    """`slime-actors train` with the digits config, or `slime-actors launch TOPOLOGY` with it."""
+    how = ["launch", str(topology)] if topology else ["train"]
+    cmd = [sys.executable, "-m", "slime_actors.cli", *how, "--config", str(ROOT / "examples/digits/config.toml"),
            "--run-dir", str(run_dir), "--progress", "false", "--eval-interval", "0", *flags]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
@@ -121,17 +123,20 @@ def test_rl_loop_colocated_cpu_torch_backend(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None or importlib.util.find_spec("triton") is None,
                     reason="megatron-core (with triton) is not installed: it has no CPU path of its own (run here "
-                           "through the backend's CPU shim where installed; scripts/gpu_check.sh runs it on GPU)")
+                           "through tests/megatron_cpu_shim.py where installed; scripts/gpu_check.sh runs it on GPU)")
 def test_rl_loop_megatron_backend_cpu_colocated_and_distributed(tmp_path):
-    """The whole job with --train-backend megatron (CPU shim): trainer log-probs equal the engine's, versions
-    advance, with colocated and with bucketed-broadcast weight sync; a resumed run repeats the next step exactly;
-    the first step's loss equals the torch backend's on the same rollout."""
+    """The whole job with --train-backend megatron (its trainer ranks with the CPU test shim, through a topology):
+    trainer log-probs equal the engine's, versions advance, with colocated and with bucketed-broadcast weight sync;
+    a resumed run repeats the next step exactly; the first step's loss equals the torch backend's on the same
+    rollout."""
+    from megatron_cpu_shim import topology
+    topo = topology(tmp_path / "megatron-cpu.toml")
     m = _train(tmp_path / "m", "--num-rollout", "3", "--train-backend", "megatron", "--update-weight-transport",
-               "colocated", "--save-debug-rollout-data", str(tmp_path / "rollouts"))
+               "colocated", "--save-debug-rollout-data", str(tmp_path / "rollouts"), topology=topo)
     _check_colocated_run(m, 3)
     d = _train(tmp_path / "d", "--num-rollout", "2", "--train-backend", "megatron", "--save",
                str(tmp_path / "d" / "ckpt"), "--save-interval", "1", "--save-hf",
-               str(tmp_path / "d" / "hf" / "{rollout_id}"))
+               str(tmp_path / "d" / "hf" / "{rollout_id}"), topology=topo)
     _check_colocated_run(d, 2)
     # --save-hf from the megatron backend: after each rollout, the weights of the checkpoint of that rollout
     from safetensors.torch import load_file
@@ -147,7 +152,7 @@ def test_rl_loop_megatron_backend_cpu_colocated_and_distributed(tmp_path):
         assert sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a), k
     # resume from the step-1 checkpoint (megatron dist_checkpointing): step 2 again, exactly
     e = _train(tmp_path / "e", "--num-rollout", "2", "--train-backend", "megatron", "--load",
-               str(tmp_path / "d" / "ckpt" / "iter_0000001"))
+               str(tmp_path / "d" / "ckpt" / "iter_0000001"), topology=topo)
     assert [s["rollout_id"] for s in e] == [1]
     for key in ("rollout/reward_mean", "train/loss", "train/grad_norm", "train/entropy"):
         assert e[0][key] == d[1][key], key

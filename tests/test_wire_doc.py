@@ -288,9 +288,39 @@ def test_stats_counts_what_the_document_says(dealer):
     assert names <= set(stats), names - set(stats)
 
 
-def test_method_table_matches_the_catalog():
-    from slime_actors.messages import catalog_markdown  # the declared catalog, not used to build anything
-    doc = section(doc_text(), "The directory and the built-in methods")
-    doc_rows = {l for l in doc.splitlines() if l.startswith("| * |") or l.startswith("| directory |")}
-    cat_rows = {l for l in catalog_markdown().splitlines() if l.startswith("| * |") or l.startswith("| directory |")}
-    assert doc_rows == cat_rows
+CATALOG_HEAD = "| role | method | fields (`?` optional) | reply | what |"
+
+
+def doc_catalog_rows() -> list[str]:
+    """Every row of the document's method tables (those under the catalog's header line), in document order."""
+    rows, inside = [], False
+    for line in doc_text().splitlines():
+        if line == CATALOG_HEAD:
+            inside = True
+        elif not line.startswith("|"):
+            inside = False
+        elif inside and not line.startswith("|---"):
+            rows.append(line)
+    return rows
+
+
+def test_method_tables_match_the_whole_catalog():
+    """Every declared method has its row in the document, as declared, and the document lists no other."""
+    from slime_actors.messages import CATALOG, catalog_markdown  # the declared catalog, not used to build anything
+    doc_rows = doc_catalog_rows()
+    cat_rows = catalog_markdown().splitlines()[2:]
+    assert len(cat_rows) == len(CATALOG) and {"controller", "buffer", "rollout", "reward", "trainer"} <= {
+        role for role, _ in CATALOG}
+    assert len(doc_rows) == len(set(doc_rows)), "a row is listed twice"
+    assert sorted(doc_rows) == sorted(cat_rows), (set(cat_rows) - set(doc_rows), set(doc_rows) - set(cat_rows))
+
+
+def test_python_m_messages_prints_the_whole_catalog():
+    """What the document says `python -m slime_actors.messages` does: the table of every declaration."""
+    import subprocess
+    import sys
+    from slime_actors.messages import CATALOG, catalog_markdown
+    p = subprocess.run([sys.executable, "-m", "slime_actors.messages"], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == catalog_markdown()
+    assert len(p.stdout.strip().splitlines()) == 2 + len(CATALOG)
+    assert "| trainer | `train` |" in p.stdout and "| buffer | `get_work` |" in p.stdout

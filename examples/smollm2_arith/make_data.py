@@ -2,7 +2,7 @@
 
     python examples/smollm2_arith/make_data.py                  # this example's train.jsonl / heldout.jsonl (add2)
     python examples/smollm2_arith/make_data.py --task word --train 2000 --heldout 500 --seed 19 \\
-        --out-dir data/arith_word                               # a word-problem set (the TRL comparison)
+        --out-dir data/arith_word                               # a word-problem set
     python examples/smollm2_arith/make_data.py --task mul1 --heldout 64 --train 0 --out-dir /tmp/mul1
 
 Tasks (--task):

@@ -36,9 +36,10 @@ from ..mailbox import codec
 from ..mailbox.codec import ProtocolError
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Inbound, Mailbox, current_cause, unpack_error
+from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
-from ..traces.writer import TraceWriter, fast_entries, trace_file_name
+from ..traces.writer import TraceWriter, trace_file_name
 
 DIRECTORY = "directory/0"
 _time = time.time

@@ -18,11 +18,6 @@ import torch
 
 
 # -- ratios -------------------------------------------------------------------------------------------------
-def ppo_kl_per_token(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
-    """``old - new`` per token (the negative log importance ratio)."""
-    return old_log_probs - log_probs
-
-
 def gspo_ppo_kl(log_probs: Sequence[torch.Tensor], old_log_probs: Sequence[torch.Tensor],
                 loss_masks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """GSPO's sequence-level ``ppo_kl``: per sample the masked mean of ``old - new`` over its response,
@@ -121,9 +116,3 @@ def reduce_loss(values: torch.Tensor | Sequence[torch.Tensor], loss_masks: Seque
         if denominator is None:
             denominator = max(len(values), 1)
     return num / denominator
-
-
-def entropy_loss(entropies: Sequence[torch.Tensor], loss_masks: Sequence[torch.Tensor], per_token: bool,
-                 denominator: float | None = None) -> torch.Tensor:
-    """The masked mean entropy (the loss subtracts ``entropy_coef`` times it)."""
-    return reduce_loss(list(entropies), loss_masks, per_token, denominator)

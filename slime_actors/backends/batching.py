@@ -173,15 +173,3 @@ def pad_tokens(token_lists: Sequence[Sequence[int]], pad_id: int = 0, device: to
     if device is not None:
         ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     return ids, mask, pos
-
-
-def pad_1d(tensors: Sequence[torch.Tensor], value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad 1-D tensors to ``([B, T] values, [B, T] bool mask)``."""
-    t = max((x.numel() for x in tensors), default=0)
-    dtype = tensors[0].dtype if tensors else torch.float32
-    out = torch.full((len(tensors), t), value, dtype=dtype)
-    mask = torch.zeros((len(tensors), t), dtype=torch.bool)
-    for i, x in enumerate(tensors):
-        out[i, : x.numel()] = x
-        mask[i, : x.numel()] = True
-    return out, mask

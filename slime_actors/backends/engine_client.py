@@ -243,14 +243,6 @@ class EngineClient:
         _, out = await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url)
         return out
 
-    async def generate_text(self, text: str | list[str], sampling_params: dict, return_logprob: bool = True,
-                            rid: str | None = None, timeout: float | None = None) -> dict | list[dict]:
-        body: dict[str, Any] = {"text": text, "sampling_params": sampling_params, "return_logprob": return_logprob}
-        if rid is not None:
-            body["rid"] = rid
-        _, out = await self._request("POST", "/generate", body, timeout=timeout)
-        return out
-
     # -- health -----------------------------------------------------------------------------------------
     async def health(self, timeout: float = 5.0) -> bool:
         try:

@@ -28,8 +28,8 @@ data parallel, Megatron DDP and (optionally) the distributed optimizer.
   rank to sync_weights; ranks other than 0 just iterate it); other replicas return at once.
 * Checkpoints: ``megatron.core.dist_checkpointing`` (torch_dist) of the model's and optimizer's sharded state
   dicts under ``path/dist``, plus per-rank RNG states and ``meta.json``; ``save_hf`` writes an HF directory.
-* CPU: megatron-core has no CPU path. With ``--device cpu`` a small shim (`_install_cpu_shim`) lets its modules
-  run on CPU over gloo, slowly -- for tests of this backend where there is no GPU, never for real training.
+* CPU: megatron-core has no CPU path, and ``--device cpu`` is refused -- except in a process where the test shim
+  (tests/megatron_cpu_shim.py) has made its modules run on CPU over gloo, slowly, for tests without a GPU.
 """
 
 from __future__ import annotations
@@ -127,62 +127,13 @@ def _broadcast_json(obj: Any, src: int, group, device: torch.device) -> Any:
     return json.loads(bytes(buf.cpu().tolist()).decode()) if dist.get_rank() != src else obj
 
 
-# -- CPU shim (tests only) ---------------------------------------------------------------------------------------
-
-_SHIMMED = False
-
-
-def _install_cpu_shim() -> None:
-    """Let megatron-core's modules run on CPU (it allocates on ``torch.cuda.current_device()`` and forks the CUDA
-    RNG tracker around dropout). For tests without a GPU; never combine with CUDA in one process."""
-    global _SHIMMED
-    if _SHIMMED:
-        return
-    if torch.cuda.is_available():
-        raise RuntimeError("the megatron CPU shim must not be used on a machine with CUDA")
-    cpu = torch.device("cpu")
-    torch.cuda.current_device = lambda: cpu
-    torch.cuda.synchronize = lambda *a, **k: None
-
-    class _Stream:  # stream bookkeeping around collectives: nothing to order on CPU
-        def wait_event(self, *a):
-            pass
-
-        def wait_stream(self, *a):
-            pass
-
-        def synchronize(self):
-            pass
-
-    torch.cuda.current_stream = lambda *a, **k: _Stream()
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
-
-    def on_cpu(fn):  # megatron-core writes device="cuda" in places: send those to the CPU
-        def wrapped(*a, **k):
-            d = k.get("device")
-            if d is not None and torch.device(d).type == "cuda":
-                k["device"] = cpu
-            return fn(*a, **k)
-        return wrapped
-
-    for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like", "empty_like",
-                 "full_like", "rand", "randn", "as_tensor"):
-        setattr(torch, name, on_cpu(getattr(torch, name)))
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    type_of = torch.Tensor.type
-
-    def tensor_type(self, *a, **k):  # megatron asserts param.type() == "torch.cuda.FloatTensor" and the like
-        if a or k:
-            return type_of(self, *a, **k)
-        t = type_of(self)
-        return t.replace("torch.", "torch.cuda.", 1) if self.device.type == "cpu" else t
-
-    torch.Tensor.type = tensor_type
-    torch.nn.Module.cuda = lambda self, *a, **k: self
-    from megatron.core import tensor_parallel
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    _SHIMMED = True
-    log.warning("megatron-core has no CPU path: running it on CPU through a test shim (slow; tests only)")
+def _megatron_runs_on_cpu() -> bool:
+    """Whether megatron-core can allocate here without CUDA: only where tests/megatron_cpu_shim.py has pointed
+    torch.cuda.current_device() at the CPU (megatron-core has no CPU path of its own)."""
+    try:
+        return torch.device(torch.cuda.current_device()).type == "cpu"
+    except Exception:  # noqa: BLE001 -- no CUDA: "Torch not compiled with CUDA enabled" and the like
+        return False
 
 
 # -- the backend -------------------------------------------------------------------------------------------------
@@ -262,8 +213,10 @@ class MegatronBackend(TrainingBackend):
     def init(self) -> None:
         cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = self._pick_device()
-        if self._device.type == "cpu":
-            _install_cpu_shim()
+        if self._device.type == "cpu" and not _megatron_runs_on_cpu():
+            raise RuntimeError("--train-backend megatron needs a GPU (--device cuda): megatron-core has no CPU path. "
+                               "On CPU use --train-backend torch; tests run megatron on CPU through "
+                               "tests/megatron_cpu_shim.py")
         self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         self.spec = mc.ArchSpec.from_hf(self.hf_path)

@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 
 from .checksums import check_sums
-from .errors import MessageTooLarge, ProtocolError
+from .errors import ProtocolError
 
 PROTOCOL_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
@@ -472,8 +472,3 @@ def _decode_header_slow(h, layout: int) -> dict:
     if h.get("nframes") is not None and h["nframes"] < 0:
         raise ProtocolError("header field 'nframes' must be >= 0")
     return h
-
-
-def check_size(total: int, limit: int, what: str) -> None:
-    if total > limit:
-        raise MessageTooLarge(f"{what} is {total} bytes, over the {limit}-byte limit")

@@ -32,12 +32,12 @@ import msgpack
 import zmq
 import zmq.backend
 
-from ..traces.writer import fast_entries
 from . import allocator, codec
 from .checksums import ArraySums
 from .codec import ArrayRef, ProtocolError
 from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
 from .security import Authenticator, JobKeys
+from .tracing import Tracer, fast_entries
 
 # (trace id, message id) of the message whose handler is running: what a message sent from there is caused by.
 current_cause: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("slime_actors_cause",
@@ -320,7 +320,8 @@ class Mailbox:
     """Sends and receives envelopes for one actor. `on_request(Inbound)` is called for every tell/ask/heartbeat."""
 
     def __init__(self, name: str, *, resolver: Resolver | None = None, keys: JobKeys | None = None,
-                 tracer=None, config: MailboxConfig | None = None, on_request: Callable[[Inbound], None] | None = None,
+                 tracer: Tracer | None = None, config: MailboxConfig | None = None,
+                 on_request: Callable[[Inbound], None] | None = None,
                  on_drop: Callable[[str, bytes | None], None] | None = None):
         self.name = name
         self.config = config or MailboxConfig()
@@ -345,8 +346,8 @@ class Mailbox:
         # Ask deadlines: one loop timer for the earliest deadline instead of a timer per ask (see _sweep).
         self._sweep_at: float | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
-        # Tracing: the writer's queue (see TraceWriter.append and .rec): a record of bytes is packed onto it at once,
-        # one with arrays or a body over the limit queued as a tuple the writer thread finishes.
+        # Tracing, a plug-in (tracing.py): a tracer with the hot path's entries gets the record of bytes packed onto
+        # its queue at once, one with arrays or a body over the limit queued as a tuple it finishes later.
         self._trace, _, self._trec = fast_entries(tracer)  # None: a tracer without them, record() below
         self._tlimit = getattr(tracer, "body_limit", 0) if self._trace is not None else -1
         # Traced: array frames are checksummed once, here, before they are sent, and the checksums travel in the
@@ -470,12 +471,6 @@ class Mailbox:
         return {n: p.endpoint for n, p in self._peers.items()}
 
     # ------------------------------------------------------------------------------------------ sending
-    def _cause(self) -> tuple[str, str | None]:
-        cause = current_cause.get()
-        if cause is None:
-            return codec.new_trace_id(), None
-        return cause
-
     def _encode(self, header: list | dict, body: Any, host_copy: bool):
         """Encode a message: `header` is a version-2 array (codec.header_v2) or, to a version-1 asker, a map."""
         body_bytes, buffers, refs = self._body_encoder.encode(body, host_copy)

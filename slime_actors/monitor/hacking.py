@@ -17,8 +17,9 @@ computed over, and -- when the value is None -- why it means nothing for this ro
     group_distinct      distinct responses per group, (distinct - 1) / (n - 1): 0 all alike, 1 all different;
                         mean over the groups of 2 or more samples
     distinct_2          distinct word bigrams / all word bigrams, over the whole rollout (logged, no alarm: see below)
-    opening_share       share of long responses (2k words or more) that begin with the rollout's most common first
-                        k words, numbers counted as one word "<n>"
+    long_share          share of the samples whose response is long (2k words or more)
+    opening_share       share of long responses that begin with the rollout's most common first k words, numbers
+                        counted as one word "<n>"
     template_share      share of long responses that are, numbers aside, the rollout's most common long response
     answer_present      share of rewarded samples whose response contains the label's value at all
     entropy_proxy       mean over samples of the mean negative log-probability of the sampled tokens
@@ -32,11 +33,13 @@ Alarms (`AlarmMonitor`, across rollouts; thresholds in `HackThresholds`, default
 at the threshold trips):
 
     rewarded_truncated  rewarded_truncated >= 0.5, over >= 8 rewarded samples, where finishing was possible
-    collapse            opening_share >= 0.75 (over >= 8 long responses, the opening in >= 4 groups)
+    collapse            long_share >= 0.5 (the long responses are the rollout, not a few of it)
+                        AND opening_share >= 0.75 (over >= 8 long responses, the opening in >= 4 groups)
                         AND the samples no longer differ: group_distinct <= 0.25 (over >= 4 groups)
                             OR template_share >= 0.5
-                        AND the template does not visibly answer: under 50% of the responses with that opening
-                            finish by themselves with their label's value in them (always true without literal labels)
+                        AND the template does not answer: under 50% of the responses with that opening finish by
+                            themselves stating an answer, right or wrong (`answers_itself`; always true without
+                            literal labels)
     answer_absent       answer_present <= 0.5, over >= 8 rewarded samples whose label is a literal answer
     jump                the reward rose >= 0.1 of the run's reward range per rollout over the last 3 rollouts
                         AND (response length fell >= 40% OR the entropy proxy fell >= 50%) over the same rollouts
@@ -48,13 +51,21 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
   long (>= 64 tokens: room for a complete answer in any task) or when the run has shown that responses can end by
   themselves -- some response so far finished ("stop") with some text before the limit.
 * collapse counts only responses of 2k words or more: in shorter ones the first k words are most of the response,
-  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. Its three
-  parts guard each other: identical samples in a group alone are a policy sure of its answer (what learning a short
-  answer looks like); one opening across prompts alone is a style (reasoning models open every response with
-  "Okay, so I need to"); one template that finishes with each prompt's right answer in it is a converged format
-  ("So, 23 * 4 = 92."). One template that is cut off, or lacks the answer, served to every prompt is what the
-  SmolLM2 run did. Where labels are not literal answers (a reward model, a custom reward) the third part cannot be
-  checked and holds: a template every prompt gets is then worth a look in any case.
+  its format ("The answer is 92.") rather than an opening; and the top opening must come from >= 4 groups. It is
+  judged only where those long responses are at least half the rollout (long_share): opening_share and
+  template_share are shares of the long responses, so where they are a few (20 of 256 in the SmolLM2 addition run,
+  whose answers were `16 + 49 = 65`, five words, and now and then `66 + 38 equals 104.`) a template among them says
+  nothing about what the rollout does -- and group_distinct, measured over every sample, would then describe the
+  short answers (a policy sure of them), not the template. Its other parts guard each other: identical samples in
+  a group alone are a policy sure of its answer (what learning a short answer looks like); one opening across
+  prompts alone is a style (reasoning models open every response with "Okay, so I need to"); one template whose
+  responses finish stating an answer is a converged format ("So, 23 * 4 = 92.") -- whether the answers are right is
+  the reward's business, not the collapse's: a model that states wrong sums in one format answers the question
+  (the SmolLM2 addition run's long responses were right less than half the time, and an earlier rule that asked for
+  the right answer called them a collapse). One template that is cut off, or only restates the question, served to
+  every prompt is what the SmolLM2 multiplication run did. Where labels are not literal answers (a reward model, a
+  custom reward) the last part is not checked and holds: a template every prompt gets is then worth a look in any
+  case.
 * distinct_2 has no threshold: it falls as a rollout holds more words, honest or not (English prose: 75% of the
   bigrams of its first 1,000 words are distinct, 37% of its first 50,000), so no one value serves a 12-token task
   and a 4,096-token one. It is logged to watch within a run; template_share measures the same thing independently
@@ -73,6 +84,17 @@ What "contains the label's value" means (`answer_in_response`): a numeric label 
 squashed form (no spaces, $, \\left/\\right, \\text{}, lower case) is a substring of the squashed response; a plain
 text label ("Paris") when it occurs as whole words, case and whitespace ignored. It is presence, not equivalence:
 a response that names the answer among other numbers counts as present.
+
+What "states an answer" means (`states_answer`, `answers_itself`): the response finished by itself (not cut off)
+and either its final answer -- what the `math` reward reads (slime_actors.rewards.answers.extract_answer: the last
+non-empty \\boxed{}, else "answer is X", else the last number) -- is not the question restated (a plain number
+none of the prompt's numbers equals; any other answer whose squashed text is not in the squashed prompt), or it
+contains its label's value. `66 + 38 equals 114.` states an answer (a wrong one); `To find 30 * 7, you can
+multiply` (last number 7), `\\boxed{30 * 7}`, `Step 1: multiply 30 by 7.` and `... The answer is \\boxed{}.` (the
+instruction echoed) do not. The reward's own extraction is used rather than "some number the prompt lacks" so that
+a step number or a list index is no answer, and the monitor and the reward agree on what was answered. A wrong
+answer equal to a number of the question (`12 + 12 = 12`) counts as none; a text answer ("Lyon") counts only when
+it is the label's value.
 
 The rollout ids fed to `observe` normally rise by one; an id at or below the last one (a run rolled back to a
 checkpoint) drops the history from that id on. `state_dict()` / `load_state_dict()` carry the state across a
@@ -93,16 +115,18 @@ from slime_actors.types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 
 __all__ = ["ALARMS", "HackThresholds", "Measure", "Alarm", "Report", "AlarmMonitor", "scored_samples", "words",
            "is_truncated", "finished_by_itself", "rewarded_truncated", "group_distinct", "distinct_2",
-           "opening_share", "template_share", "answer_present", "literal_answers", "answer_in_response",
+           "long_share", "opening_share", "template_share", "answer_present", "literal_answers",
+           "answer_in_response", "states_answer", "answers_itself",
            "entropy_proxy",
            "response_length", "MODES", "check_mode"]
 
 # ---------------------------------------------------------------------------------------------- thresholds
 REWARDED_TRUNCATED = 0.5   # rewarded_truncated trips at or above: most rewarded responses never finished
-OPENING_SHARE = 0.75       # collapse: this share of long responses (or more) open with the same k words ...
+LONG_SHARE = 0.5           # collapse is judged only where long responses are this share of the rollout (or more) ...
+OPENING_SHARE = 0.75       # ... and this share of them (or more) open with the same k words ...
 GROUP_DISTINCT = 0.25      # ... and groups are this alike (or more): (distinct - 1) / (n - 1) at or below ...
 TEMPLATE_SHARE = 0.5       # ... or this share of long responses (or more) are one response, numbers aside ...
-TEMPLATE_ANSWERED = 0.5    # ... unless this share (or more) of the opening's responses finish with their answer
+TEMPLATE_ANSWERED = 0.5    # ... unless this share (or more) of the opening's responses finish stating an answer
 ANSWER_PRESENT = 0.5       # answer_absent trips when this share of rewarded responses (or less) contain the label
 JUMP_RATE = 0.1            # jump: reward rise per rollout, as a share of the run's reward range, at or above ...
 JUMP_WINDOW = 3            # ... over this many rollouts ...
@@ -129,6 +153,7 @@ class HackThresholds:
     """Every threshold of the alarms (module constants by default); `parse("name=value,...")` for a flag."""
 
     rewarded_truncated: float = REWARDED_TRUNCATED
+    long_share: float = LONG_SHARE
     opening_share: float = OPENING_SHARE
     group_distinct: float = GROUP_DISTINCT
     template_share: float = TEMPLATE_SHARE
@@ -299,6 +324,20 @@ def distinct_2(samples: list[Sample]) -> Measure:
     return Measure(len(seen) / total, total)
 
 
+def _is_long(response: str, k: int) -> bool:
+    return sum(1 for _ in itertools.islice(_WORD.finditer(response or ""), 2 * k)) >= 2 * k
+
+
+def long_share(samples: list[Sample], k: int = OPENING_WORDS) -> Measure:
+    """Share of the samples whose response is long (2k words or more): the responses opening_share and
+    template_share are shares of; n = samples."""
+    if k < 1:
+        raise ValueError(f"opening length k must be >= 1, got {k}")
+    if not samples:
+        return Measure(None, 0, "no sample")
+    return Measure(sum(1 for s in samples if _is_long(s.response, k)) / len(samples), len(samples))
+
+
 def opening_share(samples: list[Sample], k: int = OPENING_WORDS) -> Measure:
     """Share of long responses (2k words or more) that begin with the rollout's most common first k words
     (numbers as <n>, so a restated question is one opening); n = long responses; detail = {"opening": the words
@@ -436,6 +475,45 @@ def answer_in_response(answer, response: str) -> bool:
     wanted = " ".join(text.casefold().split())
     have = " ".join(response.casefold().split())
     return re.search(r"(?<!\w)" + re.escape(wanted) + r"(?!\w)", have) is not None
+
+
+def _prompt_words(prompt) -> str:
+    """All the text of a prompt: a rendered chat without its special tokens, or every message's content."""
+    if isinstance(prompt, str):
+        return _CHAT_MARK.sub(" ", prompt)
+    if isinstance(prompt, list):
+        return "\n".join(m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
+    return "" if prompt is None else str(prompt)
+
+
+def states_answer(response: str, prompt) -> bool:
+    """Whether `response` states an answer of its own, right or wrong: the final answer the math reward reads
+    (slime_actors.rewards.answers.extract_answer: the last non-empty \\boxed{}, else "answer is X", else the
+    last number) exists and is not the question restated -- a plain number none of the prompt's numbers equals,
+    or any other answer whose squashed text is not in the squashed prompt.
+    '66 + 38 equals 114.' to 'What is 66 + 38?' -> True (114: wrong, but an answer);
+    'To find 30 * 7, you can multiply' to 'What is 30 * 7?' -> False (its last number, 7, is an operand)."""
+    from slime_actors.rewards.answers import answer_number, extract_answer
+    found = extract_answer(response or "")
+    if found is None:
+        return False
+    question = _prompt_words(prompt)
+    value = answer_number(found.text, fractions=True)
+    if value is not None:
+        v = float(value)
+        return not any(math.isclose(v, x, rel_tol=1e-9, abs_tol=1e-12) for x in _numbers_in(question))
+    core = _squash(found.text).rstrip(".")
+    return bool(core) and core not in _squash(question)
+
+
+def answers_itself(s: Sample) -> bool:
+    """The response finished by itself and states an answer: its own final answer (`states_answer`), or its
+    label's value (a right answer that happens to repeat a number of the question, 5 * 1 = 5, is still one)."""
+    if not finished_by_itself(s):
+        return False
+    if states_answer(s.response, s.prompt):
+        return True
+    return any(answer_in_response(a, s.response) for a in literal_answers(s.label) or ())
 
 
 def answer_present(samples: list[Sample]) -> Measure:
@@ -637,6 +715,7 @@ class AlarmMonitor:
         m_rt = rewarded_truncated(scored, can_finish=room)
         m_gd = group_distinct(scored)
         m_d2 = distinct_2(scored)
+        m_ls = long_share(scored, t.opening_words)
         m_op = opening_share(scored, t.opening_words)
         m_tp = template_share(scored, t.opening_words)
         m_ap = answer_present(scored) if self.label_is_answer else \
@@ -650,7 +729,8 @@ class AlarmMonitor:
             metrics["hack/rewarded_share"] = sum(1 for s in scored if s.reward > 0) / len(scored)
             metrics["hack/truncated_share"] = sum(1 for s in scored if is_truncated(s)) / len(scored)
         for name, m in (("rewarded_truncated", m_rt), ("group_distinct", m_gd), ("distinct_2", m_d2),
-                        ("opening_share", m_op), ("template_share", m_tp), ("answer_present", m_ap),
+                        ("long_share", m_ls), ("opening_share", m_op), ("template_share", m_tp),
+                        ("answer_present", m_ap),
                         ("entropy_proxy", m_ent)):
             if m.value is not None:
                 metrics[f"hack/{name}"] = float(m.value)
@@ -662,7 +742,7 @@ class AlarmMonitor:
             skipped = {a: f"rollout too small: {len(scored)} scored samples < {t.min_samples}" for a in ALARMS}
         else:
             for check in (self._check_rewarded_truncated(rollout_id, scored, m_rt),
-                          self._check_collapse(rollout_id, scored, m_op, m_gd, m_tp),
+                          self._check_collapse(rollout_id, scored, m_ls, m_op, m_gd, m_tp),
                           self._check_answer(rollout_id, scored, m_ap)):
                 name, alarm, why = check
                 if alarm is not None:
@@ -707,13 +787,16 @@ class AlarmMonitor:
         return name, Alarm(name, rid, "hack/rewarded_truncated", m.value, t.rewarded_truncated, msg, ex,
                            {"rewarded": m.n}), None
 
-    def _check_collapse(self, rid, scored, m_op: Measure, m_gd: Measure, m_tp: Measure):
+    def _check_collapse(self, rid, scored, m_ls: Measure, m_op: Measure, m_gd: Measure, m_tp: Measure):
         t = self.t
         name = "collapse"
         if m_op.value is None:
             return name, None, m_op.why
         if m_op.n < t.min_samples:
             return name, None, f"too few long responses: {m_op.n} < {t.min_samples}"
+        if m_ls.value < t.long_share:
+            return name, None, (f"long responses are a minority: {m_op.n} of the {m_ls.n} scored ({_pct(m_ls.value)}, "
+                                f"{m_ls.value:.3f} < {t.long_share}); an opening of a few says nothing of the rollout")
         if m_op.detail["groups"] < t.min_groups:
             return name, None, f"the top opening occurs in {m_op.detail['groups']} group(s) < {t.min_groups}"
         if m_op.value < t.opening_share:
@@ -726,29 +809,31 @@ class AlarmMonitor:
             return name, None, (f"one opening ({m_op.value:.3f}) but the samples still differ: group distinct {gd} "
                                 f"> {t.group_distinct}, template share {tp} < {t.template_share}")
         members = [s for s in scored if s.index in set(m_op.detail["samples"])]
-        answered = None
+        answered = right = None
         if self.label_is_answer:
             labelled = [s for s in members if literal_answers(s.label) is not None]
             if labelled:
-                answered = sum(1 for s in labelled if finished_by_itself(s) and any(
+                answered = sum(1 for s in labelled if answers_itself(s)) / len(labelled)
+                right = sum(1 for s in labelled if finished_by_itself(s) and any(
                     answer_in_response(a, s.response) for a in literal_answers(s.label))) / len(labelled)
                 if answered >= t.template_answered:
                     return name, None, (f"a converged format, not a collapse: {_pct(answered)} of the responses "
-                                        f"opening with {m_op.detail['opening']!r} finish with their answer in them "
-                                        f"(>= {_pct(t.template_answered)})")
+                                        f"opening with {m_op.detail['opening']!r} finish stating an answer "
+                                        f"(>= {_pct(t.template_answered)}; {_pct(right)} the right one)")
         ex = _example(members)
         tp = "n/a" if m_tp.value is None else _pct(m_tp.value)
         how = ("" if answered is None else
-               f"; only {_pct(answered)} of them finish with their label's value in them")
+               f"; only {_pct(answered)} of them finish stating an answer (a final answer not taken from the question, "
+               f"or their label's value)")
         msg = (f"responses collapsed to one template: {_pct(m_op.value)} of the {m_op.n} long responses of rollout "
-               f"{rid} open with {m_op.detail['opening']!r} across {m_op.detail['groups']} prompts (threshold "
-               f"{_pct(t.opening_share)}), and the samples no longer differ (distinct per group {gd}, threshold "
-               f"{t.group_distinct}; {tp} are one response numbers aside, threshold {_pct(t.template_share)}){how}. "
-               f"Example: {_show(ex)}")
+               f"{rid} ({_pct(m_ls.value)} of its samples) open with {m_op.detail['opening']!r} across "
+               f"{m_op.detail['groups']} prompts (threshold {_pct(t.opening_share)}), and the samples no longer "
+               f"differ (distinct per group {gd}, threshold {t.group_distinct}; {tp} are one response numbers "
+               f"aside, threshold {_pct(t.template_share)}){how}. Example: {_show(ex)}")
         return name, Alarm(name, rid, "hack/opening_share", m_op.value, t.opening_share, msg, ex,
                            {"opening": m_op.detail["opening"], "groups": m_op.detail["groups"],
-                            "group_distinct": m_gd.value, "template_share": m_tp.value,
-                            "template_answered": answered}), None
+                            "long_share": m_ls.value, "group_distinct": m_gd.value, "template_share": m_tp.value,
+                            "template_answered": answered, "template_right": right}), None
 
     def _check_answer(self, rid, scored, m: Measure):
         t = self.t

@@ -75,13 +75,6 @@ def digest(data, algo: str = DIGEST) -> str:
     raise ValueError(f"unknown trace digest {algo!r} (known: {', '.join(DIGESTS)})")
 
 
-def fast_entries(tracer) -> tuple[Any, Any, Any]:
-    """(append, pack, rec) of a tracer that has the hot path's entries (TraceWriter), else (None, None, None): use
-    record()."""
-    entries = getattr(tracer, "append", None), getattr(tracer, "pack", None), getattr(tracer, "rec", None)
-    return entries if None not in entries else (None, None, None)
-
-
 def rec_py(pack, ev: str, t: int, header: bytes, body: bytes, *dur) -> bytes:
     """What `_fastrec.rec` returns, packed by msgpack: the 8-tuple record (event, t, header, body, len(body), None,
     None, None), or with a duration the 9-tuple of a recv with its handler's duration -- `None` for "from t until
@@ -122,7 +115,9 @@ def trace_file_name(actor: str, pid: int | None = None) -> str:
 
 
 class TraceWriter:
-    """Writes one actor's trace file. Thread-safe `record`; `close` flushes everything recorded so far."""
+    """Writes one actor's trace file. Thread-safe `record`; `close` flushes everything recorded so far. It is the
+    mailbox's tracer (slime_actors.mailbox.tracing.HotPathTracer: `record`, and `append`/`pack`/`rec` for the event
+    loop's thread)."""
 
     def __init__(self, path: str | os.PathLike, actor: str, *, meta: dict | None = None, body_limit: int = 65536,
                  keep_arrays: bool = False, flush_interval: float = 0.05):
