@@ -27,7 +27,6 @@ import asyncio
 import inspect
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from .mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from .messages import CATALOG, BadRequest, MessageSpec

@@ -1,8 +1,7 @@
-"""The RL loop on one page: the synchronous and the one-step-off asynchronous schedule, top to bottom, as slime's
-train.py and train_async.py read. The controller actor (actors/controller.py) runs `run(ctl)`.
-
-`ctl.buffer` and `ctl.trainers` are typed handles on those roles (slime_actors/handles.py): `await
-ctl.trainers.train(k)` asks every trainer rank at once. The rest are the controller's parts, one job each:
+"""The RL loop on one page, as slime's train.py and train_async.py show theirs: `train_sync`, and `train_async` for
+--async-train. The controller actor (actors/controller.py) runs `run(ctl)`. `ctl.buffer` and `ctl.trainers` are typed
+handles (slime_actors/handles.py: `ctl.trainers.train(k)` asks every trainer rank at once); the rest are the
+controller's parts, one job each:
 
     ctl.engines      actors/controller_engines.py      rollout workers: resume, pause, end a rollout, weight sync
     ctl.group        actors/controller_recovery.py     the trainer ranks' group: rendezvous, failure, restart
@@ -10,28 +9,24 @@ ctl.trainers.train(k)` asks every trainer rank at once. The rest are the control
     ctl.metrics      actors/controller_metrics.py      metrics.jsonl, TensorBoard, console, curves.png, the result
     evaluate         actors/controller_eval.py         --eval-prompt-data: one eval rollout per set
     debug_data       actors/controller_debug_data.py   --save-debug-rollout-data, --load-debug-rollout-data
-
-Synchronous, step k: the buffer starts rollout k, the engines generate it, the engines end it once it is complete
-(what is still generating goes back to the buffer) -> every trainer rank trains on its shard -> the buffer marks k
-trained -> weights v+1 to every engine -> evaluate and save when due.
-One-step-off asynchronous (--async-train): rollout k+1 starts as soon as rollout k is complete and is generated while
-the trainers train on k (samples are at most --max-staleness weight versions old: the buffer regenerates older ones);
-the engines pause for the weight update only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
+from typing import TYPE_CHECKING
 
 from .actors import controller_debug_data as debug_data
-from .actors.controller_eval import evaluate, final_evaluation_due
+from .actors.controller_eval import eval_due, evaluate, final_eval_due, first_eval_due
 from .actors.controller_metrics import timed
 from .messages import RolloutStats
 
+if TYPE_CHECKING:
+    from .actors.controller import Controller
 
-async def run(ctl) -> None:
+
+async def run(ctl: Controller) -> None:
     """The job: start (or resume from a checkpoint), then the schedule. When a trainer rank dies the training group
     restarts from the last checkpoint and the schedule carries on from there (`ctl.group.supervise`)."""
     dbg = ctl.cfg.debug
@@ -42,39 +37,37 @@ async def run(ctl) -> None:
         start = await prepare(ctl) if resume_at is None else await ctl.group.rejoin(resume_at)
         ctl.metrics.progress_from(start)
         await schedule(ctl, start)
-        if final_evaluation_due(ctl.cfg, start):
+        if final_eval_due(ctl.cfg, start):
             await evaluate(ctl, ctl.cfg.run.num_rollout)
     await ctl.group.supervise(job)
-    accounting = await ctl.buffer.accounting()
-    ctl.phase = "done"
-    ctl.metrics.finish(accounting)
+    ctl.metrics.finish(accounting=await ctl.buffer.accounting())
 
 
-async def prepare(ctl) -> int:
+async def prepare(ctl: Controller) -> int:
     """Wait for every actor, restore the checkpoint (if any), bring the engines to its weights, evaluate step 0."""
-    cfg, dbg = ctl.cfg, ctl.cfg.debug
     await ctl.wait_for_actors()
-    start, ckpt = cfg.run.start_rollout_id or 0, ctl.checkpoints.latest
+    start, ckpt = ctl.cfg.run.start_rollout_id or 0, ctl.checkpoints.latest
     if ckpt is not None:
         start, ctl.version = ctl.checkpoints.restore()
         ctl.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=ctl.version)
     # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise)
-    await ctl.checkpoints.rollback_buffer(start, "job start", token=f"start-{os.getpid()}-{ctl.started_at}")
+    await ctl.checkpoints.rollback_buffer(start, "job start", token=ctl.start_token())
     await ctl.group.ready()
-    if not dbg.debug_train_only:
+    if not ctl.cfg.debug.debug_train_only:
         await ctl.engines.sync_at_start()
     ctl.metrics.open(resume_at=start if ckpt is not None else None)
-    if cfg.eval.eval_prompt_data and not cfg.eval.skip_eval_before_train and not dbg.debug_train_only \
-            and ckpt is None:
+    if first_eval_due(ctl.cfg, resumed=ckpt is not None):
         await evaluate(ctl, start)
     return start
 
 
-async def train_sync(ctl, start: int) -> None:
-    """slime's train.py: generate rollout k, train on it, update the engines' weights, evaluate and save when due."""
+async def train_sync(ctl: Controller, start: int) -> None:
+    """slime's train.py. Step k: the engines generate rollout k and end it once it is complete (what is still
+    generating goes back to the buffer); every trainer rank trains on its shard; weights v+1 go to every engine;
+    evaluate and save when due."""
     dbg = ctl.cfg.debug
     for k in range(start, ctl.cfg.run.num_rollout):
-        ctl.rollout_id, step = k, ctl.metrics.begin(k, ctl.version)
+        step = ctl.begin_step(k)
         stats, seconds = await (debug_data.load(ctl, k) if dbg.load_debug_rollout_data else generate(ctl, k))
         await rollout_done(ctl, k, step, stats, seconds)
         if dbg.debug_rollout_only:
@@ -87,20 +80,20 @@ async def train_sync(ctl, start: int) -> None:
         ctl.metrics.record(step)
 
 
-async def train_async(ctl, start: int) -> None:
-    """slime's train_async.py: rollout k+1 is generated while the trainers train on rollout k."""
+async def train_async(ctl: Controller, start: int) -> None:
+    """slime's train_async.py (--async-train): rollout k+1 starts as soon as rollout k is complete and is generated
+    while the trainers train on k (samples at most --max-staleness weight versions old: the buffer regenerates older
+    ones); the engines pause for the weight update only."""
     n = ctl.cfg.run.num_rollout
     next_rollout: asyncio.Future | None = None
     try:
         for k in range(start, n):
-            ctl.rollout_id, step = k, ctl.metrics.begin(k, ctl.version)
+            step = ctl.begin_step(k)
             stats, seconds = await (next_rollout or generate(ctl, k))
             await rollout_done(ctl, k, step, stats, seconds)
-            if k + 1 < n:
-                next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True))
-            else:
-                next_rollout = None
-                await ctl.engines.end_rollout(k)
+            next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
+            if next_rollout is None:
+                await ctl.engines.end_rollout(k)             # the last rollout: nothing follows it
             await train(ctl, k, step)                        # the engines pause only for the weight update
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
@@ -109,7 +102,7 @@ async def train_async(ctl, start: int) -> None:
             next_rollout.cancel()
 
 
-async def generate(ctl, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:
+async def generate(ctl: Controller, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:
     """Rollout k, generated by the engines, and the seconds it took (`overlapped`: while the trainers train)."""
     t0 = time.monotonic()
     if not overlapped:
@@ -122,14 +115,14 @@ async def generate(ctl, k: int, overlapped: bool = False) -> tuple[RolloutStats,
     return stats, time.monotonic() - t0
 
 
-async def rollout_done(ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
+async def rollout_done(ctl: Controller, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
     """After each rollout: its statistics into the metrics (and the samples to the console); saved for debugging."""
     await ctl.metrics.on_rollout_done(k, step, stats, seconds)
     if ctl.cfg.debug.save_debug_rollout_data:
         await debug_data.save(ctl, k)
 
 
-async def train(ctl, k: int, step: dict) -> None:
+async def train(ctl: Controller, k: int, step: dict) -> None:
     """Every trainer rank trains on its shard of rollout k; the buffer frees it; the engines get weights v+1."""
     ctl.phase = "train"
     with timed(step, "time/train"):
@@ -143,18 +136,14 @@ async def train(ctl, k: int, step: dict) -> None:
         step["weight_sync/bytes"] = info.get("bytes", 0)
 
 
-async def evaluate_and_save(ctl, k: int, step: dict, engines_busy: bool = False) -> None:
+async def evaluate_and_save(ctl: Controller, k: int, step: dict, engines_busy: bool = False) -> None:
     """After rollout k: evaluate every --eval-interval steps, save every --save-interval steps (and after the last)."""
-    cfg = ctl.cfg
     step["weight_version_after"] = ctl.version
-    if cfg.eval.eval_interval and (k + 1) % cfg.eval.eval_interval == 0 and cfg.eval.eval_prompt_data \
-            and not cfg.debug.debug_train_only:
-        if engines_busy:
-            await ctl.engines.pause()                        # the next rollout waits while the eval runs
-        with timed(step, "time/eval"):
-            step.update({f"eval/{name}": r for name, r in (await evaluate(ctl, k + 1)).items()})
-        if engines_busy:
-            await ctl.engines.resume()
+    if eval_due(ctl.cfg, k):
+        async with ctl.engines.paused(engines_busy):         # a rollout generating meanwhile waits for the eval
+            with timed(step, "time/eval"):
+                results = await evaluate(ctl, k + 1)
+        step.update({f"eval/{name}": r for name, r in results.items()})
     if ctl.checkpoints.save_due(k):
         step["time/save"] = await ctl.checkpoints.save(k)
     if ctl.checkpoints.save_hf_due(k):

@@ -12,12 +12,13 @@ the result (controller_metrics.py).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from .. import loop
 from ..config import JobConfig
 from ..handles import Group, Handle
-from .base import Actor, handler
+from .base import DIRECTORY, Actor, handler
 from .controller_checkpoints import Checkpoints
 from .controller_engines import Engines
 from .controller_metrics import Metrics
@@ -33,11 +34,13 @@ class Controller(Actor):
         """`resume_from_save`: a restarted job (torchrun) resumes from the newest checkpoint under --save."""
         super().__init__(index, resume_from_save=resume_from_save, **config)
         self.cfg = JobConfig.from_dict(config["args"])
-        self.version = 0
-        self.rollout_id = 0
-        self.phase = "starting"
-        self.evals: list[dict] = []
-        self.done: asyncio.Future | None = None
+        self.version = 0                      # the policy's weight version (+1 per training step)
+        self.rollout_id = 0                   # the step running
+        self.phase = "starting"               # starting, sync, idle, rollout, train, eval, recovering, done
+        self.evals: list[dict] = []           # every evaluation so far: {step, name, reward, samples}
+        self.done: asyncio.Future | None = None  # the job's result (or its error): the launcher waits on it
+        # the other roles, as typed handles (slime_actors/handles.py), and the controller's parts
+        self.directory = Handle(self, DIRECTORY)
         self.buffer = Handle(self, "buffer/0", retry_for=BUFFER_RETRY_FOR, log=self.log)
         self.trainers = Group(Handle(self, f"trainer/{r}") for r in range(self.cfg.train.n_ranks))
         self.engines = Engines(self)
@@ -58,11 +61,21 @@ class Controller(Actor):
     async def _run(self) -> None:
         try:
             await loop.run(self)
+            self.phase = "done"
             if not self.done.done():
                 self.done.set_result(self.result)
         except Exception as exc:
             self.log.error("training loop failed", error=repr(exc))
             self.stop_job(exc)
+
+    def begin_step(self, k: int) -> dict:
+        """Step k begins: its metrics row (filled in as it runs, written at its end)."""
+        self.rollout_id = k
+        return self.metrics.begin(k, self.version)
+
+    def start_token(self) -> str:
+        """Names this controller process (the buffer's rollback at the job's start is idempotent per token)."""
+        return f"start-{os.getpid()}-{self.started_at}"
 
     def stop_job(self, exc: BaseException) -> None:
         """End the job with this error (the launcher waits on `done`)."""
@@ -77,7 +90,7 @@ class Controller(Actor):
         self.log.info("waiting for actors", actors=len(names))
         t0 = None
         while True:
-            listing = await self.ask("directory/0", "list", timeout=30)
+            listing = await self.directory.list(ask_timeout=30)
             missing = [n for n in names if not listing.get(n, {}).get("alive")]
             if not missing:
                 return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 
 from ..handles import Group, GroupFailed, Handle
 
@@ -34,6 +35,15 @@ class Engines:
 
     async def pause(self) -> None:
         await self.workers.quietly.pause(ask_timeout=60)
+
+    @asynccontextmanager
+    async def paused(self, busy: bool = True):
+        """`async with engines.paused(busy)`: paused for the block and resumed after it, when `busy` (generating)."""
+        if busy:
+            await self.pause()
+        yield
+        if busy:
+            await self.resume()
 
     async def end_rollout(self, k: int) -> None:
         """Rollout k is complete: each worker aborts what it still generates and hands it back to the buffer."""

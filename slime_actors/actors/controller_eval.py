@@ -37,7 +37,19 @@ async def evaluate(ctl, step: int) -> dict[str, float]:
     return out
 
 
-def final_evaluation_due(cfg: JobConfig, start: int) -> bool:
+def first_eval_due(cfg: JobConfig, resumed: bool) -> bool:
+    """Whether the run starts with an evaluation (a fresh run, unless --skip-eval-before-train)."""
+    return bool(cfg.eval.eval_prompt_data) and not cfg.eval.skip_eval_before_train \
+        and not cfg.debug.debug_train_only and not resumed
+
+
+def eval_due(cfg: JobConfig, k: int) -> bool:
+    """Whether an evaluation follows rollout k: every --eval-interval steps (not with --debug-train-only)."""
+    interval = cfg.eval.eval_interval
+    return bool(interval and (k + 1) % interval == 0 and cfg.eval.eval_prompt_data and not cfg.debug.debug_train_only)
+
+
+def final_eval_due(cfg: JobConfig, start: int) -> bool:
     """Whether the run ends with an evaluation: there are eval sets, steps ran since `start`, and the last step's
     --eval-interval did not evaluate already."""
     interval, n = cfg.eval.eval_interval, cfg.run.num_rollout
