@@ -28,11 +28,11 @@ import inspect
 import time
 from collections.abc import Iterable
 
-from .mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
+from .mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer, transient
 from .messages import CATALOG, BadRequest, MessageSpec
 
 DEFAULT_ASK_TIMEOUT = 300.0
-_API = frozenset(("tell", "quietly", "only", "names", "name", "role", "members", "sender"))  # no message may use these
+_OWN = frozenset(("name", "sender", "members", "ask_timeout"))  # a handle's own names (and its class's): no message's
 _classes: dict[tuple[type, str], type] = {}
 
 
@@ -45,14 +45,6 @@ class GroupFailed(RuntimeError):
         self.method, self.member, self.error = method, member, exc
         self.confirmed = isinstance(exc, (PeerDown, AskTimeout, UnknownPeer)) or (
             isinstance(exc, RemoteError) and exc.type == "MailboxError")
-
-
-def transient(exc: BaseException) -> bool:
-    """Whether the same ask may succeed sent again: the peer could not be reached or answered nothing, or it stopped
-    while handling the ask. An error its handler raised is not: asking again gets the same answer."""
-    if isinstance(exc, RemoteError):
-        return exc.type == "MailboxError"
-    return isinstance(exc, MailboxError)
 
 
 def specs_of(role: str) -> dict[str, MessageSpec]:
@@ -92,8 +84,10 @@ class _Calls:
 def _generate(base: type, role: str) -> type:
     methods = {}
     for method, spec in specs_of(role).items():
-        if method in _API:
-            raise ValueError(f"{role}.{method}: a message of that name would hide the handle's own {method!r}")
+        clash = method in _OWN or hasattr(base, method) or "ask_timeout" in spec.fields
+        if clash:
+            raise ValueError(f"{role}.{method}: a message (or field) of that name would hide the handle's own "
+                             f"{'ask_timeout' if 'ask_timeout' in spec.fields else method!r}")
         methods[method] = _method(spec)
     cls = type(f"{role.capitalize()}{base.__name__}", (base,), {"role": role, **methods})
     _classes[(base, role)] = cls
@@ -265,4 +259,4 @@ async def _quiet(call):
         return None
 
 
-__all__ = ["Handle", "Group", "GroupFailed", "transient", "specs_of"]
+__all__ = ["Handle", "Group", "GroupFailed", "specs_of"]

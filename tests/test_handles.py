@@ -139,3 +139,22 @@ def test_retry_for_asks_again_while_the_peer_restarts_but_not_after_its_own_erro
     with pytest.raises(RemoteError, match="KeyError"):
         asyncio.run(buffer.accounting())
     assert len(s.sent) == 4, "an error the buffer's handler raised was asked again"
+
+
+def test_each_method_shows_its_declaration_and_a_clashing_declaration_is_refused():
+    import inspect
+
+    from slime_actors.handles import specs_of
+    from slime_actors.messages import CATALOG, declare
+
+    buffer = Handle(Sender(), "buffer/0")
+    assert str(inspect.signature(buffer.wait_rollout)) == \
+        "(rollout_id, *, kind=None, timeout=None, ask_timeout=None)"
+    assert buffer.wait_rollout.__doc__.startswith(CATALOG[("buffer", "wait_rollout")].doc)
+    assert set(specs_of("rollout")) <= set(dir(Handle(Sender(), "rollout/0")))
+    try:
+        declare("clashrole", "tell", "would hide Handle.tell")
+        with pytest.raises(ValueError, match="clashrole.tell: .*would hide"):
+            Handle(Sender(), "clashrole/0")
+    finally:
+        CATALOG.pop(("clashrole", "tell"))
