@@ -90,7 +90,13 @@ class TrainerRank(Actor):
         a = self.cfg
         torch.manual_seed(a.run.seed + self.rank)
         if a.run.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
+            gpus = torch.cuda.device_count()
+            if gpus == 0:
+                from ..launch.startup import StartupError
+                raise StartupError(f"--device cuda but trainer/{self.rank} sees no GPU (torch {torch.__version__}, "
+                                   f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): use --device "
+                                   "cpu, or run where a GPU is visible")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % gpus)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.run.device == "cuda" else "gloo"
             timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
