@@ -66,7 +66,7 @@ _PERMANENT_RE = re.compile("|".join(f"(?:{p})" for p in _PERMANENT), re.IGNORECA
 # the line of a traceback that names the exception ("pkg.mod.SomeError: message"), or argparse's "prog: error: ..."
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt)|KeyboardInterrupt)"
                        r"(?::\s*(.*))?$")
-_ARGPARSE_LINE = re.compile(r"^\S+: error: (.+)$")
+_ARGPARSE_LINE = re.compile(r"^[\w./ -]+: error: (.+)$")
 _LOG_PREFIX = re.compile(r"^\S+ \[\s*\w+\s*\] ")   # a structlog console line's time and level
 
 
