@@ -1062,7 +1062,7 @@ class Driver:
         rc, _ = self.run(name, cmd, self.o.timeout_onegpu, env=self.gpu_env(0))
         console = (self.work / "logs" / f"{name}.log").read_text(errors="replace")
         metrics = run_dir / "metrics.jsonl"
-        steps = [json.loads(line) for line in open(metrics)] if metrics.exists() else []
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
         job = json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").exists() else {}
         return rc, console, steps, job, time.monotonic() - t0
 

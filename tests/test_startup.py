@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from test_launch_support import DIGITS, FAST_FLAGS, ROOT, SLIME, Job, job_processes, topology
+from test_launch_support import FAST_FLAGS, ROOT, SLIME, Job, job_processes, topology
 
 from slime_actors.launch.startup import Cause, cause_from_output, cause_of, permanent
 
@@ -55,8 +54,9 @@ def test_the_root_cause_is_the_last_exception_line_and_its_kind_decides():
                  "OSError: [Errno 98] Address already in use", "TimeoutError: the store did not answer"):
         assert not permanent(text), text
     for text in ("ModuleNotFoundError: No module named 'my_reward'", "--device cuda given but CUDA is not available",
-                 "RuntimeError: Found no NVIDIA driver on your system.", "OSError: /m does not appear to have a file "
-                 "named config.json", "FileNotFoundError: --hf-checkpoint /m: no such directory"):
+                 "RuntimeError: Found no NVIDIA driver on your system.",
+                 "OSError: /m does not appear to have a file named config.json",
+                 "FileNotFoundError: --hf-checkpoint /m: no such directory"):
         assert permanent(text), text
     # the same cause, numbers aside (a port, a pid)
     assert Cause("RuntimeError: grader at port 4711 refused", False).key == \

@@ -244,9 +244,9 @@ class LocalLauncher:
                 out.flush()
                 if self.echo:
                     text = line.decode(errors="replace").rstrip()
-                    if any(m in text for m in _ECHO):
-                        if start.echo_or_hold(text):  # (until ready: a failed start is reported by its cause)
-                            console_write(f"{ap.name:>12} | {text}")
+                    # (until it is ready the lines are held: a failed start is reported by its cause)
+                    if any(m in text for m in _ECHO) and start.echo_or_hold(text):
+                        console_write(f"{ap.name:>12} | {text}")
 
     def start_all(self) -> None:
         for ap in self.procs.values():
@@ -373,16 +373,17 @@ class LocalLauncher:
         self.events.append((time.time(), ap.name, f"failed to start: {cause.text}"))
         where = f"its log: {_shown(out_path)}"
         if cause.permanent:
-            return (f"{ap.name} could not start, and starting it again cannot change the cause ({where})\n"
-                    f"cause: {cause.text}", cause.text)
+            return (f"{ap.name} could not start, and starting it again cannot change the cause ({where})\ncause: "
+                    + cause.text, cause.text)
         same = any(c.key == cause.key for c in ap.start_failures)
         ap.start_failures.append(cause)
         if same:
             return (f"{ap.name} failed to start twice with the same cause ({where})\ncause: {cause.text}",
                     cause.text)
         if len(ap.start_failures) >= MAX_START_FAILURES:
+            earlier = "; ".join(c.text for c in ap.start_failures[:-1])
             return (f"{ap.name} failed to start {len(ap.start_failures)} times in a row, never ready ({where}); "
-                    f"causes: {'; '.join(c.text for c in ap.start_failures[:-1])}\ncause: {cause.text}", cause.text)
+                    f"before: {earlier}\ncause: " + cause.text, cause.text)
         if self.echo:
             console_write(f"{ap.name:>12} | failed to start: {cause.text} -- starting it again (the same cause once "
                           "more stops the job)")
