@@ -1,0 +1,260 @@
+"""A reward actor of your own in a few lines (`RewardActor`): the score, batched and group forms, errors per sample,
+the reply the rollout workers read, start-up hooks and typed config, the old wire form still answering, and the
+shapes refused when the class is defined."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import Echo, job_config
+
+from slime_actors.actors.base import Actor, handler
+from slime_actors.actors.reward import RewardActor, RewardWorker
+from slime_actors.mailbox.errors import RemoteError
+from slime_actors.runtime import RuntimeConfig
+from slime_actors.types import Sample
+
+
+def wire(i: int, response: str, label="7", group: int = 0) -> dict:
+    return Sample(index=i, group_index=group, prompt="q", response=response, label=label).to_wire()
+
+
+def ask_score(actor: RewardActor, samples: list[dict], group: bool = False) -> dict:
+    """The score handler, called as the actor calls it for a request (no process, no socket)."""
+    handlers = type(actor)._handlers
+    return asyncio.run(handlers["score"].fn(actor, samples=samples, group=group))
+
+
+def serve_and_ask(loop_thread, run_dir, actor: Actor, body: dict, method: str = "score"):
+    """Start `actor` as reward/0, ask it `method` from another actor through the mailbox; the reply."""
+    ep = loop_thread.call(actor.start(RuntimeConfig(run_dir=run_dir, curve=False)), timeout=60)
+    asker = Echo(1)
+    loop_thread.call(asker.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"reward/0": ep})))
+    try:
+        return loop_thread.call(asker.ask("reward/0", method, body, timeout=30), timeout=60)
+    finally:
+        loop_thread.call(asker.stop())
+        loop_thread.call(actor.stop())
+
+
+# ------------------------------------------------------------------------------------------------ the score form
+class Judge(RewardActor):
+    async def setup(self):
+        self.ready = True
+        self.stopped = False
+
+    async def teardown(self):
+        self.stopped = True
+
+    async def score(self, sample: Sample) -> float:
+        if sample.response == "boom":
+            raise RuntimeError("judge crashed")
+        if sample.response == "dict":
+            return {"score": 0.25}
+        if sample.response == "nan":
+            return float("nan")
+        return float(sample.response.strip() == sample.label)
+
+
+def test_score_form_answers_through_the_mailbox_with_errors_per_sample(loop_thread, run_dir):
+    j = Judge(0, args=job_config(reward_key="score").to_dict())
+    assert j.cfg.reward.reward_key == "score"    # the job's config, typed
+    samples = [wire(0, "7"), wire(1, "boom"), wire(2, "3"), wire(3, "dict"), wire(4, "nan")]
+    rep = serve_and_ask(loop_thread, run_dir, j, {"samples": samples})
+    assert rep["rewards"] == [1.0, None, 0.0, 0.25, None]
+    assert rep["errors"][0] is None and rep["errors"][2] is None and rep["errors"][3] is None
+    assert rep["errors"][1] == "reward 'Judge.score' failed for sample 1: RuntimeError: judge crashed"
+    assert "sample 4" in rep["errors"][4] and "finite" in rep["errors"][4]
+    assert rep["timed_out"] == [False] * 5
+    assert j.ready and j.stopped                  # setup ran before serving, teardown at stop
+    assert (j.counters["scored"], j.counters["reward_errors"]) == (3, 2)
+
+
+def test_a_sync_score_and_the_timed_out_mark_are_reported():
+    class Quick(RewardActor):
+        def score(self, sample):
+            if sample.response == "slow":
+                sample.metadata["reward_timed_out"] = True
+                return 0.0
+            return 1.0
+
+    q = Quick(0)
+    rep = ask_score(q, [wire(0, "fast"), wire(1, "slow")])
+    assert rep == {"rewards": [1.0, 0.0], "errors": [None, None], "timed_out": [False, True]}
+    assert q.counters["reward_timeouts"] == 1
+
+
+def test_score_runs_a_requests_samples_concurrently_up_to_the_batch_size():
+    class Counting(RewardActor):
+        def __init__(self, index=0, **config):
+            super().__init__(index, **config)
+            self.now = self.peak = 0
+
+        async def score(self, sample):
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            await asyncio.sleep(0.01)
+            self.now -= 1
+            return 1.0
+
+    c = Counting(0, args=job_config(reward_batch_size=3).to_dict())
+    rep = ask_score(c, [wire(i, "x") for i in range(10)])
+    assert rep["rewards"] == [1.0] * 10 and c.peak == 3
+
+
+# ------------------------------------------------------------------------------------------------ the batched form
+class Batched(RewardActor):
+    calls: list
+
+    async def score_batch(self, samples):
+        self.calls = getattr(self, "calls", []) + [[s.index for s in samples]]
+        if samples[0].response == "raise":
+            raise RuntimeError("judge model out of memory")
+        if samples[0].response == "short":
+            return [1.0]
+        return [ValueError(f"no label for sample {s.index}") if s.label is None else len(s.response)
+                for s in samples]
+
+
+def test_batched_form_one_call_errors_per_sample():
+    b = Batched(0)
+    rep = ask_score(b, [wire(0, "ab"), wire(1, "abc", label=None), wire(2, "a")])
+    assert b.calls == [[0, 1, 2]]
+    assert rep["rewards"] == [2.0, None, 1.0]
+    assert rep["errors"] == [None, "reward 'Batched.score' failed for sample 1: ValueError: no label for sample 1",
+                             None]
+
+
+def test_batched_form_that_raises_or_miscounts_fails_each_sample_with_the_cause():
+    b = Batched(0)
+    rep = ask_score(b, [wire(0, "raise"), wire(1, "x")])
+    assert rep["rewards"] == [None, None]
+    assert rep["errors"] == ["reward 'Batched.score_batch' failed for samples [0, 1]: RuntimeError: judge model "
+                             "out of memory"] * 2
+    rep = ask_score(b, [wire(0, "short"), wire(1, "x")])
+    assert rep["rewards"] == [None, None]
+    assert "score_batch returned 1 rewards for 2 samples" in rep["errors"][0]
+    assert b.counters["reward_errors"] == 4
+
+
+# ------------------------------------------------------------------------------------------------ the group form
+class Grouped(RewardActor):
+    async def score(self, sample):
+        return -1.0
+
+    async def score_group(self, samples):
+        self.groups = getattr(self, "groups", []) + [[s.index for s in samples]]
+        best = max(len(s.response) for s in samples)
+        return [float(len(s.response) == best) for s in samples]
+
+
+def test_group_form_scores_each_prompts_group_under_group_rm():
+    g = Grouped(0)
+    samples = [wire(0, "a", group=0), wire(1, "aa", group=1), wire(2, "aaa", group=0), wire(3, "b", group=1)]
+    rep = ask_score(g, samples, group=True)
+    assert sorted(g.groups) == [[0, 2], [1, 3]]
+    assert rep["rewards"] == [0.0, 1.0, 1.0, 0.0] and rep["errors"] == [None] * 4
+    # without --group-rm the per-sample form answers; with it set in the job, the group form
+    assert ask_score(g, samples)["rewards"] == [-1.0] * 4
+    g2 = Grouped(0, args=job_config(group_rm=True).to_dict())
+    assert ask_score(g2, samples)["rewards"] == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_only_a_group_form_scores_whole_groups_and_a_failing_group_fails_alone():
+    class OnlyGroups(RewardActor):
+        async def score_group(self, samples):
+            if samples[0].group_index == 1:
+                raise RuntimeError("group 1 is cursed")
+            return [0.5] * len(samples)
+
+    rep = ask_score(OnlyGroups(0), [wire(0, "a", group=0), wire(1, "b", group=1), wire(2, "c", group=0)])
+    assert rep["rewards"] == [0.5, None, 0.5]
+    assert rep["errors"][1] == ("reward 'OnlyGroups.score_group' failed for samples [1]: RuntimeError: group 1 is "
+                                "cursed")
+
+
+# ------------------------------------------------------------------------------------------------ malformed input
+def test_a_malformed_sample_is_refused_naming_its_place(loop_thread, run_dir):
+    bad = wire(1, "x")
+    bad["colour"] = "red"
+    with pytest.raises(RemoteError, match=r"samples\[1\] is not a sample: .*unknown field.*colour"):
+        serve_and_ask(loop_thread, run_dir, Judge(0), {"samples": [wire(0, "7"), bad]})
+
+
+# ------------------------------------------------------------------------------------------------ the old wire form
+class OldJudge(Actor):
+    """The form docs/adding-a-reward-actor.md showed before RewardActor: the wire handler itself."""
+    role = "reward"
+
+    @handler
+    async def score(self, samples: list, group: bool = False) -> dict:
+        return {"rewards": [float(len(Sample.from_wire(s).response)) for s in samples], "errors": [None] * len(samples)}
+
+
+def test_the_old_wire_form_keeps_answering(loop_thread, run_dir):
+    rep = serve_and_ask(loop_thread, run_dir, OldJudge(0), {"samples": [wire(0, "ab"), wire(1, "abc")]})
+    assert rep == {"rewards": [2.0, 3.0], "errors": [None, None]}
+
+
+def test_a_reward_actor_overriding_the_score_handler_with_the_wire_form_keeps_answering():
+    class OldStyleSubclass(RewardWorker):
+        @handler
+        async def score(self, samples: list, group: bool = False) -> dict:
+            return {"rewards": [0.5] * len(samples), "errors": [None] * len(samples), "group": group}
+
+    w = OldStyleSubclass(0, args=job_config().to_dict())
+    assert ask_score(w, [wire(0, "x")], group=True) == {"rewards": [0.5], "errors": [None], "group": True}
+
+
+# ------------------------------------------------------------------------------------------------ refused shapes
+NEW_FORM = "async def score(self, sample: Sample) -> float"
+
+
+def test_the_new_form_marked_as_a_handler_is_refused_showing_the_new_form():
+    with pytest.raises(TypeError) as ei:
+        class Marked(RewardActor):
+            @handler
+            async def score(self, sample) -> float:
+                return 1.0
+    assert "define score as a plain method, without @handler" in str(ei.value) and NEW_FORM in str(ei.value)
+    with pytest.raises(TypeError, match="define score_batch as a plain method"):
+        class MarkedBatch(RewardActor):
+            @handler
+            async def score_batch(self, samples: list) -> list:
+                return []
+
+
+def test_the_wire_signature_without_handler_is_refused_showing_the_new_form():
+    with pytest.raises(TypeError) as ei:
+        class Mixed(RewardActor):
+            async def score(self, samples, group):
+                return {"rewards": [], "errors": []}
+    msg = str(ei.value)
+    assert "Mixed.score must take one argument, the sample (`score(self, sample)`), but takes samples, group" in msg
+    assert NEW_FORM in msg
+    with pytest.raises(TypeError, match=r"score_group must take one argument, the samples .*takes nothing"):
+        class NoArgs(RewardActor):
+            async def score_group(self):
+                return []
+
+
+def test_a_reward_actor_that_scores_nothing_is_refused_at_start_showing_the_new_form():
+    class Empty(RewardActor):
+        pass
+
+    with pytest.raises(TypeError) as ei:
+        Empty(0)
+    assert "Empty does not score" in str(ei.value) and NEW_FORM in str(ei.value)
+
+
+# ------------------------------------------------------------------------------------------------ the example
+def test_the_example_judge_scores_a_batch_and_counts():
+    from slime_actors.launch.roles import class_for
+    cls = class_for("reward", "examples/reward_actor/judge.py:DigitJudge")
+    j = cls(0, args=job_config().to_dict())
+    asyncio.run(j.setup())
+    rep = ask_score(j, [wire(0, "7 apples"), wire(1, "3", label=None), wire(2, "4")])
+    assert rep["rewards"] == [1.0, None, 0.0]
+    assert rep["errors"][1].endswith("ValueError: sample 1 has no label to judge against")
+    assert j.judge_stats() == {"judged": 3}
