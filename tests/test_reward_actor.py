@@ -5,12 +5,15 @@ shapes refused when the class is defined."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from helpers import Echo, job_config
 
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.reward import RewardActor, RewardWorker
+from slime_actors.actors.rollout import RolloutWorker
+from slime_actors.launch.roles import job_class_for
 from slime_actors.mailbox.errors import RemoteError
 from slime_actors.runtime import RuntimeConfig
 from slime_actors.types import Sample
@@ -130,8 +133,8 @@ def test_batched_form_that_raises_or_miscounts_fails_each_sample_with_the_cause(
     b = Batched(0)
     rep = ask_score(b, [wire(0, "raise"), wire(1, "x")])
     assert rep["rewards"] == [None, None]
-    assert rep["errors"] == ["reward 'Batched.score_batch' failed for samples [0, 1]: RuntimeError: judge model "
-                             "out of memory"] * 2
+    assert rep["errors"] == [("reward 'Batched.score_batch' failed for samples [0, 1]: RuntimeError: judge model "
+                              "out of memory")] * 2
     rep = ask_score(b, [wire(0, "short"), wire(1, "x")])
     assert rep["rewards"] == [None, None]
     assert "score_batch returned 1 rewards for 2 samples" in rep["errors"][0]
@@ -183,18 +186,42 @@ def test_a_malformed_sample_is_refused_naming_its_place(loop_thread, run_dir):
 
 
 # ------------------------------------------------------------------------------------------------ the old wire form
-class OldJudge(Actor):
-    """The form docs/adding-a-reward-actor.md showed before RewardActor: the wire handler itself."""
-    role = "reward"
-
-    @handler
-    async def score(self, samples: list, group: bool = False) -> dict:
-        return {"rewards": [float(len(Sample.from_wire(s).response)) for s in samples], "errors": [None] * len(samples)}
+OLD_FORM = Path(__file__).parent / "data" / "old_form_reward_actor.py"
 
 
-def test_the_old_wire_form_keeps_answering(loop_thread, run_dir):
-    rep = serve_and_ask(loop_thread, run_dir, OldJudge(0), {"samples": [wire(0, "ab"), wire(1, "abc")]})
-    assert rep == {"rewards": [2.0, 3.0], "errors": [None, None]}
+class ScoringOnly(RolloutWorker):
+    """A rollout worker without its engine: only its scoring path (`_score`) runs."""
+
+    async def on_start(self):
+        pass
+
+
+def test_a_reward_actor_of_the_old_form_still_scores_for_a_rollout_worker(loop_thread, run_dir):
+    """The form users copied before RewardActor (tests/data/old_form_reward_actor.py, word for word: an Actor that
+    rebuilds the flags with argparse.Namespace, decodes the samples and replies {rewards, errors} without
+    `timed_out`), chosen as --reward-actor-class and scored for by a rollout worker: rewards land on the samples, a
+    sample it cannot score is retried and then failed with its message."""
+    cfg = job_config(reward_actor_class=f"{OLD_FORM}:DigitJudge")
+    cls = job_class_for("reward", cfg)
+    judge = cls(0, args=cfg.to_dict())
+    assert judge.args.rm_type == "exact_match" and judge.args.reward_actor_class.endswith("DigitJudge")
+    ep = loop_thread.call(judge.start(RuntimeConfig(run_dir=run_dir, curve=False)), timeout=60)
+    w = ScoringOnly(0, args=cfg.to_dict())
+    loop_thread.call(w.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"reward/0": ep})))
+    try:
+        samples = [Sample(index=0, group_index=0, prompt="q", response="7 apples", label="7"),
+                   Sample(index=1, group_index=0, prompt="q", response="3", label=None),
+                   Sample(index=2, group_index=0, prompt="q", response="4", label="5")]
+        loop_thread.call(w._score(samples, "train"), timeout=60)
+        assert [s.reward for s in samples] == [1.0, None, 0.0]
+        assert [s.status for s in samples] == ["pending", "failed", "pending"]
+        assert samples[1].error == "reward failed: sample 1 has no label to judge against"
+        assert not any(s.metadata.get("reward_timed_out") for s in samples)
+        # three samples, then the failing one twice more (the rollout worker's retries); its extra handler answers
+        assert loop_thread.call(w.ask("reward/0", "judge_stats", {}, timeout=30), timeout=60) == {"judged": 5}
+    finally:
+        loop_thread.call(w.stop())
+        loop_thread.call(judge.stop())
 
 
 def test_a_reward_actor_overriding_the_score_handler_with_the_wire_form_keeps_answering():

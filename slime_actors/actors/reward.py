@@ -155,7 +155,7 @@ class RewardActor(Actor):
             return answers
         except RewardConfigError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the user's method: its samples fail, nothing is lost
             err = exc if isinstance(exc, RewardError) else \
                 RewardError(f"{type(self).__name__}.{method}", [s.index for s in samples], exc)
             return [err] * len(samples)
