@@ -177,6 +177,29 @@ def test_only_a_group_form_scores_whole_groups_and_a_failing_group_fails_alone()
                                 "cursed")
 
 
+def test_the_reward_worker_scores_a_requests_groups_under_one_concurrency_bound(tmp_path):
+    """The built-in worker under --group-rm hands a request's groups to the reward function together, at most
+    --reward-batch-size calls at once, as before RewardActor (not that bound per group)."""
+    f = tmp_path / "group_rm.py"
+    f.write_text("import asyncio\n"
+                 "now = peak = 0\n"
+                 "async def best_of(args, samples):\n"
+                 "    global now, peak\n"
+                 "    now += 1\n"
+                 "    peak = max(peak, now)\n"
+                 "    await asyncio.sleep(0.01)\n"
+                 "    now -= 1\n"
+                 "    longest = max(len(s.response) for s in samples)\n"
+                 "    return [float(len(s.response) == longest) for s in samples]\n")
+    w = RewardWorker(0, args=job_config(custom_rm_path=f"{f}:best_of", group_rm=True, reward_batch_size=1).to_dict())
+    samples = [wire(i, "a" * (i % 3 + 1), group=i % 4) for i in range(12)]
+    rep = ask_score(w, samples)
+    assert rep["rewards"] == [1.0 if i % 3 + 1 == max(j % 3 + 1 for j in range(12) if j % 4 == i % 4) else 0.0
+                              for i in range(12)]
+    from slime_actors.plugins import load_function
+    assert load_function(f"{f}:best_of").__globals__["peak"] == 1
+
+
 # ------------------------------------------------------------------------------------------------ malformed input
 def test_a_malformed_sample_is_refused_naming_its_place(loop_thread, run_dir):
     bad = wire(1, "x")

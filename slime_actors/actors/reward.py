@@ -265,6 +265,10 @@ class RewardWorker(RewardActor):
     async def score_group(self, samples: list[Sample]) -> list:
         return await self._dispatch(samples, group=True)
 
+    async def _by_group(self, samples: list[Sample]) -> list:
+        # rewards.score_batch groups the samples itself, all of a request's groups under one --reward-batch-size
+        return await self._dispatch(samples, group=True)
+
     async def _dispatch(self, samples: list[Sample], group: bool) -> list:
         from ..rewards import score_batch
         rewards, errors = await score_batch(self.plugin_args, samples, group=group,
