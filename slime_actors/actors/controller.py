@@ -482,6 +482,7 @@ class Controller(Actor):
                 self.stopped = {"reason": stopping, "rollout_id": k, "steps_left": a.run.num_rollout - k - 1,
                                 "checkpoint": str(self._ckpt) if self._ckpt else None}
                 self.log.warning("run stopped by a hack alarm", reason=stopping, checkpoint=self.stopped["checkpoint"])
+                progress.close()
                 break
         end = self.stopped["rollout_id"] + 1 if self.stopped else a.run.num_rollout
         if pending_rollout is not None:
@@ -749,12 +750,15 @@ def _tuple_state(s):
 
 
 def _progress(run: RunSection, start: int):
+    def nothing(step: dict) -> None:
+        return None
+    nothing.close = lambda: None
     if not run.progress:
-        return lambda step: None
+        return nothing
     try:
         from tqdm import tqdm
     except ImportError:
-        return lambda step: None
+        return nothing
     bar = tqdm(total=run.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
 
     def update(step: dict) -> None:
@@ -766,4 +770,5 @@ def _progress(run: RunSection, start: int):
         bar.update(1)
         if step["rollout_id"] + 1 >= run.num_rollout:
             bar.close()
+    update.close = bar.close   # a run that ends early (--hack-alarms stop)
     return update
