@@ -302,6 +302,27 @@ class DebugSection:
 
 
 @dataclass(slots=True)
+class MonitorSection:
+    """Reward-hacking alarms (slime_actors/monitor/hacking.py, docs/debugging.md section 3)."""
+    TITLE: typing.ClassVar[str] = "reward-hacking alarms"
+    hack_alarms: str = flag("warn", "watch every training rollout for signs that the reward rises for the wrong "
+                                    "reason (hack/* metrics): warn (a warning and a line in RUN_DIR/alarms.jsonl per "
+                                    "tripped alarm), stop (the same, then the step finishes, a checkpoint is saved "
+                                    "to --save and the run ends), off (nothing is computed)",
+                            choices=["warn", "stop", "off"])
+    hack_alarm_thresholds: str | None = flag(None, "NAME=VALUE[,NAME=VALUE...]: change the alarms' thresholds, e.g. "
+                                                   "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
+                                                   "docs/debugging.md section 3)")
+    hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
+                                                      "rewarded_truncated, collapse, answer_absent, jump")
+    hack_alarm_label_answer: bool | None = flag(
+        None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
+              "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
+              "boxed, exact_match, exact_match_ci, deepscaler (and boxed_<those>), false otherwise (f1, remote_rm, "
+              "random, --custom-rm-path, --reward-actor-class)")
+
+
+@dataclass(slots=True)
 class JobConfig:
     """The job's flags, by section. Build it with `parse_config` (the head) or `from_dict` (every actor)."""
     run: RunSection = field(default_factory=RunSection)
@@ -318,6 +339,7 @@ class JobConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
     # never in to_dict(), so job.json, actor configs and traces do not hold them
     engine_user_keys: Any = field(default=None, repr=False, compare=False)
@@ -763,6 +785,21 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    _validate_monitor(cfg.monitor, cfg.checkpoint, bad)
+
+
+def _validate_monitor(mon: MonitorSection, ckpt: CheckpointSection, bad) -> None:
+    from .monitor.hacking import ALARMS, HackThresholds
+    try:
+        HackThresholds.parse(mon.hack_alarm_thresholds)
+    except ValueError as exc:
+        bad(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}")
+    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
+    if unknown:
+        bad(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are {', '.join(ALARMS)}")
+    if mon.hack_alarms == "stop" and not ckpt.save:
+        bad("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where checkpoints "
+            "go)")
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:

@@ -101,6 +101,17 @@ def test_key_lines_of_tables_arrays_inline_and_multiline():
     assert lines["arr.0.v"] == 11 and lines["arr.1.v"] == 13 and lines["arr.1.after"] == 14
 
 
+def test_lines_are_found_by_the_toml_parser_itself(tmp_path):
+    """A multi-line string whose lines look like tables and keys (an environment variable holding a snippet) does
+    not move a key: the error names the line the key is really on."""
+    text = ('[env]\nNOTE = """\n[roles.trainer]\ncount = 1\n"""\n\n[roles.buffer]\n\n'
+            '[roles.trainer]  # the ranks\ncount = "two"\n')
+    with pytest.raises(TopologyError, match=r"t.toml:10: roles.trainer.count: must be an integer >= 0, got str 'two'"):
+        load_text(tmp_path, text)
+    lines = toml_key_lines(text)
+    assert lines["env.NOTE"] == 2 and lines["roles.buffer"] == 7 and lines["roles.trainer"] == 9
+
+
 def test_yaml_topology_lines(tmp_path):
     pytest.importorskip("yaml")
     topo = load_text(tmp_path, "roles:\n  buffer: {}\n  trainer:\n    count: 2\n", "t.yaml")
