@@ -1055,9 +1055,13 @@ class Driver:
                str(ROOT / "examples" / "smollm2_arith" / "config.toml"), "--device", self.device,
                "--num-rollout", str(ONEGPU_STEPS), "--run-dir", str(run_dir), "--progress", "false",
                "--skip-eval-before-train", "--eval-interval", "0", *extra]
-        if self.dry:  # a few samples, short answers: the 135M model on CPU
+        if self.dry:  # a few samples, short answers, 2 held-out prompts at the end: the 135M model on CPU
+            heldout = self.work / "heldout-dry.jsonl"
+            heldout.write_text("".join((ROOT / "examples" / "smollm2_arith" / "heldout.jsonl").read_text()
+                                       .splitlines(keepends=True)[:2]))
             cmd += ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-                    "--global-batch-size", "4", "--micro-batch-size", "4", "--engine-max-batch-size", "4"]
+                    "--global-batch-size", "4", "--micro-batch-size", "4", "--engine-max-batch-size", "4",
+                    "--eval-prompt-data", "heldout", str(heldout), "--eval-max-response-len", "8"]
         t0 = time.monotonic()
         rc, _ = self.run(name, cmd, self.o.timeout_onegpu, env=self.gpu_env(0))
         console = (self.work / "logs" / f"{name}.log").read_text(errors="replace")

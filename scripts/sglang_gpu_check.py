@@ -677,9 +677,13 @@ def check_plain(ctx, timeout: float):
            str(ROOT / "examples/smollm2_arith/config.toml"), "--device", ctx["device"], "--num-rollout",
            str(PLAIN_STEPS), "--run-dir", str(run), "--progress", "false", "--skip-eval-before-train",
            "--eval-interval", "0"]
-    if ctx["fake"]:  # the local engine on CPU, a few short samples
+    if ctx["fake"]:  # the local engine on CPU, a few short samples, 2 held-out prompts at the end
+        heldout = ctx["work"] / "heldout-fake.jsonl"
+        heldout.write_text("".join((ROOT / "examples/smollm2_arith/heldout.jsonl").read_text()
+                                   .splitlines(keepends=True)[:2]))
         cmd += ["--rollout-engine", "local", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                "--rollout-max-response-len", "8", "--global-batch-size", "4", "--micro-batch-size", "4"]
+                "--rollout-max-response-len", "8", "--global-batch-size", "4", "--micro-batch-size", "4",
+                "--eval-prompt-data", "heldout", str(heldout), "--eval-max-response-len", "8"]
     else:
         kernels = [f for i, f in enumerate(GPU_FLAGS) if f != "--sglang-mem-fraction-static"
                    and not (i and GPU_FLAGS[i - 1] == "--sglang-mem-fraction-static")]
