@@ -93,9 +93,10 @@ class TrainerRank(Actor):
             gpus = torch.cuda.device_count()
             if gpus == 0:
                 from ..launch.startup import StartupError
+                cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
                 raise StartupError(f"--device cuda but trainer/{self.rank} sees no GPU (torch {torch.__version__}, "
-                                   f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): use --device "
-                                   "cpu, or run where a GPU is visible")
+                                   + ("CUDA_VISIBLE_DEVICES unset" if cvd is None else f"CUDA_VISIBLE_DEVICES={cvd!r}")
+                                   + "): use --device cpu, or run where a GPU is visible")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % gpus)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.run.device == "cuda" else "gloo"
