@@ -154,7 +154,8 @@ def test_device_cuda_without_cuda_is_refused_before_any_process_starts(tmp_path)
     rc, out, _ = _run([SLIME, "train", *FAST_FLAGS, "--device", "cuda", "--run-dir", str(run_dir)], tmp_path)
     assert rc == 2, out
     assert out.strip().splitlines()[-1].startswith("slime-actors train: error: --device cuda but no GPU is visible "
-                                                   "here (torch.cuda.device_count(): torch "), out
+                                                   "here (torch.cuda.device_count()"), out
+    assert out.strip().endswith("use --device cpu, or run where a GPU is visible"), out
     assert not run_dir.exists()
 
 
