@@ -166,8 +166,12 @@ class EngineSection:
     sglang_router_ip: str | None = flag(None, "an sglang-router someone else started (slime's flag)")
     sglang_router_port: int | None = flag(None, "its port, or the port to start one on")
     colocate: bool = flag(False, "engines share the trainer's GPUs (engine i starts at GPU i x "
-                                 "rollout-num-gpus-per-engine)")
-    num_gpus_per_node: int = flag(8, "GPUs per node, for placing engines")
+                                 "rollout-num-gpus-per-engine); weights then go by CUDA IPC (the colocated "
+                                 "transport) and a colocated engine gets --sglang-mem-fraction-static 0.4 unless "
+                                 "given. On a machine with one GPU, one trainer rank and one engine colocate by "
+                                 "themselves (docs/launch.md, On one GPU)")
+    num_gpus_per_node: int | None = flag(None, "GPUs per node, for placing engines (default: counted on this "
+                                               "machine: CUDA_VISIBLE_DEVICES, torch, Slurm)")
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
 
@@ -262,8 +266,10 @@ class TrainSection:
 @dataclass(slots=True)
 class WeightsSection:
     TITLE: typing.ClassVar[str] = "weight updates"
-    update_weight_transport: str = flag("distributed", "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU)",
-                                        choices=["distributed", "nccl", "disk", "colocated"])
+    update_weight_transport: str | None = flag(
+        None, "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU); disk: safetensors files; colocated: CUDA "
+              "IPC handles (shared memory on CPU) to engines on the trainer's GPUs. Default: colocated with "
+              "--colocate, else distributed", choices=["distributed", "nccl", "disk", "colocated"])
     update_weight_buffer_size: int = flag(512 << 20, "bytes per bucket")
     update_weight_disk_dir: str | None = flag(None)
 
@@ -703,8 +709,18 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         raise ConfigError(msg)
 
     run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
-    if cfg.weights.update_weight_transport == "nccl":
-        cfg.weights.update_weight_transport = "distributed"
+    w = cfg.weights
+    if w.update_weight_transport is None:
+        w.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
+    if w.update_weight_transport == "nccl":
+        w.update_weight_transport = "distributed"
+    if (cfg.engine.colocate and run.device.startswith("cuda") and w.update_weight_transport == "distributed"
+            and not dbg.debug_train_only):
+        bad("--colocate puts each engine on a trainer rank's GPU, and --update-weight-transport distributed would "
+            "join the two processes of that GPU in one NCCL group, which NCCL refuses ('Duplicate GPU detected'): "
+            "leave the flag out (colocated, CUDA IPC, is the default with --colocate) or use disk")
+    if cfg.engine.num_gpus_per_node is not None and cfg.engine.num_gpus_per_node < 1:
+        bad(f"--num-gpus-per-node must be >= 1, got {cfg.engine.num_gpus_per_node}")
     if ro.over_sampling_batch_size is None:
         ro.over_sampling_batch_size = ro.rollout_batch_size
     if ro.over_sampling_batch_size < ro.rollout_batch_size:
