@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .. import env as E
-from ..checkpoints import latest_checkpoint, read_meta  # noqa: F401 (also imported from here)
+from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
 from .base import Actor, handler
 
@@ -108,7 +108,7 @@ class TrainerRank(Actor):
         self.backend.init()
         ckpt = Path(rdzv["checkpoint"]) if rdzv.get("checkpoint") else None  # the controller picks it
         if ckpt is not None:
-            self.backend.load(str(ckpt / "trainer"), load_optim=not a.checkpoint.no_save_optim)
+            self.backend.load(str(trainer_dir(ckpt)), load_optim=not a.checkpoint.no_save_optim)
             self.backend.weight_version = read_meta(ckpt).get("weight_version", 0)
             self.log.info("resumed from checkpoint", path=str(ckpt), weight_version=self.backend.weight_version)
 
@@ -352,7 +352,7 @@ class TrainerRank(Actor):
     # ------------------------------------------------------------------------------------------ checkpoints
     @handler
     async def save(self, path: str, save_optim: bool = True) -> None:
-        await self.run_blocking(self.backend.save, os.path.join(path, "trainer"), save_optim)
+        await self.run_blocking(self.backend.save, str(trainer_dir(path)), save_optim)
 
     @handler
     async def save_hf(self, path: str, rollout_id: int | None = None) -> None:
