@@ -6,7 +6,8 @@ under it, logs each retry, and raises the last error unchanged when the policy g
 
 * `attempts`: tries in all, the first one included (None: no limit -- then `deadline` bounds the retrying).
 * `deadline`: seconds, counted from the first failure (so a call that succeeds reads no clock), after which the
-  next failure is raised instead of retried.
+  next failure is raised instead of retried. A caller whose window opened earlier (before its first try) passes
+  `started`, the clock reading to count from.
 * backoff: the n-th wait is `base * factor ** (n - 1)`, at most `max_delay`, scaled by a random factor in
   [1 - jitter, 1] when `jitter` is set (many callers retrying at once spread out).
 * which errors: those of `retry_on` for which `retry_if(exc)` (when given) is true; anything else is raised at once,
@@ -14,7 +15,7 @@ under it, logs each retry, and raises the last error unchanged when the policy g
 
 The error that ends the retrying is raised as it was (callers catch what they caught before), with a note saying
 how many tries were made over how long. `clock` and `sleep` can be replaced (an actor under replay passes its
-recorded clock).
+recorded clock); `describe` says how a log line names an error (default: its text, else its repr).
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ class RetryPolicy:
 
 async def retry(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *, what: str, log: Any = None,
                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                on_retry: Callable[[int, BaseException], Any] | None = None, **log_fields) -> T:
+                on_retry: Callable[[int, BaseException], Any] | None = None, started: float | None = None,
+                describe: Callable[[BaseException], str] | None = None, **log_fields) -> T:
     """`await fn()`, again after each failure the policy retries; the last failure is raised (see the module's
     docstring). `on_retry(failures, exc)` runs before each wait; `log` (a structlog logger) gets a warning per retry
-    naming `what`, the error and the attempt, with `log_fields` added."""
+    naming `what`, the error (`describe(exc)`) and the attempt, with `log_fields` added. `started`: a `clock()`
+    reading the deadline counts from instead of the first failure."""
     failures = 0
-    first_failure: float | None = None
+    first_failure: float | None = started
     while True:
         try:
             return await fn()
@@ -100,6 +103,7 @@ async def retry(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *, what: st
             if on_retry is not None:
                 on_retry(failures, exc)
             if log is not None:
-                log.warning(f"{what} failed; retrying", error=str(exc) or repr(exc), attempt=failures,
-                            retry_in=round(delay, 3), **log_fields)
+                error = describe(exc) if describe is not None else str(exc) or repr(exc)
+                log.warning(f"{what} failed; retrying", error=error, attempt=failures, retry_in=round(delay, 3),
+                            **log_fields)
             await sleep(delay)

@@ -149,3 +149,25 @@ def test_transient_mailbox_errors():
     assert transient(RemoteError("buffer/0", "submit", "MailboxError", "stopped while handling"))
     assert not transient(RemoteError("buffer/0", "submit", "KeyError", "no such group"))
     assert not transient(ValueError("not a mailbox error"))
+
+
+def test_a_deadline_can_count_from_before_the_first_try():
+    t = FakeTime()
+    started = t.now
+    t.now += 2.5                     # the first try began at `started` and took 2.5 s to fail
+
+    async def call():
+        t.now += 0.5
+        raise ConnectionError("no head yet")
+    pol = RetryPolicy(attempts=None, deadline=3.0, base=1.0, factor=1.0)
+    with pytest.raises(ConnectionError) as e:
+        run(retry(call, pol, what="join", clock=t.clock, sleep=t.sleep, started=started))
+    # failures at 3.0 (not past the deadline: retried) and 4.5 s after `started` (raised)
+    assert t.waits == [1.0] and any("over 4 s" in n for n in e.value.__notes__)
+
+
+def test_describe_names_the_error_in_the_log():
+    t, log = FakeTime(), Log()
+    run(retry(failing(1, TimeoutError), RetryPolicy(), what="post", log=log, clock=t.clock, sleep=t.sleep,
+              describe=lambda exc: f"{type(exc).__name__}!"))
+    assert log.lines[0][1]["error"] == "TimeoutError!"

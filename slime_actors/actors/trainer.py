@@ -24,9 +24,17 @@ from pathlib import Path
 from .. import env as E
 from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
+from ..mailbox.errors import MailboxError, RemoteError, transient
+from ..retry import RetryPolicy, retry
 from .base import Actor, handler
 
 GROUP_TIMEOUT_S = 1800.0  # the training group's collectives and store (torch.distributed timeout)
+# asks worth repeating while their peer restarts (mailbox.errors.transient): the join (the head may not be up yet;
+# an error the controller's handler raised is not retried) and get_batch (it only reads), each for 600 s
+JOIN_RETRY = RetryPolicy(attempts=None, deadline=600, base=1.0, factor=1.0, max_delay=1.0, retry_on=(MailboxError,),
+                         retry_if=lambda exc: not isinstance(exc, RemoteError))
+BATCH_RETRY = RetryPolicy(attempts=None, deadline=600, base=0.4, factor=2.0, max_delay=2.0, retry_on=(MailboxError,),
+                          retry_if=transient)
 
 
 class TrainerRank(Actor):
@@ -64,18 +72,9 @@ class TrainerRank(Actor):
                 sock.bind((addr, 0))
                 port = sock.getsockname()[1]
         body = {"rank": self.rank, "world_size": self.world_size, "addr": addr, "port": port, "pid": os.getpid()}
-        from ..mailbox.errors import MailboxError, RemoteError
-        t0 = time.monotonic()
-        while True:  # the head may still be starting (torchrun, Slurm: every process starts at once)
-            try:
-                return await self.ask("controller/0", "trainer_join", body, timeout=3600)
-            except RemoteError:
-                raise
-            except MailboxError as exc:
-                if time.monotonic() - t0 > 600:
-                    raise
-                self.log.warning("controller not reachable yet; retrying the join", error=str(exc))
-                await asyncio.sleep(1.0)
+        # the head may still be starting (torchrun, Slurm: every process starts at once): keep knocking for 600 s
+        return await retry(lambda: self.ask("controller/0", "trainer_join", body, timeout=3600), JOIN_RETRY,
+                           what="trainer_join (controller not reachable yet)", log=self.log, started=time.monotonic())
 
     def _init(self, rdzv: dict) -> None:
         import datetime
@@ -142,24 +141,11 @@ class TrainerRank(Actor):
 
     async def _get_batch(self, rollout_id: int) -> dict:
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
-        from ..mailbox.errors import MailboxError, RemoteError
-        t0 = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
-                shard = {"rank": getattr(self.backend, "data_parallel_rank", self.rank),
-                         "world_size": getattr(self.backend, "data_parallel_size", self.world_size)}
-                return await self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, **shard}, timeout=600)
-            except RemoteError as exc:
-                if exc.type != "MailboxError" or time.monotonic() - t0 > 600:
-                    raise
-            except MailboxError as exc:
-                if time.monotonic() - t0 > 600:
-                    raise
-                self.log.warning("get_batch failed; retrying", error=str(exc))
-            attempt += 1
-            await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
+        # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
+        shard = {"rank": getattr(self.backend, "data_parallel_rank", self.rank),
+                 "world_size": getattr(self.backend, "data_parallel_size", self.world_size)}
+        return await retry(lambda: self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, **shard}, timeout=600),
+                           BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
     def _record_batch(self, batch: dict) -> None:
         """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is

@@ -34,6 +34,7 @@ from ..actors.base import Actor, handler
 from ..config import JobConfig
 from ..log import console_write, get_logger
 from ..mailbox.errors import MailboxError
+from ..retry import RetryPolicy, retry
 from ..runtime import RuntimeConfig, job_keys
 from .local import LocalLauncher, become_subreaper
 from .prepare import prepare_agent, prepare_head, write_agent_job
@@ -329,22 +330,23 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     stop = asyncio.Event()
     holder: dict = {}
     _install_signals(loop, stop, holder)
-    agent = NodeAgent(node_no)
-    t0 = time.monotonic()
+
+    async def join() -> NodeAgent:
+        if cfg.runtime.curve:
+            job_keys(True, run_dir, create=False)  # RuntimeError until the head's keys are there
+        agent = NodeAgent(node_no)
+        await agent.start(rt)
+        return agent
+    # the head may not be up yet: keep knocking, a fresh agent each time, 1 s apart, for SLIME_ACTORS_JOIN_TIMEOUT
     join_timeout = E.JOIN_TIMEOUT.get()
-    while True:  # the head may not be up yet: keep knocking
-        try:
-            keys_ok = not cfg.runtime.curve or job_keys(True, run_dir, create=False) is not None
-            if keys_ok:
-                await agent.start(rt)
-                break
-        except (MailboxError, RuntimeError, FileNotFoundError) as exc:
-            if time.monotonic() - t0 > join_timeout or stop.is_set():
-                print(f"{ctx.prog}: cannot join the head at {ctx.join} within {join_timeout:.0f}s: {exc}",
-                      file=sys.stderr)
-                return 3
-            agent = NodeAgent(node_no)
-            await asyncio.sleep(1.0)
+    errors = (MailboxError, RuntimeError, FileNotFoundError)
+    policy = RetryPolicy(attempts=None, deadline=join_timeout, base=1.0, factor=1.0, max_delay=1.0, retry_on=errors,
+                         retry_if=lambda exc: not stop.is_set())
+    try:
+        agent = await retry(join, policy, what="joining the head", started=time.monotonic())
+    except errors as exc:
+        print(f"{ctx.prog}: cannot join the head at {ctx.join} within {join_timeout:.0f}s: {exc}", file=sys.stderr)
+        return 3
     setup_logging(str(run_dir), agent.name)
     await loop.run_in_executor(None, write_agent_job, cfg, job_path)
     keys = job_keys(cfg.runtime.curve, run_dir, create=False)
