@@ -9,8 +9,8 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from helpers import Echo, spawn_actor, wait_for
+
 from slime_actors import env as E
 from slime_actors.launch.actor import serve
 from slime_actors.mailbox.errors import PeerDown
@@ -87,7 +87,8 @@ def test_errors_the_join_does_not_retry_are_raised_at_once():
 
 
 def test_a_signal_ends_the_join_and_stops_a_started_actor():
-    kill = lambda: os.kill(os.getpid(), signal.SIGTERM)   # noqa: E731 (the loop's handler catches it)
+    def kill():
+        os.kill(os.getpid(), signal.SIGTERM)                # the loop's handler catches it
     make, made = _maker([FakeActor(PeerDown("directory/0"), on_start=kill), FakeActor()])
     with pytest.raises(PeerDown):                           # no second try after the signal
         asyncio.run(serve(make, join=JOIN))
@@ -117,6 +118,7 @@ def test_one_model_cache(tmp_path, monkeypatch):
 
 def test_the_head_and_a_backend_make_a_tiny_model_in_the_same_place(tmp_path, monkeypatch):
     from helpers import job_config
+
     from slime_actors.data import load_tokenizer
     from slime_actors.launch.prepare import prepare_head
     monkeypatch.delenv(E.MODEL_CACHE.name, raising=False)

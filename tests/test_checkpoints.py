@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import json
 
-from slime_actors.checkpoints import (BUFFER_FILE, META, TRACKER, buffer_file, commit_checkpoint, detect_layout,
-                                      iter_dir, latest_checkpoint, read_meta, trainer_dir)
+from slime_actors.checkpoints import (
+    BUFFER_FILE,
+    META,
+    TRACKER,
+    buffer_file,
+    commit_checkpoint,
+    detect_layout,
+    iter_dir,
+    latest_checkpoint,
+    read_meta,
+    trainer_dir,
+)
 
 
 def _parts(root, n):

@@ -5,6 +5,7 @@ between syncs (the broadcast group, the disk versions it wrote)."""
 from __future__ import annotations
 
 import asyncio
+import typing
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ class Backend:
 
 class Sender:
     """Stands in for DistributedWeightSender (which replay also replaces)."""
-    made: list = []
+    made: typing.ClassVar[list] = []
 
     def __init__(self, addr, port, world, backend, name):
         self.args = (addr, world, backend, name)
