@@ -6,18 +6,30 @@ keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.env, slime_acto
 SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed). How the start went is reported
 for the supervisor (launch/startup.py): "ready" once on_start finished, else the cause -- and exit code 78 when no
 restart can change it.
+
+Every actor process goes through this module's bootstrap, however it was started -- this entry (`slime-actors
+launch`'s and Slurm's processes), a torchrun rank (launch/torchrun.py), a test's child process: `set_up_process`
+(the topology's CPU affinity, logging to RUN_DIR/logs), then `serve` (start the actor -- again while the head is not
+reachable yet, when a join policy says so --, stop it cleanly on SIGTERM/SIGINT, wait until it has stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import env as E
+from ..actors.base import Actor
 from ..config import ConfigError, JobConfig
+from ..retry import RetryPolicy, retry
+from ..runtime import RuntimeConfig
 
 
 def load_job_config(path: str | None = None) -> JobConfig | None:
@@ -39,6 +51,59 @@ def load_job_config(path: str | None = None) -> JobConfig | None:
         raise SystemExit(f"error: {exc}") from None
 
 
+def set_up_process(name: str, run_dir: str | None, *, console: bool = True):
+    """What an actor process does first: pin itself to the topology's CPUs (SLIME_ACTORS_CPUS, set by its placement)
+    and log to RUN_DIR/logs/NAME.jsonl (and the console). Returns the process's logger."""
+    from ..log import get_logger, setup_logging
+    cpus = E.CPUS.get()
+    if cpus:
+        try:
+            os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
+        except (OSError, ValueError) as exc:
+            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
+    setup_logging(run_dir, name, console=console)
+    return get_logger(actor=name)
+
+
+async def serve(make: Callable[[], Awaitable[tuple[Actor, RuntimeConfig]]], *, join: RetryPolicy | None = None,
+                ready: Callable[[Actor], Any] | None = None) -> str | None:
+    """An actor's life in its process: `make()` builds it and the runtime it starts on; it starts (with `join`,
+    again -- a fresh actor from `make()` each time -- while the policy retries the failure and no signal came);
+    SIGTERM / SIGINT stop it cleanly; `ready(actor)` runs once it has started. Returns the name of the signal that
+    stopped it, or None when it stopped by itself (asked to, the job ended). A start that fails stops the actor and
+    raises (with `join`: once the policy gives up)."""
+    loop = asyncio.get_running_loop()
+    current: list = [None, None]   # the actor, the signal received
+
+    def on_signal(sig: signal.Signals) -> None:
+        current[1] = current[1] or sig.name
+        if current[0] is not None:
+            current[0].spawn(current[0].stop(f"signal {sig.name}"))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    async def start() -> Actor:
+        actor, runtime = await make()
+        current[0] = actor
+        try:
+            await actor.start(runtime)
+        except BaseException:
+            await actor.stop("failed to start")
+            raise
+        return actor
+    if join is None:
+        actor = await start()
+    else:
+        policy = join.replace(retry_if=lambda exc, f=join.retry_if: current[1] is None and (f is None or f(exc)))
+        actor = await retry(start, policy, what="joining the head", started=time.monotonic())
+    if current[1] is not None:  # a signal came while it started
+        actor.spawn(actor.stop(f"signal {current[1]}"))
+    elif ready is not None:
+        ready(actor)
+    await actor.wait_stopped()
+    return current[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m slime_actors.launch.actor")
     p.add_argument("role")
@@ -46,21 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     import uvloop
 
-    from ..log import get_logger, setup_logging
-    from ..runtime import RuntimeConfig
     from .roles import job_class_for
     from .startup import EXIT_PERMANENT, Cause, cause_of, write_report
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
-    cpus = E.CPUS.get()  # the topology's CPU affinity (also when srun/torchrun start us)
-    if cpus:
-        try:
-            os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
-        except (OSError, ValueError) as exc:
-            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
-    setup_logging(rt.run_dir, name, console=True)
-    log = get_logger(actor=name)
+    log = set_up_process(name, rt.run_dir)
     try:
         job = load_job_config()
     except SystemExit as exc:  # a missing or malformed job file: no restart changes it
@@ -78,22 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PERMANENT
     config = {"args": job.to_dict()} if job is not None else {}
 
+    async def make():
+        return cls(ns.index, **config), rt
+
     async def run() -> int:
-        import asyncio
-        actor = cls(ns.index, **config)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: actor.spawn(actor.stop(f"signal {signal.Signals(s).name}")))
         try:
-            await actor.start(rt)
+            await serve(make, ready=lambda actor: write_report(rt.run_dir, name, "ready"))
         except Exception as exc:
             cause = cause_of(exc)
             log.error("actor failed to start", error=repr(exc), cause=cause.text, permanent=cause.permanent)
             write_report(rt.run_dir, name, "failed", cause)
-            await actor.stop("failed to start")
             return EXIT_PERMANENT if cause.permanent else 1
-        write_report(rt.run_dir, name, "ready")
-        await actor.wait_stopped()
         return 0
 
     try:
