@@ -785,21 +785,6 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
-    _validate_monitor(cfg.monitor, cfg.checkpoint, bad)
-
-
-def _validate_monitor(mon: MonitorSection, ckpt: CheckpointSection, bad) -> None:
-    from .monitor.hacking import ALARMS, HackThresholds
-    try:
-        HackThresholds.parse(mon.hack_alarm_thresholds)
-    except ValueError as exc:
-        bad(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}")
-    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
-    if unknown:
-        bad(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are {', '.join(ALARMS)}")
-    if mon.hack_alarms == "stop" and not ckpt.save:
-        bad("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where checkpoints "
-            "go)")
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:

@@ -7,7 +7,7 @@ checks.
 2. the flags and the TOML file: types, defaults, derived values, the values' checks (slime_actors.config);
 3. the topology's counts (it wins over the flags; `changed` says what it changed); a topology whose rollout workers
    colocate with the trainer makes the job --colocate (and so the colocated transport, unless one is given);
-4. what the backends own: the engine keys the user gave are taken out of the config (`cfg.engine_user_keys`, never
+4. what the backends and the hacking monitor own (its thresholds and alarm names are checked here): the engine keys the user gave are taken out of the config (`cfg.engine_user_keys`, never
    written anywhere from the config), and the `--sglang-*` / `--router-*` passthrough is checked against SGLang's
    own parser or its recorded flag table.
 
@@ -50,7 +50,25 @@ def build_job_config(argv: list[str], topology: Topology | None = None) -> tuple
         changed = []
     changed += topology.apply_to_config(cfg) if topology is not None else []
     check_backend_flags(cfg)
+    check_monitor_flags(cfg)
     return cfg, changed
+
+
+def check_monitor_flags(cfg: JobConfig) -> None:
+    """The reward-hacking alarms' flags against the monitor's own names and thresholds (ConfigError)."""
+    from ..monitor.hacking import ALARMS, HackThresholds
+    mon = cfg.monitor
+    try:
+        HackThresholds.parse(mon.hack_alarm_thresholds)
+    except ValueError as exc:
+        raise ConfigError(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}") from None
+    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
+    if unknown:
+        raise ConfigError(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are "
+                          f"{', '.join(ALARMS)}")
+    if mon.hack_alarms == "stop" and not cfg.checkpoint.save:
+        raise ConfigError("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR "
+                          "(where checkpoints go)")
 
 
 def check_backend_flags(cfg: JobConfig) -> None:
