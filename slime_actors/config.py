@@ -999,6 +999,17 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    lg = cfg.logging
+    if lg.use_wandb and check_files:
+        import importlib.util
+        if importlib.util.find_spec("wandb") is None:
+            bad("--use-wandb needs the wandb package: pip install wandb (or drop --use-wandb; TensorBoard and "
+                "metrics.jsonl have every metric)")
+    unused = [f"--{n.replace('_', '-')}" for n in ("wandb_project", "wandb_group", "wandb_team", "wandb_host",
+                                                   "wandb_mode", "wandb_dir", "wandb_run_id")
+              if getattr(lg, n) is not None]
+    if unused and not lg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
+        cfg.notes.append(f"{', '.join(unused)} given without --use-wandb: W&B is off (add --use-wandb)")
 
 
 def json_object(text: str, flag: str, strings: bool = False) -> dict:

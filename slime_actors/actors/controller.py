@@ -8,8 +8,8 @@ generated while the trainers train on k; samples are at most --max-staleness wei
 regenerates older ones). Engines are paused for the weight update only.
 
 It also re-syncs an engine that (re)starts at an old weight version before that engine serves again, evaluates
-every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard,
-a PNG of the reward and eval curves).
+every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard
+and W&B through slime_actors.metric_sinks, a PNG of the reward and eval curves).
 
 Faults (docs/fault-tolerance.md). The trainer ranks form their process group through the controller
 (`trainer_join`: a rendezvous with a generation number and the checkpoint to load). When a rank dies -- an ask to
@@ -80,7 +80,7 @@ class Controller(Actor):
         self._sync_lock: asyncio.Lock | None = None
         self._resync_tasks: dict[str, asyncio.Task] = {}
         self.metrics_file = None
-        self.tb = None
+        self.sinks = None                   # TensorBoard and W&B (slime_actors.metric_sinks)
         self._rows_before_start = 0  # metrics rows of the run before this job resumed it
         self.result: dict = {}
         self._rdzv: _Rendezvous | None = None
@@ -396,7 +396,7 @@ class Controller(Actor):
             await self._trainers_ready()
             if not dbg.debug_train_only:
                 await self._startup_sync()
-            self._open_metrics(resume_at=start if ckpt is not None else None)
+            await self._open_metrics(resume_at=start if ckpt is not None else None)
             if a.eval.eval_prompt_data and not a.eval.skip_eval_before_train and not dbg.debug_train_only \
                     and ckpt is None:
                 await self._evaluate(start)
@@ -427,6 +427,7 @@ class Controller(Actor):
                 stats, t_roll = await self._rollout(k)
             step.update({f"rollout/{key}": v for key, v in stats.items() if isinstance(v, (int, float))
                          and not isinstance(v, bool)})
+            step.update({f"passrate/{key}": v for key, v in (stats.get("passrate") or {}).items()})  # --log-passrate
             step["time/rollout"] = t_roll
             self._show_samples(k, stats.get("examples"))
             if dbg.save_debug_rollout_data:
@@ -479,7 +480,7 @@ class Controller(Actor):
             await self._evaluate(a.run.num_rollout)
         self.accounting = await self._ask_buffer("accounting")
         self.phase = "done"
-        self._finish()
+        await self.run_blocking(self._finish)   # the plot, closing TensorBoard and W&B: off the loop
 
     # ------------------------------------------------------------------------------------------ phases
     async def _startup_sync(self) -> None:
@@ -558,8 +559,9 @@ class Controller(Actor):
                                         timeout=86500)
             out[name] = st["reward_mean"] if st["reward_mean"] is not None else 0.0
             self.evals.append({"step": step, "name": name, "reward": out[name], "samples": st["samples"]})
+            out.update({f"{name}-{key}": v for key, v in (st.get("passrate") or {}).items()})  # eval/NAME-pass@k
             self.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st["samples"])
-            if self.cfg.eval.save_eval_responses:
+            if self.cfg.eval.save_eval_responses or self.cfg.logging.use_wandb:
                 await self._save_eval(name, step, eid)
         if prev != "rollout":
             await self._pause_all()
@@ -593,6 +595,10 @@ class Controller(Actor):
     async def _save_eval(self, name: str, step: int, eid: int) -> None:
         """The evaluation's responses, for a person to read (`slime-actors samples RUN --eval`, `--report`)."""
         rows = await self._ask_buffer("eval_results", {"rollout_id": eid}, timeout=300)
+        if self.sinks is not None:
+            self.sinks.eval_responses(name, step, rows)
+        if not self.cfg.eval.save_eval_responses:
+            return
         path = Path(self.runtime.run_dir) / EVAL_DIR / f"{name}_step{step:06d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -605,13 +611,13 @@ class Controller(Actor):
         --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
         if not examples:
             return
-        from ..samples import examples_markdown, format_examples
+        from ..samples import format_examples
         self.last_examples = {"rollout_id": k, "examples": examples}
         every = self.cfg.logging.log_samples_interval
         if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):
             console_write(format_examples(k, examples))
-        if self.tb is not None:
-            self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
+        if self.sinks is not None:
+            self.sinks.samples(k, examples)
 
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
@@ -649,7 +655,7 @@ class Controller(Actor):
             return None
 
     # ------------------------------------------------------------------------------------------ metrics
-    def _open_metrics(self, resume_at: int | None) -> None:
+    async def _open_metrics(self, resume_at: int | None) -> None:
         """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
         continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
         spans the whole run), later rows -- trained again now -- are dropped, and TensorBoard hides its events
@@ -663,23 +669,18 @@ class Controller(Actor):
             self.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
         self._rows_before_start = len(self.history)
         self.metrics_file = open(self.metrics_path, "a")
-        if self.cfg.logging.use_tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(os.path.join(self.runtime.run_dir, "tensorboard"), purge_step=resume_at)
-            except Exception as exc:  # tensorboard missing: JSONL and the PNG still have everything
-                self.log.warning("tensorboard unavailable", error=repr(exc))
+        from ..metric_sinks import MetricSinks
+        sinks = MetricSinks(self.cfg, self.runtime.run_dir, self.log)
+        await self.run_blocking(sinks.open, resume_at)   # wandb.init starts a service: off the loop
+        self.sinks = sinks
 
     def _record(self, step: dict) -> None:
         step["time"] = time.time()
         self.history.append(step)
         self.metrics_file.write(json.dumps(step) + "\n")
         self.metrics_file.flush()
-        if self.tb is not None:
-            for key, v in step.items():
-                if isinstance(v, (int, float)) and key != "rollout_id":
-                    self.tb.add_scalar(key, v, step["rollout_id"])
-            self.tb.flush()
+        if self.sinks is not None:
+            self.sinks.scalars(step)
         self.log.info("step", rollout_id=step["rollout_id"], reward=_r(step.get("rollout/reward_mean")),
                       loss=_r(step.get("train/loss")), logprob_diff=_r(step.get("train/train_rollout_logprob_abs_diff_max")),
                       seconds=_r(step.get("time/step")), version=step.get("weight_version_after"))
@@ -688,9 +689,9 @@ class Controller(Actor):
         from ..plots import plot_run
         if self.metrics_file is not None:
             self.metrics_file.close()
-        if self.tb is not None:
-            self.tb.close()
         png = plot_run(self.runtime.run_dir, self.history, self.evals)
+        if self.sinks is not None:
+            self.sinks.close(png)
         first = {e["name"]: e["reward"] for e in self.evals if e["step"] == min(x["step"] for x in self.evals)} \
             if self.evals else {}
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
