@@ -57,8 +57,9 @@ def flag(default: Any = None, help: str | None = None, *, choices: list | None =
     """A field that is a command-line flag (and a TOML key). `path`: a relative value in a config file is taken
     relative to that file when such a file exists; `top`: listed before the groups in --help. `origin`: whose flag
     it is -- "slime" (slime's name and meaning), "megatron" (a Megatron-LM flag slime passes on) or "own" (this
-    project's); `slime=(slime's default, why ours differs)` when the default differs from slime's (docs/flags.md
-    lists these; tests/test_flags.py checks them against slime's recorded parser)."""
+    project's); `slime=(slime's default, why ours differs)` when the default differs from slime's, with two more
+    strings when the defaults are derived (ours and slime's as docs/flags.md shows them). docs/flags.md lists
+    them; tests/test_flags.py checks them against slime's recorded parser."""
     if origin not in ("slime", "megatron", "own"):
         raise ValueError(f"origin {origin!r}")
     return field(default=default, metadata={"help": help, "choices": choices, "path": path, "top": top, "cli": True,
@@ -85,7 +86,8 @@ class RunSection:
     device: str = flag("cpu", "where the trainer and the local engine run", choices=["cpu", "cuda"], origin="own")
     num_rollout: int | None = flag(
         None, "training steps (rollout + train + weight sync each); default: from --num-epoch, else 10",
-        slime=(None, "slime requires --num-rollout or --num-epoch; here a short run of 10 steps"))
+        slime=(None, "slime requires --num-rollout or --num-epoch; here a short run of 10 steps", "10",
+               "required"))
     num_epoch: int | None = flag(
         None, "passes over --prompt-data: --num-rollout = num-epoch x prompts // --rollout-batch-size "
               "(ignored when --num-rollout is given, as in slime)")
@@ -157,8 +159,8 @@ class RolloutSection:
     rollout_temperature: float = flag(1.0, "sampling temperature of rollouts")
     rollout_top_p: float = flag(1.0, "top-p of rollouts")
     rollout_top_k: int = flag(-1, "top-k of rollouts (-1: off)")
-    rollout_stop: list[str] | None = flag(None, "stop strings")
-    rollout_stop_token_ids: list[int] | None = flag(None, "stop token ids")
+    rollout_stop: list[str] | None = flag(None, "strings that end a response (the engine stops at the first)")
+    rollout_stop_token_ids: list[int] | None = flag(None, "token ids that end a response")
     partial_rollout: bool = flag(False, "keep aborted samples' partial responses and continue them next step")
     dynamic_sampling_filter_path: str | None = flag(
         None, "dotted path of fn(args, samples) -> bool keeping a group; built-in: "
@@ -236,7 +238,7 @@ class EvalSection:
     eval_temperature: float | None = flag(
         None, "default: greedy (0)",
         slime=(None, "slime samples evals at --rollout-temperature; a greedy eval is deterministic, so before/after "
-                     "numbers compare the weights, not the dice"))
+                     "numbers compare the weights, not the dice", "0 (greedy)", "--rollout-temperature"))
     eval_top_p: float | None = flag(None, "top-p of evals (default: --rollout-top-p)")
     eval_top_k: int | None = flag(None, "top-k of evals (default: --rollout-top-k)")
     eval_max_response_len: int | None = flag(None, "most tokens per eval response (default: "
@@ -325,8 +327,8 @@ class TrainSection:
     weight_decay: float = flag(0.0, "AdamW weight decay", origin="megatron",
                                slime=(0.01, "Megatron's default; RL fine-tuning here decays nothing unless asked "
                                             "(slime's scripts set 0.1)"))
-    adam_beta1: float = flag(0.9, "Adam beta1", origin="megatron")
-    adam_beta2: float = flag(0.98, "Adam beta2", origin="megatron",
+    adam_beta1: float = flag(0.9, "Adam's first-moment decay (beta1)", origin="megatron")
+    adam_beta2: float = flag(0.98, "Adam's second-moment decay (beta2)", origin="megatron",
                              slime=(0.999, "Megatron's default; slime's scripts set 0.98"))
     clip_grad: float = flag(1.0, "gradient norm clipping")
     global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)")
@@ -392,15 +394,16 @@ class LoggingSection:
                                        "and up", choices=["debug", "info", "warning", "error"], origin="own")
     use_wandb: bool = flag(False, "log every metric, the curves and sample tables to Weights & Biases (needs the "
                                   "wandb package)")
-    wandb_project: str | None = flag(None, "W&B project")
-    wandb_group: str | None = flag(None, "W&B group")
-    wandb_team: str | None = flag(None, "W&B entity (team)")
+    wandb_project: str | None = flag(None, "the W&B project the run is logged to")
+    wandb_group: str | None = flag(None, "the W&B group of the run (and its name, with a random suffix)")
+    wandb_team: str | None = flag(None, "the W&B entity (team) of the project")
     wandb_host: str | None = flag(None, "W&B server URL (WANDB_BASE_URL)")
     wandb_mode: str | None = flag(None, "online, offline (written under --wandb-dir, `wandb sync` later) or "
                                         "disabled (default: $WANDB_MODE, else online)",
                                   choices=["online", "offline", "disabled"])
     wandb_dir: str | None = flag(None, "directory of W&B's files (default: RUN_DIR/wandb)",
-                                 slime=(None, "slime writes ./wandb; here the run directory keeps it"))
+                                 slime=(None, "slime writes ./wandb; here the run directory keeps it",
+                                        "RUN_DIR/wandb", "./wandb"))
     wandb_run_id: str | None = flag(None, "W&B run id: resume that run (default: a new one, or the run this run "
                                           "directory logged to when it resumes)")
     disable_wandb_random_suffix: bool = flag(False, "name the W&B run exactly --wandb-group (no random suffix)")
@@ -504,7 +507,7 @@ class FieldSpec:
     top: bool
     cli: bool
     origin: str = "slime"         # "slime" | "megatron" | "own"
-    slime: tuple | None = None    # (slime's default, why ours differs)
+    slime: tuple | None = None    # (slime's default, why ours differs[, ours as shown, slime's as shown])
 
     @property
     def option(self) -> str:
@@ -689,9 +692,18 @@ def unknown_flag_message(extra: list[str], parser: argparse.ArgumentParser | Non
     if name in SLIME_UNSUPPORTED:
         return f"{name} is slime's flag, not supported by slime-actors: {SLIME_UNSUPPORTED[name]}{more}"
     known = _option_names(parser) if parser is not None else [s.option for s in FIELDS.values() if s.cli]
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    # an abbreviation (no longer accepted) names the flags it abbreviates; a typo the closest names
+    close = [k for k in known if k.startswith(name)][:3] or closest(name, known)
     hint = f"; did you mean {' or '.join(close)}?" if close else "; `slime-actors train --help` lists the flags"
     return f"unknown flag {name}{hint}{more}"
+
+
+def closest(name: str, known: list[str], cutoff: float = 0.75) -> list[str]:
+    """The names nearest to `name` (difflib's ratio), the best and any within 0.05 of it, at most three."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)
+    if not scored or scored[0][0] < cutoff:
+        return []
+    return [k for r, k in scored[:3] if r >= max(cutoff, scored[0][0] - 0.05)]
 
 
 def _add(group, spec: FieldSpec) -> None:
@@ -717,8 +729,9 @@ COMPAT_DEST = "compat__"   # argparse dest prefix of slime's / Megatron's flags 
 
 
 def _add_compat(group, flag) -> None:
-    kind = {"noop": "no effect here", "fixed": f"only {flag.expect!r}", "arch": "checked against config.json",
-            "env": "sets an environment variable"}[flag.kind]
+    kind = {"noop": "no effect here", "fixed": f"only {flag.expect!r}", "alias": f"means --{flag.alias}",
+            "arch": "checked against config.json" if flag.hf else "accepted, not checked",
+            "env": "sets an environment variable"}[flag.kind].replace("_", "-")
     kw: dict[str, Any] = {"dest": COMPAT_DEST + flag.dest, "default": None,
                           "help": f"{kind}: {flag.note}".replace("%", "%%")}
     if flag.switch:
@@ -839,7 +852,9 @@ def _passthrough(flag: str, value) -> list[str]:
 
 
 # our own flags that happen to start with --sglang- (slime's names for an external router)
-OWN_SGLANG_PREFIXED = ("--sglang-router-ip", "--sglang-router-port")
+# and slime's own --sglang-* flags (not SGLang's): they go to this parser, which accepts or refuses them
+OWN_SGLANG_PREFIXED = ("--sglang-router-ip", "--sglang-router-port", "--sglang-server-concurrency",
+                       "--sglang-router-request-timeout-secs", "--sglang-config")
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -866,6 +881,10 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]
     return ours, sglang, router
 
 
+# flags that derive each other: one given on the command line replaces the other one's value from the config file
+_EITHER_OR = (("rollout_num_gpus", "rollout_num_engines"), ("num_epoch", "num_rollout"))
+
+
 def parse_config(argv: list[str] | None = None) -> JobConfig:
     """Flags and the --config file -> the validated JobConfig (ConfigError naming the flag, file or key). slime's
     and Megatron's flags without a field are checked (slime_actors.slime_compat) and reported in `cfg.notes`."""
@@ -884,15 +903,24 @@ def parse_config(argv: list[str] | None = None) -> JobConfig:
         sglang = file_sglang + sglang
         router = file_router + router
     ns = vars(parser.parse_args(file_argv + ours))
+    for a, b in _EITHER_OR:   # the command line wins over the file across two flags that say the same thing
+        for given, other in ((a, b), (b, a)):
+            opt, other_opt = FIELDS[given].option, FIELDS[other].option
+            if has_flag(ours, opt) and not has_flag(ours, other_opt) and has_flag(file_argv, other_opt):
+                ns[other] = FIELDS[other].default
     values: dict[str, dict] = {name: {} for name in SECTIONS}
     for spec in FIELDS.values():
         if spec.cli:
             values[spec.section][spec.name] = ns[spec.name]
+    given = {f.name: ns[COMPAT_DEST + f.dest] for f in COMPAT.values() if ns[COMPAT_DEST + f.dest] is not None}
+    for name, value in given.items():   # slime's other name of one of our flags: ours, unless ours is given too
+        flag = COMPAT[name]
+        if flag.kind == "alias" and not has_flag(file_argv + ours, FIELDS[flag.alias].option):
+            values[FIELDS[flag.alias].section][flag.alias] = value
     cfg = JobConfig(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
     cfg.engine.sglang_args = sglang
     cfg.engine.router_args = router
     cfg.validate(check_files=True)
-    given = {f.name: ns[COMPAT_DEST + f.dest] for f in COMPAT.values() if ns[COMPAT_DEST + f.dest] is not None}
     try:
         compat = check_compat(given, cfg.model.hf_checkpoint)
     except CompatError as exc:

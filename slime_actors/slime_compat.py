@@ -12,7 +12,9 @@ A slime launch script carries three kinds of flags besides the ones this project
              constant`): accepted when it names what this project does, refused with the reason otherwise (it would
              change the result);
     "arch"   the model's architecture, which comes from --hf-checkpoint's config.json here: a value given is checked
-             against that file (refused when it differs), and otherwise accepted.
+             against that file (refused when it differs), and otherwise accepted;
+    "env"    a secret handed to the job's processes in the environment, never written to job files (--wandb-key);
+    "alias"  slime's other name of one of this project's flags (--sglang-server-concurrency).
 * slime's own flags that do nothing here, for the same reasons ("noop" / "fixed" entries of `SLIME_ACCEPTED`);
 * slime's flags for features this project does not have: `SLIME_UNSUPPORTED` says why, and the parser refuses them
   with that reason (instead of a bare "unrecognized argument").
@@ -37,7 +39,7 @@ class CompatError(ValueError):
 @dataclass(frozen=True)
 class CompatFlag:
     name: str                     # "--sequence-parallel"
-    kind: str                     # "noop" | "fixed" | "arch" | "env"
+    kind: str                     # "noop" | "fixed" | "arch" | "env" | "alias"
     type: type = bool             # bool: a switch; int / float / str: takes one value
     note: str = ""                # one line: why it has no effect / what is fixed / where the value comes from
     expect: Any = None            # fixed: the value(s) that mean what this project does (a tuple: any of them)
@@ -45,6 +47,7 @@ class CompatFlag:
     nargs: str | None = None      # "+": takes several values
     origin: str = "megatron"      # "megatron" | "slime"
     env_var: str | None = None    # env: the environment variable the value goes to (kept out of job files)
+    alias: str | None = None      # alias: the field (slime_actors.config) this is slime's other name of
 
     @property
     def dest(self) -> str:
@@ -92,7 +95,7 @@ def _swiglu(c: dict) -> Any:
 _NOOP_PARALLEL = "a memory/speed option of Megatron's tensor parallelism; the result is the same without it"
 _NOOP_MEM = "a memory option of Megatron (activation recomputation); the result is the same without it"
 _NOOP_KERNEL = "a kernel/fusion choice of Megatron; the result is the same (to rounding) without it"
-_ARCH = "model architecture: read from --hf-checkpoint's config.json here; a value given is checked against it"
+_ARCH = "model architecture, which comes from --hf-checkpoint's config.json here"
 
 MEGATRON_FLAGS: list[CompatFlag] = [
     # -- parallelism and memory
@@ -109,7 +112,8 @@ MEGATRON_FLAGS: list[CompatFlag] = [
     CompatFlag("--accumulate-allreduce-grads-in-fp32", "noop",
                note="gradients are reduced in the parameters' dtype (fp32 unless --bf16) here"),
     CompatFlag("--attention-softmax-in-fp32", "noop",
-               note="attention softmax accumulates in fp32 in this project's backends"),
+               note="attention softmax accumulates in fp32 in this project's backends (megatron-core's default, "
+                    "PyTorch's attention kernels)"),
     CompatFlag("--attention-backend", "noop", str, note=_NOOP_KERNEL),
     CompatFlag("--no-rope-fusion", "noop", note=_NOOP_KERNEL),
     CompatFlag("--no-gradient-accumulation-fusion", "noop", note=_NOOP_KERNEL),
@@ -215,6 +219,9 @@ SLIME_ACCEPTED: list[CompatFlag] = [
     CompatFlag("--wandb-key", "env", str, origin="slime", env_var="WANDB_API_KEY",
                note="W&B's API key, handed to wandb as $WANDB_API_KEY (kept out of job files; visible in the process "
                     "list: prefer WANDB_API_KEY or `wandb login`)"),
+    CompatFlag("--sglang-server-concurrency", "alias", int, origin="slime", alias="rollout_concurrency",
+               note="requests in flight per engine (this project's --rollout-concurrency, which wins when both "
+                    "are given)"),
     CompatFlag("--train-env-vars", "noop", str, origin="slime",
                note="set environment variables for every actor in the topology's env table (docs/launch.md)"),
 ]
@@ -262,6 +269,10 @@ _UNSUPPORTED_GROUPS: list[tuple[str, tuple[str, ...]]] = [
         "--update-weight-delta-encoding", "--update-weight-delta-checksum", "--update-weight-disk-keep-files",
         "--update-weight-local-checkpoint-dir")),
     ("multimodal prompts are not supported here", ("--multimodal-keys",)),
+    ("prefill/decode disaggregation and SGLang deployment files are not implemented here (one engine per rollout "
+     "worker; --sglang-<flag> passes flags to every engine)", ("--prefill-num-servers", "--sglang-config")),
+    ("not a flag here: a router this job starts takes --router-request-timeout-secs (every --router-<flag> is "
+     "passed to the sglang-router)", ("--sglang-router-request-timeout-secs",)),
     ("not implemented here", (
         "--ref-ckpt-step", "--ref-update-interval", "--num-critic-only-steps", "--reset-optimizer-states",
         "--use-stateless-adam", "--use-unbiased-kl", "--use-rollout-entropy", "--mask-offpolicy-in-partial-rollout",
@@ -335,6 +346,8 @@ def check(values: dict[str, Any], hf_checkpoint: str | None) -> CompatResult:
         shown = _show(flag, value)
         if flag.kind == "env":
             res.env[flag.env_var] = str(value)
+        elif flag.kind == "alias":
+            res.fixed.append(f"{shown} (--{flag.alias.replace('_', '-')})")
         elif flag.kind == "noop":
             res.noop.append(shown)
         elif flag.kind == "fixed":

@@ -12,7 +12,7 @@ import sys
 
 from .config import ConfigError
 from .launch.job import JobContext, run
-from .launch.job_config import build_job_config
+from .launch.job_config import build_job_config, print_notes
 from .launch.topology import default_topology
 
 
@@ -24,4 +24,5 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"slime-actors train: error: {exc}", file=sys.stderr)
         return 2
+    print_notes(cfg, "slime-actors train")
     return run(JobContext(cfg, default_topology(cfg), status="changes", prog="slime-actors train"))

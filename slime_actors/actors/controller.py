@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 from ..config import JobConfig, RunSection, debug_rollout_path
-from ..log import console_write
+from ..log import CONSOLE, console_write, progress_line
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from ..samples import EVAL_DIR
 from .base import Actor, handler
@@ -727,21 +727,18 @@ def _tuple_state(s):
 
 
 def _progress(run: RunSection, start: int):
-    if not run.progress:
+    """The progress bar: a part of the console's footer (log.CONSOLE), on a terminal only (--progress)."""
+    if not run.progress or not CONSOLE.interactive:
         return lambda step: None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return lambda step: None
-    bar = tqdm(total=run.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
+    t0 = time.monotonic()
+    CONSOLE.footer("progress", progress_line("rl steps", start, run.num_rollout, None))
+    last_eval: dict = {}
 
     def update(step: dict) -> None:
-        post = {"reward": _r(step.get("rollout/reward_mean"))}
-        for k, v in step.items():
-            if k.startswith("eval/"):
-                post[k] = _r(v)
-        bar.set_postfix(post)
-        bar.update(1)
-        if step["rollout_id"] + 1 >= run.num_rollout:
-            bar.close()
+        done = step["rollout_id"] + 1
+        last_eval.update({k[5:]: _r(v) for k, v in step.items() if k.startswith("eval/") and "-pass@" not in k})
+        extra = {"reward": _r(step.get("rollout/reward_mean")), **{f"eval {k}": v for k, v in last_eval.items()}}
+        rate = (time.monotonic() - t0) / max(done - start, 1)
+        CONSOLE.footer("progress", None if done >= run.num_rollout else
+                       progress_line("rl steps", done, run.num_rollout, rate, extra))
     return update

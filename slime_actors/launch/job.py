@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import env as E
 from ..actors.base import Actor, handler
 from ..config import JobConfig
-from ..log import console_write, get_logger
+from ..log import CONSOLE, console_write, get_logger
 from ..mailbox.errors import MailboxError
 from ..runtime import RuntimeConfig, job_keys
 from .local import LocalLauncher, become_subreaper
@@ -176,8 +176,8 @@ class StatusBoard:
         step = f"rollout {c.get('rollout_id', '-')} {c.get('phase', '?')} v{c.get('weight_version', 0)}"
         line = (f"[{now - self.t0:5.0f}s] {step} | up {len(up)}/{len(self.expected)}"
                 + (f" | down: {' '.join(down)}" if down else "") + (f" | restarts {restarts}" if restarts else ""))
-        if self.mode == "line":
-            print("\r\033[K" + line[:200], end="", file=sys.stderr, flush=True)
+        if self.mode == "line":   # the console's footer, with the progress bar (slime_actors.log.CONSOLE)
+            CONSOLE.footer("status", line)
         elif self.mode == "table":
             if force or now - self._last_print >= 10:
                 self._last_print = now
@@ -198,7 +198,7 @@ class StatusBoard:
 
     def finish(self) -> None:
         if self.mode == "line":
-            print(file=sys.stderr, flush=True)
+            CONSOLE.end_footer(keep=True)
 
 
 def _make_launcher(ctx: JobContext, env: dict, run_dir: Path) -> LocalLauncher:
@@ -449,10 +449,10 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
     from ..config import ConfigError
-    from .job_config import build_job_config
+    from .job_config import build_job_config, print_notes
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
-        prog="slime-actors launch", add_help=True,
+        prog="slime-actors launch", add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
         description="Start a job's actors from a topology file and supervise them (docs/launch.md). Every option "
                     "not listed here is a job flag (see `slime-actors train --help`).")
     p.add_argument("topology", help="topology file (TOML, or YAML with PyYAML)")
@@ -490,6 +490,7 @@ def launch_main(argv: list[str]) -> int:
         return 2
     for c in changed:
         print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
+    print_notes(cfg, "slime-actors launch")
     roles = None
     if ns.roles is not None:
         roles = [] if ns.roles.strip() in ("", "none") else [r.strip() for r in ns.roles.split(",") if r.strip()]
@@ -502,6 +503,4 @@ def launch_main(argv: list[str]) -> int:
         print(topo.describe())
         return 0
     ctx = JobContext(cfg, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
-    if _status_mode(ctx) == "line":
-        cfg.run.progress = False  # the status line shows the step
     return run(ctx)

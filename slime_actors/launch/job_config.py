@@ -8,10 +8,18 @@ checks.
 3. the topology's counts (it wins over the flags; `changed` says what it changed);
 4. what the backends own: the engine keys the user gave are taken out of the config (`cfg.engine_user_keys`, never
    written anywhere from the config), and the `--sglang-*` / `--router-*` passthrough is checked against SGLang's
-   own parser or its recorded flag table.
+   own parser or its recorded flag table;
+5. the environment the job's processes inherit from this one: --log-level (SLIME_ACTORS_LOG_LEVEL) and
+   --wandb-key (WANDB_API_KEY), which stay out of job files (`cfg.process_env`).
+
+`print_notes(cfg, prog)` prints what the user should know about the flags (slime's flags accepted without effect,
+derived values) before the job starts.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 from ..backends.engine_auth import EngineKeyError, take_user_keys
 from ..backends.sglang_launch import SGLangFlagError, check_passthrough
@@ -27,7 +35,13 @@ def build_job_config(argv: list[str], topology: Topology | None = None) -> tuple
     cfg = parse_config(argv)
     changed = topology.apply_to_config(cfg) if topology is not None else []
     check_backend_flags(cfg)
+    os.environ.update(cfg.process_env)
     return cfg, changed
+
+
+def print_notes(cfg: JobConfig, prog: str) -> None:
+    for note in cfg.notes:
+        print(f"{prog}: note: {note}", file=sys.stderr)
 
 
 def check_backend_flags(cfg: JobConfig) -> None:

@@ -1,11 +1,13 @@
 """Record slime's own flags (what slime's `train.py` accepts besides Megatron's and SGLang's) from its source.
 
-    python tests/data/slime_record_arguments.py SLIME_CHECKOUT/slime/utils/arguments.py COMMIT \
-        > tests/data/slime_arguments.json
+    python tests/data/slime_record_arguments.py COMMIT SLIME_CHECKOUT/slime/utils/arguments.py \
+        SLIME_CHECKOUT/slime/backends/sglang_utils/arguments.py > tests/data/slime_arguments.json
 
 slime builds its parser in `slime/utils/arguments.py`: `get_slime_extra_args_provider` adds its flags with
 `parser.add_argument(...)` and changes some of Megatron's defaults with `reset_arg(parser, "--name", ...)`;
-`_pre_parse_mode` adds `--train-backend` and the debug modes. This script reads those calls from the AST (no import:
+`_pre_parse_mode` adds `--train-backend` and the debug modes; `slime/backends/sglang_utils/arguments.py` adds the
+router's address (`--sglang-router-ip/-port`; SGLang's own flags come as `--sglang-*` from SGLang's parser, which
+this table leaves out). This script reads those calls from the AST (no import:
 slime needs Ray, Megatron and SGLang) and writes, per flag: its default as a literal (or null when it is an
 expression), whether it takes a value (`switch`: store_true / store_false), nargs, choices, and `dest`.
 
@@ -72,15 +74,19 @@ def record(source: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    path, commit = argv
-    with open(path) as f:
-        flags = record(f.read())
-    json.dump({"slime_commit": commit, "source": "slime/utils/arguments.py",
+    commit, paths = argv[0], argv[1:]
+    flags: dict[str, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for name, entry in record(f.read()).items():
+                flags.setdefault(name, entry)
+    json.dump({"slime_commit": commit, "sources": ["slime/utils/arguments.py",
+                                                   "slime/backends/sglang_utils/arguments.py"],
                "what": "slime's flags (add_argument / reset_arg calls): default, switch, nargs, choices, dest",
-               "flags": flags}, sys.stdout, indent=1, sort_keys=False)
+               "flags": dict(sorted(flags.items()))}, sys.stdout, indent=1, sort_keys=False)
     print()
     return 0
 
