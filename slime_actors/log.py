@@ -180,6 +180,15 @@ class _StderrLoggerFactory:
         return _StderrLogger()
 
 
+def quiet_library_progress_bars() -> None:
+    """When stderr is not a terminal, turn off other libraries' progress bars (Hugging Face's downloads and shard
+    writes, tqdm's) in this process and the processes it starts: they draw with carriage returns, which a log file
+    shows as one endless line. The job's launcher calls this once."""
+    if not _is_tty(sys.stderr):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def console_level(level: str | None = None) -> str:
     """The console's level: `level`, else $SLIME_ACTORS_LOG_LEVEL, else info; ValueError naming a bad one."""
     name = (level or LOG_LEVEL.get() or "info").strip().lower()
@@ -208,11 +217,7 @@ def setup_logging(run_dir: str | os.PathLike | None = None, name: str | None = N
             if _file is not None:
                 _file.close()
             _file = open(d / fname, "a", buffering=1)
-    tty = _is_tty(sys.stderr)
-    colors = tty and not os.environ.get("NO_COLOR")
-    if not tty:   # no progress bars of other libraries in a log file either
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TQDM_DISABLE", "1")
+    colors = _is_tty(sys.stderr) and not os.environ.get("NO_COLOR")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -407,10 +407,11 @@ def run(ctx: JobContext) -> int:
     """Run this process's part of the job. Returns the exit code; the head prints the summary."""
     import uvloop
 
-    from ..log import setup_logging
+    from ..log import quiet_library_progress_bars, setup_logging
     from .summary import print_summary
     cfg = ctx.cfg
     t0 = time.monotonic()
+    quiet_library_progress_bars()
     try:
         job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
