@@ -739,6 +739,7 @@ def _add_compat(group, flag) -> None:
         kw["const"] = True
     else:
         kw["type"] = flag.type
+        kw["metavar"] = flag.dest.upper()
         if flag.nargs:
             kw["nargs"] = flag.nargs
     group.add_argument(flag.name, **kw)
