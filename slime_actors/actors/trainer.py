@@ -90,7 +90,14 @@ class TrainerRank(Actor):
         a = self.cfg
         torch.manual_seed(a.run.seed + self.rank)
         if a.run.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
+            gpus = torch.cuda.device_count()
+            if gpus == 0:
+                from ..launch.startup import StartupError
+                cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+                raise StartupError(f"--device cuda but trainer/{self.rank} sees no GPU (torch {torch.__version__}, "
+                                   + ("CUDA_VISIBLE_DEVICES unset" if cvd is None else f"CUDA_VISIBLE_DEVICES={cvd!r}")
+                                   + "): use --device cpu, or run where a GPU is visible")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % gpus)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if a.run.device == "cuda" else "gloo"
             timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)

@@ -3,7 +3,9 @@
 The job's config comes from the file named by SLIME_ACTORS_JOB (written by the launcher; rebuilt typed here, an
 error naming the file and the field when it is malformed); where the job lives (run directory, directory endpoint,
 keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.env, slime_actors.runtime).
-SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed).
+SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed). How the start went is reported
+for the supervisor (launch/startup.py): "ready" once on_start finished, else the cause -- and exit code 78 when no
+restart can change it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..log import get_logger, setup_logging
     from ..runtime import RuntimeConfig
     from .roles import job_class_for
+    from .startup import EXIT_PERMANENT, Cause, cause_of, write_report
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
@@ -58,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(rt.run_dir, name, console=True)
     log = get_logger(actor=name)
-    job = load_job_config()
+    try:
+        job = load_job_config()
+    except SystemExit as exc:  # a missing or malformed job file: no restart changes it
+        write_report(rt.run_dir, name, "failed", Cause(str(exc.code), True))
+        print(f"{name}: {exc.code}", file=sys.stderr)
+        return EXIT_PERMANENT
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
     # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
     try:
@@ -66,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role
         log.error("cannot build the actor", error=str(exc))
         print(f"{name}: {exc}", file=sys.stderr)
-        return 2
+        write_report(rt.run_dir, name, "failed", Cause(f"cannot build the actor: {exc}", True))
+        return EXIT_PERMANENT
     config = {"args": job.to_dict()} if job is not None else {}
 
     async def run() -> int:
@@ -78,9 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             await actor.start(rt)
         except Exception as exc:
-            log.error("actor failed to start", error=repr(exc))
+            cause = cause_of(exc)
+            log.error("actor failed to start", error=repr(exc), cause=cause.text, permanent=cause.permanent)
+            write_report(rt.run_dir, name, "failed", cause)
             await actor.stop("failed to start")
-            return 1
+            return EXIT_PERMANENT if cause.permanent else 1
+        write_report(rt.run_dir, name, "ready")
         await actor.wait_stopped()
         return 0
 

@@ -150,7 +150,8 @@ class StatusBoard:
         self._last_write = 0.0
 
     def update(self, listing: dict, controller: dict | None, processes: dict, restarts: int,
-               force: bool = False) -> None:
+               force: bool = False, state: str = "running", failure: str | None = None,
+               cause: str | None = None) -> None:
         now = time.monotonic()
         if not force and now - self._last_write < self.interval:
             return
@@ -163,8 +164,10 @@ class StatusBoard:
                             p.get("pid"), "host": e.get("host"), "endpoint": e.get("endpoint"),
                             "last_seen": e.get("last_seen"),
                             "incarnation": e.get("incarnation", 0), "restarts": p.get("restarts", 0)}
-        st = {"time": time.time(), "uptime": round(now - self.t0, 1), "controller": controller or {},
+        st = {"time": time.time(), "uptime": round(now - self.t0, 1), "state": state, "controller": controller or {},
               "actors": actors, "processes": processes, "restarts": restarts}
+        if failure:  # state "failed": why, and its root cause in one line (the console's last line)
+            st.update(failure=failure, cause=cause or failure.splitlines()[-1])
         tmp = self.run_dir / "status.json.tmp"
         tmp.write_text(json.dumps(st, default=str))
         os.replace(tmp, self.run_dir / "status.json")
@@ -290,8 +293,11 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
         elif stop.is_set() and failure is None:
             failure = f"stopped by {signal.Signals(holder.get('signal', signal.SIGTERM)).name}"
     finally:
+        sig = holder.get("signal")
         board.update(Directory.list(directory), Controller.status(controller), launcher.snapshot(),
-                     launcher.restarted_total, force=True)
+                     launcher.restarted_total, force=True,
+                     state="stopped" if sig else "failed" if failure else "finished" if result is not None
+                     else "failed", failure=failure, cause=launcher.failure_cause)
         board.finish()
         await controller.stop()
         others = [n for n in Directory.list(directory) if n.startswith("agent/") and n != agent.name]
@@ -450,7 +456,7 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
     from ..config import ConfigError
-    from .job_config import build_job_config, print_notes
+    from .job_config import build_job_config, build_placed_job_config, print_notes
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors launch", add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
@@ -473,8 +479,12 @@ def launch_main(argv: list[str]) -> int:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
     try:
-        cfg, changed = build_job_config(rest, topo)
         node = parse_node(ns.node, topo) if ns.node else None
+        plan = None
+        if node is None and not ns.join and not ns.dry_run:  # every actor on this host: place them on its GPUs
+            cfg, changed, plan = build_placed_job_config(rest, topo)
+        else:
+            cfg, changed = build_job_config(rest, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
@@ -491,6 +501,8 @@ def launch_main(argv: list[str]) -> int:
         return 2
     for c in changed:
         print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
+    for line in plan.lines() if plan is not None else ():
+        print(f"slime-actors launch: {line}", file=sys.stderr)
     print_notes(cfg, "slime-actors launch")
     roles = None
     if ns.roles is not None:
