@@ -200,8 +200,9 @@ class StatusBoard:
         return "\n".join(rows)
 
     def finish(self) -> None:
-        if self.mode == "line":
-            CONSOLE.end_footer(keep=True)
+        """The footer ends (the status line stays as the last line of the run; a progress bar left by a run that
+        failed is erased), so what is printed next -- the summary, the failure's cause -- starts a line of its own."""
+        CONSOLE.end_footer(keep=self.mode == "line")
 
 
 def _make_launcher(ctx: JobContext, env: dict, run_dir: Path) -> LocalLauncher:
