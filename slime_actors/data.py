@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_actors.config import DataSection, JobConfig, default_of
+from slime_actors.config import DataSection, JobConfig, default_of, json_object
 from slime_actors.log import get_logger
 from slime_actors.types import Sample
 
@@ -201,11 +201,13 @@ class PromptDataset:
     @classmethod
     def from_config(cls, data: DataSection, tokenizer, on_error: str = "raise") -> "PromptDataset":
         """The training prompts: --prompt-data, --input-key, --label-key, --metadata-key, --tool-key,
-        --apply-chat-template, --rollout-max-prompt-len, --rollout-shuffle, --rollout-seed."""
+        --apply-chat-template (--apply-chat-template-kwargs), --rollout-max-prompt-len, --rollout-shuffle,
+        --rollout-seed."""
         return cls(data.prompt_data, tokenizer, input_key=data.input_key, label_key=data.label_key,
                    metadata_key=data.metadata_key, tool_key=data.tool_key,
                    apply_chat_template=data.apply_chat_template, max_prompt_len=data.rollout_max_prompt_len,
-                   shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error)
+                   shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error,
+                   apply_chat_template_kwargs=chat_template_kwargs(data))
 
     # -------------------------------------------------------------------------------------------- loading
     def _load(self) -> list[Prompt]:
@@ -498,7 +500,8 @@ class EvalDatasets(Mapping):
         return cls(parse_eval_prompt_data(ev.eval_prompt_data), tokenizer,
                    input_key=ev.eval_input_key or data.input_key,
                    label_key=ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
-                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error)
+                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error,
+                   apply_chat_template_kwargs=chat_template_kwargs(data))
 
     def __getitem__(self, name: str) -> PromptDataset:
         try:
@@ -518,6 +521,11 @@ class EvalDatasets(Mapping):
 
 
 # ----------------------------------------------------------------------------------------------- from the flags
+
+def chat_template_kwargs(data: DataSection) -> dict:
+    """--apply-chat-template-kwargs as a dict (the config checked it is a JSON object)."""
+    return json_object(data.apply_chat_template_kwargs or "{}", "--apply-chat-template-kwargs")
+
 
 def load_tokenizer(cfg: JobConfig):
     """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made in the model cache)."""
