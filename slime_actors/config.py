@@ -1132,7 +1132,7 @@ def _derive_num_rollout(cfg: JobConfig, check_files: bool, bad) -> None:
 
 def count_prompt_rows(path: str) -> int:
     """Rows of a prompt file that are JSON objects (what --num-epoch counts); DataError naming a bad file."""
-    from .data import read_rows
+    from .rows import read_rows
     try:
         return sum(1 for _, obj, problem in read_rows(path) if problem is None and obj is not None)
     except Exception as exc:  # an unreadable file: say which
