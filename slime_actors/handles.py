@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Iterable
 
 from .mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer, transient
 from .messages import CATALOG, BadRequest, MessageSpec
+from .retry import RetryPolicy, retry
 
 DEFAULT_ASK_TIMEOUT = 300.0
+# `retry_for`: while the peer restarts (no answer, declared down, stopped while handling), until the deadline
+RESTART_RETRY = RetryPolicy(attempts=None, deadline=600.0, base=0.4, max_delay=2.0, retry_on=(MailboxError,),
+                            retry_if=transient)
 _OWN = frozenset(("name", "sender", "members", "ask_timeout"))  # a handle's own names (and its class's): no message's
 _classes: dict[tuple[type, str], type] = {}
 
@@ -164,23 +167,13 @@ class Handle(_Calls):
         return self._ask(spec, body, timeout)
 
     async def _ask(self, spec: MessageSpec, body: dict, timeout: float):
-        first_failure, attempt = None, 0
-        while True:
-            try:
-                reply = await self.sender.ask(self.name, spec.method, body, timeout=timeout)
-                break
-            except MailboxError as exc:
-                if self._retry_for is None or not transient(exc):
-                    raise
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure > self._retry_for:
-                    raise
-                attempt += 1
-                if self._log is not None:
-                    self._log.warning(f"{self.name} unavailable; retrying", method=spec.method, error=str(exc),
-                                      attempt=attempt)
-                await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
+        def ask():
+            return self.sender.ask(self.name, spec.method, body, timeout=timeout)
+        if self._retry_for is None:
+            reply = await ask()
+        else:
+            reply = await retry(ask, RESTART_RETRY.replace(deadline=self._retry_for), what=f"{self.name} {spec.method}",
+                                log=self._log)
         return reply if spec.returns is None else spec.returns.from_wire(reply)
 
 

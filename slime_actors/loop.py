@@ -37,10 +37,10 @@ async def run(ctl: Controller) -> None:
         start = await prepare(ctl) if resume_at is None else await ctl.group.rejoin(resume_at)
         ctl.metrics.progress_from(start)
         await schedule(ctl, start)
-        if final_eval_due(ctl.cfg, start):
-            await evaluate(ctl, ctl.cfg.run.num_rollout)
+        if final_eval_due(ctl.cfg, start, end=ctl.metrics.end):
+            await evaluate(ctl, ctl.metrics.end)
     await ctl.group.supervise(job)
-    ctl.metrics.finish(accounting=await ctl.buffer.accounting())
+    await ctl.metrics.finish(accounting=await ctl.buffer.accounting())
 
 
 async def prepare(ctl: Controller) -> int:
@@ -55,7 +55,7 @@ async def prepare(ctl: Controller) -> int:
     await ctl.group.ready()
     if not ctl.cfg.debug.debug_train_only:
         await ctl.engines.sync_at_start()
-    ctl.metrics.open(resume_at=start if ckpt is not None else None)
+    await ctl.metrics.open(resume_at=start if ckpt is not None else None)
     if first_eval_due(ctl.cfg, resumed=ckpt is not None):
         await evaluate(ctl, start)
     return start
@@ -78,6 +78,8 @@ async def train_sync(ctl: Controller, start: int) -> None:
             await train(ctl, k, step)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
+        if ctl.metrics.stop_after(k):                        # --hack-alarms stop: an alarm tripped on rollout k
+            break
 
 
 async def train_async(ctl: Controller, start: int) -> None:
@@ -97,6 +99,8 @@ async def train_async(ctl: Controller, start: int) -> None:
             await train(ctl, k, step)                        # the engines pause only for the weight update
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
+            if ctl.metrics.stop_after(k):
+                break
     finally:
         if next_rollout is not None:
             next_rollout.cancel()
@@ -116,7 +120,8 @@ async def generate(ctl: Controller, k: int, overlapped: bool = False) -> tuple[R
 
 
 async def rollout_done(ctl: Controller, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
-    """After each rollout: its statistics into the metrics (and the samples to the console); saved for debugging."""
+    """After each rollout: its statistics into the metrics (the samples to the console, the hack alarms to
+    alarms.jsonl); saved for debugging."""
     await ctl.metrics.on_rollout_done(k, step, stats, seconds)
     if ctl.cfg.debug.save_debug_rollout_data:
         await debug_data.save(ctl, k)
@@ -137,14 +142,15 @@ async def train(ctl: Controller, k: int, step: dict) -> None:
 
 
 async def evaluate_and_save(ctl: Controller, k: int, step: dict, engines_busy: bool = False) -> None:
-    """After rollout k: evaluate every --eval-interval steps, save every --save-interval steps (and after the last)."""
+    """After rollout k: evaluate every --eval-interval steps, save every --save-interval steps (and after the last,
+    and before a --hack-alarms stop)."""
     step["weight_version_after"] = ctl.version
     if eval_due(ctl.cfg, k):
         async with ctl.engines.paused(engines_busy):         # a rollout generating meanwhile waits for the eval
             with timed(step, "time/eval"):
                 results = await evaluate(ctl, k + 1)
         step.update({f"eval/{name}": r for name, r in results.items()})
-    if ctl.checkpoints.save_due(k):
+    if ctl.checkpoints.save_due(k, stopping=bool(ctl.metrics.stopping)):
         step["time/save"] = await ctl.checkpoints.save(k)
     if ctl.checkpoints.save_hf_due(k):
         step["time/save_hf"] = await ctl.checkpoints.save_hf(k)

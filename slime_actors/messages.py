@@ -212,6 +212,16 @@ class RolloutStats:
         """The numeric statistics (the metrics row's rollout/* columns), in the order the buffer sent them."""
         return {k: v for k, v in self.wire.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
+    @property
+    def passrate(self) -> dict[str, float]:
+        """pass@k per k (--log-passrate; an evaluation's always), or {}."""
+        return self.wire.get("passrate") or {}
+
+    @property
+    def hack(self) -> dict | None:
+        """The reward-hacking monitor's report on a training rollout (None with --hack-alarms off)."""
+        return self.wire.get("hack")
+
 
 # ------------------------------------------------------------------------------------------------------------------
 # The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
@@ -240,8 +250,10 @@ declare("buffer", "return_work", "A rollout worker gives back work it could not 
         reply="{requeued}", worker="str", work_id="str", samples="list?", reason="str?")
 declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
         reply="{requeued}", worker="str", reason="str?")
-declare("buffer", "wait_rollout", "Wait until the rollout (or eval) has its groups; returns its statistics.",
-        reply="{complete, groups, samples, filtered, failed, reward_mean, ...}", returns=RolloutStats,
+declare("buffer", "wait_rollout",
+        "Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: "
+        "the reward-hacking monitor's report, unless --hack-alarms off).",
+        reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}", returns=RolloutStats,
         rollout_id="int", kind="str?", timeout="float?")
 declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
         reply="batch map (slime_actors.types.batch_from_samples)", rollout_id="int", rank="int",

@@ -5,8 +5,9 @@ group, `status`.
 What it keeps: the job's config, the current weight version and rollout id, the phase (for `status` and for what a
 restarted engine may do), the evaluations so far. Its parts, one job each (the loop's docstring lists them):
 typed handles on the buffer and the trainer ranks (slime_actors/handles.py), the engines (controller_engines.py),
-the training group and its recovery (controller_recovery.py), checkpoints (controller_checkpoints.py), metrics and
-the result (controller_metrics.py).
+the training group and its recovery (controller_recovery.py), checkpoints (controller_checkpoints.py), metrics,
+the hack alarms and the result (controller_metrics.py: JSONL, TensorBoard and W&B, RUN_DIR/alarms.jsonl; with
+--hack-alarms stop the run ends after the step whose rollout tripped an alarm, with a checkpoint).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class Controller(Actor):
                 "engines": self.engines.versions, "last": history[-1] if history else None,
                 "steps": len(history), "num_rollout": self.cfg.run.num_rollout,
                 "trainer_generation": self.group.rdzv.generation if self.group.rdzv else None,
-                "recoveries": self.group.recoveries}
+                "recoveries": self.group.recoveries, "stopped": self.metrics.stopped}
 
     async def on_peer_down(self, name: str, reason: str) -> None:
         if name in self.trainers.names:

@@ -9,12 +9,12 @@ resumed from, then the last one saved; `restore` gives back what meta.json holds
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from pathlib import Path
 
-from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
+from ..checkpoints import (commit_checkpoint, hf_export_due, hf_export_path, iter_dir, latest_checkpoint, read_meta,
+                           resolve_load)
 
 
 class Checkpoints:
@@ -57,9 +57,11 @@ class Checkpoints:
                                                                             if k != "rolled_back"})
         return rb
 
-    def save_due(self, k: int) -> bool:
+    def save_due(self, k: int, stopping: bool = False) -> bool:
+        """After rollout k: every --save-interval steps, after the last, and when the run stops (--hack-alarms stop)."""
         every = self.cfg.checkpoint.save_interval
-        return bool(self.cfg.checkpoint.save and every and ((k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout))
+        return bool(self.cfg.checkpoint.save) and (stopping or bool(every) and (
+            (k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout))
 
     def save_hf_due(self, k: int) -> bool:
         return bool(self.cfg.checkpoint.save_hf) and not self.cfg.debug.debug_rollout_only and hf_export_due(self.cfg, k)
@@ -67,17 +69,15 @@ class Checkpoints:
     async def save(self, k: int) -> float:
         """Checkpoint after rollout k; the seconds it took."""
         ctl, t0 = self.ctl, time.monotonic()
-        root = Path(self.cfg.checkpoint.save)
-        path = root / f"iter_{k + 1:07d}"
+        root = self.cfg.checkpoint.save
+        path = iter_dir(root, k + 1)
         path.mkdir(parents=True, exist_ok=True)
         save_optim = not self.cfg.checkpoint.no_save_optim
         await asyncio.gather(ctl.trainers.save(str(path), save_optim=save_optim, ask_timeout=3600),
                              ctl.buffer.save(str(path), ask_timeout=600))
         meta = {"next_rollout_id": k + 1, "weight_version": ctl.version, "controller_rng": random.getstate(),
                 "evals": ctl.evals, "time": time.time()}
-        (path / "meta.json").write_text(json.dumps(meta))
-        (root / "latest_checkpointed_iteration.txt").write_text(str(k + 1))
-        self.latest = path  # what a restarted training group loads
+        self.latest = commit_checkpoint(root, k + 1, meta)  # what a restarted training group loads
         ctl.log.info("checkpoint saved", path=str(path))
         return time.monotonic() - t0
 

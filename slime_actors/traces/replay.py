@@ -495,6 +495,9 @@ class Harness:
         return cfg
 
     def _map_paths(self, args: dict) -> None:
+        if args.get("use_wandb"):   # a replay must not log into the run's W&B project (nor reach its server)
+            args["use_wandb"] = False
+            self.notes.append("--use-wandb turned off: a replay logs to no W&B run")
         for old, new in self.user_map:
             self.fwd_map.append((old, new))
         run_dir = args.get("run_dir")
@@ -906,10 +909,9 @@ def _remake_checkpoint(path: str) -> str | None:
         spec = "smollm2:135m"
     if spec is None:
         return None
-    from ..models.resolve import resolve_checkpoint
-    cache = Path(os.environ.get("SLIME_ACTORS_MODEL_CACHE", Path.home() / ".cache" / "slime-actors" / "models"))
+    from ..models.resolve import model_cache, resolve_checkpoint
     try:
-        return resolve_checkpoint(spec, cache)
+        return resolve_checkpoint(spec, model_cache())
     except Exception as exc:
         log.warning("could not make the model again", spec=spec, error=repr(exc))
         return None
