@@ -132,9 +132,11 @@ def test_hack_alarms_warn_goes_on_and_the_result_is_done(tmp_path):
     asyncio.run(loop.train_sync(ctl, 0))
     assert [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2] and ctl.metrics.stopped is None
     assert asyncio.run(ctl.metrics.finish(accounting=None))["status"] == "done"
+    from slime_actors.monitor.alarms import read_alarms
+    assert [a["signal"] for a in read_alarms(ctl.runtime.run_dir)] == ["length_spike"]
+    assert [h["hack/len"] for h in ctl.metrics.history] == [1.0] * 3
     # a restart from rollout 0 (a training-group recovery) drops the alarms of the rollouts done again
     ctl.metrics.drop_from(0)
-    from slime_actors.monitor.alarms import read_alarms
     assert read_alarms(ctl.runtime.run_dir) == []
 
 
