@@ -120,8 +120,7 @@ async def generate(ctl: Controller, k: int, overlapped: bool = False) -> tuple[R
 
 
 async def rollout_done(ctl: Controller, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
-    """After each rollout: its statistics into the metrics (the samples to the console, the hack alarms to
-    alarms.jsonl); saved for debugging."""
+    """After each rollout: its statistics and hack alarms into the metrics, samples on the console; debug data."""
     await ctl.metrics.on_rollout_done(k, step, stats, seconds)
     if ctl.cfg.debug.save_debug_rollout_data:
         await debug_data.save(ctl, k)
@@ -142,8 +141,7 @@ async def train(ctl: Controller, k: int, step: dict) -> None:
 
 
 async def evaluate_and_save(ctl: Controller, k: int, step: dict, engines_busy: bool = False) -> None:
-    """After rollout k: evaluate every --eval-interval steps, save every --save-interval steps (and after the last,
-    and before a --hack-alarms stop)."""
+    """After rollout k: evaluate every --eval-interval steps; save every --save-interval steps, at the end, to stop."""
     step["weight_version_after"] = ctl.version
     if eval_due(ctl.cfg, k):
         async with ctl.engines.paused(engines_busy):         # a rollout generating meanwhile waits for the eval
