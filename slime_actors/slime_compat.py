@@ -269,8 +269,11 @@ _UNSUPPORTED_GROUPS: list[tuple[str, tuple[str, ...]]] = [
         "--update-weight-delta-encoding", "--update-weight-delta-checksum", "--update-weight-disk-keep-files",
         "--update-weight-local-checkpoint-dir")),
     ("multimodal prompts are not supported here", ("--multimodal-keys",)),
-    ("prefill/decode disaggregation and SGLang deployment files are not implemented here (one engine per rollout "
-     "worker; --sglang-<flag> passes flags to every engine)", ("--prefill-num-servers", "--sglang-config")),
+    ("prefill/decode disaggregation is not implemented here (one engine per rollout worker; --sglang-<flag> passes "
+     "flags to every engine)", ("--prefill-num-servers",)),
+    ("its deployment files (prefill/decode disaggregation, several models) are not implemented here, and it cannot "
+     "be passed through to SGLang as SGLang's own --config: SGLang's server settings go in the [sglang] table of the "
+     "job's --config file, or as --sglang-<flag>", ("--sglang-config",)),
     ("not a flag here: a router this job starts takes --router-request-timeout-secs (every --router-<flag> is "
      "passed to the sglang-router)", ("--sglang-router-request-timeout-secs",)),
     ("not implemented here", (
