@@ -40,10 +40,15 @@ from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
 from ..traces.writer import TraceWriter, trace_file_name
+from . import schedule as _sched
+from .host import LOCAL, Host
 
 DIRECTORY = "directory/0"
-_time = time.time
 _time_ns = time.time_ns
+
+# external calls (slime_actors/actors/schedule.py): what happens inside them is not the actor's schedule
+for _fn in (Mailbox.ask, Mailbox.tell, Mailbox.reply, Mailbox.heartbeat):
+    _sched.external(_fn)
 
 
 def handler(fn=None, *, name: str | None = None):
@@ -93,8 +98,11 @@ class Actor:
         self.config = config
         self.log = get_logger(actor=self.name)
         self.runtime: RuntimeConfig | None = None
+        self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
         self.mailbox: Mailbox | None = None
         self.tracer: TraceWriter | None = None
+        self._schedule: _sched.Schedule | None = None  # the order its tasks run in, recorded with its trace
+        self._now = time.time  # the host's clock (deadlines)
         self.started_at = time.time()
         self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
         self._busy = 0
@@ -131,20 +139,33 @@ class Actor:
                 "config": self.config}
 
     # ------------------------------------------------------------------------------------------ lifecycle
-    async def start(self, runtime: RuntimeConfig | None = None, *, endpoint: str | None = None) -> str:
-        """Bind the mailbox, open the trace file, register with the directory, start heartbeats."""
+    async def start(self, runtime: RuntimeConfig | None = None, *, endpoint: str | None = None,
+                    host: Host | None = None) -> str:
+        """Bind the mailbox, open the trace file, register with the directory, start heartbeats. `host`: where the
+        mailbox, recorder, clock and schedule come from (slime_actors/actors/host.py; replay passes stand-ins)."""
         runtime = runtime or RuntimeConfig.from_env()
         self.runtime = runtime
+        if host is not None:
+            self.host = host
+        host = self.host
+        self._now = host.clock.time
         self._stopped = asyncio.Event()
         if runtime.trace:
             path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
-            self.tracer = TraceWriter(path, self.name, meta=self.trace_meta(), body_limit=runtime.trace_body_limit,
+            # what replay needs of the runtime to run the actor as it ran (its timers, its limits)
+            meta = {**self.trace_meta(), "runtime": {
+                "heartbeat_interval": runtime.heartbeat_interval, "liveness": runtime.liveness,
+                "transport": runtime.transport, "max_concurrency": runtime.mailbox.max_concurrency,
+                "default_timeout": runtime.mailbox.default_timeout}}
+            self.tracer = host.tracer(path, self.name, meta=meta, body_limit=runtime.trace_body_limit,
                                       keep_arrays=runtime.trace_keep_arrays)
-        self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
-                               config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
+        self.mailbox = host.mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
+                                    config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
         # the trace writer's fast entries (TraceWriter.append/pack); None: a tracer without them, use record()
         self._trace, self._tpack, self._trec = fast_entries(self.tracer)
+        if self.tracer is not None:
+            self._schedule = host.schedule(self)
         if self._trace is not None:
             # requests' recv records are written here, merged with the handled record for synchronous handlers
             self._tlimit = self.tracer.body_limit
@@ -165,7 +186,10 @@ class Actor:
             await self.mailbox.ask(DIRECTORY, "watch", {"name": self.name}, timeout=30.0)
             self.spawn(self._heartbeats(), name="heartbeats")
         try:
-            await self.on_start()
+            if self._schedule is not None:  # on_start and what it spawns are tracked: task "start"
+                await self._schedule.task(self.on_start(), "start", name=f"{self.name}:start")
+            else:
+                await self.on_start()
         finally:
             self.mailbox.pause_receiving(False)
         self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid())
@@ -225,8 +249,7 @@ class Actor:
 
     async def run_blocking(self, fn, *args, **kwargs):
         """Run CPU- or IO-heavy work in a thread so the loop keeps answering (heartbeats, pings)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+        return await self.host.in_thread(lambda: fn(*args, **kwargs))
 
     # ------------------------------------------------------------------------------------------ sending
     # ask and tell hand back the mailbox's coroutine (await it) instead of wrapping it in one of their own: a
@@ -307,7 +330,14 @@ class Actor:
         if kind == "hb":
             if inbound.t_ns:
                 self._trace_recv(inbound)
-            self.on_heartbeat(h)
+            if self._schedule is None:
+                self.on_heartbeat(h)
+                return
+            prev, _sched._dispatching = _sched._dispatching, (self._schedule, h["id"])
+            try:
+                self.on_heartbeat(h)
+            finally:
+                _sched._dispatching = prev
             return
         method = h["method"]
         hd = self._handlers.get(method)
@@ -319,7 +349,7 @@ class Actor:
             self._reject(inbound, "UnknownMethod", msg, is_ask)
             return
         dl = h.get("deadline")
-        if dl is not None and dl < _time():
+        if dl is not None and dl < self._now():
             self.counters["expired"] += 1
             self._reject(inbound, "DeadlineExceeded", f"{self.name}.{method}: deadline passed before handling",
                          is_ask)
@@ -343,6 +373,9 @@ class Actor:
             if len(self._idem) > self._idem_max:
                 self._idem.popitem(last=False)
         token = current_cause.set((h["trace"], h["id"]))
+        sched = self._schedule
+        if sched is not None:  # tasks created while it is dispatched are its (schedule.py)
+            prev, _sched._dispatching = _sched._dispatching, (sched, h["id"])
         try:
             if hd.is_async:
                 if inbound.t_ns:
@@ -366,6 +399,8 @@ class Actor:
                     self._succeeded(inbound, result, t0)
         finally:
             current_cause.reset(token)
+            if sched is not None:
+                _sched._dispatching = prev
 
     async def _run_async(self, hd: _Handler, inbound: Inbound, kwargs: dict) -> None:
         t0 = _time_ns() if self.tracer is not None else 0
@@ -470,8 +505,9 @@ class Actor:
         except Exception as exc:
             self.log.error("reply failed", method=inbound.header["method"], error=repr(exc))
             return
-        if later is not None:  # the asker's queue is full: finish in the background
-            self.spawn(later, name="reply")
+        if later is not None:  # the asker's queue is full: finish in the background (the mailbox's, not tracked)
+            with _sched.untracked():
+                self.spawn(later, name="reply")
 
     def _reject(self, inbound: Inbound, typ: str, message: str, is_ask: bool) -> None:
         h = inbound.header
@@ -509,8 +545,12 @@ class Actor:
 
     @handler
     def _stop(self, reason: str = "asked to stop") -> dict:
-        asyncio.get_running_loop().call_later(0.05, lambda: self.spawn(self.stop(reason), name="stop"))
+        self.spawn(self._stop_soon(reason), name="stop")
         return {"stopping": True}
+
+    async def _stop_soon(self, reason: str) -> None:
+        await asyncio.sleep(0.05)  # the reply goes out first
+        await self.stop(reason)
 
     @handler
     async def _peer_down(self, name: str, reason: str = "missed heartbeats") -> None:
@@ -525,5 +565,8 @@ class Actor:
             self.mailbox.disconnect(name, "restarted at a new endpoint")
         await self.on_peer_up(name, endpoint)
 
+
+_sched.external(Actor.recorded_async)
+_sched.external(Actor.run_blocking)
 
 __all__ = ["Actor", "handler", "DIRECTORY", "PeerDown"]

@@ -250,7 +250,7 @@ class TrainerRank(Actor):
         port = free_port(addr)
         backend = "nccl" if self.args.device == "cuda" else "gloo"
         world = 1 + len(workers)
-        sender = DistributedWeightSender(addr, port, world, backend, name)
+        sender = (self.host.weight_sender or DistributedWeightSender)(addr, port, world, backend, name)
         _, *replies = await asyncio.gather(
             self.run_blocking(sender.connect),
             *(self.ask(w, "init_weights_group", {"master_address": addr, "master_port": port, "rank_offset": i + 1,
