@@ -102,7 +102,7 @@ class Actor:
         self.mailbox: Mailbox | None = None
         self.tracer: TraceWriter | None = None
         self._schedule: _sched.Schedule | None = None  # the order its tasks run in, recorded with its trace
-        self._now = time.time  # the host's clock (deadlines)
+        self._clock_time = time.time  # the host's clock (deadlines)
         self.started_at = time.time()
         self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
         self._busy = 0
@@ -148,7 +148,7 @@ class Actor:
         if host is not None:
             self.host = host
         host = self.host
-        self._now = host.clock.time
+        self._clock_time = host.clock.time
         self._stopped = asyncio.Event()
         if runtime.trace:
             path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
@@ -200,6 +200,14 @@ class Actor:
         if not self._running:
             return
         self._running = False
+        if self._schedule is not None and _sched.current() is None:
+            # stopped from outside its tasks (a signal, the process hosting it): the stop runs as the tracked task
+            # "stop", so the schedule holds where it began and replay stops the actor at the same place
+            await self._schedule.task(self._shut_down(reason), _sched.STOPPED, name=f"{self.name}:stop")
+        else:
+            await self._shut_down(reason)
+
+    async def _shut_down(self, reason: str) -> None:
         try:
             await self.on_stop()
         except Exception as exc:  # a hook failing must not keep the process alive
@@ -284,6 +292,15 @@ class Actor:
         self.record_input(name, value, key)
         return value
 
+    def wall_time(self) -> float:
+        """time.time() as a recorded input: a clock reading that decides something or goes into a message (replay
+        serves it back)."""
+        return self.recorded("clock", time.time)
+
+    def monotonic(self) -> float:
+        """time.monotonic() as a recorded input (a timeout measured by the actor; replay serves it back)."""
+        return self.recorded("clock.monotonic", time.monotonic)
+
     async def recorded_async(self, name: str, fn, *args, key: str | None = None, **kwargs) -> Any:
         """`await fn(*args, **kwargs)` as a recorded input (an engine's answer); under replay the recorded answer,
         delivered at the time it was recorded (slime_actors/traces/replay.py)."""
@@ -349,7 +366,7 @@ class Actor:
             self._reject(inbound, "UnknownMethod", msg, is_ask)
             return
         dl = h.get("deadline")
-        if dl is not None and dl < self._now():
+        if dl is not None and dl < self._clock_time():
             self.counters["expired"] += 1
             self._reject(inbound, "DeadlineExceeded", f"{self.name}.{method}: deadline passed before handling",
                          is_ask)

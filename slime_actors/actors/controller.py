@@ -190,17 +190,17 @@ class Controller(Actor):
                           retry_for: float = 600.0):
         """An ask to the buffer, retried while it restarts (every buffer method the controller uses is
         idempotent: a retry of one that was applied changes nothing)."""
-        t0 = time.monotonic()
+        t0 = None  # from the first failure (recorded clock readings: replay takes the same turns)
         attempt = 0
         while True:
             try:
                 return await self.ask("buffer/0", method, body or {}, timeout=timeout)
-            except RemoteError as exc:
-                if exc.type != "MailboxError" or time.monotonic() - t0 > retry_for:
-                    raise
-                err = exc
             except MailboxError as exc:
-                if time.monotonic() - t0 > retry_for:
+                if isinstance(exc, RemoteError) and exc.type != "MailboxError":
+                    raise
+                if t0 is None:
+                    t0 = self.monotonic()
+                elif self.monotonic() - t0 > retry_for:
                     raise
                 err = exc
             attempt += 1
@@ -302,9 +302,10 @@ class Controller(Actor):
         # (a rank that restarted may have opened the next generation already: tell the failed one to leave)
         failed = self._failed_generation if self._failed_generation is not None else self._rdzv.generation
         self._failed_generation = None
-        rec = {"time": time.time(), "reason": reason, "failed_at_rollout": self.rollout_id,
+        now = self.wall_time()
+        rec = {"time": now, "reason": reason, "failed_at_rollout": self.rollout_id,
                "failed_generation": failed}
-        window = [r for r in self.recoveries if time.time() - r["time"] < 600]
+        window = [r for r in self.recoveries if now - r["time"] < 600]
         limit = int(os.environ.get("SLIME_ACTORS_TRAINER_MAX_RESTARTS", "5"))
         if len(window) >= limit:
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit {limit}); "
@@ -360,13 +361,15 @@ class Controller(Actor):
                                f"(generation {rd.generation})") from None
 
     async def _wait_for(self, names: list[str], timeout: float = 900.0) -> None:
-        t0 = time.monotonic()
+        t0 = None
         while True:
             listing = await self.ask("directory/0", "list", timeout=30)
             missing = [n for n in names if not listing.get(n, {}).get("alive")]
             if not missing:
                 return
-            if time.monotonic() - t0 > timeout:
+            if t0 is None:
+                t0 = self.monotonic()
+            elif self.monotonic() - t0 > timeout:
                 raise TimeoutError(f"actors did not come up within {timeout:.0f}s: {', '.join(missing)}")
             await asyncio.sleep(0.2)
 
@@ -383,10 +386,11 @@ class Controller(Actor):
             if ckpt is not None:
                 start, self.version = self._restore_state(ckpt)
                 self.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=self.version)
-            # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise)
+            # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise);
+            # the token names this controller process (a recorded input: replay sends the recorded one)
+            token = self.recorded("start_token", lambda: f"start-{os.getpid()}-{self.started_at}")
             rb = await self._ask_buffer("rollback", {"path": str(ckpt) if ckpt else None, "if_ahead_of": start,
-                                                     "reason": "job start",
-                                                     "token": f"start-{os.getpid()}-{self.started_at}"})
+                                                     "reason": "job start", "token": token})
             if rb.get("rolled_back"):
                 self.log.warning("buffer rolled back to the checkpoint", **{k: v for k, v in rb.items()
                                                                             if k != "rolled_back"})
@@ -479,9 +483,11 @@ class Controller(Actor):
     # ------------------------------------------------------------------------------------------ phases
     async def _startup_sync(self) -> None:
         """Wait for every engine, and bring them to the current weights (a resumed run starts at version > 0)."""
-        t0 = time.monotonic()
+        t0 = None
         while len(self.engine_versions) < len(self.rollouts):
-            if time.monotonic() - t0 > 900:
+            if t0 is None:
+                t0 = self.monotonic()
+            elif self.monotonic() - t0 > 900:
                 raise TimeoutError("engines did not report ready within 900 s: "
                                    f"{sorted(set(self.rollouts) - set(self.engine_versions))}")
             await asyncio.sleep(0.05)

@@ -151,25 +151,28 @@ class RolloutWorker(Actor):
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
         a = self.args
-        if self.replaying:  # slime-actors replay: no engine; its answers come from the recording
-            url, self.engine = "http://replay.invalid", None
-        elif a.rollout_external_engine_addrs:
+        if a.rollout_external_engine_addrs:
             url = a.rollout_external_engine_addrs[self.index % len(a.rollout_external_engine_addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
         else:
-            port = free_port()
+            # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
+            # this same code with no engine (RecordedProcess)
+            port = self.recorded("engine.port", free_port)
             module, flags = self._engine_command(port)
             from ..backends.sglang_launch import check_engine_flags
-            checked = await self.run_blocking(check_engine_flags, module, flags)  # SGLangFlagError names a flag
+            checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
+                                                flags)  # SGLangFlagError names a flag
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
             self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
                           checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
-            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False,
-                                        on_line=self._engine_line, redact=self.keys.secrets)
-            await self.run_blocking(self.engine.wait_healthy, a.rollout_health_check_first_wait + 600)
+            self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
+                module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
+                redact=self.keys.secrets))
+            await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
+                                      a.rollout_health_check_first_wait + 600)
             url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
@@ -181,11 +184,11 @@ class RolloutWorker(Actor):
         self.engine_url = url
         self._engine_paused, self._updating = None, 0
         version = 0
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None:
             await self._check_external_keys(url)
             version = await self._external_version()  # someone else's engine: whatever it holds now
         self._engine_caps = await self._capabilities()
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None and not self.replaying:
             from ..backends.engine_auth import engine_warnings
             for w in engine_warnings(url, self._engine_caps.get("auth", {})):
                 self.log.warning(w)
@@ -289,16 +292,18 @@ class RolloutWorker(Actor):
     async def _watch_engine(self) -> None:
         a = self.args
         await asyncio.sleep(a.rollout_health_check_first_wait)
-        last_probe = last_router = time.monotonic()
+        # clock readings that decide something are recorded inputs (self.monotonic()): replay takes the same turns
+        last_probe = last_router = self.monotonic() if a.use_fault_tolerance or self.router_url else 0.0
         while True:
             await asyncio.sleep(0.5)
-            if self._restarting or self.client is None or not self.running or getattr(self, "replaying", False):
-                continue  # (replay: no engine to watch)
+            if self._restarting or self.client is None or not self.running:
+                continue
             reason = None
-            if self.engine is not None and self.engine.poll() is not None:
-                reason = f"engine process exited with code {self.engine.poll()}"
-            elif a.use_fault_tolerance and time.monotonic() - last_probe >= a.rollout_health_check_interval:
-                last_probe = time.monotonic()
+            code = self.engine.poll() if self.engine is not None else None
+            if code is not None:
+                reason = f"engine process exited with code {code}"
+            elif a.use_fault_tolerance and self.monotonic() - last_probe >= a.rollout_health_check_interval:
+                last_probe = self.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
                 # server answers at once -- an engine that hangs (or is stopped) mid-update or while paused is still
@@ -319,8 +324,8 @@ class RolloutWorker(Actor):
                         reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
-            elif self.router_url and time.monotonic() - last_router > 10 and self._engine_ok.is_set():
-                last_router = time.monotonic()  # a restarted router forgets its workers: register again
+            elif self.router_url and self._engine_ok.is_set() and self.monotonic() - last_router > 10:
+                last_router = self.monotonic()  # a restarted router forgets its workers: register again
                 try:
                     await self._router_register()
                 except Exception as exc:
@@ -393,6 +398,7 @@ class RolloutWorker(Actor):
     async def _pull_loop(self) -> None:
         a = self.args
         poll_key, poll_seq = None, 0
+        pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
@@ -403,7 +409,7 @@ class RolloutWorker(Actor):
             restarts = self.engine_restarts
             if poll_key is None:
                 poll_seq += 1
-                poll_key = f"get_work:{os.getpid()}:{poll_seq}"
+                poll_key = f"get_work:{pid}:{poll_seq}"
             try:
                 # an idempotency key: if the reply is lost (a cut link, a reconnect) the retry gets the same groups
                 # from the buffer's cache instead of leaving them leased to us and never seen
@@ -490,7 +496,7 @@ class RolloutWorker(Actor):
         spending the group's attempts, which are for reward functions that fail."""
         a = self.args
         wait = float(os.environ.get("SLIME_ACTORS_REWARD_WAIT", "300"))
-        t0 = time.monotonic()
+        t0 = None  # from the first failure (a recorded clock reading: replay takes the same turns)
         k = 0
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.num_reward_workers)}"
@@ -499,7 +505,11 @@ class RolloutWorker(Actor):
                                                         "group": a.group_rm}, timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
-                if (isinstance(exc, RemoteError) and exc.type != "MailboxError") or time.monotonic() - t0 > wait:
+                if isinstance(exc, RemoteError) and exc.type != "MailboxError":
+                    raise
+                if t0 is None:
+                    t0 = self.monotonic()
+                elif self.monotonic() - t0 > wait:
                     raise
                 k += 1
                 self.log.warning("reward worker unavailable; retrying", reward=target, error=str(exc))
@@ -590,7 +600,7 @@ class RolloutWorker(Actor):
             self._resumed.clear()
             n = len(self._inflight)
             mode = "abort" if abort else self.args.pause_generation_mode
-            if self._engine_paused is None and self._engine_ok.is_set() and not getattr(self, "replaying", False):
+            if self._engine_paused is None and self._engine_ok.is_set():
                 await self.client.pause_generation(mode)
                 self._engine_paused = mode
                 self.log.info("engine paused", mode=mode, in_flight=n)
@@ -603,9 +613,8 @@ class RolloutWorker(Actor):
         n = len(self._inflight)
         if n:
             await self.client.abort_request(abort_all=True)
-            clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
-            deadline = clock() + 60
-            while self._inflight and clock() < deadline:
+            deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
+            while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         return {"aborted": n, "returned": n - len(self._inflight)}
 
@@ -708,16 +717,15 @@ class RolloutWorker(Actor):
         import signal
         if self.engine is None:
             raise RuntimeError("this worker attaches to an external engine; nothing to kill")
-        pid = self.engine.pid
-        os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
-        return {"pid": pid}
+        self.engine.signal(signal.SIGSTOP if hang else signal.SIGKILL)
+        return {"pid": self.engine.pid}
 
 
 class RecordedEngine:
-    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health; not generate,
-    which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
+    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health, close; not
+    generate, which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
 
-    _LOCAL = frozenset(("close", "generate"))
+    _LOCAL = frozenset(("generate",))
 
     def __init__(self, actor: Actor, client):
         self._actor, self._client = actor, client
@@ -730,6 +738,36 @@ class RecordedEngine:
         async def call(*args, **kwargs):
             return await self._actor.recorded_async(f"engine.{name}", fn, *args, **kwargs)
         return call
+
+
+class RecordedProcess:
+    """A process the worker started (its engine), as the worker sees it: what it learns of the process -- its pid
+    and host at launch, its exit code when polled -- is a recorded input, so replay runs the same code with no
+    process (waits, stops and signals then do nothing)."""
+
+    def __init__(self, actor: Actor, name: str, launch):
+        self._actor, self._name, self._proc = actor, name, None
+
+        def start() -> dict:
+            self._proc = launch()
+            return {"pid": self._proc.pid, "host": self._proc.host}
+        info = actor.recorded(f"{name}.launch", start)
+        self.pid, self.host = info["pid"], info["host"]
+
+    def poll(self) -> int | None:
+        return self._actor.recorded(f"{self._name}.poll", lambda: self._proc.poll())
+
+    def wait_healthy(self, timeout: float) -> None:
+        if self._proc is not None:
+            self._proc.wait_healthy(timeout)
+
+    def stop(self, *args) -> None:
+        if self._proc is not None:
+            self._proc.stop(*args)
+
+    def signal(self, sig: int) -> None:
+        if self._proc is not None:
+            os.kill(self._proc.pid, sig)
 
 
 def request_key(input_ids: list[int], sampling_params: dict) -> str:

@@ -7,11 +7,12 @@ generate calls have come back when the pull loop asks for more work). A determin
 thread interleavings; this records the task interleaving:
 
 * every task the actor's code creates is *tracked* (the event loop's task factory wraps its coroutine in a
-  `Stepper`) and named by where it was created, the same way on any run: `start` (on_start), `m:<message id>` (the
+  `Stepper`) and named by where it was created, the same way on any run: `start` (on_start), `stop` (Actor.stop,
+  when the actor is stopped from outside its tasks: a signal, the process hosting it), `m:<message id>` (the
   handler of that request, and `m:<id>+1`, ... for other tasks created while it was dispatched), `<parent>.<k>`
   (the k-th task created by a tracked task: spawn, gather, wait_for ...);
-* each step of a tracked task is one record in the trace ("step", or "resume" when the task resumed from an external
-  call): its name and when it began. Records are written in the order things happened, so the trace file holds the
+* each step of a tracked task is one record in the trace ("step", or "resume" -- naming the call -- when the task
+  resumed from an external call): the task's name and when the step began. Records are written in the order things happened, so the trace file holds the
   schedule, interleaved with the messages the actor received.
 
 An *external call* is one whose inner workings are not the actor's and differ between a run and its replay: the
@@ -38,18 +39,20 @@ import types
 from typing import Any, Callable
 
 _CORO = types.CoroutineType
-REGIONS: set = set()  # code objects of external calls (see the module docstring)
+REGIONS: dict = {}  # code object of an external call (see the module docstring) -> its name, as bytes
 
 STEP, RESUME = "step", "resume"  # the trace's schedule records (docs/trace-format.md)
+STOPPED = "stop"  # the task that stops the actor when it is stopped from outside its tasks (Actor.stop)
 SCHEDULE_EVENTS = (STEP, RESUME)
 
 _stepping: "Stepper | None" = None       # the tracked task whose step runs now (the event loop's thread)
 _dispatching: "tuple[Any, str] | None" = None  # (schedule, message id) while an actor dispatches a request
 
 
-def external(fn):
-    """Mark an async function (or method) as an external call: see the module docstring."""
-    REGIONS.add(fn.__code__)
+def external(fn, name: str | None = None):
+    """Mark an async function (or method) as an external call: see the module docstring. `name` (default: the
+    function's) is what a `resume` record says the task resumed from; a stand-in for a call takes its name."""
+    REGIONS[fn.__code__] = (name or fn.__name__).encode()
     return fn
 
 
@@ -89,14 +92,17 @@ class Stepper(collections.abc.Coroutine):
         except BaseException:  # the task ended (returned, raised or was cancelled)
             _stepping = prev
             self.region = None
-            self.sched.rec(STEP if before is None else RESUME, t, b"", self.idb)
+            if before is None:
+                self.sched.rec(STEP, t, b"", self.idb)
+            else:
+                self.sched.rec(RESUME, t, REGIONS[before.cr_code], self.idb)
             raise
         _stepping = prev
         after = self.region = region_of(self.coro)
         if before is None:
             self.sched.rec(STEP, t, b"", self.idb)
         elif after is not before:  # the external call it was suspended in returned in this step
-            self.sched.rec(RESUME, t, b"", self.idb)
+            self.sched.rec(RESUME, t, REGIONS[before.cr_code], self.idb)
         return out
 
     def close(self):

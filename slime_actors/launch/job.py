@@ -293,7 +293,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     try:
         while not controller.done.done() and not stop.is_set():
             await asyncio.sleep(0.2)
-            listing = Directory.list(directory)
+            listing = directory.snapshot()
             launcher.check(listing)
             if launcher.failure:
                 failure = f"job stopped: {launcher.failure}"
@@ -311,11 +311,11 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
         elif stop.is_set() and failure is None:
             failure = f"stopped by {signal.Signals(holder.get('signal', signal.SIGTERM)).name}"
     finally:
-        board.update(Directory.list(directory), Controller.status(controller), launcher.snapshot(),
+        board.update(directory.snapshot(), Controller.status(controller), launcher.snapshot(),
                      launcher.restarted_total, force=True)
         board.finish()
         await controller.stop()
-        others = [n for n in Directory.list(directory) if n.startswith("agent/") and n != agent.name]
+        others = [n for n in directory.snapshot() if n.startswith("agent/") and n != agent.name]
         for other in others:
             try:
                 await agent.ask(other, "stop_node", {"reason": failure or "the job ended"}, timeout=5)
@@ -323,7 +323,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
                 pass
         await loop.run_in_executor(None, launcher.stop_all)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 30 and any(n in Directory.list(directory) for n in others):
+        while time.monotonic() - t0 < 30 and any(n in directory.snapshot() for n in others):
             await asyncio.sleep(0.2)
         await agent.stop()
         await directory.stop()

@@ -190,7 +190,7 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     try:
         while not controller.done.done() and not stop.is_set():
             await asyncio.sleep(0.2)
-            board.update(Directory.list(directory), Controller.status(controller), {}, restart)
+            board.update(directory.snapshot(), Controller.status(controller), {}, restart)
         if stop.is_set():
             code = EXIT_TERMINATED   # torchrun stops the job (another rank failed): it restarts or gives up
         elif controller.done.exception() is not None:
@@ -205,14 +205,14 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     finally:
         await controller.stop()
         if code == 0:  # the job is done: every rank stops and exits 0, so torchrun sees success
-            names = [n for n in Directory.list(directory) if n not in ("directory/0", "controller/0")]
+            names = [n for n in directory.snapshot() if n not in ("directory/0", "controller/0")]
             for n in names:
                 try:
                     await directory.tell(n, "_stop", {"reason": "the job ended"})
                 except Exception:
                     pass
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 60 and any(n in Directory.list(directory) for n in names):
+            while time.monotonic() - t0 < 60 and any(n in directory.snapshot() for n in names):
                 await asyncio.sleep(0.2)
         try:
             store.delete_key(f"{prefix}/head")

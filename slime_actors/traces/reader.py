@@ -99,13 +99,14 @@ def decode_recorded_body(raw: bytes, arrays: list | None) -> Any:
 
 
 class Step(NamedTuple):
-    """One step of one of the actor's tasks (version 5): which task, when it began, and whether it resumed from an
-    external call (a `resume` record). `offset` orders it among the file's events."""
+    """One step of one of the actor's tasks (version 5): which task, when it began, and the external call it resumed
+    from (a `resume` record: "ask", "recorded_async" ...; None for a `step`). `offset` orders it among the file's
+    events."""
 
     offset: int
     t_ns: int
     task: str
-    resume: bool
+    resume: str | None
 
 
 @dataclass
@@ -173,11 +174,14 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                                                  "body_hash, arrays, extra] (a recv may add dur_ns), "
                                                  f"got {str(rec)[:120]}")
         ev, t, hraw, body, size, bhash, arrays, extra = rec[:8]
-        if ev in SCHEDULE_EVENTS:  # the actor's schedule: [event, t, b"", task name, size, nil, nil, nil]
-            if len(rec) != 8 or hraw != b"" or not isinstance(body, bytes):
-                raise TraceFormatError(path, offset, f"expected a {ev} record [{ev}, time_ns, b'', task name, size, "
-                                                     f"nil, nil, nil], got {str(rec)[:120]}")
-            schedule.append(Step(offset, t, body.decode("utf-8", "replace"), ev == "resume"))
+        if ev in SCHEDULE_EVENTS:  # the actor's schedule: [event, t, call name or b"", task name, size, nil...]
+            if len(rec) != 8 or not isinstance(hraw, bytes) or not isinstance(body, bytes) or \
+                    (ev == "step") != (hraw == b""):
+                what = "an empty header" if ev == "step" else "the call's name as the header"
+                raise TraceFormatError(path, offset, f"expected a {ev} record [{ev}, time_ns, header, task name, size, "
+                                                     f"nil, nil, nil] with {what}, got {str(rec)[:120]}")
+            schedule.append(Step(offset, t, body.decode("utf-8", "replace"),
+                                 hraw.decode("utf-8", "replace") if ev == "resume" else None))
             continue
         problem = _check_record(ev, hraw, body, size, arrays, extra) or (_check_outcome(ev, extra, rec[8])
                                                                          if len(rec) == 9 else None)

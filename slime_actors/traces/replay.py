@@ -69,6 +69,10 @@ class ReplayGap(ReplayError):
     """The recording lacks something the replay needs at this point."""
 
 
+class ReplayOver(ReplayError):
+    """The replayed actor asked for more than the recording holds while replay stopped it (after its last event)."""
+
+
 class ReplayNetworkError(ConnectionRefusedError):
     """A replayed actor tried to open a network connection."""
 
@@ -93,6 +97,8 @@ class Recording:
     other_files: list[str] = field(default_factory=list)
     # the schedule (trace version 5): its tasks' steps and the inbound messages, in the order they happened
     items: list[Item] = field(default_factory=list)
+    plumbing: dict[str, deque] = field(default_factory=dict)  # method -> the directory's replies to its asks
+    registered: bool = False  # it registered with a directory (asked it anything)
 
     @property
     def meta(self) -> dict:
@@ -113,8 +119,9 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
         tf = files[0]
     others = [str(f.path) for f in files if f is not tf]
     events = tf.events  # in the order they were written: the order they happened
-    plumbing_asks = {e.id for e in events if e.ev == "send" and e.kind == "ask" and e.method in PLUMBING
+    plumbing_asks = {e.id: e for e in events if e.ev == "send" and e.kind == "ask" and e.method in PLUMBING
                      and e.header.get("to") == "directory/0"}
+    plumbing: dict[str, deque] = {}
     inbound, outbound, inputs = [], [], []
     replies, handled = {}, {}
     drops = 0
@@ -124,8 +131,11 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
         if e.ev == "recv" and k in ("tell", "ask", "hb"):
             inbound.append(e)
         elif e.ev == "recv" and k in ("reply", "error"):
-            if h.get("re") not in plumbing_asks:
+            ask = plumbing_asks.get(h.get("re"))
+            if ask is None:
                 replies.setdefault(h.get("re", ""), e)
+            else:
+                plumbing.setdefault(ask.method, deque()).append(e)
         elif e.ev == "send" and k in ("tell", "ask", "reply", "error"):
             if e.id in plumbing_asks:
                 continue
@@ -145,11 +155,12 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
         merged.sort(key=lambda x: (x[0], x[1]))
         for _, is_step, x in merged:
             if is_step:
-                items.append(Item(RESUME if x.resume else STEP, x.t_ns, x.task, None))
+                items.append(Item(RESUME if x.resume else STEP, x.t_ns, x.task, None, x.resume, x.offset))
             else:
-                items.append(Item(INBOUND, x.t_ns, None, x))
+                items.append(Item(INBOUND, x.t_ns, None, x, None, x.offset))
         end = max(end, tf.schedule[-1].t_ns)
-    return Recording(actor, tf, t0, end, inbound, outbound, replies, handled, inputs, drops, others, items)
+    return Recording(actor, tf, t0, end, inbound, outbound, replies, handled, inputs, drops, others, items,
+                     plumbing, bool(plumbing_asks))
 
 
 INBOUND = "inbound"
@@ -163,6 +174,8 @@ class Item(NamedTuple):
     t_ns: int
     task: str | None
     event: Event | None
+    call: str | None = None  # RESUME: the external call it resumed from ("ask", "recorded_async", ...)
+    offset: int = 0          # where it is in the trace file
 
 
 # ------------------------------------------------------------------------------------------------------- clock
@@ -223,12 +236,13 @@ class GatedStepper(Stepper):
     """A tracked task of the replayed actor: each of its steps waits until the recorded schedule says it is its
     turn (steps that begin inside an external call are ordered by the call's stand-in instead: ReplaySchedule.turn)."""
 
-    __slots__ = ("pending", "gate")
+    __slots__ = ("pending", "gate", "at")
 
     def __init__(self, sched: "ReplaySchedule", tid: str, coro):
         super().__init__(sched, tid, coro)
         self.pending = None
         self.gate = None
+        self.at = 0  # file offset of the recorded step it runs now (ReplaySchedule.turn)
 
     def send(self, value):
         return self._gated(False, (value,))
@@ -283,6 +297,7 @@ class ReplaySchedule:
                 self.next_of.setdefault(it.task, collections.deque()).append(i)
         self.done = self.loop.create_future()  # set when it is over: the recording ended, or it gave up
         self._pumping = False
+        self._stopping = False
         self._last_mid: str | None = None
         self._last_n = 0
 
@@ -304,18 +319,22 @@ class ReplaySchedule:
     def start(self) -> None:
         self._pump_soon()
 
-    def take(self, st: Stepper, kind: str) -> bool:
-        """Is `st`'s next step (of `kind`) the next thing in the recording? Then it takes it."""
+    def take(self, st: Stepper, kind: str, call: str | None = None) -> bool:
+        """Is `st`'s next step (of `kind`; resuming from `call`) the next thing in the recording? Then it takes it."""
         if self.head >= len(self.items):
             self._over()
             return True
         it = self.items[self.head]
         if it.task != st.id or it.kind != kind:
             return False
+        if call is not None and it.call != call:
+            self.give_up(it, f"recorded: task {st.id} resumed from {it.call}; in the replay it returns from {call}")
+            return True
         self.head += 1
         q = self.next_of.get(st.id)
         if q:
             q.popleft()
+        st.at = it.offset
         self.h.clock.advance(self.h.vt(it.t_ns))
         self._pump_soon()
         return True
@@ -330,23 +349,27 @@ class ReplaySchedule:
         self._pump_soon()
         return fut
 
-    async def turn(self) -> str:
-        """Called by the stand-in of an external call as it ends: waits for the recorded resumption of the task that
-        made the call. NOW: the recorded call returned without suspending; TURN: it is its turn; FREE: there is no
-        schedule to follow (or the recording ended with the task still in the call: then once the recording is
-        over)."""
+    async def turn(self, call: str, recorded: Event | None = None) -> str:
+        """Called by the stand-in of external call `call` ("ask", ...) as it ends: waits for the recorded resumption
+        of the task that made the call. `recorded`: the call's record in the recording (what it sent, the input it
+        took), which tells whether the call suspended there: its record then comes after the record of the step
+        that made it (records of a step are written before the step's own, at its end). NOW: it did not suspend;
+        TURN: it did, and now is its turn; FREE: there is no schedule to follow (or the recording ended with the
+        task still in the call: then once the recording is over)."""
         st = _schedule.current()
         if st is None or st.sched is not self or self.free:
             return FREE
+        if recorded is not None and recorded.offset < st.at:
+            return NOW  # recorded within the step that made the call: it returned without suspending
         q = self.next_of.get(st.id)
-        nxt = self.items[q[0]].kind if q else None
-        if nxt == STEP:
+        nxt = self.items[q[0]] if q else None
+        if nxt is not None and (nxt.kind == STEP or (recorded is None and nxt.call != call)):
             return NOW
         if nxt is None:  # the recording ends with this task still waiting here
             await asyncio.shield(self.done)
             return FREE
         cancelled = None
-        while not self.take(st, RESUME):
+        while not self.take(st, RESUME, call):
             if self.free:
                 break
             try:
@@ -370,6 +393,12 @@ class ReplaySchedule:
                 self._over()
                 return
             it = self.items[self.head]
+            if it.task == _schedule.STOPPED and it.task not in self.tasks and not self._stopping:
+                # stopped from outside its tasks here: so is the replayed actor (its task "stop" takes the step)
+                self._stopping = True
+                self.h.clock.advance(self.h.vt(it.t_ns))
+                self.h.stop_as_recorded()
+                return
             if it.kind != INBOUND:
                 fut = self.gated.pop(it.task, None)
                 if fut is not None and not fut.done():
@@ -396,7 +425,7 @@ class ReplaySchedule:
             return False
         st = self.tasks.get(it.task)
         if st is None:
-            where = "the replay never created that task"
+            where = "there is no such task (never created, or it ended)"
         elif it.task in self.gated:
             where = "it is waiting for its turn"  # (not reached: a gated task at the head is released)
         else:
@@ -416,6 +445,8 @@ class ReplaySchedule:
         if self.free:
             return
         self.free = True
+        if self.diverged is None:  # all of it replayed: what the actor does from here on was never recorded
+            self.h.recording_over()
         for fut in self.gated.values():
             if not fut.done():
                 fut.set_result(None)
@@ -480,9 +511,9 @@ class ReplayTracer:
         return _raise_or(value)
 
     async def replay_input_async(self, name: str, key: str | None):
-        value, t = self.h.take_input(name, key)
-        if await self.h.turn() == FREE:
-            await self.h.sleep_until(t)
+        value, ev = self.h.take_input_event(name, key)
+        if await self.h.turn("recorded_async", ev) == FREE:
+            await self.h.sleep_until(ev.t_ns)
         return _raise_or(value)
 
     def flush(self) -> None:
@@ -538,23 +569,25 @@ class ReplayMailbox:
         return f"replay{self._n:010x}"
 
     async def heartbeat(self, to, body) -> None:
-        await self.h.turn()
+        await self.h.turn("heartbeat")
 
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
         out = self.h.sent("tell", to, method, body, None)
         self.stats["sent"] += 1
-        await self.h.turn()
+        await self.h.turn("tell", out.matched)
         return out.id
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
                   idem: str | None = None, host_copy: bool = False) -> Any:
         from ..mailbox.errors import AskTimeout, RemoteError
         timeout = self.config.default_timeout if timeout is None else timeout
+        if to == "directory/0" and method in PLUMBING:  # the actor's own register/watch/deregister
+            return await self._plumbing(method, timeout)
         out = self.h.sent("ask", to, method, body, None)
         self.stats["sent"] += 1
         rec = out.matched
         reply = self.h.rec.replies.get(rec.id) if rec is not None else None
-        free = await self.h.turn() == FREE
+        free = await self.h.turn("ask", reply) == FREE  # (the reply's record: after the step that asked)
         if reply is None:
             # not in the recording, or the recorded ask was never answered: a peer that does not answer
             if free:
@@ -570,16 +603,38 @@ class ReplayMailbox:
                               str(e.get("message", "")), e.get("traceback"))
         return value
 
+    async def _plumbing(self, method: str, timeout: float) -> Any:
+        """The directory's recorded answer to the actor's own register/watch/deregister (not compared)."""
+        from ..mailbox.errors import AskTimeout, RemoteError
+        q = self.h.rec.plumbing.get(method)
+        reply = q.popleft() if q else None
+        if await self.h.turn("ask", reply) == FREE:
+            if reply is None:
+                await asyncio.sleep(timeout)
+            else:
+                await self.h.sleep_until(reply.t_ns)
+        if reply is None:
+            raise AskTimeout("directory/0", method, timeout)
+        value = self.h._decode(reply, f"the directory's reply to {method}", codec)
+        if reply.kind == "error":
+            e = value if isinstance(value, dict) else {"message": str(value)}
+            raise RemoteError("directory/0", method, str(e.get("type", "Error")), str(e.get("message", "")), None)
+        return value
+
     def reply_nowait(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False):
-        h = inbound.header
-        self.h.sent("reply" if error is None else "error", h.get("from", "?"), h.get("method", ""),
-                    body if error is None else error, h.get("id"))
-        self.stats["sent"] += 1
+        self._reply(inbound, body, error)
         return None
 
+    def _reply(self, inbound, body: Any, error: dict | None) -> "Out":
+        h = inbound.header
+        out = self.h.sent("reply" if error is None else "error", h.get("from", "?"), h.get("method", ""),
+                          body if error is None else error, h.get("id"))
+        self.stats["sent"] += 1
+        return out
+
     async def reply(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False) -> None:
-        self.reply_nowait(inbound, body, error=error)
-        await self.h.turn()
+        out = self._reply(inbound, body, error)
+        await self.h.turn("reply", out.matched)
 
     def reply_error_raw(self, identity, message) -> None:
         pass
@@ -624,9 +679,9 @@ class ReplayHost(Host):
         try:
             value = await asyncio.get_running_loop().run_in_executor(None, fn)
         except BaseException:
-            await self.h.turn()
+            await self.h.turn("run_blocking")
             raise
-        await self.h.turn()
+        await self.h.turn("run_blocking")
         return value
 
 
@@ -855,18 +910,35 @@ class Harness:
         if d > 0:
             await asyncio.sleep(d)
 
-    async def turn(self) -> str:
-        """The end of an external call's stand-in: its task's recorded resumption (ReplaySchedule.turn)."""
+    async def turn(self, call: str, recorded: Event | None = None) -> str:
+        """The end of the stand-in of external call `call`: its task's recorded resumption (ReplaySchedule.turn)."""
         if self.sched is None:
             return FREE
-        return await self.sched.turn()
+        return await self.sched.turn(call, recorded)
+
+    def recording_over(self) -> None:
+        if self.final_stop_vt is None:
+            self.final_stop_vt = self.loop.time()
+
+    def stop_as_recorded(self) -> None:
+        """The recording says the actor was stopped here from outside its tasks (a signal, the process hosting it)."""
+        self.notes.append(f"the recording stops the actor at +{self.loop.time():.3f}s (from outside its tasks: a "
+                          "signal or its host); so does the replay")
+        self.loop.create_task(self.actor.stop("stopped, as in the recording"))
 
     def schedule_diverged(self, it: "Item | None", why: str) -> None:
         t = it.t_ns if it is not None else self.t_of(self.loop.time())
         self.schedule_findings.append(Finding(t, "schedule", f"the replay left the recorded schedule: {why}"))
     # ---------------------------------------------------------------------------------------- inputs and replies
     def take_input(self, name: str, key: str | None) -> tuple[Any, int]:
+        value, ev = self.take_input_event(name, key)
+        return value, ev.t_ns
+
+    def take_input_event(self, name: str, key: str | None) -> tuple[Any, Event]:
         q = self._inputs.get(name)
+        if not q and self.final_stop_vt is not None:
+            # stopping after the recording ended: what the actor does now was never recorded (nor is it compared)
+            raise ReplayOver(f"{self.rec.actor} read input {name!r} while replay stopped it, after the recording")
         if not q:
             if not any(e.name == name for e in self.rec.inputs):
                 raise self.gap(f"the actor read input {name!r}, and the recording holds none: it was recorded "
@@ -887,7 +959,7 @@ class Harness:
                                "recorded one): it diverged earlier, or its configuration differs")
         self.served_inputs += 1
         try:
-            return ev.body(), ev.t_ns
+            return ev.body(), ev
         except TraceFormatError as exc:
             raise self.gap(str(exc)) from None
 
@@ -1038,7 +1110,9 @@ class Harness:
         (self.workdir / "run").mkdir(parents=True, exist_ok=True)
         recorded = self.rec.meta.get("runtime") if isinstance(self.rec.meta.get("runtime"), dict) else {}
         mb = MailboxConfig(**{k: recorded[k] for k in ("max_concurrency", "default_timeout") if k in recorded})
-        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=None, curve=False, trace=True,
+        # an actor that registered with a directory does so again (the directory's recorded answers)
+        directory = "replay://directory/0" if self.rec.registered and self.rec.actor != "directory/0" else None
+        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=directory, curve=False, trace=True,
                            trace_body_limit=int(self.rec.meta.get("body_limit", 65536)),
                            trace_keep_arrays=bool(self.rec.meta.get("keep_arrays")),
                            heartbeat_interval=float(recorded.get("heartbeat_interval", 3600.0)),
@@ -1139,8 +1213,11 @@ class Harness:
                 findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
         for o in self.outs:
             if o.matched is None:
-                if o.kind == "error" and self.final_stop_vt is not None and o.vt >= self.final_stop_vt:
-                    continue  # the error reply of a handler the final stop cancelled; the recording ended first
+                if self.final_stop_vt is not None and o.vt >= self.final_stop_vt and \
+                        (o.kind == "error" or self.sched is not None):
+                    # after the recording ended (every recorded step replayed), or the error reply of a handler the
+                    # final stop cancelled: the recording does not have it
+                    continue
                 what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")
                         else f"{o.kind} {o.to}.{o.method}")
                 findings.append(Finding(self.t_of(o.vt), "extra", f"{what}: sent by the replay, not in the recording",
