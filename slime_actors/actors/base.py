@@ -203,11 +203,12 @@ class Actor:
         if self._schedule is not None and _sched.current() is None:
             # stopped from outside its tasks (a signal, the process hosting it): the stop runs as the tracked task
             # "stop", so the schedule holds where it began and replay stops the actor at the same place
-            await self._schedule.task(self._shut_down(reason), _sched.STOPPED, name=f"{self.name}:stop")
+            caller = asyncio.current_task()  # (it awaits the stop: not one of the tasks the stop cancels)
+            await self._schedule.task(self._shut_down(reason, caller), _sched.STOPPED, name=f"{self.name}:stop")
         else:
             await self._shut_down(reason)
 
-    async def _shut_down(self, reason: str) -> None:
+    async def _shut_down(self, reason: str, caller: asyncio.Task | None = None) -> None:
         try:
             await self.on_stop()
         except Exception as exc:  # a hook failing must not keep the process alive
@@ -218,7 +219,7 @@ class Actor:
             except Exception:
                 pass
         current = asyncio.current_task()
-        pending = [t for t in self._tasks if t is not current]
+        pending = [t for t in self._tasks if t is not current and t is not caller]
         for t in pending:
             t.cancel()
         if pending:

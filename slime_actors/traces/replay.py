@@ -511,6 +511,8 @@ class ReplayTracer:
         return _raise_or(value)
 
     async def replay_input_async(self, name: str, key: str | None):
+        if not self.h.has_input(name, key):
+            await self.h.unless_last()
         value, ev = self.h.take_input_event(name, key)
         if await self.h.turn("recorded_async", ev) == FREE:
             await self.h.sleep_until(ev.t_ns)
@@ -797,8 +799,13 @@ class Harness:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="slime-replay-"))
         self.notes: list[str] = []
         if self.rec.other_files:
+            which = (f"replaying pid {pid}'s" if pid is not None else "replaying the first (--pid picks another)")
             self.notes.append(f"{actor} has {len(self.rec.other_files)} more trace file(s) (restarts): "
-                              f"{', '.join(self.rec.other_files)}; replaying the first (--pid picks another)")
+                              f"{', '.join(self.rec.other_files)}; {which}")
+        if self.rec.items and not any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method ==
+                                                                        "_stop") for it in self.rec.items):
+            self.notes.append("the recording ends without the actor being stopped (its process was killed?): the "
+                              "replay runs what it holds")
         if self.rec.drops:
             self.notes.append(f"the recording dropped {self.rec.drops} undecodable message(s); replay cannot "
                               "feed those")
@@ -910,6 +917,15 @@ class Harness:
         if d > 0:
             await asyncio.sleep(d)
 
+    async def unless_last(self) -> None:
+        """At an external call whose answer the recording lacks: if the recording ends with the calling task waiting
+        in it (a process killed mid-run), the call never returns (stopping the actor cancels it)."""
+        s = self.sched
+        st = _schedule.current()
+        if s is None or s.free or st is None or st.sched is not s or s.next_of.get(st.id):
+            return
+        await self.loop.create_future()
+
     async def turn(self, call: str, recorded: Event | None = None) -> str:
         """The end of the stand-in of external call `call`: its task's recorded resumption (ReplaySchedule.turn)."""
         if self.sched is None:
@@ -930,6 +946,10 @@ class Harness:
         t = it.t_ns if it is not None else self.t_of(self.loop.time())
         self.schedule_findings.append(Finding(t, "schedule", f"the replay left the recorded schedule: {why}"))
     # ---------------------------------------------------------------------------------------- inputs and replies
+    def has_input(self, name: str, key: str | None) -> bool:
+        q = self._inputs.get(name)
+        return bool(q) and (key is None or any((e.extra or {}).get("key") == key for e in q))
+
     def take_input(self, name: str, key: str | None) -> tuple[Any, int]:
         value, ev = self.take_input_event(name, key)
         return value, ev.t_ns
@@ -1211,8 +1231,12 @@ class Harness:
             d = first_difference(rb, o.body, rtol=self.rtol, atol=self.atol, volatile=self.volatile)
             if d is not None:
                 findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
+        lost = 0
         for o in self.outs:
             if o.matched is None:
+                if o.kind in ("reply", "error") and o.re in self.rec.handled and self.sched is not None:
+                    lost += 1  # its handler ended in the recording, but no reply went out: the asker was gone
+                    continue
                 if self.final_stop_vt is not None and o.vt >= self.final_stop_vt and \
                         (o.kind == "error" or self.sched is not None):
                     # after the recording ended (every recorded step replayed), or the error reply of a handler the
@@ -1239,6 +1263,9 @@ class Harness:
                                         f"{ev.header.get('from')} (recorded id {ev.id})",
                                         Difference("outcome", f"{ro} {why_r}".strip(), f"{po} {why_p}".strip()),
                                         ev.id))
+        if lost:
+            self.notes.append(f"{lost} repl(y/ies) the recording could not deliver (the asker was gone) were not "
+                              "compared")
         findings.extend(self.schedule_findings)
         findings.sort(key=lambda f: f.t_ns)
         if self.network:
