@@ -348,14 +348,7 @@ class Actor:
         if kind == "hb":
             if inbound.t_ns:
                 self._trace_recv(inbound)
-            if self._schedule is None:
-                self.on_heartbeat(h)
-                return
-            prev, _sched._dispatching = _sched._dispatching, (self._schedule, h["id"])
-            try:
-                self.on_heartbeat(h)
-            finally:
-                _sched._dispatching = prev
+            self.on_heartbeat(h)
             return
         method = h["method"]
         hd = self._handlers.get(method)
@@ -391,9 +384,6 @@ class Actor:
             if len(self._idem) > self._idem_max:
                 self._idem.popitem(last=False)
         token = current_cause.set((h["trace"], h["id"]))
-        sched = self._schedule
-        if sched is not None:  # tasks created while it is dispatched are its (schedule.py)
-            prev, _sched._dispatching = _sched._dispatching, (sched, h["id"])
         try:
             if hd.is_async:
                 if inbound.t_ns:
@@ -401,7 +391,9 @@ class Actor:
                 self._busy += 1
                 if self._busy >= self.runtime.mailbox.max_concurrency:
                     self.mailbox.pause_receiving(True)
-                task = asyncio.get_running_loop().create_task(self._run_async(hd, inbound, kwargs))
+                coro, sched = self._run_async(hd, inbound, kwargs), self._schedule
+                task = (asyncio.get_running_loop().create_task(coro) if sched is None else
+                        sched.task(coro, sched.dispatch_child(h["id"])))  # the request's task: "m:<id>"
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
@@ -417,8 +409,6 @@ class Actor:
                     self._succeeded(inbound, result, t0)
         finally:
             current_cause.reset(token)
-            if sched is not None:
-                _sched._dispatching = prev
 
     async def _run_async(self, hd: _Handler, inbound: Inbound, kwargs: dict) -> None:
         t0 = _time_ns() if self.tracer is not None else 0
@@ -586,5 +576,6 @@ class Actor:
 
 _sched.external(Actor.recorded_async)
 _sched.external(Actor.run_blocking)
+_sched.dispatcher(Actor._on_request)
 
 __all__ = ["Actor", "handler", "DIRECTORY", "PeerDown"]

@@ -45,14 +45,22 @@ STEP, RESUME = "step", "resume"  # the trace's schedule records (docs/trace-form
 STOPPED = "stop"  # the task that stops the actor when it is stopped from outside its tasks (Actor.stop)
 SCHEDULE_EVENTS = (STEP, RESUME)
 
-_stepping: "Stepper | None" = None       # the tracked task whose step runs now (the event loop's thread)
-_dispatching: "tuple[Any, str] | None" = None  # (schedule, message id) while an actor dispatches a request
+_stepping: "Stepper | None" = None  # the tracked task whose step runs now (the event loop's thread)
+_untracked = False                 # inside `untracked()`
+DISPATCHERS: set = set()           # code objects of the functions that dispatch an actor's requests (dispatcher())
 
 
 def external(fn, name: str | None = None):
     """Mark an async function (or method) as an external call: see the module docstring. `name` (default: the
     function's) is what a `resume` record says the task resumed from; a stand-in for a call takes its name."""
     REGIONS[fn.__code__] = (name or fn.__name__).encode()
+    return fn
+
+
+def dispatcher(fn):
+    """Mark the function that dispatches an actor's requests (Actor._on_request, locals `self` and `h`, the
+    request's header): a task created under it, outside any tracked task, is the request's (`m:<id>+k`)."""
+    DISPATCHERS.add(fn.__code__)
     return fn
 
 
@@ -163,6 +171,20 @@ class Schedule:
         return "m:" + mid
 
 
+def _dispatched(frame) -> "tuple[Any, str] | None":
+    """(schedule, request id) of the request an actor is dispatching further up the stack, if any."""
+    while frame is not None:
+        if frame.f_code in DISPATCHERS:
+            loc = frame.f_locals
+            sched = getattr(loc.get("self"), "_schedule", None)
+            h = loc.get("h")
+            if sched is not None and isinstance(h, dict) and isinstance(h.get("id"), str):
+                return sched, h["id"]
+            return None
+        frame = frame.f_back
+    return None
+
+
 def _in_external(frame) -> bool:
     """Is the code creating a task inside an external call (looking up the stack to the running step)?"""
     while frame is not None:
@@ -178,18 +200,16 @@ def _in_external(frame) -> bool:
 def _factory(loop, coro, context=None, _chain=None):
     st = _stepping
     sched = None
-    if type(coro) is not _CORO or isinstance(coro, Stepper):
+    if type(coro) is not _CORO or _untracked:
         pass
     elif st is not None:
         if st.sched.loop is loop and not _in_external(sys._getframe(1)):
             sched, tid = st.sched, f"{st.id}.{st.nchild}"
             st.nchild += 1
-    elif _dispatching is not None:
-        sched, mid = _dispatching
-        if sched.loop is loop:
-            tid = sched.dispatch_child(mid)
-        else:
-            sched = None
+    else:  # created while an actor dispatches a request (a sync handler's spawn, say)?
+        found = _dispatched(sys._getframe(1))
+        if found is not None and found[0].loop is loop:
+            sched, tid = found[0], found[0].dispatch_child(found[1])
     if sched is not None:
         coro = sched.stepper(coro, tid)
     if _chain is not None:
@@ -215,26 +235,12 @@ def install(loop: asyncio.AbstractEventLoop) -> None:
 @contextlib.contextmanager
 def untracked():
     """Tasks created inside are not the actor's (a mailbox's background send): not tracked."""
-    global _stepping, _dispatching
-    saved = _stepping, _dispatching
-    _stepping = _dispatching = None
+    global _untracked
+    saved, _untracked = _untracked, True
     try:
         yield
     finally:
-        _stepping, _dispatching = saved
-
-
-def dispatching(sched: Schedule | None, mid: str | None) -> "tuple[Any, str] | None":
-    """Set (or, with sched None, clear) the request being dispatched; returns what was set before."""
-    global _dispatching
-    prev = _dispatching
-    _dispatching = (sched, mid) if sched is not None else None
-    return prev
-
-
-def restore_dispatching(prev) -> None:
-    global _dispatching
-    _dispatching = prev
+        _untracked = saved
 
 
 def current() -> Stepper | None:
