@@ -310,7 +310,7 @@ class Actor:
         try:
             value = await fn(*args, **kwargs)
         except Exception as exc:  # a failure is an input too: replay raises it again
-            self.record_input(name, {"__raised__": type(exc).__name__, "message": str(exc)[:2000]}, key)
+            self.record_input(name, raised(exc), key)
             raise
         self.record_input(name, value, key)
         return value
@@ -572,6 +572,19 @@ class Actor:
         if known is not None and known != endpoint:
             self.mailbox.disconnect(name, "restarted at a new endpoint")
         await self.on_peer_up(name, endpoint)
+
+
+def raised(exc: BaseException) -> dict:
+    """How a call that raised is recorded as an input: the exception's class (module:QualName; replay raises one of
+    it again), its message and its plain attributes (an EngineError's status)."""
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}:{cls.__qualname__}"
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))} \
+        if hasattr(exc, "__dict__") else {}
+    out = {"__raised__": name, "message": str(exc)[:2000]}
+    if attrs:
+        out["attrs"] = attrs
+    return out
 
 
 _sched.external(Actor.recorded_async)

@@ -236,7 +236,7 @@ class RolloutWorker(Actor):
         """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
         learns its URL and, once its engine is up, registers the engine there."""
         a = self.args
-        if not getattr(a, "use_sglang_router", False) or getattr(self, "replaying", False):
+        if not getattr(a, "use_sglang_router", False):
             return
         if a.sglang_router_ip:
             self.router_url = f"http://{a.sglang_router_ip}:{a.sglang_router_port}"
@@ -244,16 +244,18 @@ class RolloutWorker(Actor):
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
-            port = a.sglang_router_port or free_port()
+            # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
+            port = a.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
             host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
-            module, flags = router_command(a, host, port, prometheus_port=free_port(), keys=self.keys)
-            await self.run_blocking(check_router_flags, flags)
+            module, flags = router_command(a, host, port, prometheus_port=self.recorded("router.metrics_port",
+                                                                                        free_port), keys=self.keys)
+            await self.recorded_async("router.check_flags", self.run_blocking, check_router_flags, flags)
             self.log.info("starting sglang-router", flags=self.keys.redact(" ".join(flags)))
-            self.router = launch_engine(module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
-                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"),
-                                        redact=self.keys.secrets)
-            await self.run_blocking(self.router.wait_healthy, 300)
+            self.router = RecordedProcess(self, "router", lambda: launch_engine(
+                module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
+                log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"), redact=self.keys.secrets))
+            await self.recorded_async("router.wait_healthy", self.run_blocking, self.router.wait_healthy, 300)
             self.router_url = _http_url(host, port)
         else:
             while self.router_url is None:
@@ -269,7 +271,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import RouterClient
-        rc = RouterClient(self.router_url, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, keys=self.keys), "router")
         try:
             if not await rc.has_worker(self.engine_url):
                 await rc.add_worker(self.engine_url, api_key=self.keys.api_key)
@@ -281,7 +283,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import EngineError, RouterClient
-        rc = RouterClient(self.router_url, timeout=10, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, timeout=10, keys=self.keys), "router")
         try:
             await rc.remove_worker(self.engine_url)
         except EngineError as exc:
@@ -722,13 +724,14 @@ class RolloutWorker(Actor):
 
 
 class RecordedEngine:
-    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health, close; not
-    generate, which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
+    """The engine client (or the router's) as the worker uses it: the answers of its calls (weights, aborts, health,
+    close; not generate, which `_generate_raw` records parsed) are recorded in the trace as `<prefix>.<method>`, and
+    under replay served from it."""
 
     _LOCAL = frozenset(("generate",))
 
-    def __init__(self, actor: Actor, client):
-        self._actor, self._client = actor, client
+    def __init__(self, actor: Actor, client, prefix: str = "engine"):
+        self._actor, self._client, self._prefix = actor, client, prefix
 
     def __getattr__(self, name: str):
         fn = getattr(self._client, name)
@@ -736,7 +739,7 @@ class RecordedEngine:
             return fn
 
         async def call(*args, **kwargs):
-            return await self._actor.recorded_async(f"engine.{name}", fn, *args, **kwargs)
+            return await self._actor.recorded_async(f"{self._prefix}.{name}", fn, *args, **kwargs)
         return call
 
 

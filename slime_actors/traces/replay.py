@@ -512,7 +512,10 @@ class ReplayTracer:
 
     async def replay_input_async(self, name: str, key: str | None):
         if not self.h.has_input(name, key):
+            # the recording's call never answered: it ended with the task still waiting in it (a killed process:
+            # never returns), or the task was cancelled in it (its turn raises CancelledError), or it is missing
             await self.h.unless_last()
+            await self.h.turn("recorded_async")
         value, ev = self.h.take_input_event(name, key)
         if await self.h.turn("recorded_async", ev) == FREE:
             await self.h.sleep_until(ev.t_ns)
@@ -526,9 +529,38 @@ class ReplayTracer:
 
 
 def _raise_or(value):
-    if isinstance(value, dict) and "__raised__" in value and "message" in value and len(value) == 2:
-        raise type(str(value["__raised__"]), (RecordedError,), {})(value["message"])
-    return value
+    """A recorded input, or the exception its call raised (slime_actors.actors.base.raised): of the recorded class
+    when it can be imported (so the actor's `except EngineError` catches it as it did), else a RecordedError named
+    after it."""
+    if not (isinstance(value, dict) and "__raised__" in value and "message" in value
+            and set(value) <= {"__raised__", "message", "attrs"}):
+        return value
+    name, message = str(value["__raised__"]), str(value["message"])
+    cls = _exception_class(name)
+    if cls is None:
+        raise type(name.rpartition(":")[2].rpartition(".")[2], (RecordedError,), {})(message)
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, message)
+    attrs = value.get("attrs")
+    if isinstance(attrs, dict):
+        try:
+            exc.__dict__.update(attrs)
+        except AttributeError:
+            pass
+    raise exc
+
+
+def _exception_class(name: str):
+    import builtins
+    import importlib
+    mod, _, qual = name.rpartition(":")
+    try:
+        obj = importlib.import_module(mod) if mod else builtins
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return obj if isinstance(obj, type) and issubclass(obj, Exception) else None
 
 
 class ReplayMailbox:
