@@ -31,9 +31,10 @@ ARGS=(
   --use-fault-tolerance --rollout-health-check-interval 10 --rollout-health-check-timeout 60
 )
 if [ -n "${CHECK_ONLY:-}" ]; then
-  exec python3 -c 'import sys; from slime_actors.config import parse_args; from slime_actors.launch.topology import \
-load_topology; t = load_topology(sys.argv[1]); a = parse_args(["--config", t.job_config] + sys.argv[2:]); \
-t.apply_to_args(a); print("ok:", a.train_backend, a.tensor_model_parallel_size, a.rollout_engine, a.sglang_args); \
+  exec python3 -c 'import sys; from slime_actors.launch.job_config import build_job_config; \
+from slime_actors.launch.topology import load_topology; t = load_topology(sys.argv[1]); \
+c, _ = build_job_config(sys.argv[2:], t); \
+print("ok:", c.train.train_backend, c.train.tensor_model_parallel_size, c.engine.rollout_engine, c.engine.sglang_args); \
 print(t.describe())' launch/disagg-4gpu.toml "${ARGS[@]}" "$@"
 fi
 if [ "$LAUNCHER" = torchrun ]; then

@@ -41,7 +41,8 @@ ARGS=(
   --rollout-health-check-first-wait 300
 )
 if [ -n "${CHECK_ONLY:-}" ]; then
-  exec python3 -c 'import sys; from slime_actors.config import parse_args; a = parse_args(sys.argv[1:]); \
-print("ok:", a.rollout_engine, a.sglang_args, a.router_args)' "${ARGS[@]}" "$@"
+  exec python3 -c 'import sys; from slime_actors.launch.job_config import build_job_config; \
+c, _ = build_job_config(sys.argv[1:]); print("ok:", c.engine.rollout_engine, c.engine.sglang_args, c.engine.router_args)' \
+"${ARGS[@]}" "$@"
 fi
 exec slime-actors train "${ARGS[@]}" "$@"

@@ -142,7 +142,7 @@ def megatron_on_cpu() -> None:
 
 
 def backend_args(work: Path, model_dir: str, **flags):
-    from slime_actors.config import parse_args
+    from slime_actors.config import parse_config
     prompts = work / "prompts.jsonl"
     if not prompts.exists():
         prompts.write_text(json.dumps({"input": "1 + 1 =", "label": "2"}) + "\n")
@@ -159,7 +159,7 @@ def backend_args(work: Path, model_dir: str, **flags):
             continue
         else:
             argv += [flag, str(v)]
-    return parse_args(argv)
+    return parse_config(argv)
 
 
 def select(batch: dict, idx: list) -> dict:
@@ -262,7 +262,7 @@ def colocated_sync(b, url: str, version: int) -> dict:
         n = nbytes = 0
         t0 = time.perf_counter()
         async with EngineClient(url, timeout=300, keys=engine_keys()) as c:
-            for bucket in b.weight_buckets(b.args.update_weight_buffer_size):
+            for bucket in b.weight_buckets(b.cfg.weights.update_weight_buffer_size):
                 shared = share_bucket(bucket)
                 try:
                     await c.update_weights_from_ipc(**bucket_metadata(bucket), handle=shared.handle,
@@ -444,7 +444,7 @@ def worker_speed_send(o) -> dict:
     args = backend_args(work, info["models"]["big"], device=dev, bf16=True)
     b = MegatronBackend(args, 0, 1)
     b.init()
-    bucket_bytes = int(args.update_weight_buffer_size)
+    bucket_bytes = args.weights.update_weight_buffer_size
     plan = plan_buckets(b.spec, torch.bfloat16, bucket_bytes)
     (work / "speed_plan.json").write_text(json.dumps({"plan": plan, "bucket_bytes": bucket_bytes}))
     backend = "nccl" if dev == "cuda" else "gloo"

@@ -142,11 +142,12 @@ def make_model(path: Path, seed: int) -> Path:
 # -- helpers -------------------------------------------------------------------------------------------------------
 
 def job_args(ctx, *extra):
-    from slime_actors.config import parse_args
-    return parse_args(["--config", str(ROOT / "examples" / "digits" / "config.toml"), "--hf-checkpoint",
-                       str(ctx["base"]), "--rollout-engine", "sglang", "--device", ctx["device"],
-                       "--num-gpus-per-node", str(max(1, ctx["n_gpus"])), "--actor-num-gpus-per-node", "1",
-                       *ctx["engine_flags"], *extra])
+    from slime_actors.launch.job_config import build_job_config
+    cfg, _ = build_job_config(["--config", str(ROOT / "examples" / "digits" / "config.toml"), "--hf-checkpoint",
+                               str(ctx["base"]), "--rollout-engine", "sglang", "--device", ctx["device"],
+                               "--num-gpus-per-node", str(max(1, ctx["n_gpus"])), "--actor-num-gpus-per-node", "1",
+                               *ctx["engine_flags"], *extra])
+    return cfg
 
 
 async def greedy(client, n: int = 12) -> list[dict]:

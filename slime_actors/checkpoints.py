@@ -15,7 +15,7 @@ models use the tracker value "release" and a `release/` directory. `--load` refu
 directories, empty directories, unknown contents) with a message saying what it found and what it expected;
 `slime-actors convert` turns their weights into an HF directory for --hf-checkpoint.
 
-    ckpt = resolve_load(args)        # Path of the iter directory to resume from, None to start fresh; or raises
+    ckpt = resolve_load(cfg)         # Path of the iter directory to resume from, None to start fresh; or raises
     layout = detect_layout(path)     # Layout(kind, path, detail)
 """
 
@@ -26,6 +26,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from .config import JobConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
 META = "meta.json"
@@ -154,19 +156,19 @@ def _same(a, b) -> bool:
     return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def resolve_load(args) -> Path | None:
+def resolve_load(cfg: JobConfig) -> Path | None:
     """The checkpoint --load resumes from (an iter directory), or None to start fresh. Starting fresh happens only
     without --load, or when --load is the --save directory and holds nothing yet (slime's `--load X --save X`
     habit: the first run of a job that resumes itself). Everything else that is not a checkpoint of this layout
     is refused with a CheckpointError."""
-    load = getattr(args, "load", None)
+    load = cfg.checkpoint.load
     if not load:
         return None
     lay = detect_layout(load)
     if lay.kind in ("ours", "ours-iter"):
-        _check_backend(args, lay.path)
+        _check_backend(cfg.train.train_backend, lay.path)
         return lay.path
-    if lay.kind in ("missing", "empty") and _same(load, getattr(args, "save", None)):
+    if lay.kind in ("missing", "empty") and _same(load, cfg.checkpoint.save):
         return None
     hint = ""
     if lay.kind in ("megatron", "torch_dist", "megatron-trainer", "torch-trainer"):
@@ -181,8 +183,7 @@ def resolve_load(args) -> Path | None:
     raise CheckpointError(f"--load {load}: {lay.detail}; expected {EXPECTED}.{hint}")
 
 
-def _check_backend(args, ckpt: Path) -> None:
-    want = getattr(args, "train_backend", "torch")
+def _check_backend(want: str, ckpt: Path) -> None:
     t = ckpt / "trainer"
     has = "megatron" if (t / "dist").is_dir() else "torch" if (t / "model.safetensors").is_file() else None
     if has is None:
@@ -195,10 +196,10 @@ def _check_backend(args, ckpt: Path) -> None:
             "start from them with --hf-checkpoint OUT_DIR")
 
 
-def check_save_root(args) -> None:
+def check_save_root(cfg: JobConfig) -> None:
     """--save must not be a directory of another layout (slime's checkpoints: its tracker file would be
     overwritten) or a file."""
-    save = getattr(args, "save", None)
+    save = cfg.checkpoint.save
     if not save:
         return
     lay = detect_layout(save)
@@ -225,28 +226,28 @@ def hf_export_path(spec: str, rollout_id: int) -> Path:
                               "{rollout_id}, e.g. --save-hf out/hf/iter_{rollout_id:07d}") from None
 
 
-def hf_export_due(args, k: int) -> bool:
+def hf_export_due(cfg: JobConfig, k: int) -> bool:
     """Whether --save-hf exports after rollout k: every --save-interval rollouts, and after the last one."""
-    interval = getattr(args, "save_interval", None)
-    return bool(interval and (k + 1) % interval == 0) or k + 1 == int(args.num_rollout)
+    interval = cfg.checkpoint.save_interval
+    return bool(interval and (k + 1) % interval == 0) or k + 1 == cfg.run.num_rollout
 
 
-def hf_export_ids(args, start: int = 0) -> list[int]:
+def hf_export_ids(cfg: JobConfig, start: int = 0) -> list[int]:
     """The rollout ids from `start` on after which --save-hf exports."""
-    return [k for k in range(start, int(args.num_rollout)) if hf_export_due(args, k)]
+    return [k for k in range(start, cfg.run.num_rollout) if hf_export_due(cfg, k)]
 
 
 def is_export_of_ours(p: Path) -> bool:
     return (p / EXPORT_MARKER).is_file()
 
 
-def check_hf_exports(args, hf_dir: str | None, start: int = 0) -> None:
+def check_hf_exports(cfg: JobConfig, hf_dir: str | None, start: int = 0) -> None:
     """Every directory --save-hf will write (rollouts `start`..) must be new, empty, or an earlier export of ours,
     and never the --hf-checkpoint directory (an export replaces the weights it finds)."""
-    spec = getattr(args, "save_hf", None)
+    spec = cfg.checkpoint.save_hf
     if not spec:
         return
-    for k in hf_export_ids(args, start):
+    for k in hf_export_ids(cfg, start):
         p = hf_export_path(spec, k)
         if hf_dir and _same(p, hf_dir):
             raise CheckpointError(f"--save-hf {spec}: {p} is the --hf-checkpoint directory; an export would replace "

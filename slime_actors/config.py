@@ -1,27 +1,509 @@
-"""The job's flags. Where slime has a flag for the same concept we use its name, so launch scripts move over.
+"""The job's configuration: one tree of typed sections, parsed once in the head, rebuilt typed in every actor.
 
-    args = parse_args(["--config", "examples/digits/config.toml", "--lr", "1e-3"])
+    cfg = parse_config(["--config", "examples/digits/config.toml", "--lr", "1e-3"])   # -> JobConfig
+    cfg.algorithm.eps_clip, cfg.rollout.n_samples_per_prompt, cfg.run.run_dir         # typed reads
+    cfg.to_dict()                      # flat, JSON/msgpack-able (job.json, actor configs, traces)
+    JobConfig.from_dict(d)             # back to typed (ConfigError naming the field when d is malformed)
+    cfg.flat()                         # slime's `args` for user plug-ins: args.rollout_max_response_len, ...
+
+Every flag is one field of one section below, its default and help text next to it; the parser, the TOML keys,
+`--help`, job.json and the plug-ins' flat view are all generated from these fields. A field's name is the flag's
+name (slime's, where slime has the concept: `rollout_batch_size` is `--rollout-batch-size`), unique across sections.
+Adding a flag is adding one field:
+
+    max_staleness: int = flag(1, "async: newest weight version minus oldest used")
+
+A bool field defaulting to False is a switch (`--use-kl-loss`); one defaulting to True takes a value
+(`--trace false`). A `list[...]` field takes one or more values. `flag(..., choices=[...])` restricts the values.
+Derived defaults (`--global-batch-size`: the whole rollout, `--eps-clip-high`: `--eps-clip`, ...) are filled in by
+`JobConfig.validate`, which also checks the values; nothing else restates a default.
 
 A TOML config file may set any flag (by its name with dashes or underscores, at the top level or in any table);
 the command line wins over the file. Every `--sglang-<flag> [value]` and `--router-<flag> [value]` is kept, in
-order, in `args.sglang_args` / `args.router_args` for passthrough to those servers. Unknown flags and bad values
-are errors that name the flag (and, for the config file, the file and key).
+order, in `cfg.engine.sglang_args` / `cfg.engine.router_args` for passthrough to those servers. Unknown flags and
+bad values are errors that name the flag (and, for the config file, the file and key).
+
+What this module does not check (the launcher's job, slime_actors.launch.job_config): the passthrough flags against
+SGLang, and the engine keys the user gave (taken out of the config there, so no file written from it holds them).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 ESTIMATORS = ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
 KL_TYPES = ["k1", "k2", "k3", "low_var_kl"]
 
 
 class ConfigError(ValueError):
-    """A bad flag, value or config file entry; the message names it."""
+    """A bad flag, value, config file entry or job file field; the message names it."""
 
+
+def flag(default: Any = None, help: str | None = None, *, choices: list | None = None, path: bool = False,
+         top: bool = False) -> Any:
+    """A field that is a command-line flag (and a TOML key). `path`: a relative value in a config file is taken
+    relative to that file when such a file exists; `top`: listed before the groups in --help."""
+    return field(default=default, metadata={"help": help, "choices": choices, "path": path, "top": top, "cli": True})
+
+
+def passthrough() -> Any:
+    """A field filled by the parser, not a flag of its own (the --sglang-* / --router-* passthrough lists)."""
+    return field(default_factory=list, metadata={"cli": False})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sections (each is a --help group, in this order)
+
+@dataclass(slots=True)
+class RunSection:
+    """What the job does and where it writes."""
+    TITLE: typing.ClassVar[str] = "run"
+    config: str | None = flag(None, "TOML file setting any of these flags; the command line wins", top=True)
+    run_dir: str = flag("runs/train", "traces/, logs/, metrics, checkpoints (unless --save)")
+    seed: int = flag(1234)
+    device: str = flag("cpu", "cpu or cuda")
+    num_rollout: int = flag(10, "training steps (rollout + train + sync each)")
+    start_rollout_id: int | None = flag(None)
+    async_train: bool = flag(False, "one-step-off: generate rollout k+1 while training on rollout k")
+    max_staleness: int = flag(1, "async: newest weight version minus oldest used")
+    progress: bool = flag(True, "progress bars on the console")
+
+
+@dataclass(slots=True)
+class RuntimeSection:
+    """How the actors talk: tracing, transport, keys, liveness (what slime_actors.runtime gives every process)."""
+    TITLE: typing.ClassVar[str] = "runtime"
+    trace: bool = flag(True, "record every message")
+    trace_keep_arrays: bool = flag(False)
+    curve: bool = flag(True, "CurveZMQ keys per job")
+    transport: str = flag("ipc", choices=["ipc", "tcp"])
+    heartbeat_interval: float = flag(1.0)
+    heartbeat_liveness: int = flag(5)
+
+
+@dataclass(slots=True)
+class ModelSection:
+    TITLE: typing.ClassVar[str] = "model"
+    hf_checkpoint: str | None = flag(None, "Hugging Face model directory (or tiny:NAME, smollm2:135m)", path=True)
+    ref_load: str | None = flag(None, "reference model (default: the initial weights)", path=True)
+
+
+@dataclass(slots=True)
+class DataSection:
+    TITLE: typing.ClassVar[str] = "data"
+    prompt_data: str | None = flag(None, "jsonl or parquet file of prompts", path=True)
+    input_key: str = flag("input")
+    label_key: str | None = flag(None)
+    metadata_key: str = flag("metadata")
+    tool_key: str | None = flag(None)
+    apply_chat_template: bool = flag(False)
+    rollout_shuffle: bool = flag(False)
+    rollout_seed: int = flag(42)
+    rollout_max_prompt_len: int | None = flag(None, "drop longer prompts (tokens)")
+
+
+@dataclass(slots=True)
+class RolloutSection:
+    """What a rollout is: batch sizes, sampling, the user's generate/rollout/filter functions."""
+    TITLE: typing.ClassVar[str] = "rollout"
+    rollout_batch_size: int = flag(8, "prompt groups per training step")
+    n_samples_per_prompt: int = flag(8)
+    over_sampling_batch_size: int | None = flag(
+        None, "prompt groups handed out per step (>= rollout-batch-size; extra absorbs filtering)")
+    rollout_max_response_len: int = flag(32)
+    rollout_temperature: float = flag(1.0)
+    rollout_top_p: float = flag(1.0)
+    rollout_top_k: int = flag(-1)
+    rollout_stop: list[str] | None = flag(None)
+    rollout_stop_token_ids: list[int] | None = flag(None)
+    partial_rollout: bool = flag(False, "keep aborted samples' partial responses and continue them next step")
+    dynamic_sampling_filter_path: str | None = flag(
+        None, "dotted path of fn(args, samples)->bool; built-in: slime_actors.filters.check_reward_nonzero_std")
+    custom_generate_function_path: str | None = flag(None)
+    rollout_function_path: str | None = flag(None)
+
+
+@dataclass(slots=True)
+class EngineSection:
+    """The generation engines: how many, where, their HTTP keys, the router, health checks."""
+    TITLE: typing.ClassVar[str] = "rollout engines"
+    rollout_engine: str = flag("local", choices=["local", "sglang"])
+    rollout_num_engines: int = flag(1, "rollout workers, one engine each")
+    rollout_num_gpus_per_engine: int = flag(1)
+    rollout_external_engine_addrs: list[str] | None = flag(None)
+    rollout_concurrency: int = flag(64, "HTTP requests in flight per engine")
+    engine_max_batch_size: int = flag(64, "local engine: sequences per batch")
+    use_fault_tolerance: bool = flag(False)
+    rollout_health_check_interval: float = flag(10.0)
+    rollout_health_check_timeout: float = flag(30.0)
+    rollout_health_check_first_wait: float = flag(0.0)
+    engine_auth: bool = flag(True, "engines require keys: an API key for generation, an admin key for weight "
+                                   "updates, pauses, aborts and cache flushes (made per job unless given below; "
+                                   "docs/security.md)")
+    engine_api_key: str | None = flag(None, "the engines' API key (SGLang --api-key) instead of a job-made one; "
+                                            "needed for external engines that have one. Visible in the process "
+                                            "list: prefer --engine-api-key-file or $SLIME_ACTORS_ENGINE_API_KEY")
+    engine_api_key_file: str | None = flag(None, "file holding the engines' API key (mode 0600)")
+    engine_admin_api_key: str | None = flag(None, "the engines' admin key (SGLang --admin-api-key); see "
+                                                  "--engine-api-key")
+    engine_admin_api_key_file: str | None = flag(None, "file holding the engines' admin key (mode 0600)")
+    pause_generation_mode: str = flag(
+        "abort", "how engines pause around a weight update in --async-train (SGLang /pause_generation mode): abort "
+                 "in-flight requests (they go back to the buffer), retract them (recomputed after the update), or "
+                 "keep them in place", choices=["abort", "retract", "in_place"])
+    use_sglang_router: bool = flag(False, "put an sglang-router in front of the engines (rollout/0 starts it unless "
+                                          "--sglang-router-ip is given); every --router-<flag> is passed on as "
+                                          "--<flag>")
+    sglang_router_ip: str | None = flag(None, "an sglang-router someone else started (slime's flag)")
+    sglang_router_port: int | None = flag(None, "its port, or the port to start one on")
+    colocate: bool = flag(False, "engines share the trainer's GPUs (engine i starts at GPU i x "
+                                 "rollout-num-gpus-per-engine)")
+    num_gpus_per_node: int = flag(8, "GPUs per node, for placing engines")
+    sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
+    router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
+
+
+@dataclass(slots=True)
+class EvalSection:
+    TITLE: typing.ClassVar[str] = "eval"
+    eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] or PATH", path=True)
+    eval_input_key: str | None = flag(None)
+    eval_label_key: str | None = flag(None)
+    eval_interval: int | None = flag(None)
+    n_samples_per_eval_prompt: int = flag(1)
+    eval_temperature: float | None = flag(None, "default: greedy (0)")
+    eval_max_response_len: int | None = flag(None)
+    skip_eval_before_train: bool = flag(False)
+    save_eval_responses: bool = flag(True, "write every held-out evaluation's responses to "
+                                           "RUN_DIR/evals/NAME_stepK.jsonl (`slime-actors samples RUN --eval` / "
+                                           "`--report` read them)")
+
+
+@dataclass(slots=True)
+class RewardSection:
+    TITLE: typing.ClassVar[str] = "reward"
+    rm_type: str | None = flag(None, "math | boxed | exact_match | remote_rm | ...")
+    custom_rm_path: str | None = flag(None, "dotted path of async fn(args, sample) -> float")
+    group_rm: bool = flag(False, "the reward function scores a whole group at once")
+    rm_url: str | None = flag(None)
+    reward_key: str | None = flag(None)
+    num_reward_workers: int = flag(1)
+    reward_actor_class: str | None = flag(None, "pkg.mod:Class of your own reward actor (role reward, handler "
+                                                "score); see docs/adding-a-reward-actor.md")
+    reward_batch_size: int = flag(64)
+    math_grading_timeout: float = flag(5.0, "seconds math-verify may spend on one sample (math, boxed_math, "
+                                            "deepscaler); past it the sample scores 0 and counts in "
+                                            "rollout/reward_timeouts")
+    math_grading_processes: int = flag(2, "math-verify processes per reward worker (each item's deadline is "
+                                          "enforced by killing its process)")
+
+
+@dataclass(slots=True)
+class AlgorithmSection:
+    TITLE: typing.ClassVar[str] = "algorithm"
+    advantage_estimator: str = flag("grpo", choices=ESTIMATORS)
+    eps_clip: float = flag(0.2)
+    eps_clip_high: float | None = flag(None)
+    eps_clip_c: float | None = flag(None, "dual-clip constant (> 1)")
+    use_kl_loss: bool = flag(False)
+    kl_loss_coef: float = flag(0.0)
+    kl_loss_type: str = flag("k1", choices=KL_TYPES)
+    kl_coef: float = flag(0.0, "KL penalty folded into the reward")
+    entropy_coef: float = flag(0.0)
+    use_tis: bool = flag(False, "truncated importance sampling vs rollout log-probs")
+    tis_clip: float = flag(2.0)
+    tis_clip_low: float = flag(0.0)
+    gamma: float = flag(1.0)
+    lambd: float = flag(1.0)
+    normalize_advantages: bool = flag(False)
+    disable_grpo_std_normalization: bool = flag(False)
+    value_clip: float = flag(0.2)
+    calculate_per_token_loss: bool = flag(False)
+
+
+@dataclass(slots=True)
+class TrainSection:
+    TITLE: typing.ClassVar[str] = "training"
+    train_backend: str = flag("torch", choices=["torch", "megatron"])
+    actor_num_nodes: int = flag(1)
+    actor_num_gpus_per_node: int = flag(1, "trainer ranks per node (CPU too)")
+    torch_parallel: str = flag("ddp", choices=["ddp", "fsdp"])
+    lr: float = flag(1e-6)
+    critic_lr: float | None = flag(None)
+    weight_decay: float = flag(0.0)
+    adam_beta1: float = flag(0.9)
+    adam_beta2: float = flag(0.98)
+    clip_grad: float = flag(1.0)
+    global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)")
+    micro_batch_size: int = flag(1)
+    use_dynamic_batch_size: bool = flag(False)
+    max_tokens_per_gpu: int | None = flag(None)
+    num_steps_per_rollout: int | None = flag(None)
+    bf16: bool = flag(False)
+    tensor_model_parallel_size: int = flag(1)
+    pipeline_model_parallel_size: int = flag(1)
+    use_distributed_optimizer: bool = flag(False)
+
+    @property
+    def n_ranks(self) -> int:
+        """Trainer ranks of the job."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+
+@dataclass(slots=True)
+class WeightsSection:
+    TITLE: typing.ClassVar[str] = "weight updates"
+    update_weight_transport: str = flag("distributed", "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU)",
+                                        choices=["distributed", "nccl", "disk", "colocated"])
+    update_weight_buffer_size: int = flag(512 << 20, "bytes per bucket")
+    update_weight_disk_dir: str | None = flag(None)
+
+
+@dataclass(slots=True)
+class CheckpointSection:
+    TITLE: typing.ClassVar[str] = "checkpoints"
+    save: str | None = flag(None)
+    save_interval: int | None = flag(None)
+    load: str | None = flag(None, path=True)
+    save_hf: str | None = flag(None)
+    no_save_optim: bool = flag(False)
+
+
+@dataclass(slots=True)
+class LoggingSection:
+    TITLE: typing.ClassVar[str] = "logging"
+    use_tensorboard: bool = flag(True)
+    log_samples_interval: int = flag(1, "print the best and the worst sample of one group every N rollouts (and the "
+                                        "last; 0: never); TensorBoard gets them every rollout")
+
+
+@dataclass(slots=True)
+class DebugSection:
+    TITLE: typing.ClassVar[str] = "debugging"
+    debug_rollout_only: bool = flag(False)
+    debug_train_only: bool = flag(False)
+    save_debug_rollout_data: str | None = flag(None)
+    load_debug_rollout_data: str | None = flag(None, path=True)
+
+
+@dataclass(slots=True)
+class JobConfig:
+    """The job's flags, by section. Build it with `parse_config` (the head) or `from_dict` (every actor)."""
+    run: RunSection = field(default_factory=RunSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    reward: RewardSection = field(default_factory=RewardSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    weights: WeightsSection = field(default_factory=WeightsSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    debug: DebugSection = field(default_factory=DebugSection)
+    # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
+    # never in to_dict(), so job.json, actor configs and traces do not hold them
+    engine_user_keys: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """Every field, flat (slime's names), JSON- and msgpack-able; the engine keys are not in it."""
+        out = {}
+        for spec in FIELDS.values():
+            v = getattr(getattr(self, spec.section), spec.name)
+            out[spec.name] = list(v) if isinstance(v, list) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "job config") -> "JobConfig":
+        """The typed config of a flat dict (`to_dict`'s, as job.json and actor configs hold it). A field it lacks
+        takes its default; derived values are filled in and the values checked (`validate`). Raises ConfigError
+        naming `source` and the field: an unknown field, a value of the wrong type or outside its choices."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a table of the job's flags, got {type(data).__name__}")
+        values: dict[str, dict] = {name: {} for name in SECTIONS}
+        for key, value in data.items():
+            spec = FIELDS.get(key) if isinstance(key, str) else None
+            if spec is None:
+                raise ConfigError(f"{source}: unknown field {key!r}{_suggest(str(key))}")
+            values[spec.section][key] = spec.check(value, source)
+        cfg = cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
+        try:
+            cfg.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        return cfg
+
+    def flat(self) -> "FlatArgs":
+        """slime's `args` for user plug-ins: a read-only view, `args.<flag name>`."""
+        return FlatArgs(self)
+
+    def validate(self, check_files: bool = False) -> "JobConfig":
+        """Fill in the derived defaults and check the values (ConfigError naming the flag). Idempotent. With
+        `check_files`, also the files the flags name (the head does this once, before anything is written)."""
+        _validate(self, check_files)
+        return self
+
+
+# section name (the JobConfig attribute) -> its dataclass, in --help order
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(JobConfig) if f.default_factory is not MISSING}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One flag: its section, name, type, default and help, as the dataclass field declares them."""
+    section: str
+    name: str
+    base: type                    # int, float, str or bool (the element type of a list)
+    is_list: bool
+    optional: bool
+    default: Any
+    help: str | None
+    choices: list | None
+    path: bool
+    top: bool
+    cli: bool
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def switch(self) -> bool:
+        """A bool defaulting to False: `--flag` turns it on (store_true); a bool defaulting to True takes a value."""
+        return self.base is bool and not self.is_list and self.default is False
+
+    def describe(self) -> str:
+        kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.base]
+        if self.is_list:
+            kind = f"a list of {kind.split(' ', 1)[1]}s" if self.base is not bool else "a list of booleans"
+        if self.choices:
+            kind = f"one of {self.choices}"
+        return kind + (" or null" if self.optional else "")
+
+    def check(self, value: Any, source: str) -> Any:
+        """`value` as this field's type, or ConfigError naming the field."""
+        def bad():
+            return ConfigError(f"{source}: field {self.name!r} ({self.option}) must be {self.describe()}, "
+                               f"got {value!r:.200}")
+
+        if value is None:
+            if self.optional:
+                return None
+            raise bad()
+        if self.is_list:
+            if not isinstance(value, (list, tuple)):
+                raise bad()
+            out = []
+            for v in value:
+                ok, conv = _scalar(self.base, v)
+                if not ok:
+                    raise bad()
+                out.append(conv)
+            return out
+        ok, conv = _scalar(self.base, value)
+        if not ok or (self.choices and conv not in self.choices):
+            raise bad()
+        return conv
+
+
+def _scalar(base: type, v: Any) -> tuple[bool, Any]:
+    if base is bool:
+        return isinstance(v, bool), v
+    if base is int:
+        return isinstance(v, int) and not isinstance(v, bool), v
+    if base is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return ok, float(v) if ok else v
+    return isinstance(v, str), v
+
+
+def _field_specs() -> dict[str, FieldSpec]:
+    out: dict[str, FieldSpec] = {}
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            tp = hints[f.name]
+            args = typing.get_args(tp)
+            optional = type(None) in args and isinstance(tp, types.UnionType)
+            if optional:
+                (tp,) = [a for a in args if a is not type(None)]
+            is_list = typing.get_origin(tp) is list
+            base = typing.get_args(tp)[0] if is_list else tp
+            if base not in (int, float, str, bool):
+                raise TypeError(f"{cls.__name__}.{f.name}: a flag is an int, float, str or bool (or a list of one)")
+            if f.name in out:
+                raise TypeError(f"{cls.__name__}.{f.name}: the name is already a field of section "
+                                f"{out[f.name].section!r}; flag names are unique (the plug-ins' flat view uses them)")
+            md = f.metadata
+            default = [] if f.default is MISSING else f.default
+            out[f.name] = FieldSpec(section, f.name, base, is_list, optional, default, md.get("help"),
+                                    md.get("choices"), md.get("path", False), md.get("top", False), md["cli"])
+    return out
+
+
+FIELDS: dict[str, FieldSpec] = _field_specs()   # flag name (slime's) -> its spec, in --help order
+
+
+def default_of(name: str) -> Any:
+    """The declared default of flag `name` (for code outside a job that needs the same default)."""
+    return FIELDS[name].default
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, list(FIELDS), n=2, cutoff=0.75)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+class FlatArgs:
+    """slime's `args` for user plug-ins (reward functions `fn(args, sample)`, custom generate functions, dynamic
+    sampling filters `fn(args, samples)`, rollout functions): the job's config as flat attributes with slime's names
+    (`args.rollout_max_response_len`, `args.n_samples_per_prompt`, ...), read-only, always current. An unknown
+    name raises AttributeError (so `getattr(args, name, default)` in a plug-in works as with slime's Namespace)."""
+    __slots__ = ("_cfg",)
+
+    def __init__(self, cfg: JobConfig):
+        object.__setattr__(self, "_cfg", cfg)
+
+    def __getattr__(self, name: str) -> Any:
+        spec = FIELDS.get(name) if not name.startswith("_") else None
+        if spec is None:
+            raise AttributeError(f"args has no attribute {name!r}: not a flag of this job{_suggest(name)}")
+        value = getattr(getattr(self._cfg, spec.section), name)
+        return list(value) if isinstance(value, list) else value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"args is read-only (setting {name!r}): plug-ins get the job's config to read; keep "
+                             "your own state elsewhere")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"args is read-only (deleting {name!r})")
+
+    def __dir__(self) -> list[str]:
+        return list(FIELDS)
+
+    def __reduce__(self):
+        return FlatArgs, (self._cfg,)
+
+    def __repr__(self) -> str:
+        return "FlatArgs(" + ", ".join(f"{k}={v!r}" for k, v in self._cfg.to_dict().items()) + ")"
+
+    def to_dict(self) -> dict:
+        return self._cfg.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the parser, generated from the fields
 
 def _bool(v) -> bool:
     if isinstance(v, bool):
@@ -39,200 +521,43 @@ def has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def _add(group, spec: FieldSpec) -> None:
+    text = (spec.help or "").replace("%", "%%")
+    kw: dict[str, Any] = {"default": spec.default, "help": f"{text} (default: %(default)s)".lstrip()}
+    if spec.switch:
+        kw["action"] = "store_true"
+    else:
+        if spec.base is not str:
+            kw["type"] = _bool if spec.base is bool else spec.base
+        if spec.is_list:
+            kw["nargs"] = "+"
+        if spec.choices:
+            kw["choices"] = spec.choices
+    group.add_argument(spec.option, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slime-actors train", description="RL post-training on slime-actors.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a = p.add_argument
-    a("--config", default=None, help="TOML file setting any of these flags; the command line wins")
-
-    g = p.add_argument_group("run")
-    g.add_argument("--run-dir", default="runs/train", help="traces/, logs/, metrics, checkpoints (unless --save)")
-    g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--device", default="cpu", help="cpu or cuda")
-    g.add_argument("--num-rollout", type=int, default=10, help="training steps (rollout + train + sync each)")
-    g.add_argument("--start-rollout-id", type=int, default=None)
-    g.add_argument("--trace", type=_bool, default=True, help="record every message")
-    g.add_argument("--trace-keep-arrays", action="store_true")
-    g.add_argument("--curve", type=_bool, default=True, help="CurveZMQ keys per job")
-    g.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
-    g.add_argument("--heartbeat-interval", type=float, default=1.0)
-    g.add_argument("--heartbeat-liveness", type=int, default=5)
-    g.add_argument("--progress", type=_bool, default=True, help="progress bars on the console")
-
-    g = p.add_argument_group("data")
-    g.add_argument("--prompt-data", default=None, help="jsonl or parquet file of prompts")
-    g.add_argument("--input-key", default="input")
-    g.add_argument("--label-key", default=None)
-    g.add_argument("--metadata-key", default="metadata")
-    g.add_argument("--tool-key", default=None)
-    g.add_argument("--apply-chat-template", action="store_true")
-    g.add_argument("--rollout-shuffle", action="store_true")
-    g.add_argument("--rollout-seed", type=int, default=42)
-    g.add_argument("--rollout-max-prompt-len", type=int, default=None, help="drop longer prompts (tokens)")
-    g.add_argument("--eval-prompt-data", nargs="+", default=None, help="NAME PATH [NAME PATH ...] or PATH")
-    g.add_argument("--eval-input-key", default=None)
-    g.add_argument("--eval-label-key", default=None)
-
-    g = p.add_argument_group("rollout")
-    g.add_argument("--hf-checkpoint", default=None, help="Hugging Face model directory (or tiny:NAME, "
-                                                         "smollm2:135m)")
-    g.add_argument("--rollout-engine", choices=["local", "sglang"], default="local")
-    g.add_argument("--rollout-num-engines", type=int, default=1, help="rollout workers, one engine each")
-    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    g.add_argument("--rollout-external-engine-addrs", nargs="+", default=None)
-    g.add_argument("--rollout-batch-size", type=int, default=8, help="prompt groups per training step")
-    g.add_argument("--n-samples-per-prompt", type=int, default=8)
-    g.add_argument("--over-sampling-batch-size", type=int, default=None,
-                   help="prompt groups handed out per step (>= rollout-batch-size; extra absorbs filtering)")
-    g.add_argument("--rollout-max-response-len", type=int, default=32)
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--rollout-top-k", type=int, default=-1)
-    g.add_argument("--rollout-stop", nargs="+", default=None)
-    g.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None)
-    g.add_argument("--rollout-concurrency", type=int, default=64, help="HTTP requests in flight per engine")
-    g.add_argument("--engine-max-batch-size", type=int, default=64, help="local engine: sequences per batch")
-    g.add_argument("--partial-rollout", action="store_true",
-                   help="keep aborted samples' partial responses and continue them next step")
-    g.add_argument("--dynamic-sampling-filter-path", default=None,
-                   help="dotted path of fn(args, samples)->bool; built-in: "
-                        "slime_actors.filters.check_reward_nonzero_std")
-    g.add_argument("--custom-generate-function-path", default=None)
-    g.add_argument("--rollout-function-path", default=None)
-    g.add_argument("--use-fault-tolerance", action="store_true")
-    g.add_argument("--rollout-health-check-interval", type=float, default=10.0)
-    g.add_argument("--rollout-health-check-timeout", type=float, default=30.0)
-    g.add_argument("--rollout-health-check-first-wait", type=float, default=0.0)
-    g.add_argument("--engine-auth", type=_bool, default=True,
-                   help="engines require keys: an API key for generation, an admin key for weight updates, pauses, "
-                        "aborts and cache flushes (made per job unless given below; docs/security.md)")
-    g.add_argument("--engine-api-key", default=None,
-                   help="the engines' API key (SGLang --api-key) instead of a job-made one; needed for external "
-                        "engines that have one. Visible in the process list: prefer --engine-api-key-file or "
-                        "$SLIME_ACTORS_ENGINE_API_KEY")
-    g.add_argument("--engine-api-key-file", default=None, help="file holding the engines' API key (mode 0600)")
-    g.add_argument("--engine-admin-api-key", default=None,
-                   help="the engines' admin key (SGLang --admin-api-key); see --engine-api-key")
-    g.add_argument("--engine-admin-api-key-file", default=None,
-                   help="file holding the engines' admin key (mode 0600)")
-    g.add_argument("--pause-generation-mode", choices=["abort", "retract", "in_place"], default="abort",
-                   help="how engines pause around a weight update in --async-train (SGLang /pause_generation mode): "
-                        "abort in-flight requests (they go back to the buffer), retract them (recomputed after the "
-                        "update), or keep them in place")
-    g.add_argument("--use-sglang-router", action="store_true",
-                   help="put an sglang-router in front of the engines (rollout/0 starts it unless "
-                        "--sglang-router-ip is given); every --router-<flag> is passed on as --<flag>")
-    g.add_argument("--sglang-router-ip", default=None, help="an sglang-router someone else started (slime's flag)")
-    g.add_argument("--sglang-router-port", type=int, default=None, help="its port, or the port to start one on")
-    g.add_argument("--colocate", action="store_true",
-                   help="engines share the trainer's GPUs (engine i starts at GPU i x rollout-num-gpus-per-engine)")
-    g.add_argument("--num-gpus-per-node", type=int, default=8, help="GPUs per node, for placing engines")
-
-    g = p.add_argument_group("eval")
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
-    g.add_argument("--eval-temperature", type=float, default=None, help="default: greedy (0)")
-    g.add_argument("--eval-max-response-len", type=int, default=None)
-    g.add_argument("--skip-eval-before-train", action="store_true")
-
-    g = p.add_argument_group("reward")
-    g.add_argument("--rm-type", default=None, help="math | boxed | exact_match | remote_rm | ...")
-    g.add_argument("--custom-rm-path", default=None, help="dotted path of async fn(args, sample) -> float")
-    g.add_argument("--group-rm", action="store_true", help="the reward function scores a whole group at once")
-    g.add_argument("--rm-url", default=None)
-    g.add_argument("--reward-key", default=None)
-    g.add_argument("--num-reward-workers", type=int, default=1)
-    g.add_argument("--reward-actor-class", default=None,
-                   help="pkg.mod:Class of your own reward actor (role reward, handler score); see "
-                        "docs/adding-a-reward-actor.md")
-    g.add_argument("--reward-batch-size", type=int, default=64)
-    g.add_argument("--math-grading-timeout", type=float, default=5.0,
-                   help="seconds math-verify may spend on one sample (math, boxed_math, deepscaler); past it the "
-                        "sample scores 0 and counts in rollout/reward_timeouts")
-    g.add_argument("--math-grading-processes", type=int, default=2,
-                   help="math-verify processes per reward worker (each item's deadline is enforced by killing its "
-                        "process)")
-
-    g = p.add_argument_group("algorithm")
-    g.add_argument("--advantage-estimator", choices=ESTIMATORS, default="grpo")
-    g.add_argument("--eps-clip", type=float, default=0.2)
-    g.add_argument("--eps-clip-high", type=float, default=None)
-    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip constant (> 1)")
-    g.add_argument("--use-kl-loss", action="store_true")
-    g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", choices=KL_TYPES, default="k1")
-    g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty folded into the reward")
-    g.add_argument("--entropy-coef", type=float, default=0.0)
-    g.add_argument("--use-tis", action="store_true", help="truncated importance sampling vs rollout log-probs")
-    g.add_argument("--tis-clip", type=float, default=2.0)
-    g.add_argument("--tis-clip-low", type=float, default=0.0)
-    g.add_argument("--gamma", type=float, default=1.0)
-    g.add_argument("--lambd", type=float, default=1.0)
-    g.add_argument("--normalize-advantages", action="store_true")
-    g.add_argument("--disable-grpo-std-normalization", action="store_true")
-    g.add_argument("--value-clip", type=float, default=0.2)
-    g.add_argument("--calculate-per-token-loss", action="store_true")
-
-    g = p.add_argument_group("training")
-    g.add_argument("--train-backend", choices=["torch", "megatron"], default="torch")
-    g.add_argument("--actor-num-nodes", type=int, default=1)
-    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="trainer ranks per node (CPU too)")
-    g.add_argument("--torch-parallel", choices=["ddp", "fsdp"], default="ddp")
-    g.add_argument("--ref-load", default=None, help="reference model (default: the initial weights)")
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--critic-lr", type=float, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--global-batch-size", type=int, default=None,
-                   help="samples per optimizer step (default: all samples of the rollout)")
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--use-dynamic-batch-size", action="store_true")
-    g.add_argument("--max-tokens-per-gpu", type=int, default=None)
-    g.add_argument("--num-steps-per-rollout", type=int, default=None)
-    g.add_argument("--bf16", action="store_true")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-
-    g = p.add_argument_group("weights and checkpoints")
-    g.add_argument("--update-weight-transport", choices=["distributed", "nccl", "disk", "colocated"],
-                   default="distributed", help="distributed: bucketed broadcast (gloo on CPU, NCCL on GPU)")
-    g.add_argument("--update-weight-buffer-size", type=int, default=512 << 20, help="bytes per bucket")
-    g.add_argument("--update-weight-disk-dir", default=None)
-    g.add_argument("--async-train", action="store_true",
-                   help="one-step-off: generate rollout k+1 while training on rollout k")
-    g.add_argument("--max-staleness", type=int, default=1, help="async: newest weight version minus oldest used")
-    g.add_argument("--save", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--save-hf", default=None)
-    g.add_argument("--no-save-optim", action="store_true")
-
-    g = p.add_argument_group("logging and debugging")
-    g.add_argument("--use-tensorboard", type=_bool, default=True)
-    g.add_argument("--log-samples-interval", type=int, default=1,
-                   help="print the best and the worst sample of one group every N rollouts (and the last; 0: never); "
-                        "TensorBoard gets them every rollout")
-    g.add_argument("--save-eval-responses", type=_bool, default=True,
-                   help="write every held-out evaluation's responses to RUN_DIR/evals/NAME_stepK.jsonl "
-                        "(`slime-actors samples RUN --eval` / `--report` read them)")
-    g.add_argument("--debug-rollout-only", action="store_true")
-    g.add_argument("--debug-train-only", action="store_true")
-    g.add_argument("--save-debug-rollout-data", default=None)
-    g.add_argument("--load-debug-rollout-data", default=None)
+    """`slime-actors train`'s parser: one argument per field, one group per section (errors raise ConfigError)."""
+    p = _Parser(prog="slime-actors train", description="RL post-training on slime-actors.")
+    specs = [s for s in FIELDS.values() if s.cli]
+    for s in specs:
+        if s.top:
+            _add(p, s)
+    for section, cls in SECTIONS.items():
+        g = p.add_argument_group(cls.TITLE)
+        for s in specs:
+            if s.section == section and not s.top:
+                _add(g, s)
     return p
 
 
-def _flag_index(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    out = {}
-    for act in parser._actions:
-        for opt in act.option_strings:
-            if opt.startswith("--"):
-                out[opt[2:].replace("-", "_")] = act
-    return out
-
+# ---------------------------------------------------------------------------------------------------------------
+# the config file
 
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     items = []
@@ -244,7 +569,7 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     return items
 
 
-def _config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+def _config_to_argv(path: str) -> list[str]:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -252,9 +577,14 @@ def _config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
-    index = _flag_index(parser)
     argv: list[str] = []
     base = Path(path).resolve().parent
+
+    def near(v):  # a path relative to the config file, when there is such a file there
+        if isinstance(v, str) and not v.startswith(("tiny:", "smollm2:", "/")) and (base / v).exists():
+            return str(base / v)
+        return v
+
     for dotted, value in _flatten(data):
         key = dotted.rsplit(".", 1)[-1]
         if key in ("sglang", "router") and isinstance(value, dict):
@@ -262,28 +592,20 @@ def _config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
                 argv += _passthrough(f"--{key}-{k.replace('_', '-')}", v)
             continue
         norm = key.replace("-", "_")
-        act = index.get(norm)
-        if act is None or norm == "config":
+        spec = FIELDS.get(norm)
+        if spec is None or not spec.cli or norm == "config":
             raise ConfigError(f"config file {path}: unknown key {dotted!r} (no flag --{norm.replace('_', '-')})")
-        flag = f"--{norm.replace('_', '-')}"
-        if norm in ("prompt_data", "hf_checkpoint", "load", "ref_load", "load_debug_rollout_data") \
-                and isinstance(value, str) and not value.startswith(("tiny:", "smollm2:", "/")):
-            cand = base / value
-            if cand.exists():
-                value = str(cand)
-        if isinstance(act, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if spec.switch:
             if not isinstance(value, bool):
                 raise ConfigError(f"config file {path}: {dotted} must be true or false, got {value!r}")
-            want = isinstance(act, argparse._StoreTrueAction)
-            if value == want:
-                argv.append(flag)
+            if value:
+                argv.append(spec.option)
             continue
         if isinstance(value, list):
-            if norm == "eval_prompt_data":
-                value = [str(base / v) if (base / str(v)).exists() else str(v) for v in value]
-            argv += [flag, *[str(v) for v in value]]
+            argv += [spec.option, *[str(near(v) if spec.path else v) for v in value]]
         else:
-            argv += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+            value = near(value) if spec.path else value
+            argv += [spec.option, str(value).lower() if isinstance(value, bool) else str(value)]
     return argv
 
 
@@ -325,14 +647,9 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]
     return ours, sglang, router
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ConfigError(message)
-
-
-def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    parser = parser or build_parser()
-    parser.__class__ = _Parser
+def parse_config(argv: list[str] | None = None) -> JobConfig:
+    """Flags and the --config file -> the validated JobConfig (ConfigError naming the flag, file or key)."""
+    parser = build_parser()
     argv = list(argv or [])
     ours, sglang, router = split_passthrough(argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -340,97 +657,96 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
     known, _ = pre.parse_known_args(ours)
     file_argv: list[str] = []
     if known.config:
-        file_argv = _config_to_argv(known.config, parser)
+        file_argv = _config_to_argv(known.config)
         file_ours, file_sglang, file_router = split_passthrough(file_argv)
         file_argv = file_ours
         sglang = file_sglang + sglang
         router = file_router + router
-    args = parser.parse_args(file_argv + ours)
-    args.sglang_args = sglang
-    args.router_args = router
-    validate(args)
-    return args
+    ns = vars(parser.parse_args(file_argv + ours))
+    values: dict[str, dict] = {name: {} for name in SECTIONS}
+    for spec in FIELDS.values():
+        if spec.cli:
+            values[spec.section][spec.name] = ns[spec.name]
+    cfg = JobConfig(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
+    cfg.engine.sglang_args = sglang
+    cfg.engine.router_args = router
+    return cfg.validate(check_files=True)
 
 
-def validate(args: argparse.Namespace) -> None:
+# ---------------------------------------------------------------------------------------------------------------
+# derived values and checks
+
+def _validate(cfg: JobConfig, check_files: bool) -> None:
     def bad(msg):
         raise ConfigError(msg)
 
-    if args.update_weight_transport == "nccl":
-        args.update_weight_transport = "distributed"
-    if args.over_sampling_batch_size is None:
-        args.over_sampling_batch_size = args.rollout_batch_size
-    if args.over_sampling_batch_size < args.rollout_batch_size:
-        bad(f"--over-sampling-batch-size ({args.over_sampling_batch_size}) must be >= --rollout-batch-size "
-            f"({args.rollout_batch_size})")
-    for name in ("rollout_batch_size", "n_samples_per_prompt", "num_rollout", "rollout_num_engines",
-                 "actor_num_gpus_per_node", "micro_batch_size", "rollout_max_response_len",
-                 "math_grading_processes"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.log_samples_interval < 0:
-        bad(f"--log-samples-interval must be >= 0, got {args.log_samples_interval}")
-    if not args.math_grading_timeout > 0:
-        bad(f"--math-grading-timeout must be > 0 seconds, got {args.math_grading_timeout}")
-    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
-        bad(f"--eps-clip-c must be > 1.0, got {args.eps_clip_c}")
-    if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
+    run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
+    if cfg.weights.update_weight_transport == "nccl":
+        cfg.weights.update_weight_transport = "distributed"
+    if ro.over_sampling_batch_size is None:
+        ro.over_sampling_batch_size = ro.rollout_batch_size
+    if ro.over_sampling_batch_size < ro.rollout_batch_size:
+        bad(f"--over-sampling-batch-size ({ro.over_sampling_batch_size}) must be >= --rollout-batch-size "
+            f"({ro.rollout_batch_size})")
+    for section, name in (("rollout", "rollout_batch_size"), ("rollout", "n_samples_per_prompt"),
+                          ("run", "num_rollout"), ("engine", "rollout_num_engines"),
+                          ("train", "actor_num_gpus_per_node"), ("train", "micro_batch_size"),
+                          ("rollout", "rollout_max_response_len"), ("reward", "math_grading_processes")):
+        value = getattr(getattr(cfg, section), name)
+        if value < 1:
+            bad(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if cfg.logging.log_samples_interval < 0:
+        bad(f"--log-samples-interval must be >= 0, got {cfg.logging.log_samples_interval}")
+    if not cfg.reward.math_grading_timeout > 0:
+        bad(f"--math-grading-timeout must be > 0 seconds, got {cfg.reward.math_grading_timeout}")
+    if al.eps_clip_c is not None and al.eps_clip_c <= 1.0:
+        bad(f"--eps-clip-c must be > 1.0, got {al.eps_clip_c}")
+    if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
-    if args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") and args.n_samples_per_prompt < 2:
-        bad(f"--advantage-estimator {args.advantage_estimator} compares samples of a group: "
+    if al.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") and ro.n_samples_per_prompt < 2:
+        bad(f"--advantage-estimator {al.advantage_estimator} compares samples of a group: "
             "--n-samples-per-prompt must be >= 2")
-    if args.debug_rollout_only and args.debug_train_only:
+    if dbg.debug_rollout_only and dbg.debug_train_only:
         bad("--debug-rollout-only and --debug-train-only exclude each other")
-    if args.debug_train_only and not args.load_debug_rollout_data:
+    if dbg.debug_train_only and not dbg.load_debug_rollout_data:
         bad("--debug-train-only needs --load-debug-rollout-data")
-    if args.load_debug_rollout_data:  # the first rollout must be there (later ones are checked when loaded)
-        first = debug_rollout_path(args.load_debug_rollout_data, args.start_rollout_id or 0)
+    if check_files and dbg.load_debug_rollout_data:  # the first rollout must be there (later ones: when loaded)
+        first = debug_rollout_path(dbg.load_debug_rollout_data, run.start_rollout_id or 0)
         if not first.is_file():
-            bad(f"--load-debug-rollout-data {args.load_debug_rollout_data}: no saved rollout "
-                f"{args.start_rollout_id or 0} at {first} (--save-debug-rollout-data writes one file per rollout)")
-    if args.prompt_data is None and not args.load_debug_rollout_data:
+            bad(f"--load-debug-rollout-data {dbg.load_debug_rollout_data}: no saved rollout "
+                f"{run.start_rollout_id or 0} at {first} (--save-debug-rollout-data writes one file per rollout)")
+    if cfg.data.prompt_data is None and not dbg.load_debug_rollout_data:
         bad("--prompt-data is required")
-    if args.prompt_data and not os.path.exists(args.prompt_data):
-        bad(f"--prompt-data {args.prompt_data} does not exist")
-    if args.hf_checkpoint is None:
+    if check_files and cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
+        bad(f"--prompt-data {cfg.data.prompt_data} does not exist")
+    if cfg.model.hf_checkpoint is None:
         bad("--hf-checkpoint is required (a Hugging Face model directory, tiny:digits, or smollm2:135m)")
-    n_ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
-    total = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.global_batch_size is None:
-        args.global_batch_size = total
-    if total % args.global_batch_size:
+    total = ro.rollout_batch_size * ro.n_samples_per_prompt
+    if tr.global_batch_size is None:
+        tr.global_batch_size = total
+    if tr.global_batch_size < 1 or total % tr.global_batch_size:
         bad(f"rollout-batch-size x n-samples-per-prompt ({total}) must be a multiple of --global-batch-size "
-            f"({args.global_batch_size})")
-    if args.rollout_batch_size % n_ranks:
-        bad(f"--rollout-batch-size ({args.rollout_batch_size}) must be a multiple of the trainer ranks "
-            f"({n_ranks}): each rank trains on whole prompt groups")
-    if args.num_steps_per_rollout is None:
-        args.num_steps_per_rollout = total // args.global_batch_size
-    if args.eval_temperature is None:
-        args.eval_temperature = 0.0
-    if args.eval_max_response_len is None:
-        args.eval_max_response_len = args.rollout_max_response_len
-    if args.critic_lr is None:
-        args.critic_lr = args.lr
-    if args.eps_clip_high is None:
-        args.eps_clip_high = args.eps_clip
-    if args.rm_type is None and args.custom_rm_path is None and args.reward_actor_class is None:
+            f"({tr.global_batch_size})")
+    if ro.rollout_batch_size % tr.n_ranks:
+        bad(f"--rollout-batch-size ({ro.rollout_batch_size}) must be a multiple of the trainer ranks "
+            f"({tr.n_ranks}): each rank trains on whole prompt groups")
+    if tr.num_steps_per_rollout is None:
+        tr.num_steps_per_rollout = total // tr.global_batch_size
+    if ev.eval_temperature is None:
+        ev.eval_temperature = 0.0
+    if ev.eval_max_response_len is None:
+        ev.eval_max_response_len = ro.rollout_max_response_len
+    if tr.critic_lr is None:
+        tr.critic_lr = tr.lr
+    if al.eps_clip_high is None:
+        al.eps_clip_high = al.eps_clip
+    rw = cfg.reward
+    if rw.rm_type is None and rw.custom_rm_path is None and rw.reward_actor_class is None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
-    if args.rm_type == "remote_rm" and not args.rm_url:
+    if rw.rm_type == "remote_rm" and not rw.rm_url:
         bad("--rm-type remote_rm needs --rm-url")
-    from .backends.engine_auth import EngineKeyError, take_user_keys
-    try:  # the keys leave `args` here: job files, actor configs and traces never hold them
-        args.engine_user_keys = take_user_keys(args)
-    except EngineKeyError as exc:
-        bad(str(exc))
-    if args.sglang_router_ip and not args.sglang_router_port:
+    if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
-    if args.sglang_args or args.router_args or args.rollout_engine == "sglang" or args.use_sglang_router:
-        from .backends.sglang_launch import SGLangFlagError, check_passthrough
-        try:
-            check_passthrough(args)
-        except SGLangFlagError as exc:
-            bad(str(exc))
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:
@@ -444,7 +760,3 @@ def debug_rollout_path(spec: str, k: int) -> Path:
         return p / f"rollout_{k:06d}.msgpack"
     return p.with_name(f"{p.stem}_{k:06d}{p.suffix}")
 
-
-def args_to_dict(args: argparse.Namespace) -> dict:
-    """A msgpack-able copy (for messages, traces and checkpoints), without the engine keys the user gave."""
-    return {k: v for k, v in vars(args).items() if k != "engine_user_keys"}

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_actors.config import DataSection, JobConfig, default_of
 from slime_actors.log import get_logger
 from slime_actors.types import Sample
 
@@ -171,11 +172,11 @@ def _tname(v) -> str:
 class PromptDataset:
     """The prompts of one file, and a resumable position over epochs (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, tokenizer=None, input_key: str = "input", label_key: str | None = None,
-                 metadata_key: str | None = "metadata", tool_key: str | None = None,
-                 apply_chat_template: bool = False, max_prompt_len: int | None = None, shuffle: bool = False,
-                 seed: int = 42, on_error: str = "raise", apply_chat_template_kwargs: dict | None = None,
-                 name: str | None = None):
+    def __init__(self, path: str | os.PathLike, tokenizer=None, input_key: str = default_of("input_key"),
+                 label_key: str | None = None, metadata_key: str | None = default_of("metadata_key"),
+                 tool_key: str | None = None, apply_chat_template: bool = False, max_prompt_len: int | None = None,
+                 shuffle: bool = False, seed: int = default_of("rollout_seed"), on_error: str = "raise",
+                 apply_chat_template_kwargs: dict | None = None, name: str | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:
@@ -198,13 +199,13 @@ class PromptDataset:
         self._fingerprint: str | None = None
 
     @classmethod
-    def from_args(cls, args, tokenizer, on_error: str = "raise") -> "PromptDataset":
+    def from_config(cls, data: DataSection, tokenizer, on_error: str = "raise") -> "PromptDataset":
         """The training prompts: --prompt-data, --input-key, --label-key, --metadata-key, --tool-key,
         --apply-chat-template, --rollout-max-prompt-len, --rollout-shuffle, --rollout-seed."""
-        return cls(args.prompt_data, tokenizer, input_key=args.input_key, label_key=args.label_key,
-                   metadata_key=args.metadata_key, tool_key=args.tool_key,
-                   apply_chat_template=args.apply_chat_template, max_prompt_len=args.rollout_max_prompt_len,
-                   shuffle=args.rollout_shuffle, seed=args.rollout_seed, on_error=on_error)
+        return cls(data.prompt_data, tokenizer, input_key=data.input_key, label_key=data.label_key,
+                   metadata_key=data.metadata_key, tool_key=data.tool_key,
+                   apply_chat_template=data.apply_chat_template, max_prompt_len=data.rollout_max_prompt_len,
+                   shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error)
 
     # -------------------------------------------------------------------------------------------- loading
     def _load(self) -> list[Prompt]:
@@ -491,12 +492,13 @@ class EvalDatasets(Mapping):
             name: PromptDataset(path, tokenizer, name=name, **dataset_kwargs) for name, path in (specs or [])}
 
     @classmethod
-    def from_args(cls, args, tokenizer, on_error: str = "raise") -> "EvalDatasets":
+    def from_config(cls, cfg: JobConfig, tokenizer, on_error: str = "raise") -> "EvalDatasets":
         """--eval-prompt-data with --eval-input-key / --eval-label-key (default: --input-key / --label-key)."""
-        return cls(parse_eval_prompt_data(args.eval_prompt_data), tokenizer,
-                   input_key=args.eval_input_key or args.input_key,
-                   label_key=args.eval_label_key or args.label_key, metadata_key=args.metadata_key,
-                   tool_key=args.tool_key, apply_chat_template=args.apply_chat_template, on_error=on_error)
+        data, ev = cfg.data, cfg.eval
+        return cls(parse_eval_prompt_data(ev.eval_prompt_data), tokenizer,
+                   input_key=ev.eval_input_key or data.input_key,
+                   label_key=ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
+                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error)
 
     def __getitem__(self, name: str) -> PromptDataset:
         try:
@@ -517,20 +519,21 @@ class EvalDatasets(Mapping):
 
 # ----------------------------------------------------------------------------------------------- from the flags
 
-def load_tokenizer(args):
+def load_tokenizer(cfg: JobConfig):
     """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made under RUN_DIR/models)."""
     from transformers import AutoTokenizer
-    spec = args.hf_checkpoint
+    spec = cfg.model.hf_checkpoint
     if not os.path.isdir(spec):
         from slime_actors.models.resolve import resolve_checkpoint
-        spec = resolve_checkpoint(spec, os.path.join(getattr(args, "run_dir", None) or ".", "models"))
+        spec = resolve_checkpoint(spec, os.path.join(cfg.run.run_dir, "models"))
     return AutoTokenizer.from_pretrained(spec)
 
 
-def load_prompt_data(args, tokenizer=None, on_error: str = "raise") -> tuple[PromptDataset | None, EvalDatasets]:
-    """(training prompts or None without --prompt-data, eval sets) from the flags; the tokenizer is loaded from
-    --hf-checkpoint unless given."""
+def load_prompt_data(cfg: JobConfig, tokenizer=None, on_error: str = "raise"
+                     ) -> tuple[PromptDataset | None, EvalDatasets]:
+    """(training prompts or None without --prompt-data, eval sets) from the job's config; the tokenizer is loaded
+    from --hf-checkpoint unless given."""
     if tokenizer is None:
-        tokenizer = load_tokenizer(args)
-    train = PromptDataset.from_args(args, tokenizer, on_error=on_error) if args.prompt_data else None
-    return train, EvalDatasets.from_args(args, tokenizer, on_error=on_error)
+        tokenizer = load_tokenizer(cfg)
+    train = PromptDataset.from_config(cfg.data, tokenizer, on_error=on_error) if cfg.data.prompt_data else None
+    return train, EvalDatasets.from_config(cfg, tokenizer, on_error=on_error)

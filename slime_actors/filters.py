@@ -2,9 +2,10 @@
 
     --dynamic-sampling-filter-path slime_actors.filters.check_reward_nonzero_std
 
-A filter is `fn(args, samples) -> bool` (keep the group) named by a dotted path or "file.py:fn"; it may also
-return a `FilterOutput` (slime's DynamicFilterOutput shape: keep, reason, keep_when_insufficient), which is truthy
-when the group is kept. `DynamicFilter` loads one, applies it, and counts what it dropped and why.
+A filter is `fn(args, samples) -> bool` (keep the group) named by a dotted path or "file.py:fn"; `args` is slime's
+flat view of the job's flags (slime_actors.config.FlatArgs). It may also return a `FilterOutput` (slime's
+DynamicFilterOutput shape: keep, reason, keep_when_insufficient), which is truthy when the group is kept.
+`DynamicFilter` loads one, applies it, and counts what it dropped and why.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class FilterOutput:
 
 def _rewards(args, samples) -> list[float]:
     out = []
-    key = getattr(args, "reward_key", None)
+    key = args.reward_key
     for s in samples:
         r = s.reward
         if isinstance(r, dict):
@@ -85,10 +86,6 @@ class DynamicFilter:
         self.fn = maybe_load_function(path, flag="--dynamic-sampling-filter-path")
         self.kept = 0
         self.dropped: Counter = Counter()
-
-    @classmethod
-    def from_args(cls, args) -> "DynamicFilter":
-        return cls(getattr(args, "dynamic_sampling_filter_path", None))
 
     def __call__(self, args, samples) -> FilterOutput:
         out = call_filter(self.fn, args, samples)

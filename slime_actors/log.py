@@ -17,6 +17,8 @@ from pathlib import Path
 
 import structlog
 
+from .env import LOG_LEVEL
+
 _lock = threading.Lock()
 _file = None
 _configured = False
@@ -79,7 +81,7 @@ def setup_logging(run_dir: str | os.PathLike | None = None, name: str | None = N
                   console: bool = True) -> None:
     """Configure structlog for this process. Safe to call again (e.g. once the actor's name is known)."""
     global _file, _configured
-    level = (level or os.environ.get("SLIME_ACTORS_LOG_LEVEL", "info")).lower()
+    level = (level or LOG_LEVEL.get()).lower()
     if run_dir is not None:
         d = Path(run_dir) / "logs"
         d.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,10 @@
 """Where a process finds its job: run directory, directory endpoint, transport, keys, tracing and liveness settings.
 
-Every process of a job reads the same settings, normally from the environment its launcher set:
-
-    SLIME_ACTORS_RUN_DIR        run directory (traces/, logs/, keys/, sockets/)         default: ./runs/default
-    SLIME_ACTORS_DIRECTORY      endpoint of the directory actor (directory/0)            default: none
-    SLIME_ACTORS_TRANSPORT      ipc (one host) or tcp (several hosts)                    default: ipc
-    SLIME_ACTORS_HOST           address to bind for tcp                                  default: 127.0.0.1
-    SLIME_ACTORS_ADVERTISE      address peers use to reach this host (tcp)               default: the bind address
-    SLIME_ACTORS_CURVE          1 to require the job's CURVE keys (keys/ or the env)     default: 1 if keys exist
-    SLIME_ACTORS_TRACE          0 to turn tracing off                                    default: 1
-    SLIME_ACTORS_TRACE_BODY_LIMIT  bodies larger than this are recorded by size and hash default: 65536
-    SLIME_ACTORS_TRACE_KEEP_ARRAYS 1 to record array bytes too                          default: 0
-    SLIME_ACTORS_HEARTBEAT      heartbeat interval in seconds                            default: 1.0
-    SLIME_ACTORS_LIVENESS       missed heartbeats before a peer is declared down         default: 5
-    SLIME_ACTORS_MAX_MESSAGE_BYTES, SLIME_ACTORS_SEND_HWM, SLIME_ACTORS_RECV_HWM,
-    SLIME_ACTORS_MAX_INFLIGHT, SLIME_ACTORS_MAX_CONCURRENCY   mailbox limits (MailboxConfig)
-    SLIME_ACTORS_MALLOC_KEEP_MIB   freed MiB glibc keeps for large messages (0: untouched)  default: 256
+Every process of a job reads the same settings, normally from the environment its launcher set (`RuntimeConfig.env()`
+writes it, `RuntimeConfig.from_env()` reads it back; each variable is described in slime_actors.env): the run
+directory, the directory's endpoint, transport and addresses, CURVE, tracing (--trace, --trace-keep-arrays, the body
+and batch limits), liveness (--heartbeat-interval, --heartbeat-liveness) and the mailbox limits (MailboxConfig).
+A launcher builds its own from the job's config (`RuntimeConfig.for_job`) and hands it on with `env()`.
 """
 
 from __future__ import annotations
@@ -24,32 +13,29 @@ import hashlib
 import os
 import socket
 import tempfile
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import env as E
+from .config import JobConfig, default_of
 from .mailbox.mailbox import MailboxConfig
 from .mailbox.security import JobKeys
-
-
-def _flag(v: str | None, default: bool) -> bool:
-    if v is None or v == "":
-        return default
-    return v.strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass
 class RuntimeConfig:
     run_dir: str = "runs/default"
     directory: str | None = None
-    transport: str = "ipc"
+    transport: str = default_of("transport")
     host: str = "127.0.0.1"
     advertise: str | None = None
     curve: bool | None = None  # None: use keys if the run has them
-    trace: bool = True
+    trace: bool = default_of("trace")
     trace_body_limit: int = 65536
-    trace_keep_arrays: bool = False
-    heartbeat_interval: float = 1.0
-    liveness: int = 5
+    trace_keep_arrays: bool = default_of("trace_keep_arrays")
+    trace_batch_limit: int = 256 << 20   # bytes of batches a trainer records for replay
+    heartbeat_interval: float = default_of("heartbeat_interval")
+    liveness: int = default_of("heartbeat_liveness")
     static_peers: dict[str, str] = field(default_factory=dict)
     mailbox: MailboxConfig = field(default_factory=MailboxConfig)
 
@@ -61,41 +47,35 @@ class RuntimeConfig:
 
     @classmethod
     def from_env(cls, environ=os.environ, **overrides) -> "RuntimeConfig":
-        e = environ.get
-        cfg = cls(
-            run_dir=e("SLIME_ACTORS_RUN_DIR", "runs/default"),
-            directory=e("SLIME_ACTORS_DIRECTORY") or None,
-            transport=e("SLIME_ACTORS_TRANSPORT", "ipc"),
-            host=e("SLIME_ACTORS_HOST", "127.0.0.1"),
-            advertise=e("SLIME_ACTORS_ADVERTISE") or None,
-            curve=None if e("SLIME_ACTORS_CURVE") in (None, "") else _flag(e("SLIME_ACTORS_CURVE"), True),
-            trace=_flag(e("SLIME_ACTORS_TRACE"), True),
-            trace_body_limit=int(e("SLIME_ACTORS_TRACE_BODY_LIMIT", "65536")),
-            trace_keep_arrays=_flag(e("SLIME_ACTORS_TRACE_KEEP_ARRAYS"), False),
-            heartbeat_interval=float(e("SLIME_ACTORS_HEARTBEAT", "1.0")),
-            liveness=int(e("SLIME_ACTORS_LIVENESS", "5")),
-            mailbox=_mailbox_from_env(environ),
-        )
+        """The settings the environment gives (slime_actors.env); the defaults above for what it does not."""
+        given = {attr: var.get(environ) for var, attr in _ENV.items()}
+        cfg = cls(**{k: v for k, v in given.items() if v is not None}, mailbox=_mailbox_from_env(environ))
         return replace(cfg, **overrides) if overrides else cfg
 
     def env(self) -> dict[str, str]:
         """The environment that makes a child process see these settings (keys are passed separately)."""
-        out = {"SLIME_ACTORS_RUN_DIR": str(Path(self.run_dir).resolve()), "SLIME_ACTORS_TRANSPORT": self.transport,
-               "SLIME_ACTORS_HOST": self.host, "SLIME_ACTORS_TRACE": "1" if self.trace else "0",
-               "SLIME_ACTORS_TRACE_BODY_LIMIT": str(self.trace_body_limit),
-               "SLIME_ACTORS_TRACE_KEEP_ARRAYS": "1" if self.trace_keep_arrays else "0",
-               "SLIME_ACTORS_HEARTBEAT": str(self.heartbeat_interval), "SLIME_ACTORS_LIVENESS": str(self.liveness)}
-        if self.directory:
-            out["SLIME_ACTORS_DIRECTORY"] = self.directory
-        if self.advertise:
-            out["SLIME_ACTORS_ADVERTISE"] = self.advertise
-        if self.curve is not None:
-            out["SLIME_ACTORS_CURVE"] = "1" if self.curve else "0"
+        out = {E.RUN_DIR.name: str(Path(self.run_dir).resolve())}
+        for var, attr in _ENV.items():
+            value = getattr(self, attr)
+            if attr != "run_dir" and value is not None:
+                out[var.name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         default = MailboxConfig()
-        for env_name, attr in _MAILBOX_ENV.items():
+        for var, attr in _MAILBOX_ENV.items():
             if getattr(self.mailbox, attr) != getattr(default, attr):
-                out[env_name] = str(getattr(self.mailbox, attr))
+                out[var.name] = str(getattr(self.mailbox, attr))
         return out
+
+    @classmethod
+    def for_job(cls, cfg: JobConfig, multi_host: bool = False, environ=os.environ) -> "RuntimeConfig":
+        """A launcher's settings: the environment's (addresses, mailbox limits), then the job's flags (run directory,
+        CURVE, tracing, liveness, transport -- tcp whenever the job spans hosts)."""
+        rt = cls.from_env(environ)
+        r = cfg.runtime
+        rt.run_dir = str(Path(cfg.run.run_dir).resolve())
+        rt.curve, rt.trace, rt.trace_keep_arrays = r.curve, r.trace, r.trace_keep_arrays
+        rt.transport = "tcp" if multi_host and r.transport == "ipc" else r.transport
+        rt.heartbeat_interval, rt.liveness = r.heartbeat_interval, r.heartbeat_liveness
+        return rt
 
     @property
     def down_after(self) -> float:
@@ -147,22 +127,37 @@ class RuntimeConfig:
         return f"tcp://{host}:{port}"
 
 
-_MAILBOX_ENV = {"SLIME_ACTORS_MAX_MESSAGE_BYTES": "max_message_bytes", "SLIME_ACTORS_SEND_HWM": "send_hwm",
-                "SLIME_ACTORS_RECV_HWM": "recv_hwm", "SLIME_ACTORS_MAX_INFLIGHT": "max_inflight_asks",
-                "SLIME_ACTORS_MAX_CONCURRENCY": "max_concurrency", "SLIME_ACTORS_MALLOC_KEEP_MIB": "malloc_keep_mib"}
+_ENV = {E.RUN_DIR: "run_dir", E.DIRECTORY: "directory", E.TRANSPORT: "transport", E.HOST: "host",
+        E.ADVERTISE: "advertise", E.CURVE: "curve", E.TRACE: "trace", E.TRACE_BODY_LIMIT: "trace_body_limit",
+        E.TRACE_KEEP_ARRAYS: "trace_keep_arrays", E.TRACE_BATCH_LIMIT: "trace_batch_limit",
+        E.HEARTBEAT: "heartbeat_interval", E.LIVENESS: "liveness"}
+_MAILBOX_ENV = {E.MAX_MESSAGE_BYTES: "max_message_bytes", E.SEND_HWM: "send_hwm", E.RECV_HWM: "recv_hwm",
+                E.MAX_INFLIGHT: "max_inflight_asks", E.MAX_CONCURRENCY: "max_concurrency",
+                E.MALLOC_KEEP_MIB: "malloc_keep_mib"}
 
 
 def _mailbox_from_env(environ) -> MailboxConfig:
     cfg = MailboxConfig()
-    for env_name, attr in _MAILBOX_ENV.items():
-        v = environ.get(env_name)
-        if v:
-            try:
-                setattr(cfg, attr, int(v))
-            except ValueError:
-                raise ValueError(f"{env_name} must be an integer, got {v!r}") from None
+    for var, attr in _MAILBOX_ENV.items():
+        v = var.get(environ)
+        if v is not None:
+            setattr(cfg, attr, v)
     return cfg
 
 
-def runtime_field_names() -> list[str]:
-    return [f.name for f in fields(RuntimeConfig)]
+def job_keys(curve: bool, run_dir: str | os.PathLike, create: bool) -> JobKeys | None:
+    """The job's CURVE keys (--curve): from the environment, else RUN_DIR/keys, else made here (`create`: the head
+    of a new job); saved under RUN_DIR/keys. None with CURVE off. RuntimeError when another process finds none."""
+    if not curve:
+        return None
+    run_dir = Path(run_dir)
+    keys = JobKeys.from_env()
+    if keys is None and not create and (run_dir / "keys" / "job.public").exists():
+        keys = JobKeys.load(run_dir)
+    if keys is None:
+        if not create:
+            raise RuntimeError(f"no CURVE keys: set {E.CURVE_PUBLIC.name}/SECRET (as the head has them) or share "
+                               f"{run_dir / 'keys'}")
+        keys = JobKeys.create()
+    keys.save(run_dir)
+    return keys

@@ -11,7 +11,23 @@ import time
 import uvloop
 
 from slime_actors.actors.base import Actor, handler
+from slime_actors.config import FIELDS, FlatArgs, JobConfig
 from slime_actors.runtime import RuntimeConfig
+
+
+def job_config(**flags) -> JobConfig:
+    """A validated job config with these flags (slime's flat names); a prompt file, model and reward filled in."""
+    return JobConfig.from_dict({"prompt_data": "prompts.jsonl", "hf_checkpoint": "tiny:x", "rm_type": "exact_match",
+                                **flags})
+
+
+def flat_args(**flags) -> FlatArgs:
+    """slime's `args` as plug-ins get it, with these flags set on the defaults -- not validated, so a test can give
+    the reward and filter functions what no job would (no reward chosen, remote_rm without a URL)."""
+    cfg = JobConfig()
+    for name, value in flags.items():
+        setattr(getattr(cfg, FIELDS[name].section), name, value)
+    return cfg.flat()
 
 
 class LoopThread:

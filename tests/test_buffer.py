@@ -7,7 +7,7 @@ import pytest
 from slime_actors.actors.base import Actor
 from slime_actors.actors.buffer import Buffer
 from slime_actors.actors.rollout import submit_key
-from slime_actors.config import args_to_dict, parse_args
+from slime_actors.config import parse_config
 from slime_actors.mailbox import RemoteError
 from slime_actors.models.tiny import make_tiny_model
 from slime_actors.runtime import RuntimeConfig
@@ -28,9 +28,9 @@ def make_args(tmp_path, tiny, *extra):
     with open(data, "w") as f:
         for i in range(40):
             f.write(json.dumps({"input": f"{i % 10} {i // 10} first =", "label": str(i % 10)}) + "\n")
-    return args_to_dict(parse_args(["--prompt-data", str(data), "--hf-checkpoint", tiny, "--rm-type", "exact_match",
-                                    "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--input-key",
-                                    "input", "--label-key", "label", *extra]))
+    return parse_config(["--prompt-data", str(data), "--hf-checkpoint", tiny, "--rm-type", "exact_match",
+                         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--input-key",
+                         "input", "--label-key", "label", *extra]).to_dict()
 
 
 def finish(group, reward=1.0, version=0, status="completed"):

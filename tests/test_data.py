@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from structlog.testing import capture_logs
 
-from slime_actors.config import parse_args
+from slime_actors.config import parse_config
 from slime_actors.data import (DataError, EvalDatasets, PromptDataset, load_prompt_data, parse_eval_prompt_data)
 from slime_actors.models.tiny import make_tiny_model
 
@@ -275,14 +275,14 @@ def test_parse_eval_prompt_data(tmp_path):
         parse_eval_prompt_data(["x", a, "x", b])
 
 
-def test_from_args_and_eval_sets(tmp_path, tok):
+def test_from_config_and_eval_sets(tmp_path, tok):
     train = write_jsonl(tmp_path / "train.jsonl", ROWS)
     ev = write_jsonl(tmp_path / "ev.jsonl", [{"q": "1 + 1 =", "a": "2"}, {"q": "2 + 2 =", "a": "4"}])
-    args = parse_args(["--prompt-data", train, "--hf-checkpoint", "tiny:x", "--rm-type", "math",
+    cfg = parse_config(["--prompt-data", train, "--hf-checkpoint", "tiny:x", "--rm-type", "math",
                        "--input-key", "question", "--label-key", "answer", "--apply-chat-template",
                        "--rollout-shuffle", "--rollout-seed", "7", "--rollout-max-prompt-len", "9",
                        "--eval-prompt-data", "small", ev, "--eval-input-key", "q", "--eval-label-key", "a"])
-    ds, evals = load_prompt_data(args, tok)
+    ds, evals = load_prompt_data(cfg, tok)
     assert ds.shuffle and ds.seed == 7 and ds.max_prompt_len == 9 and len(ds) == 7
     assert ds[0].prompt == "user : 1 + 2 = assistant :" and ds[0].label == "3"
     assert isinstance(evals, EvalDatasets) and list(evals) == ["small"] and len(evals["small"]) == 2

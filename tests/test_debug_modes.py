@@ -14,7 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from slime_actors.config import ConfigError, debug_rollout_path, parse_args
+from slime_actors.config import ConfigError, debug_rollout_path, parse_config
 from slime_actors.traces.reader import TraceRun
 
 pytestmark = pytest.mark.slow  # two short training jobs (~1 min each on 2 CPU cores)
@@ -98,7 +98,7 @@ def test_bad_debug_flags_are_clear_errors(saved, tmp_path):
 
     def err(*flags):
         with pytest.raises(ConfigError) as exc:
-            parse_args(base + list(flags))
+            parse_config(base + list(flags))
         return str(exc.value)
 
     assert "needs --load-debug-rollout-data" in err("--debug-train-only")
@@ -112,8 +112,8 @@ def test_bad_debug_flags_are_clear_errors(saved, tmp_path):
     assert debug_rollout_path(str(data / "rollout_{rollout_id:06d}.msgpack"), 1) == data / "rollout_000001.msgpack"
     assert debug_rollout_path(str(data), 1) == data / "rollout_000001.msgpack"
     assert debug_rollout_path(str(tmp_path / "r.msgpack"), 3) == tmp_path / "r_000003.msgpack"
-    args = parse_args(base + ["--debug-train-only", "--load-debug-rollout-data", str(data)])
-    assert args.prompt_data is None and args.debug_train_only
+    cfg = parse_config(base + ["--debug-train-only", "--load-debug-rollout-data", str(data)])
+    assert cfg.data.prompt_data is None and cfg.debug.debug_train_only
 
 
 def test_a_saved_rollout_that_is_not_one_is_named(saved, tmp_path):
@@ -121,12 +121,11 @@ def test_a_saved_rollout_that_is_not_one_is_named(saved, tmp_path):
     import asyncio
 
     from slime_actors.actors.controller import Controller
-    from slime_actors.config import args_to_dict
 
     (tmp_path / "rollout_000000.msgpack").write_bytes(b"not msgpack at all")
-    args = parse_args(FLAGS + ["--debug-train-only", "--load-debug-rollout-data", str(saved / "data")])
-    args.load_debug_rollout_data = str(tmp_path)
-    ctl = Controller(0, args=args_to_dict(args))
+    cfg = parse_config(FLAGS + ["--debug-train-only", "--load-debug-rollout-data", str(saved / "data")])
+    cfg.debug.load_debug_rollout_data = str(tmp_path)
+    ctl = Controller(0, args=cfg.to_dict())
 
     async def no_buffer(*a, **kw):
         raise AssertionError("the buffer is not asked for a bad file")

@@ -18,7 +18,8 @@ from slime_actors.backends.engine_auth import (ADMIN_PATHS, ENV_ADMIN_KEY, ENV_A
                                                startup_warnings)
 from slime_actors.backends.engine_client import EngineClient
 from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, EngineProcess, launch_engine
-from slime_actors.config import ConfigError, args_to_dict, parse_args
+from slime_actors.config import ConfigError
+from slime_actors.launch.job_config import build_job_config
 from slime_actors.models.tiny import make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,7 +35,10 @@ def prompts(tmp_path):
 
 
 def args_for(prompts, *extra):
-    return parse_args(["--prompt-data", prompts, "--hf-checkpoint", "/models/m", "--rm-type", "exact_match", *extra])
+    """The job's config as the launcher builds it (the user's keys taken out)."""
+    cfg, _ = build_job_config(["--prompt-data", prompts, "--hf-checkpoint", "/models/m", "--rm-type", "exact_match",
+                               *extra])
+    return cfg
 
 
 def key_file(path: Path, key: str, mode: int = 0o600) -> str:
@@ -74,8 +78,8 @@ def test_keys_are_saved_like_the_curve_keys(tmp_path):
 def test_the_users_keys_leave_the_flags(prompts, tmp_path):
     a = args_for(prompts, "--engine-api-key", API, "--engine-admin-api-key-file", key_file(tmp_path / "adm", ADMIN))
     assert a.engine_user_keys == EngineKeys(API, ADMIN)
-    assert a.engine_api_key is None and a.engine_admin_api_key is None
-    text = json.dumps(args_to_dict(a), default=str)  # what job.json, actor configs and traces get
+    assert a.engine.engine_api_key is None and a.engine.engine_admin_api_key is None
+    text = json.dumps(a.to_dict())  # what job.json, actor configs and traces get
     assert API not in text and ADMIN not in text and "engine_user_keys" not in text
     assert args_for(prompts).engine_user_keys is None
 
@@ -95,30 +99,30 @@ def test_bad_key_flags_are_clear_errors(prompts, tmp_path, flags, message):
 
 def test_which_keys_a_job_uses(prompts, tmp_path, monkeypatch, no_key_env):
     run = tmp_path / "run"
-    made = job_engine_keys(args_for(prompts), run, create=True)
+    made = job_engine_keys(args_for(prompts).engine, run, create=True)
     assert made.complete and EngineKeys.load(run) == made
     # another node (create=False) finds them in RUN_DIR/keys, or in the environment, which wins
-    assert job_engine_keys(args_for(prompts), run, create=False) == made
+    assert job_engine_keys(args_for(prompts).engine, run, create=False) == made
     monkeypatch.setenv(ENV_API_KEY, API)
-    assert job_engine_keys(args_for(prompts), run, create=False) == EngineKeys(API, made.admin_key)
+    assert job_engine_keys(args_for(prompts).engine, run, create=False) == EngineKeys(API, made.admin_key)
     # the user's flags win over the environment; what they do not give is made
     a = args_for(prompts, "--engine-admin-api-key", ADMIN)
-    got = job_engine_keys(a, tmp_path / "run2", create=True, user=a.engine_user_keys)
+    got = job_engine_keys(a.engine, tmp_path / "run2", create=True, user=a.engine_user_keys)
     assert got == EngineKeys(API, ADMIN)
     monkeypatch.delenv(ENV_API_KEY)
     with pytest.raises(EngineKeyError, match=f"no engine keys: set {ENV_API_KEY} and {ENV_ADMIN_KEY}"):
-        job_engine_keys(args_for(prompts), tmp_path / "elsewhere", create=False)
+        job_engine_keys(args_for(prompts).engine, tmp_path / "elsewhere", create=False)
     # external engines get exactly what the user gave: nothing made up (it would only be refused)
     ext = args_for(prompts, "--rollout-external-engine-addrs", "10.0.0.2:30000")
-    assert job_engine_keys(ext, tmp_path / "run3", create=True) is None
-    assert "requests go without Authorization" in startup_warnings(ext, None)[0]
+    assert job_engine_keys(ext.engine, tmp_path / "run3", create=True) is None
+    assert "requests go without Authorization" in startup_warnings(ext.engine, None)[0]
     ext = args_for(prompts, "--rollout-external-engine-addrs", "h:1", "--engine-api-key", API)
-    assert job_engine_keys(ext, tmp_path / "run4", True, ext.engine_user_keys) == EngineKeys(API, None)
-    assert "no admin key given" in startup_warnings(ext, EngineKeys(API, None))[0]
+    assert job_engine_keys(ext.engine, tmp_path / "run4", True, ext.engine_user_keys) == EngineKeys(API, None)
+    assert "no admin key given" in startup_warnings(ext.engine, EngineKeys(API, None))[0]
     off = args_for(prompts, "--engine-auth", "false")
-    assert job_engine_keys(off, tmp_path / "run5", create=True) is None
-    assert "engine keys are off" in startup_warnings(off, None)[0]
-    assert startup_warnings(args_for(prompts), made) == []
+    assert job_engine_keys(off.engine, tmp_path / "run5", create=True) is None
+    assert "engine keys are off" in startup_warnings(off.engine, None)[0]
+    assert startup_warnings(args_for(prompts).engine, made) == []
 
 
 def test_what_an_engines_server_info_says_about_its_keys():

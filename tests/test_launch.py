@@ -15,7 +15,7 @@ import pytest
 
 from test_launch_support import DIGITS, FAST_FLAGS, ROOT, SLIME, Job, job_processes, topology
 
-from slime_actors.config import parse_args
+from slime_actors.config import parse_config
 from slime_actors.launch.topology import TopologyError, default_topology, from_dict, load_topology, toml_key_lines
 
 
@@ -110,9 +110,9 @@ def test_yaml_topology_lines(tmp_path):
 
 
 def test_default_topology_matches_the_flags():
-    args = parse_args(["--config", DIGITS, "--rollout-num-engines", "2", "--actor-num-gpus-per-node", "2",
-                       "--num-reward-workers", "3"])
-    topo = default_topology(args)
+    cfg = parse_config(["--config", DIGITS, "--rollout-num-engines", "2", "--actor-num-gpus-per-node", "2",
+                        "--num-reward-workers", "3"])
+    topo = default_topology(cfg)
     assert [p.name for p in topo.plan()] == ["buffer/0", "reward/0", "reward/1", "reward/2", "rollout/0",
                                              "rollout/1", "trainer/0", "trainer/1"]
     assert topo.roles["trainer"].policy.group and not topo.roles["rollout"].policy.group
@@ -120,16 +120,16 @@ def test_default_topology_matches_the_flags():
 
 def test_topology_counts_override_flags_and_are_checked():
     topo = from_dict({"roles": {"buffer": {}, "reward": {}, "rollout": {"count": 3}, "trainer": {"count": 4}}})
-    args = parse_args(["--config", DIGITS])
-    changed = topo.apply_to_args(args)
-    assert args.rollout_num_engines == 3 and args.actor_num_nodes * args.actor_num_gpus_per_node == 4
+    cfg = parse_config(["--config", DIGITS])
+    changed = topo.apply_to_config(cfg)
+    assert cfg.engine.rollout_num_engines == 3 and cfg.train.n_ranks == 4
     assert any("--rollout-num-engines" in c for c in changed)
     topo = from_dict({"roles": {"buffer": {}, "reward": {}, "rollout": {}, "trainer": {"count": 3}}})
     with pytest.raises(TopologyError, match="multiple of the trainer ranks"):
-        topo.apply_to_args(parse_args(["--config", DIGITS]))
+        topo.apply_to_config(parse_config(["--config", DIGITS]))
     topo = from_dict({"roles": {"buffer": {"count": 2}, "reward": {}, "rollout": {}, "trainer": {}}})
     with pytest.raises(TopologyError, match="exactly one buffer"):
-        topo.apply_to_args(parse_args(["--config", DIGITS]))
+        topo.apply_to_config(parse_config(["--config", DIGITS]))
 
 
 def test_cli_dry_run_and_errors(tmp_path):
@@ -241,10 +241,10 @@ gpus_per_actor = 2
     assert e1["CUDA_VISIBLE_DEVICES"] == "2,3" and e1["SLIME_ACTORS_GPUS"] == "2,3"
     # the engine of rollout/1 sees GPUs 2,3 as 0,1: it starts at 0, not at the node-wide 2
     # (without a placement, slime's node-wide rule: after the trainers' 2 GPUs, 2 per engine)
-    args = parse_args(["--config", DIGITS, "--device", "cuda", "--rollout-num-gpus-per-engine", "2",
-                       "--num-gpus-per-node", "8", "--actor-num-gpus-per-node", "2"])
-    assert base_gpu_id(args, 1, placed="") == 4
-    assert base_gpu_id(args, 1, placed="2,3") == 0
+    cfg = parse_config(["--config", DIGITS, "--device", "cuda", "--rollout-num-gpus-per-engine", "2",
+                        "--num-gpus-per-node", "8", "--actor-num-gpus-per-node", "2"])
+    assert base_gpu_id(cfg, 1, placed="") == 4
+    assert base_gpu_id(cfg, 1, placed="2,3") == 0
 
 
 def test_a_class_for_another_role_is_refused_naming_both():

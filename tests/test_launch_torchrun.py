@@ -26,11 +26,11 @@ def free_port() -> int:
 
 
 def test_role_map_and_world_size_errors(tmp_path):
-    from slime_actors.config import parse_args
+    from slime_actors.config import parse_config
     from slime_actors.launch.topology import default_topology
     from slime_actors.launch.torchrun import role_map
-    args = parse_args(["--config", DIGITS, "--actor-num-gpus-per-node", "2", "--rollout-num-engines", "2"])
-    topo = default_topology(args)
+    cfg = parse_config(["--config", DIGITS, "--actor-num-gpus-per-node", "2", "--rollout-num-engines", "2"])
+    topo = default_topology(cfg)
     m = role_map(topo, 7)
     assert m == [("head", 0), ("buffer", 0), ("reward", 0), ("rollout", 0), ("rollout", 1), ("trainer", 0),
                  ("trainer", 1)]

@@ -1,25 +1,22 @@
 """The math reward grades the final answer, not the question: answer extraction, plain-number and MATH-style labels,
 sets and intervals, slime's dapo rule, and a hard deadline for math-verify in any thread (grading processes)."""
 
-import argparse
 import asyncio
 import threading
 
 import pytest
 
-from slime_actors.config import ConfigError, parse_args
+from slime_actors.config import ConfigError, parse_config
 from slime_actors.rewards import (RewardError, compute_reward, dapo_reward, extract_answer, grade_math,
                                   grading_stats, math_reward)
 from slime_actors.rewards.answers import answer_number, gold_number
 from slime_actors.rewards.grading import GradingError, GradingPool
 from slime_actors.types import Sample
 
+from helpers import flat_args
 
-def A(**kw):
-    base = dict(rm_type=None, custom_rm_path=None, group_rm=False, reward_key=None, rm_url=None,
-                math_grading_timeout=5.0)
-    base.update(kw)
-    return argparse.Namespace(**base)
+
+A = flat_args   # what reward functions get: slime's `args`, the job config's flat view
 
 
 def score(rm_type, response, label, **kw):
@@ -270,9 +267,9 @@ def test_grading_processes_end_with_the_process_that_started_them():
 
 def test_grading_flags_are_checked():
     with pytest.raises(ConfigError, match="--math-grading-timeout must be > 0"):
-        parse_args(["--math-grading-timeout", "0"])
+        parse_config(["--math-grading-timeout", "0"])
     with pytest.raises(ConfigError, match="--math-grading-processes must be >= 1"):
-        parse_args(["--math-grading-processes", "0"])
+        parse_config(["--math-grading-processes", "0"])
 
 
 # ------------------------------------------------------------------------------------------------ rm types

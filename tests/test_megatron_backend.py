@@ -86,15 +86,15 @@ def _weights(b) -> dict:
 
 def policy_grads(b, args, batch: dict, shard) -> dict:
     """Gradients of the policy loss (fixed advantages, global denominator) over this rank's shard, in HF names."""
-    from slime_actors.backends.batching import micro_batches_from_args
+    from slime_actors.backends.batching import micro_batches_from_config
     from slime_actors.backends.rl_update import _prepare, make_policy_loss_fn
     work = _prepare(batch)
     work["old_log_probs"], _ = b.compute_log_probs(work)
     work["advantages"] = [torch.full_like(o, float(i % 3) - 1.0) for i, o in enumerate(work["old_log_probs"])]
     part = shard(work)
-    mbs = [select(part, idx) for idx in micro_batches_from_args(args, [len(t) for t in part["tokens"]])]
+    mbs = [select(part, idx) for idx in micro_batches_from_config(args.train, [len(t) for t in part["tokens"]])]
     world = getattr(b, "data_parallel_size", 1)
-    b.train_micro_batches(mbs, make_policy_loss_fn(args, float(len(batch["tokens"])), world))
+    b.train_micro_batches(mbs, make_policy_loss_fn(args.algorithm, float(len(batch["tokens"])), world))
     if hasattr(b, "_export"):
         return {k: v.detach().clone().cpu() for k, v in b._export(lambda p: p.main_grad)}
     return {n: p.grad.detach().clone() for n, p in b._raw_model.named_parameters() if p.grad is not None}

@@ -118,3 +118,37 @@ def test_maybe_load_function():
 def test_plugin_error_is_import_error():
     with pytest.raises(ImportError):
         load_function("no_such_pkg_zz.fn")
+
+
+def test_a_reward_worker_hands_its_function_the_jobs_flat_view(loop_thread, run_dir, tmp_path):
+    """A reward actor rebuilds the job's typed config; the user's function gets slime's `args` made from it:
+    attribute access by flag name, the job's values, read-only."""
+    from helpers import Echo, job_config
+    from slime_actors.actors.reward import RewardWorker
+    from slime_actors.runtime import RuntimeConfig
+    from slime_actors.types import Sample
+    f = tmp_path / "seen_rm.py"
+    f.write_text("seen = {}\n"
+                 "def score(args, sample):\n"
+                 "    seen.update(type=type(args).__name__, n=args.n_samples_per_prompt, stop=args.rollout_stop)\n"
+                 "    try:\n"
+                 "        args.rollout_max_response_len = 1\n"
+                 "    except AttributeError as exc:\n"
+                 "        seen['set'] = str(exc)\n"
+                 "    return float(args.rollout_max_response_len)\n")
+    cfg = job_config(custom_rm_path=f"{f}:score", n_samples_per_prompt=4, rollout_max_response_len=7,
+                     rollout_stop=["</s>"])
+    r = RewardWorker(0, args=cfg.to_dict())
+    ep = loop_thread.call(r.start(RuntimeConfig(run_dir=run_dir, curve=False)), timeout=120)
+    asker = Echo(1)
+    loop_thread.call(asker.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"reward/0": ep})))
+    try:
+        sample = Sample(index=0, group_index=0, prompt="q", response="r", label="l").to_wire()
+        rep = loop_thread.call(asker.ask("reward/0", "score", {"samples": [sample]}, timeout=60), timeout=90)
+    finally:
+        loop_thread.call(asker.stop())
+        loop_thread.call(r.stop())
+    assert rep["rewards"] == [7.0] and rep["errors"] == [None]
+    seen = load_function(f"{f}:score").__globals__["seen"]
+    assert seen["type"] == "FlatArgs" and seen["n"] == 4 and seen["stop"] == ["</s>"]
+    assert "read-only" in seen["set"]

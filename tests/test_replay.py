@@ -21,7 +21,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from helpers import Echo, LoopThread
+from helpers import Echo, LoopThread, job_config
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.directory import Directory
 from slime_actors.cli import main
@@ -201,7 +201,7 @@ def test_trainer_replays_from_the_batch_it_recorded_when_the_reply_was_too_large
             assert "SLIME_ACTORS_TRACE_BODY_LIMIT" in rep.stopped
 
 
-def test_the_trainer_keeps_a_batch_too_large_for_the_trace(monkeypatch):
+def test_the_trainer_keeps_a_batch_too_large_for_the_trace():
     from slime_actors.actors.trainer import TrainerRank
 
     class Tracer:
@@ -213,7 +213,7 @@ def test_the_trainer_keeps_a_batch_too_large_for_the_trace(monkeypatch):
         def record_input(self, name, value, key=None):
             self.inputs.append((name, value))
 
-    t = TrainerRank(0, args={})
+    t = TrainerRank(0, args=job_config().to_dict())
     t.tracer, t.runtime = Tracer(), RuntimeConfig(trace_body_limit=200)
     small = {"tokens": [[1, 2, 3]]}
     large = {"tokens": [list(range(100))] * 4}
@@ -221,7 +221,8 @@ def test_the_trainer_keeps_a_batch_too_large_for_the_trace(monkeypatch):
     assert t.tracer.inputs == []  # its reply body is in the trace already
     t._record_batch(large)
     assert t.tracer.inputs == [("get_batch", large)]
-    monkeypatch.setenv("SLIME_ACTORS_TRACE_BATCH_LIMIT", "100")
+    t.runtime = RuntimeConfig.from_env({"SLIME_ACTORS_TRACE_BODY_LIMIT": "200",
+                                        "SLIME_ACTORS_TRACE_BATCH_LIMIT": "100"})
     t._record_batch(large)
     assert t.tracer.inputs[-1][1]["__omitted__"] is True
 

@@ -1,8 +1,8 @@
 """Rewards: built-in rules, remote_rm against a local server (retries, backoff, giving up), custom and group
 functions, batch scoring, and the dynamic sampling filters."""
 
-import argparse
 import asyncio
+import functools
 import json
 import time
 
@@ -11,16 +11,16 @@ from aiohttp import web
 
 from slime_actors.filters import (DynamicFilter, FilterOutput, call_filter, check_reward_nonzero_std,
                                   check_reward_nonzero_std_with_fallback)
-from slime_actors.rewards import (RewardConfigError, RewardError, check_reward_args, close_sessions,
+from slime_actors.rewards import (BUILTIN_RMS, RewardConfigError, RewardError, check_reward_args, close_sessions,
                                   compute_group_rewards, compute_reward, extract_boxed, register_reward, score_batch,
                                   score_samples, to_reward)
+from slime_actors.rewards.remote import RemoteRMConfig, RemoteRMError, remote_rm
 from slime_actors.types import Sample
 
+from helpers import flat_args
 
-def A(**kw):
-    base = dict(rm_type=None, custom_rm_path=None, group_rm=False, reward_key=None, rm_url=None)
-    base.update(kw)
-    return argparse.Namespace(**base)
+
+A = flat_args   # what reward functions and filters get: slime's `args`, the job config's flat view
 
 
 def S(response, label=None, index=0, group_index=0, **kw):
@@ -91,7 +91,6 @@ def test_exact_match_and_f1():
     assert score("exact_match", "  Paris \n", "Paris") == 1.0
     assert score("exact_match", "New   York", "New York") == 1.0
     assert score("exact_match", "paris", "Paris") == 0.0
-    assert score("exact_match", "paris", "Paris", exact_match_ignore_case=True) == 1.0
     assert score("exact_match_ci", "PARIS", "paris") == 1.0
     assert score("exact_match", "Paris", ["Lyon", "Paris"]) == 1.0
     assert score("f1", "the cat sat", "a cat sat down") == pytest.approx(0.8)
@@ -175,10 +174,24 @@ class RMServer:
         await self.runner.cleanup()
 
 
-def rargs(url, **kw):
-    kw.setdefault("rm_backoff_base", 0.02)
-    kw.setdefault("rm_max_attempts", 4)
-    return A(rm_type="remote_rm", rm_url=url, **kw)
+@pytest.fixture(autouse=True)
+def _restore_remote_rm(monkeypatch):
+    monkeypatch.setitem(BUILTIN_RMS, "remote_rm", BUILTIN_RMS["remote_rm"])   # restored after each test
+
+
+def rargs(url, reward_key=None, **settings):
+    """--rm-type remote_rm --rm-url URL, the remote reward's retry settings (RemoteRMConfig's, not flags) as given:
+    the built-in is the same function with its `config`."""
+    settings.setdefault("backoff_base", 0.02)
+    settings.setdefault("max_attempts", 4)
+    BUILTIN_RMS["remote_rm"] = functools.partial(remote_rm, config=RemoteRMConfig(url, **settings))
+    return A(rm_type="remote_rm", rm_url=url, reward_key=reward_key)
+
+
+def test_remote_rm_takes_the_url_flag():
+    assert RemoteRMConfig.from_args(A(rm_type="remote_rm", rm_url="http://h:1/rm")) == RemoteRMConfig("http://h:1/rm")
+    with pytest.raises(RemoteRMError, match="--rm-url"):
+        RemoteRMConfig.from_args(A(rm_type="remote_rm"))
 
 
 def test_remote_rm_retries_then_succeeds():
@@ -197,7 +210,7 @@ def test_remote_rm_gives_up_after_n_attempts_with_backoff():
     async def main():
         async with RMServer(fail=100, fail_status=503) as srv:
             with pytest.raises(RewardError) as e:
-                await compute_reward(rargs(srv.url, rm_backoff_base=0.04, rm_max_attempts=4), S("r", "l", index=9))
+                await compute_reward(rargs(srv.url, backoff_base=0.04, max_attempts=4), S("r", "l", index=9))
             return e.value, srv
     err, srv = asyncio.run(main())
     assert len(srv.times) == 4
@@ -212,11 +225,11 @@ def test_remote_rm_gives_up_after_n_attempts_with_backoff():
 def test_remote_rm_timeouts_and_refused_connections_are_retried():
     async def main():
         async with RMServer(fail=1, hang=1.0) as srv:   # the first request hangs past rm_timeout
-            r = await compute_reward(rargs(srv.url, rm_timeout=0.2), S("r", "l"))
+            r = await compute_reward(rargs(srv.url, timeout=0.2), S("r", "l"))
             assert r == 0.75 and len(srv.times) == 2
         # nothing listens on this port any more: connection refused, every time
         with pytest.raises(RewardError) as e:
-            await compute_reward(rargs(srv.url, rm_max_attempts=3), S("r", "l"))
+            await compute_reward(rargs(srv.url, max_attempts=3), S("r", "l"))
         await close_sessions()
         return e.value
     err = asyncio.run(main())
@@ -385,7 +398,7 @@ def test_dynamic_filter_by_path(tmp_path):
                            "rollout/dynamic_filter/drop_zero_std_0.0": 1}
     p = tmp_path / "flt.py"
     p.write_text("def keep_long(args, samples):\n    return len(samples) > 2\n")
-    f = DynamicFilter.from_args(argparse.Namespace(dynamic_sampling_filter_path=f"{p}:keep_long"))
+    f = DynamicFilter(f"{p}:keep_long")
     assert f(A(), group(1, 1, 1)).keep and f(A(), group(1)) == FilterOutput(False, "filtered")
     assert call_filter(None, A(), group(1)).keep
     assert DynamicFilter(None).fn is None

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from slime_actors.actors.rollout import RolloutWorker
-from slime_actors.config import args_to_dict, parse_args
+from slime_actors.config import parse_config
 
 DIGITS = str(Path(__file__).resolve().parents[1] / "examples" / "digits" / "config.toml")
 
 
 def worker() -> RolloutWorker:
-    w = RolloutWorker(0, args=args_to_dict(parse_args(["--config", DIGITS])))
+    w = RolloutWorker(0, args=parse_config(["--config", DIGITS]).to_dict())
     w._engine_ok = asyncio.Event()
     w._engine_ok.set()
     w.weight_version = 3

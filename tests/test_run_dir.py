@@ -205,14 +205,14 @@ def test_load_refuses_a_checkpoint_of_the_other_backend(tmp_path):
 
 def test_load_equal_to_save_starts_fresh_while_empty(tmp_path):
     from slime_actors.checkpoints import CheckpointError, resolve_load
-    from slime_actors.config import parse_args
+    from slime_actors.config import parse_config
     base = ["--config", str(CONFIG)]
     ck = tmp_path / "ck"
-    assert resolve_load(parse_args(base + ["--load", str(ck), "--save", str(ck)])) is None
+    assert resolve_load(parse_config(base + ["--load", str(ck), "--save", str(ck)])) is None
     ck.mkdir()
-    assert resolve_load(parse_args(base + ["--load", str(ck), "--save", str(ck)])) is None
+    assert resolve_load(parse_config(base + ["--load", str(ck), "--save", str(ck)])) is None
     with pytest.raises(CheckpointError, match="empty directory"):
-        resolve_load(parse_args(base + ["--load", str(ck), "--save", str(tmp_path / "other")]))
+        resolve_load(parse_config(base + ["--load", str(ck), "--save", str(tmp_path / "other")]))
 
 
 # -- --save, --save-hf, --ref-load ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from slime_actors.actors.base import Actor
 from slime_actors.actors.buffer import Buffer
 from slime_actors.actors.reward import RewardWorker
 from slime_actors.cli import main as cli
-from slime_actors.config import args_to_dict, debug_rollout_path, parse_args
+from slime_actors.config import debug_rollout_path, parse_config
 from slime_actors.log import console_write
 from slime_actors.models.tiny import make_tiny_model
 from slime_actors.runtime import RuntimeConfig
@@ -85,9 +85,9 @@ def make_args(tmp_path, tiny, *extra):
     with open(data, "w") as f:
         for i in range(8):
             f.write(json.dumps({"input": f"{i} 1 2 first =", "label": str(i)}) + "\n")
-    return args_to_dict(parse_args(["--prompt-data", str(data), "--hf-checkpoint", tiny, "--rm-type", "math",
-                                    "--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--input-key",
-                                    "input", "--label-key", "label", *extra]))
+    return parse_config(["--prompt-data", str(data), "--hf-checkpoint", tiny, "--rm-type", "math",
+                         "--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--input-key",
+                         "input", "--label-key", "label", *extra]).to_dict()
 
 
 def test_rollout_stats_carry_examples_and_timeouts_and_the_trace_has_the_samples(loop_thread, run_dir, tmp_path,

@@ -228,14 +228,14 @@ def test_rollout_worker_reads_finish_reason_type(tmp_path, finish, status):
     """meta_info.finish_reason is a dict ({"type", ...}); the worker maps its type to the sample's status, so a
     request aborted by a pause or end_rollout goes back to the buffer instead of being scored as complete."""
     from slime_actors.actors.rollout import RolloutWorker
-    from slime_actors.config import args_to_dict, parse_args
+    from slime_actors.config import parse_config
     from slime_actors.models.tiny import make_tokenizer
     from slime_actors.types import ABORTED, COMPLETED, TRUNCATED, Sample
     assert {"aborted": ABORTED, "truncated": TRUNCATED, "completed": COMPLETED}[status] == status
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "1 2 first =", "label": "1"}\n')
-    w = RolloutWorker(0, args=args_to_dict(parse_args(["--prompt-data", str(data), "--hf-checkpoint", "tiny:x",
-                                                         "--rm-type", "exact_match"])))
+    w = RolloutWorker(0, args=parse_config(["--prompt-data", str(data), "--hf-checkpoint", "tiny:x",
+                                           "--rm-type", "exact_match"]).to_dict())
     w.tokenizer = make_tokenizer()
     seen = []
 

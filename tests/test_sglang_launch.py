@@ -22,7 +22,8 @@ from slime_actors.backends.sglang_launch import (LOCAL_ENGINE_MODULE, ROUTER_MOD
                                                  engine_command, engine_host, flag_value, router_command,
                                                  split_flags)
 from slime_actors.backends.weight_sync import find_free_port
-from slime_actors.config import ConfigError, parse_args
+from slime_actors.config import ConfigError
+from slime_actors.launch.job_config import build_job_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,8 +44,10 @@ def prompts(tmp_path):
 
 
 def args_for(prompts, *extra):
-    return parse_args(["--prompt-data", prompts, "--hf-checkpoint", "/models/m", "--rm-type", "exact_match",
-                       "--seed", "7", *extra])
+    """The job's config as the launcher builds it (its SGLang passthrough checked)."""
+    cfg, _ = build_job_config(["--prompt-data", prompts, "--hf-checkpoint", "/models/m", "--rm-type", "exact_match",
+                               "--seed", "7", *extra])
+    return cfg
 
 
 @pytest.fixture
@@ -83,7 +86,7 @@ def test_engine_command_sglang(prompts, no_sglang):
     assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "31000", "--tp-size", "2",
                     "--random-seed", "10", "--weight-version", "0", "--config", "/run/keys/engine-3.yaml",
                     "--pp-size", "2", *[x.replace("--sglang-", "--") for x in GPU_FLAGS]]
-    assert "k" not in argv and a.engine_api_key is None and a.engine_user_keys.api_key == "k"
+    assert "k" not in argv and a.engine.engine_api_key is None and a.engine_user_keys.api_key == "k"
     # every flag we pass is one of SGLang 0.5.15.post1's (ServerArgs.add_cli_args)
     assert {f for f, _ in split_flags(argv)} <= set(SERVER["flags"])
     assert check_engine_flags(module, argv).startswith("SGLang 0.5.15.post1 (recorded table")
@@ -127,10 +130,10 @@ def test_unknown_or_malformed_passthrough_is_a_clear_error(prompts, no_sglang):
     with pytest.raises(ConfigError, match="--no-such-thing is not a launch flag"):
         args_for(prompts, "--sglang-no-such-thing")
     a = args_for(prompts, "--sglang-mem-fraction-static", "0.5")  # fine for the local engine (ignored there)
-    assert a.sglang_args == ["--mem-fraction-static", "0.5"]
+    assert a.engine.sglang_args == ["--mem-fraction-static", "0.5"]
     # slime's --sglang-router-ip/port are ours, not passed to SGLang
     a = args_for(prompts, "--use-sglang-router", "--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "3000")
-    assert (a.sglang_router_ip, a.sglang_router_port, a.sglang_args) == ("10.0.0.1", 3000, [])
+    assert (a.engine.sglang_router_ip, a.engine.sglang_router_port, a.engine.sglang_args) == ("10.0.0.1", 3000, [])
     with pytest.raises(ConfigError, match="needs --sglang-router-port"):
         args_for(prompts, "--sglang-router-ip", "10.0.0.1")
 
@@ -268,7 +271,7 @@ def test_validation_uses_sglangs_parser_when_importable(prompts, fake_sglang):
         check_sglang_flags(["--port", "1"])
     # through the job's flags: --sglang-fake-only-flag passes (this SGLang has it), a typo does not
     a = args_for(prompts, "--rollout-engine", "sglang", "--sglang-fake-only-flag", "--sglang-attention-backend", "fa3")
-    assert a.sglang_args == ["--fake-only-flag", "--attention-backend", "fa3"]
+    assert a.engine.sglang_args == ["--fake-only-flag", "--attention-backend", "fa3"]
     with pytest.raises(ConfigError, match="--fake-only-flg is not a launch flag of SGLang 0.0.0.fake"):
         args_for(prompts, "--rollout-engine", "sglang", "--sglang-fake-only-flg")
     # router flags with the router's own parser

@@ -14,7 +14,7 @@ import torch
 from slime_actors.backends.batching import select
 from slime_actors.backends.rl_update import _prepare, make_policy_loss_fn, rl_update
 from slime_actors.backends.torch_backend import TorchBackend
-from slime_actors.config import parse_args
+from slime_actors.config import JobConfig, parse_config
 from slime_actors.models.tiny import make_tiny_model
 
 try:
@@ -39,7 +39,7 @@ def tiny_dir(tmp_path_factory) -> str:
 
 
 def make_args(tmp: str | os.PathLike, model_dir: str, **overrides):
-    """An args Namespace from the real flag parser: a one-line prompt file, the tiny model, exact_match reward,
+    """A JobConfig from the real flag parser: a one-line prompt file, the tiny model, exact_match reward,
     small batches. Overrides use flag names with underscores (True = a store_true flag, False/None = left out)."""
     tmp = Path(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def make_args(tmp: str | os.PathLike, model_dir: str, **overrides):
             continue
         else:
             argv += [flag, str(v)]
-    return parse_args(argv)
+    return parse_config(argv)
 
 
 def make_batch(responses, rewards, groups=None, prompt=(BOS, D(1), PLUS, D(1), EQ), masks=None, rollout_lp=None,
@@ -150,9 +150,9 @@ def _grads_after(b: TorchBackend, args, batch, micro: list[list[int]], advantage
     work = _prepare(batch)
     work["old_log_probs"] = b.compute_log_probs(work)[0]
     work["advantages"] = [torch.full((r,), float(a)) for r, a in zip(work["response_lengths"], advantages)]
-    per_token = args.calculate_per_token_loss
+    per_token = args.algorithm.calculate_per_token_loss
     denom = sum(float(m.sum()) for m in work["loss_masks"]) if per_token else len(work["tokens"])
-    b.train_micro_batches([select(work, idx) for idx in micro], make_policy_loss_fn(args, denom, 1))
+    b.train_micro_batches([select(work, idx) for idx in micro], make_policy_loss_fn(args.algorithm, denom, 1))
     g = {n: p.grad.detach().clone() for n, p in b._raw_model.named_parameters()}
     b.optimizer.zero_grad(set_to_none=True)
     return g
@@ -204,7 +204,7 @@ def compare_with_sgd(b: TorchBackend) -> TorchBackend:
     Adam's first steps are ~lr * sign(g), so where a gradient is ~0 those bits become steps of up to ~lr -- the
     1-vs-2-rank comparison then depends on the machine. SGD's step is linear in the gradient: last-bit
     differences stay last-bit, and momentum keeps optimizer state to save, load and compare."""
-    b.optimizer = torch.optim.SGD([p for p in b.model.parameters() if p.requires_grad], lr=float(b.args.lr),
+    b.optimizer = torch.optim.SGD([p for p in b.model.parameters() if p.requires_grad], lr=b.cfg.train.lr,
                                   momentum=0.9)
     return b
 
@@ -229,15 +229,13 @@ def add_last_bit_noise(b: TorchBackend, seed: int = 1000, rel: float = 2.0 ** -2
 
 
 def _dist_worker(rank, world, port, args_dict, out_dir):
-    import argparse
-
     import torch.distributed as dist
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from datetime import timedelta
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        args = argparse.Namespace(**args_dict)
+        args = JobConfig.from_dict(args_dict)
         b = TorchBackend(args, rank, world)
         b.init()
         compare_with_sgd(b)
@@ -262,10 +260,10 @@ def _run_distributed(tmp_path, tiny_dir, parallel, **extra):
     args = make_args(tmp_path, tiny_dir, rollout_batch_size=4, n_samples_per_prompt=2, actor_num_gpus_per_node=2,
                      global_batch_size=4, micro_batch_size=1, torch_parallel=parallel, use_kl_loss=True,
                      kl_loss_coef=0.1, entropy_coef=0.01, lr=1e-2, **extra)
-    assert args.num_steps_per_rollout == 2
+    assert args.train.num_steps_per_rollout == 2
     out = tmp_path / f"dist-{parallel}"
     out.mkdir()
-    ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), vars(args), str(out)), nprocs=2, join=False,
+    ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), args.to_dict(), str(out)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 120
     while not ctx.join(timeout=1):

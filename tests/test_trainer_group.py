@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from slime_actors.actors.controller import Controller, _Rendezvous
-from slime_actors.config import args_to_dict, parse_args
+from slime_actors.config import parse_config
 
 FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key", "label",
          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
@@ -17,7 +17,7 @@ FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key"
 def _controller(tmp_path) -> Controller:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input": "1+1", "label": "2"}\n')
-    ctl = Controller(0, args=args_to_dict(parse_args(FLAGS + ["--prompt-data", str(prompts)])))
+    ctl = Controller(0, args=parse_config(FLAGS + ["--prompt-data", str(prompts)]).to_dict())
     assert ctl.trainers == ["trainer/0", "trainer/1"]
     ctl.told = []
 

@@ -9,9 +9,8 @@ and keeps counters you can ask for (`judge_stats`). Use it with:
 
 from __future__ import annotations
 
-import argparse
-
 from slime_actors.actors.base import Actor, handler
+from slime_actors.config import JobConfig
 from slime_actors.types import Sample
 
 
@@ -20,7 +19,7 @@ class DigitJudge(Actor):
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.args = argparse.Namespace(**config.get("args", {}))
+        self.cfg = JobConfig.from_dict(config["args"])  # the job's flags, typed (self.cfg.reward.rm_type, ...)
         self.judged = 0
         self.table: dict[str, str] = {}
 

@@ -21,7 +21,6 @@ the weights that survive) and reports what the lost weights had trained (`discar
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import msgpack
 
+from ..config import JobConfig
 from ..samples import pick_examples
 from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
 from .base import Actor, handler
@@ -39,7 +39,7 @@ QUEUED, LEASED, DONE, FILTERED, GROUP_FAILED, TRAINED = "queued", "leased", "don
 
 
 # the persisted log is folded into a snapshot every this many trained rollouts, or once it grows past this size
-COMPACT_EVERY = int(os.environ.get("SLIME_ACTORS_BUFFER_COMPACT_EVERY", "10"))
+COMPACT_EVERY = 10
 COMPACT_LOG_BYTES = 8 << 20
 
 
@@ -94,7 +94,8 @@ class Buffer(Actor):
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.args = argparse.Namespace(**config["args"])
+        self.cfg = JobConfig.from_dict(config["args"])
+        self.plugin_args = self.cfg.flat()   # what the dynamic sampling filter gets (slime's `args`)
         self.groups: dict[str, Group] = {}
         self.queue: dict[str, deque[str]] = {"train": deque(), "eval": deque()}
         self.rollouts: dict[str, Rollout] = {}
@@ -122,12 +123,11 @@ class Buffer(Actor):
     # ------------------------------------------------------------------------------------------ start-up
     async def on_start(self) -> None:
         self._changed = asyncio.Condition()
-        a = self.args
         from ..data import load_prompt_data
-        self.dataset, self.eval_sets = await self.run_blocking(load_prompt_data, a)
-        if a.dynamic_sampling_filter_path:
+        self.dataset, self.eval_sets = await self.run_blocking(load_prompt_data, self.cfg)
+        if self.cfg.rollout.dynamic_sampling_filter_path:
             from ..filters import DynamicFilter
-            self.filter_fn = DynamicFilter.from_args(a)
+            self.filter_fn = DynamicFilter(self.cfg.rollout.dynamic_sampling_filter_path)
         self.state_dir = Path(self.runtime.run_dir) / "buffer"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restored = self._restore()
@@ -243,7 +243,7 @@ class Buffer(Actor):
         log = self.state_dir / "log.msgpack"
         how = "fresh"
         from ..checkpoints import resolve_load
-        ckpt = resolve_load(self.args)  # (checked by the head before the job started)
+        ckpt = resolve_load(self.cfg)  # (checked by the head before the job started)
         if ckpt is not None and (ckpt / "buffer.msgpack").exists() and not snap.exists() and not log.exists():
             with open(ckpt / "buffer.msgpack", "rb") as f:
                 self._load_state(msgpack.unpackb(f.read(), raw=False, strict_map_key=False))
@@ -384,28 +384,28 @@ class Buffer(Actor):
 
     # ------------------------------------------------------------------------------------------ helpers
     def _sampling_params(self, kind: str) -> dict:
-        a = self.args
+        ro, ev = self.cfg.rollout, self.cfg.eval
         if kind == "eval":
-            sp = {"temperature": a.eval_temperature, "top_p": 1.0, "top_k": -1,
-                  "max_new_tokens": a.eval_max_response_len}
+            sp = {"temperature": ev.eval_temperature, "top_p": 1.0, "top_k": -1,
+                  "max_new_tokens": ev.eval_max_response_len}
         else:
-            sp = {"temperature": a.rollout_temperature, "top_p": a.rollout_top_p, "top_k": a.rollout_top_k,
-                  "max_new_tokens": a.rollout_max_response_len}
-        if a.rollout_stop:
-            sp["stop"] = list(a.rollout_stop)
-        if a.rollout_stop_token_ids:
-            sp["stop_token_ids"] = list(a.rollout_stop_token_ids)
+            sp = {"temperature": ro.rollout_temperature, "top_p": ro.rollout_top_p, "top_k": ro.rollout_top_k,
+                  "max_new_tokens": ro.rollout_max_response_len}
+        if ro.rollout_stop:
+            sp["stop"] = list(ro.rollout_stop)
+        if ro.rollout_stop_token_ids:
+            sp["stop_token_ids"] = list(ro.rollout_stop_token_ids)
         return sp
 
     def _new_groups(self, kind: str, rollout_id: int, n: int, name: str = "") -> int:
         """Create `n` groups from the dataset (train) or all of an eval set; returns how many were made."""
-        a = self.args
+        a = self.cfg
         if kind == "train":
             prompts = self.dataset.next_prompts(n)
-            per = a.n_samples_per_prompt
+            per = a.rollout.n_samples_per_prompt
         else:
             prompts = self.eval_sets[name].all_prompts()
-            per = a.n_samples_per_eval_prompt
+            per = a.eval.n_samples_per_eval_prompt
         made = 0
         for p in prompts:
             gi = self.next_group
@@ -459,14 +459,14 @@ class Buffer(Actor):
         return max(0, r.target - len(r.completed) - in_play)
 
     def _stale(self, g: Group) -> bool:
-        if g.kind != "train" or self.args.partial_rollout:
+        if g.kind != "train" or self.cfg.rollout.partial_rollout:
             return False
         return self._stale_samples(g.samples)
 
     def _stale_samples(self, samples: list[Sample]) -> bool:
-        if self.args.partial_rollout:
+        if self.cfg.rollout.partial_rollout:
             return False
-        limit = self.args.max_staleness if self.args.async_train else 0
+        limit = self.cfg.run.max_staleness if self.cfg.run.async_train else 0
         versions = [s.weight_version for s in samples if s.weight_version >= 0]
         return bool(versions) and min(versions) < self.weight_version - limit
 
@@ -484,13 +484,13 @@ class Buffer(Actor):
                 raise KeyError(f"no eval set named {name!r} (have: {', '.join(self.eval_sets) or 'none'})")
             target = len(self.eval_sets[name])
         else:
-            target = self.args.rollout_batch_size
+            target = self.cfg.rollout.rollout_batch_size
         self._apply_start(rollout_id, kind, target, name, weight_version)
         self._persist("start", rollout_id=rollout_id, kind=kind, target=target, name=name,
                       weight_version=weight_version)
         if kind == "train":
             r = self.rollouts[key]
-            want = self.args.over_sampling_batch_size - len(r.completed) - len(self.queue["train"])
+            want = self.cfg.rollout.over_sampling_batch_size - len(r.completed) - len(self.queue["train"])
             made = self._new_groups("train", rollout_id, max(0, want))
         else:
             made = self._new_groups("eval", rollout_id, 0, name)
@@ -564,7 +564,7 @@ class Buffer(Actor):
             outcome = GROUP_FAILED
             error = "; ".join(f"sample {s.index}: {s.error or 'no reward'}" for s in parsed
                               if s.status == FAILED or s.reward is None)[:2000]
-        elif g.kind == "train" and self.filter_fn is not None and not self.filter_fn(self.args, parsed):
+        elif g.kind == "train" and self.filter_fn is not None and not self.filter_fn(self.plugin_args, parsed):
             outcome = FILTERED
         else:
             outcome = DONE
@@ -596,7 +596,7 @@ class Buffer(Actor):
         g = self.groups.get(work_id)
         if g is None or g.state != LEASED or g.worker != worker:
             return {"requeued": False, "reason": f"{work_id} is not leased to {worker}"}
-        keep = bool(self.args.partial_rollout and samples)
+        keep = bool(self.cfg.rollout.partial_rollout and samples)
         if samples is not None and keep:
             for s in samples:
                 if s.get("status") not in (ABORTED, PENDING, COMPLETED, TRUNCATED):
@@ -697,8 +697,8 @@ class Buffer(Actor):
                 by_state[where[idx]] = by_state.get(where[idx], 0) + 1
         return {**counts, "duplicated": multi[:100], "trained_rollouts": trained_rollouts,
                 "pending_groups": pending[:100], "stats": dict(self.stats),
-                "expected_trained": len(trained_rollouts) * self.args.rollout_batch_size
-                * self.args.n_samples_per_prompt,
+                "expected_trained": len(trained_rollouts) * self.cfg.rollout.rollout_batch_size
+                * self.cfg.rollout.n_samples_per_prompt,
                 "lost": len(lost), "lost_samples": lost[:100], "untrained_by_state": by_state,
                 # trainings that went into weights a trainer-group restart threw away (the samples were then
                 # trained again, once, by the restored weights: see rollback)

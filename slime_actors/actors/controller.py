@@ -22,7 +22,6 @@ every engine to its weights and carries on from its rollout id. Asks to the buff
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,11 +30,14 @@ import time
 from pathlib import Path
 
 from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
-from ..config import debug_rollout_path
+from ..config import JobConfig, RunSection, debug_rollout_path
 from ..log import console_write
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from ..samples import EVAL_DIR
 from .base import Actor, handler
+
+
+MAX_GROUP_RESTARTS = 5  # training group restarts within 600 s before the job gives up
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -61,13 +63,13 @@ class _Rendezvous:
 class Controller(Actor):
     role = "controller"
 
-    def __init__(self, index: int = 0, **config):
-        super().__init__(index, **config)
-        self.args = argparse.Namespace(**config["args"])
-        a = self.args
-        self.rollouts = [f"rollout/{i}" for i in range(a.rollout_num_engines)]
-        n_ranks = a.actor_num_nodes * a.actor_num_gpus_per_node
-        self.trainers = [f"trainer/{i}" for i in range(n_ranks)]
+    def __init__(self, index: int = 0, resume_from_save: bool = False, **config):
+        """`resume_from_save`: a restarted job (torchrun) resumes from the newest checkpoint under --save."""
+        super().__init__(index, resume_from_save=resume_from_save, **config)
+        self.resume_from_save = resume_from_save
+        self.cfg = JobConfig.from_dict(config["args"])
+        self.rollouts = [f"rollout/{i}" for i in range(self.cfg.engine.rollout_num_engines)]
+        self.trainers = [f"trainer/{i}" for i in range(self.cfg.train.n_ranks)]
         self.version = 0
         self.rollout_id = 0
         self.phase = "starting"
@@ -102,12 +104,12 @@ class Controller(Actor):
         self.spawn(self._run(), name="loop")
 
     def _initial_checkpoint(self) -> Path | None:
-        a = self.args
-        if os.environ.get("SLIME_ACTORS_RESUME_FROM_SAVE") == "1" and a.save:  # a restarted job (torchrun)
-            ckpt = latest_checkpoint(a.save)
+        save = self.cfg.checkpoint.save
+        if self.resume_from_save and save:  # a restarted job (torchrun)
+            ckpt = latest_checkpoint(save)
             if ckpt is not None:
                 return ckpt
-        return resolve_load(a)  # (the head checked --load before the job started: this does not raise)
+        return resolve_load(self.cfg)  # (the head checked --load before the job started: this does not raise)
 
     # ------------------------------------------------------------------------------------------ training group
     @handler
@@ -248,7 +250,7 @@ class Controller(Actor):
     def status(self) -> dict:
         return {"phase": self.phase, "rollout_id": self.rollout_id, "weight_version": self.version,
                 "engines": self.engine_versions, "last": self.history[-1] if self.history else None,
-                "steps": len(self.history), "num_rollout": self.args.num_rollout,
+                "steps": len(self.history), "num_rollout": self.cfg.run.num_rollout,
                 "trainer_generation": self._rdzv.generation if self._rdzv else None,
                 "recoveries": self.recoveries}
 
@@ -306,7 +308,7 @@ class Controller(Actor):
         rec = {"time": now, "reason": reason, "failed_at_rollout": self.rollout_id,
                "failed_generation": failed}
         window = [r for r in self.recoveries if now - r["time"] < 600]
-        limit = int(os.environ.get("SLIME_ACTORS_TRAINER_MAX_RESTARTS", "5"))
+        limit = MAX_GROUP_RESTARTS
         if len(window) >= limit:
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit {limit}); "
                                f"last: {reason}")
@@ -340,8 +342,8 @@ class Controller(Actor):
         """(first rollout id, weight version) of a checkpoint -- or of the run's start -- and its RNG and evals."""
         if ckpt is None:
             random.setstate(self._initial_rng)
-            self.evals = [e for e in self.evals if e["step"] <= (self.args.start_rollout_id or 0)]
-            return self.args.start_rollout_id or 0, 0
+            self.evals = [e for e in self.evals if e["step"] <= (self.cfg.run.start_rollout_id or 0)]
+            return self.cfg.run.start_rollout_id or 0, 0
         meta = read_meta(ckpt)
         random.setstate(_tuple_state(meta["controller_rng"]))
         self.evals = meta.get("evals", [])
@@ -374,14 +376,15 @@ class Controller(Actor):
             await asyncio.sleep(0.2)
 
     async def _loop(self, resume: int | None = None) -> None:
-        a = self.args
+        a = self.cfg
+        dbg = a.debug
         if resume is None:
             need = ["buffer/0"] + self.trainers
-            if not a.debug_train_only:
-                need += self.rollouts + [f"reward/{i}" for i in range(a.num_reward_workers)]
+            if not dbg.debug_train_only:
+                need += self.rollouts + [f"reward/{i}" for i in range(a.reward.num_reward_workers)]
             self.log.info("waiting for actors", actors=len(need))
             await self._wait_for(need)
-            start = a.start_rollout_id or 0
+            start = a.run.start_rollout_id or 0
             ckpt = self._ckpt
             if ckpt is not None:
                 start, self.version = self._restore_state(ckpt)
@@ -395,10 +398,11 @@ class Controller(Actor):
                 self.log.warning("buffer rolled back to the checkpoint", **{k: v for k, v in rb.items()
                                                                             if k != "rolled_back"})
             await self._trainers_ready()
-            if not a.debug_train_only:
+            if not dbg.debug_train_only:
                 await self._startup_sync()
             self._open_metrics(resume_at=start if ckpt is not None else None)
-            if a.eval_prompt_data and not a.skip_eval_before_train and not a.debug_train_only and ckpt is None:
+            if a.eval.eval_prompt_data and not a.eval.skip_eval_before_train and not dbg.debug_train_only \
+                    and ckpt is None:
                 await self._evaluate(start)
         else:  # after a training-group restart: the new generation loads the checkpoint; engines get its weights
             start = resume
@@ -406,22 +410,22 @@ class Controller(Actor):
             await self._trainers_ready()
             rec = self.recoveries[-1]
             rec["trainers_ready_seconds"] = round(time.monotonic() - t0, 3)
-            if not a.debug_train_only:
+            if not dbg.debug_train_only:
                 await self._startup_sync()
             rec["resumed_seconds"] = round(time.monotonic() - t0 + rec["prepare_seconds"], 3)
             self.log.info("training group restarted", generation=self._rdzv.generation, resume_from=start,
                           seconds=rec["resumed_seconds"])
-        progress = _progress(a, start)
+        progress = _progress(a.run, start)
         pending_rollout: asyncio.Task | None = None
-        for k in range(start, a.num_rollout):
+        for k in range(start, a.run.num_rollout):
             self.rollout_id = k
             t_step = time.monotonic()
             step: dict = {"rollout_id": k, "weight_version": self.version}
             # ---- rollout
-            if a.load_debug_rollout_data:
+            if dbg.load_debug_rollout_data:
                 stats = await self._load_debug_rollout(k)
                 t_roll = 0.0
-            elif a.async_train and pending_rollout is not None:
+            elif a.run.async_train and pending_rollout is not None:
                 stats, t_roll = await pending_rollout
             else:
                 stats, t_roll = await self._rollout(k)
@@ -429,14 +433,14 @@ class Controller(Actor):
                          and not isinstance(v, bool)})
             step["time/rollout"] = t_roll
             self._show_samples(k, stats.get("examples"))
-            if a.save_debug_rollout_data:
+            if dbg.save_debug_rollout_data:
                 await self._save_debug_rollout(k)
-            if a.debug_rollout_only:
+            if dbg.debug_rollout_only:
                 await self._ask_buffer("mark_trained", {"rollout_id": k})
             else:
-                if a.async_train and k + 1 < a.num_rollout and not a.load_debug_rollout_data:
+                if a.run.async_train and k + 1 < a.run.num_rollout and not dbg.load_debug_rollout_data:
                     pending_rollout = self._pending = asyncio.ensure_future(self._rollout(k + 1, resume_only=True))
-                elif not a.load_debug_rollout_data:
+                elif not dbg.load_debug_rollout_data:
                     await self._end_rollout(k)
                 # ---- train
                 self.phase = "train"
@@ -447,15 +451,15 @@ class Controller(Actor):
                 await self._ask_buffer("mark_trained", {"rollout_id": k})
                 # ---- weights
                 self.version += 1
-                if not a.debug_train_only:
+                if not dbg.debug_train_only:
                     t0 = time.monotonic()
                     info = await self._sync_all()
                     step["time/weight_sync"] = time.monotonic() - t0
                     step["weight_sync/bytes"] = info.get("bytes", 0)
             step["weight_version_after"] = self.version
             # ---- eval and checkpoint
-            if a.eval_interval and (k + 1) % a.eval_interval == 0 and a.eval_prompt_data \
-                    and not a.debug_train_only:
+            if a.eval.eval_interval and (k + 1) % a.eval.eval_interval == 0 and a.eval.eval_prompt_data \
+                    and not dbg.debug_train_only:
                 if pending_rollout is not None:
                     await self._pause_all()
                 t0 = time.monotonic()
@@ -464,18 +468,19 @@ class Controller(Actor):
                 step.update({f"eval/{name}": r for name, r in ev.items()})
                 if pending_rollout is not None:
                     await self._resume_all()
-            if a.save and a.save_interval and ((k + 1) % a.save_interval == 0 or k + 1 == a.num_rollout):
+            every = a.checkpoint.save_interval
+            if a.checkpoint.save and every and ((k + 1) % every == 0 or k + 1 == a.run.num_rollout):
                 step["time/save"] = await self._save(k)
-            if a.save_hf and not a.debug_rollout_only and hf_export_due(a, k):
+            if a.checkpoint.save_hf and not dbg.debug_rollout_only and hf_export_due(a, k):
                 step["time/save_hf"] = await self._save_hf(k)
             step["time/step"] = time.monotonic() - t_step
             self._record(step)
             progress(step)
         if pending_rollout is not None:
             pending_rollout.cancel()
-        if a.eval_prompt_data and not a.debug_train_only and not (
-                a.eval_interval and a.num_rollout % a.eval_interval == 0) and a.num_rollout > start:
-            await self._evaluate(a.num_rollout)
+        if a.eval.eval_prompt_data and not dbg.debug_train_only and not (
+                a.eval.eval_interval and a.run.num_rollout % a.eval.eval_interval == 0) and a.run.num_rollout > start:
+            await self._evaluate(a.run.num_rollout)
         self.accounting = await self._ask_buffer("accounting")
         self.phase = "done"
         self._finish()
@@ -525,7 +530,7 @@ class Controller(Actor):
     async def _sync_all(self) -> dict:
         async with self._sync_lock:
             ready = [w for w in self.rollouts if w in self.engine_versions]
-            if self.args.async_train:
+            if self.cfg.run.async_train:
                 await self._pause_all()
             for attempt in range(3):
                 try:
@@ -541,7 +546,7 @@ class Controller(Actor):
                     await asyncio.sleep(1.0)
             for w in ready:
                 self.engine_versions[w] = self.version
-            if self.args.async_train:
+            if self.cfg.run.async_train:
                 await self._resume_all()
             return info
 
@@ -550,7 +555,7 @@ class Controller(Actor):
         prev = self.phase
         self.phase = "eval"
         out = {}
-        for name, _ in parse_eval_prompt_data(self.args.eval_prompt_data):
+        for name, _ in parse_eval_prompt_data(self.cfg.eval.eval_prompt_data):
             eid = step * 1000 + len(self.evals)
             await self._ask_buffer("start_rollout", {"rollout_id": eid, "kind": "eval", "name": name,
                                                      "weight_version": self.version}, timeout=300)
@@ -560,7 +565,7 @@ class Controller(Actor):
             out[name] = st["reward_mean"] if st["reward_mean"] is not None else 0.0
             self.evals.append({"step": step, "name": name, "reward": out[name], "samples": st["samples"]})
             self.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st["samples"])
-            if self.args.save_eval_responses:
+            if self.cfg.eval.save_eval_responses:
                 await self._save_eval(name, step, eid)
         if prev != "rollout":
             await self._pause_all()
@@ -569,11 +574,11 @@ class Controller(Actor):
 
     async def _save(self, k: int) -> float:
         t0 = time.monotonic()
-        root = Path(self.args.save)
+        root = Path(self.cfg.checkpoint.save)
         path = root / f"iter_{k + 1:07d}"
         path.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(self._ask_trainers("save", {"path": str(path), "save_optim": not self.args.no_save_optim},
-                                                3600),
+        save_optim = not self.cfg.checkpoint.no_save_optim
+        await asyncio.gather(self._ask_trainers("save", {"path": str(path), "save_optim": save_optim}, 3600),
                              self._ask_buffer("save", {"path": str(path)}, timeout=600))
         meta = {"next_rollout_id": k + 1, "weight_version": self.version, "controller_rng": random.getstate(),
                 "evals": self.evals, "time": time.time()}
@@ -586,7 +591,7 @@ class Controller(Actor):
     async def _save_hf(self, k: int) -> float:
         """--save-hf after rollout k: every trainer rank takes part (gathering), rank 0 writes the directory."""
         t0 = time.monotonic()
-        path = hf_export_path(self.args.save_hf, k)
+        path = hf_export_path(self.cfg.checkpoint.save_hf, k)
         await self._ask_trainers("save_hf", {"path": str(path), "rollout_id": k}, 3600)
         self.log.info("HF model saved", path=str(path), rollout_id=k, weight_version=self.version)
         return time.monotonic() - t0
@@ -608,8 +613,8 @@ class Controller(Actor):
             return
         from ..samples import examples_markdown, format_examples
         self.last_examples = {"rollout_id": k, "examples": examples}
-        every = self.args.log_samples_interval
-        if every and (k % every == 0 or k + 1 == self.args.num_rollout):
+        every = self.cfg.logging.log_samples_interval
+        if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):
             console_write(format_examples(k, examples))
         if self.tb is not None:
             self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
@@ -617,7 +622,7 @@ class Controller(Actor):
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
         samples = await self._ask_buffer("dump_rollout", {"rollout_id": k}, timeout=300)
-        path = debug_rollout_path(self.args.save_debug_rollout_data, k)
+        path = debug_rollout_path(self.cfg.debug.save_debug_rollout_data, k)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(msgpack.packb({"rollout_id": k, "samples": samples}, use_bin_type=True))
@@ -627,7 +632,7 @@ class Controller(Actor):
     async def _load_debug_rollout(self, k: int) -> dict:
         """Rollout k from --load-debug-rollout-data (what --save-debug-rollout-data wrote): no engine involved."""
         import msgpack
-        path = debug_rollout_path(self.args.load_debug_rollout_data, k)
+        path = debug_rollout_path(self.cfg.debug.load_debug_rollout_data, k)
         if not path.exists():
             raise FileNotFoundError(f"--load-debug-rollout-data: no saved rollout {k} at {path} (it is written by "
                                     "--save-debug-rollout-data, one file per rollout id)")
@@ -664,7 +669,7 @@ class Controller(Actor):
             self.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
         self._rows_before_start = len(self.history)
         self.metrics_file = open(self.metrics_path, "a")
-        if self.args.use_tensorboard:
+        if self.cfg.logging.use_tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(os.path.join(self.runtime.run_dir, "tensorboard"), purge_step=resume_at)
@@ -726,14 +731,14 @@ def _tuple_state(s):
     return (s[0], tuple(s[1]), s[2])
 
 
-def _progress(args, start: int):
-    if not args.progress:
+def _progress(run: RunSection, start: int):
+    if not run.progress:
         return lambda step: None
     try:
         from tqdm import tqdm
     except ImportError:
         return lambda step: None
-    bar = tqdm(total=args.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=run.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
 
     def update(step: dict) -> None:
         post = {"reward": _r(step.get("rollout/reward_mean"))}
@@ -742,6 +747,6 @@ def _progress(args, start: int):
                 post[k] = _r(v)
         bar.set_postfix(post)
         bar.update(1)
-        if step["rollout_id"] + 1 >= args.num_rollout:
+        if step["rollout_id"] + 1 >= run.num_rollout:
             bar.close()
     return update

@@ -8,7 +8,7 @@ responses under --partial-rollout), so nothing is lost.
 The engine is supervised here: if its process exits, or (with --use-fault-tolerance) it fails `/health_generate`,
 it is killed and started again, and the controller re-syncs it to the current weight version before it serves.
 
-Custom generation:
+Custom generation (`args`: the job's flags as slime passes them, a read-only flat view -- slime_actors.config.FlatArgs):
   --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params, engine) -> Sample
       called per sample; may call `await engine.generate(input_ids, sampling_params)` several times (multi-turn,
       tool use) and must fill sample.response_tokens, loss_mask (0 for tokens the model did not produce),
@@ -19,15 +19,18 @@ Custom generation:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import os
 import time
 
+from ..config import JobConfig
 from ..mailbox.errors import MailboxError, RemoteError
 from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 from .base import Actor, handler
+
+
+REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward worker answers at all
 
 
 class EngineHandle:
@@ -61,7 +64,8 @@ class RolloutWorker(Actor):
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.args = argparse.Namespace(**config["args"])
+        self.cfg = JobConfig.from_dict(config["args"])
+        self.plugin_args = self.cfg.flat()   # what custom generate / rollout functions get (slime's `args`)
         self.weight_version = -1          # version the engine holds; -1 until the controller says
         self.engine = None                # EngineProcess
         self.client = None                # EngineClient
@@ -89,19 +93,20 @@ class RolloutWorker(Actor):
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
-        a = self.args
+        a = self.cfg
         self._resumed = asyncio.Event()
         self._engine_ok = asyncio.Event()
-        self._capacity = max(a.rollout_concurrency, a.n_samples_per_prompt, a.n_samples_per_eval_prompt)
+        self._capacity = max(a.engine.rollout_concurrency, a.rollout.n_samples_per_prompt,
+                             a.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
         # importing transformers takes seconds: do it off the loop so heartbeats keep going
-        self.tokenizer = await self.run_blocking(_load_tokenizer, a.hf_checkpoint)
+        self.tokenizer = await self.run_blocking(_load_tokenizer, a.model.hf_checkpoint)
         from ..plugins import load_function
-        if a.custom_generate_function_path:
-            self.generate_fn = load_function(a.custom_generate_function_path)
-        if a.rollout_function_path:
-            self.group_fn = load_function(a.rollout_function_path)
+        if a.rollout.custom_generate_function_path:
+            self.generate_fn = load_function(a.rollout.custom_generate_function_path)
+        if a.rollout.rollout_function_path:
+            self.group_fn = load_function(a.rollout.rollout_function_path)
         await self._release_previous()
         await self._start_router()
         await self._start_engine()
@@ -128,7 +133,8 @@ class RolloutWorker(Actor):
         """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines. Its keys go
         in a --config file under RUN_DIR/keys (0600), not on the command line."""
         from ..backends.sglang_launch import engine_command, engine_host
-        host = engine_host(self.args, self._multi_host(), self.runtime.node_address() if self._multi_host() else None)
+        multi = self._multi_host()
+        host = engine_host(self.cfg, multi, self.runtime.node_address() if multi else None)
         if host in ("0.0.0.0", "::", "[::]", "*"):
             self.log.warning(f"--sglang-host {host}: the engine listens on every interface; only its keys keep other "
                              "hosts out" + ("" if self.keys.any else " -- and it has none (--engine-auth false)"))
@@ -136,7 +142,7 @@ class RolloutWorker(Actor):
         if self.keys.any:
             config = self.keys.write_engine_config(os.path.join(self.runtime.run_dir, "keys",
                                                                 f"engine-{self.index}.yaml"))
-        return engine_command(self.args, self.index, port, host=host, config=config)
+        return engine_command(self.cfg, self.index, port, host=host, config=config)
 
     def _engine_line(self, line: str) -> None:
         """The engine's output, line by line, into this actor's log (and RUN_DIR/logs/engine-<i>.log)."""
@@ -150,9 +156,10 @@ class RolloutWorker(Actor):
         from ..backends.engine_client import EngineClient
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
-        a = self.args
-        if a.rollout_external_engine_addrs:
-            url = a.rollout_external_engine_addrs[self.index % len(a.rollout_external_engine_addrs)]
+        a = self.cfg
+        if a.engine.rollout_external_engine_addrs:
+            addrs = a.engine.rollout_external_engine_addrs
+            url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
         else:
@@ -172,13 +179,14 @@ class RolloutWorker(Actor):
                 module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
                 redact=self.keys.secrets))
             await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
-                                      a.rollout_health_check_first_wait + 600)
+                                      a.engine.rollout_health_check_first_wait + 600)
             url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
             await self.client.close()
-        self.client = RecordedEngine(self, EngineClient(url, keys=self.keys, max_concurrency=a.rollout_concurrency))
+        self.client = RecordedEngine(self, EngineClient(url, keys=self.keys,
+                                                        max_concurrency=a.engine.rollout_concurrency))
         if self.router_url:  # generation goes through the router; control stays with this engine
             getattr(self.client, "_client", self.client).generate_base_url = self.router_url
         self.engine_url = url
@@ -235,17 +243,17 @@ class RolloutWorker(Actor):
     async def _start_router(self) -> None:
         """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
         learns its URL and, once its engine is up, registers the engine there."""
-        a = self.args
-        if not getattr(a, "use_sglang_router", False):
+        a = self.cfg
+        if not a.engine.use_sglang_router:
             return
-        if a.sglang_router_ip:
-            self.router_url = f"http://{a.sglang_router_ip}:{a.sglang_router_port}"
+        if a.engine.sglang_router_ip:
+            self.router_url = f"http://{a.engine.sglang_router_ip}:{a.engine.sglang_router_port}"
         elif self.index == 0:
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
             # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
-            port = a.sglang_router_port or self.recorded("router.port", free_port)
+            port = a.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
             host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
             module, flags = router_command(a, host, port, prometheus_port=self.recorded("router.metrics_port",
@@ -292,10 +300,10 @@ class RolloutWorker(Actor):
             await rc.close()
 
     async def _watch_engine(self) -> None:
-        a = self.args
-        await asyncio.sleep(a.rollout_health_check_first_wait)
+        a = self.cfg
+        await asyncio.sleep(a.engine.rollout_health_check_first_wait)
         # clock readings that decide something are recorded inputs (self.monotonic()): replay takes the same turns
-        last_probe = last_router = self.monotonic() if a.use_fault_tolerance or self.router_url else 0.0
+        last_probe = last_router = self.monotonic() if a.engine.use_fault_tolerance or self.router_url else 0.0
         while True:
             await asyncio.sleep(0.5)
             if self._restarting or self.client is None or not self.running:
@@ -304,7 +312,8 @@ class RolloutWorker(Actor):
             code = self.engine.poll() if self.engine is not None else None
             if code is not None:
                 reason = f"engine process exited with code {code}"
-            elif a.use_fault_tolerance and self.monotonic() - last_probe >= a.rollout_health_check_interval:
+            elif a.engine.use_fault_tolerance \
+                    and self.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
                 last_probe = self.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
@@ -313,17 +322,17 @@ class RolloutWorker(Actor):
                 quiet = self._engine_paused is not None or self._updating > 0
                 try:
                     if quiet:
-                        ok = await self.client.health(timeout=a.rollout_health_check_timeout)
+                        ok = await self.client.health(timeout=a.engine.rollout_health_check_timeout)
                     else:
-                        ok = await self.client.health_generate(timeout=a.rollout_health_check_timeout)
+                        ok = await self.client.health_generate(timeout=a.engine.rollout_health_check_timeout)
                 except RuntimeError:  # the client was closed under us (stopping or restarting)
                     continue
                 if not ok and not self._restarting:
                     if quiet:
-                        reason = (f"engine failed /health within {a.rollout_health_check_timeout}s (while "
+                        reason = (f"engine failed /health within {a.engine.rollout_health_check_timeout}s (while "
                                   f"{'updating weights' if self._updating else 'paused'})")
                     elif self._engine_paused is None and self._updating == 0:
-                        reason = f"engine failed /health_generate within {a.rollout_health_check_timeout}s"
+                        reason = f"engine failed /health_generate within {a.engine.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
             elif self.router_url and self._engine_ok.is_set() and self.monotonic() - last_router > 10:
@@ -374,9 +383,9 @@ class RolloutWorker(Actor):
             self._restarting = False
 
     async def _wait_external_healthy(self) -> None:
-        a = self.args
+        a = self.cfg
         delay = 1.0
-        while not await self.client.health_generate(timeout=a.rollout_health_check_timeout):
+        while not await self.client.health_generate(timeout=a.engine.rollout_health_check_timeout):
             self.log.warning("external engine still unhealthy", url=self.engine_url)
             await asyncio.sleep(delay)
             delay = min(30.0, delay * 2)
@@ -398,13 +407,13 @@ class RolloutWorker(Actor):
 
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
-        a = self.args
+        a = self.cfg
         poll_key, poll_seq = None, 0
         pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
-            free = (self._capacity - self._generating) // max(1, a.n_samples_per_prompt)
+            free = (self._capacity - self._generating) // max(1, a.rollout.n_samples_per_prompt)
             if free < 1:
                 await asyncio.sleep(0.01)
                 continue
@@ -434,7 +443,7 @@ class RolloutWorker(Actor):
                 self._inflight[group["work_id"]] = task
 
     def _seed(self, sample: Sample, attempt: int) -> int:
-        h = hashlib.blake2b(f"{self.args.rollout_seed}:{sample.index}:{attempt}".encode(), digest_size=4)
+        h = hashlib.blake2b(f"{self.cfg.data.rollout_seed}:{sample.index}:{attempt}".encode(), digest_size=4)
         return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
 
     async def _process_group(self, group: dict) -> None:
@@ -446,7 +455,7 @@ class RolloutWorker(Actor):
         try:
             try:
                 if self.group_fn is not None:
-                    samples = await self.group_fn(self.args, samples, sp, EngineHandle(self))
+                    samples = await self.group_fn(self.plugin_args, samples, sp, EngineHandle(self))
                 else:
                     samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0))
                                                      for s in samples))
@@ -470,7 +479,7 @@ class RolloutWorker(Actor):
 
     async def _generate(self, sample: Sample, sp: dict, attempt: int) -> Sample:
         if self.generate_fn is not None:
-            return await self.generate_fn(self.args, sample, dict(sp), EngineHandle(self))
+            return await self.generate_fn(self.plugin_args, sample, dict(sp), EngineHandle(self))
         params = dict(sp)
         done = len(sample.response_tokens)
         params["max_new_tokens"] = max(0, sp["max_new_tokens"] - done)
@@ -494,17 +503,17 @@ class RolloutWorker(Actor):
 
     async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
-        SLIME_ACTORS_REWARD_WAIT seconds (default 300) -- scoring is pure, so a retry is harmless -- instead of
+        REWARD_WAIT_S seconds -- scoring is pure, so a retry is harmless -- instead of
         spending the group's attempts, which are for reward functions that fail."""
-        a = self.args
-        wait = float(os.environ.get("SLIME_ACTORS_REWARD_WAIT", "300"))
+        a = self.cfg
+        wait = REWARD_WAIT_S
         t0 = None  # from the first failure (a recorded clock reading: replay takes the same turns)
         k = 0
         while True:
-            target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.num_reward_workers)}"
+            target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
             try:
                 return await self.ask(target, "score", {"samples": [s.to_wire() for s in todo],
-                                                        "group": a.group_rm}, timeout=300)
+                                                        "group": a.reward.group_rm}, timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
                 if isinstance(exc, RemoteError) and exc.type != "MailboxError":
@@ -518,13 +527,13 @@ class RolloutWorker(Actor):
                 await asyncio.sleep(min(2.0, 0.2 * k))
 
     async def _score(self, samples: list[Sample], kind: str) -> None:
-        a = self.args
+        a = self.cfg
         todo = [s for s in samples if s.status != FAILED]
         last_errors: dict[int, str] = {}
         for attempt in range(3):
             if not todo:
                 return
-            who = f"reward/{(self.index + attempt) % max(1, a.num_reward_workers)}"
+            who = f"reward/{(self.index + attempt) % max(1, a.reward.num_reward_workers)}"
             try:
                 res = await self._ask_reward(who, todo)
             except MailboxError as exc:
@@ -546,7 +555,7 @@ class RolloutWorker(Actor):
                     failed.append(s)
             if failed and attempt < 2:
                 self.counters["reward_retries"] += 1
-            todo = failed if not a.group_rm else (samples if failed else [])
+            todo = failed if not a.reward.group_rm else (samples if failed else [])
         for s in todo:  # still failing after retries: the group is recorded as failed (buffer keeps it)
             s.status = FAILED
             s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"
@@ -601,7 +610,7 @@ class RolloutWorker(Actor):
         async with self._pause_lock:
             self._resumed.clear()
             n = len(self._inflight)
-            mode = "abort" if abort else self.args.pause_generation_mode
+            mode = "abort" if abort else self.cfg.engine.pause_generation_mode
             if self._engine_paused is None and self._engine_ok.is_set():
                 await self.client.pause_generation(mode)
                 self._engine_paused = mode

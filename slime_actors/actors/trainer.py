@@ -15,15 +15,18 @@ their supervisor starts them again), joins a new generation and loads the last c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
 import time
 from pathlib import Path
 
+from .. import env as E
 from ..checkpoints import latest_checkpoint, read_meta  # noqa: F401 (also imported from here)
+from ..config import JobConfig
 from .base import Actor, handler
+
+GROUP_TIMEOUT_S = 1800.0  # the training group's collectives and store (torch.distributed timeout)
 
 
 class TrainerRank(Actor):
@@ -31,7 +34,7 @@ class TrainerRank(Actor):
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.args = argparse.Namespace(**config["args"])
+        self.cfg = JobConfig.from_dict(config["args"])
         self.backend = None
         self.rank = index
         self.world_size = 1
@@ -45,16 +48,16 @@ class TrainerRank(Actor):
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
-        a = self.args
+        a = self.cfg
         self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
-        self.world_size = a.actor_num_nodes * a.actor_num_gpus_per_node
+        self.world_size = a.train.n_ranks
         rdzv = await self._rendezvous()
         await self.run_blocking(self._init, rdzv)
         self.generation = rdzv["generation"]
         await self.tell("controller/0", "trainer_ready", {"rank": self.rank, "generation": self.generation,
                                                           "weight_version": self.backend.weight_version})
         self.log.info("trainer rank ready", rank=self.rank, world_size=self.world_size, generation=self.generation,
-                      backend=self.args.train_backend, version=self.backend.weight_version)
+                      backend=self.cfg.train.train_backend, version=self.backend.weight_version)
 
     async def _rendezvous(self) -> dict:
         import socket
@@ -84,20 +87,20 @@ class TrainerRank(Actor):
 
         import torch
         import torch.distributed as dist
-        a = self.args
-        torch.manual_seed(a.seed + self.rank)
-        if a.device == "cuda":
+        a = self.cfg
+        torch.manual_seed(a.run.seed + self.rank)
+        if a.run.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count())
         if self.world_size > 1 and not dist.is_initialized():
-            backend = "nccl" if a.device == "cuda" else "gloo"
-            timeout = datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_TRAINER_PG_TIMEOUT", "1800")))
+            backend = "nccl" if a.run.device == "cuda" else "gloo"
+            timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
             # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
             # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
             store = dist.TCPStore(rdzv["master_addr"], rdzv["master_port"], self.world_size,
                                   is_master=self.rank == 0, timeout=timeout, wait_for_workers=False)
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timeout)
-        if a.train_backend == "megatron":
+        if a.train.train_backend == "megatron":
             from ..backends.megatron_backend import MegatronBackend as Backend
         else:
             from ..backends.torch_backend import TorchBackend as Backend
@@ -105,7 +108,7 @@ class TrainerRank(Actor):
         self.backend.init()
         ckpt = Path(rdzv["checkpoint"]) if rdzv.get("checkpoint") else None  # the controller picks it
         if ckpt is not None:
-            self.backend.load(str(ckpt / "trainer"), load_optim=not a.no_save_optim)
+            self.backend.load(str(ckpt / "trainer"), load_optim=not a.checkpoint.no_save_optim)
             self.backend.weight_version = read_meta(ckpt).get("weight_version", 0)
             self.log.info("resumed from checkpoint", path=str(ckpt), weight_version=self.backend.weight_version)
 
@@ -133,7 +136,7 @@ class TrainerRank(Actor):
         batch = await self._get_batch(rollout_id)
         self._record_batch(batch)
         t1 = time.monotonic()
-        metrics = await self.run_blocking(rl_update, self.backend, self.args, batch, rollout_id)
+        metrics = await self.run_blocking(rl_update, self.backend, self.cfg, batch, rollout_id)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
@@ -163,7 +166,7 @@ class TrainerRank(Actor):
     def _record_batch(self, batch: dict) -> None:
         """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is
         recorded by size and checksum only), so `slime-actors replay` can train on it again.
-        SLIME_ACTORS_TRACE_BATCH_LIMIT (bytes, default 256 MiB) bounds what is kept."""
+        The runtime's trace_batch_limit (SLIME_ACTORS_TRACE_BATCH_LIMIT, bytes) bounds what is kept."""
         if self.tracer is None or self.replaying:
             return
         from ..mailbox.codec import encode_body
@@ -171,11 +174,11 @@ class TrainerRank(Actor):
         size = len(body) + sum(r.nbytes for r in refs)
         if size <= self.runtime.trace_body_limit:
             return  # the reply's body is in the trace already
-        if size <= int(os.environ.get("SLIME_ACTORS_TRACE_BATCH_LIMIT", 256 << 20)):
+        if size <= self.runtime.trace_batch_limit:
             self.record_input("get_batch", batch)
         else:
             self.record_input("get_batch", {"__omitted__": True, "size": size,
-                                            "why": "over SLIME_ACTORS_TRACE_BATCH_LIMIT"})
+                                            "why": f"over {E.TRACE_BATCH_LIMIT.name}"})
 
     @handler
     async def log_probs(self, samples: list) -> list:
@@ -191,13 +194,13 @@ class TrainerRank(Actor):
         if self.rank != 0:
             # the controller asks every rank: gathering full weights is a collective under FSDP (and Megatron
             # model parallelism), so the other ranks take part and rank 0 sends
-            if self.args.train_backend == "megatron" or getattr(self.backend, "parallel", "ddp") == "fsdp":
+            if self.cfg.train.train_backend == "megatron" or getattr(self.backend, "parallel", "ddp") == "fsdp":
                 await self.run_blocking(lambda: [None for _ in self.backend.named_weights()])
                 self.backend.weight_version = weight_version
                 return {"rank": self.rank, "participated": True}
             self.backend.weight_version = weight_version
             return {"rank": self.rank, "participated": False}
-        transport = transport or self.args.update_weight_transport
+        transport = transport or self.cfg.weights.update_weight_transport
         if rebuild:  # an engine of the group restarted: the broadcast group it was in is gone with it
             self._group_workers = ()
         t0 = time.monotonic()
@@ -208,7 +211,7 @@ class TrainerRank(Actor):
         elif transport == "colocated":
             info = await self._sync_tensor(weight_version, workers)
         else:
-            raise ValueError(f"weight transport {transport!r} is not supported by the {self.args.train_backend} "
+            raise ValueError(f"weight transport {transport!r} is not supported by the {self.cfg.train.train_backend} "
                              "backend here (use distributed, disk or colocated)")
         self.backend.weight_version = weight_version
         info.update(seconds=time.monotonic() - t0, transport=transport, weight_version=weight_version)
@@ -218,10 +221,10 @@ class TrainerRank(Actor):
 
     async def _sync_disk(self, version: int, workers: list) -> dict:
         from ..backends.weight_sync import save_weights_to_disk
-        base = Path(self.args.update_weight_disk_dir or os.path.join(self.runtime.run_dir, "weights"))
+        base = Path(self.cfg.weights.update_weight_disk_dir or os.path.join(self.runtime.run_dir, "weights"))
         path = base / f"v{version:06d}"
         await self.run_blocking(
-            lambda: save_weights_to_disk(self.backend.named_weights(), str(path), self.args.hf_checkpoint))
+            lambda: save_weights_to_disk(self.backend.named_weights(), str(path), self.cfg.model.hf_checkpoint))
         nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
         await asyncio.gather(*(self.ask(w, "update_weights_from_disk", {"model_path": str(path),
                                                                        "weight_version": version}, timeout=600)
@@ -246,9 +249,9 @@ class TrainerRank(Actor):
                                  self._quiet(self.run_blocking(sender.close)), return_exceptions=True)
         self._group_seq += 1
         name = f"slime-weights-{os.getpid()}-{self._group_seq}"  # unique: a restarted rank 0 starts again at 1
-        addr = os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_ADDR") or reachable_address(self.runtime)
+        addr = E.WEIGHT_SYNC_ADDR.get() or reachable_address(self.runtime)
         port = free_port(addr)
-        backend = "nccl" if self.args.device == "cuda" else "gloo"
+        backend = "nccl" if self.cfg.run.device == "cuda" else "gloo"
         world = 1 + len(workers)
         sender = (self.host.weight_sender or DistributedWeightSender)(addr, port, world, backend, name)
         _, *replies = await asyncio.gather(
@@ -263,7 +266,7 @@ class TrainerRank(Actor):
         await self._ensure_group(tuple(workers))
         nbytes = nbuckets = 0
         flat = self._flattened  # one uint8 broadcast per bucket (SGLang's "flattened_bucket"), else one per tensor
-        for bucket, last in _with_last(self.backend.weight_buckets(self.args.update_weight_buffer_size)):
+        for bucket, last in _with_last(self.backend.weight_buckets(self.cfg.weights.update_weight_buffer_size)):
             names = [n for n, _ in bucket]
             dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
             shapes = [list(t.shape) for _, t in bucket]
@@ -301,10 +304,10 @@ class TrainerRank(Actor):
         try:
             servers = await asyncio.gather(*(c.get_server_info() for c in clients))
             local = ["local engine" in str(s.get("version", "")) for s in servers]
-            if self.args.device != "cuda" and not all(local):
+            if self.cfg.run.device != "cuda" and not all(local):
                 raise ValueError("--update-weight-transport colocated shares CUDA tensors with SGLang engines: it "
                                  "needs --device cuda (use distributed or disk on CPU)")
-            for bucket, last in _with_last(self.backend.weight_buckets(self.args.update_weight_buffer_size)):
+            for bucket, last in _with_last(self.backend.weight_buckets(self.cfg.weights.update_weight_buffer_size)):
                 payloads: dict[int, tuple] = {}
                 for tp in {int(i["tp_size"]) for i, loc in zip(infos, local) if not loc}:
                     payloads[tp] = await self.run_blocking(serialize_named_tensors, bucket, tp)
@@ -359,9 +362,9 @@ class TrainerRank(Actor):
 
 def reachable_address(runtime) -> str:
     """The address other hosts reach this process at (for the trainer group's and the weight sync's stores)."""
-    env = os.environ.get("SLIME_ACTORS_TRAINER_ADDR")
-    if env:
-        return env
+    given = E.TRAINER_ADDR.get()
+    if given:
+        return given
     if runtime is None or runtime.transport != "tcp":
         return "127.0.0.1"
     if runtime.advertise:

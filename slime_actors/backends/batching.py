@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config import TrainSection
+
 PER_SAMPLE_REQUIRED = ("tokens", "prompt_lengths", "response_lengths", "loss_masks")
 
 
@@ -144,11 +146,10 @@ def micro_batch_indices(lengths: Sequence[int], micro_batch_size: int = 1, max_t
     return mbs
 
 
-def micro_batches_from_args(args, lengths: Sequence[int], min_count: int = 0) -> list[list[int]]:
+def micro_batches_from_config(train: TrainSection, lengths: Sequence[int], min_count: int = 0) -> list[list[int]]:
     """``micro_batch_indices`` with --micro-batch-size / --use-dynamic-batch-size / --max-tokens-per-gpu."""
-    return micro_batch_indices(lengths, micro_batch_size=getattr(args, "micro_batch_size", 1) or 1,
-                               max_tokens=getattr(args, "max_tokens_per_gpu", None),
-                               dynamic=bool(getattr(args, "use_dynamic_batch_size", False)), min_count=min_count)
+    return micro_batch_indices(lengths, micro_batch_size=train.micro_batch_size, max_tokens=train.max_tokens_per_gpu,
+                               dynamic=train.use_dynamic_batch_size, min_count=min_count)
 
 
 def pad_tokens(token_lists: Sequence[Sequence[int]], pad_id: int = 0, device: torch.device | str | None = None,

@@ -26,15 +26,17 @@ fields from what the client returns (they would otherwise land in traces).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_API_KEY = "SLIME_ACTORS_ENGINE_API_KEY"
-ENV_ADMIN_KEY = "SLIME_ACTORS_ENGINE_ADMIN_KEY"
+from ..config import EngineSection
+from ..env import ENGINE_ADMIN_KEY, ENGINE_API_KEY
+
+ENV_API_KEY = ENGINE_API_KEY.name
+ENV_ADMIN_KEY = ENGINE_ADMIN_KEY.name
 API_KEY_FILE = "engine.api_key"
 ADMIN_KEY_FILE = "engine.admin_key"
 REDACTED = "<redacted>"
@@ -235,38 +237,38 @@ def redact_server_info(info: dict) -> dict:
 
 # -- the job's keys -------------------------------------------------------------------------------------------------
 
-def take_user_keys(args: argparse.Namespace) -> EngineKeys | None:
+def take_user_keys(engine: EngineSection) -> EngineKeys | None:
     """The keys the user gave in the job's flags (--engine-api-key / --engine-admin-api-key, or their -file forms),
-    checked; the literal values are then removed from `args`, so they reach neither job.json nor the actors'
-    recorded configuration (traces). Raises EngineKeyError naming the flag."""
+    checked; the literal values are then removed from the config's engine section, so they reach neither job.json
+    nor the actors' recorded configuration (traces). Raises EngineKeyError naming the flag."""
     found = {}
-    for name, attr in (("api_key", "engine_api_key"), ("admin_key", "engine_admin_api_key")):
-        flag = "--" + attr.replace("_", "-")
-        literal, path = getattr(args, attr, None), getattr(args, attr + "_file", None)
+    for name, literal, path, flag in (
+            ("api_key", engine.engine_api_key, engine.engine_api_key_file, "--engine-api-key"),
+            ("admin_key", engine.engine_admin_api_key, engine.engine_admin_api_key_file, "--engine-admin-api-key")):
         if literal and path:
             raise EngineKeyError(f"give {flag} or {flag}-file, not both")
         if literal:
             found[name] = check_key(str(literal), flag)
         elif path:
             found[name] = read_key_file(path, f"{flag}-file")
-    args.engine_api_key = None
-    args.engine_admin_api_key = None
+    engine.engine_api_key = None
+    engine.engine_admin_api_key = None
     if not found:
         return None
     return EngineKeys(found.get("api_key"), found.get("admin_key"))
 
 
-def job_engine_keys(args: argparse.Namespace, run_dir: str | os.PathLike, create: bool,
+def job_engine_keys(engine: EngineSection, run_dir: str | os.PathLike, create: bool,
                     user: EngineKeys | None = None) -> EngineKeys | None:
     """The engine keys of this job, saved under RUN_DIR/keys; None when there are none (--engine-auth false, or
     external engines given no keys). The user's flags win, then SLIME_ACTORS_ENGINE_* from the environment (how the
     head hands them to its processes, and how Slurm steps share them). Engines the job starts always get both
     keys: what is missing is read from RUN_DIR/keys (another node, a restarted head) or, where `create`, made
     here. External engines (--rollout-external-engine-addrs) get exactly what the user gave."""
-    if not getattr(args, "engine_auth", True):
+    if not engine.engine_auth:
         return None
     keys = (user or EngineKeys()).fill(EngineKeys.from_env())
-    if getattr(args, "rollout_external_engine_addrs", None):
+    if engine.rollout_external_engine_addrs:
         if not keys.any:
             return None
     elif not keys.complete:
@@ -281,11 +283,11 @@ def job_engine_keys(args: argparse.Namespace, run_dir: str | os.PathLike, create
     return keys
 
 
-def startup_warnings(args: argparse.Namespace, keys: EngineKeys | None) -> list[str]:
+def startup_warnings(engine: EngineSection, keys: EngineKeys | None) -> list[str]:
     """What the head tells the user about the engines' HTTP plane before the job starts."""
     out = []
-    external = getattr(args, "rollout_external_engine_addrs", None)
-    if not getattr(args, "engine_auth", True):
+    external = engine.rollout_external_engine_addrs
+    if not engine.engine_auth:
         out.append("engine keys are off (--engine-auth false): anyone who can reach an engine's port can generate, "
                    "pause or abort it and replace its weights")
     elif external and keys is None:

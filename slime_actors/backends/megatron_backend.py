@@ -1,14 +1,14 @@
 """The megatron training backend: a megatron-core GPTModel built from a Hugging Face config, tensor / pipeline /
 data parallel, Megatron DDP and (optionally) the distributed optimizer.
 
-    backend = MegatronBackend(args, rank, world_size); backend.init()
-    metrics = rl_update(backend, args, batch, rollout_id)      # the same RL update as the torch backend
+    backend = MegatronBackend(cfg, rank, world_size); backend.init()   # cfg: slime_actors.config.JobConfig
+    metrics = rl_update(backend, cfg, batch, rollout_id)       # the same RL update as the torch backend
     for name, tensor in backend.named_weights(): ...            # HF names and layouts, gathered on rank 0
     backend.save(dir); backend.load(dir); backend.save_hf(dir)
 
 * Model: ``GPTModel`` with ``get_gpt_layer_local_spec`` (megatron-core's own modules; Transformer Engine is never
   needed) for dense Llama, Qwen2 (qkv bias) and Qwen3 (q/k norm): RMSNorm, SwiGLU, RoPE, GQA, tied or untied
-  embeddings, from args.hf_checkpoint (`megatron_convert.ArchSpec`). Weights come from the HF safetensors
+  embeddings, from --hf-checkpoint (`megatron_convert.ArchSpec`). Weights come from the HF safetensors
   (`megatron_convert`), each rank reading what its tensor / pipeline shard needs. fp32, or bf16 with --bf16
   (``Float16Module``; the optimizer keeps fp32 master weights). Dropout is off.
 * Parallel: torch.distributed's world is split by ``parallel_state.initialize_model_parallel`` with
@@ -47,9 +47,10 @@ import torch
 import torch.distributed as dist
 
 from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy, scaled_logits
+from ..config import JobConfig
 from ..log import get_logger
 from . import megatron_convert as mc
-from .batching import micro_batches_from_args, pad_tokens, select, validate_batch
+from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
 
@@ -157,12 +158,12 @@ class _Item:
 class MegatronBackend(TrainingBackend):
     """One rank of the megatron training group (see the module docstring)."""
 
-    def __init__(self, args: Any, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: JobConfig, rank: int = 0, world_size: int = 1):
         if dist.is_available() and dist.is_initialized():
             if dist.get_rank() != rank or dist.get_world_size() != world_size:
                 raise ValueError(f"MegatronBackend(rank={rank}, world_size={world_size}) but torch.distributed "
                                  f"has rank {dist.get_rank()} of {dist.get_world_size()}")
-        super().__init__(args, rank, world_size)
+        super().__init__(cfg, rank, world_size)
         self.log = get_logger(actor=f"trainer/{rank}", component="megatron_backend")
         self.model = None          # DDP(Float16Module?(GPTModel))
         self.gpt = None            # the GPTModel inside (names, sharded state dicts)
@@ -180,7 +181,7 @@ class MegatronBackend(TrainingBackend):
         return self._device
 
     def _pick_device(self) -> torch.device:
-        dev = torch.device(getattr(self.args, "device", "cpu") or "cpu")
+        dev = torch.device(self.cfg.run.device)
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("--device cuda but no CUDA device is available")
@@ -196,11 +197,11 @@ class MegatronBackend(TrainingBackend):
             torch.cuda.set_device(self._device)
 
     def _checkpoint_dir(self) -> str:
-        spec = self.args.hf_checkpoint
+        spec = self.cfg.model.hf_checkpoint
         if spec is None:
             raise ValueError("--hf-checkpoint is required")
         from ..models.resolve import resolve_checkpoint
-        return resolve_checkpoint(spec, Path(getattr(self.args, "run_dir", "runs/train")) / "models")
+        return resolve_checkpoint(spec, Path(self.cfg.run.run_dir) / "models")
 
     def _init_distributed(self) -> None:
         if dist.is_initialized():
@@ -210,20 +211,19 @@ class MegatronBackend(TrainingBackend):
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
 
     def init(self) -> None:
-        args = self.args
+        cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = self._pick_device()
         if self._device.type == "cpu" and not _megatron_runs_on_cpu():
             raise RuntimeError("--train-backend megatron needs a GPU (--device cuda): megatron-core has no CPU path. "
                                "On CPU use --train-backend torch; tests run megatron on CPU through "
                                "tests/megatron_cpu_shim.py")
-        self.dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float32
+        self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         self.spec = mc.ArchSpec.from_hf(self.hf_path)
-        if getattr(args, "advantage_estimator", "grpo") == "ppo":
+        if alg.advantage_estimator == "ppo":
             raise NotImplementedError("--advantage-estimator ppo needs a critic; the megatron backend has none "
                                       "(use --train-backend torch)")
-        tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
-        pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
+        tp, pp = tr.tensor_model_parallel_size, tr.pipeline_model_parallel_size
         self.spec.check_parallel(tp, pp)
         self._init_distributed()
         if dist.get_world_size() % (tp * pp):
@@ -233,7 +233,7 @@ class MegatronBackend(TrainingBackend):
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-        seed = int(getattr(args, "seed", 1234))
+        seed = cfg.run.seed
         if self._device.type == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
             model_parallel_cuda_manual_seed(seed)
@@ -251,20 +251,19 @@ class MegatronBackend(TrainingBackend):
         self.padded_vocab = mc.padded_vocab_size(self.spec.vocab_size, tp)
         self.vocab_start = self.tp_rank * (self.padded_vocab // tp)
 
-        cfg = json.loads((Path(self.hf_path) / "config.json").read_text())
-        pad = cfg.get("pad_token_id")
+        hf_config = json.loads((Path(self.hf_path) / "config.json").read_text())
+        pad = hf_config.get("pad_token_id")
         self.pad_id = int(pad) if isinstance(pad, int) else 0
 
         self.config = self._transformer_config()
         self.gpt, self.model = self._build(self.hf_path, trainable=True)
-        if getattr(args, "use_kl_loss", False) or float(getattr(args, "kl_coef", 0.0) or 0.0) > 0:
-            _, self.ref_model = self._build(getattr(args, "ref_load", None) or self.hf_path, trainable=False)
+        if alg.use_kl_loss or alg.kl_coef > 0:
+            _, self.ref_model = self._build(cfg.model.ref_load or self.hf_path, trainable=False)
         self._build_optimizer()
         self._export_plan = self._make_export_plan()
         self.log.info("megatron backend ready", model=self.hf_path, arch=self.spec.model_type,
                       device=str(self._device), dtype=str(self.dtype), tp=tp, pp=pp, dp=self.data_parallel_size,
-                      distributed_optimizer=bool(getattr(args, "use_distributed_optimizer", False)),
-                      ref=self.ref_model is not None)
+                      distributed_optimizer=tr.use_distributed_optimizer, ref=self.ref_model is not None)
 
     def _transformer_config(self, **over):
         import torch.nn.functional as F
@@ -311,8 +310,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
-            use_distributed_optimizer=bool(getattr(self.args, "use_distributed_optimizer", False)),
-            check_for_nan_in_grad=False)
+            use_distributed_optimizer=self.cfg.train.use_distributed_optimizer, check_for_nan_in_grad=False)
         model = DistributedDataParallel(config, ddp_config, model)
         model.eval()  # no dropout anywhere; a training forward computes what the log-prob forward computes
         return gpt, model
@@ -348,14 +346,13 @@ class MegatronBackend(TrainingBackend):
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        a = self.args
-        clip = float(getattr(a, "clip_grad", 0.0) or 0.0)
-        oc = OptimizerConfig(optimizer="adam", lr=float(a.lr), min_lr=float(a.lr),
-                             weight_decay=float(getattr(a, "weight_decay", 0.0) or 0.0),
-                             adam_beta1=float(a.adam_beta1), adam_beta2=float(a.adam_beta2), adam_eps=1e-8,
+        tr = self.cfg.train
+        clip = tr.clip_grad
+        oc = OptimizerConfig(optimizer="adam", lr=tr.lr, min_lr=tr.lr, weight_decay=tr.weight_decay,
+                             adam_beta1=tr.adam_beta1, adam_beta2=tr.adam_beta2, adam_eps=1e-8,
                              clip_grad=clip if clip > 0 else 1e30,  # Megatron computes the norm only when clipping
                              bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
-                             use_distributed_optimizer=bool(getattr(a, "use_distributed_optimizer", False)))
+                             use_distributed_optimizer=tr.use_distributed_optimizer)
         self.optimizer = get_megatron_optimizer(oc, [self.model])
         self.config.no_sync_func = self.model.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads
@@ -397,7 +394,7 @@ class MegatronBackend(TrainingBackend):
         return _Item(mb, ids, pos, self._causal_mask(ids.shape[1]), slices, tgt, lengths)
 
     def _temperature(self) -> float:
-        return float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+        return self.cfg.rollout.rollout_temperature or 1.0   # greedy (0) rollouts: log-probs at 1
 
     def _log_probs(self, logits: torch.Tensor, item: _Item, entropy_grad: bool
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -424,7 +421,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.pipeline_parallel import get_forward_backward_func
         items = [self._item(mb) for mb in micro_batches]
         n = len(items)
-        entropy_grad = float(getattr(self.args, "entropy_coef", 0.0) or 0.0) != 0.0
+        entropy_grad = self.cfg.algorithm.entropy_coef != 0.0
 
         def loss_func(item: _Item, logits: torch.Tensor):
             if item.empty:
@@ -473,7 +470,7 @@ class MegatronBackend(TrainingBackend):
         if n == 0:
             return [], ([] if with_entropy else None)
         lengths = [len(t) for t in batch["tokens"]]
-        mbs = micro_batches_from_args(self.args, lengths)
+        mbs = micro_batches_from_config(self.cfg.train, lengths)
         store = self._run(net, [select(batch, idx) for idx in mbs], forward_only=True, with_entropy=with_entropy)
         resp = [int(r) for r in batch["response_lengths"]]
         total = sum(resp)
@@ -663,7 +660,7 @@ class MegatronBackend(TrainingBackend):
                     "pp": self.pp_size, "optim": bool(save_optim), "hf_checkpoint": self.hf_path,
                     "optimizer_steps": self.optimizer_steps,
                     "backend": "megatron",
-                    "distributed_optimizer": bool(getattr(self.args, "use_distributed_optimizer", False))}
+                    "distributed_optimizer": self.cfg.train.use_distributed_optimizer}
             (out / META_FILE).write_text(json.dumps(meta, indent=1))
         self._barrier()
         self.log.info("saved checkpoint", path=str(out), optim=save_optim)

@@ -71,11 +71,11 @@ class ConversionError(ValueError):
     """A tensor name, shape or model configuration the converter does not handle; the message says which."""
 
 
-def _cfg_get(cfg: Any, key: str, default=None):
-    if isinstance(cfg, dict):
-        v = cfg.get(key, default)
+def _cfg_get(hf_config: Any, key: str, default=None):
+    if isinstance(hf_config, dict):
+        v = hf_config.get(key, default)
     else:
-        v = getattr(cfg, key, default)
+        v = getattr(hf_config, key, default)
     return default if v is None else v
 
 

@@ -1,6 +1,6 @@
 """The RL update of one rollout, written once on the TrainingBackend primitives (torch and megatron share it).
 
-    metrics = rl_update(backend, args, batch, rollout_id)
+    metrics = rl_update(backend, cfg, batch, rollout_id)         # cfg: slime_actors.config.JobConfig
 
 On each rank, for its shard of the rollout (whole prompt groups):
 
@@ -10,7 +10,7 @@ On each rank, for its shard of the rollout (whole prompt groups):
 2. the critic's values (ppo);
 3. rewards post-processed per prompt group, then per-token advantages and returns
    (`slime_actors.algo.advantages`), whitening with statistics over all ranks' tokens;
-4. args.num_steps_per_rollout optimizer steps over contiguous mini-batches of the shard, each as micro-batches
+4. --num-steps-per-rollout optimizer steps over contiguous mini-batches of the shard, each as micro-batches
    (--micro-batch-size or --use-dynamic-batch-size / --max-tokens-per-gpu; every rank runs the same number,
    padding with empty ones). The loss per micro-batch is the policy loss (PPO clip, dual clip, GSPO ratio), times
    TIS weights (--use-tis), minus --entropy-coef x entropy, plus --kl-loss-coef x KL to the reference
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,8 +34,9 @@ from ..algo.advantages import compute_advantages_and_returns, normalize_group_re
 from ..algo.kl import compute_approx_kl
 from ..algo.losses import compute_policy_loss, compute_value_loss, gspo_ppo_kl, reduce_loss
 from ..algo.tis import tis_weights
+from ..config import AlgorithmSection, JobConfig
 from ..log import get_logger
-from .batching import micro_batches_from_args, mini_batch_indices, select, validate_batch
+from .batching import micro_batches_from_config, mini_batch_indices, select, validate_batch
 from .training import LossFn, TrainingBackend
 
 # reduce(tensor, op) -> the tensor reduced across the training ranks ("sum" or "max"); identity on one rank
@@ -55,39 +55,30 @@ def default_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return x.to(t.device)
 
 
-def _a(args, name, default=None):
-    v = getattr(args, name, default)
-    return default if v is None else v
-
-
 def _cat(xs, device=None) -> torch.Tensor:
     xs = [x.to(device) if device is not None else x for x in xs]
     return torch.cat(xs) if xs else torch.zeros(0, device=device)
 
 
-def policy_metric_names(args) -> list[str]:
+def policy_metric_names(alg: AlgorithmSection) -> list[str]:
     names = ["loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy"]
-    if _a(args, "use_kl_loss", False):
+    if alg.use_kl_loss:
         names.append("kl_loss")
-    if _a(args, "use_tis", False):
+    if alg.use_tis:
         names += ["tis", "tis_clipfrac", "tis_abs"]
     return names
 
 
-def make_policy_loss_fn(args, denominator: float, world_size: int) -> LossFn:
+def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: int) -> LossFn:
     """The actor's loss for one micro-batch (see the module docstring). ``denominator``: the step's global sample
     count, or its global loss-masked token count with --calculate-per-token-loss. The micro-batch must carry
     loss_masks, old_log_probs, advantages (tensors), and ref_log_probs / rollout_log_probs when used."""
-    per_token = bool(_a(args, "calculate_per_token_loss", False))
-    eps_clip = float(_a(args, "eps_clip", 0.2))
-    eps_clip_high = float(_a(args, "eps_clip_high", eps_clip))
-    eps_clip_c = getattr(args, "eps_clip_c", None)
-    gspo = _a(args, "advantage_estimator", "grpo") == "gspo"
-    entropy_coef = float(_a(args, "entropy_coef", 0.0))
-    use_kl = bool(_a(args, "use_kl_loss", False))
-    kl_coef, kl_type = float(_a(args, "kl_loss_coef", 0.0)), _a(args, "kl_loss_type", "k1")
-    use_tis = bool(_a(args, "use_tis", False))
-    tis_clip, tis_clip_low = float(_a(args, "tis_clip", 2.0)), float(_a(args, "tis_clip_low", 0.0))
+    per_token = alg.calculate_per_token_loss
+    eps_clip, eps_clip_high, eps_clip_c = alg.eps_clip, alg.eps_clip_high, alg.eps_clip_c
+    gspo = alg.advantage_estimator == "gspo"
+    entropy_coef = alg.entropy_coef
+    use_kl, kl_coef, kl_type = alg.use_kl_loss, alg.kl_loss_coef, alg.kl_loss_type
+    use_tis, tis_clip, tis_clip_low = alg.use_tis, alg.tis_clip, alg.tis_clip_low
 
     def loss_fn(mb: dict, log_probs: list[torch.Tensor], entropies: list[torch.Tensor], values=None):
         dev = log_probs[0].device if log_probs else torch.device("cpu")
@@ -122,10 +113,10 @@ def make_policy_loss_fn(args, denominator: float, world_size: int) -> LossFn:
     return loss_fn
 
 
-def make_value_loss_fn(args, denominator: float, world_size: int) -> LossFn:
+def make_value_loss_fn(alg: AlgorithmSection, denominator: float, world_size: int) -> LossFn:
     """The critic's clipped value loss (--value-clip) for one micro-batch; needs values (old) and returns."""
-    per_token = bool(_a(args, "calculate_per_token_loss", False))
-    value_clip = getattr(args, "value_clip", None)
+    per_token = alg.calculate_per_token_loss
+    value_clip = alg.value_clip
 
     def loss_fn(mb: dict, log_probs, entropies, values: list[torch.Tensor]):
         dev = values[0].device if values else torch.device("cpu")
@@ -149,7 +140,7 @@ def _prepare(batch: dict) -> dict:
     return work
 
 
-def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
+def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id: int,
               reduce: Reduce | None = None) -> dict[str, float]:
     """Train on this rank's shard of one rollout; returns scalar metrics, global across ranks (all-reduced; only
     ``train_time`` is this rank's).
@@ -160,9 +151,9 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
     group only -- supplies it)."""
     reduce = reduce or getattr(backend, "reduce", None) or default_reduce
     t0 = time.monotonic()
-    use_tis = bool(_a(args, "use_tis", False))
-    validate_batch(batch, require_rollout_log_probs=use_tis)
-    estimator = _a(args, "advantage_estimator", "grpo")
+    alg = cfg.algorithm
+    validate_batch(batch, require_rollout_log_probs=alg.use_tis)
+    estimator = alg.advantage_estimator
     work = _prepare(batch)
     n = len(work["tokens"])
     masks = work["loss_masks"]
@@ -171,9 +162,9 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
         return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
 
     # 1. reference and old log-probs
-    kl_coef = float(_a(args, "kl_coef", 0.0))
+    kl_coef = alg.kl_coef
     ref = None
-    if _a(args, "use_kl_loss", False) or kl_coef != 0:
+    if alg.use_kl_loss or kl_coef != 0:
         ref, _ = backend.compute_log_probs(work, model="ref")
         work["ref_log_probs"] = ref
     old, _ = backend.compute_log_probs(work, model="actor")
@@ -210,11 +201,10 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
     # 3. rewards -> advantages / returns
     raw = torch.as_tensor([float(r) for r in work["rewards"]], dtype=torch.float32)
     rewards = normalize_group_rewards(raw, work.get("group_index"), estimator,
-                                      std_normalization=not _a(args, "disable_grpo_std_normalization", False))
+                                      std_normalization=not alg.disable_grpo_std_normalization)
     advantages, returns = compute_advantages_and_returns(
         estimator, rewards, masks, log_probs=old, ref_log_probs=ref, values=values, kl_coef=kl_coef,
-        kl_type=_a(args, "kl_loss_type", "k1"), gamma=float(_a(args, "gamma", 1.0)),
-        lambd=float(_a(args, "lambd", 1.0)), normalize_advantages=bool(_a(args, "normalize_advantages", False)),
+        kl_type=alg.kl_loss_type, gamma=alg.gamma, lambd=alg.lambd, normalize_advantages=alg.normalize_advantages,
         reduce=lambda t: reduce(t, "sum"))
     work["advantages"], work["returns"] = advantages, returns
 
@@ -232,11 +222,11 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
     metrics["num_tokens"] = c
 
     # 4. optimizer steps
-    num_steps = int(_a(args, "num_steps_per_rollout", 1) or 1)
-    per_token = bool(_a(args, "calculate_per_token_loss", False))
+    num_steps = cfg.train.num_steps_per_rollout
+    per_token = alg.calculate_per_token_loss
     # gradients are averaged over the data-parallel replicas (all ranks, unless the backend is model-parallel)
     world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
-    names = policy_metric_names(args) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
+    names = policy_metric_names(alg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
     for step_idx in mini_batch_indices(n, num_steps):
@@ -245,13 +235,13 @@ def rl_update(backend: TrainingBackend, args: Any, batch: dict, rollout_id: int,
         g_samples, g_tokens = rsum(len(step_idx), step_tokens)
         denom = max(g_tokens if per_token else g_samples, 1.0)
         lengths = [len(t) for t in step["tokens"]]
-        mbs = micro_batches_from_args(args, lengths)
+        mbs = micro_batches_from_config(cfg.train, lengths)
         count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
-        mbs = micro_batches_from_args(args, lengths, min_count=count)
+        mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
         micro = [select(step, idx) for idx in mbs]
-        local = backend.train_micro_batches(micro, make_policy_loss_fn(args, denom, world))
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world))
         if estimator == "ppo":
-            local.update(backend.train_micro_batches(micro, make_value_loss_fn(args, denom, world),
+            local.update(backend.train_micro_batches(micro, make_value_loss_fn(alg, denom, world),
                                                      train_critic=True))
             critic_norms.append(backend.optimizer_step(critic=True))
         grad_norms.append(backend.optimizer_step())

@@ -1,6 +1,6 @@
 """The launch commands of generation engines and of the sglang-router, built in one place from the job's flags.
 
-    module, argv = engine_command(args, index=0, port=30001)      # what rollout worker `index` runs
+    module, argv = engine_command(cfg, index=0, port=30001)       # what rollout worker `index` runs (cfg: JobConfig)
     check_engine_flags(module, argv)                              # SGLangFlagError naming a flag SGLang lacks
     proc = launch_engine(module, argv, ...)                       # slime_actors.backends.engine_process
 
@@ -39,6 +39,8 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
+from slime_actors.config import JobConfig
+from slime_actors.env import PLACED_GPUS
 from slime_actors.log import get_logger
 
 from . import sglang_flags
@@ -110,21 +112,19 @@ def _suggest(flag: str, known) -> str:
 
 # -- the engine command ---------------------------------------------------------------------------------------
 
-def base_gpu_id(args: argparse.Namespace, index: int, placed: str | None = None) -> int | None:
+def base_gpu_id(cfg: JobConfig, index: int, placed: str | None = None) -> int | None:
     """First GPU of engine `index` on its node (slime's placement), or None off GPU. Where a topology gave the
     worker its own GPUs (`placed`, default: $SLIME_ACTORS_GPUS; CUDA_VISIBLE_DEVICES then shows only those,
     renumbered from 0) the engine starts at 0."""
-    if str(getattr(args, "device", "cpu")).split(":")[0] != "cuda":
+    if cfg.run.device.split(":")[0] != "cuda":
         return None
     if placed is None:
-        from ..launch.topology import ENV_PLACED_GPUS
-        placed = os.environ.get(ENV_PLACED_GPUS)
+        placed = PLACED_GPUS.get()
     if placed:
         return 0
-    per_engine = max(1, int(args.rollout_num_gpus_per_engine))
-    per_node = max(1, int(getattr(args, "num_gpus_per_node", 8) or 8))
-    start = 0 if getattr(args, "colocate", False) or getattr(args, "debug_rollout_only", False) \
-        else int(args.actor_num_gpus_per_node)
+    per_engine = max(1, cfg.engine.rollout_num_gpus_per_engine)
+    per_node = max(1, cfg.engine.num_gpus_per_node)
+    start = 0 if cfg.engine.colocate or cfg.debug.debug_rollout_only else cfg.train.actor_num_gpus_per_node
     return (start + index * min(per_engine, per_node)) % per_node
 
 
@@ -135,18 +135,17 @@ def check_passthrough_owned(sglang_args: Sequence[str]) -> None:
                                   f"itself; use {OWNED_FLAGS[name]}")
 
 
-def engine_host(args: argparse.Namespace, multi_host: bool = False, node_address: str | None = None) -> str:
+def engine_host(cfg: JobConfig, multi_host: bool = False, node_address: str | None = None) -> str:
     """The address an engine (or the router rollout/0 starts) listens on: --sglang-host when given, else 127.0.0.1
     -- its rollout worker, and a colocated trainer, share its host -- unless an sglang-router must reach it from
     another host (a job over several hosts, or a router at a non-local --sglang-router-ip): then `node_address`,
     this node's address as the job's topology advertises it. Never 0.0.0.0 unless asked for."""
-    given = flag_value([str(a) for a in (getattr(args, "sglang_args", None) or [])], "--host")
+    eng = cfg.engine
+    given = flag_value(eng.sglang_args, "--host")
     if given:
         return given
-    router = getattr(args, "use_sglang_router", False)
-    remote_router = bool(getattr(args, "sglang_router_ip", None)) and not str(args.sglang_router_ip).startswith(
-        ("127.", "localhost"))
-    if router and (multi_host or remote_router):
+    remote_router = bool(eng.sglang_router_ip) and not eng.sglang_router_ip.startswith(("127.", "localhost"))
+    if eng.use_sglang_router and (multi_host or remote_router):
         if not node_address:
             raise SGLangFlagError("the sglang-router is reached from other hosts but this node's address is unknown: "
                                   "set SLIME_ACTORS_ADVERTISE (or --sglang-host)")
@@ -154,31 +153,31 @@ def engine_host(args: argparse.Namespace, multi_host: bool = False, node_address
     return "127.0.0.1"
 
 
-def engine_command(args: argparse.Namespace, index: int, port: int, host: str | None = None,
+def engine_command(cfg: JobConfig, index: int, port: int, host: str | None = None,
                    config: str | os.PathLike | None = None) -> tuple[str, list[str]]:
     """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`). See the module
     docstring for the flags."""
-    passthrough = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
+    passthrough = list(cfg.engine.sglang_args)
     check_passthrough_owned(passthrough)
-    module = SGLANG_MODULE if args.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
+    module = SGLANG_MODULE if cfg.engine.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
     pp = flag_value(passthrough, "--pp-size", "--pipeline-parallel-size")
     pp = int(pp) if pp else 1
-    gpus = int(args.rollout_num_gpus_per_engine)
+    gpus = cfg.engine.rollout_num_gpus_per_engine
     if pp < 1 or gpus % pp:
         raise SGLangFlagError(f"--rollout-num-gpus-per-engine ({gpus}) must be a multiple of --sglang-pp-size ({pp})")
     if host is None:
         host = flag_value(passthrough, "--host") or "127.0.0.1"
-    argv = ["--model-path", str(args.hf_checkpoint), "--port", str(int(port)), "--tp-size", str(gpus // pp),
-            "--random-seed", str(int(args.seed) + index), "--weight-version", "0"]
+    argv = ["--model-path", str(cfg.model.hf_checkpoint), "--port", str(int(port)), "--tp-size", str(gpus // pp),
+            "--random-seed", str(cfg.run.seed + index), "--weight-version", "0"]
     if flag_value(passthrough, "--host") is None:
         argv[2:2] = ["--host", host]
     if config is not None:
         argv += ["--config", str(config)]
-    gpu = base_gpu_id(args, index)
+    gpu = base_gpu_id(cfg, index)
     if gpu is not None and flag_value(passthrough, "--base-gpu-id") is None:
         argv += ["--base-gpu-id", str(gpu)]
     if module == LOCAL_ENGINE_MODULE:
-        argv += ["--device", str(args.device), "--max-running-requests", str(int(args.engine_max_batch_size))]
+        argv += ["--device", cfg.run.device, "--max-running-requests", str(cfg.engine.engine_max_batch_size)]
     return module, argv + passthrough
 
 
@@ -266,26 +265,26 @@ def check_engine_flags(module: str, argv: Sequence[str]) -> str:
     return "local engine"
 
 
-def check_passthrough(args: argparse.Namespace) -> str:
+def check_passthrough(cfg: JobConfig) -> str:
     """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched)."""
-    sglang_args = [str(a) for a in (getattr(args, "sglang_args", None) or [])]
+    eng = cfg.engine
+    sglang_args = list(eng.sglang_args)
     check_passthrough_owned(sglang_args)
     workers = flag_value(sglang_args, "--tokenizer-worker-num")
-    if workers not in (None, "", "1") and getattr(args, "engine_auth", True) \
-            and not getattr(args, "rollout_external_engine_addrs", None):
+    if workers not in (None, "", "1") and eng.engine_auth and not eng.rollout_external_engine_addrs:
         raise SGLangFlagError(f"--sglang-tokenizer-worker-num {workers}: SGLang {RECORDED_SGLANG_VERSION} checks no "
                               "API key with more than one tokenizer worker (http_server.py adds its key middleware "
                               "only in single-tokenizer mode), so the engines would be open; drop the flag or turn "
                               "the keys off with --engine-auth false")
-    if args.rollout_engine == "sglang" and not getattr(args, "rollout_external_engine_addrs", None):
-        module, argv = engine_command(args, 0, 30000)
+    if eng.rollout_engine == "sglang" and not eng.rollout_external_engine_addrs:
+        module, argv = engine_command(cfg, 0, 30000)
         what = check_engine_flags(module, argv)
     else:
         _check_with_table(sglang_args, sglang_flags.SERVER_FLAGS,
                           f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
         what = "recorded table"
-    if getattr(args, "router_args", None) or getattr(args, "use_sglang_router", False):
-        router_command(args, "127.0.0.1", 30000, check=True)
+    if eng.router_args or eng.use_sglang_router:
+        router_command(cfg, "127.0.0.1", 30000, check=True)
     return what
 
 
@@ -315,7 +314,7 @@ def check_router_flags(argv: Sequence[str]) -> str:
     return what
 
 
-def router_command(args: argparse.Namespace, host: str, port: int, prometheus_port: int | None = None,
+def router_command(cfg: JobConfig, host: str, port: int, prometheus_port: int | None = None,
                    check: bool = False, keys=None) -> tuple[str, list[str]]:
     """(module, argv) of the router the rollout workers share. Like slime, the router's own health checks and
     circuit breaker are off (the rollout workers probe their engines and restart them), unless the job's --router-*
@@ -324,7 +323,7 @@ def router_command(args: argparse.Namespace, host: str, port: int, prometheus_po
     key on its worker registry (`--control-plane-api-keys ID:NAME:admin:KEY`). The router takes keys only on its
     command line: it renames its process (setproctitle "sglang::router") once started, which hides them from the
     process list after the first moments; docs/security.md says so."""
-    passthrough = [str(a) for a in (getattr(args, "router_args", None) or [])]
+    passthrough = list(cfg.engine.router_args)
     given = {name for name, _ in split_flags(passthrough)}
     for name in given & set(OWNED_ROUTER_FLAGS):
         raise SGLangFlagError(f"--router-{name[2:]} cannot be passed through: use {OWNED_ROUTER_FLAGS[name]}")

@@ -1,12 +1,12 @@
 """The torch training backend: a Hugging Face causal LM on CPU or GPU, DDP or FSDP2 across ranks.
 
-    backend = TorchBackend(args, rank, world_size); backend.init()
-    metrics = rl_update(backend, args, batch, rollout_id)       # slime_actors.backends.rl_update
+    backend = TorchBackend(cfg, rank, world_size); backend.init()      # cfg: slime_actors.config.JobConfig
+    metrics = rl_update(backend, cfg, batch, rollout_id)        # slime_actors.backends.rl_update
     for name, tensor in backend.named_weights(): ...             # HF names, full tensors
     backend.save(dir); backend.load(dir); backend.save_hf(dir)
 
-* Model: ``AutoModelForCausalLM`` from args.hf_checkpoint (a directory, or ``tiny:NAME``), fp32 (bf16 with
-  --bf16), on args.device (``cuda`` means this rank's local GPU). Dropout is off: the models stay in eval mode,
+* Model: ``AutoModelForCausalLM`` from --hf-checkpoint (a directory, or ``tiny:NAME``), fp32 (bf16 with
+  --bf16), on --device (``cuda`` means this rank's local GPU). Dropout is off: the models stay in eval mode,
   so a training forward computes exactly what the log-prob forward computes.
 * Parallel: when torch.distributed is initialised with more than one rank, --torch-parallel ddp wraps the actor
   (and critic) in DistributedDataParallel (gloo on CPU, NCCL on GPU) and fsdp applies FSDP2 ``fully_shard`` to
@@ -17,7 +17,7 @@
 * Critic (--advantage-estimator ppo): the base model (``AutoModel``) plus a linear value head, own AdamW with
   --critic-lr. The value of response token t is read at the position that predicts t (as slime).
 * Log-probs: right-padded micro-batches (--micro-batch-size, or --use-dynamic-batch-size with
-  --max-tokens-per-gpu), logits at args.rollout_temperature by `slime_actors.algo.logprobs`.
+  --max-tokens-per-gpu), logits at --rollout-temperature by `slime_actors.algo.logprobs`.
 * Checkpoints (``save``/``load``): full (unsharded) model state in HF names as safetensors, the optimizer's full
   state dict keyed by parameter names, per-rank RNG states (torch, CUDA, numpy, python) and the weight version,
   so a resumed run continues bit-identically and can change world size or ddp/fsdp.
@@ -31,7 +31,6 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -39,8 +38,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
+from ..config import JobConfig
 from ..log import get_logger
-from .batching import micro_batches_from_args, pad_tokens, select, validate_batch
+from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
 from .training import LossFn, TrainingBackend
 
 MODEL_FILE = "model.safetensors"
@@ -117,12 +117,12 @@ def _set_rng_state(state: dict) -> None:
 class TorchBackend(TrainingBackend):
     """One rank of the torch training group (see the module docstring)."""
 
-    def __init__(self, args: Any, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: JobConfig, rank: int = 0, world_size: int = 1):
         if _distributed():
             if dist.get_rank() != rank or dist.get_world_size() != world_size:
                 raise ValueError(f"TorchBackend(rank={rank}, world_size={world_size}) but torch.distributed has "
                                  f"rank {dist.get_rank()} of {dist.get_world_size()}")
-        super().__init__(args, rank, world_size)
+        super().__init__(cfg, rank, world_size)
         self.log = get_logger(actor=f"trainer/{rank}", component="torch_backend")
         self.parallel = "none"
         self.model: nn.Module | None = None        # the actor, possibly wrapped (DDP) / sharded (FSDP2)
@@ -138,7 +138,7 @@ class TorchBackend(TrainingBackend):
         return self._device
 
     def _pick_device(self) -> torch.device:
-        dev = torch.device(getattr(self.args, "device", "cpu") or "cpu")
+        dev = torch.device(self.cfg.run.device)
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("--device cuda but no CUDA device is available")
@@ -149,11 +149,11 @@ class TorchBackend(TrainingBackend):
         return dev
 
     def _checkpoint_dir(self) -> str:
-        spec = self.args.hf_checkpoint
+        spec = self.cfg.model.hf_checkpoint
         if spec is None:
             raise ValueError("--hf-checkpoint is required")
         from ..models.resolve import resolve_checkpoint
-        return resolve_checkpoint(spec, Path(getattr(self.args, "run_dir", "runs/train")) / "models")
+        return resolve_checkpoint(spec, Path(self.cfg.run.run_dir) / "models")
 
     def _load_causal_lm(self, path: str) -> nn.Module:
         from transformers import AutoModelForCausalLM
@@ -170,33 +170,33 @@ class TorchBackend(TrainingBackend):
         return model.to(self.device).eval()
 
     def init(self) -> None:
-        args = self.args
+        cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = self._pick_device()
-        self.dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float32
+        self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         actor = self._load_causal_lm(self.hf_path)
-        cfg = actor.config
-        pad = getattr(cfg, "pad_token_id", None)
+        hf_config = actor.config
+        pad = getattr(hf_config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
-        if getattr(args, "use_kl_loss", False) or float(getattr(args, "kl_coef", 0.0) or 0.0) > 0:
-            ref = self._load_causal_lm(getattr(args, "ref_load", None) or self.hf_path)
+        if alg.use_kl_loss or alg.kl_coef > 0:
+            ref = self._load_causal_lm(cfg.model.ref_load or self.hf_path)
             ref.requires_grad_(False)
             self.ref_model = ref
 
         critic = None
-        if getattr(args, "advantage_estimator", "grpo") == "ppo":
+        if alg.advantage_estimator == "ppo":
             from transformers import AutoModel
             backbone = AutoModel.from_pretrained(self.hf_path, dtype=self.dtype)
             with torch.random.fork_rng(devices=[]):   # the same value head on every rank, global RNG untouched
-                torch.manual_seed(int(getattr(args, "seed", 1234)))
-                critic = CriticModel(backbone, cfg.hidden_size)
+                torch.manual_seed(cfg.run.seed)
+                critic = CriticModel(backbone, hf_config.hidden_size)
             critic = critic.to(device=self.device, dtype=self.dtype).eval()
             self._raw_critic = critic
 
-        want = getattr(args, "torch_parallel", "ddp")
+        want = tr.torch_parallel
         if _distributed() and self.world_size > 1:
             self.parallel = want
         if self.parallel == "ddp":
@@ -211,13 +211,13 @@ class TorchBackend(TrainingBackend):
                 critic = self._fully_shard(critic)
         self.model, self.critic = actor, critic
 
-        betas = (float(args.adam_beta1), float(args.adam_beta2))
-        self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=float(args.lr),
-                                           betas=betas, weight_decay=float(args.weight_decay), eps=1e-8)
+        betas = (tr.adam_beta1, tr.adam_beta2)
+        self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=tr.lr,
+                                           betas=betas, weight_decay=tr.weight_decay, eps=1e-8)
         if critic is not None:
-            clr = float(args.critic_lr if getattr(args, "critic_lr", None) is not None else args.lr)
-            self.critic_optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=clr,
-                                                      betas=betas, weight_decay=float(args.weight_decay), eps=1e-8)
+            self.critic_optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad],
+                                                      lr=tr.critic_lr, betas=betas, weight_decay=tr.weight_decay,
+                                                      eps=1e-8)
         self.log.info("torch backend ready", model=self.hf_path, device=str(self.device), dtype=str(self.dtype),
                       parallel=self.parallel, world_size=self.world_size, ref=self.ref_model is not None,
                       critic=critic is not None)
@@ -267,10 +267,10 @@ class TorchBackend(TrainingBackend):
 
     def _micro_batches(self, batch: dict, fsdp_module: bool) -> list[list[int]]:
         lengths = [len(t) for t in batch["tokens"]]
-        mbs = micro_batches_from_args(self.args, lengths)
+        mbs = micro_batches_from_config(self.cfg.train, lengths)
         if fsdp_module and self.parallel == "fsdp":
             # every rank must run the same number of forwards (each one all-gathers the shards)
-            mbs = micro_batches_from_args(self.args, lengths, min_count=self._all_max(len(mbs)))
+            mbs = micro_batches_from_config(self.cfg.train, lengths, min_count=self._all_max(len(mbs)))
         return mbs
 
     def _inputs(self, tokens: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -288,7 +288,7 @@ class TorchBackend(TrainingBackend):
         return torch.as_tensor(list(mb["tokens"][i][p:p + r]), dtype=torch.long, device=self.device)
 
     def _temperature(self) -> float:
-        return float(getattr(self.args, "rollout_temperature", 1.0) or 1.0)
+        return self.cfg.rollout.rollout_temperature or 1.0   # greedy (0) rollouts: log-probs at 1
 
     def _logits(self, model: nn.Module, ids, mask, pos) -> torch.Tensor:
         return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
@@ -353,7 +353,7 @@ class TorchBackend(TrainingBackend):
         """Forward + backward per micro-batch, gradients accumulating (synchronised across ranks on the last).
 
         For the actor, ``loss_fn(mb, log_probs, entropies, None)`` gets per-sample response log-probs (with grad)
-        and entropies (with grad only when args.entropy_coef != 0). For the critic (``train_critic``) it gets
+        and entropies (with grad only when --entropy-coef != 0). For the critic (``train_critic``) it gets
         ``loss_fn(mb, [], [], values)``. A micro-batch without samples runs a dummy forward with zero loss, so
         ranks with fewer micro-batches still join every collective."""
         self._require_init()
@@ -364,7 +364,7 @@ class TorchBackend(TrainingBackend):
             micro_batches = [{"tokens": [], "prompt_lengths": [], "response_lengths": [], "loss_masks": []}]
         for mb in micro_batches:
             validate_batch(mb)
-        entropy_grad = float(getattr(self.args, "entropy_coef", 0.0) or 0.0) != 0.0
+        entropy_grad = self.cfg.algorithm.entropy_coef != 0.0
         temp = self._temperature()
         totals: dict[str, float] = {}
         last = len(micro_batches) - 1
@@ -407,7 +407,7 @@ class TorchBackend(TrainingBackend):
         if module is None or opt is None:
             raise ValueError("optimizer_step(critic=True) but there is no critic")
         params = [p for p in module.parameters() if p.requires_grad]
-        clip = float(getattr(self.args, "clip_grad", 0.0) or 0.0)
+        clip = self.cfg.train.clip_grad
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()

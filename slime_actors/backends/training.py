@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
-
 import torch
+
+from ..config import JobConfig
 
 # loss_fn(micro_batch, log_probs, entropies, values) -> (loss to backpropagate, metrics of this micro-batch)
 # log_probs / entropies: one 1-D tensor per sample over its response tokens; values likewise (critic) or None.
@@ -28,21 +28,21 @@ LossFn = Callable[[dict, list[torch.Tensor], list[torch.Tensor], list[torch.Tens
 class TrainingBackend(ABC):
     """One rank of the training group."""
 
-    def __init__(self, args: Any, rank: int, world_size: int):
-        self.args, self.rank, self.world_size = args, rank, world_size
+    def __init__(self, cfg: JobConfig, rank: int, world_size: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.weight_version = 0  # bumped by the trainer after each update that engines receive
 
     # -- set-up ------------------------------------------------------------------------------------------
     @abstractmethod
     def init(self) -> None:
-        """Build the actor model (and reference model, critic, optimizer) from args.hf_checkpoint."""
+        """Build the actor model (and reference model, critic, optimizer) from --hf-checkpoint."""
 
     # -- forward passes (no grad) ------------------------------------------------------------------------
     @abstractmethod
     def compute_log_probs(self, batch: dict, model: str = "actor", with_entropy: bool = False
                           ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Log-probs (fp32, CPU) of each sample's response tokens under `model` ("actor" or "ref"), computed at
-        args.rollout_temperature; with_entropy adds the per-token entropy."""
+        --rollout-temperature; with_entropy adds the per-token entropy."""
 
     def compute_values(self, batch: dict) -> list[torch.Tensor]:
         """Critic values per response token (PPO); backends without a critic raise."""
@@ -57,7 +57,7 @@ class TrainingBackend(ABC):
 
     @abstractmethod
     def optimizer_step(self, critic: bool = False) -> float:
-        """Clip gradients (args.clip_grad), step, zero grads. Returns the gradient norm before clipping."""
+        """Clip gradients (--clip-grad), step, zero grads. Returns the gradient norm before clipping."""
 
     # -- weights -----------------------------------------------------------------------------------------
     @abstractmethod

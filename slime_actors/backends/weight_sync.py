@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from slime_actors.env import WEIGHT_SYNC_TIMEOUT
 from slime_actors.log import get_logger
 
 log = get_logger(component="weight_sync")
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default group_name
-WEIGHT_SYNC_TIMEOUT_S = float(os.environ.get("SLIME_ACTORS_WEIGHT_SYNC_TIMEOUT", "600"))
+WEIGHT_SYNC_TIMEOUT_S: float = WEIGHT_SYNC_TIMEOUT.get()
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
 WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 

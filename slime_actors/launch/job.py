@@ -29,10 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import env as E
 from ..actors.base import Actor, handler
+from ..config import JobConfig
 from ..log import console_write, get_logger
 from ..mailbox.errors import MailboxError
+from ..runtime import RuntimeConfig, job_keys
 from .local import LocalLauncher, become_subreaper
+from .prepare import prepare_agent, prepare_head, write_agent_job
 from .topology import Placement, Topology
 
 EXIT_INTERRUPTED = 130
@@ -41,7 +45,7 @@ EXIT_TERMINATED = 143
 
 @dataclass
 class JobContext:
-    args: argparse.Namespace            # the job's flags (parsed, validated)
+    cfg: JobConfig                       # the job's config (parsed, validated)
     topology: Topology
     node: tuple[str, int] | None = None  # (node group, index) this process runs; None: every node on this host
     join: str | None = None              # directory endpoint of the head (agents)
@@ -55,6 +59,11 @@ class JobContext:
     @property
     def is_head(self) -> bool:
         return self.join is None
+
+    @property
+    def multi_host(self) -> bool:
+        """Part of a job over several hosts (an agent, or a head other nodes join): tcp between actors."""
+        return bool(self.join or self.head_port)
 
     def node_number(self, group: str, index: int) -> int:
         n = 0
@@ -112,42 +121,13 @@ class NodeAgent(Actor):
         return {"stopping": True, "processes": len(self.launcher.procs) if self.launcher else 0}
 
 
-def _runtime(args, ctx: JobContext):
-    from ..runtime import RuntimeConfig
-    rt = RuntimeConfig.from_env()
-    rt.run_dir = str(Path(args.run_dir).resolve())
-    rt.curve = args.curve
-    rt.trace = args.trace
-    rt.trace_keep_arrays = args.trace_keep_arrays
-    rt.transport = "tcp" if (ctx.join or ctx.head_port) and args.transport == "ipc" else args.transport
-    rt.heartbeat_interval = args.heartbeat_interval
-    rt.liveness = args.heartbeat_liveness
-    return rt
-
-
-def _keys(args, run_dir: Path, create: bool):
-    from ..mailbox.security import JobKeys
-    if not args.curve:
-        return None
-    keys = JobKeys.from_env()
-    if keys is None and not create and (run_dir / "keys" / "job.public").exists():
-        keys = JobKeys.load(run_dir)
-    if keys is None:
-        if not create:
-            raise RuntimeError(f"no CURVE keys: set SLIME_ACTORS_CURVE_PUBLIC/SECRET (as the head has them) or "
-                               f"share {run_dir / 'keys'}")
-        keys = JobKeys.create()
-    keys.save(run_dir)
-    return keys
-
-
-def _engine_keys(args, run_dir: Path, create: bool, prog: str | None = None):
+def engine_keys(cfg: JobConfig, run_dir: Path, create: bool, prog: str | None = None):
     """The job's engine HTTP keys (backends/engine_auth.py), saved under RUN_DIR/keys; with `prog`, the warnings
     about them are printed."""
     from ..backends.engine_auth import job_engine_keys, startup_warnings
-    keys = job_engine_keys(args, run_dir, create, user=getattr(args, "engine_user_keys", None))
+    keys = job_engine_keys(cfg.engine, run_dir, create, user=cfg.engine_user_keys)
     if prog:
-        for w in startup_warnings(args, keys):
+        for w in startup_warnings(cfg.engine, keys):
             get_logger(actor="launcher").warning(w)
             print(f"{prog}: warning: {w}", file=sys.stderr)
     return keys
@@ -225,7 +205,7 @@ def _make_launcher(ctx: JobContext, env: dict, run_dir: Path) -> LocalLauncher:
     sup = ctx.topology.supervisor
     hang = sup.get("hang_kill_after")
     if hang is None:
-        hang = max(10.0, 2 * ctx.args.heartbeat_interval * ctx.args.heartbeat_liveness)
+        hang = max(10.0, 2 * ctx.cfg.runtime.heartbeat_interval * ctx.cfg.runtime.heartbeat_liveness)
     launcher = LocalLauncher(str(run_dir), env, hang_kill_after=hang)
     launcher.reap_all = become_subreaper()
     for p in ctx.placements():
@@ -248,14 +228,13 @@ def _install_signals(loop, stop: asyncio.Event, holder: dict) -> None:
 async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     from ..actors.controller import Controller
     from ..actors.directory import Directory
-    from ..config import args_to_dict
-    args = ctx.args
+    cfg = ctx.cfg
     log = get_logger(actor="launcher")
-    run_dir = Path(args.run_dir).resolve()
-    rt = _runtime(args, ctx)
-    keys = _keys(args, run_dir, create=ctx.fresh)
+    run_dir = Path(cfg.run.run_dir).resolve()
+    rt = RuntimeConfig.for_job(cfg, ctx.multi_host)
+    keys = job_keys(cfg.runtime.curve, run_dir, create=ctx.fresh)
     try:
-        engine_keys = _engine_keys(args, run_dir, ctx.fresh, prog=ctx.prog)
+        engines = engine_keys(cfg, run_dir, ctx.fresh, prog=ctx.prog)
     except ValueError as exc:
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         return 2, None
@@ -267,16 +246,16 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     rt.directory = dep
     (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(),
                                                    "host": socket.gethostname(), "started": time.time()}))
-    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
-    if engine_keys is not None:
-        env.update(engine_keys.env())
+    if engines is not None:
+        env.update(engines.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
     await agent.start(rt)
-    controller = Controller(0, args=args_to_dict(args))
+    controller = Controller(0, args=cfg.to_dict())
     await controller.start(rt)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -340,9 +319,9 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
 
 async def run_agent(ctx: JobContext, job_path: Path) -> int:
     from ..log import setup_logging
-    args = ctx.args
-    run_dir = Path(args.run_dir).resolve()
-    rt = _runtime(args, ctx)
+    cfg = ctx.cfg
+    run_dir = Path(cfg.run.run_dir).resolve()
+    rt = RuntimeConfig.for_job(cfg, ctx.multi_host)
     rt.directory = ctx.join
     log = get_logger(actor="agent")
     node_no = ctx.agent_index()
@@ -352,10 +331,10 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     _install_signals(loop, stop, holder)
     agent = NodeAgent(node_no)
     t0 = time.monotonic()
-    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    join_timeout = E.JOIN_TIMEOUT.get()
     while True:  # the head may not be up yet: keep knocking
         try:
-            keys_ok = args.curve is False or _keys(args, run_dir, create=False) is not None
+            keys_ok = not cfg.runtime.curve or job_keys(True, run_dir, create=False) is not None
             if keys_ok:
                 await agent.start(rt)
                 break
@@ -367,25 +346,25 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
             agent = NodeAgent(node_no)
             await asyncio.sleep(1.0)
     setup_logging(str(run_dir), agent.name)
-    await loop.run_in_executor(None, write_agent_job, args, job_path)
-    keys = _keys(args, run_dir, create=False)
-    env = {**rt.env(), "SLIME_ACTORS_JOB": str(job_path), **ctx.extra_env}
+    await loop.run_in_executor(None, write_agent_job, cfg, job_path)
+    keys = job_keys(cfg.runtime.curve, run_dir, create=False)
+    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
     try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys
-        engine_keys = _engine_keys(args, run_dir, create=False)
+        engines = engine_keys(cfg, run_dir, create=False)
     except ValueError as exc:
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         await agent.stop()
         return 2
-    if engine_keys is not None:
-        env.update(engine_keys.env())
+    if engines is not None:
+        env.update(engines.env())
     launcher = _make_launcher(ctx, env, run_dir)
     agent.launcher = launcher
     launcher.start_all()
     log.info("node agent started", node=f"{ctx.node[0]}[{ctx.node[1]}]", actors=len(launcher.procs),
              head=ctx.join)
-    head_agent = f"agent/{JobContext(args, ctx.topology, node=(ctx.topology.head, 0)).agent_index()}"
+    head_agent = f"agent/{JobContext(cfg, ctx.topology, node=(ctx.topology.head, 0)).agent_index()}"
     lost_after = max(30.0, 6 * rt.down_after)
     last_contact = time.monotonic()
     code = 0
@@ -424,59 +403,26 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # entry points
 
-def prepare(args, ctx: JobContext) -> Path:
-    """Checks, run dir, resolved model, job file. Returns the job file's path. Every check comes before the first
-    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause)."""
-    from ..checkpoints import check_hf_exports, read_meta
-    from ..models import resolve_checkpoint
-    from ..train import check_paths, prepare_run_dir, write_job
-    run_dir = Path(args.run_dir)
-    if ctx.is_head:
-        ckpt = check_paths(args)
-        spec = args.hf_checkpoint
-        if not spec.startswith(("tiny:", "smollm2:")):
-            resolve_checkpoint(spec, run_dir.parent / ".models")  # checks only (no download, nothing written)
-        start = read_meta(ckpt)["next_rollout_id"] if ckpt is not None else (args.start_rollout_id or 0)
-        check_hf_exports(args, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
-        args.hf_checkpoint = resolve_checkpoint(spec, run_dir.parent / ".models")
-        check_hf_exports(args, args.hf_checkpoint, start)
-        if ctx.fresh:
-            prepare_run_dir(args, resume=ckpt is not None)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return write_job(args, run_dir).resolve()
-    from ..run_dir import join_run_dir
-    join_run_dir(run_dir)  # an agent may get there before the head: it writes keys and traces right away
-    # agents resolve the model once they joined the head, which has made it by then (a tiny model is written to
-    # disk; two processes writing it at once would race)
-    return run_dir.resolve() / f"job-agent-{ctx.agent_index()}.json"
-
-
-def write_agent_job(args, path: Path) -> None:
-    from ..config import args_to_dict
-    from ..models import resolve_checkpoint
-    args.hf_checkpoint = resolve_checkpoint(args.hf_checkpoint, Path(args.run_dir).parent / ".models")
-    path.write_text(json.dumps(args_to_dict(args), indent=1, default=str))
-
-
 def run(ctx: JobContext) -> int:
     """Run this process's part of the job. Returns the exit code; the head prints the summary."""
     import uvloop
 
     from ..log import setup_logging
-    from ..train import print_summary
-    args = ctx.args
+    from .summary import print_summary
+    cfg = ctx.cfg
     t0 = time.monotonic()
     try:
-        job_path = prepare(args, ctx)
+        job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         return 2
     if not ctx.is_head:
         return uvloop.run(run_agent(ctx, job_path))
-    run_dir = Path(args.run_dir)
+    run_dir = Path(cfg.run.run_dir)
     setup_logging(run_dir, "controller/0")
-    get_logger(actor="launcher").info("run", run_dir=str(run_dir), model=args.hf_checkpoint, steps=args.num_rollout,
-                                      estimator=args.advantage_estimator, topology=ctx.topology.path)
+    get_logger(actor="launcher").info("run", run_dir=str(run_dir), model=cfg.model.hf_checkpoint,
+                                      steps=cfg.run.num_rollout, estimator=cfg.algorithm.advantage_estimator,
+                                      topology=ctx.topology.path)
     code, result = uvloop.run(run_head(ctx, job_path))
     if code != 0 or result is None:
         return code or 1
@@ -502,7 +448,8 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
-    from ..config import ConfigError, has_flag, parse_args
+    from ..config import ConfigError
+    from .job_config import build_job_config
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors launch", add_help=True,
@@ -524,11 +471,8 @@ def launch_main(argv: list[str]) -> int:
     except TopologyError as exc:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
-    if topo.job_config and not has_flag(rest, "--config"):
-        rest = ["--config", topo.job_config] + rest
     try:
-        args = parse_args(rest)
-        changed = topo.apply_to_args(args)
+        cfg, changed = build_job_config(rest, topo)
         node = parse_node(ns.node, topo) if ns.node else None
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
@@ -557,7 +501,7 @@ def launch_main(argv: list[str]) -> int:
     if ns.dry_run:
         print(topo.describe())
         return 0
-    ctx = JobContext(args, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
+    ctx = JobContext(cfg, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
     if _status_mode(ctx) == "line":
-        args.progress = False  # the status line shows the step
+        cfg.run.progress = False  # the status line shows the step
     return run(ctx)

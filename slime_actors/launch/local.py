@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import env as E
 from ..log import console_write, get_logger
 from .topology import RestartPolicy
 
@@ -186,10 +187,10 @@ class LocalLauncher:
     def start(self, ap: ActorProc) -> None:
         out_path = self.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
         out = open(out_path, "ab")
-        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1", "SLIME_ACTORS_INCARNATION": str(ap.incarnation)}
+        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1", E.INCARNATION.name: str(ap.incarnation)}
         cpus = ap.cpus
-        if cpus is None and env.get("SLIME_ACTORS_CPUS"):
-            cpus = [int(c) for c in env["SLIME_ACTORS_CPUS"].split(",") if c.strip()]
+        if cpus is None and E.CPUS.get(env):
+            cpus = [int(c) for c in E.CPUS.get(env).split(",") if c.strip()]
         ap.popen = subprocess.Popen([self.python, "-m", "slime_actors.launch.actor", ap.role, str(ap.index)],
                                     env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     start_new_session=True, preexec_fn=_child_setup(cpus))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 
+from .. import env as E
+from ..config import JobConfig
+
 ROLES: dict[str, str] = {
     "directory": "slime_actors.actors.directory:Directory",
     "controller": "slime_actors.actors.controller:Controller",
@@ -44,3 +47,10 @@ def class_for(role: str, override: str | None = None):
         raise TypeError(f"{override} plays role {cls.role!r} (its `role` attribute), not {role!r}: set "
                         f"`role = {role!r}` on the class or use it for role {cls.role!r}")
     return cls
+
+
+def job_class_for(role: str, cfg: JobConfig | None):
+    """The class that plays `role` in a job: the job's own for it (--reward-actor-class), else the topology's
+    (`class`, which the placement hands over as SLIME_ACTORS_ACTOR_CLASS), else the built-in one."""
+    own = cfg.reward.reward_actor_class if cfg is not None and role == "reward" else None
+    return class_for(role, own or E.ACTOR_CLASS.get())

@@ -24,6 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .. import env as E
 from ..config import has_flag
 from .topology import Topology
 
@@ -116,10 +117,10 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
             off += g.count
     out.append(f"head=${{{_var(topo.head)}[0]}}   # first node of node group {topo.head!r}: the rendezvous")
     if port:
-        out.append(f"port=${{SLIME_ACTORS_HEAD_PORT:-{int(port)}}}")
+        out.append(f"port=${{{E.HEAD_PORT.name}:-{int(port)}}}")
     else:
-        out.append("port=${SLIME_ACTORS_HEAD_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}")
-    out.append("export SLIME_ACTORS_TRANSPORT=tcp SLIME_ACTORS_HOST=0.0.0.0")
+        out.append(f"port=${{{E.HEAD_PORT.name}:-$(( 20000 + SLURM_JOB_ID % 20000 ))}}")
+    out.append(f"export {E.TRANSPORT.name}=tcp {E.HOST.name}=0.0.0.0")
     if engine_keys:
         out.append("# the job's CURVE keys and engine HTTP keys, made once here, reach every step through the "
                    "environment")
@@ -172,7 +173,8 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
 
 
 def sbatch_main(argv: list[str]) -> int:
-    from ..config import ConfigError, parse_args
+    from ..config import ConfigError
+    from .job_config import build_job_config
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors sbatch",
@@ -201,8 +203,7 @@ def sbatch_main(argv: list[str]) -> int:
                 raise ConfigError(f"{flag} would be written into the batch script: give {flag}-file (on a "
                                   "filesystem the nodes see) or export its SLIME_ACTORS_ENGINE_* variable before "
                                   "sbatch (docs/security.md)")
-        args = parse_args(job_argv)
-        topo.apply_to_args(args)
+        cfg, _ = build_job_config(job_argv, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors sbatch: error: {exc}", file=sys.stderr)
         return 2
@@ -216,9 +217,10 @@ def sbatch_main(argv: list[str]) -> int:
     if run_dir:  # the option wins over a --run-dir among the job flags
         job_argv = [a for i, a in enumerate(job_argv) if not (a.startswith("--run-dir=") or a == "--run-dir" or (
             i > 0 and job_argv[i - 1] == "--run-dir"))]
+    eng = cfg.engine
     sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
                             port=ns.port, command_line=" ".join(shlex.quote(a) for a in argv),
-                            engine_keys=bool(args.engine_auth and not args.rollout_external_engine_addrs)))
+                            engine_keys=bool(eng.engine_auth and not eng.rollout_external_engine_addrs)))
     return 0
 
 
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..backends.engine_auth import EngineKeys
         from ..mailbox.security import JobKeys
         made = {}
-        if not (os.environ.get("SLIME_ACTORS_CURVE_PUBLIC") and os.environ.get("SLIME_ACTORS_CURVE_SECRET")):
+        if not (E.CURVE_PUBLIC.get() and E.CURVE_SECRET.get()):
             made.update(JobKeys.create().env())  # (keys given by the user are kept)
         if "--engine" in argv:
             given = EngineKeys.from_env() or EngineKeys()

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import env as E
+from ..config import JobConfig
+
 HEAD_ROLES = ("directory", "controller")          # run in the head process (the launcher on the head node)
 BUILTIN_ROLES = ("buffer", "reward", "rollout", "trainer")
 DEFAULT_ORDER = ("buffer", "reward", "rollout", "trainer")
@@ -25,10 +28,6 @@ DEFAULT_ORDER = ("buffer", "reward", "rollout", "trainer")
 
 class TopologyError(ValueError):
     """A bad topology file entry; the message names the file, line and key."""
-
-
-ENV_ACTOR_CLASS = "SLIME_ACTORS_ACTOR_CLASS"   # module:Class of a role given `class` in the topology
-ENV_PLACED_GPUS = "SLIME_ACTORS_GPUS"          # the GPUs the topology gave this actor (physical ids)
 
 
 @dataclass
@@ -85,9 +84,9 @@ class Placement:
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
             # the process sees only these, renumbered from 0: an engine it starts begins at GPU 0 of them
-            env[ENV_PLACED_GPUS] = env["CUDA_VISIBLE_DEVICES"]
+            env[E.PLACED_GPUS.name] = env["CUDA_VISIBLE_DEVICES"]
         if self.cpus is not None:
-            env["SLIME_ACTORS_CPUS"] = ",".join(map(str, self.cpus))
+            env[E.CPUS.name] = ",".join(map(str, self.cpus))
         env["LOCAL_RANK"] = str(self.local_index) if self.role == "trainer" else env.get("LOCAL_RANK", "0")
         return env
 
@@ -172,14 +171,11 @@ class Topology:
                     cpus, free[:] = free[:r.cpus_per_actor], free[r.cpus_per_actor:]
                 env = {**self.env, **r.env}
                 if r.cls:
-                    env[ENV_ACTOR_CLASS] = r.cls  # the actor process builds its actor from this class
+                    env[E.ACTOR_CLASS.name] = r.cls  # the actor process builds its actor from this class
                 out.append(Placement(r.name, i, r.nodes, node, local, gpus, cpus, env, r.policy))
         rank = {name: i for i, name in enumerate(self.roles)}
         out.sort(key=lambda p: (rank[p.role], p.index))
         return out
-
-    def head_node(self) -> tuple[str, int]:
-        return self.head, 0
 
     def describe(self) -> str:
         """A short table of the plan (for --dry-run and the launcher's first lines)."""
@@ -194,31 +190,33 @@ class Topology:
                         f"{','.join(map(str, p.cpus)) if p.cpus else '-':<10} {rs}")
         return "\n".join(rows)
 
-    def apply_to_args(self, args) -> list[str]:
-        """Make the job's flags agree with the topology's counts (the topology wins). Returns what changed."""
+    def apply_to_config(self, cfg: JobConfig) -> list[str]:
+        """Make the job's config agree with the topology's counts (the topology wins). Returns what changed."""
         changed = []
 
-        def setv(name, value):
-            if getattr(args, name) != value:
-                changed.append(f"--{name.replace('_', '-')} {getattr(args, name)} -> {value}")
-                setattr(args, name, value)
+        def setv(section, name, value):
+            old = getattr(section, name)
+            if old != value:
+                changed.append(f"--{name.replace('_', '-')} {old} -> {value}")
+                setattr(section, name, value)
 
         if "rollout" in self.roles:
-            setv("rollout_num_engines", self.roles["rollout"].count)
+            setv(cfg.engine, "rollout_num_engines", self.roles["rollout"].count)
         if "reward" in self.roles:
-            setv("num_reward_workers", self.roles["reward"].count)
+            setv(cfg.reward, "num_reward_workers", self.roles["reward"].count)
         if "trainer" in self.roles:
             t = self.roles["trainer"]
             nodes = min(self.nodes[t.nodes].count, t.count) or 1
             if t.count % nodes:
                 raise self.error("roles.trainer.count", f"{t.count} trainer ranks do not divide evenly over "
                                  f"{nodes} nodes of node group {t.nodes!r}")
-            setv("actor_num_nodes", nodes)
-            setv("actor_num_gpus_per_node", t.count // nodes)
-            if args.rollout_batch_size % t.count:
-                raise self.error("roles.trainer.count", f"--rollout-batch-size ({args.rollout_batch_size}) must be "
+            setv(cfg.train, "actor_num_nodes", nodes)
+            setv(cfg.train, "actor_num_gpus_per_node", t.count // nodes)
+            batch = cfg.rollout.rollout_batch_size
+            if batch % t.count:
+                raise self.error("roles.trainer.count", f"--rollout-batch-size ({batch}) must be "
                                  f"a multiple of the trainer ranks ({t.count}): each rank trains whole groups")
-        for need in ("buffer", "trainer") + (() if args.debug_train_only else ("rollout", "reward")):
+        for need in ("buffer", "trainer") + (() if cfg.debug.debug_train_only else ("rollout", "reward")):
             if self.count(need) < 1:
                 raise self.error(f"roles.{need}.count", f"the RL loop needs at least one {need} actor")
         if self.count("buffer") != 1:
@@ -619,13 +617,12 @@ def from_dict(data: dict, path: str = "<topology>", lines: dict[str, int] | None
     return topo
 
 
-def default_topology(args) -> Topology:
+def default_topology(cfg: JobConfig) -> Topology:
     """The topology `slime-actors train` runs: every role on this host, counts from the flags, trainer ranks
     restarted as a group, everything else restarted alone (at most 5 times a minute)."""
     roles: dict[str, RoleSpec] = {"buffer": RoleSpec("buffer", 1, nodes="local")}
-    if not args.debug_train_only:
-        roles["reward"] = RoleSpec("reward", args.num_reward_workers, nodes="local")
-        roles["rollout"] = RoleSpec("rollout", args.rollout_num_engines, nodes="local")
-    n = args.actor_num_nodes * args.actor_num_gpus_per_node
-    roles["trainer"] = RoleSpec("trainer", n, nodes="local", policy=RestartPolicy(group=True))
+    if not cfg.debug.debug_train_only:
+        roles["reward"] = RoleSpec("reward", cfg.reward.num_reward_workers, nodes="local")
+        roles["rollout"] = RoleSpec("rollout", cfg.engine.rollout_num_engines, nodes="local")
+    roles["trainer"] = RoleSpec("trainer", cfg.train.n_ranks, nodes="local", policy=RestartPolicy(group=True))
     return Topology("<flags>", roles, {"local": NodeGroup("local")}, "local")

@@ -23,7 +23,6 @@ resumes from the newest checkpoint under --save, and the buffer, restored from i
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -33,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from .. import env as E
+from ..config import JobConfig
 from ..log import get_logger
 
 EXIT_TERMINATED = 143
@@ -73,7 +74,7 @@ def _route_address(master: str, port: int) -> str:
             return socket.gethostbyname(socket.gethostname())
 
 
-def _round(args) -> int:
+def _round(run_dir: str) -> int:
     """0 for a new job; n for its n-th restart. TORCHELASTIC_RESTART_COUNT alone does not tell: with c10d a node
     whose ranks did not fail restarts with the count unchanged, and the head may be on it. So the head also looks
     for its own head.json from an earlier round of this run id (the run directory must be shared across nodes
@@ -81,7 +82,7 @@ def _round(args) -> int:
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     try:
-        prev = json.loads((Path(args.run_dir) / "head.json").read_text())
+        prev = json.loads((Path(run_dir) / "head.json").read_text())
     except (OSError, ValueError):
         prev = None
     if prev is not None and run_id not in (None, "", "none") and prev.get("run_id") == run_id:
@@ -95,12 +96,12 @@ def _store(master: str, port: int, rank: int):
     from torch.distributed import TCPStore
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
     return TCPStore(master, port, is_master=(rank == 0 and not agent), wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))))
+                    timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..config import ConfigError, args_to_dict, parse_args
-    from ..config import has_flag
+    from ..config import ConfigError
+    from .job_config import build_job_config
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -111,23 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     prog = "slime_actors.launch.torchrun"
     try:
         topo = load_topology(topo_path) if topo_path else None
-        if topo is not None and topo.job_config and not has_flag(rest, "--config"):
-            rest = ["--config", topo.job_config] + rest
-        args = parse_args(rest)
+        cfg, _ = build_job_config(rest, topo)   # every rank: its role and placement; actors get the head's config
         if topo is None:
-            topo = default_topology(args)
-        else:
-            topo.apply_to_args(args)
+            topo = default_topology(cfg)
         roles = role_map(topo, world)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     role, index = roles[rank]
     # where this rank is reached: tcp across nodes, ipc on one node
-    if nnodes > 1 or os.environ.get("SLIME_ACTORS_TRANSPORT") == "tcp" or args.transport == "tcp":
-        args.transport = "tcp"
-        os.environ.setdefault("SLIME_ACTORS_HOST", "0.0.0.0")
-        os.environ.setdefault("SLIME_ACTORS_ADVERTISE", _route_address(master, mport))
+    if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
+        cfg.runtime.transport = "tcp"
+        os.environ.setdefault(E.HOST.name, "0.0.0.0")
+        os.environ.setdefault(E.ADVERTISE.name, _route_address(master, mport))
     plan = {(p.role, p.index): p for p in topo.plan()}
     if role != "head":
         for k, v in plan[(role, index)].process_env().items():
@@ -135,49 +132,49 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[k] = v
     store = _store(master, mport, rank)
     prefix = f"slime-actors/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
-    os.environ["SLIME_ACTORS_RUN_DIR"] = str(Path(args.run_dir).resolve())  # what this rank starts inherits it
+    os.environ[E.RUN_DIR.name] = str(Path(cfg.run.run_dir).resolve())  # what this rank starts inherits it
     import uvloop
     if role == "head":
-        return uvloop.run(_head(args, topo, store, prefix, _round(args), prog))
-    code = uvloop.run(_actor(args, role, index, store, prefix, prog, args_to_dict))
+        return uvloop.run(_head(cfg, topo, store, prefix, _round(cfg.run.run_dir), prog))
+    code = uvloop.run(_actor(cfg, role, index, store, prefix, prog))
     # stopped: do not wait for a worker thread stuck in a collective whose peer is gone
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
+async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: str) -> int:
     from ..actors.controller import Controller
     from ..actors.directory import Directory
-    from ..config import args_to_dict
     from ..log import setup_logging
-    from .job import JobContext, StatusBoard, _engine_keys, _keys, _runtime, prepare
+    from ..runtime import RuntimeConfig, job_keys
+    from .job import StatusBoard, engine_keys
+    from .prepare import prepare_head
     fresh = restart == 0
-    if not fresh:
-        os.environ["SLIME_ACTORS_RESUME_FROM_SAVE"] = "1"  # the controller resumes from the newest checkpoint
-    ctx = JobContext(args, topo, status="changes", prog=prog, fresh=fresh)
     try:
-        prepare(args, ctx)
+        prepare_head(cfg, fresh)
     except (FileNotFoundError, ValueError) as exc:  # checked before anything was written
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    run_dir = Path(args.run_dir).resolve()
+    run_dir = Path(cfg.run.run_dir).resolve()
     setup_logging(run_dir, "controller/0")
     log = get_logger(actor="torchrun-head")
-    rt = _runtime(args, ctx)
-    keys = _keys(args, run_dir, create=True)
-    engine_keys = _engine_keys(args, run_dir, True, prog=prog)
+    rt = RuntimeConfig.for_job(cfg)
+    keys = job_keys(cfg.runtime.curve, run_dir, create=True)
+    engines = engine_keys(cfg, run_dir, True, prog=prog)
     directory = Directory(0)
     dep = await directory.start(rt)
     rt.directory = dep
-    record = {"directory": dep, "hf_checkpoint": args.hf_checkpoint, "pid": os.getpid(), "time": time.time(),
+    # what every other rank builds its actor from: the head's config (model resolved), the directory, the keys
+    record = {"directory": dep, "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time(),
               "restart": restart, **({"keys": keys.env()} if keys is not None else {}),
-              **({"engine_keys": engine_keys.env()} if engine_keys is not None else {})}
+              **({"engine_keys": engines.env()} if engines is not None else {})}
     store.set(f"{prefix}/head", json.dumps(record))
     (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(), "host": socket.gethostname(),
                                                    "restart": restart,
                                                    "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}))
-    controller = Controller(0, args=args_to_dict(args))
+    # a restarted job resumes from the newest checkpoint under --save
+    controller = Controller(0, args=cfg.to_dict(), resume_from_save=not fresh)
     await controller.start(rt)
     log.info("head up", directory=dep, restart=restart, world=os.environ.get("WORLD_SIZE"))
     loop = asyncio.get_running_loop()
@@ -200,7 +197,7 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
             result = controller.done.result()
             result["torchrun_restarts"] = restart
             (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
-            from ..train import print_summary
+            from .summary import print_summary
             print_summary({**result, "seconds": round(time.monotonic() - board.t0, 1)}, run_dir)
     finally:
         await controller.stop()
@@ -222,35 +219,32 @@ async def _head(args, topo, store, prefix: str, restart: int, prog: str) -> int:
     return code
 
 
-async def _actor(args, role: str, index: int, store, prefix: str, prog: str, args_to_dict) -> int:
+async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog: str) -> int:
     from ..log import setup_logging
     from ..mailbox.errors import MailboxError
     from ..mailbox.security import ENV_PUBLIC, ENV_SECRET
     from ..runtime import RuntimeConfig
-    from .job import JobContext, _runtime
-    from .roles import class_for
+    from .roles import job_class_for
     name = f"{role}/{index}"
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     t0 = time.monotonic()
-    join_timeout = float(os.environ.get("SLIME_ACTORS_JOIN_TIMEOUT", "600"))
+    join_timeout = E.JOIN_TIMEOUT.get()
     actor = None
     while True:
         # the head's record (a restarted job may still show the last round's: then registering fails; read again)
         rec = json.loads(await loop.run_in_executor(None, store.get, f"{prefix}/head"))
-        args.hf_checkpoint = rec["hf_checkpoint"]
+        job = JobConfig.from_dict(rec["config"], source="the head's job config")
         if "keys" in rec:
             os.environ[ENV_PUBLIC], os.environ[ENV_SECRET] = rec["keys"][ENV_PUBLIC], rec["keys"][ENV_SECRET]
         os.environ.update(rec.get("engine_keys", {}))  # the engines' HTTP keys (what this rank starts inherits them)
-        rt: RuntimeConfig = _runtime(args, JobContext(args, None, prog=prog))
+        rt = RuntimeConfig.for_job(cfg)   # (this rank's transport: tcp across nodes)
         rt.directory = rec["directory"]
         setup_logging(rt.run_dir, name)
-        from .topology import ENV_ACTOR_CLASS
-        override = getattr(args, f"{role}_actor_class", None) or os.environ.get(ENV_ACTOR_CLASS)
-        cls = class_for(role, override)
-        actor = cls(index, args=args_to_dict(args))
+        cls = job_class_for(role, job)
+        actor = cls(index, args=job.to_dict())
         try:
             await actor.start(rt)
             break

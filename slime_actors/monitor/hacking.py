@@ -1,6 +1,6 @@
 """Reward-hacking alarms: signs, read from each rollout's scored samples, that the reward rises for the wrong reason.
 
-    monitor = AlarmMonitor(max_response_len=args.rollout_max_response_len, label_is_answer=True)
+    monitor = AlarmMonitor(max_response_len=cfg.rollout.rollout_max_response_len, label_is_answer=True)
     report = monitor.observe(rollout_id, samples)     # once per training rollout, every sample scored
     report.metrics  # {"hack/rewarded_truncated": 1.0, "hack/opening_share": 1.0, ..., "hack/alarm/collapse": 1.0}
     report.alarms   # [Alarm(name="rewarded_truncated", rollout_id=4, value=1.0, threshold=0.5, message=...,

@@ -62,21 +62,15 @@ def _rule(fn):
 
 
 def _exact_match(args, sample):
-    return rules.exact_match_reward(sample.response, sample.label,
-                                    ignore_case=bool(getattr(args, "exact_match_ignore_case", False)))
+    return rules.exact_match_reward(sample.response, sample.label)
 
 
 def _exact_match_ci(args, sample):
     return rules.exact_match_reward(sample.response, sample.label, ignore_case=True)
 
 
-def _grading_timeout(args) -> float:
-    t = getattr(args, "math_grading_timeout", None)
-    return float(t) if t else rules.DEFAULT_TIMEOUT
-
-
 async def _graded(args, sample, response: str | None, boxed_only: bool = False) -> float:
-    g = await rules.agrade_math(response, sample.label, _grading_timeout(args), boxed_only=boxed_only)
+    g = await rules.agrade_math(response, sample.label, args.math_grading_timeout, boxed_only=boxed_only)
     if g.timed_out:   # the reward worker reports it (rollout/reward_timeouts)
         sample.metadata["reward_timed_out"] = True
     return g.score
@@ -142,18 +136,18 @@ def _builtin(rm_type: str) -> Callable:
                             "(or boxed_<type>), or use --custom-rm-path")
 
 
-def _resolve(args, sample=None) -> tuple[str, Callable, bool]:
-    """(name for messages, function, called with a group)."""
-    path = getattr(args, "custom_rm_path", None)
+def _resolve(args, sample=None, group: bool | None = None) -> tuple[str, Callable, bool]:
+    """(name for messages, function, called with a group). `group` overrides --group-rm."""
+    path = args.custom_rm_path
     if path:
         try:
             fn = load_function(path, flag="--custom-rm-path")
         except PluginError as exc:
             raise RewardConfigError(str(exc)) from exc
-        return path, fn, bool(getattr(args, "group_rm", False))
+        return path, fn, bool(args.group_rm if group is None else group)
     meta = getattr(sample, "metadata", None)
     rm_type = meta.get("rm_type") if isinstance(meta, dict) else None
-    rm_type = (rm_type or getattr(args, "rm_type", None) or "").strip()
+    rm_type = (rm_type or args.rm_type or "").strip()
     if not rm_type:
         raise RewardConfigError("no reward function: set --rm-type or --custom-rm-path")
     return rm_type, _builtin(rm_type), False
@@ -162,7 +156,7 @@ def _resolve(args, sample=None) -> tuple[str, Callable, bool]:
 def check_reward_args(args) -> str:
     """Raise RewardConfigError if the flags name no usable reward function; the name of the one they name."""
     name, _, _ = _resolve(args)
-    if name == "remote_rm" and not getattr(args, "rm_url", None):
+    if name == "remote_rm" and not args.rm_url:
         raise RewardConfigError("--rm-type remote_rm needs --rm-url")
     return name
 
@@ -170,7 +164,7 @@ def check_reward_args(args) -> str:
 def to_reward(value, args=None) -> float:
     """A reward function's answer as a finite float (a dict is read at --reward-key, default "reward")."""
     if isinstance(value, dict):
-        key = getattr(args, "reward_key", None) or "reward"
+        key = (args.reward_key if args is not None else None) or "reward"
         if key not in value:
             raise ValueError(f"reward function returned a dict without key {key!r} (keys: {sorted(value)}); "
                              "set --reward-key")
@@ -200,10 +194,10 @@ def _group_values(values, n: int) -> list:
     return values
 
 
-async def compute_reward(args, sample) -> float:
+async def compute_reward(args, sample, group: bool | None = None) -> float:
     """The reward of one sample. Raises RewardError (the function failed; see the module docstring) or
-    RewardConfigError (the flags are wrong)."""
-    name, fn, group = _resolve(args, sample)
+    RewardConfigError (the flags are wrong). `group` overrides --group-rm."""
+    name, fn, group = _resolve(args, sample, group)
     try:
         if group:
             value = _group_values(await _call(fn, args, [sample]), 1)[0]
@@ -216,15 +210,15 @@ async def compute_reward(args, sample) -> float:
         raise RewardError(name, sample.index, exc) from exc
 
 
-async def compute_group_rewards(args, samples: list) -> list[float]:
+async def compute_group_rewards(args, samples: list, group: bool | None = None) -> list[float]:
     """Rewards of one group of samples: one call of the --group-rm function, or each sample concurrently.
     Raises RewardError (for a group function: naming all the group's sample indices; otherwise the first
-    failing sample's error) or RewardConfigError."""
+    failing sample's error) or RewardConfigError. `group` overrides --group-rm."""
     if not samples:
         return []
-    name, fn, group = _resolve(args, samples[0])
+    name, fn, group = _resolve(args, samples[0], group)
     if not group:
-        results = await asyncio.gather(*(compute_reward(args, s) for s in samples), return_exceptions=True)
+        results = await asyncio.gather(*(compute_reward(args, s, False) for s in samples), return_exceptions=True)
         for r in results:
             if isinstance(r, RewardConfigError):
                 raise r
@@ -245,20 +239,22 @@ def _name(args, sample) -> str:
     try:
         return _resolve(args, sample)[0]
     except RewardConfigError:
-        return str(getattr(args, "rm_type", None))
+        return str(args.rm_type)
 
 
-async def score_batch(args, samples: list, concurrency: int = 64, timeout: float | None = None
-                      ) -> tuple[list[float | None], list[RewardError | None]]:
+async def score_batch(args, samples: list, concurrency: int = 64, timeout: float | None = None,
+                      group: bool | None = None) -> tuple[list[float | None], list[RewardError | None]]:
     """Score many samples concurrently (at most `concurrency` calls in flight; with --group-rm one call per group,
     grouped by `group_index`). Returns (rewards, errors), parallel to `samples`: a reward and None, or None and
     the RewardError (a call past `timeout` seconds is one, caused by TimeoutError; a sync function that blocks
-    cannot be interrupted, so the timeout only bounds awaiting code). RewardConfigError is raised."""
+    cannot be interrupted, so the timeout only bounds awaiting code). RewardConfigError is raised. `group`
+    overrides --group-rm."""
     n = len(samples)
     rewards: list[float | None] = [None] * n
     errors: list[RewardError | None] = [None] * n
     sem = asyncio.Semaphore(max(1, concurrency))
-    group_mode = bool(getattr(args, "group_rm", False)) and bool(getattr(args, "custom_rm_path", None))
+    group = bool(args.group_rm if group is None else group)
+    group_mode = group and bool(args.custom_rm_path)
 
     if group_mode:
         groups: dict = {}
@@ -272,7 +268,8 @@ async def score_batch(args, samples: list, concurrency: int = 64, timeout: float
         members = [samples[i] for i in idx]
         async with sem:
             try:
-                coro = compute_group_rewards(args, members) if group_mode else compute_reward(args, members[0])
+                coro = compute_group_rewards(args, members, group) if group_mode \
+                    else compute_reward(args, members[0], group)
                 out = await (asyncio.wait_for(coro, timeout) if timeout else coro)
                 out = out if group_mode else [out]
                 for i, r in zip(idx, out):
@@ -303,8 +300,5 @@ async def score_batch(args, samples: list, concurrency: int = 64, timeout: float
 async def score_samples(args, samples: list, group: bool | None = None, concurrency: int = 64,
                         timeout: float | None = None) -> tuple[list[float | None], list[str | None]]:
     """`score_batch` for messages: errors as strings. `group` overrides --group-rm."""
-    if group is not None and bool(group) != bool(getattr(args, "group_rm", False)):
-        import argparse
-        args = argparse.Namespace(**{**vars(args), "group_rm": bool(group)})
-    rewards, errors = await score_batch(args, samples, concurrency=concurrency, timeout=timeout)
+    rewards, errors = await score_batch(args, samples, concurrency=concurrency, timeout=timeout, group=group)
     return rewards, [None if e is None else str(e) for e in errors]

@@ -32,11 +32,14 @@ from pathlib import Path
 
 import msgpack
 
+from .. import env as E
+from ..config import default_of
+
 __all__ = ["GradingPool", "GradingError", "grading_pool", "grading_stats", "close_grading_pool", "DEFAULT_TIMEOUT",
            "DEFAULT_PROCESSES"]
 
-DEFAULT_TIMEOUT = float(os.environ.get("SLIME_ACTORS_GRADING_TIMEOUT", "5"))
-DEFAULT_PROCESSES = int(os.environ.get("SLIME_ACTORS_GRADING_PROCESSES", "2"))
+DEFAULT_TIMEOUT: float = default_of("math_grading_timeout")
+DEFAULT_PROCESSES: int = default_of("math_grading_processes")
 STARTUP_TIMEOUT = 120.0     # a child's start (imports sympy and math-verify): not part of any item's deadline
 _LEN = struct.Struct(">I")
 _CHILD = "import sys; from slime_actors.rewards.grading import _child_main; sys.exit(_child_main())"
@@ -58,7 +61,7 @@ class _Child:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])     # the directory that holds the slime_actors package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["SLIME_ACTORS_GRADING_PARENT"] = str(os.getpid())
+        env[E.GRADING_PARENT.name] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, close_fds=True)
         self.fd = self.proc.stdout.fileno()
@@ -336,7 +339,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _child_main() -> int:
     import logging
-    _die_with_parent(int(os.environ.get("SLIME_ACTORS_GRADING_PARENT", "0")) or os.getppid())
+    _die_with_parent(E.GRADING_PARENT.get() or os.getppid())
     logging.disable(logging.CRITICAL)    # math-verify logs a warning for every timeout and parse failure
     out = os.fdopen(os.dup(1), "wb")     # frames go to the original stdout; a stray print goes to stderr
     os.dup2(2, 1)

@@ -8,8 +8,9 @@ k+1 it waits min(backoff_max, backoff_base * 2**(k-1)) scaled by a random factor
 `max_attempts` attempts it raises RemoteRMError naming the URL, the attempts and the last error. Other 4xx answers
 and bodies that are not a reward fail at once (retrying would not help).
 
-Settings come from args when present (otherwise the defaults below): rm_url, rm_max_attempts (5),
-rm_timeout (60 s per attempt), rm_backoff_base (0.5 s), rm_backoff_max (30 s), rm_headers (dict).
+The URL is --rm-url; attempts (5), timeout (60 s per attempt), backoff (0.5 s base, 30 s at most) and headers are
+`RemoteRMConfig`'s defaults. A reward with settings of its own: `register_reward("judge", functools.partial(
+remote_rm, config=RemoteRMConfig(url, headers={"Authorization": "Bearer ..."})))`.
 One aiohttp session per event loop is shared by all requests; `await close_sessions()` at shutdown.
 """
 
@@ -49,25 +50,14 @@ class RemoteRMConfig:
 
     @classmethod
     def from_args(cls, args) -> "RemoteRMConfig":
-        url = getattr(args, "rm_url", None)
-        if not url:
+        """The settings for --rm-url (`args`: the job's flat view)."""
+        if not args.rm_url:
             raise RemoteRMError("--rm-type remote_rm needs --rm-url")
-        d = cls(url)
-        return cls(url=url,
-                   max_attempts=max(1, int(getattr(args, "rm_max_attempts", None) or d.max_attempts)),
-                   timeout=float(getattr(args, "rm_timeout", None) or d.timeout),
-                   backoff_base=float(_get(args, "rm_backoff_base", d.backoff_base)),
-                   backoff_max=float(_get(args, "rm_backoff_max", d.backoff_max)),
-                   headers=dict(getattr(args, "rm_headers", None) or {}))
+        return cls(url=args.rm_url)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (1-based)."""
         return min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * (0.5 + 0.5 * random.random())
-
-
-def _get(args, name, default):
-    v = getattr(args, name, None)
-    return default if v is None else v
 
 
 _sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
@@ -138,9 +128,10 @@ def _describe(exc) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Retryable) else str(exc)
 
 
-async def remote_rm(args, sample):
-    """The remote reward model's answer for one sample (a number, or a dict for --reward-key)."""
-    cfg = RemoteRMConfig.from_args(args)
+async def remote_rm(args, sample, config: RemoteRMConfig | None = None):
+    """The remote reward model's answer for one sample (a number, or a dict for --reward-key), from --rm-url with
+    the default settings, or from `config`."""
+    cfg = config or RemoteRMConfig.from_args(args)
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
                "metadata": sample.metadata}
     return await post_reward(cfg, payload)

@@ -1,0 +1,86 @@
+"""Before a job's first write: every path checked, the run directory made (or cleared), the model resolved, the job
+file written -- the job's config as a flat dict, which every actor process rebuilds typed (launch/actor.py).
+
+    job_path = prepare_head(cfg)       # ValueError / FileNotFoundError with the cause; nothing written then
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import JobConfig
+
+
+def check_paths(cfg: JobConfig) -> Path | None:
+    """Every path the job reads or writes, checked before anything is written (docs/fault-tolerance.md, "Run
+    directories and checkpoints"): the run directory is new, ours, or holds none of the names a run clears; --load
+    is a checkpoint of this layout (or --load = --save, still empty); --save is not another tool's checkpoint
+    directory; --ref-load, when the reference model is used, is a Hugging Face directory; nothing lies where a run
+    clears its state. Returns the checkpoint to resume from (None: a new run). Raises RunDirError /
+    CheckpointError (ValueErrors)."""
+    from ..checkpoints import CheckpointError, check_save_root, detect_layout, resolve_load
+    from ..run_dir import check_nothing_inside, inspect_run_dir
+    run_dir, ref_load = cfg.run.run_dir, cfg.model.ref_load
+    inspect_run_dir(run_dir)
+    ckpt = resolve_load(cfg)
+    check_save_root(cfg)
+    if ref_load and (cfg.algorithm.use_kl_loss or cfg.algorithm.kl_coef > 0):
+        lay = detect_layout(ref_load)
+        if lay.kind != "hf":
+            raise CheckpointError(f"--ref-load {ref_load}: {lay.detail}; expected a Hugging Face model directory "
+                                  "(config.json and safetensors)" + (
+                                      f" -- convert it: slime-actors convert {ref_load} OUT_DIR "
+                                      "--hf-checkpoint MODEL_DIR" if lay.kind in ("megatron", "torch_dist") else ""))
+    ck, dbg = cfg.checkpoint, cfg.debug
+    check_nothing_inside(run_dir, {
+        "--save": ck.save, "--load": ck.load, "--save-hf": ck.save_hf, "--prompt-data": cfg.data.prompt_data,
+        "--hf-checkpoint": cfg.model.hf_checkpoint, "--ref-load": ref_load,
+        "--save-debug-rollout-data": dbg.save_debug_rollout_data,
+        "--load-debug-rollout-data": dbg.load_debug_rollout_data})
+    return ckpt
+
+
+def write_job(cfg: JobConfig, path: Path) -> Path:
+    """The job file: the config's flat dict (JobConfig.to_dict: no engine keys)."""
+    path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    return path
+
+
+def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
+    """Checks, run dir, resolved model, job file. Returns the job file's path. Every check comes before the first
+    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause). `fresh`:
+    clear the run directory's live state (False: a restarted head, which continues it)."""
+    from ..checkpoints import check_hf_exports, read_meta
+    from ..models import resolve_checkpoint
+    from ..run_dir import prepare_run_dir
+    run_dir = Path(cfg.run.run_dir)
+    ckpt = check_paths(cfg)
+    spec = cfg.model.hf_checkpoint
+    if not spec.startswith(("tiny:", "smollm2:")):
+        resolve_checkpoint(spec, run_dir.parent / ".models")  # checks only (no download, nothing written)
+    start = read_meta(ckpt)["next_rollout_id"] if ckpt is not None else (cfg.run.start_rollout_id or 0)
+    check_hf_exports(cfg, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
+    cfg.model.hf_checkpoint = resolve_checkpoint(spec, run_dir.parent / ".models")
+    check_hf_exports(cfg, cfg.model.hf_checkpoint, start)
+    if fresh:
+        prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return write_job(cfg, run_dir / "job.json").resolve()
+
+
+def prepare_agent(cfg: JobConfig, agent_index: int) -> Path:
+    """A node agent's share: join the run directory; returns where its job file goes (`write_agent_job` writes it
+    once the agent joined the head: agents resolve the model after the head made it -- a tiny model is written to
+    disk, and two processes writing it at once would race)."""
+    from ..run_dir import join_run_dir
+    run_dir = Path(cfg.run.run_dir)
+    join_run_dir(run_dir)  # an agent may get there before the head: it writes keys and traces right away
+    return run_dir.resolve() / f"job-agent-{agent_index}.json"
+
+
+def write_agent_job(cfg: JobConfig, path: Path) -> None:
+    """A node agent's job file, once the head has made the model: the same config, the model resolved here."""
+    from ..models import resolve_checkpoint
+    cfg.model.hf_checkpoint = resolve_checkpoint(cfg.model.hf_checkpoint, Path(cfg.run.run_dir).parent / ".models")
+    write_job(cfg, path)

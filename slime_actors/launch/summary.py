@@ -1,0 +1,25 @@
+"""What the head prints when a job ends: steps and time, held-out reward before and after, the last rollout's best
+and worst sample, where the metrics, curves and traces are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def print_summary(result: dict, run_dir: Path) -> None:
+    print("")
+    print(f"done: {result['steps']} steps in {result['seconds']} s, weight version {result['weight_version']}")
+    for name in sorted(set(result.get("eval_before", {})) | set(result.get("eval_after", {}))):
+        b = result.get("eval_before", {}).get(name)
+        a = result.get("eval_after", {}).get(name)
+        delta = f"{a - b:+.3f}" if a is not None and b is not None else "?"
+        print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
+              f"{a if a is None else f'{a:.3f}'} ({delta})")
+    if result.get("samples"):
+        from ..samples import format_examples
+        last = result["samples"]
+        print(format_examples(last["rollout_id"], last["examples"], kind="last rollout"))
+    print(f"metrics: {result['metrics']}")
+    if result.get("plot"):
+        print(f"curves:  {result['plot']}")
+    print(f"traces:  {run_dir / 'traces'}   (slime-actors trace summary {run_dir})")
