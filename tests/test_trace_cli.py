@@ -410,7 +410,7 @@ def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
     """A file's header names the version of the records in it (older readers would misread newer records)."""
     from slime_actors.traces.reader import SUPPORTED
     from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
-    assert TRACE_VERSION == max(SUPPORTED) == 4
+    assert TRACE_VERSION == max(SUPPORTED) == 5
     w = TraceWriter(tmp_path / "a.trace", "reward/0")
     w.close()
     meta = next(iter(msgpack.Unpacker(open(tmp_path / "a.trace", "rb"), raw=False)))

@@ -1291,7 +1291,9 @@ class Harness:
             if norm.get(ro, ro) != norm.get(po, po):
                 why_r = (rec_h.extra or {}).get("error", "") if rec_h is not None else ""
                 why_p = (rep or {}).get("error", "")
-                findings.append(Finding(ev.t_ns, "outcome", f"handling {ev.kind} {ev.method} from "
+                # (at the time the recorded handling ended: after whatever made it end otherwise)
+                findings.append(Finding(rec_h.t_ns if rec_h is not None else ev.t_ns, "outcome",
+                                        f"handling {ev.kind} {ev.method} from "
                                         f"{ev.header.get('from')} (recorded id {ev.id})",
                                         Difference("outcome", f"{ro} {why_r}".strip(), f"{po} {why_p}".strip()),
                                         ev.id))
