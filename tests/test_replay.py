@@ -138,7 +138,9 @@ def _rewrite(src: Path, dst: Path, edit) -> None:
     head = up.unpack()
     out = []
     for rec in up:
-        h = codec.header_as_dict(msgpack.unpackb(rec[2], raw=False)) if rec[2] else {}
+        # (a schedule record's header is the call it resumed from, not a message header)
+        h = codec.header_as_dict(msgpack.unpackb(rec[2], raw=False)) if rec[2] and rec[0] not in (
+            "step", "resume") else {}
         out.extend(edit(rec, h))
     dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
 
