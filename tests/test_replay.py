@@ -92,6 +92,20 @@ def test_rollout_worker_replays_without_an_engine(recorded):
     assert rep.counts["replies"] >= 8
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
+def test_every_other_actor_of_the_run_replays_identically(recorded):
+    """The controller (its start-up rollback token is a recorded input), the directory and the launcher's agent;
+    with the tests above, every actor of the run."""
+    run, _ = recorded
+    rest = sorted(set(TraceRun(run).actors()) - {"reward/0", "buffer/0", "trainer/0", "rollout/0"})
+    assert rest == ["agent/0", "controller/0", "directory/0"]
+    for actor in rest:
+        rep = _replay(run, actor)
+        assert rep.identical, rep.render()
+        assert rep.counts["outcomes"] >= 2, rep.render()
+    assert rep.counts["inputs"] >= 10  # the directory's clock readings (heartbeats, liveness)
+
+
 def _first_changed_score(run):
     """The first score ask (in the reward worker's order) holding a wrong-digit response, and that sample's place."""
     tr = TraceRun(run)
