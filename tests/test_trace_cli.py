@@ -320,6 +320,13 @@ BAD = {
                                                                 {"ok": [2, 1]}, 1]), "carries its outcome once"),
     "ten.trace": (lambda: _header(version=4) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None, None, 2, 1]),
                   "expected a record [event, time_ns"),
+    # the schedule (version 5): a step names no call, a resume the call it resumed from; both name their task
+    "step.trace": (lambda: _header(version=5) + msgpack.packb(["step", 1, b"ask", b"m:1", 0, None, None, None]),
+                   "expected a step record"),
+    "resume.trace": (lambda: _header(version=5) + msgpack.packb(["resume", 1, b"", b"m:1", 0, None, None, None]),
+                     "expected a resume record"),
+    "task.trace": (lambda: _header(version=5) + msgpack.packb(["step", 1, b"", None, 0, None, None, None]),
+                   "expected a step record"),
 }
 
 
