@@ -106,6 +106,32 @@ def test_every_other_actor_of_the_run_replays_identically(recorded):
     assert rep.counts["inputs"] >= 10  # the directory's clock readings (heartbeats, liveness)
 
 
+RECORDINGS = ROOT / "traces"  # made by traces/record.sh; docs/debugging.md walks through them
+
+
+@pytest.mark.slow  # ~30 s: every actor of one recording, and the doc's replays
+def test_the_recordings_under_traces_replay_as_the_debugging_doc_says():
+    """Every actor of traces/small replays identically with today's code (a change to a message or to what an actor
+    computes makes this fail: then record them again, `bash traces/record.sh`, and update docs/debugging.md); the
+    doc's replays give what it shows."""
+    for actor in TraceRun(RECORDINGS / "small").actors():
+        rep = _replay(RECORDINGS / "small", actor)
+        assert rep.identical, rep.render()
+        assert rep.counts["compared"] + rep.counts["outcomes"] >= 3, rep.render()
+    # section 1: the reward function without its slow path gives the same rewards; its handlers take fewer steps,
+    # whose recorded turns are skipped (they are not a difference)
+    rep = _replay(RECORDINGS / "slow-reward", "reward/0",
+                  overrides={"custom_rm_path": "examples/debugging/rewards.py:partial_credit"})
+    assert rep.identical, rep.render()
+    assert any("ended sooner in the replay were skipped" in n for n in rep.notes), rep.notes
+    # section 2: the diverging trainer reproduces itself, and with the old learning rate keeps its entropy
+    rep = _replay(RECORDINGS / "high-lr", "trainer/0")
+    assert rep.identical, rep.render()
+    rep = _replay(RECORDINGS / "high-lr", "trainer/0", overrides={"lr": 0.003, "critic_lr": 0.003})
+    assert not rep.identical and rep.findings[0].diff.path == "train_rollout_logprob_abs_diff"
+    assert [s["replayed"]["entropy"] > 3.5 for s in rep.steps] == [True, True, True]
+
+
 def _first_changed_score(run):
     """The first score ask (in the reward worker's order) holding a wrong-digit response, and that sample's place."""
     tr = TraceRun(run)

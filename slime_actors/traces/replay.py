@@ -12,8 +12,14 @@ as usual, except that
 * the event loop runs on a virtual clock that starts at the recording's start and jumps to the next recorded event
   or timer whenever the actor is idle, so a replay takes the time of its computation, not of the run (asyncio.sleep,
   wait_for and ask deadlines all follow it). Work in threads (`run_blocking`) runs for real, with the clock stopped;
+* its schedule is `ReplaySchedule`: the actor's tasks take their steps in the order the recording's schedule holds
+  (trace version 5: slime_actors/actors/schedule.py), and inbound messages arrive at their place among them. When a
+  task's recorded turn cannot come (the replay diverged), that is reported ("schedule") and the rest runs freely;
+  a recording without a schedule runs freely throughout, with a note;
 * it cannot reach the network: socket connects raise (an actor that tries is reported), the trainer's weight
-  broadcast is a no-op, the rollout worker starts no engine;
+  broadcast is a no-op, the rollout worker starts no engine (its launch, exit codes and health are recorded);
+* it is handed these stand-ins through `Actor.start(host=ReplayHost(...))` (slime_actors/actors/host.py), not by
+  patching modules;
 * what it writes goes to a temporary directory: the run directory and the job's output paths (--save,
   --save-debug-rollout-data, ...) are mapped there, and mapped back before bodies are compared.
 
@@ -298,6 +304,8 @@ class ReplaySchedule:
         self.done = self.loop.create_future()  # set when it is over: the recording ended, or it gave up
         self._pumping = False
         self._stopping = False
+        self.ended_tasks: set[str] = set()  # tasks of the replay that ended
+        self.skipped = 0  # recorded steps of tasks that had already ended in the replay (changed code)
         self._last_mid: str | None = None
         self._last_n = 0
 
@@ -314,6 +322,7 @@ class ReplaySchedule:
 
     def ended(self, st: GatedStepper) -> None:
         self.tasks.pop(st.id, None)
+        self.ended_tasks.add(st.id)
 
     # following the recording
     def start(self) -> None:
@@ -399,6 +408,15 @@ class ReplaySchedule:
                 self.h.clock.advance(self.h.vt(it.t_ns))
                 self.h.stop_as_recorded()
                 return
+            if it.kind != INBOUND and it.task in self.ended_tasks and it.task not in self.tasks:
+                # a step the recording has of a task that ended sooner in the replay (its code changed): the task
+                # will not run again; go on with the others' steps
+                self.head += 1
+                q = self.next_of.get(it.task)
+                if q:
+                    q.popleft()
+                self.skipped += 1
+                continue
             if it.kind != INBOUND:
                 fut = self.gated.pop(it.task, None)
                 if fut is not None and not fut.done():
@@ -418,7 +436,7 @@ class ReplaySchedule:
         if self.free or self.head >= len(self.items):
             return False
         it = self.items[self.head]
-        if it.kind == INBOUND:
+        if it.kind == INBOUND or (it.task in self.ended_tasks and it.task not in self.tasks):
             self._pump_soon()
             return True
         if timeout is not None and now + timeout <= self.h.vt(it.t_ns) + STALL_SLACK:
@@ -1300,7 +1318,12 @@ class Harness:
         if lost:
             self.notes.append(f"{lost} repl(y/ies) the recording could not deliver (the asker was gone) were not "
                               "compared")
-        findings.extend(self.schedule_findings)
+        from .query import run_start_ns
+        t0 = run_start_ns(self.run_)  # times as `trace show` prints them
+        if self.sched is not None and self.sched.skipped:
+            self.notes.append(f"{self.sched.skipped} recorded step(s) of task(s) that ended sooner in the replay were "
+                              "skipped (its code differs from the recorded run's)")
+        findings.extend(self.schedule_findings)  # (where the replay left the schedule: the cause of what follows)
         findings.sort(key=lambda f: f.t_ns)
         if self.network:
             self.notes.append(f"the actor tried to reach the network {len(self.network)} time(s) (first: "
@@ -1308,10 +1331,8 @@ class Harness:
         steps = self._train_steps() if self.role == "trainer" else []
         counts = {"inbound": self.fed, "replies": self.served_replies, "inputs": self.served_inputs,
                   "compared": compared, "outcomes": outcomes}
-        from .query import run_start_ns
         return Report(self.rec.actor, str(self.rec.file.path), str(self.rec.meta.get("actor_class")),
-                      not findings and not self.stopped, findings, self.stopped, counts, self.notes,
-                      run_start_ns(self.run_), steps)  # times as `trace show` prints them
+                      not findings and not self.stopped, findings, self.stopped, counts, self.notes, t0, steps)
 
     def _train_steps(self) -> list[dict]:
         out = []
