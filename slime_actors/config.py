@@ -166,8 +166,12 @@ class EngineSection:
     sglang_router_ip: str | None = flag(None, "an sglang-router someone else started (slime's flag)")
     sglang_router_port: int | None = flag(None, "its port, or the port to start one on")
     colocate: bool = flag(False, "engines share the trainer's GPUs (engine i starts at GPU i x "
-                                 "rollout-num-gpus-per-engine)")
-    num_gpus_per_node: int = flag(8, "GPUs per node, for placing engines")
+                                 "rollout-num-gpus-per-engine); weights then go by CUDA IPC (the colocated "
+                                 "transport) and a colocated engine gets --sglang-mem-fraction-static 0.4 unless "
+                                 "given. On a machine with one GPU, one trainer rank and one engine colocate by "
+                                 "themselves (docs/launch.md, On one GPU)")
+    num_gpus_per_node: int | None = flag(None, "GPUs per node, for placing engines (default: counted on this "
+                                               "machine: CUDA_VISIBLE_DEVICES, torch, Slurm)")
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
 
@@ -262,8 +266,10 @@ class TrainSection:
 @dataclass(slots=True)
 class WeightsSection:
     TITLE: typing.ClassVar[str] = "weight updates"
-    update_weight_transport: str = flag("distributed", "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU)",
-                                        choices=["distributed", "nccl", "disk", "colocated"])
+    update_weight_transport: str | None = flag(
+        None, "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU); disk: safetensors files; colocated: CUDA "
+              "IPC handles (shared memory on CPU) to engines on the trainer's GPUs. Default: colocated with "
+              "--colocate, else distributed", choices=["distributed", "nccl", "disk", "colocated"])
     update_weight_buffer_size: int = flag(512 << 20, "bytes per bucket")
     update_weight_disk_dir: str | None = flag(None)
 
@@ -296,6 +302,27 @@ class DebugSection:
 
 
 @dataclass(slots=True)
+class MonitorSection:
+    """Reward-hacking alarms (slime_actors/monitor/hacking.py, docs/debugging.md section 3)."""
+    TITLE: typing.ClassVar[str] = "reward-hacking alarms"
+    hack_alarms: str = flag("warn", "watch every training rollout for signs that the reward rises for the wrong "
+                                    "reason (hack/* metrics): warn (a warning and a line in RUN_DIR/alarms.jsonl per "
+                                    "tripped alarm), stop (the same, then the step finishes, a checkpoint is saved "
+                                    "to --save and the run ends), off (nothing is computed)",
+                            choices=["warn", "stop", "off"])
+    hack_alarm_thresholds: str | None = flag(None, "NAME=VALUE[,NAME=VALUE...]: change the alarms' thresholds, e.g. "
+                                                   "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
+                                                   "docs/debugging.md section 3)")
+    hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
+                                                      "rewarded_truncated, collapse, answer_absent, jump")
+    hack_alarm_label_answer: bool | None = flag(
+        None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
+              "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
+              "boxed, exact_match, exact_match_ci, deepscaler (and boxed_<those>), false otherwise (f1, remote_rm, "
+              "random, --custom-rm-path, --reward-actor-class)")
+
+
+@dataclass(slots=True)
 class JobConfig:
     """The job's flags, by section. Build it with `parse_config` (the head) or `from_dict` (every actor)."""
     run: RunSection = field(default_factory=RunSection)
@@ -312,6 +339,7 @@ class JobConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
     # never in to_dict(), so job.json, actor configs and traces do not hold them
     engine_user_keys: Any = field(default=None, repr=False, compare=False)
@@ -681,8 +709,18 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         raise ConfigError(msg)
 
     run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
-    if cfg.weights.update_weight_transport == "nccl":
-        cfg.weights.update_weight_transport = "distributed"
+    w = cfg.weights
+    if w.update_weight_transport is None:
+        w.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
+    if w.update_weight_transport == "nccl":
+        w.update_weight_transport = "distributed"
+    if (cfg.engine.colocate and run.device.startswith("cuda") and w.update_weight_transport == "distributed"
+            and not dbg.debug_train_only):
+        bad("--colocate puts each engine on a trainer rank's GPU, and --update-weight-transport distributed would "
+            "join the two processes of that GPU in one NCCL group, which NCCL refuses ('Duplicate GPU detected'): "
+            "leave the flag out (colocated, CUDA IPC, is the default with --colocate) or use disk")
+    if cfg.engine.num_gpus_per_node is not None and cfg.engine.num_gpus_per_node < 1:
+        bad(f"--num-gpus-per-node must be >= 1, got {cfg.engine.num_gpus_per_node}")
     if ro.over_sampling_batch_size is None:
         ro.over_sampling_batch_size = ro.rollout_batch_size
     if ro.over_sampling_batch_size < ro.rollout_batch_size:
@@ -747,6 +785,21 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    _validate_monitor(cfg.monitor, cfg.checkpoint, bad)
+
+
+def _validate_monitor(mon: MonitorSection, ckpt: CheckpointSection, bad) -> None:
+    from .monitor.hacking import ALARMS, HackThresholds
+    try:
+        HackThresholds.parse(mon.hack_alarm_thresholds)
+    except ValueError as exc:
+        bad(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}")
+    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
+    if unknown:
+        bad(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are {', '.join(ALARMS)}")
+    if mon.hack_alarms == "stop" and not ckpt.save:
+        bad("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where checkpoints "
+            "go)")
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:

@@ -520,12 +520,12 @@ class EvalDatasets(Mapping):
 # ----------------------------------------------------------------------------------------------- from the flags
 
 def load_tokenizer(cfg: JobConfig):
-    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made under RUN_DIR/models)."""
+    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made in the model cache)."""
     from transformers import AutoTokenizer
     spec = cfg.model.hf_checkpoint
     if not os.path.isdir(spec):
-        from slime_actors.models.resolve import resolve_checkpoint
-        spec = resolve_checkpoint(spec, os.path.join(cfg.run.run_dir, "models"))
+        from slime_actors.models.resolve import model_cache, resolve_checkpoint
+        spec = resolve_checkpoint(spec, model_cache(cfg.run.run_dir))
     return AutoTokenizer.from_pretrained(spec)
 
 

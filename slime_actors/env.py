@@ -97,4 +97,5 @@ TRAINER_ADDR = _var("TRAINER_ADDR", doc="the address trainer rank 0 offers for i
 WEIGHT_SYNC_ADDR = _var("WEIGHT_SYNC_ADDR", doc="the address trainer rank 0 offers engines for weight broadcasts")
 WEIGHT_SYNC_TIMEOUT = _var("WEIGHT_SYNC_TIMEOUT", float, 600.0, doc="seconds a weight update may take before it "
                                                                     "fails")
-MODEL_CACHE = _var("MODEL_CACHE", doc="where replay remakes tiny models; default: ~/.cache/slime-actors/models")
+MODEL_CACHE = _var("MODEL_CACHE", doc="where built-in models (tiny:NAME, smollm2:135m) are made; default: RUN_DIR/../.models, "
+                                      "or ~/.cache/slime-actors/models without a run directory (replay)")

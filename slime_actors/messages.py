@@ -203,9 +203,11 @@ declare("buffer", "return_work", "A rollout worker gives back work it could not 
         reply="{requeued}", worker="str", work_id="str", samples="list?", reason="str?")
 declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
         reply="{requeued}", worker="str", reason="str?")
-declare("buffer", "wait_rollout", "Wait until the rollout (or eval) has its groups; returns its statistics.",
-        reply="{complete, groups, samples, filtered, failed, reward_mean, ...}", rollout_id="int", kind="str?",
-        timeout="float?")
+declare("buffer", "wait_rollout",
+        "Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: "
+        "the reward-hacking monitor's report, unless --hack-alarms off).",
+        reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}", rollout_id="int",
+        kind="str?", timeout="float?")
 declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
         reply="batch map (slime_actors.types.batch_from_samples)", rollout_id="int", rank="int",
         world_size="int")

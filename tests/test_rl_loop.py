@@ -37,6 +37,12 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
     # the trainer's log-probs of the sampled tokens equal the engine's (fp32, CPU) at every step
     diffs = [s["train/train_rollout_logprob_abs_diff_max"] for s in steps]
     assert max(diffs) <= 1e-5, max(diffs)
+    # an honest run: the reward-hacking monitor reports on every rollout and no alarm trips (docs/debugging.md)
+    assert all(s["hack/scored"] == 128 for s in steps)
+    assert all(s["hack/answer_present"] == 1.0 for s in steps if s["hack/rewarded_share"] > 0)
+    assert all(s[f"hack/alarm/{a}"] == 0.0 for s in steps for a in ("rewarded_truncated", "collapse",
+                                                                       "answer_absent", "jump"))
+    assert not (run / "alarms.jsonl").exists()
     assert (run / "curves.png").stat().st_size > 10_000
     assert any((run / "tensorboard").iterdir())
     assert len(list((run / "traces").glob("*.trace"))) >= 6

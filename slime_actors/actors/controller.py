@@ -9,7 +9,9 @@ regenerates older ones). Engines are paused for the weight update only.
 
 It also re-syncs an engine that (re)starts at an old weight version before that engine serves again, evaluates
 every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard,
-a PNG of the reward and eval curves).
+a PNG of the reward and eval curves). The buffer's reward-hacking monitor reports on every training rollout
+(stats["hack"]); `_hack_alarms` logs its hack/* metrics with the step's, writes each tripped alarm to
+RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop ends the run after that step, with a checkpoint.
 
 Faults (docs/fault-tolerance.md). The trainer ranks form their process group through the controller
 (`trainer_join`: a rendezvous with a generation number and the checkpoint to load). When a rank dies -- an ask to
@@ -33,6 +35,7 @@ from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read
 from ..config import JobConfig, RunSection, debug_rollout_path
 from ..log import console_write
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
+from ..monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
 from ..samples import EVAL_DIR
 from .base import Actor, handler
 
@@ -93,6 +96,7 @@ class Controller(Actor):
         self._fresh_engines: set[str] = set()  # engines (re)started since their last weight sync
         self._failed_generation: int | None = None
         self.last_examples: dict | None = None   # the last rollout's best and worst sample (printed at the end)
+        self.stopped: dict | None = None   # why the run ended before --num-rollout (--hack-alarms stop)
 
     async def on_start(self) -> None:
         self.done = asyncio.get_running_loop().create_future()
@@ -252,7 +256,7 @@ class Controller(Actor):
                 "engines": self.engine_versions, "last": self.history[-1] if self.history else None,
                 "steps": len(self.history), "num_rollout": self.cfg.run.num_rollout,
                 "trainer_generation": self._rdzv.generation if self._rdzv else None,
-                "recoveries": self.recoveries}
+                "recoveries": self.recoveries, "stopped": self.stopped}
 
     # ------------------------------------------------------------------------------------------ the loop
     async def _run(self) -> None:
@@ -330,6 +334,7 @@ class Controller(Actor):
                                                  "token": f"recovery-{len(self.recoveries)}-{failed}"},
                                     timeout=600)
         self.history = [h for h in self.history if h["rollout_id"] < start]
+        trim_alarms(self.runtime.run_dir, before=start)
         for w in list(self.engine_versions):
             self.engine_versions[w] = -1  # every engine gets the restored weights before it serves again
         rec.update(resumed_from=start, weight_version=self.version, checkpoint=str(self._ckpt) if self._ckpt else None,
@@ -433,6 +438,7 @@ class Controller(Actor):
                          and not isinstance(v, bool)})
             step["time/rollout"] = t_roll
             self._show_samples(k, stats.get("examples"))
+            stopping = self._hack_alarms(k, stats, step)
             if dbg.save_debug_rollout_data:
                 await self._save_debug_rollout(k)
             if dbg.debug_rollout_only:
@@ -469,18 +475,25 @@ class Controller(Actor):
                 if pending_rollout is not None:
                     await self._resume_all()
             every = a.checkpoint.save_interval
-            if a.checkpoint.save and every and ((k + 1) % every == 0 or k + 1 == a.run.num_rollout):
+            if a.checkpoint.save and (stopping or every and ((k + 1) % every == 0 or k + 1 == a.run.num_rollout)):
                 step["time/save"] = await self._save(k)
             if a.checkpoint.save_hf and not dbg.debug_rollout_only and hf_export_due(a, k):
                 step["time/save_hf"] = await self._save_hf(k)
             step["time/step"] = time.monotonic() - t_step
             self._record(step)
             progress(step)
+            if stopping:
+                self.stopped = {"reason": stopping, "rollout_id": k, "steps_left": a.run.num_rollout - k - 1,
+                                "checkpoint": str(self._ckpt) if self._ckpt else None}
+                self.log.warning("run stopped by a hack alarm", reason=stopping, checkpoint=self.stopped["checkpoint"])
+                progress.close()
+                break
+        end = self.stopped["rollout_id"] + 1 if self.stopped else a.run.num_rollout
         if pending_rollout is not None:
             pending_rollout.cancel()
         if a.eval.eval_prompt_data and not dbg.debug_train_only and not (
-                a.eval.eval_interval and a.run.num_rollout % a.eval.eval_interval == 0) and a.run.num_rollout > start:
-            await self._evaluate(a.run.num_rollout)
+                a.eval.eval_interval and end % a.eval.eval_interval == 0) and end > start:
+            await self._evaluate(end)
         self.accounting = await self._ask_buffer("accounting")
         self.phase = "done"
         self._finish()
@@ -514,6 +527,15 @@ class Controller(Actor):
         if not stats["complete"]:
             raise RuntimeError(f"rollout {k} did not complete: {stats}")
         return stats, time.monotonic() - t0
+
+    def _hack_alarms(self, k: int, stats: dict, step: dict) -> str | None:
+        """The buffer's hacking report on rollout k: hack/* metrics into the step, each tripped alarm into
+        RUN_DIR/alarms.jsonl and a warning; with --hack-alarms stop and an alarm tripped, why the run stops."""
+        metrics, tripped = record_hack_alarms(self.runtime.run_dir, k, stats.get("hack"), self.log)
+        step.update(metrics)
+        if tripped and self.cfg.monitor.hack_alarms == "stop":
+            return stop_reason(k, tripped)
+        return None
 
     async def _resume_all(self) -> None:
         for w in self.rollouts:
@@ -663,6 +685,7 @@ class Controller(Actor):
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         if resume_at is not None:
             self.history = _rows_before(self.metrics_path, resume_at) + self.history
+            trim_alarms(self.runtime.run_dir, before=resume_at)
             tmp = self.metrics_path.with_name("metrics.jsonl.tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             os.replace(tmp, self.metrics_path)
@@ -701,7 +724,8 @@ class Controller(Actor):
             if self.evals else {}
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
             if self.evals else {}
-        self.result = {"steps": len(self.history) - self._rows_before_start, "eval_before": first,
+        self.result = {"status": "stopped" if self.stopped else "done", "stopped": self.stopped,
+                       "steps": len(self.history) - self._rows_before_start, "eval_before": first,
                        "eval_after": last, "plot": png, "samples": self.last_examples, "weight_version": self.version,
                        "metrics": str(self.metrics_path), "recoveries": self.recoveries, "accounting": self.accounting}
 
@@ -732,12 +756,15 @@ def _tuple_state(s):
 
 
 def _progress(run: RunSection, start: int):
+    def nothing(step: dict) -> None:
+        return None
+    nothing.close = lambda: None
     if not run.progress:
-        return lambda step: None
+        return nothing
     try:
         from tqdm import tqdm
     except ImportError:
-        return lambda step: None
+        return nothing
     bar = tqdm(total=run.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
 
     def update(step: dict) -> None:
@@ -749,4 +776,5 @@ def _progress(run: RunSection, start: int):
         bar.update(1)
         if step["rollout_id"] + 1 >= run.num_rollout:
             bar.close()
+    update.close = bar.close   # a run that ends early (--hack-alarms stop)
     return update

@@ -26,11 +26,16 @@ import time
 
 from ..config import JobConfig
 from ..mailbox.errors import MailboxError, RemoteError
+from ..retry import RetryPolicy, retry
 from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 from .base import Actor, handler
 
 
 REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward worker answers at all
+# asks to the buffer, repeated while it restarts (any mailbox error, as a restart can answer with one)
+RELEASE_RETRY = RetryPolicy(attempts=5, base=0.5, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+RETURN_RETRY = RetryPolicy(attempts=10, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
 
 
 class EngineHandle:
@@ -345,16 +350,15 @@ class RolloutWorker(Actor):
     async def _release_previous(self) -> None:
         """A new incarnation holds no work: whatever the buffer still has leased to this name (a previous process
         of it was killed) is re-issued now, before this one pulls (same sender, so no race with get_work)."""
-        for attempt in range(5):
-            try:
-                res = await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": "restarted"},
-                                     timeout=30)
-                if res.get("requeued"):
-                    self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
-                return
-            except MailboxError as exc:
-                self.log.warning("could not release a previous incarnation's groups; retrying", error=str(exc))
-                await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
+        try:
+            res = await retry(lambda: self.ask("buffer/0", "release_worker", {"worker": self.name,
+                                                                              "reason": "restarted"}, timeout=30),
+                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log)
+        except MailboxError as exc:  # the buffer re-issues them when their lease runs out
+            self.log.warning("could not release a previous incarnation's groups", error=str(exc))
+            return
+        if res.get("requeued"):
+            self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
 
     async def _recover(self, reason: str) -> None:
         self._restarting = True
@@ -563,29 +567,25 @@ class RolloutWorker(Actor):
     async def _submit(self, wid: str, samples: list[Sample], lease: int) -> None:
         body = {"worker": self.name, "work_id": wid, "samples": [s.to_wire() for s in samples]}
         idem = submit_key(wid, lease, samples[0])
-        for attempt in range(20):
-            try:
-                res = await self.ask("buffer/0", "submit", body, timeout=60, idem=idem)
-                if not res.get("accepted"):
-                    self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
-                return
-            except MailboxError as exc:  # the buffer may be restarting: keep the group and try again
-                self.log.warning("submit failed; retrying", work_id=wid, error=str(exc), attempt=attempt)
-                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
-        self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid)
+        try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
+            res = await retry(lambda: self.ask("buffer/0", "submit", body, timeout=60, idem=idem), SUBMIT_RETRY,
+                              what="submit", log=self.log, work_id=wid)
+        except MailboxError as exc:
+            self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
+            return
+        if not res.get("accepted"):
+            self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
         self.counters["aborted_groups"] += 1
         body = {"worker": self.name, "work_id": wid, "reason": reason}
         if samples is not None:
             body["samples"] = [s.to_wire() for s in samples]
-        for attempt in range(10):
-            try:
-                await self.ask("buffer/0", "return_work", body, timeout=30)
-                return
-            except MailboxError as exc:
-                self.log.warning("return_work failed; retrying", work_id=wid, error=str(exc))
-                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
+        try:
+            await retry(lambda: self.ask("buffer/0", "return_work", body, timeout=30), RETURN_RETRY,
+                        what="return_work", log=self.log, work_id=wid)
+        except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
+            self.log.warning("gave up returning a group", work_id=wid, error=str(exc))
 
     # ------------------------------------------------------------------------------------------ handlers
     @handler

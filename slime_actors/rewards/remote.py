@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import weakref
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from slime_actors.log import get_logger
+from slime_actors.retry import RetryPolicy, retry
 
 __all__ = ["RemoteRMConfig", "RemoteRMError", "remote_rm", "post_reward", "close_sessions"]
 
@@ -55,9 +55,13 @@ class RemoteRMConfig:
             raise RemoteRMError("--rm-type remote_rm needs --rm-url")
         return cls(url=args.rm_url)
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt `attempt` (1-based)."""
-        return min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * (0.5 + 0.5 * random.random())
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """max_attempts tries; after failed attempt n, a wait of backoff_base * 2**(n-1) (at most backoff_max),
+        jittered into [0.5, 1) of it; on connection errors, timeouts and the statuses worth retrying."""
+        return RetryPolicy(attempts=self.max_attempts, base=self.backoff_base, factor=2.0, max_delay=self.backoff_max,
+                           jitter=0.5, retry_on=(_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                                                 TimeoutError))
 
 
 _sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
@@ -99,27 +103,24 @@ async def post_reward(cfg: RemoteRMConfig, payload: dict, *, log=None):
     """POST `payload` to cfg.url with retries; the parsed answer (a number or a dict)."""
     log = log or get_logger(component="remote_rm")
     session = _session()
-    last: BaseException | None = None
-    for attempt in range(1, cfg.max_attempts + 1):
-        try:
-            async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
-                                    timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
-                body = await resp.read()
-                if resp.status >= 500 or resp.status in RETRY_STATUS:
-                    raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
-                if resp.status >= 400:
-                    raise RemoteRMError(f"{cfg.url} answered HTTP {resp.status}: "
-                                        f"{body[:200].decode('utf-8', 'replace')!r} (not retried)")
-                return _parse_body(body, cfg.url)
-        except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            last = exc
-            if attempt >= cfg.max_attempts:
-                break
-            delay = cfg.backoff(attempt)
-            log.warning("remote reward request failed, retrying", url=cfg.url, attempt=attempt,
-                        max_attempts=cfg.max_attempts, error=_describe(exc), retry_in=round(delay, 3))
-            await asyncio.sleep(delay)
-    raise RemoteRMError(f"{cfg.url}: no reward after {cfg.max_attempts} attempts; last error: {_describe(last)}")
+
+    async def post():
+        async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
+                                timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
+            body = await resp.read()
+            if resp.status >= 500 or resp.status in RETRY_STATUS:
+                raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
+            if resp.status >= 400:
+                raise RemoteRMError(f"{cfg.url} answered HTTP {resp.status}: "
+                                    f"{body[:200].decode('utf-8', 'replace')!r} (not retried)")
+            return _parse_body(body, cfg.url)
+    policy = cfg.retry_policy
+    try:
+        return await retry(post, policy, what="remote reward request", log=log, describe=_describe, url=cfg.url,
+                           max_attempts=cfg.max_attempts)
+    except policy.retry_on as exc:
+        raise RemoteRMError(f"{cfg.url}: no reward after {cfg.max_attempts} attempts; last error: "
+                            f"{_describe(exc)}") from None
 
 
 def _describe(exc) -> str:

@@ -1399,10 +1399,9 @@ def _remake_checkpoint(path: str) -> str | None:
         spec = "smollm2:135m"
     if spec is None:
         return None
-    from ..models.resolve import resolve_checkpoint
-    cache = Path(os.environ.get("SLIME_ACTORS_MODEL_CACHE", Path.home() / ".cache" / "slime-actors" / "models"))
+    from ..models.resolve import model_cache, resolve_checkpoint
     try:
-        return resolve_checkpoint(spec, cache)
+        return resolve_checkpoint(spec, model_cache())
     except Exception as exc:
         log.warning("could not make the model again", spec=spec, error=repr(exc))
         return None
