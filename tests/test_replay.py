@@ -314,6 +314,8 @@ class Racer(Actor):
             await asyncio.sleep(0.1)
             order.append("timer")
         await asyncio.gather(thread_work(), timer())
+        if self.config.get("check"):  # (a version of the code with one more step: only in a replay, below)
+            await self.run_blocking(sorted, order)
         return order
 
 
@@ -466,3 +468,24 @@ def test_a_recording_without_a_schedule_replays_with_a_note(synthetic, tmp_path)
     assert not rep.identical
     d = rep.findings[0].diff
     assert (d.path, d.a, d.b) == ("[0]", "timer", "thread")
+
+
+def test_a_task_that_takes_a_step_the_recording_does_not_have_is_named(synthetic, tmp_path):
+    """Replayed with code that takes one more step (the racer's handler awaits thread work once more before it
+    answers): replay names the task, the call and where in the actor's code it was made, then goes on without the
+    schedule -- the handler still answers, as it did."""
+    run_dir, _ = synthetic
+    src = _racer_file(run_dir)
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(src.read_bytes())
+    head = up.unpack()
+    head["config"] = {**head["config"], "check": True}
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / src.name).write_bytes(msgpack.packb(head) + b"".join(
+        msgpack.packb(r, use_bin_type=True) for r in up))
+    rep = replay(tmp_path, "racer/0")
+    assert not rep.identical
+    schedule = [f for f in rep.findings if f.what == "schedule"]
+    assert len(schedule) == 1 and "returned from run_blocking in race (test_replay.py:" in schedule[0].message
+    assert "a step the recording does not have" in schedule[0].message
+    assert not [f for f in rep.findings if f.what != "schedule"], rep.render()  # the answer is the recorded one

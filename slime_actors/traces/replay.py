@@ -374,8 +374,12 @@ class ReplaySchedule:
         nxt = self.items[q[0]] if q else None
         if nxt is not None and (nxt.kind == STEP or (recorded is None and nxt.call != call)):
             return NOW
-        if nxt is None:  # the recording ends with this task still waiting here
-            await asyncio.shield(self.done)
+        if nxt is None:
+            if self.h.rec_stopped:  # the recording has no further step of this task, though it runs to the stop
+                self.give_up(None, f"task {st.id} returned from {call} in {_caller()}, a step the recording does "
+                                   "not have (the actor's code differs from the recorded run's)")
+                return FREE
+            await asyncio.shield(self.done)  # the recording was cut (a kill) with this task still waiting here
             return FREE
         cancelled = None
         while not self.take(st, RESUME, call):
@@ -471,6 +475,18 @@ class ReplaySchedule:
         self.gated.clear()
         if not self.done.done():
             self.done.set_result(None)
+
+
+def _caller() -> str:
+    """Where the actor's code made the external call whose stand-in runs now: the first frame up the stack that is
+    neither a stand-in nor an external call (function, file and line)."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None and (f.f_code in _schedule.REGIONS or f.f_code.co_filename == __file__):
+        f = f.f_back
+    if f is None:
+        return "(unknown)"
+    return f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{f.f_lineno})"
 
 
 def _where(coro) -> str:
@@ -852,8 +868,10 @@ class Harness:
             which = (f"replaying pid {pid}'s" if pid is not None else "replaying the first (--pid picks another)")
             self.notes.append(f"{actor} has {len(self.rec.other_files)} more trace file(s) (restarts): "
                               f"{', '.join(self.rec.other_files)}; {which}")
-        if self.rec.items and not any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method ==
-                                                                        "_stop") for it in self.rec.items):
+        # the recording runs to the actor's stop (else its process was killed: it ends wherever the kill cut it)
+        self.rec_stopped = any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method == "_stop")
+                               for it in self.rec.items)
+        if self.rec.items and not self.rec_stopped:
             self.notes.append("the recording ends without the actor being stopped (its process was killed?): the "
                               "replay runs what it holds")
         if self.rec.drops:
