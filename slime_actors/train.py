@@ -12,7 +12,7 @@ import sys
 
 from .config import ConfigError
 from .launch.job import JobContext, run
-from .launch.job_config import build_placed_job_config
+from .launch.job_config import build_placed_job_config, print_notes
 from .launch.topology import default_topology
 
 
@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"slime-actors train: error: {exc}", file=sys.stderr)
         return 2
+    print_notes(cfg, "slime-actors train")
     for line in plan.lines() if plan is not None else ():
         print(f"slime-actors train: {line}", file=sys.stderr)
     return run(JobContext(cfg, default_topology(cfg), status="changes", prog="slime-actors train"))

@@ -17,6 +17,7 @@ import pytest
 from slime_actors.actors.base import Actor
 from slime_actors.actors.buffer import Buffer
 from slime_actors.config import ConfigError, parse_config
+from slime_actors.launch.job_config import build_job_config
 from slime_actors.monitor import hacking
 from slime_actors.monitor.alarms import label_is_answer, read_alarms, record_hack_alarms, report_wire, trim_alarms
 from slime_actors.runtime import RuntimeConfig
@@ -28,8 +29,9 @@ PROMPTS = ROOT / "examples" / "digits" / "train.jsonl"
 
 
 def cfg(*flags):
-    return parse_config(["--prompt-data", str(PROMPTS), "--hf-checkpoint", "tiny:digits", "--rm-type", "math",
-                         *flags])
+    """The job's config as a launcher builds it (flags checked, the monitor's included)."""
+    return build_job_config(["--prompt-data", str(PROMPTS), "--hf-checkpoint", "tiny:digits", "--rm-type", "math",
+                         *flags])[0]
 
 
 # ------------------------------------------------------------------------------------------------ the flags

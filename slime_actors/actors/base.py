@@ -192,7 +192,7 @@ class Actor:
                 await self.on_start()
         finally:
             self.mailbox.pause_receiving(False)
-        self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid())
+        self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid(), console=False)
         return self.endpoint
 
     async def stop(self, reason: str = "stopped") -> None:
@@ -231,7 +231,7 @@ class Actor:
         self.mailbox.close()
         if self.tracer is not None:
             self.tracer.close()
-        self.log.info("actor stopped", reason=reason)
+        self.log.info("actor stopped", reason=reason, console=False)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
@@ -563,7 +563,10 @@ class Actor:
     @handler
     async def _peer_down(self, name: str, reason: str = "missed heartbeats") -> None:
         self.mailbox.disconnect(name, reason)
-        self.log.warning("peer down", peer=name, reason=reason)
+        if reason == "stopped":   # it deregistered: a clean stop (every job's end), not a fault
+            self.log.info("peer stopped", peer=name, console=False)
+        else:
+            self.log.warning("peer down", peer=name, reason=reason)
         await self.on_peer_down(name, reason)
 
     @handler

@@ -402,7 +402,7 @@ class Buffer(Actor):
     def _sampling_params(self, kind: str) -> dict:
         ro, ev = self.cfg.rollout, self.cfg.eval
         if kind == "eval":
-            sp = {"temperature": ev.eval_temperature, "top_p": 1.0, "top_k": -1,
+            sp = {"temperature": ev.eval_temperature, "top_p": ev.eval_top_p, "top_k": ev.eval_top_k,
                   "max_new_tokens": ev.eval_max_response_len}
         else:
             sp = {"temperature": ro.rollout_temperature, "top_p": ro.rollout_top_p, "top_k": ro.rollout_top_k,
@@ -712,7 +712,13 @@ class Buffer(Actor):
                 "examples": pick_examples(samples),   # the best and the worst of one group, for people to read
                 "seconds": (r.finished or self._now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
-                "weight_version_min": min((s.weight_version for s in samples), default=-1)}
+                "weight_version_min": min((s.weight_version for s in samples), default=-1),
+                "passrate": self._passrate(r) if self.cfg.logging.log_passrate and not r.trained else {}}
+
+    def _passrate(self, r) -> dict:
+        """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""
+        from ..algo.passrate import pass_at_k
+        return pass_at_k([[s.reward for s in self.groups[wid].samples] for wid in r.completed[: r.target]])
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int) -> dict:

@@ -8,10 +8,11 @@ generated while the trainers train on k; samples are at most --max-staleness wei
 regenerates older ones). Engines are paused for the weight update only.
 
 It also re-syncs an engine that (re)starts at an old weight version before that engine serves again, evaluates
-every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard,
-a PNG of the reward and eval curves). The buffer's reward-hacking monitor reports on every training rollout
-(stats["hack"]); `_hack_alarms` logs its hack/* metrics with the step's, writes each tripped alarm to
-RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop ends the run after that step, with a checkpoint.
+every --eval-interval steps, saves checkpoints every --save-interval steps, and writes metrics (JSONL, TensorBoard
+and W&B through slime_actors.metric_sinks, a PNG of the reward and eval curves). The buffer's reward-hacking monitor
+reports on every training rollout (stats["hack"]); `_hack_alarms` logs its hack/* metrics with the step's, writes
+each tripped alarm to RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop ends the run after that step,
+with a checkpoint.
 
 Faults (docs/fault-tolerance.md). The trainer ranks form their process group through the controller
 (`trainer_join`: a rendezvous with a generation number and the checkpoint to load). When a rank dies -- an ask to
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from ..checkpoints import hf_export_due, hf_export_path, latest_checkpoint, read_meta, resolve_load
 from ..config import JobConfig, RunSection, debug_rollout_path
-from ..log import console_write
+from ..log import CONSOLE, console_write, progress_line
 from ..mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer
 from ..monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
 from ..samples import EVAL_DIR
@@ -83,7 +84,7 @@ class Controller(Actor):
         self._sync_lock: asyncio.Lock | None = None
         self._resync_tasks: dict[str, asyncio.Task] = {}
         self.metrics_file = None
-        self.tb = None
+        self.sinks = None                   # TensorBoard and W&B (slime_actors.metric_sinks)
         self._rows_before_start = 0  # metrics rows of the run before this job resumed it
         self.result: dict = {}
         self._rdzv: _Rendezvous | None = None
@@ -405,7 +406,7 @@ class Controller(Actor):
             await self._trainers_ready()
             if not dbg.debug_train_only:
                 await self._startup_sync()
-            self._open_metrics(resume_at=start if ckpt is not None else None)
+            await self._open_metrics(resume_at=start if ckpt is not None else None)
             if a.eval.eval_prompt_data and not a.eval.skip_eval_before_train and not dbg.debug_train_only \
                     and ckpt is None:
                 await self._evaluate(start)
@@ -436,6 +437,7 @@ class Controller(Actor):
                 stats, t_roll = await self._rollout(k)
             step.update({f"rollout/{key}": v for key, v in stats.items() if isinstance(v, (int, float))
                          and not isinstance(v, bool)})
+            step.update({f"passrate/{key}": v for key, v in (stats.get("passrate") or {}).items()})  # --log-passrate
             step["time/rollout"] = t_roll
             self._show_samples(k, stats.get("examples"))
             stopping = self._hack_alarms(k, stats, step)
@@ -496,7 +498,7 @@ class Controller(Actor):
             await self._evaluate(end)
         self.accounting = await self._ask_buffer("accounting")
         self.phase = "done"
-        self._finish()
+        await self.run_blocking(self._finish)   # the plot, closing TensorBoard and W&B: off the loop
 
     # ------------------------------------------------------------------------------------------ phases
     async def _startup_sync(self) -> None:
@@ -586,8 +588,9 @@ class Controller(Actor):
                                         timeout=86500)
             out[name] = st["reward_mean"] if st["reward_mean"] is not None else 0.0
             self.evals.append({"step": step, "name": name, "reward": out[name], "samples": st["samples"]})
+            out.update({f"{name}-{key}": v for key, v in (st.get("passrate") or {}).items()})  # eval/NAME-pass@k
             self.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st["samples"])
-            if self.cfg.eval.save_eval_responses:
+            if self.cfg.eval.save_eval_responses or self.cfg.logging.use_wandb:
                 await self._save_eval(name, step, eid)
         if prev != "rollout":
             await self._pause_all()
@@ -621,6 +624,10 @@ class Controller(Actor):
     async def _save_eval(self, name: str, step: int, eid: int) -> None:
         """The evaluation's responses, for a person to read (`slime-actors samples RUN --eval`, `--report`)."""
         rows = await self._ask_buffer("eval_results", {"rollout_id": eid}, timeout=300)
+        if self.sinks is not None:
+            self.sinks.eval_responses(name, step, rows)
+        if not self.cfg.eval.save_eval_responses:
+            return
         path = Path(self.runtime.run_dir) / EVAL_DIR / f"{name}_step{step:06d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -633,13 +640,13 @@ class Controller(Actor):
         --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
         if not examples:
             return
-        from ..samples import examples_markdown, format_examples
+        from ..samples import format_examples
         self.last_examples = {"rollout_id": k, "examples": examples}
         every = self.cfg.logging.log_samples_interval
         if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):
             console_write(format_examples(k, examples))
-        if self.tb is not None:
-            self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
+        if self.sinks is not None:
+            self.sinks.samples(k, examples)
 
     async def _save_debug_rollout(self, k: int) -> None:
         import msgpack
@@ -677,7 +684,7 @@ class Controller(Actor):
             return None
 
     # ------------------------------------------------------------------------------------------ metrics
-    def _open_metrics(self, resume_at: int | None) -> None:
+    async def _open_metrics(self, resume_at: int | None) -> None:
         """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
         continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
         spans the whole run), later rows -- trained again now -- are dropped, and TensorBoard hides its events
@@ -692,23 +699,18 @@ class Controller(Actor):
             self.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
         self._rows_before_start = len(self.history)
         self.metrics_file = open(self.metrics_path, "a")
-        if self.cfg.logging.use_tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(os.path.join(self.runtime.run_dir, "tensorboard"), purge_step=resume_at)
-            except Exception as exc:  # tensorboard missing: JSONL and the PNG still have everything
-                self.log.warning("tensorboard unavailable", error=repr(exc))
+        from ..metric_sinks import MetricSinks
+        sinks = MetricSinks(self.cfg, self.runtime.run_dir, self.log)
+        await self.run_blocking(sinks.open, resume_at)   # wandb.init starts a service: off the loop
+        self.sinks = sinks
 
     def _record(self, step: dict) -> None:
         step["time"] = time.time()
         self.history.append(step)
         self.metrics_file.write(json.dumps(step) + "\n")
         self.metrics_file.flush()
-        if self.tb is not None:
-            for key, v in step.items():
-                if isinstance(v, (int, float)) and key != "rollout_id":
-                    self.tb.add_scalar(key, v, step["rollout_id"])
-            self.tb.flush()
+        if self.sinks is not None:
+            self.sinks.scalars(step)
         self.log.info("step", rollout_id=step["rollout_id"], reward=_r(step.get("rollout/reward_mean")),
                       loss=_r(step.get("train/loss")), logprob_diff=_r(step.get("train/train_rollout_logprob_abs_diff_max")),
                       seconds=_r(step.get("time/step")), version=step.get("weight_version_after"))
@@ -717,9 +719,9 @@ class Controller(Actor):
         from ..plots import plot_run
         if self.metrics_file is not None:
             self.metrics_file.close()
-        if self.tb is not None:
-            self.tb.close()
         png = plot_run(self.runtime.run_dir, self.history, self.evals)
+        if self.sinks is not None:
+            self.sinks.close(png)
         first = {e["name"]: e["reward"] for e in self.evals if e["step"] == min(x["step"] for x in self.evals)} \
             if self.evals else {}
         last = {e["name"]: e["reward"] for e in self.evals if e["step"] == max(x["step"] for x in self.evals)} \
@@ -756,25 +758,23 @@ def _tuple_state(s):
 
 
 def _progress(run: RunSection, start: int):
+    """The progress bar: a part of the console's footer (log.CONSOLE), on a terminal only (--progress). Its
+    `close()` takes it off (a run that ends early: --hack-alarms stop)."""
     def nothing(step: dict) -> None:
         return None
     nothing.close = lambda: None
-    if not run.progress:
+    if not run.progress or not CONSOLE.interactive:
         return nothing
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return nothing
-    bar = tqdm(total=run.num_rollout, initial=start, desc="rl steps", unit="step", dynamic_ncols=True)
+    t0 = time.monotonic()
+    CONSOLE.footer("progress", progress_line("rl steps", start, run.num_rollout, None))
+    last_eval: dict = {}
 
     def update(step: dict) -> None:
-        post = {"reward": _r(step.get("rollout/reward_mean"))}
-        for k, v in step.items():
-            if k.startswith("eval/"):
-                post[k] = _r(v)
-        bar.set_postfix(post)
-        bar.update(1)
-        if step["rollout_id"] + 1 >= run.num_rollout:
-            bar.close()
-    update.close = bar.close   # a run that ends early (--hack-alarms stop)
+        done = step["rollout_id"] + 1
+        last_eval.update({k[5:]: _r(v) for k, v in step.items() if k.startswith("eval/") and "-pass@" not in k})
+        extra = {"reward": _r(step.get("rollout/reward_mean")), **{f"eval {k}": v for k, v in last_eval.items()}}
+        rate = (time.monotonic() - t0) / max(done - start, 1)
+        CONSOLE.footer("progress", None if done >= run.num_rollout else
+                       progress_line("rl steps", done, run.num_rollout, rate, extra))
+    update.close = lambda: CONSOLE.footer("progress", None)
     return update

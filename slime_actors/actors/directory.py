@@ -41,7 +41,8 @@ class Directory(Actor):
         self.mailbox.connect(name, endpoint)
         self._event(name).set()
         self.events.append((self.wall_time(), name, "up"))
-        self.log.info("registered", name=name, endpoint=endpoint, pid=pid, restart=old is not None)
+        self.log.info("registered", name=name, endpoint=endpoint, pid=pid, restart=old is not None,
+                      console=old is not None)   # a restart is news; a first registration is book-keeping
         if old is not None:
             await self._notify("_peer_up", {"name": name, "endpoint": endpoint}, skip=name)
         return {"ok": True, "heartbeat_interval": self.runtime.heartbeat_interval, "liveness": self.runtime.liveness}

@@ -13,6 +13,12 @@ Custom generation (`args`: the job's flags as slime passes them, a read-only fla
       called per sample; may call `await engine.generate(input_ids, sampling_params)` several times (multi-turn,
       tool use) and must fill sample.response_tokens, loss_mask (0 for tokens the model did not produce),
       rollout_log_probs, response and status. See examples/tool_use/.
+  --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
+      slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
+      {args.sglang_router_port}/generate itself. That address is a proxy of this worker
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace. The sample
+      takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
+      loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
   --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
       called per group instead (e.g. generation that needs the whole group).
 """
@@ -27,7 +33,7 @@ import time
 from ..config import JobConfig
 from ..mailbox.errors import MailboxError, RemoteError
 from ..retry import RetryPolicy, retry
-from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample
 from .base import Actor, handler
 
 
@@ -76,6 +82,9 @@ class RolloutWorker(Actor):
         self.client = None                # EngineClient
         self.tokenizer = None
         self.generate_fn = None
+        self.slime_generate = False       # generate_fn has slime's signature (args, sample, sampling_params)
+        self.slime_args = None            # the flat view it gets: the router address is self.proxy's
+        self.proxy = None                 # GenerateProxy for slime-style generate functions
         self.group_fn = None
         self._resumed: asyncio.Event | None = None
         self._engine_ok: asyncio.Event | None = None
@@ -109,12 +118,16 @@ class RolloutWorker(Actor):
         self.tokenizer = await self.run_blocking(_load_tokenizer, a.model.hf_checkpoint)
         from ..plugins import load_function
         if a.rollout.custom_generate_function_path:
-            self.generate_fn = load_function(a.rollout.custom_generate_function_path)
+            self.generate_fn = load_function(a.rollout.custom_generate_function_path,
+                                             flag="--custom-generate-function-path")
+            self.slime_generate = generate_style(self.generate_fn, a.rollout.custom_generate_function_path) == "slime"
         if a.rollout.rollout_function_path:
             self.group_fn = load_function(a.rollout.rollout_function_path)
         await self._release_previous()
         await self._start_router()
         await self._start_engine()
+        if self.slime_generate:
+            await self._start_proxy()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")
 
@@ -129,6 +142,24 @@ class RolloutWorker(Actor):
             await self.run_blocking(self.engine.stop)
         if self.router is not None:
             await self.run_blocking(self.router.stop)
+        if self.proxy is not None:
+            await self.proxy.stop()
+
+    async def _start_proxy(self) -> None:
+        """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
+        import dataclasses
+
+        from ..backends.generate_proxy import GenerateProxy
+
+        async def forward(body: dict):
+            await self._engine_ok.wait()
+            return await self.client.generate_body(body)
+        self.proxy = GenerateProxy(forward)
+        host, port = await self.proxy.start()
+        engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
+        self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
+        self.log.info("slime-style generate function: its engine address is this worker's proxy",
+                      url=f"http://{host}:{port}", function=self.cfg.rollout.custom_generate_function_path)
 
     # ------------------------------------------------------------------------------------------ the engine
     def _multi_host(self) -> bool:
@@ -461,7 +492,8 @@ class RolloutWorker(Actor):
                 if self.group_fn is not None:
                     samples = await self.group_fn(self.plugin_args, samples, sp, EngineHandle(self))
                 else:
-                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0))
+                    evaluation = group.get("kind") == "eval"
+                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0), evaluation)
                                                      for s in samples))
             finally:
                 self._generating -= n
@@ -481,7 +513,9 @@ class RolloutWorker(Actor):
         finally:
             self._inflight.pop(wid, None)
 
-    async def _generate(self, sample: Sample, sp: dict, attempt: int) -> Sample:
+    async def _generate(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False) -> Sample:
+        if self.generate_fn is not None and self.slime_generate:
+            return await self._generate_slime_style(sample, sp, evaluation)
         if self.generate_fn is not None:
             return await self.generate_fn(self.plugin_args, sample, dict(sp), EngineHandle(self))
         params = dict(sp)
@@ -504,6 +538,34 @@ class RolloutWorker(Actor):
         sample.weight_versions = sample.weight_versions + [version]
         sample.weight_version = min(sample.weight_versions)
         return sample
+
+    async def _generate_slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
+        """slime's generate(args, sample, sampling_params[, evaluation]); what slime's function leaves unset is
+        filled in as slime would: an all-ones loss mask, the decoded response, the weight version."""
+        from ..plugins import takes_keyword
+        version = self.weight_version
+        fn = self.generate_fn
+        kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
+        out = await fn(self.slime_args, sample, dict(sp), **kw)
+        if not isinstance(out, Sample):
+            raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
+                            f"returned {type(out).__name__}, expected the Sample it was given")
+        n = len(out.response_tokens)
+        if not out.loss_mask:
+            out.loss_mask = [1] * n
+        if len(out.loss_mask) != n:
+            raise ValueError(f"custom generate function: sample {out.index} has {n} response tokens but a loss mask "
+                             f"of {len(out.loss_mask)}")
+        if not out.response and n:
+            out.response = self.tokenizer.decode(out.response_tokens, skip_special_tokens=True)
+        if out.status == PENDING:
+            out.status = COMPLETED if n else FAILED
+            if not n:
+                out.error = "the custom generate function produced no response"
+        if not out.weight_versions:
+            out.weight_versions = [version]
+            out.weight_version = version
+        return out
 
     async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
@@ -787,6 +849,27 @@ def request_key(input_ids: list[int], sampling_params: dict) -> str:
     h = hashlib.blake2b(digest_size=8)
     h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
     return h.hexdigest()
+
+
+def generate_style(fn, path: str) -> str:
+    """"slime" for slime's generate(args, sample, sampling_params[, evaluation]), "engine" for this project's
+    generate(args, sample, sampling_params, engine); PluginError naming the path otherwise."""
+    import inspect
+
+    from ..plugins import PluginError, positional_arity
+    required, most = positional_arity(fn)
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    if most is None or (most >= 4 and required <= 4 and names[3:4] != ["evaluation"]):
+        return "engine"
+    if required <= 3 <= most:
+        return "slime"
+    raise PluginError(f"--custom-generate-function-path {path}: expected async generate(args, sample, "
+                      "sampling_params) (slime's) or generate(args, sample, sampling_params, engine), got "
+                      f"{required} required of {most} positional parameters", kind="not_callable", path=path)
 
 
 def _http_url(host: str, port: int) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import JobConfig
-from ..log import console_write, get_logger
+from ..log import CONSOLE, console_write, get_logger
 from ..runtime import RuntimeConfig, job_keys
 
 POLL_S = 0.2  # how often the head reads the directory's listing and the controller's status
@@ -164,8 +164,8 @@ class StatusBoard:
         step = f"rollout {c.get('rollout_id', '-')} {c.get('phase', '?')} v{c.get('weight_version', 0)}"
         line = (f"[{now - self.t0:5.0f}s] {step} | up {len(up)}/{len(self.expected)}"
                 + (f" | down: {' '.join(down)}" if down else "") + (f" | restarts {restarts}" if restarts else ""))
-        if self.mode == "line":
-            print("\r\033[K" + line[:200], end="", file=sys.stderr, flush=True)
+        if self.mode == "line":   # the console's footer, with the progress bar (slime_actors.log.CONSOLE)
+            CONSOLE.footer("status", line)
         elif self.mode == "table":
             if force or now - self._last_print >= 10:
                 self._last_print = now
@@ -185,5 +185,6 @@ class StatusBoard:
         return "\n".join(rows)
 
     def finish(self) -> None:
-        if self.mode == "line":
-            print(file=sys.stderr, flush=True)
+        """The footer ends (the status line stays as the last line of the run; a progress bar left by a run that
+        failed is erased), so what is printed next -- the summary, the failure's cause -- starts a line of its own."""
+        CONSOLE.end_footer(keep=self.mode == "line")

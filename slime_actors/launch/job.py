@@ -315,9 +315,10 @@ def run(ctx: JobContext) -> int:
     """Run this process's part of the job. Returns the exit code; the head prints the summary."""
     import uvloop
 
-    from ..log import setup_logging
+    from ..log import quiet_library_progress_bars, setup_logging
     cfg = ctx.cfg
     t0 = time.monotonic()
+    quiet_library_progress_bars()
     try:
         job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
@@ -355,10 +356,10 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
     from ..config import ConfigError
-    from .job_config import build_job_config, build_placed_job_config
+    from .job_config import build_job_config, build_placed_job_config, print_notes
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
-        prog="slime-actors launch", add_help=True,
+        prog="slime-actors launch", add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
         description="Start a job's actors from a topology file and supervise them (docs/launch.md). Every option "
                     "not listed here is a job flag (see `slime-actors train --help`).")
     p.add_argument("topology", help="topology file (TOML, or YAML with PyYAML)")
@@ -402,6 +403,7 @@ def launch_main(argv: list[str]) -> int:
         print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
     for line in plan.lines() if plan is not None else ():
         print(f"slime-actors launch: {line}", file=sys.stderr)
+    print_notes(cfg, "slime-actors launch")
     roles = None
     if ns.roles is not None:
         roles = [] if ns.roles.strip() in ("", "none") else [r.strip() for r in ns.roles.split(",") if r.strip()]
@@ -414,6 +416,4 @@ def launch_main(argv: list[str]) -> int:
         print(topo.describe())
         return 0
     ctx = JobContext(cfg, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
-    if _status_mode(ctx) == "line":
-        cfg.run.progress = False  # the status line shows the step
     return run(ctx)

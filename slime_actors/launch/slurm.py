@@ -177,7 +177,7 @@ def sbatch_main(argv: list[str]) -> int:
     from .job_config import build_job_config
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
-        prog="slime-actors sbatch",
+        prog="slime-actors sbatch", allow_abbrev=False,   # a job flag must not be taken for --port, --python ...
         description="Write a Slurm batch script for a topology to stdout (docs/launch.md). Every option not listed "
                     "here is a job flag, checked now and passed to every step.")
     p.add_argument("topology")
@@ -203,6 +203,9 @@ def sbatch_main(argv: list[str]) -> int:
                 raise ConfigError(f"{flag} would be written into the batch script: give {flag}-file (on a "
                                   "filesystem the nodes see) or export its SLIME_ACTORS_ENGINE_* variable before "
                                   "sbatch (docs/security.md)")
+        if has_flag(job_argv, "--wandb-key"):
+            raise ConfigError("--wandb-key would be written into the batch script: export WANDB_API_KEY before "
+                              "sbatch (or `wandb login` on the nodes)")
         cfg, _ = build_job_config(job_argv, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors sbatch: error: {exc}", file=sys.stderr)

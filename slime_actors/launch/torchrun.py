@@ -102,7 +102,7 @@ def _store(master: str, port: int, rank: int):
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError
-    from .job_config import build_job_config
+    from .job_config import build_job_config, print_notes
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    if rank == 0:
+        print_notes(cfg, prog)
     role, index = roles[rank]
     # where this rank is reached: tcp across nodes, ipc on one node
     if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":

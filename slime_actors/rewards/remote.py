@@ -8,8 +8,9 @@ k+1 it waits min(backoff_max, backoff_base * 2**(k-1)) scaled by a random factor
 `max_attempts` attempts it raises RemoteRMError naming the URL, the attempts and the last error. Other 4xx answers
 and bodies that are not a reward fail at once (retrying would not help).
 
-The URL is --rm-url; attempts (5), timeout (60 s per attempt), backoff (0.5 s base, 30 s at most) and headers are
-`RemoteRMConfig`'s defaults. A reward with settings of its own: `register_reward("judge", functools.partial(
+The URL is --rm-url; --rm-max-attempts (5), --rm-timeout (60 s per attempt) and --rm-headers (a JSON object; ${NAME}
+in a value is read from the reward worker's environment, so a token stays out of job files) set the rest; the
+backoff (0.5 s base, 30 s at most) is `RemoteRMConfig`'s. A reward with settings of its own: `register_reward("judge", functools.partial(
 remote_rm, config=RemoteRMConfig(url, headers={"Authorization": "Bearer ..."})))`.
 One aiohttp session per event loop is shared by all requests; `await close_sessions()` at shutdown.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import weakref
 from dataclasses import dataclass, field
 
@@ -49,11 +52,13 @@ class RemoteRMConfig:
     headers: dict = field(default_factory=dict)
 
     @classmethod
-    def from_args(cls, args) -> "RemoteRMConfig":
-        """The settings for --rm-url (`args`: the job's flat view)."""
+    def from_args(cls, args, environ: dict | None = None) -> "RemoteRMConfig":
+        """The settings of --rm-url, --rm-timeout, --rm-max-attempts and --rm-headers (`args`: the job's flat view;
+        ${NAME} in a header value is taken from `environ`, default the process environment)."""
         if not args.rm_url:
             raise RemoteRMError("--rm-type remote_rm needs --rm-url")
-        return cls(url=args.rm_url)
+        return cls(url=args.rm_url, max_attempts=max(1, int(args.rm_max_attempts)), timeout=float(args.rm_timeout),
+                   headers=expand_headers(args.rm_headers, environ))
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -62,6 +67,31 @@ class RemoteRMConfig:
         return RetryPolicy(attempts=self.max_attempts, base=self.backoff_base, factor=2.0, max_delay=self.backoff_max,
                            jitter=0.5, retry_on=(_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                                                  TimeoutError))
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_headers(text: str | None, environ: dict | None = None) -> dict[str, str]:
+    """--rm-headers (a JSON object of strings) with each ${NAME} replaced by that environment variable, so that
+    tokens stay out of the job's files and traces; RemoteRMError naming a variable that is not set."""
+    if not text:
+        return {}
+    env = os.environ if environ is None else environ
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise RemoteRMError(f"--rm-headers is not a JSON object: {exc}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise RemoteRMError("--rm-headers must be a JSON object of strings")
+
+    def sub(m):
+        name = m.group(1)
+        if name not in env:
+            raise RemoteRMError(f"--rm-headers refers to ${{{name}}}, which is not set in the reward worker's "
+                                "environment")
+        return env[name]
+    return {str(k): _ENV_REF.sub(sub, v) for k, v in raw.items()}
 
 
 _sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \

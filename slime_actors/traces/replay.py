@@ -944,6 +944,9 @@ class Harness:
         return cfg
 
     def _map_paths(self, args: dict) -> None:
+        if args.get("use_wandb"):   # a replay must not log into the run's W&B project (nor reach its server)
+            args["use_wandb"] = False
+            self.notes.append("--use-wandb turned off: a replay logs to no W&B run")
         for old, new in self.user_map:
             self.fwd_map.append((old, new))
         run_dir = args.get("run_dir")
