@@ -143,7 +143,7 @@ class RolloutWorker(Actor):
         if self.router is not None:
             await self.run_blocking(self.router.stop)
         if self.proxy is not None:
-            await self.proxy.stop()
+            await self.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
 
     async def _start_proxy(self) -> None:
         """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
@@ -155,7 +155,8 @@ class RolloutWorker(Actor):
             await self._engine_ok.wait()
             return await self.client.generate_body(body)
         self.proxy = GenerateProxy(forward)
-        host, port = await self.proxy.start()
+        # (recorded: a replay starts no proxy -- the function's results are recorded, _generate_slime_style)
+        host, port = await self.recorded_async("proxy.start", self.proxy.start)
         engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
         self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
         self.log.info("slime-style generate function: its engine address is this worker's proxy",
@@ -546,10 +547,25 @@ class RolloutWorker(Actor):
         version = self.weight_version
         fn = self.generate_fn
         kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
-        out = await fn(self.slime_args, sample, dict(sp), **kw)
-        if not isinstance(out, Sample):
-            raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
-                            f"returned {type(out).__name__}, expected the Sample it was given")
+        # The function reaches the engine over HTTP (this worker's proxy), which a replay cannot do: what it returns
+        # is a recorded input (keyed by the request), and a replay takes that instead of calling it again.
+        key = request_key(sample.prompt_tokens, {**sp, "index": sample.index, "evaluation": evaluation})
+        made = []
+
+        async def call() -> dict:
+            res = await fn(self.slime_args, sample, dict(sp), **kw)
+            if not isinstance(res, Sample):
+                raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
+                                f"returned {type(res).__name__}, expected the Sample it was given")
+            made.append(res)
+            return res.to_wire()
+        wire = await self.recorded_async("generate_fn", call, key=key)
+        if made:
+            out = made[0]
+        else:  # replay: the sample as the function left it
+            out = sample
+            for name, value in Sample.from_wire(wire).__dict__.items():
+                setattr(out, name, value)
         n = len(out.response_tokens)
         if not out.loss_mask:
             out.loss_mask = [1] * n
