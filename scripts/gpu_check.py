@@ -1098,9 +1098,10 @@ class Driver:
                        f"{len(steps)}/{ONEGPU_STEPS} steps, versions {versions}; transport "
                        f"{job.get('update_weight_transport')}; {secs:.0f} s",
                        "steps complete, colocated (CUDA IPC), says so",
-                       note=(" / ".join(plan) + (f"; trainer vs engine log-probs max abs {agree:.1e}" if steps
-                                                 else "") + ("" if rc == 0 else f"; rc {rc}: {last[0][-400:]}")
-                             + (" (dry run: CPU, not placed)" if self.dry else "")))
+                       note="; ".join(x for x in (
+                           " / ".join(plan), f"trainer vs engine log-probs max abs {agree:.1e}" if steps else "",
+                           "" if rc == 0 else f"rc {rc}: {last[0][-400:]}",
+                           "dry run: CPU, not placed" if self.dry else "") if x))
 
     def check_exports(self, n: int, interval: int, exports: Path, ckpt: Path) -> None:
         """--save-hf from the megatron backend (issue 17): an HF directory after every --save-interval rollouts and

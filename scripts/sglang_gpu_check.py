@@ -697,8 +697,8 @@ def check_plain(ctx, timeout: float):
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     remember_pid(ctx, p.pid)
     p.started = time.monotonic()  # type: ignore[attr-defined]
-    g = {"name": "plain-sglang", "backend": "torch", "proc": p, "run": run, "log": log_path}
-    ctx.setdefault("grpo", []).append(g)  # (stopped and its logs written out with the GRPO runs)
+    g = {"name": "plain-sglang", "backend": "torch", "proc": p, "run": run, "log": log_path, "plain": True}
+    ctx.setdefault("grpo", []).append(g)  # (stopped and its logs written out with the GRPO runs; checked here)
     try:
         p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -932,7 +932,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
     finally:
         try:
-            grpo_procs = [g["proc"] for g in ctx.get("grpo", [])]
+            grpo_procs = [g["proc"] for g in ctx.get("grpo", []) if not g.get("plain")]
             if grpo_procs:
                 # the standalone engines are done: stop them so GRPO has the machine to itself
                 for p in [x for x in PROCS if x not in grpo_procs]:
@@ -940,11 +940,16 @@ def main(argv=None) -> int:
                         p.stop(grace=5.0)
                     except Exception:  # noqa: BLE001
                         pass
-                for g in ctx["grpo"]:
+                for g in [g for g in ctx["grpo"] if not g.get("plain")]:
                     run_check(g["name"], check_grpo, ctx, g)
             elif a.plain != "only":
                 RESULTS.append({"check": "grpo", "status": "skip", "seconds": 0.0, "detail": "--no-grpo"})
             if a.plain == "end":
+                for p in [x for x in PROCS if hasattr(x, "stop")]:  # the GPU to the plain command alone
+                    try:
+                        p.stop(grace=5.0)
+                    except Exception:  # noqa: BLE001
+                        pass
                 run_check("plain-sglang", check_plain, ctx, _plain_time(a))
         finally:
             for g in ctx.get("grpo", []):

@@ -385,7 +385,8 @@ class RolloutWorker(Actor):
         try:
             res = await retry(lambda: self.ask("buffer/0", "release_worker", {"worker": self.name,
                                                                               "reason": "restarted"}, timeout=30),
-                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log)
+                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log,
+                              clock=self.monotonic)  # (recorded clock readings, as every retry's here)
         except MailboxError as exc:  # the buffer re-issues them when their lease runs out
             self.log.warning("could not release a previous incarnation's groups", error=str(exc))
             return
@@ -647,7 +648,7 @@ class RolloutWorker(Actor):
         idem = submit_key(wid, lease, samples[0])
         try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
             res = await retry(lambda: self.ask("buffer/0", "submit", body, timeout=60, idem=idem), SUBMIT_RETRY,
-                              what="submit", log=self.log, work_id=wid)
+                              what="submit", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:
             self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
             return
@@ -661,7 +662,7 @@ class RolloutWorker(Actor):
             body["samples"] = [s.to_wire() for s in samples]
         try:
             await retry(lambda: self.ask("buffer/0", "return_work", body, timeout=30), RETURN_RETRY,
-                        what="return_work", log=self.log, work_id=wid)
+                        what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
             self.log.warning("gave up returning a group", work_id=wid, error=str(exc))
 

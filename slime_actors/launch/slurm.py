@@ -145,7 +145,6 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
             opts.append(srun_extra)
         return " ".join(opts)
 
-    hg = topo.nodes[topo.head]
     out.append("# the head: directory and controller (no actors); the job ends when it ends")
     out.append(srun(topo.head, "\"$head\"", 1, "head", 0)
                + f" \\\n    \"$PY\" -m slime_actors.cli launch \"$TOPOLOGY\" --node {topo.head}:0 --head-port \"$port\" "
