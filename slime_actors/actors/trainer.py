@@ -74,8 +74,7 @@ class TrainerRank(Actor):
         body = {"rank": self.rank, "world_size": self.world_size, "addr": addr, "port": port, "pid": os.getpid()}
         # the head may still be starting (torchrun, Slurm: every process starts at once): keep knocking for 600 s
         return await retry(lambda: self.ask("controller/0", "trainer_join", body, timeout=3600), JOIN_RETRY,
-                           what="trainer_join (controller not reachable yet)", log=self.log, clock=self.monotonic,
-                           started=self.monotonic())  # (recorded clock readings: a replay takes the same turns)
+                           what="trainer_join (controller not reachable yet)", log=self.log, started=time.monotonic())
 
     def _init(self, rdzv: dict) -> None:
         import datetime
@@ -154,7 +153,7 @@ class TrainerRank(Actor):
         shard = {"rank": getattr(self.backend, "data_parallel_rank", self.rank),
                  "world_size": getattr(self.backend, "data_parallel_size", self.world_size)}
         return await retry(lambda: self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, **shard}, timeout=600),
-                           BATCH_RETRY, what="get_batch", log=self.log, clock=self.monotonic, started=self.monotonic())
+                           BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
     def _record_batch(self, batch: dict) -> None:
         """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is

@@ -31,7 +31,8 @@ KEY_FIELDS = ("rollout_id", "kind", "name", "work_id", "worker", "rank", "world_
 IGNORED_INPUTS = frozenset(("clock", "clock.monotonic", "start_token", "pid", "engine.port", "engine.launch",
                             "engine.poll", "engine.wait_healthy", "engine.health", "engine.health_generate",
                             "router.port", "router.metrics_port", "router.launch", "router.poll",
-                            "router.wait_healthy", "router.has_worker", "router.add_worker", "router.remove_worker"))
+                            "router.wait_healthy", "router.has_worker", "router.add_worker", "router.remove_worker",
+                            "engine.abort_request"))  # (how many requests were still running: the timing's)
 # run-specific config values (paths, ports) that are not part of "the same config"
 CONFIG_IGNORED = frozenset(("run_dir", "save", "load", "hf_checkpoint", "save_debug_rollout_data",
                             "load_debug_rollout_data", "update_weight_disk_dir", "progress", "config"))
