@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launch_support import FAST_FLAGS, ROOT, SLIME, Job, job_processes, topology
+from test_launch_support import FAST_FLAGS, ROOT, SLIME, Job, job_processes, job_processes_kill, topology
 
 from slime_actors.launch.startup import Cause, cause_from_output, cause_of, permanent
 
@@ -113,6 +113,7 @@ def _run(cmd: list[str], tmp_path: Path, limit: float = 180.0, env: dict | None 
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9)
             p.wait(10)
+            job_processes_kill(tmp_path / "run")   # (actors and engines run in sessions of their own)
             pytest.fail(f"still running after {limit:.0f} s (a start-up failure that loops):\n"
                         + out.read_text(errors="replace")[-4000:])
     return rc, out.read_text(errors="replace"), time.monotonic() - t0

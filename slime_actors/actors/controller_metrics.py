@@ -76,7 +76,8 @@ class Metrics:
     def drop_from(self, rollout_id: int) -> None:
         """The training group restarted from a checkpoint: the rows from `rollout_id` on are trained again."""
         self.history = [h for h in self.history if h["rollout_id"] < rollout_id]
-        trim_alarms(self.ctl.runtime.run_dir, before=rollout_id)
+        if self.path is not None:   # (the run's files are open: a recovery before `open` has no alarms to trim)
+            trim_alarms(self.path.parent, before=rollout_id)
 
     def begin(self, k: int, version: int) -> dict:
         """Step k's row, filled in as the step runs and written by `record`."""
