@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Iterable
 
 from .mailbox.errors import AskTimeout, MailboxError, PeerDown, RemoteError, UnknownPeer, transient
@@ -172,8 +173,9 @@ class Handle(_Calls):
         if self._retry_for is None:
             reply = await ask()
         else:
+            # (the sender's clock: an actor's readings are recorded, so a replay takes the same turns)
             reply = await retry(ask, RESTART_RETRY.replace(deadline=self._retry_for), what=f"{self.name} {spec.method}",
-                                log=self._log)
+                                log=self._log, clock=getattr(self.sender, "monotonic", time.monotonic))
         return reply if spec.returns is None else spec.returns.from_wire(reply)
 
 

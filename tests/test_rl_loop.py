@@ -209,6 +209,18 @@ def test_external_engine_with_the_users_keys_and_one_without(tmp_path):
     assert "warning: --rollout-external-engine-addrs: no engine keys given" in p.stderr
     warned = (tmp_path / "b" / "logs" / "rollout-0.jsonl").read_text()
     assert f"engine {open_engine.base_url} runs without an API key" in warned
+    # the run replays as it ran, actor by actor, with the engine gone: the rollout worker's calls to the external
+    # engine (its key check, its weight version, every generate) are recorded inputs (issue 22)
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.replay import replay
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        for actor in TraceRun(tmp_path / "a").actors():
+            rep = replay(str(tmp_path / "a"), actor)
+            assert rep.identical, rep.render()
+    finally:
+        os.chdir(cwd)
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

@@ -123,6 +123,20 @@ def test_a_slime_users_job(tmp_path):
     assert "actor started" not in err and "registered" not in err
     assert "rollout 0 samples (group" in err and "[info     ] step" in err
 
+    # the run replays, every actor: the generate function's results are recorded inputs (it reached the engine over
+    # HTTP, which a replay cannot), so the rollout worker sends what it sent without calling it again (issue 22)
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.replay import replay
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        for actor in TraceRun(run).actors():
+            rep = replay(str(run), actor)
+            assert rep.identical, rep.render()
+    finally:
+        os.chdir(cwd)
+    assert len(calls.read_text().splitlines()) == len(made)  # (not called by the replay)
+
     if not HAVE_WANDB:
         pytest.skip("wandb is not installed: its offline run was not checked (pip install wandb)")
     hist = wandb_history(run)

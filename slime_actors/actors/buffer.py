@@ -349,7 +349,7 @@ class Buffer(Actor):
         else:
             r.failed += 1
         if r.kind == "eval" and not r.done and len(r.completed) + r.failed >= r.target:
-            r.done, r.finished = True, time.time()  # an eval is over when every prompt has an outcome
+            r.done, r.finished = True, self._now()  # an eval is over when every prompt has an outcome
 
     def _complete(self, r: Rollout, work_id: str) -> None:
         r.completed.append(work_id)
@@ -517,7 +517,7 @@ class Buffer(Actor):
 
     @handler
     async def get_work(self, worker: str, max_groups: int, wait: float = 0.0) -> dict:
-        clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
+        clock = self.monotonic  # recorded clock readings: replay takes the same turns
         deadline = clock() + wait
         while True:
             out = self._take(worker, max_groups)
@@ -849,7 +849,7 @@ class Buffer(Actor):
         result = {"rolled_back": True, "to": str(src), "if_ahead_of": if_ahead_of,
                   "trained_rollouts_discarded": trained_ahead, "samples_discarded": n_discarded,
                   "epoch": self.epoch, "reason": reason}
-        self.rollbacks.append({"time": time.time(), "token": token, "result": result})
+        self.rollbacks.append({"time": self._now(), "token": token, "result": result})
         self._compact()
         self._wake_rollouts()
         self._notify()

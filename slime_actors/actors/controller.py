@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 from .. import loop
 from ..config import JobConfig
@@ -75,8 +74,9 @@ class Controller(Actor):
         return self.metrics.begin(k, self.version)
 
     def start_token(self) -> str:
-        """Names this controller process (the buffer's rollback at the job's start is idempotent per token)."""
-        return f"start-{os.getpid()}-{self.started_at}"
+        """Names this controller process (the buffer's rollback at the job's start is idempotent per token); a
+        recorded input: a replay sends the recorded token."""
+        return self.recorded("start_token", lambda: f"start-{os.getpid()}-{self.started_at}")
 
     def stop_job(self, exc: BaseException) -> None:
         """End the job with this error (the launcher waits on `done`)."""
@@ -95,9 +95,9 @@ class Controller(Actor):
             missing = [n for n in names if not listing.get(n, {}).get("alive")]
             if not missing:
                 return
-            if t0 is None:
-                t0 = time.monotonic()
-            elif time.monotonic() - t0 > timeout:
+            if t0 is None:  # (recorded clock readings: a replay takes the same turns)
+                t0 = self.monotonic()
+            elif self.monotonic() - t0 > timeout:
                 raise TimeoutError(f"actors did not come up within {timeout:.0f}s: {', '.join(missing)}")
             await asyncio.sleep(0.2)
 

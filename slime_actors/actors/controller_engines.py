@@ -10,7 +10,6 @@ if a rollout is running). A (re)started engine was in no broadcast group yet: tr
 from __future__ import annotations
 
 import asyncio
-import time
 from contextlib import asynccontextmanager
 
 from ..handles import Group, GroupFailed, Handle
@@ -54,9 +53,9 @@ class Engines:
         """Wait for every engine, and bring them to the current weights (a resumed run starts at version > 0)."""
         ctl, t0 = self.ctl, None
         while len(self.versions) < len(self.names):
-            if t0 is None:
-                t0 = time.monotonic()
-            elif time.monotonic() - t0 > 900:
+            if t0 is None:  # (recorded clock readings: a replay takes the same turns)
+                t0 = ctl.monotonic()
+            elif ctl.monotonic() - t0 > 900:
                 raise TimeoutError("engines did not report ready within 900 s: "
                                    f"{sorted(set(self.names) - set(self.versions))}")
             await asyncio.sleep(0.05)

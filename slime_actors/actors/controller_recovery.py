@@ -153,9 +153,9 @@ class TrainingGroup:
         # (a rank that restarted may have opened the next generation already: tell the failed one to leave)
         failed = self._failed_generation if self._failed_generation is not None else self.rdzv.generation
         self._failed_generation = None
-        rec = {"time": time.time(), "reason": reason, "failed_at_rollout": ctl.rollout_id,
-               "failed_generation": failed}
-        window = [r for r in self.recoveries if time.time() - r["time"] < 600]
+        now = ctl.wall_time()  # (a recorded clock reading: it decides whether the job gives up)
+        rec = {"time": now, "reason": reason, "failed_at_rollout": ctl.rollout_id, "failed_generation": failed}
+        window = [r for r in self.recoveries if now - r["time"] < 600]
         if len(window) >= MAX_GROUP_RESTARTS:
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit "
                                f"{MAX_GROUP_RESTARTS}); last: {reason}")

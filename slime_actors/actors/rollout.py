@@ -143,7 +143,7 @@ class RolloutWorker(Actor):
         if self.router is not None:
             await self.run_blocking(self.router.stop)
         if self.proxy is not None:
-            await self.proxy.stop()
+            await self.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
 
     async def _start_proxy(self) -> None:
         """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
@@ -155,7 +155,8 @@ class RolloutWorker(Actor):
             await self._engine_ok.wait()
             return await self.client.generate_body(body)
         self.proxy = GenerateProxy(forward)
-        host, port = await self.proxy.start()
+        # (recorded: a replay starts no proxy -- the function's results are recorded, _generate_slime_style)
+        host, port = await self.recorded_async("proxy.start", self.proxy.start)
         engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
         self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
         self.log.info("slime-style generate function: its engine address is this worker's proxy",
@@ -193,26 +194,29 @@ class RolloutWorker(Actor):
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
         a = self.cfg
-        if self.replaying:  # slime-actors replay: no engine; its answers come from the recording
-            url, self.engine = "http://replay.invalid", None
-        elif a.engine.rollout_external_engine_addrs:
+        if a.engine.rollout_external_engine_addrs:
             addrs = a.engine.rollout_external_engine_addrs
             url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
         else:
-            port = free_port()
+            # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
+            # this same code with no engine (RecordedProcess)
+            port = self.recorded("engine.port", free_port)
             module, flags = self._engine_command(port)
             from ..backends.sglang_launch import check_engine_flags
-            checked = await self.run_blocking(check_engine_flags, module, flags)  # SGLangFlagError names a flag
+            checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
+                                                flags)  # SGLangFlagError names a flag
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
             self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
                           checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
-            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False,
-                                        on_line=self._engine_line, redact=self.keys.secrets)
-            await self.run_blocking(self.engine.wait_healthy, a.engine.rollout_health_check_first_wait + 600)
+            self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
+                module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
+                redact=self.keys.secrets))
+            await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
+                                      a.engine.rollout_health_check_first_wait + 600)
             url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
@@ -225,11 +229,11 @@ class RolloutWorker(Actor):
         self.engine_url = url
         self._engine_paused, self._updating = None, 0
         version = 0
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None:
             await self._check_external_keys(url)
             version = await self._external_version()  # someone else's engine: whatever it holds now
         self._engine_caps = await self._capabilities()
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None and not self.replaying:
             from ..backends.engine_auth import engine_warnings
             for w in engine_warnings(url, self._engine_caps.get("auth", {})):
                 self.log.warning(w)
@@ -277,7 +281,7 @@ class RolloutWorker(Actor):
         """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
         learns its URL and, once its engine is up, registers the engine there."""
         a = self.cfg
-        if not a.engine.use_sglang_router or self.replaying:
+        if not a.engine.use_sglang_router:
             return
         if a.engine.sglang_router_ip:
             self.router_url = f"http://{a.engine.sglang_router_ip}:{a.engine.sglang_router_port}"
@@ -285,16 +289,18 @@ class RolloutWorker(Actor):
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
-            port = a.engine.sglang_router_port or free_port()
+            # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
+            port = a.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
             host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
-            module, flags = router_command(a, host, port, prometheus_port=free_port(), keys=self.keys)
-            await self.run_blocking(check_router_flags, flags)
+            module, flags = router_command(a, host, port, prometheus_port=self.recorded("router.metrics_port",
+                                                                                        free_port), keys=self.keys)
+            await self.recorded_async("router.check_flags", self.run_blocking, check_router_flags, flags)
             self.log.info("starting sglang-router", flags=self.keys.redact(" ".join(flags)))
-            self.router = launch_engine(module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
-                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"),
-                                        redact=self.keys.secrets)
-            await self.run_blocking(self.router.wait_healthy, 300)
+            self.router = RecordedProcess(self, "router", lambda: launch_engine(
+                module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
+                log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"), redact=self.keys.secrets))
+            await self.recorded_async("router.wait_healthy", self.run_blocking, self.router.wait_healthy, 300)
             self.router_url = _http_url(host, port)
         else:
             while self.router_url is None:
@@ -310,7 +316,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import RouterClient
-        rc = RouterClient(self.router_url, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, keys=self.keys), "router")
         try:
             if not await rc.has_worker(self.engine_url):
                 await rc.add_worker(self.engine_url, api_key=self.keys.api_key)
@@ -322,7 +328,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import EngineError, RouterClient
-        rc = RouterClient(self.router_url, timeout=10, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, timeout=10, keys=self.keys), "router")
         try:
             await rc.remove_worker(self.engine_url)
         except EngineError as exc:
@@ -333,17 +339,19 @@ class RolloutWorker(Actor):
     async def _watch_engine(self) -> None:
         a = self.cfg
         await asyncio.sleep(a.engine.rollout_health_check_first_wait)
-        last_probe = last_router = time.monotonic()
+        # clock readings that decide something are recorded inputs (self.monotonic()): replay takes the same turns
+        last_probe = last_router = self.monotonic() if a.engine.use_fault_tolerance or self.router_url else 0.0
         while True:
             await asyncio.sleep(0.5)
-            if self._restarting or self.client is None or not self.running or getattr(self, "replaying", False):
-                continue  # (replay: no engine to watch)
+            if self._restarting or self.client is None or not self.running:
+                continue
             reason = None
-            if self.engine is not None and self.engine.poll() is not None:
-                reason = f"engine process exited with code {self.engine.poll()}"
+            code = self.engine.poll() if self.engine is not None else None
+            if code is not None:
+                reason = f"engine process exited with code {code}"
             elif a.engine.use_fault_tolerance \
-                    and time.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
-                last_probe = time.monotonic()
+                    and self.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
+                last_probe = self.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
                 # server answers at once -- an engine that hangs (or is stopped) mid-update or while paused is still
@@ -364,8 +372,8 @@ class RolloutWorker(Actor):
                         reason = f"engine failed /health_generate within {a.engine.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
-            elif self.router_url and time.monotonic() - last_router > 10 and self._engine_ok.is_set():
-                last_router = time.monotonic()  # a restarted router forgets its workers: register again
+            elif self.router_url and self._engine_ok.is_set() and self.monotonic() - last_router > 10:
+                last_router = self.monotonic()  # a restarted router forgets its workers: register again
                 try:
                     await self._router_register()
                 except Exception as exc:
@@ -377,7 +385,8 @@ class RolloutWorker(Actor):
         try:
             res = await retry(lambda: self.ask("buffer/0", "release_worker", {"worker": self.name,
                                                                               "reason": "restarted"}, timeout=30),
-                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log)
+                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log,
+                              clock=self.monotonic)  # (recorded clock readings, as every retry's here)
         except MailboxError as exc:  # the buffer re-issues them when their lease runs out
             self.log.warning("could not release a previous incarnation's groups", error=str(exc))
             return
@@ -437,6 +446,7 @@ class RolloutWorker(Actor):
     async def _pull_loop(self) -> None:
         a = self.cfg
         poll_key, poll_seq = None, 0
+        pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
@@ -447,7 +457,7 @@ class RolloutWorker(Actor):
             restarts = self.engine_restarts
             if poll_key is None:
                 poll_seq += 1
-                poll_key = f"get_work:{os.getpid()}:{poll_seq}"
+                poll_key = f"get_work:{pid}:{poll_seq}"
             try:
                 # an idempotency key: if the reply is lost (a cut link, a reconnect) the retry gets the same groups
                 # from the buffer's cache instead of leaving them leased to us and never seen
@@ -538,10 +548,25 @@ class RolloutWorker(Actor):
         version = self.weight_version
         fn = self.generate_fn
         kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
-        out = await fn(self.slime_args, sample, dict(sp), **kw)
-        if not isinstance(out, Sample):
-            raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
-                            f"returned {type(out).__name__}, expected the Sample it was given")
+        # The function reaches the engine over HTTP (this worker's proxy), which a replay cannot do: what it returns
+        # is a recorded input (keyed by the request), and a replay takes that instead of calling it again.
+        key = request_key(sample.prompt_tokens, {**sp, "index": sample.index, "evaluation": evaluation})
+        made = []
+
+        async def call() -> dict:
+            res = await fn(self.slime_args, sample, dict(sp), **kw)
+            if not isinstance(res, Sample):
+                raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
+                                f"returned {type(res).__name__}, expected the Sample it was given")
+            made.append(res)
+            return res.to_wire()
+        wire = await self.recorded_async("generate_fn", call, key=key)
+        if made:
+            out = made[0]
+        else:  # replay: the sample as the function left it
+            out = sample
+            for name, value in Sample.from_wire(wire).__dict__.items():
+                setattr(out, name, value)
         n = len(out.response_tokens)
         if not out.loss_mask:
             out.loss_mask = [1] * n
@@ -565,7 +590,7 @@ class RolloutWorker(Actor):
         spending the group's attempts, which are for reward functions that fail."""
         a = self.cfg
         wait = REWARD_WAIT_S
-        t0 = time.monotonic()
+        t0 = None  # from the first failure (a recorded clock reading: replay takes the same turns)
         k = 0
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
@@ -574,7 +599,11 @@ class RolloutWorker(Actor):
                                                         "group": a.reward.group_rm}, timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
-                if (isinstance(exc, RemoteError) and exc.type != "MailboxError") or time.monotonic() - t0 > wait:
+                if isinstance(exc, RemoteError) and exc.type != "MailboxError":
+                    raise
+                if t0 is None:
+                    t0 = self.monotonic()
+                elif self.monotonic() - t0 > wait:
                     raise
                 k += 1
                 self.log.warning("reward worker unavailable; retrying", reward=target, error=str(exc))
@@ -619,7 +648,7 @@ class RolloutWorker(Actor):
         idem = submit_key(wid, lease, samples[0])
         try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
             res = await retry(lambda: self.ask("buffer/0", "submit", body, timeout=60, idem=idem), SUBMIT_RETRY,
-                              what="submit", log=self.log, work_id=wid)
+                              what="submit", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:
             self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
             return
@@ -633,7 +662,7 @@ class RolloutWorker(Actor):
             body["samples"] = [s.to_wire() for s in samples]
         try:
             await retry(lambda: self.ask("buffer/0", "return_work", body, timeout=30), RETURN_RETRY,
-                        what="return_work", log=self.log, work_id=wid)
+                        what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
             self.log.warning("gave up returning a group", work_id=wid, error=str(exc))
 
@@ -661,7 +690,7 @@ class RolloutWorker(Actor):
             self._resumed.clear()
             n = len(self._inflight)
             mode = "abort" if abort else self.cfg.engine.pause_generation_mode
-            if self._engine_paused is None and self._engine_ok.is_set() and not getattr(self, "replaying", False):
+            if self._engine_paused is None and self._engine_ok.is_set():
                 await self.client.pause_generation(mode)
                 self._engine_paused = mode
                 self.log.info("engine paused", mode=mode, in_flight=n)
@@ -674,9 +703,8 @@ class RolloutWorker(Actor):
         n = len(self._inflight)
         if n:
             await self.client.abort_request(abort_all=True)
-            clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
-            deadline = clock() + 60
-            while self._inflight and clock() < deadline:
+            deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
+            while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         return {"aborted": n, "returned": n - len(self._inflight)}
 
@@ -779,19 +807,19 @@ class RolloutWorker(Actor):
         import signal
         if self.engine is None:
             raise RuntimeError("this worker attaches to an external engine; nothing to kill")
-        pid = self.engine.pid
-        os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
-        return {"pid": pid}
+        self.engine.signal(signal.SIGSTOP if hang else signal.SIGKILL)
+        return {"pid": self.engine.pid}
 
 
 class RecordedEngine:
-    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health; not generate,
-    which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
+    """The engine client (or the router's) as the worker uses it: the answers of its calls (weights, aborts, health,
+    close; not generate, which `_generate_raw` records parsed) are recorded in the trace as `<prefix>.<method>`, and
+    under replay served from it."""
 
-    _LOCAL = frozenset(("close", "generate"))
+    _LOCAL = frozenset(("generate",))
 
-    def __init__(self, actor: Actor, client):
-        self._actor, self._client = actor, client
+    def __init__(self, actor: Actor, client, prefix: str = "engine"):
+        self._actor, self._client, self._prefix = actor, client, prefix
 
     def __getattr__(self, name: str):
         fn = getattr(self._client, name)
@@ -799,8 +827,38 @@ class RecordedEngine:
             return fn
 
         async def call(*args, **kwargs):
-            return await self._actor.recorded_async(f"engine.{name}", fn, *args, **kwargs)
+            return await self._actor.recorded_async(f"{self._prefix}.{name}", fn, *args, **kwargs)
         return call
+
+
+class RecordedProcess:
+    """A process the worker started (its engine), as the worker sees it: what it learns of the process -- its pid
+    and host at launch, its exit code when polled -- is a recorded input, so replay runs the same code with no
+    process (waits, stops and signals then do nothing)."""
+
+    def __init__(self, actor: Actor, name: str, launch):
+        self._actor, self._name, self._proc = actor, name, None
+
+        def start() -> dict:
+            self._proc = launch()
+            return {"pid": self._proc.pid, "host": self._proc.host}
+        info = actor.recorded(f"{name}.launch", start)
+        self.pid, self.host = info["pid"], info["host"]
+
+    def poll(self) -> int | None:
+        return self._actor.recorded(f"{self._name}.poll", lambda: self._proc.poll())
+
+    def wait_healthy(self, timeout: float) -> None:
+        if self._proc is not None:
+            self._proc.wait_healthy(timeout)
+
+    def stop(self, *args) -> None:
+        if self._proc is not None:
+            self._proc.stop(*args)
+
+    def signal(self, sig: int) -> None:
+        if self._proc is not None:
+            os.kill(self._proc.pid, sig)
 
 
 def request_key(input_ids: list[int], sampling_params: dict) -> str:

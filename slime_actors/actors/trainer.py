@@ -109,7 +109,8 @@ class TrainerRank(Actor):
         self.backend.init()
         from ..backends.weight_sync import WeightPusher
         self.weights = WeightPusher(a, self.backend, ask=self.ask, run_blocking=self.run_blocking,
-                                    address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir)
+                                    address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
+                                    sender_factory=self.host.weight_sender)  # (replay's needs no engines)
         ckpt = Path(rdzv["checkpoint"]) if rdzv.get("checkpoint") else None  # the controller picks it
         if ckpt is not None:
             self.backend.load(str(trainer_dir(ckpt)), load_optim=not a.checkpoint.no_save_optim)

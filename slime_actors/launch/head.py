@@ -81,9 +81,9 @@ class Head:
         await self.controller.start(self.rt)
 
     def listing(self) -> dict:
-        """The directory's view of the job's actors (its `list` answer, read in this process)."""
-        from ..actors.directory import Directory
-        return Directory.list(self.directory)
+        """The directory's view of the job's actors (what its `list` answers, read in this process: not one of the
+        directory's recorded clock readings, which would not be in its replay)."""
+        return self.directory.snapshot()
 
     def status(self) -> dict:
         from ..actors.controller import Controller
