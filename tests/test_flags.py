@@ -176,14 +176,16 @@ def test_compat_flags_in_a_config_file(tmp_path, qwen_dir):
 
 def test_wandb_key_goes_to_the_environment_not_the_job_file(monkeypatch):
     from slime_actors.launch.job_config import build_job_config
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    # set, then deleted: teardown restores the original (absent) values over what build_job_config sets -- later
+    # tests start jobs that inherit this environment
+    for name in ("WANDB_API_KEY", "SLIME_ACTORS_LOG_LEVEL"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     cfg = digits("--wandb-key", "k-123")
     assert cfg.process_env == {"WANDB_API_KEY": "k-123"}
     assert "k-123" not in json.dumps(cfg.to_dict())
     cfg, _ = build_job_config(["--config", DIGITS, "--wandb-key", "k-456", "--log-level", "warning"])
     assert os.environ["WANDB_API_KEY"] == "k-456" and os.environ["SLIME_ACTORS_LOG_LEVEL"] == "warning"
-    monkeypatch.delenv("WANDB_API_KEY")
-    monkeypatch.delenv("SLIME_ACTORS_LOG_LEVEL")
 
 
 # ---------------------------------------------------------------------------------------------------------------
