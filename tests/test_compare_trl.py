@@ -311,7 +311,8 @@ def test_driver_exits_2_with_the_reason_on_bad_flags(capsys):
 
 
 @pytest.mark.parametrize("mode, device, precision", [("local", "cpu", "fp32"), ("local", "cuda", "fp32"),
-                                                     ("sglang", "cuda", "bf16"), ("local+megatron", "cuda", "fp32")])
+                                                     ("sglang", "cuda", "bf16"), ("sglang", "cuda", "fp32"),
+                                                     ("local+megatron", "cuda", "fp32")])
 def test_our_command_is_the_job_and_our_cli_accepts_it(tmp_path, mode, device, precision):
     """Every flag the driver gives `slime-actors train` exists and passes our own validation, with the job's values."""
     from slime_actors.config import parse_config
@@ -335,6 +336,9 @@ def test_our_command_is_the_job_and_our_cli_accepts_it(tmp_path, mode, device, p
     assert args.colocate == (device == "cuda")
     assert args.bf16 == (precision == "bf16")
     assert ("--attention-backend" in args.sglang_args) == (engine == "sglang")
+    if engine == "sglang":   # the engine generates in the job's precision (SGLang's "auto" makes fp32 fp16)
+        assert args.sglang_args[args.sglang_args.index("--dtype") + 1] == \
+            {"fp32": "float32", "bf16": "bfloat16"}[precision]
 
 
 def test_trl_job_refuses_incomplete_jobs_and_bad_prompts(tmp_path):

@@ -196,6 +196,9 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         cmd += ["--colocate", "--update-weight-transport", "colocated"]
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
+    elif engine == "sglang":
+        # SGLang's dtype "auto" serves a float32 checkpoint in float16: fp32 on both sides means saying so
+        cmd += ["--sglang-dtype", "float32"]
     if engine == "sglang":
         cmd += shlex.split(a.sglang_flags)
     cmd += shlex.split(a.ours_extra)
