@@ -336,9 +336,9 @@ def test_our_command_is_the_job_and_our_cli_accepts_it(tmp_path, mode, device, p
     assert args.colocate == (device == "cuda")
     assert args.bf16 == (precision == "bf16")
     assert ("--attention-backend" in args.sglang_args) == (engine == "sglang")
-    if engine == "sglang":   # the engine generates in the job's precision (SGLang's "auto" makes fp32 fp16)
+    if engine == "sglang":   # SGLang's dtype said, never "auto" (fp32: float16, as SGLang has no float32 rmsnorm)
         assert args.sglang_args[args.sglang_args.index("--dtype") + 1] == \
-            {"fp32": "float32", "bf16": "bfloat16"}[precision]
+            {"fp32": "float16", "bf16": "bfloat16"}[precision]
 
 
 def test_trl_job_refuses_incomplete_jobs_and_bad_prompts(tmp_path):
@@ -415,3 +415,11 @@ def test_both_frameworks_two_steps_on_cpu_fill_every_column(tmp_path):
     assert "trained on the same prompts in each of the 2 steps" in md
     for f in ("accuracy_vs_time.png", "gpu_util.png", "step_timeline.png", "runs.tar.gz"):
         assert (out / f).stat().st_size > 0, f
+
+
+def test_differences_say_sglang_generates_in_float16_at_fp32():
+    """An fp32 job with an SGLang mode says its generation was float16 (SGLang has no float32 rmsnorm kernel)."""
+    with_sglang = " ".join(report.differences({"precision": "fp32", "ours_modes": "local,sglang"}))
+    local_only = " ".join(report.differences({"precision": "fp32", "ours_modes": "local"}))
+    assert "--sglang-dtype float16" in with_sglang and "float16" not in local_only
+    assert "fp32 is the precision both sides share" in local_only

@@ -349,7 +349,11 @@ def differences(job: dict) -> list[str]:
         f"on the same {job.get('heldout_n')} prompts every {job.get('eval_every')} steps and before training.",
         ("Precision: fp32 weights, optimizer and generation on both sides. Our torch backend's --bf16 is pure "
          "bf16 (weights and AdamW states), where an lr of 1e-5 is below bf16's resolution for most weights; TRL's "
-         "bf16=True is autocast over fp32 weights. So fp32 is the precision both sides share.") if p == "fp32" else
+         "bf16=True is autocast over fp32 weights. So fp32 is the precision both sides share."
+         + (" Except SGLang's generation: SGLang cannot generate in float32 (sgl-kernel's rmsnorm has no float32 "
+            "kernel), so the sglang modes generate in float16 (--sglang-dtype float16, what SGLang's dtype auto "
+            "picks for a float32 checkpoint) while their trainer is fp32; the rollout log-probs are float16 ones."
+            if "sglang" in str(job.get("ours_modes", "")) else "")) if p == "fp32" else
         ("Precision bf16: ours trains pure bf16 (--bf16: weights and AdamW states in bf16) and generates in bf16; "
          "TRL autocasts to bf16 over fp32 weights and optimizer states. Not the same numerics."),
         "Generation: ours by its engine (continuous batching; the local engine or SGLang), a separate process that "

@@ -197,8 +197,10 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
     elif engine == "sglang":
-        # SGLang's dtype "auto" serves a float32 checkpoint in float16: fp32 on both sides means saying so
-        cmd += ["--sglang-dtype", "float32"]
+        # SGLang cannot generate in float32 (sgl-kernel's rmsnorm has no float32 kernel: the engine fails to start,
+        # seen on one H200 with SGLang 0.5.15.post1); float16 is what its dtype "auto" picks for a float32
+        # checkpoint. Said explicitly, and in the report's differences
+        cmd += ["--sglang-dtype", "float16"]
     if engine == "sglang":
         cmd += shlex.split(a.sglang_flags)
     cmd += shlex.split(a.ours_extra)
