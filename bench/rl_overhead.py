@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "digits" / "config.toml"
 sys.path.insert(0, str(ROOT))
 
+from slime_actors.traces.summary import union_length  # noqa: E402
+
 SMOLLM2 = ROOT / "examples" / "smollm2_arith" / "config.toml"
 # name: (config, flags, steps or None for --steps). The tiny model's steps take ~0.1 s, so the loop's fixed cost per
 # step (a few ms of messages between phases) shows; SmolLM2-135M (a real model, ~10 s a step on 2 CPUs) is what a
@@ -46,22 +48,6 @@ VARIANTS = {
                                             "--rollout-max-response-len", "12", "--global-batch-size", "16",
                                             "--micro-batch-size", "8", "--engine-max-batch-size", "64"], 6),
 }
-
-
-def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Total length of the union of intervals, clipped to [lo, hi]."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in clipped:
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
-    return total
 
 
 def analyse(run_dir: Path) -> list[dict]:

@@ -10,10 +10,11 @@
 
 A call is checked where it is written, before anything is sent: a method its role does not declare is an
 AttributeError, a missing, unknown or mistyped field a TypeError, each naming `role.method`. Required fields may be
-given by position (in their declared order), optional ones by name only; `ask_timeout` (keyword) bounds the ask. The
-body holds exactly the fields given, in the order given (an optional field left out is not sent), so the wire and the
-traces are those of a hand-written `actor.ask(name, method, {...})`. A reply declared with a type (`returns=` in
-messages.py) comes back as that type.
+given by position (in their declared order), optional ones by name only; `ask_timeout` (keyword) bounds the ask, and
+`idem` (keyword) is its idempotency key (the peer answers a repeated key from its cache). The body holds exactly the
+fields given, in the order given (an optional field left out is not sent), so the wire and the traces are those of a
+hand-written `actor.ask(name, method, {...})`. A reply declared with a type (`returns=` in messages.py) comes back as
+that type (`messages.Work`, `Submitted`, ...): callers read attributes; the wire still carries the map.
 
 `retry_for`: asks are sent again while the peer restarts (no answer, declared down, or it stopped while handling),
 for up to that many seconds from the first failure -- for roles whose methods are idempotent (the buffer's). A call
@@ -36,7 +37,8 @@ DEFAULT_ASK_TIMEOUT = 300.0
 # `retry_for`: while the peer restarts (no answer, declared down, stopped while handling), until the deadline
 RESTART_RETRY = RetryPolicy(attempts=None, deadline=600.0, base=0.4, max_delay=2.0, retry_on=(MailboxError,),
                             retry_if=transient)
-_OWN = frozenset(("name", "sender", "members", "ask_timeout"))  # a handle's own names (and its class's): no message's
+# a handle's own names (and its class's): no message's
+_OWN = frozenset(("name", "sender", "members", "ask_timeout", "idem"))
 _classes: dict[tuple[type, str], type] = {}
 
 
@@ -81,17 +83,17 @@ class _Calls:
         raise AttributeError(f"{self.role}.{method}: role {self.role!r} declares no message {method!r} in "
                              f"slime_actors/messages.py (it has: {known})")
 
-    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None):
+    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None, idem: str | None):
         raise NotImplementedError
 
 
 def _generate(base: type, role: str) -> type:
     methods = {}
     for method, spec in specs_of(role).items():
-        clash = method in _OWN or hasattr(base, method) or "ask_timeout" in spec.fields
-        if clash:
+        hidden = [n for n in ("ask_timeout", "idem") if n in spec.fields]
+        if method in _OWN or hasattr(base, method) or hidden:
             raise ValueError(f"{role}.{method}: a message (or field) of that name would hide the handle's own "
-                             f"{'ask_timeout' if 'ask_timeout' in spec.fields else method!r}")
+                             f"{hidden[0] if hidden else repr(method)}")
         methods[method] = _method(spec)
     cls = type(f"{role.capitalize()}{base.__name__}", (base,), {"role": role, **methods})
     _classes[(base, role)] = cls
@@ -105,7 +107,7 @@ def _method(spec: MessageSpec):
     required = [n for n, f in spec.fields.items() if f.required]
     params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in required]
     params += [P(n, P.KEYWORD_ONLY, default=None) for n, f in spec.fields.items() if not f.required]
-    params.append(P("ask_timeout", P.KEYWORD_ONLY, default=None))
+    params += [P("ask_timeout", P.KEYWORD_ONLY, default=None), P("idem", P.KEYWORD_ONLY, default=None)]
     if spec.open:
         params.append(P("fields", P.VAR_KEYWORD))
     sig = inspect.Signature(params)
@@ -113,21 +115,24 @@ def _method(spec: MessageSpec):
     declared = ", ".join(f"{n}{'' if f.required else '?'}: {f.type}" for n, f in spec.fields.items()) or "none"
 
     def call(self, *args, **kwargs):
-        unknown = [k for k in kwargs if k not in spec.fields and k != "ask_timeout"] if not spec.open else []
+        unknown = [k for k in kwargs if k not in spec.fields and k not in ("ask_timeout", "idem")] \
+            if not spec.open else []
         if unknown:
             raise TypeError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} (declared fields: {declared})")
         try:
             sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{where}: {exc} (declared fields: {declared})") from None
-        ask_timeout = kwargs.pop("ask_timeout", None)
+        ask_timeout, idem = kwargs.pop("ask_timeout", None), kwargs.pop("idem", None)
+        if idem is not None and not isinstance(idem, str):
+            raise TypeError(f"{where}: idem must be a str (an idempotency key), got {type(idem).__name__}")
         body = dict(zip(required, args))
         body.update(kwargs)
         try:
             spec.check(body)
         except BadRequest as exc:
             raise TypeError(str(exc)) from None
-        return self._send(spec, body, ask_timeout)
+        return self._send(spec, body, ask_timeout, idem)
 
     call.__name__ = spec.method
     call.__qualname__ = where
@@ -159,17 +164,22 @@ class Handle(_Calls):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}{' (tell)' if self._one_way else ''}>"
 
-    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None):
+    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None, idem: str | None):
         if self._one_way:
+            if idem is not None:
+                raise TypeError(f"{spec.role}.{spec.method}: idem is for asks (a tell has no reply to repeat)")
             return self.sender.tell(self.name, spec.method, body)
-        timeout = self._timeout if ask_timeout is None else ask_timeout
+        # (the key only when given: the sender's ask is called exactly as a hand-written one)
+        kw = {"timeout": self._timeout if ask_timeout is None else ask_timeout}
+        if idem is not None:
+            kw["idem"] = idem
         if self._retry_for is None and spec.returns is None:
-            return self.sender.ask(self.name, spec.method, body, timeout=timeout)
-        return self._ask(spec, body, timeout)
+            return self.sender.ask(self.name, spec.method, body, **kw)
+        return self._ask(spec, body, kw)
 
-    async def _ask(self, spec: MessageSpec, body: dict, timeout: float):
+    async def _ask(self, spec: MessageSpec, body: dict, kw: dict):
         def ask():
-            return self.sender.ask(self.name, spec.method, body, timeout=timeout)
+            return self.sender.ask(self.name, spec.method, body, **kw)
         if self._retry_for is None:
             reply = await ask()
         else:
@@ -226,11 +236,11 @@ class Group(_Calls):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.names}>"
 
-    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None):
-        return self._fan_out(spec, body, ask_timeout)
+    def _send(self, spec: MessageSpec, body: dict, ask_timeout: float | None, idem: str | None):
+        return self._fan_out(spec, body, ask_timeout, idem)
 
-    async def _fan_out(self, spec: MessageSpec, body: dict, ask_timeout: float | None) -> list:
-        calls = [m._send(spec, body, ask_timeout) for m in self.members]
+    async def _fan_out(self, spec: MessageSpec, body: dict, ask_timeout: float | None, idem: str | None) -> list:
+        calls = [m._send(spec, body, ask_timeout, idem) for m in self.members]
         if self._quiet:
             return list(await asyncio.gather(*(_quiet(c) for c in calls)))
         tasks = [asyncio.ensure_future(c) for c in calls]

@@ -1,14 +1,9 @@
-"""The RL loop on one page, as slime's train.py and train_async.py show theirs: `train_sync`, and `train_async` for
---async-train. The controller actor (actors/controller.py) runs `run(ctl)`. `ctl.buffer` and `ctl.trainers` are typed
-handles (slime_actors/handles.py: `ctl.trainers.train(k)` asks every trainer rank at once); the rest are the
-controller's parts, one job each:
-
-    ctl.engines      actors/controller_engines.py      rollout workers: resume, pause, end a rollout, weight sync
-    ctl.group        actors/controller_recovery.py     the trainer ranks' group: rendezvous, failure, restart
-    ctl.checkpoints  actors/controller_checkpoints.py  --save, --save-hf, what a checkpoint restores
-    ctl.metrics      actors/controller_metrics.py      metrics.jsonl, TensorBoard, console, curves.png, the result
-    evaluate         actors/controller_eval.py         --eval-prompt-data: one eval rollout per set
-    debug_data       actors/controller_debug_data.py   --save-debug-rollout-data, --load-debug-rollout-data
+"""The RL loop on one page, as slime's train.py and train_async.py: `train_sync`, and `train_async` (--async-train).
+The controller actor runs `run(ctl)`. `ctl.buffer` and `ctl.trainers` are typed handles (slime_actors/handles.py;
+`ctl.trainers.train(k)` asks every rank at once); the rest are the controller's parts, in actors/controller_*.py:
+`ctl.engines` (rollout workers: resume, pause, end a rollout, weight sync), `ctl.group` (controller_recovery.py:
+the trainer ranks' rendezvous, failure, restart), `ctl.checkpoints` (--save, --save-hf, resume), `ctl.metrics`
+(metrics.jsonl, curves, the result), `evaluate` (--eval-prompt-data), `debug_data` (--save/--load-debug-rollout-data).
 """
 
 from __future__ import annotations

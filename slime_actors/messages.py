@@ -186,6 +186,14 @@ class ReplyError(ValueError):
     """A reply that lacks what its declared type needs."""
 
 
+def _needs(where: str, reply: Any, need: tuple[str, ...], what: str = "its type needs") -> dict:
+    """`reply` if it is a map holding every key of `need`, else a ReplyError naming what came and what is missing."""
+    if not isinstance(reply, dict) or not all(k in reply for k in need):
+        have = sorted(reply) if isinstance(reply, dict) else type(reply).__name__
+        raise ReplyError(f"{where} replied {have}; {what} {', '.join(need)}")
+    return reply
+
+
 @dataclass(frozen=True)
 class RolloutStats:
     """buffer.wait_rollout's reply: whether the rollout (or evaluation) is complete, its size and mean reward, the
@@ -201,10 +209,8 @@ class RolloutStats:
 
     @classmethod
     def from_wire(cls, reply: Any) -> RolloutStats:
-        need = ("complete", "rollout_id", "kind", "groups", "samples", "reward_mean")
-        if not isinstance(reply, dict) or not all(k in reply for k in need):
-            have = sorted(reply) if isinstance(reply, dict) else type(reply).__name__
-            raise ReplyError(f"buffer.wait_rollout replied {have}; a rollout's statistics need {', '.join(need)}")
+        _needs("buffer.wait_rollout", reply, ("complete", "rollout_id", "kind", "groups", "samples", "reward_mean"),
+               "a rollout's statistics need")
         return cls(bool(reply["complete"]), reply["rollout_id"], reply["kind"], reply["groups"], reply["samples"],
                    reply["reward_mean"], reply.get("examples"), reply)
 
@@ -223,6 +229,145 @@ class RolloutStats:
         return self.wire.get("hack")
 
 
+@dataclass(frozen=True)
+class WorkGroup:
+    """One prompt group leased to a rollout worker (the buffer's group record; `samples`: Sample.to_wire() maps,
+    `attempt`: how often the group was leased before)."""
+    work_id: str
+    rollout_id: int
+    kind: str
+    group_index: int
+    sampling_params: dict
+    samples: list
+    attempt: int = 0
+
+    @classmethod
+    def from_wire(cls, g: Any) -> WorkGroup:
+        _needs("buffer.get_work", g, ("work_id", "rollout_id", "kind", "group_index", "sampling_params", "samples"),
+               "a group needs")
+        return cls(g["work_id"], g["rollout_id"], g["kind"], g["group_index"], g["sampling_params"], g["samples"],
+                   g.get("attempt", 0))
+
+
+@dataclass(frozen=True)
+class Work:
+    """buffer.get_work's reply: the groups leased to the worker (none when nothing came within `wait`)."""
+    groups: list[WorkGroup]
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Work:
+        _needs("buffer.get_work", reply, ("groups",))
+        return cls([WorkGroup.from_wire(g) for g in reply["groups"]])
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """buffer.submit's reply: `accepted`, else the `reason` for refusing; `outcome` of an accepted group."""
+    accepted: bool
+    reason: str | None = None
+    outcome: str | None = None
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Submitted:
+        _needs("buffer.submit", reply, ("accepted",))
+        return cls(bool(reply["accepted"]), reply.get("reason"), reply.get("outcome"))
+
+
+@dataclass(frozen=True)
+class Returned:
+    """buffer.return_work's reply: whether the group was queued again (`partial`: with its partial responses), else
+    the `reason` it was not (it was not leased to that worker)."""
+    requeued: bool
+    partial: bool = False
+    reason: str | None = None
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Returned:
+        _needs("buffer.return_work", reply, ("requeued",))
+        return cls(bool(reply["requeued"]), bool(reply.get("partial")), reply.get("reason"))
+
+
+@dataclass(frozen=True)
+class Released:
+    """buffer.release_worker's reply: how many groups leased to the worker were queued again."""
+    requeued: int
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Released:
+        _needs("buffer.release_worker", reply, ("requeued",))
+        return cls(int(reply["requeued"]))
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """buffer.get_batch's reply: a trainer rank's shard as parallel lists, one entry per sample
+    (types.batch_from_samples); `wire` is that map, which the RL update takes (and extends)."""
+    KEYS = ("sample_index", "group_index", "tokens", "prompt_lengths", "response_lengths", "loss_masks",
+            "rollout_log_probs", "rewards", "weight_versions")
+    wire: dict
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> TrainBatch:
+        return cls(_needs("buffer.get_batch", reply, cls.KEYS, "a training batch needs"))
+
+    def __len__(self) -> int:
+        """Samples in the shard."""
+        return len(self.wire["tokens"])
+
+
+@dataclass(frozen=True)
+class Joined:
+    """controller.trainer_join's reply: the training group's store (rank 0's address and port), its generation, and
+    the checkpoint every rank loads (None: start fresh)."""
+    master_addr: str
+    master_port: int
+    generation: int
+    checkpoint: str | None
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Joined:
+        _needs("controller.trainer_join", reply, ("master_addr", "master_port", "generation", "checkpoint"))
+        return cls(reply["master_addr"], reply["master_port"], reply["generation"], reply["checkpoint"])
+
+
+@dataclass(frozen=True)
+class Scores:
+    """reward.score's reply: per sample its reward, or None and the error; `timed_out` per sample (a reward actor
+    of your own may leave it out: then [])."""
+    rewards: list
+    errors: list
+    timed_out: list
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> Scores:
+        _needs("reward.score", reply, ("rewards", "errors"))
+        return cls(reply["rewards"], reply["errors"], reply.get("timed_out") or [])
+
+
+@dataclass(frozen=True)
+class DirectUpdate:
+    """rollout.weight_update's reply: where the trainer posts the weights itself (colocated), and how."""
+    engine_url: str
+    paused: str | None
+    flush_cache: bool
+    tp_size: int
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> DirectUpdate:
+        _needs("rollout.weight_update", reply, ("engine_url", "paused", "flush_cache", "tp_size"))
+        return cls(reply["engine_url"], reply["paused"], bool(reply["flush_cache"]), int(reply["tp_size"]))
+
+
+@dataclass(frozen=True)
+class RouterUrl:
+    """rollout.router_url's reply: the sglang-router rollout/0 started."""
+    url: str
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> RouterUrl:
+        return cls(_needs("rollout.router_url", reply, ("url",))["url"])
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
 # group_index, sampling_params, samples: [Sample.to_wire()...]}.
@@ -234,8 +379,8 @@ declare("controller", "status", "Where the loop is: rollout id, weight version, 
         reply="map")
 declare("controller", "trainer_join", "A trainer rank joins the training group (rank 0 offers the store's address and "
         "port); answered once every rank of this generation joined.",
-        reply="{master_addr, master_port, generation, checkpoint}", rank="int", world_size="int", addr="str",
-        port="int", pid="int")
+        reply="{master_addr, master_port, generation, checkpoint}", returns=Joined,
+        rank="int", world_size="int", addr="str", port="int", pid="int")
 declare("controller", "trainer_ready", "A trainer rank of `generation` has its process group and its checkpoint.",
         rank="int", generation="int", weight_version="int?")
 
@@ -243,20 +388,21 @@ declare("controller", "trainer_ready", "A trainer rank of `generation` has its p
 declare("buffer", "start_rollout", "Prepare the prompt groups of a rollout (train) or an evaluation (eval).",
         reply="{groups, rollout_id, kind}", rollout_id="int", kind="str?", weight_version="int?", name="str?")
 declare("buffer", "get_work", "A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.",
-        reply="{groups: [group], rollout_id}", worker="str", max_groups="int", wait="float?")
+        reply="{groups: [group]}", returns=Work, worker="str", max_groups="int", wait="float?")
 declare("buffer", "submit", "A rollout worker hands back a finished, scored group (completed or failed).",
-        reply="{accepted, reason?}", worker="str", work_id="str", samples="list")
+        reply="{accepted, reason?, outcome?}", returns=Submitted, worker="str", work_id="str", samples="list")
 declare("buffer", "return_work", "A rollout worker gives back work it could not finish (abort, engine restart).",
-        reply="{requeued}", worker="str", work_id="str", samples="list?", reason="str?")
+        reply="{requeued, partial?, reason?}", returns=Returned, worker="str", work_id="str", samples="list?",
+        reason="str?")
 declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
-        reply="{requeued}", worker="str", reason="str?")
+        reply="{requeued}", returns=Released, worker="str", reason="str?")
 declare("buffer", "wait_rollout",
         "Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: "
         "the reward-hacking monitor's report, unless --hack-alarms off).",
         reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}", returns=RolloutStats,
         rollout_id="int", kind="str?", timeout="float?")
 declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
-        reply="batch map (slime_actors.types.batch_from_samples)", rollout_id="int", rank="int",
+        reply="batch map (slime_actors.types.batch_from_samples)", returns=TrainBatch, rollout_id="int", rank="int",
         world_size="int")
 declare("buffer", "mark_trained", "Record that a rollout's samples were trained on (accounting, then freed).",
         rollout_id="int")
@@ -295,15 +441,16 @@ declare("rollout", "held_groups", "Work ids the worker holds (the buffer reconci
 declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")
 declare("rollout", "weight_update", "The trainer updates the engine directly (colocated tensors): hold health probes "
         "while active; then the version it holds.", reply="{engine_url, paused, flush_cache, tp_size}",
-        active="bool", weight_version="int?")
+        returns=DirectUpdate, active="bool", weight_version="int?")
 declare("rollout", "router_url", "rollout/0: the URL of the sglang-router it started (waits until it is up).",
-        reply="{url}")
+        reply="{url}", returns=RouterUrl)
 declare("rollout", "kill_engine", "Kill the engine process (fault-injection and tests); the worker restarts it.",
         reply="{pid}", hang="bool?")
 
 # reward
 declare("reward", "score", "Score samples; per-sample rewards and errors (a failing function loses nothing).",
-        reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}", samples="list", group="bool?")
+        reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}", returns=Scores, samples="list",
+        group="bool?")
 
 # trainer
 declare("trainer", "train", "Pull this rank's shard of the rollout and run the RL update on it.",

@@ -2,7 +2,7 @@
 under it, logs each retry, and raises the last error unchanged when the policy gives up.
 
     policy = RetryPolicy(deadline=600, base=0.4, max_delay=2.0, retry_on=(MailboxError,), retry_if=transient)
-    batch = await retry(lambda: self.ask("buffer/0", "get_batch", body), policy, what="get_batch", log=self.log)
+    batch = await retry(lambda: self.buffer.get_batch(k, rank, world), policy, what="get_batch", log=self.log)
 
 * `attempts`: tries in all, the first one included (None: no limit -- then `deadline` bounds the retrying).
 * `deadline`: seconds, counted from the first failure (so a call that succeeds reads no clock), after which the

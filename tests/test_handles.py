@@ -10,7 +10,8 @@ import pytest
 
 from slime_actors.handles import Group, GroupFailed, Handle
 from slime_actors.mailbox.errors import PeerDown, RemoteError
-from slime_actors.messages import ReplyError, RolloutStats
+from slime_actors.messages import (DirectUpdate, Joined, Released, ReplyError, Returned, RolloutStats, RouterUrl, Scores,
+                                   Submitted, TrainBatch, Work, WorkGroup)
 
 
 class Sender:
@@ -18,10 +19,12 @@ class Sender:
 
     def __init__(self, replies=None):
         self.sent: list[tuple] = []
+        self.idem: list[dict] = []
         self.replies = replies or {}
 
-    async def ask(self, to, method, body=None, *, timeout=None):
+    async def ask(self, to, method, body=None, *, timeout=None, **idem):
         self.sent.append(("ask", to, method, body, timeout))
+        self.idem.append(idem)  # {} when no key was given: the ask called exactly as a hand-written one
         reply = self.replies.get((to, method))
         if callable(reply):
             reply = reply()
@@ -149,7 +152,7 @@ def test_each_method_shows_its_declaration_and_a_clashing_declaration_is_refused
 
     buffer = Handle(Sender(), "buffer/0")
     assert str(inspect.signature(buffer.wait_rollout)) == \
-        "(rollout_id, *, kind=None, timeout=None, ask_timeout=None)"
+        "(rollout_id, *, kind=None, timeout=None, ask_timeout=None, idem=None)"
     assert buffer.wait_rollout.__doc__.startswith(CATALOG[("buffer", "wait_rollout")].doc)
     assert set(specs_of("rollout")) <= set(dir(Handle(Sender(), "rollout/0")))
     try:
@@ -158,3 +161,101 @@ def test_each_method_shows_its_declaration_and_a_clashing_declaration_is_refused
             Handle(Sender(), "clashrole/0")
     finally:
         CATALOG.pop(("clashrole", "tell"))
+    try:
+        declare("clashrole", "put", "a field named as the handle's idempotency key", idem="str")
+        with pytest.raises(ValueError, match="clashrole.put: .*would hide the handle's own idem"):
+            Handle(Sender(), "clashrole/0")
+    finally:
+        CATALOG.pop(("clashrole", "put"))
+
+
+GROUP = {"work_id": "w7", "rollout_id": 3, "kind": "train", "group_index": 2, "sampling_params": {"temperature": 1.0},
+         "samples": [{"index": 8}, {"index": 9}], "attempt": 1}
+BATCH = {k: [1, 2] for k in TrainBatch.KEYS}
+
+
+# (handle's target, the call, the body a hand-written ask sent, the peer's reply as its handler returns it, checks of
+# the typed value)
+TYPED = [
+    ("buffer/0", lambda h: h.get_work("rollout/1", 3, wait=1.0, ask_timeout=10, idem="get_work:1:1"),
+     {"worker": "rollout/1", "max_groups": 3, "wait": 1.0}, {"groups": [GROUP]},
+     lambda r: isinstance(r, Work) and r.groups == [WorkGroup("w7", 3, "train", 2, {"temperature": 1.0},
+                                                              [{"index": 8}, {"index": 9}], 1)]),
+    ("buffer/0", lambda h: h.submit("rollout/1", "w7", [{"index": 8}], ask_timeout=60, idem="w7:1:8:2:5"),
+     {"worker": "rollout/1", "work_id": "w7", "samples": [{"index": 8}]},
+     {"accepted": False, "reason": "stale weight version; regenerated"},
+     lambda r: r == Submitted(False, "stale weight version; regenerated")),
+    ("buffer/0", lambda h: h.return_work("rollout/1", "w7", reason="aborted", samples=[{"index": 8}], ask_timeout=30),
+     {"worker": "rollout/1", "work_id": "w7", "reason": "aborted", "samples": [{"index": 8}]},
+     {"requeued": True, "partial": True}, lambda r: r == Returned(True, True, None)),
+    ("buffer/0", lambda h: h.return_work("rollout/1", "w7", reason="engine restarted", ask_timeout=30),
+     {"worker": "rollout/1", "work_id": "w7", "reason": "engine restarted"},
+     {"requeued": False, "reason": "w7 is not leased to rollout/1"},
+     lambda r: r == Returned(False, False, "w7 is not leased to rollout/1")),
+    ("buffer/0", lambda h: h.release_worker("rollout/1", reason="restarted", ask_timeout=30),
+     {"worker": "rollout/1", "reason": "restarted"}, {"requeued": 2}, lambda r: r == Released(2)),
+    ("buffer/0", lambda h: h.get_batch(4, 0, 2, ask_timeout=600), {"rollout_id": 4, "rank": 0, "world_size": 2},
+     BATCH, lambda r: isinstance(r, TrainBatch) and r.wire is BATCH and len(r) == 2),
+    ("controller/0", lambda h: h.trainer_join(0, 2, "10.0.0.1", 29500, 4242, ask_timeout=3600),
+     {"rank": 0, "world_size": 2, "addr": "10.0.0.1", "port": 29500, "pid": 4242},
+     {"master_addr": "10.0.0.1", "master_port": 29500, "generation": 1, "checkpoint": None},
+     lambda r: r == Joined("10.0.0.1", 29500, 1, None)),
+    ("reward/0", lambda h: h.score([{"index": 8}], group=False, ask_timeout=300), {"samples": [{"index": 8}],
+                                                                                    "group": False},
+     {"rewards": [None], "errors": ["boom"]}, lambda r: r == Scores([None], ["boom"], [])),
+    ("rollout/0", lambda h: h.weight_update(False, weight_version=None, ask_timeout=60),
+     {"active": False, "weight_version": None},
+     {"engine_url": "http://h:1", "paused": None, "flush_cache": True, "tp_size": 2},
+     lambda r: r == DirectUpdate("http://h:1", None, True, 2)),
+    ("rollout/0", lambda h: h.router_url(ask_timeout=600), {}, {"url": "http://h:2"},
+     lambda r: r == RouterUrl("http://h:2")),
+]
+
+TYPED_IDS = ["get_work", "submit", "return_work-samples", "return_work", "release_worker", "get_batch", "trainer_join",
+             "score", "weight_update", "router_url"]
+
+
+@pytest.mark.parametrize("target,call,body,reply,check", TYPED, ids=TYPED_IDS)
+def test_replies_of_a_fixed_shape_come_back_typed_and_the_body_is_the_hand_written_one(target, call, body, reply,
+                                                                                        check):
+    class Answer(Sender):
+        async def ask(self, to, method, body=None, **kw):
+            await super().ask(to, method, body, **kw)
+            return reply
+    a = Answer()
+    typed = asyncio.run(call(Handle(a, target)))
+    assert check(typed), typed
+    (kind, to, method, sent, timeout), = a.sent
+    assert (kind, to) == ("ask", target)
+    assert list(sent.items()) == list(body.items()), "the body differs from the hand-written ask's (order included)"
+
+
+@pytest.mark.parametrize("target,call,body,reply,check", TYPED, ids=TYPED_IDS)
+def test_a_reply_lacking_what_its_type_needs_is_an_error_naming_the_method(target, call, body, reply, check):
+    class Answer(Sender):
+        async def ask(self, to, method, body=None, **kw):
+            await super().ask(to, method, body, **kw)
+            return {"unexpected": 1}
+    with pytest.raises(ReplyError, match=r"\w+\.\w+ replied \['unexpected'\]; .* needs "):
+        asyncio.run(call(Handle(Answer(), target)))
+
+
+def test_a_group_in_get_work_lacking_a_field_is_named():
+    bad = {k: v for k, v in GROUP.items() if k != "sampling_params"}
+    with pytest.raises(ReplyError, match=r"buffer.get_work replied .*a group needs .*sampling_params"):
+        Work.from_wire({"groups": [GROUP, bad]})
+    assert WorkGroup.from_wire({k: v for k, v in GROUP.items() if k != "attempt"}).attempt == 0
+
+
+def test_idem_is_the_asks_idempotency_key_and_only_a_key_given_is_passed():
+    s = Sender({("buffer/0", "get_work"): {"groups": []}})
+    buffer = Handle(s, "buffer/0")
+    assert asyncio.run(buffer.get_work("rollout/1", 2, wait=1.0, ask_timeout=10, idem="get_work:7:1")) == Work([])
+    asyncio.run(buffer.mark_trained(3))
+    assert s.idem == [{"idem": "get_work:7:1"}, {}]
+    assert s.sent[0][3] == {"worker": "rollout/1", "max_groups": 2, "wait": 1.0}, "idem went into the body"
+    with pytest.raises(TypeError, match=r"buffer\.submit: idem must be a str"):
+        buffer.submit("rollout/1", "w", [], idem=3)
+    with pytest.raises(TypeError, match=r"rollout\.resume: idem is for asks"):
+        Handle(s, "rollout/0").tell.resume(1, idem="k")
+    assert len(s.sent) == 2, "a bad call sent something"

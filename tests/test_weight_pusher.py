@@ -72,7 +72,7 @@ def _pusher(tmp_path, workers, backend=None, **cfg):
         section, name = k.split("__")
         setattr(getattr(c, section), name, v)
     Sender.made = []
-    return WeightPusher(c, backend or Backend(), ask=workers.ask, run_blocking=_blocking,
+    return WeightPusher(c, backend or Backend(), actor=workers, run_blocking=_blocking,
                         address=lambda: "127.0.0.1", run_dir=tmp_path, sender_factory=Sender)
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from slime_actors.traces.summary import union_length
+
 PARTS = ("generation", "reward", "training", "weight_update", "messaging", "idle")
 # asks whose handler waits for other work (counted elsewhere or waiting by design): only their transit counts
 WAITING = frozenset(("wait_rollout", "get_work", "train", "sync_weights", "score", "update_weights_from_distributed",
@@ -66,24 +68,6 @@ def step_window(row: dict) -> tuple[float, float]:
     start = end - wall
     after = sum(float(row.get(k) or 0.0) for k in ("time/eval", "time/save", "time/save_hf"))
     return start, max(start, end - after)
-
-
-def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of `intervals` inside [lo, hi]."""
-    parts = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in parts:
-        if b <= a:
-            continue
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
-    return total
 
 
 def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]:
@@ -136,7 +120,7 @@ def _split_row(row: dict, iv: dict[str, list[tuple[float, float]]]) -> dict:
     prev = 0.0
     for name, ivs in layers:
         acc = acc + ivs
-        now = covered(acc, lo, hi)
+        now = union_length(acc, lo, hi)
         out[name] = now - prev
         prev = now
     out["idle"] = max(0.0, (hi - lo) - prev)

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+from ..handles import Handle
 from ..log import get_logger
 from ..mailbox import codec
 from ..mailbox.codec import ProtocolError
@@ -180,10 +181,10 @@ class Actor:
         self._running = True
         if runtime.directory and self.name != DIRECTORY:
             self.mailbox.connect(DIRECTORY, runtime.directory)
-            await self.mailbox.ask(DIRECTORY, "register", {"name": self.name, "endpoint": self.endpoint,
-                                                           "pid": os.getpid(), "host": socket.gethostname()},
-                                   timeout=max(30.0, runtime.down_after))
-            await self.mailbox.ask(DIRECTORY, "watch", {"name": self.name}, timeout=30.0)
+            directory = self._directory()
+            await directory.register(self.name, self.endpoint, pid=os.getpid(), host=socket.gethostname(),
+                                     ask_timeout=max(30.0, runtime.down_after))
+            await directory.watch(self.name, ask_timeout=30.0)
             self.spawn(self._heartbeats(), name="heartbeats")
         try:
             if self._schedule is not None:  # on_start and what it spawns are tracked: task "start"
@@ -215,7 +216,7 @@ class Actor:
             self.log.error("on_stop failed", error=repr(exc))
         if self.runtime.directory and self.name != DIRECTORY:
             try:
-                await self.mailbox.ask(DIRECTORY, "deregister", {"name": self.name}, timeout=2.0)
+                await self._directory().deregister(self.name, ask_timeout=2.0)
             except Exception:
                 pass
         current = asyncio.current_task()
@@ -315,6 +316,11 @@ class Actor:
         self.record_input(name, value, key)
         return value
 
+    def _directory(self) -> Handle:
+        """The directory, asked through this actor's mailbox itself (registration, lookups: the runtime's own
+        messages, sent before the actor's handlers run and while a peer is being resolved)."""
+        return Handle(self.mailbox, DIRECTORY)
+
     async def _resolve(self, name: str) -> str:
         if name in self.runtime.static_peers:
             return self.runtime.static_peers[name]
@@ -322,7 +328,7 @@ class Actor:
             raise UnknownPeer(f"{self.name}: no endpoint known for {name!r} and no directory configured")
         wait = max(10.0, self.runtime.down_after * 4)
         try:
-            return await self.mailbox.ask(DIRECTORY, "lookup", {"name": name, "wait": wait}, timeout=wait + 5)
+            return await self._directory().lookup(name, wait=wait, ask_timeout=wait + 5)
         except MailboxError as exc:
             raise UnknownPeer(f"{self.name}: cannot find {name!r} in the directory: {exc}") from None
 

@@ -31,7 +31,9 @@ import os
 import time
 
 from ..config import JobConfig
+from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError
+from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
 from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample
 from .base import Actor, handler
@@ -104,6 +106,7 @@ class RolloutWorker(Actor):
         self._engine_caps: dict = {}
         self.keys = None                  # the engines' HTTP keys (engine_auth.EngineKeys), from the environment
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0})
+        self.buffer, self.controller = Handle(self, "buffer/0"), Handle(self, "controller/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -240,7 +243,7 @@ class RolloutWorker(Actor):
         await self._router_register()
         self.weight_version = version
         self._engine_ok.set()
-        await self.tell("controller/0", "engine_ready", {"worker": self.name, "weight_version": version})
+        await self.controller.tell.engine_ready(self.name, version)
 
     async def _check_external_keys(self, url: str) -> None:
         """An external engine that refuses our key (or our lack of one) is a configuration error: say so and stop,
@@ -305,7 +308,7 @@ class RolloutWorker(Actor):
         else:
             while self.router_url is None:
                 try:
-                    self.router_url = (await self.ask("rollout/0", "router_url", {}, timeout=600))["url"]
+                    self.router_url = (await Handle(self, "rollout/0").router_url(ask_timeout=600)).url
                 except MailboxError as exc:
                     self.log.warning("waiting for rollout/0's router", error=str(exc))
                     await asyncio.sleep(1.0)
@@ -383,15 +386,14 @@ class RolloutWorker(Actor):
         """A new incarnation holds no work: whatever the buffer still has leased to this name (a previous process
         of it was killed) is re-issued now, before this one pulls (same sender, so no race with get_work)."""
         try:
-            res = await retry(lambda: self.ask("buffer/0", "release_worker", {"worker": self.name,
-                                                                              "reason": "restarted"}, timeout=30),
+            res = await retry(lambda: self.buffer.release_worker(self.name, reason="restarted", ask_timeout=30),
                               RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log,
                               clock=self.monotonic)  # (recorded clock readings, as every retry's here)
         except MailboxError as exc:  # the buffer re-issues them when their lease runs out
             self.log.warning("could not release a previous incarnation's groups", error=str(exc))
             return
-        if res.get("requeued"):
-            self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
+        if res.requeued:
+            self.log.warning("re-issued the groups of this worker's previous process", groups=res.requeued)
 
     async def _recover(self, reason: str) -> None:
         self._restarting = True
@@ -406,7 +408,7 @@ class RolloutWorker(Actor):
                 t.cancel()
             await asyncio.sleep(0)
             try:
-                await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": reason}, timeout=30)
+                await self.buffer.release_worker(self.name, reason=reason, ask_timeout=30)
             except MailboxError as exc:
                 self.log.warning("could not release groups", error=str(exc))
             await self._router_forget()
@@ -461,8 +463,7 @@ class RolloutWorker(Actor):
             try:
                 # an idempotency key: if the reply is lost (a cut link, a reconnect) the retry gets the same groups
                 # from the buffer's cache instead of leaving them leased to us and never seen
-                resp = await self.ask("buffer/0", "get_work", {"worker": self.name, "max_groups": free, "wait": 1.0},
-                                      timeout=10, idem=poll_key)
+                work = await self.buffer.get_work(self.name, free, wait=1.0, ask_timeout=10, idem=poll_key)
             except MailboxError as exc:
                 if isinstance(exc, RemoteError):
                     poll_key = None
@@ -472,21 +473,21 @@ class RolloutWorker(Actor):
             poll_key = None
             if restarts != self.engine_restarts or not self._engine_ok.is_set():
                 # the engine failed while we asked: this work must not run on the new engine before its re-sync
-                for group in resp["groups"]:
-                    self.spawn(self._return(group["work_id"], None, "engine restarted"), name="return")
+                for group in work.groups:
+                    self.spawn(self._return(group.work_id, None, "engine restarted"), name="return")
                 continue
-            for group in resp["groups"]:
-                task = self.spawn(self._process_group(group), name=f"group:{group['work_id']}")
-                self._inflight[group["work_id"]] = task
+            for group in work.groups:
+                task = self.spawn(self._process_group(group), name=f"group:{group.work_id}")
+                self._inflight[group.work_id] = task
 
     def _seed(self, sample: Sample, attempt: int) -> int:
         h = hashlib.blake2b(f"{self.cfg.data.rollout_seed}:{sample.index}:{attempt}".encode(), digest_size=4)
         return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
 
-    async def _process_group(self, group: dict) -> None:
-        wid = group["work_id"]
-        samples = [Sample.from_wire(s) for s in group["samples"]]
-        sp = dict(group["sampling_params"])
+    async def _process_group(self, group: WorkGroup) -> None:
+        wid = group.work_id
+        samples = [Sample.from_wire(s) for s in group.samples]
+        sp = dict(group.sampling_params)
         n = len(samples)
         self._generating += n
         try:
@@ -494,18 +495,18 @@ class RolloutWorker(Actor):
                 if self.group_fn is not None:
                     samples = await self.group_fn(self.plugin_args, samples, sp, EngineHandle(self))
                 else:
-                    evaluation = group.get("kind") == "eval"
-                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0), evaluation)
+                    evaluation = group.kind == "eval"
+                    samples = await asyncio.gather(*(self._generate(s, sp, group.attempt, evaluation)
                                                      for s in samples))
             finally:
                 self._generating -= n
             if any(s.status == ABORTED for s in samples):
                 await self._return(wid, samples, "aborted")
                 return
-            await self._score(samples, group["kind"])
+            await self._score(samples, group.kind)
             self.counters["groups"] += 1
             self.counters["samples"] += n
-            await self._submit(wid, samples, group.get("attempt", 0))
+            await self._submit(wid, samples, group.attempt)
         except asyncio.CancelledError:
             # the engine is being restarted or the worker stops: the buffer gets the group back via release_worker
             raise
@@ -584,7 +585,7 @@ class RolloutWorker(Actor):
             out.weight_version = version
         return out
 
-    async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
+    async def _ask_reward(self, who: str, todo: list[Sample]) -> Scores:
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
         REWARD_WAIT_S seconds -- scoring is pure, so a retry is harmless -- instead of
         spending the group's attempts, which are for reward functions that fail."""
@@ -595,8 +596,8 @@ class RolloutWorker(Actor):
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
             try:
-                return await self.ask(target, "score", {"samples": [s.to_wire() for s in todo],
-                                                        "group": a.reward.group_rm}, timeout=300)
+                return await Handle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
+                                                        ask_timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
                 if isinstance(exc, RemoteError) and exc.type != "MailboxError":
@@ -627,8 +628,8 @@ class RolloutWorker(Actor):
                 await asyncio.sleep(0.2 * (attempt + 1))
                 continue
             failed = []
-            timed_out = res.get("timed_out") or []   # a reward actor of your own may leave it out
-            for i, (s, r, e) in enumerate(zip(todo, res["rewards"], res["errors"])):
+            timed_out = res.timed_out   # [] when a reward actor of your own leaves it out
+            for i, (s, r, e) in enumerate(zip(todo, res.rewards, res.errors)):
                 if e is None and r is not None:
                     s.reward = float(r)
                     if i < len(timed_out) and timed_out[i]:
@@ -644,24 +645,22 @@ class RolloutWorker(Actor):
             s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"
 
     async def _submit(self, wid: str, samples: list[Sample], lease: int) -> None:
-        body = {"worker": self.name, "work_id": wid, "samples": [s.to_wire() for s in samples]}
+        wire = [s.to_wire() for s in samples]
         idem = submit_key(wid, lease, samples[0])
         try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
-            res = await retry(lambda: self.ask("buffer/0", "submit", body, timeout=60, idem=idem), SUBMIT_RETRY,
-                              what="submit", log=self.log, clock=self.monotonic, work_id=wid)
+            res = await retry(lambda: self.buffer.submit(self.name, wid, wire, ask_timeout=60, idem=idem),
+                              SUBMIT_RETRY, what="submit", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:
             self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
             return
-        if not res.get("accepted"):
-            self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
+        if not res.accepted:
+            self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
         self.counters["aborted_groups"] += 1
-        body = {"worker": self.name, "work_id": wid, "reason": reason}
-        if samples is not None:
-            body["samples"] = [s.to_wire() for s in samples]
+        given = {"reason": reason} if samples is None else {"reason": reason, "samples": [s.to_wire() for s in samples]}
         try:
-            await retry(lambda: self.ask("buffer/0", "return_work", body, timeout=30), RETURN_RETRY,
+            await retry(lambda: self.buffer.return_work(self.name, wid, **given, ask_timeout=30), RETURN_RETRY,
                         what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
             self.log.warning("gave up returning a group", work_id=wid, error=str(exc))

@@ -139,25 +139,21 @@ class Stepper(collections.abc.Coroutine):
     def __await__(self):
         return self.coro.__await__()
 
-    # what asyncio's task repr and debuggers read of a coroutine
-    @property
-    def cr_code(self):
-        return getattr(self.coro, "cr_code", None)
+    def __getattr__(self, name: str):
+        """The wrapped coroutine's attributes (cr_code, cr_frame, __qualname__ ...: what asyncio's task repr and
+        debuggers read); an awaitable that is not a native coroutine answers None for cr_code / cr_frame / cr_await
+        and False for cr_running."""
+        if name == "coro":  # not set yet (a half-built copy): no recursion through self.coro
+            raise AttributeError(name)
+        try:
+            return getattr(self.coro, name)
+        except AttributeError:
+            if name in _CR_ABSENT:
+                return _CR_ABSENT[name]
+            raise
 
-    @property
-    def cr_frame(self):
-        return getattr(self.coro, "cr_frame", None)
 
-    @property
-    def cr_await(self):
-        return getattr(self.coro, "cr_await", None)
-
-    @property
-    def cr_running(self):
-        return getattr(self.coro, "cr_running", False)
-
-    def __getattr__(self, name: str):  # __qualname__, __name__ ...: the coroutine's
-        return getattr(self.coro, name)
+_CR_ABSENT = {"cr_code": None, "cr_frame": None, "cr_await": None, "cr_running": False}
 
 
 _STEP_CODES = frozenset((Stepper.send.__code__, Stepper.throw.__code__))

@@ -24,7 +24,9 @@ from pathlib import Path
 from .. import env as E
 from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
+from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError, transient
+from ..messages import Joined, TrainBatch
 from ..retry import RetryPolicy, retry
 from .base import Actor, handler
 
@@ -48,6 +50,7 @@ class TrainerRank(Actor):
         self.world_size = 1
         self.weights = None  # backends.weight_sync.WeightPusher: rank 0 pushes weights, the others take part
         self.generation: int | None = None  # of the training group this rank joined
+        self.controller, self.buffer = Handle(self, "controller/0"), Handle(self, "buffer/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -56,13 +59,13 @@ class TrainerRank(Actor):
         self.world_size = a.train.n_ranks
         rdzv = await self._rendezvous()
         await self.run_blocking(self._init, rdzv)
-        self.generation = rdzv["generation"]
-        await self.tell("controller/0", "trainer_ready", {"rank": self.rank, "generation": self.generation,
-                                                          "weight_version": self.backend.weight_version})
+        self.generation = rdzv.generation
+        await self.controller.tell.trainer_ready(self.rank, self.generation,
+                                                 weight_version=self.backend.weight_version)
         self.log.info("trainer rank ready", rank=self.rank, world_size=self.world_size, generation=self.generation,
                       backend=self.cfg.train.train_backend, version=self.backend.weight_version)
 
-    async def _rendezvous(self) -> dict:
+    async def _rendezvous(self) -> Joined:
         import socket
         addr = reachable_address(self.runtime)
         port = 0
@@ -71,12 +74,14 @@ class TrainerRank(Actor):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((addr, 0))
                 port = sock.getsockname()[1]
-        body = {"rank": self.rank, "world_size": self.world_size, "addr": addr, "port": port, "pid": os.getpid()}
+        pid = os.getpid()
         # the head may still be starting (torchrun, Slurm: every process starts at once): keep knocking for 600 s
-        return await retry(lambda: self.ask("controller/0", "trainer_join", body, timeout=3600), JOIN_RETRY,
-                           what="trainer_join (controller not reachable yet)", log=self.log, started=time.monotonic())
+        return await retry(lambda: self.controller.trainer_join(self.rank, self.world_size, addr, port, pid,
+                                                                ask_timeout=3600),
+                           JOIN_RETRY, what="trainer_join (controller not reachable yet)", log=self.log,
+                           started=time.monotonic())
 
-    def _init(self, rdzv: dict) -> None:
+    def _init(self, rdzv: Joined) -> None:
         import datetime
 
         import torch
@@ -97,7 +102,7 @@ class TrainerRank(Actor):
             timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
             # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
             # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
-            store = dist.TCPStore(rdzv["master_addr"], rdzv["master_port"], self.world_size,
+            store = dist.TCPStore(rdzv.master_addr, rdzv.master_port, self.world_size,
                                   is_master=self.rank == 0, timeout=timeout, wait_for_workers=False)
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timeout)
@@ -108,10 +113,10 @@ class TrainerRank(Actor):
         self.backend = Backend(a, self.rank, self.world_size)
         self.backend.init()
         from ..backends.weight_sync import WeightPusher
-        self.weights = WeightPusher(a, self.backend, ask=self.ask, run_blocking=self.run_blocking,
+        self.weights = WeightPusher(a, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
                                     sender_factory=self.host.weight_sender)  # (replay's needs no engines)
-        ckpt = Path(rdzv["checkpoint"]) if rdzv.get("checkpoint") else None  # the controller picks it
+        ckpt = Path(rdzv.checkpoint) if rdzv.checkpoint else None  # the controller picks it
         if ckpt is not None:
             self.backend.load(str(trainer_dir(ckpt)), load_optim=not a.checkpoint.no_save_optim)
             self.backend.weight_version = read_meta(ckpt).get("weight_version", 0)
@@ -139,20 +144,20 @@ class TrainerRank(Actor):
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
         batch = await self._get_batch(rollout_id)
-        self._record_batch(batch)
+        self._record_batch(batch.wire)
         t1 = time.monotonic()
-        metrics = await self.run_blocking(rl_update, self.backend, self.cfg, batch, rollout_id)
+        metrics = await self.run_blocking(rl_update, self.backend, self.cfg, batch.wire, rollout_id)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
         return metrics
 
-    async def _get_batch(self, rollout_id: int) -> dict:
+    async def _get_batch(self, rollout_id: int) -> TrainBatch:
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
         # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
-        shard = {"rank": getattr(self.backend, "data_parallel_rank", self.rank),
-                 "world_size": getattr(self.backend, "data_parallel_size", self.world_size)}
-        return await retry(lambda: self.ask("buffer/0", "get_batch", {"rollout_id": rollout_id, **shard}, timeout=600),
+        rank = getattr(self.backend, "data_parallel_rank", self.rank)
+        world_size = getattr(self.backend, "data_parallel_size", self.world_size)
+        return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
     def _record_batch(self, batch: dict) -> None:

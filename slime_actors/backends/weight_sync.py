@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
+from slime_actors.handles import Handle
 from slime_actors.log import get_logger
 
 log = get_logger(component="weight_sync")
@@ -506,7 +507,8 @@ class WeightPusher:
     its members, the disk versions written. The other ranks `take_part` (gathering full weights is a collective under
     FSDP and Megatron model parallelism).
 
-    The actor hands it what it needs of itself: `ask(peer, method, body, timeout=...)` (its mailbox),
+    The actor hands it what it needs of itself: `actor` (what asks the workers, through typed handles: anything
+    with `ask(peer, method, body, timeout=...)`),
     `run_blocking(fn, *args)` (a thread, so the loop keeps answering), `address()` (the address other hosts reach
     this process at; the environment's SLIME_ACTORS_WEIGHT_SYNC_ADDR wins), the run directory (disk versions go to
     RUN/weights unless --update-weight-disk-dir), and optionally the broadcast sender's class (replay passes one that
@@ -522,11 +524,10 @@ class WeightPusher:
 
     TRANSPORTS = ("disk", "distributed", "colocated")
 
-    def __init__(self, cfg, backend, *, ask: Callable[..., Awaitable], run_blocking: Callable[..., Awaitable],
-                 address: Callable[[], str], run_dir: str | os.PathLike,
-                 sender_factory: Callable[..., DistributedWeightSender] | None = None):
+    def __init__(self, cfg, backend, *, actor, run_blocking: Callable[..., Awaitable], address: Callable[[], str],
+                 run_dir: str | os.PathLike, sender_factory: Callable[..., DistributedWeightSender] | None = None):
         self.cfg, self.backend = cfg, backend
-        self.ask, self.run_blocking, self.address, self.run_dir = ask, run_blocking, address, run_dir
+        self.actor, self.run_blocking, self.address, self.run_dir = actor, run_blocking, address, run_dir
         self.sender_factory = sender_factory
         self.sender: DistributedWeightSender | None = None
         self.group_workers: tuple = ()  # the workers of the broadcast group; () : build a new one at the next sync
@@ -566,14 +567,17 @@ class WeightPusher:
         if self.sender is not None:
             self.sender.close()
 
+    def worker(self, name: str) -> Handle:
+        """A rollout worker (`rollout/i`), to ask."""
+        return Handle(self.actor, name)
+
     async def _disk(self, version: int, workers: list) -> dict:
         base = Path(self.cfg.weights.update_weight_disk_dir or os.path.join(self.run_dir, "weights"))
         path = base / f"v{version:06d}"
         await self.run_blocking(
             lambda: save_weights_to_disk(self.backend.named_weights(), str(path), self.cfg.model.hf_checkpoint))
         nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        await asyncio.gather(*(self.ask(w, "update_weights_from_disk", {"model_path": str(path),
-                                                                       "weight_version": version}, timeout=600)
+        await asyncio.gather(*(self.worker(w).update_weights_from_disk(str(path), version, ask_timeout=600)
                                for w in workers))
         # only versions this rank wrote go (--update-weight-disk-dir may be a directory that holds other things)
         for old in self.disk_versions:
@@ -589,8 +593,8 @@ class WeightPusher:
             old, old_name = self.group_workers, self.group_name
             # both sides at once: with NCCL, destroying the group waits for the peers to destroy it too
             sender, self.sender = self.sender, None
-            await asyncio.gather(*(_quiet(self.ask(w, "destroy_weights_group", {"group_name": old_name},
-                                                   timeout=30)) for w in old),
+            await asyncio.gather(*(_quiet(self.worker(w).destroy_weights_group(old_name, ask_timeout=30))
+                                   for w in old),
                                  _quiet(self.run_blocking(sender.close)), return_exceptions=True)
         self._group_seq += 1
         name = f"slime-weights-{os.getpid()}-{self._group_seq}"  # unique: a restarted rank 0 starts again at 1
@@ -601,9 +605,8 @@ class WeightPusher:
         sender = (self.sender_factory or DistributedWeightSender)(addr, port, world, backend, name)
         _, *replies = await asyncio.gather(
             self.run_blocking(sender.connect),
-            *(self.ask(w, "init_weights_group", {"master_address": addr, "master_port": port, "rank_offset": i + 1,
-                                                 "world_size": world, "group_name": name, "backend": backend},
-                       timeout=300) for i, w in enumerate(workers)))
+            *(self.worker(w).init_weights_group(addr, port, i + 1, world, name, backend, ask_timeout=300)
+              for i, w in enumerate(workers)))
         self.sender, self.group_workers, self.group_name = sender, workers, name
         self.flattened = all(isinstance(r, dict) and r.get("flattened_bucket") for r in replies)
 
@@ -618,7 +621,7 @@ class WeightPusher:
             # wait for every part, the broadcast too, before failing: a worker's ask can fail (its host was cut off
             # and declared down) while the broadcast thread still runs; a retry must not start a new group under it
             res = await asyncio.gather(self.run_blocking(self.sender.broadcast_bucket, bucket, flat),
-                                       *(self.ask(w, "update_weights_from_distributed", body, timeout=600)
+                                       *(self.worker(w).update_weights_from_distributed(**body, ask_timeout=600)
                                          for w in workers), return_exceptions=True)
             for r in res:
                 if isinstance(r, BaseException):
@@ -636,9 +639,9 @@ class WeightPusher:
         new version at the end."""
         from .engine_auth import EngineKeys
         from .engine_client import EngineClient, serialize_named_tensors
-        infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
+        infos = await asyncio.gather(*(self.worker(w).weight_update(True, ask_timeout=600) for w in workers))
         keys = EngineKeys.from_env()  # the job's engine keys (the launcher's environment); admin key: the updates
-        clients = [EngineClient(i["engine_url"], keys=keys, timeout=600) for i in infos]
+        clients = [EngineClient(i.engine_url, keys=keys, timeout=600) for i in infos]
         nbytes = nbuckets = 0
         fmt = None
         sent = False
@@ -650,17 +653,16 @@ class WeightPusher:
                                  "needs --device cuda (use distributed or disk on CPU)")
             for bucket, last in with_last(self.backend.weight_buckets(self.cfg.weights.update_weight_buffer_size)):
                 payloads: dict[int, tuple] = {}
-                for tp in {int(i["tp_size"]) for i, loc in zip(infos, local) if not loc}:
+                for tp in {i.tp_size for i, loc in zip(infos, local) if not loc}:
                     payloads[tp] = await self.run_blocking(serialize_named_tensors, bucket, tp)
                 shared = await self.run_blocking(share_bucket, bucket) if any(local) else None
                 meta = bucket_metadata(bucket)
                 try:
                     await asyncio.gather(*(
                         c.update_weights_from_ipc(**meta, handle=shared.handle, weight_version=str(version),
-                                                  flush_cache=last and bool(i["flush_cache"])) if loc else
-                        c.update_weights_from_tensor(payloads[int(i["tp_size"])][0],
-                                                     load_format=payloads[int(i["tp_size"])][1],
-                                                     flush_cache=last and bool(i["flush_cache"]),
+                                                  flush_cache=last and i.flush_cache) if loc else
+                        c.update_weights_from_tensor(payloads[i.tp_size][0], load_format=payloads[i.tp_size][1],
+                                                     flush_cache=last and i.flush_cache,
                                                      weight_version=str(version))
                         for c, i, loc in zip(clients, infos, local)))
                 finally:
@@ -675,8 +677,8 @@ class WeightPusher:
             await asyncio.gather(*(c.close() for c in clients))
             # the workers learn the version only when every bucket went in; one whose engine was restarted meanwhile
             # refuses it (the new engine holds its launch weights), and the sync fails so the controller re-syncs
-            done = await asyncio.gather(*(self.ask(w, "weight_update", {"active": False, "weight_version":
-                                                                        version if sent else None}, timeout=60)
+            done = await asyncio.gather(*(self.worker(w).weight_update(False, weight_version=version if sent else None,
+                                                                       ask_timeout=60)
                                           for w in workers), return_exceptions=True)
         for r in done:
             if isinstance(r, BaseException):

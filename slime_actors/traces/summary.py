@@ -19,6 +19,22 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of `intervals` (start, end) inside [lo, hi]: overlaps count once, empty or inverted
+    intervals (end <= start) not at all."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total if cur_b is None else total + cur_b - cur_a
+
+
 @dataclass
 class MethodStats:
     role: str
