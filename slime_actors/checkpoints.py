@@ -31,6 +31,8 @@ from .config import JobConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
 META = "meta.json"
+BUFFER_FILE = "buffer.msgpack"   # the buffer's snapshot in an iteration directory
+TRAINER_DIR = "trainer"          # the training backend's state in an iteration directory
 ITER_RE = re.compile(r"^iter_(\d{7})$")
 EXPORT_MARKER = ".slime-actors-export"
 
@@ -52,8 +54,33 @@ def iter_dir(root: str | os.PathLike, n: int) -> Path:
     return Path(root) / f"iter_{n:07d}"
 
 
+def trainer_dir(ckpt: str | os.PathLike) -> Path:
+    """Where an iteration directory keeps the training backend's state (every trainer rank writes and loads it)."""
+    return Path(ckpt) / TRAINER_DIR
+
+
+def buffer_file(ckpt: str | os.PathLike) -> Path:
+    """Where an iteration directory keeps the buffer's snapshot."""
+    return Path(ckpt) / BUFFER_FILE
+
+
 def read_meta(ckpt: Path) -> dict:
     return json.loads((Path(ckpt) / META).read_text())
+
+
+def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
+    """Mark iteration `n` under `root` complete, once the trainer ranks and the buffer have written their parts:
+    its meta.json (what makes it a checkpoint: `latest_checkpoint` skips a directory without it), then the tracker
+    file. Returns the iteration directory."""
+    path = iter_dir(root, n)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / (META + ".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, path / META)
+    tracker = Path(root) / (TRACKER + ".tmp")
+    tracker.write_text(str(n))
+    os.replace(tracker, Path(root) / TRACKER)
+    return path
 
 
 def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
@@ -184,7 +211,7 @@ def resolve_load(cfg: JobConfig) -> Path | None:
 
 
 def _check_backend(want: str, ckpt: Path) -> None:
-    t = ckpt / "trainer"
+    t = trainer_dir(ckpt)
     has = "megatron" if (t / "dist").is_dir() else "torch" if (t / "model.safetensors").is_file() else None
     if has is None:
         raise CheckpointError(f"--load: {ckpt} has no trainer state ({t} holds "

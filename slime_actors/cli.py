@@ -9,6 +9,7 @@
     slime-actors samples RUN [--rollout K] [--best|--worst] [--n N]    a run's prompts, responses, rewards
                      [--eval [--step K]] [--report]                    (held-out ones; a markdown report)
     slime-actors convert SRC DST [--hf-checkpoint DIR]                 checkpoints <-> Hugging Face (torch_dist, ours)
+    slime-actors --version
 """
 
 from __future__ import annotations
@@ -22,10 +23,23 @@ def _cmd_demo(args) -> int:
     return run_demo(args.run_dir, args.messages)
 
 
+# commands with parsers of their own (main() hands them their arguments): listed here for --help
+DELEGATED = {
+    "train": "the RL loop on this host (`slime-actors train --help`: every flag, slime's names)",
+    "launch": "the RL loop placed and supervised by a topology file (docs/launch.md)",
+    "sbatch": "a Slurm batch script for a topology (docs/launch.md)",
+    "convert": "checkpoints <-> Hugging Face directories (torch_dist, this project's)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slime-actors", description=__doc__,
+    from . import __version__
+    p = argparse.ArgumentParser(prog="slime-actors", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"slime-actors {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name, text in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
 
     d = sub.add_parser("demo", help="a small demo of actors exchanging traced messages")
     d.add_argument("--run-dir", default="runs/demo")
@@ -54,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sbatch":
         from .launch.slurm import sbatch_main
         return sbatch_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not argv:   # what the command can do, instead of "the following arguments are required"
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
     return args.fn(args) or 0
 
 

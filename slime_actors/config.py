@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import tomllib
 import types
@@ -40,7 +41,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-ESTIMATORS = ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+from .slime_compat import COMPAT
+
+ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+LOSS_TYPES = ["policy_loss", "sft_loss", "custom_loss"]
 KL_TYPES = ["k1", "k2", "k3", "low_var_kl"]
 
 
@@ -49,10 +53,17 @@ class ConfigError(ValueError):
 
 
 def flag(default: Any = None, help: str | None = None, *, choices: list | None = None, path: bool = False,
-         top: bool = False) -> Any:
+         top: bool = False, origin: str = "slime", slime: tuple[Any, str] | None = None) -> Any:
     """A field that is a command-line flag (and a TOML key). `path`: a relative value in a config file is taken
-    relative to that file when such a file exists; `top`: listed before the groups in --help."""
-    return field(default=default, metadata={"help": help, "choices": choices, "path": path, "top": top, "cli": True})
+    relative to that file when such a file exists; `top`: listed before the groups in --help. `origin`: whose flag
+    it is -- "slime" (slime's name and meaning), "megatron" (a Megatron-LM flag slime passes on) or "own" (this
+    project's); `slime=(slime's default, why ours differs)` when the default differs from slime's, with two more
+    strings when the defaults are derived (ours and slime's as docs/flags.md shows them). docs/flags.md lists
+    them; tests/test_flags.py checks them against slime's recorded parser."""
+    if origin not in ("slime", "megatron", "own"):
+        raise ValueError(f"origin {origin!r}")
+    return field(default=default, metadata={"help": help, "choices": choices, "path": path, "top": top, "cli": True,
+                                            "origin": origin, "slime": slime})
 
 
 def passthrough() -> Any:
@@ -67,191 +78,278 @@ def passthrough() -> Any:
 class RunSection:
     """What the job does and where it writes."""
     TITLE: typing.ClassVar[str] = "run"
-    config: str | None = flag(None, "TOML file setting any of these flags; the command line wins", top=True)
-    run_dir: str = flag("runs/train", "traces/, logs/, metrics, checkpoints (unless --save)")
-    seed: int = flag(1234)
-    device: str = flag("cpu", "cpu or cuda")
-    num_rollout: int = flag(10, "training steps (rollout + train + sync each)")
-    start_rollout_id: int | None = flag(None)
-    async_train: bool = flag(False, "one-step-off: generate rollout k+1 while training on rollout k")
-    max_staleness: int = flag(1, "async: newest weight version minus oldest used")
-    progress: bool = flag(True, "progress bars on the console")
+    config: str | None = flag(None, "TOML file setting any of these flags; the command line wins", top=True,
+                              origin="own")
+    run_dir: str = flag("runs/train", "where the run writes: traces/, logs/, metrics.jsonl, curves.png, tensorboard/, "
+                                      "checkpoints (unless --save)", origin="own")
+    seed: int = flag(1234, "seed of the trainer's random number generators")
+    device: str = flag("cpu", "where the trainer and the local engine run", choices=["cpu", "cuda"], origin="own")
+    num_rollout: int | None = flag(
+        None, "training steps (rollout + train + weight sync each); default: from --num-epoch, else 10",
+        slime=(None, "slime requires --num-rollout or --num-epoch; here a short run of 10 steps", "10",
+               "required"))
+    num_epoch: int | None = flag(
+        None, "passes over --prompt-data: --num-rollout = num-epoch x prompts // --rollout-batch-size "
+              "(ignored when --num-rollout is given, as in slime)")
+    start_rollout_id: int | None = flag(
+        None, "first rollout id (default: the one after the checkpoint --load names, else 0)")
+    async_train: bool = flag(False, "one-step-off: generate rollout k+1 while training on rollout k", origin="own")
+    max_staleness: int = flag(1, "--async-train: newest weight version minus the oldest one a trained sample may "
+                                 "come from (older samples are generated again)", origin="own")
+    progress: bool = flag(True, "a progress bar on the console (only when it is a terminal)", origin="own")
 
 
 @dataclass(slots=True)
 class RuntimeSection:
     """How the actors talk: tracing, transport, keys, liveness (what slime_actors.runtime gives every process)."""
     TITLE: typing.ClassVar[str] = "runtime"
-    trace: bool = flag(True, "record every message")
-    trace_keep_arrays: bool = flag(False)
-    curve: bool = flag(True, "CurveZMQ keys per job")
-    transport: str = flag("ipc", choices=["ipc", "tcp"])
-    heartbeat_interval: float = flag(1.0)
-    heartbeat_liveness: int = flag(5)
+    trace: bool = flag(True, "record every message in RUN_DIR/traces (docs/debugging.md)", origin="own")
+    trace_keep_arrays: bool = flag(False, "record the bytes of arrays in messages too (by default: their shape, "
+                                          "dtype and checksum)", origin="own")
+    curve: bool = flag(True, "CurveZMQ keys per job: actors accept messages from this job's processes only "
+                             "(docs/security.md)", origin="own")
+    transport: str = flag("ipc", "ipc: one host; tcp: several hosts", choices=["ipc", "tcp"], origin="own")
+    heartbeat_interval: float = flag(1.0, "seconds between an actor's heartbeats to the directory", origin="own")
+    heartbeat_liveness: int = flag(5, "missed heartbeats before an actor is declared down", origin="own")
 
 
 @dataclass(slots=True)
 class ModelSection:
+    """The model: its weights and tokenizer, and the reference model."""
     TITLE: typing.ClassVar[str] = "model"
-    hf_checkpoint: str | None = flag(None, "Hugging Face model directory (or tiny:NAME, smollm2:135m)", path=True)
-    ref_load: str | None = flag(None, "reference model (default: the initial weights)", path=True)
+    hf_checkpoint: str | None = flag(
+        None, "Hugging Face model directory: the initial weights, the tokenizer and the architecture (or tiny:NAME, "
+              "smollm2:135m)", path=True)
+    ref_load: str | None = flag(None, "reference model for --use-kl-loss / --kl-coef: a checkpoint or an HF "
+                                      "directory (default: the initial weights)", path=True)
 
 
 @dataclass(slots=True)
 class DataSection:
+    """The training prompts."""
     TITLE: typing.ClassVar[str] = "data"
     prompt_data: str | None = flag(None, "jsonl or parquet file of prompts", path=True)
-    input_key: str = flag("input")
-    label_key: str | None = flag(None)
-    metadata_key: str = flag("metadata")
-    tool_key: str | None = flag(None)
-    apply_chat_template: bool = flag(False)
-    rollout_shuffle: bool = flag(False)
-    rollout_seed: int = flag(42)
-    rollout_max_prompt_len: int | None = flag(None, "drop longer prompts (tokens)")
+    input_key: str = flag("input", "the prompt's key in each row (a string, or a list of chat messages)")
+    label_key: str | None = flag(None, "the label's key in each row (what the reward function compares with)")
+    metadata_key: str = flag("metadata", "the key of each row's metadata (an object, or a JSON string of one)")
+    tool_key: str | None = flag("tools", "the key of each row's tools (a list), passed to the chat template")
+    apply_chat_template: bool = flag(False, "wrap each prompt in the tokenizer's chat template (a string prompt "
+                                            "becomes one user message)")
+    apply_chat_template_kwargs: str = flag(
+        "{}", "JSON object of extra arguments to the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)")
+    rollout_shuffle: bool = flag(False, "shuffle the prompts (each epoch, with --rollout-seed)")
+    rollout_seed: int = flag(42, "seed of the prompt shuffle and of the engines' sampling")
+    rollout_max_prompt_len: int | None = flag(None, "drop prompts longer than this many tokens")
 
 
 @dataclass(slots=True)
 class RolloutSection:
     """What a rollout is: batch sizes, sampling, the user's generate/rollout/filter functions."""
     TITLE: typing.ClassVar[str] = "rollout"
-    rollout_batch_size: int = flag(8, "prompt groups per training step")
-    n_samples_per_prompt: int = flag(8)
+    rollout_batch_size: int = flag(8, "prompts per training step (each gets --n-samples-per-prompt responses)",
+                                   slime=(None, "slime requires it; a small default suits the CPU examples"))
+    n_samples_per_prompt: int = flag(8, "responses generated per prompt (a group)",
+                                     slime=(1, "the default estimator, grpo, compares the samples of a group"))
     over_sampling_batch_size: int | None = flag(
-        None, "prompt groups handed out per step (>= rollout-batch-size; extra absorbs filtering)")
-    rollout_max_response_len: int = flag(32)
-    rollout_temperature: float = flag(1.0)
-    rollout_top_p: float = flag(1.0)
-    rollout_top_k: int = flag(-1)
-    rollout_stop: list[str] | None = flag(None)
-    rollout_stop_token_ids: list[int] | None = flag(None)
+        None, "prompt groups handed out per step (>= --rollout-batch-size; the extra absorbs filtering); default: "
+              "--rollout-batch-size")
+    rollout_max_response_len: int = flag(
+        32, "most tokens generated per response",
+        slime=(None, "slime leaves it to the engine's default; a bound keeps the CPU examples short"))
+    rollout_temperature: float = flag(1.0, "sampling temperature of rollouts")
+    rollout_top_p: float = flag(1.0, "top-p of rollouts")
+    rollout_top_k: int = flag(-1, "top-k of rollouts (-1: off)")
+    rollout_stop: list[str] | None = flag(None, "strings that end a response (the engine stops at the first)")
+    rollout_stop_token_ids: list[int] | None = flag(None, "token ids that end a response")
     partial_rollout: bool = flag(False, "keep aborted samples' partial responses and continue them next step")
     dynamic_sampling_filter_path: str | None = flag(
-        None, "dotted path of fn(args, samples)->bool; built-in: slime_actors.filters.check_reward_nonzero_std")
-    custom_generate_function_path: str | None = flag(None)
-    rollout_function_path: str | None = flag(None)
+        None, "dotted path of fn(args, samples) -> bool keeping a group; built-in: "
+              "slime_actors.filters.check_reward_nonzero_std")
+    custom_generate_function_path: str | None = flag(
+        None, "dotted path (or file.py:fn) of async generate(args, sample, sampling_params) -> Sample, as in slime "
+              "(args.sglang_router_ip / _port reach this worker's engine), or of generate(args, sample, "
+              "sampling_params, engine) with this project's engine handle")
+    rollout_function_path: str | None = flag(
+        None, "dotted path of async fn(args, samples, sampling_params, engine) -> samples, called per group instead "
+              "of the built-in rollout",
+        slime=("slime.rollout.sglang_rollout.generate_rollout", "unset means this project's built-in rollout; "
+               "slime's value names slime's own module, whose signature differs (per rollout, not per group)"))
 
 
 @dataclass(slots=True)
 class EngineSection:
     """The generation engines: how many, where, their HTTP keys, the router, health checks."""
     TITLE: typing.ClassVar[str] = "rollout engines"
-    rollout_engine: str = flag("local", choices=["local", "sglang"])
-    rollout_num_engines: int = flag(1, "rollout workers, one engine each")
-    rollout_num_gpus_per_engine: int = flag(1)
-    rollout_external_engine_addrs: list[str] | None = flag(None)
-    rollout_concurrency: int = flag(64, "HTTP requests in flight per engine")
-    engine_max_batch_size: int = flag(64, "local engine: sequences per batch")
-    use_fault_tolerance: bool = flag(False)
-    rollout_health_check_interval: float = flag(10.0)
-    rollout_health_check_timeout: float = flag(30.0)
-    rollout_health_check_first_wait: float = flag(0.0)
+    rollout_engine: str = flag("local", "local: this project's engine (CPU or GPU, any HF model it can run); "
+                                        "sglang: SGLang servers", choices=["local", "sglang"], origin="own")
+    rollout_num_gpus: int | None = flag(
+        None, "GPUs for generation in all: --rollout-num-engines = rollout-num-gpus / --rollout-num-gpus-per-engine; "
+              "default: with --colocate the trainer's GPUs (as in slime), else one engine")
+    rollout_num_engines: int | None = flag(
+        None, "rollout workers, one engine each (default: from --rollout-num-gpus)", origin="own")
+    rollout_num_gpus_per_engine: int = flag(1, "GPUs per engine (SGLang's --tp-size)")
+    rollout_external_engine_addrs: list[str] | None = flag(
+        None, "HOST:PORT of engines started elsewhere (one rollout worker attaches to each)")
+    rollout_concurrency: int = flag(64, "HTTP requests in flight per engine", origin="own")
+    engine_max_batch_size: int = flag(64, "sequences per batch of the engine (--max-running-requests)",
+                                      origin="own")
+    use_fault_tolerance: bool = flag(False, "probe engines with /health_generate and restart ones that fail")
+    rollout_health_check_interval: float = flag(30.0, "--use-fault-tolerance: seconds between probes")
+    rollout_health_check_timeout: float = flag(30.0, "--use-fault-tolerance: seconds an engine has to answer")
+    rollout_health_check_first_wait: float = flag(0.0, "seconds after start before the first probe")
     engine_auth: bool = flag(True, "engines require keys: an API key for generation, an admin key for weight "
                                    "updates, pauses, aborts and cache flushes (made per job unless given below; "
-                                   "docs/security.md)")
+                                   "docs/security.md)", origin="own")
     engine_api_key: str | None = flag(None, "the engines' API key (SGLang --api-key) instead of a job-made one; "
                                             "needed for external engines that have one. Visible in the process "
-                                            "list: prefer --engine-api-key-file or $SLIME_ACTORS_ENGINE_API_KEY")
-    engine_api_key_file: str | None = flag(None, "file holding the engines' API key (mode 0600)")
+                                            "list: prefer --engine-api-key-file or $SLIME_ACTORS_ENGINE_API_KEY",
+                                      origin="own")
+    engine_api_key_file: str | None = flag(None, "file holding the engines' API key (mode 0600)", origin="own")
     engine_admin_api_key: str | None = flag(None, "the engines' admin key (SGLang --admin-api-key); see "
-                                                  "--engine-api-key")
-    engine_admin_api_key_file: str | None = flag(None, "file holding the engines' admin key (mode 0600)")
+                                                  "--engine-api-key", origin="own")
+    engine_admin_api_key_file: str | None = flag(None, "file holding the engines' admin key (mode 0600)",
+                                                 origin="own")
     pause_generation_mode: str = flag(
         "abort", "how engines pause around a weight update in --async-train (SGLang /pause_generation mode): abort "
                  "in-flight requests (they go back to the buffer), retract them (recomputed after the update), or "
-                 "keep them in place", choices=["abort", "retract", "in_place"])
+                 "keep them in place", choices=["abort", "retract", "in_place"], origin="own")
     use_sglang_router: bool = flag(False, "put an sglang-router in front of the engines (rollout/0 starts it unless "
                                           "--sglang-router-ip is given); every --router-<flag> is passed on as "
-                                          "--<flag>")
-    sglang_router_ip: str | None = flag(None, "an sglang-router someone else started (slime's flag)")
+                                          "--<flag>", origin="own")
+    sglang_router_ip: str | None = flag(None, "an sglang-router someone else started")
     sglang_router_port: int | None = flag(None, "its port, or the port to start one on")
     colocate: bool = flag(False, "engines share the trainer's GPUs (engine i starts at GPU i x "
-                                 "rollout-num-gpus-per-engine)")
-    num_gpus_per_node: int = flag(8, "GPUs per node, for placing engines")
+                                 "rollout-num-gpus-per-engine); weights then go by CUDA IPC (the colocated "
+                                 "transport) and a colocated engine gets --sglang-mem-fraction-static 0.4 unless "
+                                 "given. On a machine with one GPU, one trainer rank and one engine colocate by "
+                                 "themselves (docs/launch.md, On one GPU)")
+    num_gpus_per_node: int | None = flag(None, "GPUs per node, for placing engines (default: counted on this "
+                                               "machine: CUDA_VISIBLE_DEVICES, torch, Slurm)",
+                                         slime=(8, "counted here, so a machine with fewer GPUs needs no flag (slime "
+                                                   "asks for it under --colocate on fewer than 8)",
+                                                "counted", "`8`"))
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
 
 
 @dataclass(slots=True)
 class EvalSection:
+    """Held-out evaluation."""
     TITLE: typing.ClassVar[str] = "eval"
-    eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] or PATH", path=True)
-    eval_input_key: str | None = flag(None)
-    eval_label_key: str | None = flag(None)
-    eval_interval: int | None = flag(None)
-    n_samples_per_eval_prompt: int = flag(1)
-    eval_temperature: float | None = flag(None, "default: greedy (0)")
-    eval_max_response_len: int | None = flag(None)
-    skip_eval_before_train: bool = flag(False)
+    eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] (or one PATH): held-out sets",
+                                              path=True)
+    eval_input_key: str | None = flag(None, "the prompt's key in eval rows (default: --input-key)")
+    eval_label_key: str | None = flag(None, "the label's key in eval rows (default: --label-key)")
+    eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last)")
+    n_samples_per_eval_prompt: int = flag(1, "responses per eval prompt")
+    eval_temperature: float | None = flag(
+        None, "default: greedy (0)",
+        slime=(None, "slime samples evals at --rollout-temperature; a greedy eval is deterministic, so before/after "
+                     "numbers compare the weights, not the dice", "0 (greedy)", "--rollout-temperature"))
+    eval_top_p: float | None = flag(None, "top-p of evals (default: --rollout-top-p)")
+    eval_top_k: int | None = flag(None, "top-k of evals (default: --rollout-top-k)")
+    eval_max_response_len: int | None = flag(None, "most tokens per eval response (default: "
+                                                   "--rollout-max-response-len)")
+    skip_eval_before_train: bool = flag(False, "no evaluation before the first step")
     save_eval_responses: bool = flag(True, "write every held-out evaluation's responses to "
                                            "RUN_DIR/evals/NAME_stepK.jsonl (`slime-actors samples RUN --eval` / "
-                                           "`--report` read them)")
+                                           "`--report` read them)", origin="own")
 
 
 @dataclass(slots=True)
 class RewardSection:
+    """How responses are scored."""
     TITLE: typing.ClassVar[str] = "reward"
-    rm_type: str | None = flag(None, "math | boxed | exact_match | remote_rm | ...")
-    custom_rm_path: str | None = flag(None, "dotted path of async fn(args, sample) -> float")
-    group_rm: bool = flag(False, "the reward function scores a whole group at once")
-    rm_url: str | None = flag(None)
-    reward_key: str | None = flag(None)
-    num_reward_workers: int = flag(1)
+    rm_type: str | None = flag(None, "built-in reward: math, boxed_math, dapo, deepscaler, boxed, exact_match, "
+                                     "exact_match_ci, f1, remote_rm, random (or boxed_<type>)")
+    custom_rm_path: str | None = flag(None, "dotted path (or file.py:fn) of async fn(args, sample) -> float")
+    group_rm: bool = flag(False, "the reward function scores a whole group at once: fn(args, samples) -> list")
+    rm_url: str | None = flag(None, "--rm-type remote_rm: the reward model's URL (POST, JSON)")
+    rm_timeout: float = flag(60.0, "--rm-type remote_rm: seconds per request attempt", origin="own")
+    rm_max_attempts: int = flag(5, "--rm-type remote_rm: attempts per sample (connection errors, timeouts, 5xx, "
+                                   "408 and 429 are retried with backoff)", origin="own")
+    rm_headers: str | None = flag(
+        None, "--rm-type remote_rm: JSON object of HTTP headers; ${NAME} in a value is read from the reward "
+              "worker's environment (keep tokens out of job files: '{\"Authorization\": \"Bearer ${RM_TOKEN}\"}')",
+        origin="own")
+    reward_key: str | None = flag(None, "when the reward function returns a dict: the key of the reward in it "
+                                        "(default: \"reward\")")
+    num_reward_workers: int = flag(1, "reward worker processes", origin="own")
     reward_actor_class: str | None = flag(None, "pkg.mod:Class of your own reward actor (role reward, handler "
-                                                "score); see docs/adding-a-reward-actor.md")
-    reward_batch_size: int = flag(64)
+                                                "score); see docs/adding-a-reward-actor.md", origin="own")
+    reward_batch_size: int = flag(64, "samples a reward worker scores at once", origin="own")
     math_grading_timeout: float = flag(5.0, "seconds math-verify may spend on one sample (math, boxed_math, "
                                             "deepscaler); past it the sample scores 0 and counts in "
-                                            "rollout/reward_timeouts")
+                                            "rollout/reward_timeouts", origin="own")
     math_grading_processes: int = flag(2, "math-verify processes per reward worker (each item's deadline is "
-                                          "enforced by killing its process)")
+                                          "enforced by killing its process)", origin="own")
 
 
 @dataclass(slots=True)
 class AlgorithmSection:
+    """The RL algorithm: advantages and the loss."""
     TITLE: typing.ClassVar[str] = "algorithm"
-    advantage_estimator: str = flag("grpo", choices=ESTIMATORS)
-    eps_clip: float = flag(0.2)
-    eps_clip_high: float | None = flag(None)
+    advantage_estimator: str = flag("grpo", "how rewards become per-token advantages (docs/flags.md)",
+                                    choices=ESTIMATORS)
+    loss_type: str = flag("policy_loss", "policy_loss: the PPO-family loss of --advantage-estimator; sft_loss: "
+                                         "negative log-likelihood of the responses; custom_loss: "
+                                         "--custom-loss-function-path", choices=LOSS_TYPES)
+    custom_loss_function_path: str | None = flag(
+        None, "--loss-type custom_loss: dotted path (or file.py:fn) of fn(args, batch, log_probs, "
+              "sum_of_sample_mean) -> (loss, metrics) (docs/flags.md)")
+    eps_clip: float = flag(0.2, "PPO clip range (cispo: the lower bound of the truncated ratio is 1 - eps-clip)")
+    eps_clip_high: float | None = flag(None, "upper clip range (default: --eps-clip)")
     eps_clip_c: float | None = flag(None, "dual-clip constant (> 1)")
-    use_kl_loss: bool = flag(False)
-    kl_loss_coef: float = flag(0.0)
-    kl_loss_type: str = flag("k1", choices=KL_TYPES)
-    kl_coef: float = flag(0.0, "KL penalty folded into the reward")
-    entropy_coef: float = flag(0.0)
-    use_tis: bool = flag(False, "truncated importance sampling vs rollout log-probs")
-    tis_clip: float = flag(2.0)
-    tis_clip_low: float = flag(0.0)
-    gamma: float = flag(1.0)
-    lambd: float = flag(1.0)
-    normalize_advantages: bool = flag(False)
-    disable_grpo_std_normalization: bool = flag(False)
-    value_clip: float = flag(0.2)
-    calculate_per_token_loss: bool = flag(False)
+    use_kl_loss: bool = flag(False, "add --kl-loss-coef x KL(actor || reference) to the loss")
+    kl_loss_coef: float = flag(0.0, "weight of the KL loss")
+    kl_loss_type: str = flag("k1", "KL estimator of the KL loss", choices=KL_TYPES)
+    kl_coef: float = flag(0.0, "KL penalty folded into the reward (reinforce_plus_plus, ppo)")
+    entropy_coef: float = flag(0.0, "weight of the entropy bonus")
+    use_tis: bool = flag(False, "truncated importance sampling vs the rollout log-probs")
+    tis_clip: float = flag(2.0, "--use-tis: upper bound of the importance weight")
+    tis_clip_low: float = flag(0.0, "--use-tis: lower bound of the importance weight")
+    gamma: float = flag(1.0, "discount (ppo, reinforce_plus_plus)")
+    lambd: float = flag(1.0, "GAE lambda (ppo)")
+    normalize_advantages: bool = flag(False, "whiten the advantages over the rollout's tokens")
+    disable_grpo_std_normalization: bool = flag(False, "grpo: subtract the group mean only (Dr. GRPO)")
+    value_clip: float = flag(0.2, "ppo: clip range of the value loss")
+    calculate_per_token_loss: bool = flag(False, "reduce the loss per token instead of per sample")
 
 
 @dataclass(slots=True)
 class TrainSection:
+    """The trainer: backend, ranks, optimizer, batches."""
     TITLE: typing.ClassVar[str] = "training"
-    train_backend: str = flag("torch", choices=["torch", "megatron"])
-    actor_num_nodes: int = flag(1)
-    actor_num_gpus_per_node: int = flag(1, "trainer ranks per node (CPU too)")
-    torch_parallel: str = flag("ddp", choices=["ddp", "fsdp"])
-    lr: float = flag(1e-6)
-    critic_lr: float | None = flag(None)
-    weight_decay: float = flag(0.0)
-    adam_beta1: float = flag(0.9)
-    adam_beta2: float = flag(0.98)
-    clip_grad: float = flag(1.0)
+    train_backend: str = flag("torch", "torch: FSDP/DDP on CPU or GPU; megatron: megatron-core on GPUs",
+                              choices=["torch", "megatron"],
+                              slime=("megatron", "megatron-core needs GPUs; the torch backend runs anywhere (CI, "
+                                                 "the CPU examples)"))
+    actor_num_nodes: int = flag(1, "nodes of trainer ranks")
+    actor_num_gpus_per_node: int = flag(1, "trainer ranks per node (processes on CPU)",
+                                        slime=(8, "one GPU unless told; slime assumes a node of eight"))
+    torch_parallel: str = flag("ddp", "--train-backend torch: replicate (ddp) or shard (fsdp) the model",
+                               choices=["ddp", "fsdp"], origin="own")
+    lr: float = flag(1e-6, "learning rate (constant)")
+    critic_lr: float | None = flag(None, "ppo: the critic's learning rate (default: --lr)", origin="own")
+    weight_decay: float = flag(0.0, "AdamW weight decay", origin="megatron",
+                               slime=(0.01, "Megatron's default; RL fine-tuning here decays nothing unless asked "
+                                            "(slime's scripts set 0.1)"))
+    adam_beta1: float = flag(0.9, "Adam's first-moment decay (beta1)", origin="megatron")
+    adam_beta2: float = flag(0.98, "Adam's second-moment decay (beta2)", origin="megatron",
+                             slime=(0.999, "Megatron's default; slime's scripts set 0.98"))
+    clip_grad: float = flag(1.0, "gradient norm clipping")
     global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)")
-    micro_batch_size: int = flag(1)
-    use_dynamic_batch_size: bool = flag(False)
-    max_tokens_per_gpu: int | None = flag(None)
-    num_steps_per_rollout: int | None = flag(None)
-    bf16: bool = flag(False)
-    tensor_model_parallel_size: int = flag(1)
-    pipeline_model_parallel_size: int = flag(1)
-    use_distributed_optimizer: bool = flag(False)
+    micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)")
+    use_dynamic_batch_size: bool = flag(False, "pack micro-batches up to --max-tokens-per-gpu tokens")
+    max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch")
+    num_steps_per_rollout: int | None = flag(
+        None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)")
+    bf16: bool = flag(False, "train in bfloat16 (fp32 master weights)", origin="megatron")
+    tensor_model_parallel_size: int = flag(1, "--train-backend megatron: tensor-parallel size", origin="megatron")
+    pipeline_model_parallel_size: int = flag(1, "--train-backend megatron: pipeline-parallel size",
+                                             origin="megatron")
+    use_distributed_optimizer: bool = flag(False, "--train-backend megatron: shard the optimizer state",
+                                           origin="megatron")
 
     @property
     def n_ranks(self) -> int:
@@ -261,38 +359,97 @@ class TrainSection:
 
 @dataclass(slots=True)
 class WeightsSection:
+    """How the engines get the trainer's new weights."""
     TITLE: typing.ClassVar[str] = "weight updates"
-    update_weight_transport: str = flag("distributed", "distributed: bucketed broadcast (gloo on CPU, NCCL on GPU)",
-                                        choices=["distributed", "nccl", "disk", "colocated"])
-    update_weight_buffer_size: int = flag(512 << 20, "bytes per bucket")
-    update_weight_disk_dir: str | None = flag(None)
+    update_weight_transport: str | None = flag(
+        None, "distributed: bucketed broadcast (NCCL on GPU, gloo on CPU; 'nccl' means the same); disk: an HF "
+              "directory the engines load; colocated: CUDA IPC handles (shared memory on CPU) to engines on the "
+              "trainer's GPUs. Default: colocated with --colocate, else distributed",
+        choices=["distributed", "nccl", "disk", "colocated"],
+        slime=("nccl", "'distributed' is NCCL on GPU and gloo on CPU (slime's 'nccl' is accepted and means the "
+                       "same); colocated engines get CUDA IPC, as slime's colocated mode does",
+               "colocated with --colocate, else distributed", "nccl"))
+    update_weight_buffer_size: int = flag(512 << 20, "bytes per broadcast bucket")
+    update_weight_disk_dir: str | None = flag(None, "--update-weight-transport disk: where the weights are written "
+                                                    "(default: RUN_DIR/weights)")
 
 
 @dataclass(slots=True)
 class CheckpointSection:
+    """Checkpoints and exports."""
     TITLE: typing.ClassVar[str] = "checkpoints"
-    save: str | None = flag(None)
-    save_interval: int | None = flag(None)
-    load: str | None = flag(None, path=True)
-    save_hf: str | None = flag(None)
-    no_save_optim: bool = flag(False)
+    save: str | None = flag(None, "checkpoint directory (iter_NNNNNNN/ per save)")
+    save_interval: int | None = flag(None, "save every N rollouts (and after the last)")
+    load: str | None = flag(None, "resume from this checkpoint directory (this project's or slime's torch_dist "
+                                  "layout)", path=True)
+    save_hf: str | None = flag(None, "write a Hugging Face model directory at every --save-interval; "
+                                     "'{rollout_id}' in the path is formatted as in slime")
+    no_save_optim: bool = flag(False, "checkpoints without the optimizer state (smaller; cannot resume training)")
 
 
 @dataclass(slots=True)
 class LoggingSection:
+    """Metrics, samples, the console."""
     TITLE: typing.ClassVar[str] = "logging"
-    use_tensorboard: bool = flag(True)
+    use_tensorboard: bool = flag(True, "TensorBoard events in RUN_DIR/tensorboard (bare --use-tensorboard as in "
+                                       "slime; --use-tensorboard false to turn off)",
+                                 slime=(False, "TensorBoard is this project's default viewer; metrics.jsonl and "
+                                               "curves.png are always written"))
     log_samples_interval: int = flag(1, "print the best and the worst sample of one group every N rollouts (and the "
-                                        "last; 0: never); TensorBoard gets them every rollout")
+                                        "last; 0: never); TensorBoard gets them every rollout", origin="own")
+    log_passrate: bool = flag(False, "log pass@k (k = 1, 2, 4, ... up to the group size; a sample passes with "
+                                     "reward 1) of every rollout (passrate/pass@k) and eval (eval/NAME-pass@k)")
+    log_level: str | None = flag(None, "console level: debug, info, warning, error (default: "
+                                       "$SLIME_ACTORS_LOG_LEVEL, else info); the JSON logs in RUN_DIR/logs keep info "
+                                       "and up", choices=["debug", "info", "warning", "error"], origin="own")
+    use_wandb: bool = flag(False, "log every metric, the curves and sample tables to Weights & Biases (needs the "
+                                  "wandb package)")
+    wandb_project: str | None = flag(None, "the W&B project the run is logged to")
+    wandb_group: str | None = flag(None, "the W&B group of the run (and its name, with a random suffix)")
+    wandb_team: str | None = flag(None, "the W&B entity (team) of the project")
+    wandb_host: str | None = flag(None, "W&B server URL (WANDB_BASE_URL)")
+    wandb_mode: str | None = flag(None, "online, offline (written under --wandb-dir, `wandb sync` later) or "
+                                        "disabled (default: $WANDB_MODE, else online)",
+                                  choices=["online", "offline", "disabled"])
+    wandb_dir: str | None = flag(None, "directory of W&B's files (default: RUN_DIR/wandb)",
+                                 slime=(None, "slime writes ./wandb; here the run directory keeps it",
+                                        "RUN_DIR/wandb", "./wandb"))
+    wandb_run_id: str | None = flag(None, "W&B run id: resume that run (default: a new one, or the run this run "
+                                          "directory logged to when it resumes)")
+    disable_wandb_random_suffix: bool = flag(False, "name the W&B run exactly --wandb-group (no random suffix)")
 
 
 @dataclass(slots=True)
 class DebugSection:
+    """Running half of the loop (docs/debugging.md)."""
     TITLE: typing.ClassVar[str] = "debugging"
-    debug_rollout_only: bool = flag(False)
-    debug_train_only: bool = flag(False)
-    save_debug_rollout_data: str | None = flag(None)
-    load_debug_rollout_data: str | None = flag(None, path=True)
+    debug_rollout_only: bool = flag(False, "generate and score, never train")
+    debug_train_only: bool = flag(False, "train on rollouts saved by --save-debug-rollout-data (needs "
+                                         "--load-debug-rollout-data); no engines")
+    save_debug_rollout_data: str | None = flag(None, "save each rollout: a directory, or a path with {rollout_id}")
+    load_debug_rollout_data: str | None = flag(None, "train on saved rollouts instead of generating (what "
+                                                     "--save-debug-rollout-data wrote)", path=True)
+
+
+@dataclass(slots=True)
+class MonitorSection:
+    """Reward-hacking alarms (slime_actors/monitor/hacking.py, docs/debugging.md section 3)."""
+    TITLE: typing.ClassVar[str] = "reward-hacking alarms"
+    hack_alarms: str = flag("warn", "watch every training rollout for signs that the reward rises for the wrong "
+                                    "reason (hack/* metrics): warn (a warning and a line in RUN_DIR/alarms.jsonl per "
+                                    "tripped alarm), stop (the same, then the step finishes, a checkpoint is saved "
+                                    "to --save and the run ends), off (nothing is computed)",
+                            choices=["warn", "stop", "off"], origin="own")
+    hack_alarm_thresholds: str | None = flag(None, "NAME=VALUE[,NAME=VALUE...]: change the alarms' thresholds, e.g. "
+                                                   "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
+                                                   "docs/debugging.md section 3)", origin="own")
+    hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
+                                                      "rewarded_truncated, collapse, answer_absent, jump", origin="own")
+    hack_alarm_label_answer: bool | None = flag(
+        None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
+              "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
+              "boxed, exact_match, exact_match_ci, deepscaler (and boxed_<those>), false otherwise (f1, remote_rm, "
+              "random, --custom-rm-path, --reward-actor-class)", origin="own")
 
 
 @dataclass(slots=True)
@@ -312,9 +469,16 @@ class JobConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
     # never in to_dict(), so job.json, actor configs and traces do not hold them
     engine_user_keys: Any = field(default=None, repr=False, compare=False)
+    # what the head tells the user at start (slime's flags accepted with no effect, derived values): never in
+    # to_dict(); filled by parse_config and validate
+    notes: list = field(default_factory=list, repr=False, compare=False)
+    # environment the head gives the job's processes (--log-level, --wandb-key): never in to_dict(); applied by
+    # the launcher (slime_actors.launch.job_config)
+    process_env: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """Every field, flat (slime's names), JSON- and msgpack-able; the engine keys are not in it."""
@@ -356,7 +520,8 @@ class JobConfig:
 
 
 # section name (the JobConfig attribute) -> its dataclass, in --help order
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(JobConfig) if f.default_factory is not MISSING}
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(JobConfig)
+                             if f.default_factory is not MISSING and hasattr(f.default_factory, "TITLE")}
 
 
 @dataclass(frozen=True)
@@ -373,6 +538,8 @@ class FieldSpec:
     path: bool
     top: bool
     cli: bool
+    origin: str = "slime"         # "slime" | "megatron" | "own"
+    slime: tuple | None = None    # (slime's default, why ours differs[, ours as shown, slime's as shown])
 
     @property
     def option(self) -> str:
@@ -448,7 +615,8 @@ def _field_specs() -> dict[str, FieldSpec]:
             md = f.metadata
             default = [] if f.default is MISSING else f.default
             out[f.name] = FieldSpec(section, f.name, base, is_list, optional, default, md.get("help"),
-                                    md.get("choices"), md.get("path", False), md.get("top", False), md["cli"])
+                                    md.get("choices"), md.get("path", False), md.get("top", False), md["cli"],
+                                    md.get("origin", "own"), md.get("slime"))
     return out
 
 
@@ -522,8 +690,52 @@ def has_flag(argv: list[str], flag: str) -> bool:
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with ConfigError for errors and no abbreviations: `--rollout-num-gpus` (slime's flag) must never
+    be taken for `--rollout-num-gpus-per-engine`."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
     def error(self, message):
         raise ConfigError(message)
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            raise ConfigError(unknown_flag_message(extra, self))
+        return ns
+
+
+def _option_names(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+
+
+def unknown_flag_message(extra: list[str], parser: argparse.ArgumentParser | None = None) -> str:
+    """The error for arguments no flag takes: the first unknown flag, with slime's reason when it is a slime flag
+    this project does not have, or the closest flags by name."""
+    from .slime_compat import SLIME_UNSUPPORTED
+    flags = [t for t in extra if t.startswith("-")]
+    if not flags:
+        return f"unexpected value {extra[0]!r} (every value follows its flag: --flag VALUE)"
+    name = flags[0].split("=", 1)[0]
+    more = f" (and {len(flags) - 1} more unknown: {' '.join(f.split('=', 1)[0] for f in flags[1:4])}" \
+           f"{' ...' if len(flags) > 4 else ''})" if len(flags) > 1 else ""
+    if name in SLIME_UNSUPPORTED:
+        return f"{name} is slime's flag, not supported by slime-actors: {SLIME_UNSUPPORTED[name]}{more}"
+    known = _option_names(parser) if parser is not None else [s.option for s in FIELDS.values() if s.cli]
+    # an abbreviation (no longer accepted) names the flags it abbreviates; a typo the closest names
+    close = [k for k in known if k.startswith(name)][:3] or closest(name, known)
+    hint = f"; did you mean {' or '.join(close)}?" if close else "; `slime-actors train --help` lists the flags"
+    return f"unknown flag {name}{hint}{more}"
+
+
+def closest(name: str, known: list[str], cutoff: float = 0.75) -> list[str]:
+    """The names nearest to `name` (difflib's ratio), the best and any within 0.05 of it, at most three."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)
+    if not scored or scored[0][0] < cutoff:
+        return []
+    return [k for r, k in scored[:3] if r >= max(cutoff, scored[0][0] - 0.05)]
 
 
 def _add(group, spec: FieldSpec) -> None:
@@ -536,23 +748,61 @@ def _add(group, spec: FieldSpec) -> None:
             kw["type"] = _bool if spec.base is bool else spec.base
         if spec.is_list:
             kw["nargs"] = "+"
+        elif spec.base is bool:   # a bool defaulting to True: `--flag` alone means true (slime's bare switch)
+            kw["nargs"] = "?"
+            kw["const"] = True
+            kw["metavar"] = "{true,false}"
         if spec.choices:
             kw["choices"] = spec.choices
     group.add_argument(spec.option, **kw)
 
 
+COMPAT_DEST = "compat__"   # argparse dest prefix of slime's / Megatron's flags that are not fields
+
+
+def _add_compat(group, flag) -> None:
+    kind = {"noop": "no effect here", "fixed": f"only {flag.expect!r}", "alias": f"means --{flag.alias}",
+            "arch": "checked against config.json" if flag.hf else "accepted, not checked",
+            "env": "sets an environment variable"}[flag.kind].replace("_", "-")
+    kw: dict[str, Any] = {"dest": COMPAT_DEST + flag.dest, "default": None,
+                          "help": f"{kind}: {flag.note}".replace("%", "%%")}
+    if flag.switch:
+        kw["action"] = "store_const"
+        kw["const"] = True
+    else:
+        kw["type"] = flag.type
+        kw["metavar"] = flag.dest.upper()
+        if flag.nargs:
+            kw["nargs"] = flag.nargs
+    group.add_argument(flag.name, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """`slime-actors train`'s parser: one argument per field, one group per section (errors raise ConfigError)."""
-    p = _Parser(prog="slime-actors train", description="RL post-training on slime-actors.")
+    """`slime-actors train`'s parser: one argument per field, one group per section, then slime's / Megatron's
+    flags that are accepted without a field (slime_actors.slime_compat); errors raise ConfigError."""
+    from . import __version__
+    from .slime_compat import MEGATRON_FLAGS, SLIME_ACCEPTED
+    p = _Parser(prog="slime-actors train", description="RL post-training on slime-actors. Flags have slime's names "
+                "and meanings; docs/flags.md lists them all, where a default differs from slime's and why.")
+    p.add_argument("--version", action="version", version=f"slime-actors {__version__}")
     specs = [s for s in FIELDS.values() if s.cli]
     for s in specs:
         if s.top:
             _add(p, s)
     for section, cls in SECTIONS.items():
-        g = p.add_argument_group(cls.TITLE)
+        g = p.add_argument_group(cls.TITLE, getattr(cls, "__doc__", None))
         for s in specs:
             if s.section == section and not s.top:
                 _add(g, s)
+    g = p.add_argument_group("slime's flags accepted without effect", "slime flags for what this project does "
+                             "its own way; given a value that would change the result, they are refused")
+    for f in SLIME_ACCEPTED:
+        _add_compat(g, f)
+    g = p.add_argument_group("Megatron flags (from slime's scripts)", "accepted so a slime launch script runs: "
+                             "memory/speed settings have no effect, fixed settings must name what this project "
+                             "does, architecture flags must agree with --hf-checkpoint's config.json")
+    for f in MEGATRON_FLAGS:
+        _add_compat(g, f)
     return p
 
 
@@ -593,8 +843,13 @@ def _config_to_argv(path: str) -> list[str]:
             continue
         norm = key.replace("-", "_")
         spec = FIELDS.get(norm)
+        option = "--" + norm.replace("_", "-")
+        if (spec is None or not spec.cli) and option in COMPAT:
+            argv += _compat_argv(COMPAT[option], value, path, dotted)
+            continue
         if spec is None or not spec.cli or norm == "config":
-            raise ConfigError(f"config file {path}: unknown key {dotted!r} (no flag --{norm.replace('_', '-')})")
+            raise ConfigError(f"config file {path}: unknown key {dotted!r} "
+                              f"({unknown_flag_message([option]).replace('unknown flag ', 'no flag ')})")
         if spec.switch:
             if not isinstance(value, bool):
                 raise ConfigError(f"config file {path}: {dotted} must be true or false, got {value!r}")
@@ -609,6 +864,16 @@ def _config_to_argv(path: str) -> list[str]:
     return argv
 
 
+def _compat_argv(flag, value, path: str, dotted: str) -> list[str]:
+    if flag.switch:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config file {path}: {dotted} must be true or false, got {value!r}")
+        return [flag.name] if value else []
+    if isinstance(value, list):
+        return [flag.name, *[str(v) for v in value]]
+    return [flag.name, str(value)]
+
+
 def _passthrough(flag: str, value) -> list[str]:
     if value is True:
         return [flag]
@@ -620,7 +885,9 @@ def _passthrough(flag: str, value) -> list[str]:
 
 
 # our own flags that happen to start with --sglang- (slime's names for an external router)
-OWN_SGLANG_PREFIXED = ("--sglang-router-ip", "--sglang-router-port")
+# and slime's own --sglang-* flags (not SGLang's): they go to this parser, which accepts or refuses them
+OWN_SGLANG_PREFIXED = ("--sglang-router-ip", "--sglang-router-port", "--sglang-server-concurrency",
+                       "--sglang-router-request-timeout-secs", "--sglang-config")
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -647,12 +914,18 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]
     return ours, sglang, router
 
 
+# flags that derive each other: one given on the command line replaces the other one's value from the config file
+_EITHER_OR = (("rollout_num_gpus", "rollout_num_engines"), ("num_epoch", "num_rollout"))
+
+
 def parse_config(argv: list[str] | None = None) -> JobConfig:
-    """Flags and the --config file -> the validated JobConfig (ConfigError naming the flag, file or key)."""
+    """Flags and the --config file -> the validated JobConfig (ConfigError naming the flag, file or key). slime's
+    and Megatron's flags without a field are checked (slime_actors.slime_compat) and reported in `cfg.notes`."""
+    from .slime_compat import COMPAT, CompatError, check as check_compat
     parser = build_parser()
     argv = list(argv or [])
     ours, sglang, router = split_passthrough(argv)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     known, _ = pre.parse_known_args(ours)
     file_argv: list[str] = []
@@ -663,14 +936,34 @@ def parse_config(argv: list[str] | None = None) -> JobConfig:
         sglang = file_sglang + sglang
         router = file_router + router
     ns = vars(parser.parse_args(file_argv + ours))
+    for a, b in _EITHER_OR:   # the command line wins over the file across two flags that say the same thing
+        for given, other in ((a, b), (b, a)):
+            opt, other_opt = FIELDS[given].option, FIELDS[other].option
+            if has_flag(ours, opt) and not has_flag(ours, other_opt) and has_flag(file_argv, other_opt):
+                ns[other] = FIELDS[other].default
     values: dict[str, dict] = {name: {} for name in SECTIONS}
     for spec in FIELDS.values():
         if spec.cli:
             values[spec.section][spec.name] = ns[spec.name]
+    given = {f.name: ns[COMPAT_DEST + f.dest] for f in COMPAT.values() if ns[COMPAT_DEST + f.dest] is not None}
+    for name, value in given.items():   # slime's other name of one of our flags: ours, unless ours is given too
+        flag = COMPAT[name]
+        if flag.kind == "alias" and not has_flag(file_argv + ours, FIELDS[flag.alias].option):
+            values[FIELDS[flag.alias].section][flag.alias] = value
     cfg = JobConfig(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
     cfg.engine.sglang_args = sglang
     cfg.engine.router_args = router
-    return cfg.validate(check_files=True)
+    cfg.validate(check_files=True)
+    try:
+        compat = check_compat(given, cfg.model.hf_checkpoint)
+    except CompatError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg.notes += compat.notes()
+    cfg.process_env.update(compat.env)
+    if cfg.logging.log_level:
+        from .env import LOG_LEVEL
+        cfg.process_env[LOG_LEVEL.name] = cfg.logging.log_level
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -681,13 +974,29 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         raise ConfigError(msg)
 
     run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
-    if cfg.weights.update_weight_transport == "nccl":
-        cfg.weights.update_weight_transport = "distributed"
+    w = cfg.weights
+    if w.update_weight_transport is None:
+        w.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
+    if w.update_weight_transport == "nccl":
+        w.update_weight_transport = "distributed"
+    if (cfg.engine.colocate and run.device.startswith("cuda") and w.update_weight_transport == "distributed"
+            and not dbg.debug_train_only):
+        bad("--colocate puts each engine on a trainer rank's GPU, and --update-weight-transport distributed would "
+            "join the two processes of that GPU in one NCCL group, which NCCL refuses ('Duplicate GPU detected'): "
+            "leave the flag out (colocated, CUDA IPC, is the default with --colocate) or use disk")
+    if cfg.engine.num_gpus_per_node is not None and cfg.engine.num_gpus_per_node < 1:
+        bad(f"--num-gpus-per-node must be >= 1, got {cfg.engine.num_gpus_per_node}")
     if ro.over_sampling_batch_size is None:
         ro.over_sampling_batch_size = ro.rollout_batch_size
     if ro.over_sampling_batch_size < ro.rollout_batch_size:
         bad(f"--over-sampling-batch-size ({ro.over_sampling_batch_size}) must be >= --rollout-batch-size "
             f"({ro.rollout_batch_size})")
+    _derive_num_rollout(cfg, check_files, bad)
+    _derive_engines(cfg, bad)
+    for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
+                       ("rm_headers", cfg.reward.rm_headers)):
+        if text is not None:
+            json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
     for section, name in (("rollout", "rollout_batch_size"), ("rollout", "n_samples_per_prompt"),
                           ("run", "num_rollout"), ("engine", "rollout_num_engines"),
                           ("train", "actor_num_gpus_per_node"), ("train", "micro_batch_size"),
@@ -703,7 +1012,8 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad(f"--eps-clip-c must be > 1.0, got {al.eps_clip_c}")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
-    if al.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") and ro.n_samples_per_prompt < 2:
+    if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \
+            and ro.n_samples_per_prompt < 2:
         bad(f"--advantage-estimator {al.advantage_estimator} compares samples of a group: "
             "--n-samples-per-prompt must be >= 2")
     if dbg.debug_rollout_only and dbg.debug_train_only:
@@ -740,6 +1050,19 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         tr.critic_lr = tr.lr
     if al.eps_clip_high is None:
         al.eps_clip_high = al.eps_clip
+    if ev.eval_top_p is None:
+        ev.eval_top_p = ro.rollout_top_p
+    if ev.eval_top_k is None:
+        ev.eval_top_k = ro.rollout_top_k
+    if al.loss_type == "custom_loss" and not al.custom_loss_function_path:
+        bad("--loss-type custom_loss needs --custom-loss-function-path")
+    if al.custom_loss_function_path and al.loss_type != "custom_loss":
+        bad(f"--custom-loss-function-path is used with --loss-type custom_loss (as in slime); the job has "
+            f"--loss-type {al.loss_type}: add --loss-type custom_loss, or drop the path")
+    if al.advantage_estimator == "cispo" and al.eps_clip < 1.0 and not any("CISPO" in n for n in cfg.notes):
+        cfg.notes.append(f"--advantage-estimator cispo with --eps-clip {al.eps_clip}: the lower bound "
+                         f"{1.0 - al.eps_clip:g} of the truncated ratio is active; canonical CISPO is one-sided "
+                         "(--eps-clip 1.0, and a wide --eps-clip-high such as 4.0)")
     rw = cfg.reward
     if rw.rm_type is None and rw.custom_rm_path is None and rw.reward_actor_class is None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
@@ -747,6 +1070,107 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    lg = cfg.logging
+    if lg.use_wandb and check_files:
+        import importlib.util
+        if importlib.util.find_spec("wandb") is None:
+            bad("--use-wandb needs the wandb package: pip install wandb (or drop --use-wandb; TensorBoard and "
+                "metrics.jsonl have every metric)")
+    unused = [f"--{n.replace('_', '-')}" for n in ("wandb_project", "wandb_group", "wandb_team", "wandb_host",
+                                                   "wandb_mode", "wandb_dir", "wandb_run_id")
+              if getattr(lg, n) is not None]
+    if unused and not lg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
+        cfg.notes.append(f"{', '.join(unused)} given without --use-wandb: W&B is off (add --use-wandb)")
+
+
+def json_object(text: str, flag: str, strings: bool = False) -> dict:
+    """A flag's JSON object value (--apply-chat-template-kwargs, --rm-headers), or ConfigError naming the flag."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"enable_thinking\": false}}': {exc}: "
+                          f"{text!r:.200}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}: {text!r:.200}")
+    if strings:
+        bad = [k for k, v in value.items() if not isinstance(v, str)]
+        if bad:
+            raise ConfigError(f"{flag}: header {bad[0]!r} must be a string, got {value[bad[0]]!r:.100}")
+    return value
+
+
+DEFAULT_NUM_ROLLOUT = 10   # without --num-rollout and --num-epoch (slime requires one of them)
+
+
+def _derive_num_rollout(cfg: JobConfig, check_files: bool, bad) -> None:
+    """--num-rollout, else --num-epoch x prompts // --rollout-batch-size (slime's rule), else 10."""
+    run = cfg.run
+    if run.num_epoch is not None and run.num_epoch < 1:
+        bad(f"--num-epoch must be >= 1, got {run.num_epoch}")
+    if run.num_rollout is not None:
+        if run.num_epoch is not None and not any(n.startswith("--num-epoch") for n in cfg.notes):
+            cfg.notes.append(f"--num-epoch {run.num_epoch} is ignored: --num-rollout {run.num_rollout} is given "
+                             "(as in slime)")
+        return
+    if run.num_epoch is None:
+        run.num_rollout = DEFAULT_NUM_ROLLOUT
+        return
+    path = cfg.data.prompt_data
+    if not path or not (check_files or os.path.exists(path)):
+        bad("--num-epoch needs --prompt-data (the number of prompts sets --num-rollout); or give --num-rollout")
+    if not os.path.exists(path):
+        bad(f"--prompt-data {path} does not exist")
+    prompts = count_prompt_rows(path)
+    per = cfg.rollout.rollout_batch_size
+    run.num_rollout = run.num_epoch * prompts // per
+    if run.num_rollout < 1:
+        bad(f"--num-epoch {run.num_epoch}: {prompts} prompts in {path} make no batch of --rollout-batch-size {per}")
+    cfg.notes.append(f"--num-epoch {run.num_epoch}: --num-rollout {run.num_rollout} ({run.num_epoch} x {prompts} "
+                     f"prompts // --rollout-batch-size {per}; prompts that --rollout-max-prompt-len drops are "
+                     "counted)")
+
+
+def count_prompt_rows(path: str) -> int:
+    """Rows of a prompt file that are JSON objects (what --num-epoch counts); DataError naming a bad file."""
+    from .rows import read_rows
+    try:
+        return sum(1 for _, obj, problem in read_rows(path) if problem is None and obj is not None)
+    except Exception as exc:  # an unreadable file: say which
+        raise ConfigError(f"--prompt-data {path}: cannot count its prompts for --num-epoch: {exc}") from None
+
+
+def _derive_engines(cfg: JobConfig, bad) -> None:
+    """Engines = --rollout-num-gpus / --rollout-num-gpus-per-engine; without --rollout-num-gpus: the external
+    engines given, else under --colocate the trainer's GPUs (slime's rule), else one engine."""
+    eng, tr = cfg.engine, cfg.train
+    per = eng.rollout_num_gpus_per_engine
+    if per < 1:
+        bad(f"--rollout-num-gpus-per-engine must be >= 1, got {per}")
+    external = len(eng.rollout_external_engine_addrs or [])
+    gpus = eng.rollout_num_gpus
+    if gpus is not None:
+        if gpus < 0:
+            bad(f"--rollout-num-gpus must be >= 0, got {gpus}")
+        if gpus == 0 and not external:
+            bad("--rollout-num-gpus 0 starts no engine: give --rollout-external-engine-addrs (engines started "
+                "elsewhere), or a number of GPUs")
+        if gpus % per:
+            bad(f"--rollout-num-gpus ({gpus}) must be a multiple of --rollout-num-gpus-per-engine ({per})")
+        engines = gpus // per if gpus else external
+        if eng.rollout_num_engines is not None and eng.rollout_num_engines != engines:
+            bad(f"--rollout-num-engines {eng.rollout_num_engines} disagrees with --rollout-num-gpus {gpus} / "
+                f"--rollout-num-gpus-per-engine {per} = {engines} engines; give one of them")
+        eng.rollout_num_engines = engines
+        return
+    if eng.rollout_num_engines is None:
+        if external:
+            eng.rollout_num_engines = external
+        elif eng.colocate:
+            trainer_gpus = tr.actor_num_nodes * tr.actor_num_gpus_per_node
+            eng.rollout_num_engines = max(1, trainer_gpus // per)
+        else:
+            eng.rollout_num_engines = 1
+    eng.rollout_num_gpus = eng.rollout_num_engines * per if not external else 0
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta
+from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta, trainer_dir
 
 # Transformer Engine's fused names of the two per-layer norms (slime's default layer spec)
 _TE_ALIASES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
@@ -39,7 +39,7 @@ def _trainer_dir(src: Path) -> tuple[Path, dict]:
     """(the trainer state directory, the checkpoint's meta) of one of our checkpoints (root, iter or trainer/)."""
     lay = detect_layout(src)
     if lay.kind in ("ours", "ours-iter"):
-        t = lay.path / "trainer"
+        t = trainer_dir(lay.path)
         meta = read_meta(lay.path)
     else:
         t, meta = src, {}

@@ -39,8 +39,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_actors.config import DataSection, JobConfig, default_of
+from slime_actors.config import DataSection, JobConfig, default_of, json_object
 from slime_actors.log import get_logger
+from slime_actors.rows import DataError, _loc, _tname, read_rows
 from slime_actors.types import Sample
 
 __all__ = ["DataError", "Prompt", "PromptDataset", "EvalDatasets", "parse_eval_prompt_data", "read_rows",
@@ -48,22 +49,6 @@ __all__ = ["DataError", "Prompt", "PromptDataset", "EvalDatasets", "parse_eval_p
 
 MAX_LOGGED_ROW_WARNINGS = 10
 _TOKENIZE_CHUNK = 1024
-
-
-class DataError(ValueError):
-    """A problem with prompt data; `path`, `line` (jsonl, 1-based) / `row` (parquet, 0-based) and `problem`."""
-
-    def __init__(self, problem: str, path: str | None = None, line: int | None = None, row: int | None = None):
-        self.problem, self.path, self.line, self.row = problem, path, line, row
-        super().__init__(f"{_loc(path, line, row)}: {problem}" if path else problem)
-
-
-def _loc(path, line=None, row=None) -> str:
-    if line is not None:
-        return f"{path}:{line}"
-    if row is not None:
-        return f"{path} row {row}"
-    return str(path)
 
 
 class _RowProblem(Exception):
@@ -97,74 +82,6 @@ class Prompt:
         return [Sample(index=first + j, group_index=group_index, prompt=copy.deepcopy(self.prompt),
                        prompt_tokens=list(self.prompt_tokens), label=copy.deepcopy(self.label),
                        metadata=copy.deepcopy(self.metadata)) for j in range(n)]
-
-
-# ----------------------------------------------------------------------------------------------- reading rows
-
-def read_rows(path: str) -> Iterator[tuple[dict[str, int], dict | None, str | None]]:
-    """Yield (where, row, problem) for each row of a .jsonl or .parquet file: `where` is {"line": n} (1-based)
-    or {"row": n} (0-based); `row` is the decoded object or None when `problem` says why it could not be read.
-    A file that cannot be opened raises DataError."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DataError("file does not exist", path)
-    if os.path.isdir(path):
-        raise DataError("is a directory, expected a .jsonl or .parquet file", path)
-    low = path.lower()
-    if low.endswith(".jsonl"):
-        return _read_jsonl(path)
-    if low.endswith(".parquet"):
-        return _read_parquet(path)
-    raise DataError("unsupported file type (expected .jsonl or .parquet)", path)
-
-
-def _read_jsonl(path):
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = {"line": lineno}
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield where, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield where, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
-                continue
-            if not isinstance(obj, dict):
-                yield where, None, f"expected a JSON object, got {_tname(obj)}"
-                continue
-            yield where, obj, None
-
-
-def _read_parquet(path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-        raise DataError("reading parquet needs pyarrow (pip install pyarrow)", path) from exc
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as exc:
-        raise DataError(f"cannot read parquet file: {type(exc).__name__}: {exc}", path) from exc
-    row = 0
-    try:
-        for batch in pf.iter_batches():
-            for obj in batch.to_pylist():
-                yield {"row": row}, obj, None
-                row += 1
-    except DataError:
-        raise
-    except Exception as exc:
-        raise DataError(f"cannot read parquet file after {row} rows: {type(exc).__name__}: {exc}", path,
-                        row=row) from exc
-
-
-def _tname(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", type(None): "null", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
 # ----------------------------------------------------------------------------------------------- the dataset
@@ -201,11 +118,13 @@ class PromptDataset:
     @classmethod
     def from_config(cls, data: DataSection, tokenizer, on_error: str = "raise") -> "PromptDataset":
         """The training prompts: --prompt-data, --input-key, --label-key, --metadata-key, --tool-key,
-        --apply-chat-template, --rollout-max-prompt-len, --rollout-shuffle, --rollout-seed."""
+        --apply-chat-template (--apply-chat-template-kwargs), --rollout-max-prompt-len, --rollout-shuffle,
+        --rollout-seed."""
         return cls(data.prompt_data, tokenizer, input_key=data.input_key, label_key=data.label_key,
                    metadata_key=data.metadata_key, tool_key=data.tool_key,
                    apply_chat_template=data.apply_chat_template, max_prompt_len=data.rollout_max_prompt_len,
-                   shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error)
+                   shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error,
+                   apply_chat_template_kwargs=chat_template_kwargs(data))
 
     # -------------------------------------------------------------------------------------------- loading
     def _load(self) -> list[Prompt]:
@@ -498,7 +417,8 @@ class EvalDatasets(Mapping):
         return cls(parse_eval_prompt_data(ev.eval_prompt_data), tokenizer,
                    input_key=ev.eval_input_key or data.input_key,
                    label_key=ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
-                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error)
+                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error,
+                   apply_chat_template_kwargs=chat_template_kwargs(data))
 
     def __getitem__(self, name: str) -> PromptDataset:
         try:
@@ -519,13 +439,18 @@ class EvalDatasets(Mapping):
 
 # ----------------------------------------------------------------------------------------------- from the flags
 
+def chat_template_kwargs(data: DataSection) -> dict:
+    """--apply-chat-template-kwargs as a dict (the config checked it is a JSON object)."""
+    return json_object(data.apply_chat_template_kwargs or "{}", "--apply-chat-template-kwargs")
+
+
 def load_tokenizer(cfg: JobConfig):
-    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made under RUN_DIR/models)."""
+    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made in the model cache)."""
     from transformers import AutoTokenizer
     spec = cfg.model.hf_checkpoint
     if not os.path.isdir(spec):
-        from slime_actors.models.resolve import resolve_checkpoint
-        spec = resolve_checkpoint(spec, os.path.join(cfg.run.run_dir, "models"))
+        from slime_actors.models.resolve import model_cache, resolve_checkpoint
+        spec = resolve_checkpoint(spec, model_cache(cfg.run.run_dir))
     return AutoTokenizer.from_pretrained(spec)
 
 

@@ -88,7 +88,9 @@ GRADING_PARENT = _var("GRADING_PARENT", int, 0, doc="pid of the reward worker a 
                                                     "exits when that process is gone)")
 
 # -- per-host and run-time settings a user or a batch script sets ----------------------------------------------------
-LOG_LEVEL = _var("LOG_LEVEL", str, "info", doc="debug, info, warning or error")
+LOG_LEVEL = _var("LOG_LEVEL", str, "info", doc="the console's level in every process of the job: debug, info, "
+                                               "warning or error (--log-level sets it for a job); the JSON logs "
+                                               "keep info and up")
 JOIN_TIMEOUT = _var("JOIN_TIMEOUT", float, 600.0, doc="seconds a node agent or torchrun rank keeps trying to join "
                                                       "the head")
 HEAD_PORT = _var("HEAD_PORT", int, doc="the head's directory port in a Slurm job (the batch script reads it)")
@@ -97,4 +99,5 @@ TRAINER_ADDR = _var("TRAINER_ADDR", doc="the address trainer rank 0 offers for i
 WEIGHT_SYNC_ADDR = _var("WEIGHT_SYNC_ADDR", doc="the address trainer rank 0 offers engines for weight broadcasts")
 WEIGHT_SYNC_TIMEOUT = _var("WEIGHT_SYNC_TIMEOUT", float, 600.0, doc="seconds a weight update may take before it "
                                                                     "fails")
-MODEL_CACHE = _var("MODEL_CACHE", doc="where replay remakes tiny models; default: ~/.cache/slime-actors/models")
+MODEL_CACHE = _var("MODEL_CACHE", doc="where built-in models (tiny:NAME, smollm2:135m) are made; default: RUN_DIR/../.models, "
+                                      "or ~/.cache/slime-actors/models without a run directory (replay)")

@@ -39,6 +39,7 @@ class MessageSpec:
     reply: str = ""
     open: bool = False  # accepts fields beyond the declared ones (a handler taking **kwargs)
     required: frozenset = field(default=frozenset(), compare=False)
+    returns: type | None = field(default=None, compare=False)  # the reply's type on the asker's side (handles.py)
 
     def check(self, body: Any) -> dict:
         """Return the body as keyword arguments, or raise BadRequest naming what is wrong."""
@@ -94,8 +95,10 @@ CATALOG: dict[tuple[str, str], MessageSpec] = {}
 
 
 def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool = False,
-            **fields: Field | str) -> MessageSpec:
-    """Declare a message. A field given as a string is a required field of that type; `"int?"` is optional."""
+            returns: type | None = None, **fields: Field | str) -> MessageSpec:
+    """Declare a message. A field given as a string is a required field of that type; `"int?"` is optional.
+    `returns`: a class with `from_wire(map)` that a typed handle (slime_actors/handles.py) turns the reply into; the
+    wire still carries the map."""
     fs: dict[str, Field] = {}
     for name, f in fields.items():
         if isinstance(f, str):
@@ -103,7 +106,7 @@ def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool
         if f.type not in TYPES:
             raise ValueError(f"{role}.{method}: field {name} has unknown type {f.type!r}")
         fs[name] = f
-    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required))
+    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required), returns)
     CATALOG[(role, method)] = spec
     return spec
 
@@ -177,6 +180,50 @@ def catalog_markdown() -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Replies with a type on the asker's side (the wire carries the map; a typed handle hands back the type)
+
+class ReplyError(ValueError):
+    """A reply that lacks what its declared type needs."""
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """buffer.wait_rollout's reply: whether the rollout (or evaluation) is complete, its size and mean reward, the
+    best and the worst sample of one group (`examples`), and every statistic the buffer sent (`wire`)."""
+    complete: bool
+    rollout_id: int
+    kind: str
+    groups: int
+    samples: int
+    reward_mean: float | None
+    examples: list | None
+    wire: dict
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> RolloutStats:
+        need = ("complete", "rollout_id", "kind", "groups", "samples", "reward_mean")
+        if not isinstance(reply, dict) or not all(k in reply for k in need):
+            have = sorted(reply) if isinstance(reply, dict) else type(reply).__name__
+            raise ReplyError(f"buffer.wait_rollout replied {have}; a rollout's statistics need {', '.join(need)}")
+        return cls(bool(reply["complete"]), reply["rollout_id"], reply["kind"], reply["groups"], reply["samples"],
+                   reply["reward_mean"], reply.get("examples"), reply)
+
+    def numbers(self) -> dict[str, int | float]:
+        """The numeric statistics (the metrics row's rollout/* columns), in the order the buffer sent them."""
+        return {k: v for k, v in self.wire.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    @property
+    def passrate(self) -> dict[str, float]:
+        """pass@k per k (--log-passrate; an evaluation's always), or {}."""
+        return self.wire.get("passrate") or {}
+
+    @property
+    def hack(self) -> dict | None:
+        """The reward-hacking monitor's report on a training rollout (None with --hack-alarms off)."""
+        return self.wire.get("hack")
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
 # group_index, sampling_params, samples: [Sample.to_wire()...]}.
 
@@ -203,9 +250,11 @@ declare("buffer", "return_work", "A rollout worker gives back work it could not 
         reply="{requeued}", worker="str", work_id="str", samples="list?", reason="str?")
 declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
         reply="{requeued}", worker="str", reason="str?")
-declare("buffer", "wait_rollout", "Wait until the rollout (or eval) has its groups; returns its statistics.",
-        reply="{complete, groups, samples, filtered, failed, reward_mean, ...}", rollout_id="int", kind="str?",
-        timeout="float?")
+declare("buffer", "wait_rollout",
+        "Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: "
+        "the reward-hacking monitor's report, unless --hack-alarms off).",
+        reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}", returns=RolloutStats,
+        rollout_id="int", kind="str?", timeout="float?")
 declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
         reply="batch map (slime_actors.types.batch_from_samples)", rollout_id="int", rank="int",
         world_size="int")

@@ -29,7 +29,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["PluginError", "load_function", "maybe_load_function", "clear_cache"]
+__all__ = ["PluginError", "load_function", "maybe_load_function", "clear_cache", "positional_arity", "takes_keyword"]
 
 _cache: dict[str, Callable] = {}
 _lock = threading.RLock()
@@ -187,3 +187,35 @@ def _get_attr(module: Any, dotted: str, path: str, where: str, w: str):
             raise PluginError(f"{w}cannot load {path!r}: {owner} has no attribute {name!r}{hint}",
                               kind="attribute_missing", path=path) from None
     return obj
+
+
+def positional_arity(fn: Callable) -> tuple[int, int | None]:
+    """(required, most) positional parameters of `fn`; most is None with *args. (0, None) when the signature
+    cannot be read (a builtin): the caller then cannot tell how to call it."""
+    import inspect
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 0, None
+    required, most = 0, 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            most += 1
+            if p.default is p.empty:
+                required += 1
+        elif p.kind == p.VAR_POSITIONAL:
+            most = None
+            break
+    return required, most
+
+
+def takes_keyword(fn: Callable, name: str) -> bool:
+    """Whether `fn` accepts the keyword argument `name` (slime passes `evaluation=` to functions that name it)."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return (p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or any(
+        q.kind == q.VAR_KEYWORD for q in params.values())

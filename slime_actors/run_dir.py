@@ -33,7 +33,7 @@ LIVE_FILES = ("head.json", "status.json", "job.json", "result.json")
 LIVE_GLOBS = ("job-agent-*.json",)
 # what a run produced for people to read: continued by a resumed run, cleared by a new one
 HISTORY_DIRS = ("traces", "logs", "tensorboard", "attempts", "evals")
-HISTORY_FILES = ("metrics.jsonl", "curves.png", "recoveries.jsonl")
+HISTORY_FILES = ("metrics.jsonl", "curves.png", "recoveries.jsonl", "alarms.jsonl")
 # what a resumed run moves to attempts/N/ (its traces and logs belong to a job that ended)
 ARCHIVED = ("traces", "logs", "job.json", "result.json")
 # keys of the job.json an earlier version (without the marker) wrote

@@ -12,16 +12,20 @@ import sys
 
 from .config import ConfigError
 from .launch.job import JobContext, run
-from .launch.job_config import build_job_config
+from .launch.job_config import build_placed_job_config, print_notes
 from .launch.topology import default_topology
 
 
 def main(argv: list[str]) -> int:
     """`slime-actors train`: the same code path as `slime-actors launch`, with a topology derived from the flags
-    (every role on this host; slime_actors.launch.topology.default_topology)."""
+    (every role on this host; slime_actors.launch.topology.default_topology), placed on this machine's GPUs
+    (launch/placement.py: checked before any process starts; one GPU colocates by itself)."""
     try:
-        cfg, _ = build_job_config(argv)
+        cfg, _, plan = build_placed_job_config(argv)
     except ConfigError as exc:
         print(f"slime-actors train: error: {exc}", file=sys.stderr)
         return 2
+    print_notes(cfg, "slime-actors train")
+    for line in plan.lines() if plan is not None else ():
+        print(f"slime-actors train: {line}", file=sys.stderr)
     return run(JobContext(cfg, default_topology(cfg), status="changes", prog="slime-actors train"))

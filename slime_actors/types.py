@@ -37,13 +37,34 @@ class Sample:
     finish_reason: str | None = None
     error: str | None = None
 
+    class Status:
+        """slime's names for the statuses (`sample.status = Sample.Status.COMPLETED` in a ported function)."""
+        PENDING, COMPLETED, TRUNCATED, ABORTED, FAILED = PENDING, COMPLETED, TRUNCATED, ABORTED, FAILED
+
     @property
     def tokens(self) -> list[int]:
+        """Prompt and response tokens. Settable as in slime: `sample.tokens = prompt_ids + response_ids` keeps the
+        current response length (set `sample.response_length` before or after, in either order)."""
         return self.prompt_tokens + self.response_tokens
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        value = list(value)
+        n = min(len(self.response_tokens), len(value))
+        self.prompt_tokens, self.response_tokens = value[:len(value) - n], value[len(value) - n:]
 
     @property
     def response_length(self) -> int:
         return len(self.response_tokens)
+
+    @response_length.setter
+    def response_length(self, n: int) -> None:
+        """slime's way of saying which of `tokens` are the response: the last n."""
+        every = self.tokens
+        if not 0 <= int(n) <= len(every):
+            raise ValueError(f"response_length {n} outside 0..{len(every)} (the sample has {len(every)} tokens)")
+        cut = len(every) - int(n)
+        self.prompt_tokens, self.response_tokens = every[:cut], every[cut:]
 
     def to_wire(self) -> dict:
         """A plain dict that shares nothing mutable with the sample (what dataclasses.asdict gives, ~20x faster:

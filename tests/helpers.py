@@ -99,17 +99,16 @@ def config_delay(cfg: dict) -> float:
 
 
 def _child(cls, index, env, config, ready):
+    """A spawned actor process: the same bootstrap as every actor process (slime_actors/launch/actor.py)."""
     os.environ.update(env)
-    from slime_actors.log import setup_logging
-    setup_logging(env.get("SLIME_ACTORS_RUN_DIR"), f"{cls.role}/{index}", console=False)
+    from slime_actors.launch.actor import serve, set_up_process
+    rt = RuntimeConfig.from_env()
+    set_up_process(f"{cls.role}/{index}", rt.run_dir, console=False)
 
-    async def main():
-        actor = cls(index, **config)
-        await actor.start(RuntimeConfig.from_env())
-        ready.set()
-        await actor.wait_stopped()
+    async def make():
+        return cls(index, **config), rt
 
-    uvloop.run(main())
+    uvloop.run(serve(make, ready=lambda actor: ready.set()))
 
 
 def spawn_actor(cls, index: int, runtime: RuntimeConfig, config: dict | None = None, timeout: float = 60):

@@ -85,6 +85,11 @@ def test_trace_cost_bench_prints_its_table():
     assert float(rows["untraced"]) > 0 and float(rows["traced"]) > 0
     assert "of the traced message" in rows["tracing's share"] and "target >= 0.9x" in \
         rows["throughput on / off if the receiver's Python were all"]
+    # the async handler's table: traced with and without the actor's schedule (replay's task order)
+    assert float(rows["traced, schedule not recorded"]) > 0
+    assert "ns a step" in rows["the schedule's share"] and "without the schedule" in rows["throughput on / off"]
+    p = _run("bench/trace_cost.py", "--clock", "cpu")
+    assert p.returncode == 2 and "invalid choice: 'cpu'" in p.stderr
 
 
 def test_allocator_rss_bench_prints_both_settings():

@@ -314,7 +314,7 @@ def test_driver_exits_2_with_the_reason_on_bad_flags(capsys):
                                                      ("sglang", "cuda", "bf16"), ("local+megatron", "cuda", "fp32")])
 def test_our_command_is_the_job_and_our_cli_accepts_it(tmp_path, mode, device, precision):
     """Every flag the driver gives `slime-actors train` exists and passes our own validation, with the job's values."""
-    from slime_actors.config import parse_args
+    from slime_actors.config import parse_config
     prompts = tmp_path / "train.jsonl"
     write_jsonl(prompts, [{"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}])
     a = _args("--ours", mode, "--device", device, "--precision", precision)
@@ -322,7 +322,7 @@ def test_our_command_is_the_job_and_our_cli_accepts_it(tmp_path, mode, device, p
     job = run.job_spec(a, "/models/m", prompts, prompts)
     cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
     assert cmd[1:4] == ["-m", "slime_actors.cli", "train"]
-    args = parse_args(cmd[4:])
+    args = parse_config(cmd[4:]).flat()
     assert (args.num_rollout, args.rollout_batch_size, args.n_samples_per_prompt) == (10, 16, 8)
     assert (args.rollout_max_response_len, args.eval_max_response_len, args.rollout_temperature) == (128, 128, 1.0)
     assert (args.lr, args.kl_loss_coef, args.kl_loss_type, args.eps_clip, args.eps_clip_high) == \

@@ -176,20 +176,28 @@ def test_help_lists_every_flag_with_its_default():
         if s.cli:
             assert s.option in entries, f"{s.option} is not in --help"
             assert entries[s.option].endswith(f"(default: {s.default})"), entries[s.option]
-    assert set(entries) == {s.option for s in FIELDS.values() if s.cli}
+            # a help text of its own, not only the default
+            assert len(entries[s.option].split("(default:")[0].split(maxsplit=1)[-1]) > 15, entries[s.option]
+    from slime_actors.slime_compat import COMPAT
+    for name, f in COMPAT.items():
+        assert name in entries and f.note.split(" (")[0][:40].replace(" ", "") in entries[name].replace(" ", ""), name
+    assert set(entries) == {s.option for s in FIELDS.values() if s.cli} | set(COMPAT) | {"--version"}
     for cls in SECTIONS.values():
         assert f"\n{cls.TITLE}:\n" in text
 
 
 def test_flags_and_defaults_of_the_parser_are_the_fields():
     from slime_actors.config import build_parser
-    actions = {a.dest: a for a in build_parser()._actions if a.dest != "help"}
+    from slime_actors.config import COMPAT_DEST
+    actions = {a.dest: a for a in build_parser()._actions if a.dest not in ("help", "version")
+               and not a.dest.startswith(COMPAT_DEST)}
     assert set(actions) == {s.name for s in FIELDS.values() if s.cli}
     for name, a in actions.items():
         spec = FIELDS[name]
         assert a.default == spec.default and a.option_strings == [spec.option]
         assert (a.nargs == "+") == spec.is_list and a.choices == spec.choices
-        assert (a.const is True) == spec.switch   # store_true for bools defaulting to False
+        assert (a.const is True) == (spec.base is bool and not spec.is_list)  # bare --flag means true
+        assert (a.nargs == 0) == spec.switch   # store_true for bools defaulting to False
 
 
 def test_an_actor_process_names_the_job_file_and_the_field(tmp_path):

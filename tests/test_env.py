@@ -9,8 +9,8 @@ from slime_actors import env as E
 from slime_actors.runtime import RuntimeConfig
 
 PKG = Path(__file__).resolve().parents[1] / "slime_actors"
-# modules that still read one by its literal name (owned by another part of issue 20's renovation)
-LITERAL_READS_ALLOWED = {"traces/replay.py"}   # SLIME_ACTORS_MODEL_CACHE: goes with "one model cache"
+# modules that still read one by its literal name (none: every read goes through slime_actors/env.py)
+LITERAL_READS_ALLOWED: set[str] = set()
 
 
 def _sources():

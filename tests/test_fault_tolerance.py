@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from test_launch_support import FAST_FLAGS, Job, assert_exactly_once, job_processes, topology
+from test_launch_support import FAST_FLAGS, ROOT, Job, assert_exactly_once, job_processes, topology
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs Linux /proc")
 
@@ -97,6 +97,22 @@ def test_kill_rollout_worker(job_factory):
     t_next = time.monotonic() - t_kill
     finish(job)
     report("rollout worker (SIGKILL)", worker_back_s=back, next_step_s=t_next)
+    # both incarnations replay as they ran: the killed one up to where its recording was cut (mid-rollout), the
+    # restarted one from its start to the end of the job (issue 22)
+    from slime_actors.traces.replay import replay
+    pids = sorted(int(p.name.split(".")[1]) for p in (job.run_dir / "traces").glob("rollout-0.*.trace"))
+    assert len(pids) == 2 and pid in pids, pids
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # where the job ran (its recorded paths are relative to it)
+    try:
+        for p in pids:
+            rep = replay(str(job.run_dir), "rollout/0", pid=p)
+            assert rep.identical, rep.render()
+            assert rep.counts["compared"] >= 8, rep.render()
+            killed = any("ends without the actor being stopped" in n for n in rep.notes)
+            assert killed == (p == pid), rep.render()
+    finally:
+        os.chdir(cwd)
 
 
 def test_kill_engine(job_factory):

@@ -92,6 +92,46 @@ def test_rollout_worker_replays_without_an_engine(recorded):
     assert rep.counts["replies"] >= 8
 
 
+@pytest.mark.slow  # the module's recorded run (~1 min)
+def test_every_other_actor_of_the_run_replays_identically(recorded):
+    """The controller (its start-up rollback token is a recorded input), the directory and the launcher's agent;
+    with the tests above, every actor of the run."""
+    run, _ = recorded
+    rest = sorted(set(TraceRun(run).actors()) - {"reward/0", "buffer/0", "trainer/0", "rollout/0"})
+    assert rest == ["agent/0", "controller/0", "directory/0"]
+    for actor in rest:
+        rep = _replay(run, actor)
+        assert rep.identical, rep.render()
+        assert rep.counts["outcomes"] >= 2, rep.render()
+    assert rep.counts["inputs"] >= 10  # the directory's clock readings (heartbeats, liveness)
+
+
+RECORDINGS = ROOT / "traces"  # made by traces/record.sh; docs/debugging.md walks through them
+
+
+@pytest.mark.slow  # ~30 s: every actor of one recording, and the doc's replays
+def test_the_recordings_under_traces_replay_as_the_debugging_doc_says():
+    """Every actor of traces/small replays identically with today's code (a change to a message or to what an actor
+    computes makes this fail: then record them again, `bash traces/record.sh`, and update docs/debugging.md); the
+    doc's replays give what it shows."""
+    for actor in TraceRun(RECORDINGS / "small").actors():
+        rep = _replay(RECORDINGS / "small", actor)
+        assert rep.identical, rep.render()
+        assert rep.counts["compared"] + rep.counts["outcomes"] >= 3, rep.render()
+    # section 1: the reward function without its slow path gives the same rewards; its handlers take fewer steps,
+    # whose recorded turns are skipped (they are not a difference)
+    rep = _replay(RECORDINGS / "slow-reward", "reward/0",
+                  overrides={"custom_rm_path": "examples/debugging/rewards.py:partial_credit"})
+    assert rep.identical, rep.render()
+    assert any("ended sooner in the replay were skipped" in n for n in rep.notes), rep.notes
+    # section 2: the diverging trainer reproduces itself, and with the old learning rate keeps its entropy
+    rep = _replay(RECORDINGS / "high-lr", "trainer/0")
+    assert rep.identical, rep.render()
+    rep = _replay(RECORDINGS / "high-lr", "trainer/0", overrides={"lr": 0.003, "critic_lr": 0.003})
+    assert not rep.identical and rep.findings[0].diff.path == "train_rollout_logprob_abs_diff"
+    assert [s["replayed"]["entropy"] > 3.5 for s in rep.steps] == [True, True, True]
+
+
 def _first_changed_score(run):
     """The first score ask (in the reward worker's order) holding a wrong-digit response, and that sample's place."""
     tr = TraceRun(run)
@@ -138,7 +178,9 @@ def _rewrite(src: Path, dst: Path, edit) -> None:
     head = up.unpack()
     out = []
     for rec in up:
-        h = codec.header_as_dict(msgpack.unpackb(rec[2], raw=False)) if rec[2] else {}
+        # (a schedule record's header is the call it resumed from, not a message header)
+        h = codec.header_as_dict(msgpack.unpackb(rec[2], raw=False)) if rec[2] and rec[0] not in (
+            "step", "resume") else {}
         out.extend(edit(rec, h))
     dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
 
@@ -253,6 +295,30 @@ class Sleeper(Actor):
             return f"failed: {type(exc).__name__}"
 
 
+class Racer(Actor):
+    """Two concurrent tasks whose order depends on the run's timing: one waits for thread work (0.3 s of real time,
+    which a replay's virtual clock does not count), the other for a 0.1 s timer. In a run the timer's task goes
+    first; on a virtual clock alone the thread's would."""
+
+    role = "racer"
+
+    @handler
+    async def race(self) -> list:
+        order = []
+
+        async def thread_work():
+            await self.run_blocking(time.sleep, 0.3)
+            order.append("thread")
+
+        async def timer():
+            await asyncio.sleep(0.1)
+            order.append("timer")
+        await asyncio.gather(thread_work(), timer())
+        if self.config.get("check"):  # (a version of the code with one more step: only in a replay, below)
+            await self.run_blocking(sorted, order)
+        return order
+
+
 class Client(Actor):
     role = "client"
 
@@ -269,7 +335,7 @@ def synthetic(tmp_path_factory):
         base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.5, liveness=30)
         directory = Directory(0)
         rt = RuntimeConfig(directory=lt.call(directory.start(RuntimeConfig(**base))), **base)
-        actors = [Echo(1), Sleeper(0, note="built from this config"), Client(0)]
+        actors = [Echo(1), Sleeper(0, note="built from this config"), Racer(0), Client(0)]
         for a in actors:
             lt.call(a.start(rt))
         client = actors[-1]
@@ -279,7 +345,8 @@ def synthetic(tmp_path_factory):
                                           for s in (1.5, 1.0)))
             relayed = await client.ask("sleeper/0", "relay", {"x": 41}, timeout=20)
             dialed = await client.ask("sleeper/0", "dial", {"port": server.getsockname()[1]}, timeout=20)
-            return naps, relayed, dialed
+            raced = await client.ask("racer/0", "race", timeout=20)
+            return naps, relayed, dialed, raced
 
         out = lt.call(script(), timeout=60)
         for a in reversed(actors):
@@ -292,7 +359,7 @@ def synthetic(tmp_path_factory):
 
 
 def test_replay_runs_on_recorded_time_with_recorded_replies(synthetic):
-    run_dir, (naps, relayed, dialed) = synthetic
+    run_dir, (naps, relayed, dialed, _) = synthetic
     assert [n["slept"] for n in naps] == [1.5, 1.0] and relayed == 42 and dialed == "connected"
     t0 = time.monotonic()
     rep = replay(run_dir, "sleeper/0")
@@ -335,3 +402,90 @@ def test_a_recording_with_an_unknown_checksum_algorithm_is_refused(synthetic, tm
     assert main(["replay", str(copy), "--actor", "sleeper/0"]) == 2
     err = capsys.readouterr().err
     assert "checksums are 'md5'" in err and "xxh3_64" in err
+
+
+def _racer_file(run_dir) -> Path:
+    return next((Path(run_dir) / "traces").glob("racer-0.*.trace"))
+
+
+def test_concurrent_tasks_replay_in_the_order_they_ran(synthetic):
+    """The trace holds the racer's schedule -- which of its tasks ran when -- and replay follows it: the timer's task
+    goes first as it did, although on the virtual clock alone the thread's task would (its 0.3 s of real work
+    take no virtual time)."""
+    run_dir, (*_, raced) = synthetic
+    assert raced == ["timer", "thread"]
+    from slime_actors.traces.reader import read_file
+    tf = read_file(_racer_file(run_dir))
+    tasks = [(s.task, s.resume) for s in tf.schedule]
+    handler = next(t for t, _ in tasks if t.startswith("m:"))
+    # the handler, then its two gather children (created in that order: .0 the thread's, .1 the timer's); the
+    # thread's task resumed from run_blocking, after the timer's task ran its last step
+    assert (f"{handler}.0", None) in tasks and (f"{handler}.1", None) in tasks
+    assert tasks.index((f"{handler}.0", "run_blocking")) > max(i for i, (t, r) in enumerate(tasks)
+                                                              if t == f"{handler}.1")
+    rep = replay(run_dir, "racer/0")
+    assert rep.identical, rep.render()
+    assert rep.counts["compared"] >= 1  # (the reply to race among them)
+
+
+def _without_schedule(src: Path, dst: Path, keep=lambda rec: False) -> None:
+    """A copy of a trace file without its schedule records (but those `keep` keeps)."""
+    data = src.read_bytes()
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(data)
+    head = up.unpack()
+    out = [r for r in up if r[0] not in ("step", "resume") or keep(r)]
+    dst.write_bytes(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True) for r in out))
+
+
+def test_a_replay_that_cannot_follow_the_schedule_says_where_it_left_it(synthetic, tmp_path):
+    """With the timer task's steps cut out of the recording, its turn never comes: replay names the task whose
+    recorded step could not happen and where that task waits, then carries on as best it can."""
+    run_dir, _ = synthetic
+    src = _racer_file(run_dir)
+    from slime_actors.traces.reader import read_file
+    handler = next(s.task for s in read_file(src).schedule if s.task.startswith("m:"))
+    (tmp_path / "traces").mkdir()
+    _without_schedule(src, tmp_path / "traces" / src.name, keep=lambda r: r[3] != f"{handler}.1".encode())
+    rep = replay(tmp_path, "racer/0")
+    assert not rep.identical
+    print(rep.render())
+    first = rep.findings[0]
+    assert first.what == "schedule" and "the replay left the recorded schedule" in first.message
+    assert f"task {handler} ran here" in first.message and "still waiting at race" in first.message
+    assert "schedule" in rep.render()
+
+
+def test_a_recording_without_a_schedule_replays_with_a_note(synthetic, tmp_path):
+    """A recording made before traces held the schedule (version 4) still replays; replay says the order of the
+    actor's concurrent tasks is then the replay's own -- here the thread's task goes first on the virtual clock."""
+    run_dir, _ = synthetic
+    src = _racer_file(run_dir)
+    (tmp_path / "traces").mkdir()
+    _without_schedule(src, tmp_path / "traces" / src.name)
+    rep = replay(tmp_path, "racer/0")
+    assert any("holds no schedule" in n for n in rep.notes)
+    assert not rep.identical
+    d = rep.findings[0].diff
+    assert (d.path, d.a, d.b) == ("[0]", "timer", "thread")
+
+
+def test_a_task_that_takes_a_step_the_recording_does_not_have_is_named(synthetic, tmp_path):
+    """Replayed with code that takes one more step (the racer's handler awaits thread work once more before it
+    answers): replay names the task, the call and where in the actor's code it was made, then goes on without the
+    schedule -- the handler still answers, as it did."""
+    run_dir, _ = synthetic
+    src = _racer_file(run_dir)
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(src.read_bytes())
+    head = up.unpack()
+    head["config"] = {**head["config"], "check": True}
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / src.name).write_bytes(msgpack.packb(head) + b"".join(
+        msgpack.packb(r, use_bin_type=True) for r in up))
+    rep = replay(tmp_path, "racer/0")
+    assert not rep.identical
+    schedule = [f for f in rep.findings if f.what == "schedule"]
+    assert len(schedule) == 1 and "returned from run_blocking in race (test_replay.py:" in schedule[0].message
+    assert "a step the recording does not have" in schedule[0].message
+    assert not [f for f in rep.findings if f.what != "schedule"], rep.render()  # the answer is the recorded one

@@ -404,3 +404,39 @@ def test_dynamic_filter_by_path(tmp_path):
     assert DynamicFilter(None).fn is None
     with pytest.raises(ImportError, match="--dynamic-sampling-filter-path"):
         DynamicFilter("slime_actors.filters.no_such_filter")
+
+
+def test_remote_rm_flags_timeout_attempts_and_headers(monkeypatch):
+    """--rm-timeout, --rm-max-attempts and --rm-headers (${NAME} read from the reward worker's environment, so the
+    token is in no job file) reach the requests."""
+    monkeypatch.setenv("RM_TOKEN", "s3cret")
+    seen = []
+
+    class HeaderServer(RMServer):
+        async def handle(self, request):
+            seen.append(dict(request.headers))
+            return await super().handle(request)
+
+    async def main():
+        async with HeaderServer(fail=1, hang=1.0) as srv:
+            a = A(rm_type="remote_rm", rm_url=srv.url, rm_timeout=0.2, rm_max_attempts=2,
+                  rm_headers='{"Authorization": "Bearer ${RM_TOKEN}", "X-Team": "rl"}')
+            cfg = RemoteRMConfig.from_args(a)
+            assert (cfg.timeout, cfg.max_attempts) == (0.2, 2)
+            return await compute_reward(a, S("r", "l")), len(srv.times)
+    r, n = asyncio.run(main())
+    assert r == 0.75 and n == 2                       # the first attempt timed out after 0.2 s, the second answered
+    assert seen[-1]["Authorization"] == "Bearer s3cret" and seen[-1]["X-Team"] == "rl"
+    monkeypatch.delenv("RM_TOKEN")
+    with pytest.raises(RemoteRMError, match=r"--rm-headers refers to \$\{RM_TOKEN\}, which is not set"):
+        RemoteRMConfig.from_args(A(rm_type="remote_rm", rm_url="http://h/rm",
+                                   rm_headers='{"Authorization": "Bearer ${RM_TOKEN}"}'))
+
+
+def test_remote_rm_header_flag_is_checked_at_start():
+    from slime_actors.config import ConfigError, JobConfig
+    base = {"prompt_data": "p.jsonl", "hf_checkpoint": "tiny:x", "rm_type": "remote_rm", "rm_url": "http://h/rm"}
+    with pytest.raises(ConfigError, match="--rm-headers must be a JSON object"):
+        JobConfig.from_dict({**base, "rm_headers": "Authorization: x"})
+    with pytest.raises(ConfigError, match="--rm-headers: header 'X' must be a string"):
+        JobConfig.from_dict({**base, "rm_headers": '{"X": 1}'})

@@ -37,6 +37,12 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
     # the trainer's log-probs of the sampled tokens equal the engine's (fp32, CPU) at every step
     diffs = [s["train/train_rollout_logprob_abs_diff_max"] for s in steps]
     assert max(diffs) <= 1e-5, max(diffs)
+    # an honest run: the reward-hacking monitor reports on every rollout and no alarm trips (docs/debugging.md)
+    assert all(s["hack/scored"] == 128 for s in steps)
+    assert all(s["hack/answer_present"] == 1.0 for s in steps if s["hack/rewarded_share"] > 0)
+    assert all(s[f"hack/alarm/{a}"] == 0.0 for s in steps for a in ("rewarded_truncated", "collapse",
+                                                                       "answer_absent", "jump"))
+    assert not (run / "alarms.jsonl").exists()
     assert (run / "curves.png").stat().st_size > 10_000
     assert any((run / "tensorboard").iterdir())
     assert len(list((run / "traces").glob("*.trace"))) >= 6
@@ -203,6 +209,18 @@ def test_external_engine_with_the_users_keys_and_one_without(tmp_path):
     assert "warning: --rollout-external-engine-addrs: no engine keys given" in p.stderr
     warned = (tmp_path / "b" / "logs" / "rollout-0.jsonl").read_text()
     assert f"engine {open_engine.base_url} runs without an API key" in warned
+    # the run replays as it ran, actor by actor, with the engine gone: the rollout worker's calls to the external
+    # engine (its key check, its weight version, every generate) are recorded inputs (issue 22)
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.replay import replay
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        for actor in TraceRun(tmp_path / "a").actors():
+            rep = replay(str(tmp_path / "a"), actor)
+            assert rep.identical, rep.render()
+    finally:
+        os.chdir(cwd)
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

@@ -37,6 +37,7 @@ def finished_run(d: Path) -> Path:
     (d / "job.json").write_text(json.dumps({"run_dir": str(d), "hf_checkpoint": "x", "num_rollout": 2,
                                             "rollout_batch_size": 16}))
     (d / "metrics.jsonl").write_text('{"rollout_id": 0}\n{"rollout_id": 1}\n')
+    (d / "alarms.jsonl").write_text('{"rollout_id": 1, "signal": "collapse"}\n')
     for sub, name in (("traces", "controller-0.1.trace"), ("logs", "controller-0.jsonl"),
                       ("tensorboard", "events.out.tfevents.1.host.1.0"), ("ckpt/iter_0000002", "meta.json")):
         (d / sub).mkdir(parents=True)
@@ -134,7 +135,7 @@ def test_a_resumed_run_archives_the_attempt_and_keeps_the_history(tmp_path):
     prepare_run_dir(run, resume=True)
     left = snapshot(run)
     assert not (run / "buffer").exists() and not (run / "traces").exists() and not (run / "job.json").exists()
-    for kept in ("metrics.jsonl", "curves.png", "tensorboard/events.out.tfevents.1.host.1.0",
+    for kept in ("metrics.jsonl", "alarms.jsonl", "curves.png", "tensorboard/events.out.tfevents.1.host.1.0",
                  "ckpt/iter_0000002/meta.json"):
         assert kept in left, kept
     assert left["attempts/1/traces/controller-0.1.trace"] == b"traces/controller-0.1.trace"

@@ -159,3 +159,21 @@ def test_async_updates_pause_engines_and_a_router_in_front(tmp_path):
     assert starts and "--policy round_robin" in starts[0]["flags"] and "--disable-health-check" in starts[0]["flags"]
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 2 and steps[-1]["weight_version_after"] == 2
+    # every actor of this run replays as it ran: the engines' pauses and the router's answers are recorded inputs,
+    # and the concurrent work inside each rollout worker replays in its recorded order (issue 22)
+    replay_every_actor(run)
+
+
+def replay_every_actor(run: Path) -> None:
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.replay import replay
+    actors = TraceRun(run).actors()
+    assert {"controller/0", "buffer/0", "rollout/0", "rollout/1", "trainer/0", "reward/0"} <= set(actors), actors
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # where the job ran
+    try:
+        for actor in actors:
+            rep = replay(str(run), actor)
+            assert rep.identical, rep.render()
+    finally:
+        os.chdir(cwd)

@@ -53,16 +53,17 @@ def test_summary_finds_the_slow_reward_function(cli):
     rows = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.startswith(("reward", "buffer"))}
     score = rows[("reward", "score")]
     assert int(score[3]) == 8 and int(score[5]) == 0  # 2 steps x 4 groups, no errors
-    handle_p95, handle_p99 = float(score[10]), float(score[11])
-    assert handle_p95 >= 195 and handle_p99 >= handle_p95  # the 0.2 s sleep
+    handle_p50, handle_p95, handle_p99 = float(score[9]), float(score[10]), float(score[11])
+    assert handle_p50 < 50 and handle_p99 >= handle_p95 >= handle_p50  # most groups are quick ...
     slow = out.split("slowest messages")[1].splitlines()[1:6]
-    assert any("reward.score" in line for line in slow)
+    # ... one sleeps 0.2 s (its label is 9)
+    assert any(float(line.split()[0]) >= 195 and "reward.score" in line for line in slow), slow
     assert not any("get_work" in line for line in slow)  # long polls are left out
     # the same numbers as JSON, for scripts
     rc, out, _ = cli("trace", "summary", SLOW, "--role", "reward", "--json")
     data = json.loads(out)
     assert [d["method"] for d in data] == ["_peer_down", "score"]
-    assert data[1]["handle_ms"]["p99"] >= 195 and data[1]["asks"] == 8
+    assert data[1]["handle_ms"]["max"] >= 195 and data[1]["handle_ms"]["p50"] < 50 and data[1]["asks"] == 8
 
 
 def test_summary_of_one_step(cli):
@@ -168,7 +169,7 @@ def rewrite(path: Path, edit) -> None:
     up.feed(data)
     head, recs = up.unpack(), list(up)
     for rec in recs:
-        if rec[2]:
+        if rec[2] and rec[0] not in ("step", "resume"):  # (a schedule record's header is a call's name)
             edit(rec, header_as_dict(msgpack.unpackb(rec[2], raw=False)))
     path.write_bytes(gzip.compress(msgpack.packb(head) + b"".join(msgpack.packb(r, use_bin_type=True)
                                                                     for r in recs)))
@@ -201,7 +202,9 @@ def test_diff_of_a_run_with_itself_and_with_a_changed_copy(cli, tmp_path):
 
 
 def test_diff_finds_where_the_high_learning_rate_run_parts_ways(cli):
-    rc, out, _ = cli("trace", "diff", SMALL, HIGH_LR)
+    # (--atol 1e-6: the trainer's step-0 log-prob gap to the engine may differ by a float32 ulp, ~1e-8, between two
+    # processes; that is not where the runs part ways)
+    rc, out, _ = cli("trace", "diff", SMALL, HIGH_LR, "--atol", "1e-6")
     assert rc == 1
     assert "config differs" in out and "lr: 0.003 -> 1.0" in out
     # step 0 is the same in both runs (same weights, same seeds): the divergence is in what the updated policy
@@ -320,6 +323,13 @@ BAD = {
                                                                 {"ok": [2, 1]}, 1]), "carries its outcome once"),
     "ten.trace": (lambda: _header(version=4) + msgpack.packb(["recv", 1, _REQ, None, 0, None, None, None, 2, 1]),
                   "expected a record [event, time_ns"),
+    # the schedule (version 5): a step names no call, a resume the call it resumed from; both name their task
+    "step.trace": (lambda: _header(version=5) + msgpack.packb(["step", 1, b"ask", b"m:1", 0, None, None, None]),
+                   "expected a step record"),
+    "resume.trace": (lambda: _header(version=5) + msgpack.packb(["resume", 1, b"", b"m:1", 0, None, None, None]),
+                     "expected a resume record"),
+    "task.trace": (lambda: _header(version=5) + msgpack.packb(["step", 1, b"", None, 0, None, None, None]),
+                   "expected a step record"),
 }
 
 
@@ -393,7 +403,7 @@ def test_a_truncated_file_is_read_up_to_the_cut(cli, tmp_path):
     assert rc == 0 and "reward" in out
     assert f"at byte {bounds[-2]}: ends mid-record" in err
     run = TraceRun(tmp_path / "cut.trace")
-    assert len(run.files[0].events) >= len(bounds) - 2
+    assert len(run.files[0].events) + len(run.files[0].schedule) >= len(bounds) - 2
 
 
 def test_missing_run_and_console_script(tmp_path):
@@ -410,7 +420,7 @@ def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
     """A file's header names the version of the records in it (older readers would misread newer records)."""
     from slime_actors.traces.reader import SUPPORTED
     from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
-    assert TRACE_VERSION == max(SUPPORTED) == 4
+    assert TRACE_VERSION == max(SUPPORTED) == 5
     w = TraceWriter(tmp_path / "a.trace", "reward/0")
     w.close()
     meta = next(iter(msgpack.Unpacker(open(tmp_path / "a.trace", "rb"), raw=False)))

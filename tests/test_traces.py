@@ -333,8 +333,8 @@ def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path
 
 
 def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
-    """The common case is written as one recv record with dur_ns appended (format version 4), and read back as a recv
-    and an ok handled event dur_ns after it."""
+    """The common case is written as one recv record with dur_ns appended (format version 4, and 5), and read back as
+    a recv and an ok handled event dur_ns after it."""
     import glob
 
     import msgpack
@@ -345,7 +345,7 @@ def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
     up = msgpack.Unpacker(open(path, "rb"), raw=False)
     meta = next(up)
     long_records = [r for r in up if len(r) == 9]
-    assert meta["version"] == 4 and long_records
+    assert meta["version"] == 5 and long_records
     assert all(r[0] == "recv" and r[8] >= 0 for r in long_records)
     handled = {e.id: e for e in read_file(path).events if e.ev == "handled"}
     for r in long_records:

@@ -1,7 +1,7 @@
-"""A reward actor of your own: it plays the role `reward` and answers `score` (docs/adding-a-reward-actor.md).
+"""A reward actor of your own (docs/adding-a-reward-actor.md).
 
-This one stands in for a learned judge: it "loads a model" once at start-up, scores a batch of samples in one go,
-and keeps counters you can ask for (`judge_stats`). Use it with:
+This one stands in for a learned judge: it "loads a model" once at start-up, scores a request's samples in one
+batch, and keeps a counter you can ask for (`judge_stats`). Use it with:
 
     slime-actors train --config examples/digits/config.toml \
         --reward-actor-class examples/reward_actor/judge.py:DigitJudge
@@ -9,40 +9,28 @@ and keeps counters you can ask for (`judge_stats`). Use it with:
 
 from __future__ import annotations
 
-from slime_actors.actors.base import Actor, handler
-from slime_actors.config import JobConfig
+from slime_actors.actors.base import handler
+from slime_actors.actors.reward import RewardActor
 from slime_actors.types import Sample
 
 
-class DigitJudge(Actor):
-    role = "reward"  # the rollout workers ask reward/0..N-1 to `score`
-
-    def __init__(self, index: int = 0, **config):
-        super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])  # the job's flags, typed (self.cfg.reward.rm_type, ...)
-        self.judged = 0
-        self.table: dict[str, str] = {}
-
-    async def on_start(self) -> None:
-        # a real judge would load its model here (await self.run_blocking(load_model, path))
+class DigitJudge(RewardActor):
+    async def setup(self) -> None:
+        # a real judge would load its model here: self.model = await self.run_blocking(load_model, path)
         self.table = {str(d): str(d) for d in range(10)}
-        self.log.info("judge ready", entries=len(self.table))
+        self.judged = 0
+        self.log.info("judge ready", entries=len(self.table), rm_type=self.cfg.reward.rm_type)
 
-    @handler
-    async def score(self, samples: list, group: bool = False) -> dict:
-        """The declared contract (slime_actors/messages.py): per-sample rewards, or an error instead."""
-        rewards, errors = [], []
-        for raw in samples:
-            s = Sample.from_wire(raw)
-            answer = s.response.strip().split(" ")[0] if s.response.strip() else ""
-            if s.label is None:
-                rewards.append(None)
-                errors.append(f"sample {s.index} has no label to judge against")
-                continue
-            rewards.append(1.0 if self.table.get(answer) == str(s.label) else 0.0)
-            errors.append(None)
+    async def score_batch(self, samples: list[Sample]) -> list:
+        """One call for all of a request's samples (a model would score them in one forward pass)."""
         self.judged += len(samples)
-        return {"rewards": rewards, "errors": errors}
+        return [self.judge(s) for s in samples]
+
+    def judge(self, s: Sample) -> float | Exception:
+        if s.label is None:   # this sample fails, with this message; the others keep their rewards
+            return ValueError(f"sample {s.index} has no label to judge against")
+        answer = s.response.strip().split(" ")[0] if s.response.strip() else ""
+        return 1.0 if self.table.get(answer) == str(s.label) else 0.0
 
     @handler
     def judge_stats(self) -> dict:

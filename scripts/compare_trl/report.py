@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slime_actors.traces.summary import percentile
+
 from .sampler import read_samples
 from .split import PARTS, SplitError, eval_before_first_step, read_metrics, step_split, step_window
 
@@ -225,14 +227,6 @@ def attach_util(runs: list[Run], samples: list[dict]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ numbers
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def eval_positions(run: Run) -> list[tuple[float, int, float]]:

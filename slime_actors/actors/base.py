@@ -40,10 +40,15 @@ from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, BadRequest, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
 from ..traces.writer import TraceWriter, trace_file_name
+from . import schedule as _sched
+from .host import LOCAL, Host
 
 DIRECTORY = "directory/0"
-_time = time.time
 _time_ns = time.time_ns
+
+# external calls (slime_actors/actors/schedule.py): what happens inside them is not the actor's schedule
+for _fn in (Mailbox.ask, Mailbox.tell, Mailbox.reply, Mailbox.heartbeat):
+    _sched.external(_fn)
 
 
 def handler(fn=None, *, name: str | None = None):
@@ -93,8 +98,11 @@ class Actor:
         self.config = config
         self.log = get_logger(actor=self.name)
         self.runtime: RuntimeConfig | None = None
+        self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
         self.mailbox: Mailbox | None = None
         self.tracer: TraceWriter | None = None
+        self._schedule: _sched.Schedule | None = None  # the order its tasks run in, recorded with its trace
+        self._clock_time = time.time  # the host's clock (deadlines)
         self.started_at = time.time()
         self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
         self._busy = 0
@@ -131,20 +139,33 @@ class Actor:
                 "config": self.config}
 
     # ------------------------------------------------------------------------------------------ lifecycle
-    async def start(self, runtime: RuntimeConfig | None = None, *, endpoint: str | None = None) -> str:
-        """Bind the mailbox, open the trace file, register with the directory, start heartbeats."""
+    async def start(self, runtime: RuntimeConfig | None = None, *, endpoint: str | None = None,
+                    host: Host | None = None) -> str:
+        """Bind the mailbox, open the trace file, register with the directory, start heartbeats. `host`: where the
+        mailbox, recorder, clock and schedule come from (slime_actors/actors/host.py; replay passes stand-ins)."""
         runtime = runtime or RuntimeConfig.from_env()
         self.runtime = runtime
+        if host is not None:
+            self.host = host
+        host = self.host
+        self._clock_time = host.clock.time
         self._stopped = asyncio.Event()
         if runtime.trace:
             path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
-            self.tracer = TraceWriter(path, self.name, meta=self.trace_meta(), body_limit=runtime.trace_body_limit,
+            # what replay needs of the runtime to run the actor as it ran (its timers, its limits)
+            meta = {**self.trace_meta(), "runtime": {
+                "heartbeat_interval": runtime.heartbeat_interval, "liveness": runtime.liveness,
+                "transport": runtime.transport, "max_concurrency": runtime.mailbox.max_concurrency,
+                "default_timeout": runtime.mailbox.default_timeout}}
+            self.tracer = host.tracer(path, self.name, meta=meta, body_limit=runtime.trace_body_limit,
                                       keep_arrays=runtime.trace_keep_arrays)
-        self.mailbox = Mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
-                               config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
+        self.mailbox = host.mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
+                                    config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait
         # the trace writer's fast entries (TraceWriter.append/pack); None: a tracer without them, use record()
         self._trace, self._tpack, self._trec = fast_entries(self.tracer)
+        if self.tracer is not None:
+            self._schedule = host.schedule(self)
         if self._trace is not None:
             # requests' recv records are written here, merged with the handled record for synchronous handlers
             self._tlimit = self.tracer.body_limit
@@ -165,10 +186,13 @@ class Actor:
             await self.mailbox.ask(DIRECTORY, "watch", {"name": self.name}, timeout=30.0)
             self.spawn(self._heartbeats(), name="heartbeats")
         try:
-            await self.on_start()
+            if self._schedule is not None:  # on_start and what it spawns are tracked: task "start"
+                await self._schedule.task(self.on_start(), "start", name=f"{self.name}:start")
+            else:
+                await self.on_start()
         finally:
             self.mailbox.pause_receiving(False)
-        self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid())
+        self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid(), console=False)
         return self.endpoint
 
     async def stop(self, reason: str = "stopped") -> None:
@@ -176,6 +200,15 @@ class Actor:
         if not self._running:
             return
         self._running = False
+        if self._schedule is not None and _sched.current() is None:
+            # stopped from outside its tasks (a signal, the process hosting it): the stop runs as the tracked task
+            # "stop", so the schedule holds where it began and replay stops the actor at the same place
+            caller = asyncio.current_task()  # (it awaits the stop: not one of the tasks the stop cancels)
+            await self._schedule.task(self._shut_down(reason, caller), _sched.STOPPED, name=f"{self.name}:stop")
+        else:
+            await self._shut_down(reason)
+
+    async def _shut_down(self, reason: str, caller: asyncio.Task | None = None) -> None:
         try:
             await self.on_stop()
         except Exception as exc:  # a hook failing must not keep the process alive
@@ -186,7 +219,7 @@ class Actor:
             except Exception:
                 pass
         current = asyncio.current_task()
-        pending = [t for t in self._tasks if t is not current]
+        pending = [t for t in self._tasks if t is not current and t is not caller]
         for t in pending:
             t.cancel()
         if pending:
@@ -198,7 +231,7 @@ class Actor:
         self.mailbox.close()
         if self.tracer is not None:
             self.tracer.close()
-        self.log.info("actor stopped", reason=reason)
+        self.log.info("actor stopped", reason=reason, console=False)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
@@ -225,8 +258,7 @@ class Actor:
 
     async def run_blocking(self, fn, *args, **kwargs):
         """Run CPU- or IO-heavy work in a thread so the loop keeps answering (heartbeats, pings)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+        return await self.host.in_thread(lambda: fn(*args, **kwargs))
 
     # ------------------------------------------------------------------------------------------ sending
     # ask and tell hand back the mailbox's coroutine (await it) instead of wrapping it in one of their own: a
@@ -261,6 +293,15 @@ class Actor:
         self.record_input(name, value, key)
         return value
 
+    def wall_time(self) -> float:
+        """time.time() as a recorded input: a clock reading that decides something or goes into a message (replay
+        serves it back)."""
+        return self.recorded("clock", time.time)
+
+    def monotonic(self) -> float:
+        """time.monotonic() as a recorded input (a timeout measured by the actor; replay serves it back)."""
+        return self.recorded("clock.monotonic", time.monotonic)
+
     async def recorded_async(self, name: str, fn, *args, key: str | None = None, **kwargs) -> Any:
         """`await fn(*args, **kwargs)` as a recorded input (an engine's answer); under replay the recorded answer,
         delivered at the time it was recorded (slime_actors/traces/replay.py)."""
@@ -269,7 +310,7 @@ class Actor:
         try:
             value = await fn(*args, **kwargs)
         except Exception as exc:  # a failure is an input too: replay raises it again
-            self.record_input(name, {"__raised__": type(exc).__name__, "message": str(exc)[:2000]}, key)
+            self.record_input(name, raised(exc), key)
             raise
         self.record_input(name, value, key)
         return value
@@ -319,7 +360,7 @@ class Actor:
             self._reject(inbound, "UnknownMethod", msg, is_ask)
             return
         dl = h.get("deadline")
-        if dl is not None and dl < _time():
+        if dl is not None and dl < self._clock_time():
             self.counters["expired"] += 1
             self._reject(inbound, "DeadlineExceeded", f"{self.name}.{method}: deadline passed before handling",
                          is_ask)
@@ -350,7 +391,9 @@ class Actor:
                 self._busy += 1
                 if self._busy >= self.runtime.mailbox.max_concurrency:
                     self.mailbox.pause_receiving(True)
-                task = asyncio.get_running_loop().create_task(self._run_async(hd, inbound, kwargs))
+                coro, sched = self._run_async(hd, inbound, kwargs), self._schedule
+                task = (asyncio.get_running_loop().create_task(coro) if sched is None else
+                        sched.task(coro, sched.dispatch_child(h["id"])))  # the request's task: "m:<id>"
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
@@ -470,8 +513,9 @@ class Actor:
         except Exception as exc:
             self.log.error("reply failed", method=inbound.header["method"], error=repr(exc))
             return
-        if later is not None:  # the asker's queue is full: finish in the background
-            self.spawn(later, name="reply")
+        if later is not None:  # the asker's queue is full: finish in the background (the mailbox's, not tracked)
+            with _sched.untracked():
+                self.spawn(later, name="reply")
 
     def _reject(self, inbound: Inbound, typ: str, message: str, is_ask: bool) -> None:
         h = inbound.header
@@ -509,13 +553,20 @@ class Actor:
 
     @handler
     def _stop(self, reason: str = "asked to stop") -> dict:
-        asyncio.get_running_loop().call_later(0.05, lambda: self.spawn(self.stop(reason), name="stop"))
+        self.spawn(self._stop_soon(reason), name="stop")
         return {"stopping": True}
+
+    async def _stop_soon(self, reason: str) -> None:
+        await asyncio.sleep(0.05)  # the reply goes out first
+        await self.stop(reason)
 
     @handler
     async def _peer_down(self, name: str, reason: str = "missed heartbeats") -> None:
         self.mailbox.disconnect(name, reason)
-        self.log.warning("peer down", peer=name, reason=reason)
+        if reason == "stopped":   # it deregistered: a clean stop (every job's end), not a fault
+            self.log.info("peer stopped", peer=name, console=False)
+        else:
+            self.log.warning("peer down", peer=name, reason=reason)
         await self.on_peer_down(name, reason)
 
     @handler
@@ -525,5 +576,22 @@ class Actor:
             self.mailbox.disconnect(name, "restarted at a new endpoint")
         await self.on_peer_up(name, endpoint)
 
+
+def raised(exc: BaseException) -> dict:
+    """How a call that raised is recorded as an input: the exception's class (module:QualName; replay raises one of
+    it again), its message and its plain attributes (an EngineError's status)."""
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}:{cls.__qualname__}"
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))} \
+        if hasattr(exc, "__dict__") else {}
+    out = {"__raised__": name, "message": str(exc)[:2000]}
+    if attrs:
+        out["attrs"] = attrs
+    return out
+
+
+_sched.external(Actor.recorded_async)
+_sched.external(Actor.run_blocking)
+_sched.dispatcher(Actor._on_request)
 
 __all__ = ["Actor", "handler", "DIRECTORY", "PeerDown"]

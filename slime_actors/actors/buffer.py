@@ -12,6 +12,12 @@ A group moves: queued -> leased -> (completed | filtered | failed) -> trained; o
 returned (end of a rollout, engine restart, dead worker). With --partial-rollout, returned samples keep their partial
 responses and are continued where they stopped.
 
+When a training rollout completes, the reward-hacking monitor (slime_actors/monitor: --hack-alarms) reads every
+scored sample the model produced for it -- the trained groups and the groups the dynamic filter dropped -- and
+`wait_rollout` returns what it found as the stats' `hack` entry (hack/* metrics, tripped alarms with an example);
+the monitor's state is persisted with the buffer's (log, snapshot, checkpoint), so a restart or a rollback carries
+it.
+
 After a restart it asks each worker that held leases which groups it still has (`held_groups`) and re-issues the
 rest (a lease recorded just before the crash whose reply never reached the worker). When the training group restarts
 from a checkpoint, `rollback` brings the buffer back to that checkpoint's snapshot: rollouts trained after it are
@@ -31,6 +37,7 @@ from pathlib import Path
 import msgpack
 
 from ..config import JobConfig
+from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..samples import pick_examples
 from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
 from .base import Actor, handler
@@ -119,6 +126,11 @@ class Buffer(Actor):
         self.discarded: dict[int, int] = {}
         self.rollbacks: list[dict] = []
         self._log_gen = 0
+        # reward-hacking alarms: the monitor (None with --hack-alarms off), each completed training rollout's report
+        # until it is trained, and one observation at a time
+        self.hack_monitor = make_monitor(self.cfg)
+        self.hack_reports: dict[int, dict] = {}
+        self._hack_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------------------------------ start-up
     async def on_start(self) -> None:
@@ -199,7 +211,9 @@ class Buffer(Actor):
                 "weight_version": self.weight_version, "active": self.active,
                 "dataset": self.dataset.state_dict() if self.dataset is not None else None,
                 "stats": self.stats, "epoch": self.epoch, "discarded": self.discarded, "rollbacks": self.rollbacks,
-                "log_gen": self._log_gen}
+                "log_gen": self._log_gen,
+                "hack_monitor": self.hack_monitor.state_dict() if self.hack_monitor is not None else None,
+                "hack_reports": self.hack_reports}
 
     def _load_state(self, st: dict) -> None:
         self.groups = {d["work_id"]: Group.from_record(d) for d in st["groups"]}
@@ -216,6 +230,7 @@ class Buffer(Actor):
         self.discarded = {int(k): v for k, v in st.get("discarded", {}).items()}
         self.rollbacks = list(st.get("rollbacks", []))
         self._log_gen = st.get("log_gen", 0)
+        self._load_hack_state(st.get("hack_monitor"), st.get("hack_reports"))
 
     def _write_snapshot(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -334,7 +349,7 @@ class Buffer(Actor):
         else:
             r.failed += 1
         if r.kind == "eval" and not r.done and len(r.completed) + r.failed >= r.target:
-            r.done, r.finished = True, time.time()  # an eval is over when every prompt has an outcome
+            r.done, r.finished = True, self._now()  # an eval is over when every prompt has an outcome
 
     def _complete(self, r: Rollout, work_id: str) -> None:
         r.completed.append(work_id)
@@ -373,6 +388,7 @@ class Buffer(Actor):
     def _apply_trained(self, rollout_id: int) -> None:
         r = self.rollouts[f"train:{rollout_id}"]
         r.trained = True
+        self.hack_reports.pop(rollout_id, None)
         for wid in r.completed[: r.target]:
             g = self.groups.get(wid)
             if g is None:
@@ -386,7 +402,7 @@ class Buffer(Actor):
     def _sampling_params(self, kind: str) -> dict:
         ro, ev = self.cfg.rollout, self.cfg.eval
         if kind == "eval":
-            sp = {"temperature": ev.eval_temperature, "top_p": 1.0, "top_k": -1,
+            sp = {"temperature": ev.eval_temperature, "top_p": ev.eval_top_p, "top_k": ev.eval_top_k,
                   "max_new_tokens": ev.eval_max_response_len}
         else:
             sp = {"temperature": ro.rollout_temperature, "top_p": ro.rollout_top_p, "top_k": ro.rollout_top_k,
@@ -501,7 +517,7 @@ class Buffer(Actor):
 
     @handler
     async def get_work(self, worker: str, max_groups: int, wait: float = 0.0) -> dict:
-        clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
+        clock = self.monotonic  # recorded clock readings: replay takes the same turns
         deadline = clock() + wait
         while True:
             out = self._take(worker, max_groups)
@@ -625,7 +641,61 @@ class Buffer(Actor):
             await asyncio.wait_for(ev.wait(), timeout)
         except asyncio.TimeoutError:
             pass
-        return self._rollout_stats(key)
+        stats = self._rollout_stats(key)
+        r = self.rollouts[key]
+        if r.kind == "train" and r.done and self.hack_monitor is not None:
+            hack = await self._observe_hack(r)
+            if hack is not None:
+                stats["hack"] = hack
+        return stats
+
+    # ------------------------------------------------------------------------------------------ hacking alarms
+    async def _observe_hack(self, r: Rollout) -> dict | None:
+        """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
+        rollout's text takes a while) and kept until the rollout is trained; None once it is trained and the
+        report is gone. Every scored sample counts: the groups trained on and the ones the filter dropped."""
+        if self._hack_lock is None:
+            self._hack_lock = asyncio.Lock()
+        async with self._hack_lock:
+            if r.rollout_id in self.hack_reports or r.trained:
+                return self.hack_reports.get(r.rollout_id)
+            samples = [s for wid in r.completed[: r.target] for s in self.groups[wid].samples]
+            samples += [s for g in self.groups.values() if g.kind == "train" and g.state == FILTERED
+                        and g.rollout_id == r.rollout_id for s in g.samples]
+            # observed on a copy: a snapshot taken meanwhile (save, compaction) reads a state that is whole
+            monitor, epoch = self.hack_monitor, self.epoch
+            work = make_monitor(self.cfg)
+            work.load_state_dict(monitor.state_dict())
+            try:
+                report = report_wire(await self.run_blocking(work.observe, r.rollout_id, samples))
+                state = work.state_dict()
+            except Exception as exc:  # the monitor must never stop training: the controller warns
+                self.log.warning("hack monitor failed", rollout_id=r.rollout_id, error=repr(exc))
+                report, state = failed_wire(r.rollout_id, exc), monitor.state_dict()
+            if epoch != self.epoch or monitor is not self.hack_monitor:
+                return None  # rolled back meanwhile: this rollout's samples and the monitor's state are gone
+            self._apply_hack(r.rollout_id, report, state)
+            self._persist("hack", rollout_id=r.rollout_id, report=report, monitor=state)
+            return report
+
+    def _apply_hack(self, rollout_id: int, report: dict, monitor: dict | None) -> None:
+        self.hack_reports[rollout_id] = report
+        if self.hack_monitor is not None and monitor is not None:
+            self.hack_monitor.load_state_dict(monitor)
+
+    def _load_hack_state(self, monitor: dict | None, reports: dict | None) -> None:
+        """The monitor's state as a snapshot or checkpoint holds it (a fresh monitor when it holds none: one
+        written with --hack-alarms off, or before the monitor existed)."""
+        self.hack_reports = {int(k): v for k, v in (reports or {}).items()}
+        if self.hack_monitor is None:
+            return
+        fresh = make_monitor(self.cfg)
+        if monitor is not None:
+            try:
+                fresh.load_state_dict(monitor)
+            except ValueError as exc:
+                self.log.warning("hack monitor state unreadable; starting it afresh", error=str(exc))
+        self.hack_monitor = fresh
 
     def _rollout_stats(self, key: str) -> dict:
         r = self.rollouts[key]
@@ -642,7 +712,13 @@ class Buffer(Actor):
                 "examples": pick_examples(samples),   # the best and the worst of one group, for people to read
                 "seconds": (r.finished or self._now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
-                "weight_version_min": min((s.weight_version for s in samples), default=-1)}
+                "weight_version_min": min((s.weight_version for s in samples), default=-1),
+                "passrate": self._passrate(r) if self.cfg.logging.log_passrate and not r.trained else {}}
+
+    def _passrate(self, r) -> dict:
+        """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""
+        from ..algo.passrate import pass_at_k
+        return pass_at_k([[s.reward for s in self.groups[wid].samples] for wid in r.completed[: r.target]])
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int) -> dict:
@@ -773,7 +849,7 @@ class Buffer(Actor):
         result = {"rolled_back": True, "to": str(src), "if_ahead_of": if_ahead_of,
                   "trained_rollouts_discarded": trained_ahead, "samples_discarded": n_discarded,
                   "epoch": self.epoch, "reason": reason}
-        self.rollbacks.append({"time": time.time(), "token": token, "result": result})
+        self.rollbacks.append({"time": self._now(), "token": token, "result": result})
         self._compact()
         self._wake_rollouts()
         self._notify()

@@ -5,7 +5,8 @@ whose heartbeats stop for `liveness × interval` seconds is declared down, and e
 it registers again (a restart), watchers get `_peer_up` with its new endpoint. Lookups of a name that has not
 registered yet wait for it (up to the asker's `wait`), so processes may start in any order.
 
-The launcher (or rank 0 under torchrun, or the first node under Slurm) hosts it as `directory/0`.
+The launcher (or rank 0 under torchrun, or the first node under Slurm) hosts it as `directory/0`. Its clock readings
+are recorded inputs (Actor.monotonic, Actor.wall_time), so a replay of it sees the liveness the run saw.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ class Directory(Actor):
     @handler
     async def register(self, name: str, endpoint: str, pid: int = 0, host: str = "", meta: dict | None = None):
         old = self.entries.get(name)
-        now = time.monotonic()
+        now = self.monotonic()
         self.entries[name] = {"endpoint": endpoint, "pid": pid, "host": host, "meta": meta or {}, "alive": True,
-                              "last_seen": now, "registered": time.time(),
+                              "last_seen": now, "registered": self.wall_time(),
                               "incarnation": (old["incarnation"] + 1) if old else 0}
         self.mailbox.connect(name, endpoint)
         self._event(name).set()
-        self.events.append((time.time(), name, "up"))
-        self.log.info("registered", name=name, endpoint=endpoint, pid=pid, restart=old is not None)
+        self.events.append((self.wall_time(), name, "up"))
+        self.log.info("registered", name=name, endpoint=endpoint, pid=pid, restart=old is not None,
+                      console=old is not None)   # a restart is news; a first registration is book-keeping
         if old is not None:
             await self._notify("_peer_up", {"name": name, "endpoint": endpoint}, skip=name)
         return {"ok": True, "heartbeat_interval": self.runtime.heartbeat_interval, "liveness": self.runtime.liveness}
@@ -51,7 +53,7 @@ class Directory(Actor):
         self.watchers.discard(name)
         self._registered.pop(name, None)
         if entry is not None:
-            self.events.append((time.time(), name, "left"))
+            self.events.append((self.wall_time(), name, "left"))
             self.mailbox.disconnect(name, "stopped")
             await self._notify("_peer_down", {"name": name, "reason": "stopped"}, skip=name)
 
@@ -71,7 +73,14 @@ class Directory(Actor):
 
     @handler
     def list(self) -> dict:
-        now = time.monotonic()
+        return self._listing(self.monotonic())
+
+    def snapshot(self) -> dict:
+        """What `list` answers, for the process hosting the directory (its supervisor loop): read off the actor's
+        messages, so it takes no recorded clock reading (a replay of the directory could not give it one)."""
+        return self._listing(time.monotonic())
+
+    def _listing(self, now: float) -> dict:
         return {n: {"endpoint": e["endpoint"], "pid": e["pid"], "host": e["host"], "alive": e["alive"],
                     "last_seen": round(now - e["last_seen"], 3), "incarnation": e["incarnation"]}
                 for n, e in self.entries.items()}
@@ -84,10 +93,10 @@ class Directory(Actor):
         entry = self.entries.get(header["from"])
         if entry is None:
             return
-        entry["last_seen"] = time.monotonic()
+        entry["last_seen"] = self.monotonic()
         if not entry["alive"]:
             entry["alive"] = True
-            self.events.append((time.time(), header["from"], "up"))
+            self.events.append((self.wall_time(), header["from"], "up"))
             self.log.info("peer back", name=header["from"])
             self.spawn(self._notify("_peer_up", {"name": header["from"], "endpoint": entry["endpoint"]},
                                     skip=header["from"]), name="notify")
@@ -110,11 +119,11 @@ class Directory(Actor):
         limit = self.runtime.down_after
         while True:
             await asyncio.sleep(interval / 2)
-            now = time.monotonic()
+            now = self.monotonic()
             for name, e in list(self.entries.items()):
                 if e["alive"] and now - e["last_seen"] > limit:
                     e["alive"] = False
-                    self.events.append((time.time(), name, "down"))
+                    self.events.append((self.wall_time(), name, "down"))
                     self.log.warning("peer down", name=name, silent_for=round(now - e["last_seen"], 2))
                     self.mailbox.disconnect(name, "missed heartbeats")
                     await self._notify("_peer_down", {"name": name, "reason": "missed heartbeats"}, skip=name)

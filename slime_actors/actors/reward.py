@@ -1,29 +1,252 @@
-"""A reward worker: scores samples with the configured reward function (--rm-type, --custom-rm-path, --group-rm).
+"""Reward actors: `RewardActor`, the base class of your own, and `RewardWorker`, the built-in one.
 
-A reward function that raises loses nothing: the failing samples come back with an error instead of a reward, the
-rollout worker retries them (on another reward worker if there is one), and a group that still cannot be scored is
-handed to the buffer as failed, where it is recorded and replaced by a fresh prompt.
+    class Judge(RewardActor):
+        async def setup(self):                            # once, before the actor serves (load a model here)
+            self.model = await self.run_blocking(load_judge, "judge.pt")
 
-Your own reward actor: docs/adding-a-reward-actor.md.
+        async def score(self, sample: Sample) -> float:   # or score_batch(self, samples) -> list[float]
+            return float(sample.response.strip() == sample.label)
+
+Run it with `--reward-actor-class pkg.mod:Judge` (or `path/to/file.py:Judge`). The base class plays the role
+`reward` and answers the `score` message the rollout workers send (slime_actors/messages.py): it decodes the samples
+once, calls your method, turns each answer into a reward or a per-sample error, counts (`scored`, `reward_errors`,
+`reward_timeouts`) and replies in the shape the rollout workers expect. Three forms, define one or more:
+
+- `score(self, sample) -> float` scores one sample; the samples of a request are scored concurrently (at most
+  --reward-batch-size at once).
+- `score_batch(self, samples) -> list[float]` scores all of a request's samples in one call (a judge model's batch).
+- `score_group(self, samples) -> list[float]` scores one prompt's group at once; used under --group-rm, and always
+  when it is the only form defined.
+
+An answer may be a number (bool, int, float, numpy/torch scalar) or a dict read at --reward-key. A `score` that
+raises, or an exception instance in the list `score_batch`/`score_group` returns, fails that sample only; a batch
+or group call that raises fails its samples. A failed sample loses nothing: it comes back with an error instead of
+a reward, the rollout worker retries it (on another reward worker if there is one), and a group that still cannot be
+scored is handed to the buffer as failed, where it is recorded and replaced by a fresh prompt. Set
+`sample.metadata["reward_timed_out"] = True` on a sample whose scorer gave up in time and returned a fallback: it is
+counted in `rollout/reward_timeouts`.
+
+Also at hand: `self.cfg` (the job's typed config: `self.cfg.reward.rm_type`, ...), `self.log`, `self.counters`,
+`self.run_blocking(fn, ...)` for CPU-heavy work, `teardown()` when the actor stops, and extra `@handler` methods.
+
+The earlier wire form keeps working: an `Actor` (or a `RewardActor`) with role `reward` whose `@handler` `score`
+takes the declared fields `(samples: list, group: bool = False)` and returns `{rewards, errors}` answers the
+message itself. docs/adding-a-reward-actor.md has the whole story.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from typing import Any
+
 from ..config import JobConfig, RewardSection
+from ..messages import BadRequest
+from ..rewards.dispatch import RewardConfigError, RewardError, to_reward
 from ..types import Sample
 from .base import Actor, handler
 
+SCORERS = ("score", "score_batch", "score_group")
+WIRE_FIELDS = {"samples", "group"}   # the declared fields of reward.score
 
-class RewardWorker(Actor):
+NEW_FORM = ("    class MyJudge(RewardActor):\n"
+            "        async def score(self, sample: Sample) -> float:\n"
+            "            return float(sample.response.strip() == sample.label)\n"
+            "(or `async def score_batch(self, samples) -> list[float]`; docs/adding-a-reward-actor.md)")
+
+
+class RewardActor(Actor):
+    """Base class of a reward actor: define `score`, `score_batch` or `score_group` (module docstring)."""
+
     role = "reward"
+
+    def __init_subclass__(cls, **kw):
+        _check_scorers(cls)
+        super().__init_subclass__(**kw)
+
+    def __init__(self, index: int = 0, **config: Any):
+        super().__init__(index, **config)
+        if not any(_overrides(type(self), m) for m in SCORERS):
+            raise TypeError(f"{type(self).__name__} does not score: a RewardActor defines one of "
+                            f"{', '.join(SCORERS)}, e.g.\n{NEW_FORM}")
+        # the job's flags, typed; defaults when built without a job (a unit test's actor)
+        self.cfg = (JobConfig.from_dict(config["args"], source=f"{self.name}'s job config") if "args" in config
+                    else JobConfig())
+        self.counters.update({"scored": 0, "reward_errors": 0, "reward_timeouts": 0})
+
+    # ------------------------------------------------------------------------------------------ yours to define
+    async def setup(self) -> None:
+        """Called once before the actor serves: load a model, open a pool. Requests wait until it returns; one
+        that raises ends the actor's start (the launcher reports it)."""
+
+    async def teardown(self) -> None:
+        """Called once when the actor stops."""
+
+    async def score(self, sample: Sample) -> float:
+        """The reward of one sample."""
+        raise NotImplementedError
+
+    async def score_batch(self, samples: list[Sample]) -> list:
+        """The rewards of a request's samples, in order (an exception instance in place of a sample's reward fails
+        only that sample). By default: `score` on each, at most --reward-batch-size at once."""
+        if not _overrides(type(self), "score"):   # only score_group is defined: score whole groups
+            return await self._by_group(samples)
+        sem = asyncio.Semaphore(max(1, self.cfg.reward.reward_batch_size))
+
+        async def one(s: Sample):
+            async with sem:
+                return await _call(self.score, s)
+        return await asyncio.gather(*(one(s) for s in samples), return_exceptions=True)
+
+    async def score_group(self, samples: list[Sample]) -> list:
+        """The rewards of one group (the samples of one prompt), in order. By default: `score_batch`."""
+        return await self.score_batch(samples)
+
+    # ------------------------------------------------------------------------------------------ the wire
+    async def on_start(self) -> None:
+        await self.setup()
+
+    async def on_stop(self) -> None:
+        await self.teardown()
+
+    @handler(name="score")
+    async def _score_request(self, samples: list, group: bool = False) -> dict:
+        """reward.score: decode the samples once, score them, reply {rewards, errors, timed_out}."""
+        parsed = [_decode(i, raw) for i, raw in enumerate(samples)]
+        group = bool(group or self.cfg.reward.group_rm)
+        if group and _overrides(type(self), "score_group") or not parsed:
+            answers = await self._by_group(parsed)
+        else:
+            answers = await self._call_scorer("score_batch", parsed)
+        rewards: list[float | None] = []
+        errors: list[str | None] = []
+        for s, value in zip(parsed, answers):
+            r, e = self._outcome(s, value)
+            rewards.append(r)
+            errors.append(e)
+        timed_out = [bool(s.metadata.get("reward_timed_out")) for s in parsed]
+        self._account(rewards, errors, timed_out)
+        return {"rewards": rewards, "errors": errors, "timed_out": timed_out}
+
+    async def _by_group(self, samples: list[Sample]) -> list:
+        groups: dict[Any, list[int]] = {}
+        for i, s in enumerate(samples):
+            groups.setdefault(s.group_index, []).append(i)
+        out: list = [None] * len(samples)
+        results = await asyncio.gather(*(self._call_scorer("score_group", [samples[i] for i in idx])
+                                         for idx in groups.values()))
+        for idx, answers in zip(groups.values(), results):
+            for i, a in zip(idx, answers):
+                out[i] = a
+        return out
+
+    async def _call_scorer(self, method: str, samples: list[Sample]) -> list:
+        """`method`'s answers for `samples`, one per sample; a call that raises or answers the wrong number of
+        rewards fails every one of them (RewardConfigError is raised: no sample could ever be scored)."""
+        try:
+            answers = await _call(getattr(self, method), samples)
+            if isinstance(answers, tuple):
+                answers = list(answers)
+            if not isinstance(answers, list):
+                raise TypeError(f"{method} returned {type(answers).__name__}, expected a list of "
+                                f"{len(samples)} rewards")
+            if len(answers) != len(samples):
+                raise ValueError(f"{method} returned {len(answers)} rewards for {len(samples)} samples")
+            return answers
+        except RewardConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the user's method: its samples fail, nothing is lost
+            err = exc if isinstance(exc, RewardError) else \
+                RewardError(f"{type(self).__name__}.{method}", [s.index for s in samples], exc)
+            return [err] * len(samples)
+
+    def _outcome(self, s: Sample, value: Any) -> tuple[float | None, str | None]:
+        if isinstance(value, BaseException):
+            if isinstance(value, RewardError):
+                return None, str(value)
+            return None, str(RewardError(f"{type(self).__name__}.score", s.index, value))
+        try:
+            return to_reward(value, self.cfg.reward), None
+        except (TypeError, ValueError) as exc:
+            return None, str(RewardError(f"{type(self).__name__}.score", s.index, exc))
+
+    def _account(self, rewards: list, errors: list, timed_out: list[bool]) -> None:
+        n_err = sum(e is not None for e in errors)
+        n_timeouts = sum(timed_out)
+        self.counters["scored"] += len(rewards) - n_err
+        self.counters["reward_errors"] += n_err
+        self.counters["reward_timeouts"] += n_timeouts
+        if n_err:
+            first = next(e for e in errors if e is not None)
+            self.log.warning("reward function failed", samples=n_err, of=len(rewards), first_error=first)
+        if n_timeouts:
+            self.log.warning("scoring ran out of time for some samples (metadata.reward_timed_out)",
+                             samples=n_timeouts, of=len(rewards), **self.timeout_log_fields())
+
+    def timeout_log_fields(self) -> dict:
+        """Extra fields for the log line that reports timed-out samples."""
+        return {}
+
+
+def _decode(i: int, raw: Any) -> Sample:
+    if not isinstance(raw, dict):
+        raise BadRequest(f"reward.score: samples[{i}] must be a map of a sample's fields, got {type(raw).__name__}")
+    try:
+        return Sample.from_wire(raw)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"reward.score: samples[{i}] is not a sample: {exc}") from None
+
+
+async def _call(fn, *a):
+    out = fn(*a)
+    if inspect.isawaitable(out):
+        out = await out
+    return out
+
+
+def _overrides(cls: type, method: str) -> bool:
+    return getattr(cls, method) is not getattr(RewardActor, method)
+
+
+def _params(fn) -> list[inspect.Parameter]:
+    return list(inspect.signature(fn).parameters.values())[1:]
+
+
+def _check_scorers(cls: type) -> None:
+    """Refuse, when the class is defined, a scoring method whose shape the base class cannot call."""
+    own = vars(cls)
+    for m in SCORERS:
+        fn = own.get(m)
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise TypeError(f"{cls.__name__}.{m} must be a method, got {type(fn).__name__}:\n{NEW_FORM}")
+        params = _params(fn)
+        if getattr(fn, "_slime_handler", None) is not None:
+            # the wire form (the handler answers reward.score itself): kept working; anything else is a mix-up
+            if m == "score" and fn._slime_handler == "score" and {p.name for p in params} <= WIRE_FIELDS \
+                    and "samples" in {p.name for p in params}:
+                continue
+            raise TypeError(f"{cls.__name__}.{m}: a RewardActor answers the `score` message itself; define "
+                            f"{m} as a plain method, without @handler:\n{NEW_FORM}")
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        what = "sample" if m == "score" else "samples"
+        if not positional or len(required) > 1:
+            names = ", ".join(p.name for p in params) or "nothing"
+            raise TypeError(f"{cls.__name__}.{m} must take one argument, the {what} (`{m}(self, {what})`), "
+                            f"but takes {names}:\n{NEW_FORM}")
+
+
+class RewardWorker(RewardActor):
+    """The built-in reward worker: scores with the configured reward function (--rm-type, --custom-rm-path,
+    --group-rm; slime_actors/rewards/dispatch.py)."""
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.plugin_args = self.cfg.flat()   # what reward functions get (slime's `args`)
-        self.counters.update({"scored": 0, "reward_errors": 0, "reward_timeouts": 0})
 
-    async def on_start(self) -> None:
+    async def setup(self) -> None:
         # import the reward modules and load a custom function before serving, off the event loop, so the first
         # `score` does not stall the mailbox and bad paths fail at start-up; start the math grading processes
         # (each imports sympy and math-verify: about a second) when a math rule is configured
@@ -32,29 +255,29 @@ class RewardWorker(Actor):
             self.log.warning("math grading processes did not start: labels that are plain numbers are graded, "
                              "others fail with this error", error=problem)
 
-    async def on_stop(self) -> None:
+    async def teardown(self) -> None:
         from ..rewards.grading import close_grading_pool
         close_grading_pool()
 
-    @handler
-    async def score(self, samples: list, group: bool = False) -> dict:
-        from ..rewards import score_samples
-        parsed = [Sample.from_wire(s) for s in samples]
-        rw = self.cfg.reward
-        rewards, errors = await score_samples(self.plugin_args, parsed, group=group or rw.group_rm,
-                                              concurrency=rw.reward_batch_size)
-        n_err = sum(1 for e in errors if e is not None)
-        timed_out = [bool(s.metadata.get("reward_timed_out")) for s in parsed]
-        self.counters["scored"] += len(parsed) - n_err
-        self.counters["reward_errors"] += n_err
-        self.counters["reward_timeouts"] += sum(timed_out)
-        if n_err:
-            first = next(e for e in errors if e is not None)
-            self.log.warning("reward function failed", samples=n_err, of=len(parsed), first_error=first)
-        if any(timed_out):
-            self.log.warning("grading ran out of time; those samples score 0", samples=sum(timed_out),
-                             of=len(parsed), timeout_s=rw.math_grading_timeout)
-        return {"rewards": rewards, "errors": errors, "timed_out": timed_out}
+    async def score_batch(self, samples: list[Sample]) -> list:
+        return await self._dispatch(samples, group=False)
+
+    async def score_group(self, samples: list[Sample]) -> list:
+        return await self._dispatch(samples, group=True)
+
+    async def _by_group(self, samples: list[Sample]) -> list:
+        # rewards.score_batch groups the samples itself, all of a request's groups under one --reward-batch-size
+        return await self._dispatch(samples, group=True)
+
+    async def _dispatch(self, samples: list[Sample], group: bool) -> list:
+        from ..rewards import score_batch
+        rewards, errors = await score_batch(self.plugin_args, samples, group=group,
+                                            concurrency=self.cfg.reward.reward_batch_size)
+        return [r if e is None else e for r, e in zip(rewards, errors)]
+
+    def timeout_log_fields(self) -> dict:
+        # the math rules' deadline: a sample past it scores 0
+        return {"timeout_s": self.cfg.reward.math_grading_timeout}
 
 
 MATH_RULES = ("math", "boxed_math", "deepscaler")

@@ -13,6 +13,12 @@ Custom generation (`args`: the job's flags as slime passes them, a read-only fla
       called per sample; may call `await engine.generate(input_ids, sampling_params)` several times (multi-turn,
       tool use) and must fill sample.response_tokens, loss_mask (0 for tokens the model did not produce),
       rollout_log_probs, response and status. See examples/tool_use/.
+  --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
+      slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
+      {args.sglang_router_port}/generate itself. That address is a proxy of this worker
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace. The sample
+      takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
+      loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
   --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
       called per group instead (e.g. generation that needs the whole group).
 """
@@ -26,11 +32,16 @@ import time
 
 from ..config import JobConfig
 from ..mailbox.errors import MailboxError, RemoteError
-from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+from ..retry import RetryPolicy, retry
+from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample
 from .base import Actor, handler
 
 
 REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward worker answers at all
+# asks to the buffer, repeated while it restarts (any mailbox error, as a restart can answer with one)
+RELEASE_RETRY = RetryPolicy(attempts=5, base=0.5, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+RETURN_RETRY = RetryPolicy(attempts=10, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
 
 
 class EngineHandle:
@@ -71,6 +82,9 @@ class RolloutWorker(Actor):
         self.client = None                # EngineClient
         self.tokenizer = None
         self.generate_fn = None
+        self.slime_generate = False       # generate_fn has slime's signature (args, sample, sampling_params)
+        self.slime_args = None            # the flat view it gets: the router address is self.proxy's
+        self.proxy = None                 # GenerateProxy for slime-style generate functions
         self.group_fn = None
         self._resumed: asyncio.Event | None = None
         self._engine_ok: asyncio.Event | None = None
@@ -104,12 +118,16 @@ class RolloutWorker(Actor):
         self.tokenizer = await self.run_blocking(_load_tokenizer, a.model.hf_checkpoint)
         from ..plugins import load_function
         if a.rollout.custom_generate_function_path:
-            self.generate_fn = load_function(a.rollout.custom_generate_function_path)
+            self.generate_fn = load_function(a.rollout.custom_generate_function_path,
+                                             flag="--custom-generate-function-path")
+            self.slime_generate = generate_style(self.generate_fn, a.rollout.custom_generate_function_path) == "slime"
         if a.rollout.rollout_function_path:
             self.group_fn = load_function(a.rollout.rollout_function_path)
         await self._release_previous()
         await self._start_router()
         await self._start_engine()
+        if self.slime_generate:
+            await self._start_proxy()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")
 
@@ -124,6 +142,25 @@ class RolloutWorker(Actor):
             await self.run_blocking(self.engine.stop)
         if self.router is not None:
             await self.run_blocking(self.router.stop)
+        if self.proxy is not None:
+            await self.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
+
+    async def _start_proxy(self) -> None:
+        """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
+        import dataclasses
+
+        from ..backends.generate_proxy import GenerateProxy
+
+        async def forward(body: dict):
+            await self._engine_ok.wait()
+            return await self.client.generate_body(body)
+        self.proxy = GenerateProxy(forward)
+        # (recorded: a replay starts no proxy -- the function's results are recorded, _generate_slime_style)
+        host, port = await self.recorded_async("proxy.start", self.proxy.start)
+        engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
+        self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
+        self.log.info("slime-style generate function: its engine address is this worker's proxy",
+                      url=f"http://{host}:{port}", function=self.cfg.rollout.custom_generate_function_path)
 
     # ------------------------------------------------------------------------------------------ the engine
     def _multi_host(self) -> bool:
@@ -157,26 +194,29 @@ class RolloutWorker(Actor):
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
         a = self.cfg
-        if self.replaying:  # slime-actors replay: no engine; its answers come from the recording
-            url, self.engine = "http://replay.invalid", None
-        elif a.engine.rollout_external_engine_addrs:
+        if a.engine.rollout_external_engine_addrs:
             addrs = a.engine.rollout_external_engine_addrs
             url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
         else:
-            port = free_port()
+            # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
+            # this same code with no engine (RecordedProcess)
+            port = self.recorded("engine.port", free_port)
             module, flags = self._engine_command(port)
             from ..backends.sglang_launch import check_engine_flags
-            checked = await self.run_blocking(check_engine_flags, module, flags)  # SGLangFlagError names a flag
+            checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
+                                                flags)  # SGLangFlagError names a flag
             log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
             t0 = time.monotonic()
             self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
                           checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
-            self.engine = launch_engine(module, flags, env=dict(os.environ), log_path=log_path, wait=False,
-                                        on_line=self._engine_line, redact=self.keys.secrets)
-            await self.run_blocking(self.engine.wait_healthy, a.engine.rollout_health_check_first_wait + 600)
+            self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
+                module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
+                redact=self.keys.secrets))
+            await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
+                                      a.engine.rollout_health_check_first_wait + 600)
             url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
@@ -189,11 +229,11 @@ class RolloutWorker(Actor):
         self.engine_url = url
         self._engine_paused, self._updating = None, 0
         version = 0
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None:
             await self._check_external_keys(url)
             version = await self._external_version()  # someone else's engine: whatever it holds now
         self._engine_caps = await self._capabilities()
-        if self.engine is None and not getattr(self, "replaying", False):
+        if self.engine is None and not self.replaying:
             from ..backends.engine_auth import engine_warnings
             for w in engine_warnings(url, self._engine_caps.get("auth", {})):
                 self.log.warning(w)
@@ -241,7 +281,7 @@ class RolloutWorker(Actor):
         """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
         learns its URL and, once its engine is up, registers the engine there."""
         a = self.cfg
-        if not a.engine.use_sglang_router or self.replaying:
+        if not a.engine.use_sglang_router:
             return
         if a.engine.sglang_router_ip:
             self.router_url = f"http://{a.engine.sglang_router_ip}:{a.engine.sglang_router_port}"
@@ -249,16 +289,18 @@ class RolloutWorker(Actor):
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
-            port = a.engine.sglang_router_port or free_port()
+            # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
+            port = a.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
             host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
-            module, flags = router_command(a, host, port, prometheus_port=free_port(), keys=self.keys)
-            await self.run_blocking(check_router_flags, flags)
+            module, flags = router_command(a, host, port, prometheus_port=self.recorded("router.metrics_port",
+                                                                                        free_port), keys=self.keys)
+            await self.recorded_async("router.check_flags", self.run_blocking, check_router_flags, flags)
             self.log.info("starting sglang-router", flags=self.keys.redact(" ".join(flags)))
-            self.router = launch_engine(module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
-                                        log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"),
-                                        redact=self.keys.secrets)
-            await self.run_blocking(self.router.wait_healthy, 300)
+            self.router = RecordedProcess(self, "router", lambda: launch_engine(
+                module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
+                log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"), redact=self.keys.secrets))
+            await self.recorded_async("router.wait_healthy", self.run_blocking, self.router.wait_healthy, 300)
             self.router_url = _http_url(host, port)
         else:
             while self.router_url is None:
@@ -274,7 +316,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import RouterClient
-        rc = RouterClient(self.router_url, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, keys=self.keys), "router")
         try:
             if not await rc.has_worker(self.engine_url):
                 await rc.add_worker(self.engine_url, api_key=self.keys.api_key)
@@ -286,7 +328,7 @@ class RolloutWorker(Actor):
         if not self.router_url or not self.engine_url:
             return
         from ..backends.engine_client import EngineError, RouterClient
-        rc = RouterClient(self.router_url, timeout=10, keys=self.keys)
+        rc = RecordedEngine(self, RouterClient(self.router_url, timeout=10, keys=self.keys), "router")
         try:
             await rc.remove_worker(self.engine_url)
         except EngineError as exc:
@@ -297,17 +339,19 @@ class RolloutWorker(Actor):
     async def _watch_engine(self) -> None:
         a = self.cfg
         await asyncio.sleep(a.engine.rollout_health_check_first_wait)
-        last_probe = last_router = time.monotonic()
+        # clock readings that decide something are recorded inputs (self.monotonic()): replay takes the same turns
+        last_probe = last_router = self.monotonic() if a.engine.use_fault_tolerance or self.router_url else 0.0
         while True:
             await asyncio.sleep(0.5)
-            if self._restarting or self.client is None or not self.running or getattr(self, "replaying", False):
-                continue  # (replay: no engine to watch)
+            if self._restarting or self.client is None or not self.running:
+                continue
             reason = None
-            if self.engine is not None and self.engine.poll() is not None:
-                reason = f"engine process exited with code {self.engine.poll()}"
+            code = self.engine.poll() if self.engine is not None else None
+            if code is not None:
+                reason = f"engine process exited with code {code}"
             elif a.engine.use_fault_tolerance \
-                    and time.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
-                last_probe = time.monotonic()
+                    and self.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
+                last_probe = self.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
                 # server answers at once -- an engine that hangs (or is stopped) mid-update or while paused is still
@@ -328,8 +372,8 @@ class RolloutWorker(Actor):
                         reason = f"engine failed /health_generate within {a.engine.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
-            elif self.router_url and time.monotonic() - last_router > 10 and self._engine_ok.is_set():
-                last_router = time.monotonic()  # a restarted router forgets its workers: register again
+            elif self.router_url and self._engine_ok.is_set() and self.monotonic() - last_router > 10:
+                last_router = self.monotonic()  # a restarted router forgets its workers: register again
                 try:
                     await self._router_register()
                 except Exception as exc:
@@ -338,16 +382,16 @@ class RolloutWorker(Actor):
     async def _release_previous(self) -> None:
         """A new incarnation holds no work: whatever the buffer still has leased to this name (a previous process
         of it was killed) is re-issued now, before this one pulls (same sender, so no race with get_work)."""
-        for attempt in range(5):
-            try:
-                res = await self.ask("buffer/0", "release_worker", {"worker": self.name, "reason": "restarted"},
-                                     timeout=30)
-                if res.get("requeued"):
-                    self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
-                return
-            except MailboxError as exc:
-                self.log.warning("could not release a previous incarnation's groups; retrying", error=str(exc))
-                await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
+        try:
+            res = await retry(lambda: self.ask("buffer/0", "release_worker", {"worker": self.name,
+                                                                              "reason": "restarted"}, timeout=30),
+                              RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log,
+                              clock=self.monotonic)  # (recorded clock readings, as every retry's here)
+        except MailboxError as exc:  # the buffer re-issues them when their lease runs out
+            self.log.warning("could not release a previous incarnation's groups", error=str(exc))
+            return
+        if res.get("requeued"):
+            self.log.warning("re-issued the groups of this worker's previous process", groups=res["requeued"])
 
     async def _recover(self, reason: str) -> None:
         self._restarting = True
@@ -402,6 +446,7 @@ class RolloutWorker(Actor):
     async def _pull_loop(self) -> None:
         a = self.cfg
         poll_key, poll_seq = None, 0
+        pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
@@ -412,7 +457,7 @@ class RolloutWorker(Actor):
             restarts = self.engine_restarts
             if poll_key is None:
                 poll_seq += 1
-                poll_key = f"get_work:{os.getpid()}:{poll_seq}"
+                poll_key = f"get_work:{pid}:{poll_seq}"
             try:
                 # an idempotency key: if the reply is lost (a cut link, a reconnect) the retry gets the same groups
                 # from the buffer's cache instead of leaving them leased to us and never seen
@@ -449,7 +494,8 @@ class RolloutWorker(Actor):
                 if self.group_fn is not None:
                     samples = await self.group_fn(self.plugin_args, samples, sp, EngineHandle(self))
                 else:
-                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0))
+                    evaluation = group.get("kind") == "eval"
+                    samples = await asyncio.gather(*(self._generate(s, sp, group.get("attempt", 0), evaluation)
                                                      for s in samples))
             finally:
                 self._generating -= n
@@ -469,7 +515,9 @@ class RolloutWorker(Actor):
         finally:
             self._inflight.pop(wid, None)
 
-    async def _generate(self, sample: Sample, sp: dict, attempt: int) -> Sample:
+    async def _generate(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False) -> Sample:
+        if self.generate_fn is not None and self.slime_generate:
+            return await self._generate_slime_style(sample, sp, evaluation)
         if self.generate_fn is not None:
             return await self.generate_fn(self.plugin_args, sample, dict(sp), EngineHandle(self))
         params = dict(sp)
@@ -493,13 +541,56 @@ class RolloutWorker(Actor):
         sample.weight_version = min(sample.weight_versions)
         return sample
 
+    async def _generate_slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
+        """slime's generate(args, sample, sampling_params[, evaluation]); what slime's function leaves unset is
+        filled in as slime would: an all-ones loss mask, the decoded response, the weight version."""
+        from ..plugins import takes_keyword
+        version = self.weight_version
+        fn = self.generate_fn
+        kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
+        # The function reaches the engine over HTTP (this worker's proxy), which a replay cannot do: what it returns
+        # is a recorded input (keyed by the request), and a replay takes that instead of calling it again.
+        key = request_key(sample.prompt_tokens, {**sp, "index": sample.index, "evaluation": evaluation})
+        made = []
+
+        async def call() -> dict:
+            res = await fn(self.slime_args, sample, dict(sp), **kw)
+            if not isinstance(res, Sample):
+                raise TypeError(f"--custom-generate-function-path {self.cfg.rollout.custom_generate_function_path} "
+                                f"returned {type(res).__name__}, expected the Sample it was given")
+            made.append(res)
+            return res.to_wire()
+        wire = await self.recorded_async("generate_fn", call, key=key)
+        if made:
+            out = made[0]
+        else:  # replay: the sample as the function left it
+            out = sample
+            for name, value in Sample.from_wire(wire).__dict__.items():
+                setattr(out, name, value)
+        n = len(out.response_tokens)
+        if not out.loss_mask:
+            out.loss_mask = [1] * n
+        if len(out.loss_mask) != n:
+            raise ValueError(f"custom generate function: sample {out.index} has {n} response tokens but a loss mask "
+                             f"of {len(out.loss_mask)}")
+        if not out.response and n:
+            out.response = self.tokenizer.decode(out.response_tokens, skip_special_tokens=True)
+        if out.status == PENDING:
+            out.status = COMPLETED if n else FAILED
+            if not n:
+                out.error = "the custom generate function produced no response"
+        if not out.weight_versions:
+            out.weight_versions = [version]
+            out.weight_version = version
+        return out
+
     async def _ask_reward(self, who: str, todo: list[Sample]) -> dict:
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
         REWARD_WAIT_S seconds -- scoring is pure, so a retry is harmless -- instead of
         spending the group's attempts, which are for reward functions that fail."""
         a = self.cfg
         wait = REWARD_WAIT_S
-        t0 = time.monotonic()
+        t0 = None  # from the first failure (a recorded clock reading: replay takes the same turns)
         k = 0
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
@@ -508,7 +599,11 @@ class RolloutWorker(Actor):
                                                         "group": a.reward.group_rm}, timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
-                if (isinstance(exc, RemoteError) and exc.type != "MailboxError") or time.monotonic() - t0 > wait:
+                if isinstance(exc, RemoteError) and exc.type != "MailboxError":
+                    raise
+                if t0 is None:
+                    t0 = self.monotonic()
+                elif self.monotonic() - t0 > wait:
                     raise
                 k += 1
                 self.log.warning("reward worker unavailable; retrying", reward=target, error=str(exc))
@@ -551,29 +646,25 @@ class RolloutWorker(Actor):
     async def _submit(self, wid: str, samples: list[Sample], lease: int) -> None:
         body = {"worker": self.name, "work_id": wid, "samples": [s.to_wire() for s in samples]}
         idem = submit_key(wid, lease, samples[0])
-        for attempt in range(20):
-            try:
-                res = await self.ask("buffer/0", "submit", body, timeout=60, idem=idem)
-                if not res.get("accepted"):
-                    self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
-                return
-            except MailboxError as exc:  # the buffer may be restarting: keep the group and try again
-                self.log.warning("submit failed; retrying", work_id=wid, error=str(exc), attempt=attempt)
-                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
-        self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid)
+        try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
+            res = await retry(lambda: self.ask("buffer/0", "submit", body, timeout=60, idem=idem), SUBMIT_RETRY,
+                              what="submit", log=self.log, clock=self.monotonic, work_id=wid)
+        except MailboxError as exc:
+            self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
+            return
+        if not res.get("accepted"):
+            self.log.warning("buffer refused a group", work_id=wid, reason=res.get("reason"))
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
         self.counters["aborted_groups"] += 1
         body = {"worker": self.name, "work_id": wid, "reason": reason}
         if samples is not None:
             body["samples"] = [s.to_wire() for s in samples]
-        for attempt in range(10):
-            try:
-                await self.ask("buffer/0", "return_work", body, timeout=30)
-                return
-            except MailboxError as exc:
-                self.log.warning("return_work failed; retrying", work_id=wid, error=str(exc))
-                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt))
+        try:
+            await retry(lambda: self.ask("buffer/0", "return_work", body, timeout=30), RETURN_RETRY,
+                        what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
+        except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
+            self.log.warning("gave up returning a group", work_id=wid, error=str(exc))
 
     # ------------------------------------------------------------------------------------------ handlers
     @handler
@@ -599,7 +690,7 @@ class RolloutWorker(Actor):
             self._resumed.clear()
             n = len(self._inflight)
             mode = "abort" if abort else self.cfg.engine.pause_generation_mode
-            if self._engine_paused is None and self._engine_ok.is_set() and not getattr(self, "replaying", False):
+            if self._engine_paused is None and self._engine_ok.is_set():
                 await self.client.pause_generation(mode)
                 self._engine_paused = mode
                 self.log.info("engine paused", mode=mode, in_flight=n)
@@ -612,9 +703,8 @@ class RolloutWorker(Actor):
         n = len(self._inflight)
         if n:
             await self.client.abort_request(abort_all=True)
-            clock = asyncio.get_running_loop().time  # the loop's clock: replay runs it on recorded time
-            deadline = clock() + 60
-            while self._inflight and clock() < deadline:
+            deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
+            while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         return {"aborted": n, "returned": n - len(self._inflight)}
 
@@ -717,19 +807,19 @@ class RolloutWorker(Actor):
         import signal
         if self.engine is None:
             raise RuntimeError("this worker attaches to an external engine; nothing to kill")
-        pid = self.engine.pid
-        os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
-        return {"pid": pid}
+        self.engine.signal(signal.SIGSTOP if hang else signal.SIGKILL)
+        return {"pid": self.engine.pid}
 
 
 class RecordedEngine:
-    """The engine client as the worker uses it: the answers of its calls (weights, aborts, health; not generate,
-    which `_generate_raw` records parsed) are recorded in the trace, and under replay served from it."""
+    """The engine client (or the router's) as the worker uses it: the answers of its calls (weights, aborts, health,
+    close; not generate, which `_generate_raw` records parsed) are recorded in the trace as `<prefix>.<method>`, and
+    under replay served from it."""
 
-    _LOCAL = frozenset(("close", "generate"))
+    _LOCAL = frozenset(("generate",))
 
-    def __init__(self, actor: Actor, client):
-        self._actor, self._client = actor, client
+    def __init__(self, actor: Actor, client, prefix: str = "engine"):
+        self._actor, self._client, self._prefix = actor, client, prefix
 
     def __getattr__(self, name: str):
         fn = getattr(self._client, name)
@@ -737,8 +827,38 @@ class RecordedEngine:
             return fn
 
         async def call(*args, **kwargs):
-            return await self._actor.recorded_async(f"engine.{name}", fn, *args, **kwargs)
+            return await self._actor.recorded_async(f"{self._prefix}.{name}", fn, *args, **kwargs)
         return call
+
+
+class RecordedProcess:
+    """A process the worker started (its engine), as the worker sees it: what it learns of the process -- its pid
+    and host at launch, its exit code when polled -- is a recorded input, so replay runs the same code with no
+    process (waits, stops and signals then do nothing)."""
+
+    def __init__(self, actor: Actor, name: str, launch):
+        self._actor, self._name, self._proc = actor, name, None
+
+        def start() -> dict:
+            self._proc = launch()
+            return {"pid": self._proc.pid, "host": self._proc.host}
+        info = actor.recorded(f"{name}.launch", start)
+        self.pid, self.host = info["pid"], info["host"]
+
+    def poll(self) -> int | None:
+        return self._actor.recorded(f"{self._name}.poll", lambda: self._proc.poll())
+
+    def wait_healthy(self, timeout: float) -> None:
+        if self._proc is not None:
+            self._proc.wait_healthy(timeout)
+
+    def stop(self, *args) -> None:
+        if self._proc is not None:
+            self._proc.stop(*args)
+
+    def signal(self, sig: int) -> None:
+        if self._proc is not None:
+            os.kill(self._proc.pid, sig)
 
 
 def request_key(input_ids: list[int], sampling_params: dict) -> str:
@@ -746,6 +866,27 @@ def request_key(input_ids: list[int], sampling_params: dict) -> str:
     h = hashlib.blake2b(digest_size=8)
     h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
     return h.hexdigest()
+
+
+def generate_style(fn, path: str) -> str:
+    """"slime" for slime's generate(args, sample, sampling_params[, evaluation]), "engine" for this project's
+    generate(args, sample, sampling_params, engine); PluginError naming the path otherwise."""
+    import inspect
+
+    from ..plugins import PluginError, positional_arity
+    required, most = positional_arity(fn)
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    if most is None or (most >= 4 and required <= 4 and names[3:4] != ["evaluation"]):
+        return "engine"
+    if required <= 3 <= most:
+        return "slime"
+    raise PluginError(f"--custom-generate-function-path {path}: expected async generate(args, sample, "
+                      "sampling_params) (slime's) or generate(args, sample, sampling_params, engine), got "
+                      f"{required} required of {most} positional parameters", kind="not_callable", path=path)
 
 
 def _http_url(host: str, port: int) -> str:

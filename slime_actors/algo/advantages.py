@@ -3,10 +3,10 @@
 Two stages, as in slime:
 
 1. ``normalize_group_rewards`` (per prompt group, on scalar rewards):
-   grpo / gspo: ``(r - mean_g) / (std_g + eps)`` (std unbiased; dropped with --disable-grpo-std-normalization);
+   grpo / gspo / cispo: ``(r - mean_g) / (std_g + eps)`` (std unbiased; dropped with --disable-grpo-std-normalization);
    reinforce_plus_plus_baseline: ``r - mean_g``; reinforce_plus_plus / ppo: unchanged.
 2. ``compute_advantages_and_returns`` (per token, one 1-D tensor per sample over its response):
-   grpo / gspo: the normalized reward broadcast over the response (returns = advantages; as in slime, --kl-coef
+   grpo / gspo / cispo: the normalized reward broadcast over the response (returns = advantages; as in slime, --kl-coef
    does not enter: use --use-kl-loss);
    reinforce_plus_plus: token rewards ``-kl_coef * kl_t`` (masked) plus the reward at the last unmasked token,
    discounted returns with --gamma, then whitened;
@@ -29,7 +29,7 @@ from .kl import compute_approx_kl
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor across ranks; returns the reduced tensor
 
-GROUP_NORM_ESTIMATORS = ("grpo", "gspo")
+GROUP_NORM_ESTIMATORS = ("grpo", "gspo", "cispo")
 BASELINE_ESTIMATORS = ("reinforce_plus_plus_baseline",)
 ALWAYS_WHITEN = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
@@ -199,7 +199,7 @@ def compute_advantages_and_returns(
     if rewards.numel() != len(loss_masks):
         raise ValueError(f"{rewards.numel()} rewards for {len(loss_masks)} samples")
     kl = per_token_kl(log_probs, ref_log_probs, lengths, kl_coef, kl_type)
-    if estimator in ("grpo", "gspo"):
+    if estimator in GROUP_NORM_ESTIMATORS:
         advantages = grpo_returns(rewards, lengths)
         returns = [a.clone() for a in advantages]
     elif estimator == "reinforce_plus_plus":

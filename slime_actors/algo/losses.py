@@ -55,6 +55,25 @@ def compute_policy_loss(ppo_kl: torch.Tensor, advantages: torch.Tensor, eps_clip
     return clipped, clipfrac
 
 
+def compute_cispo_loss(ppo_kl: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
+                       eps_clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5) per token: ``-sg(clip(ratio, 1 - eps_clip, 1 + eps_clip_high))
+    * A * log_prob``. The importance ratio is truncated under stop-gradient and the gradient flows through the
+    log-prob, so a truncated token still contributes gradient (PPO's clip drops it). ``clipfrac`` is 1 where the
+    ratio was truncated. Canonical CISPO has no lower bound: eps_clip >= 1."""
+    if eps_clip_high is None:
+        eps_clip_high = eps_clip
+    ratio = torch.exp(-ppo_kl)
+    truncated = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    losses = -truncated.detach() * advantages * log_probs
+    return losses, (truncated != ratio).float()
+
+
+def sft_loss(log_probs: torch.Tensor) -> torch.Tensor:
+    """--loss-type sft_loss per token: the negative log-likelihood of the response tokens."""
+    return -log_probs
+
+
 # -- value loss ---------------------------------------------------------------------------------------------
 def compute_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                        value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -243,6 +243,12 @@ class EngineClient:
         _, out = await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url)
         return out
 
+    async def generate_body(self, body: dict, timeout: float | None = None) -> tuple[int, Any]:
+        """POST /generate with `body` as given (SGLang's GenerateReqInput: input_ids or text, sampling_params,
+        ...): (status, answer). A 4xx answer is returned, not raised (backends/generate_proxy.py passes it on)."""
+        return await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url,
+                                   ok_statuses=range(400, 500))
+
     # -- health -----------------------------------------------------------------------------------------
     async def health(self, timeout: float = 5.0) -> bool:
         try:

@@ -35,8 +35,11 @@ SGLANG_MODULE = "sglang.launch_server"
 
 
 class EngineStartError(RuntimeError):
-    def __init__(self, message: str, exit_code: int | None, last_lines: list[str]):
-        self.exit_code, self.last_lines = exit_code, last_lines
+    """The engine did not become healthy: it exited (`exit_code`, its `last_lines` of output say why) or, with
+    `timed_out`, it did not answer /health in time."""
+
+    def __init__(self, message: str, exit_code: int | None, last_lines: list[str], timed_out: bool = False):
+        self.exit_code, self.last_lines, self.timed_out = exit_code, last_lines, timed_out
         tail = "\n".join(last_lines[-40:])
         super().__init__(f"{message} (exit code {exit_code})\n--- last output ---\n{tail}")
 
@@ -151,7 +154,7 @@ class EngineProcess:
                 lines = list(self.lines)
                 self.stop()
                 raise EngineStartError(f"engine not healthy after {timeout:.0f} s: {' '.join(self.argv)}",
-                                       self.popen.poll(), lines)
+                                       self.popen.poll(), lines, timed_out=True)
             time.sleep(interval)
 
     def stop(self, grace: float = 15.0) -> int | None:

@@ -12,7 +12,9 @@ On each rank, for its shard of the rollout (whole prompt groups):
    (`slime_actors.algo.advantages`), whitening with statistics over all ranks' tokens;
 4. --num-steps-per-rollout optimizer steps over contiguous mini-batches of the shard, each as micro-batches
    (--micro-batch-size or --use-dynamic-batch-size / --max-tokens-per-gpu; every rank runs the same number,
-   padding with empty ones). The loss per micro-batch is the policy loss (PPO clip, dual clip, GSPO ratio), times
+   padding with empty ones). The loss per micro-batch is the policy loss (PPO clip, dual clip, GSPO ratio, CISPO's
+   truncated ratio under stop-gradient; --loss-type sft_loss: the responses' negative log-likelihood;
+   custom_loss: the user's function, CustomLoss), times
    TIS weights (--use-tis), minus --entropy-coef x entropy, plus --kl-loss-coef x KL to the reference
    (--use-kl-loss, --kl-loss-type), each reduced per sample then over the step's samples (or per token with
    --calculate-per-token-loss) using the step's GLOBAL sample / token count, and multiplied by the world size
@@ -32,7 +34,8 @@ import torch.distributed as dist
 
 from ..algo.advantages import compute_advantages_and_returns, normalize_group_rewards
 from ..algo.kl import compute_approx_kl
-from ..algo.losses import compute_policy_loss, compute_value_loss, gspo_ppo_kl, reduce_loss
+from ..algo.losses import (compute_cispo_loss, compute_policy_loss, compute_value_loss, gspo_ppo_kl, reduce_loss,
+                           sft_loss)
 from ..algo.tis import tis_weights
 from ..config import AlgorithmSection, JobConfig
 from ..log import get_logger
@@ -61,6 +64,8 @@ def _cat(xs, device=None) -> torch.Tensor:
 
 
 def policy_metric_names(alg: AlgorithmSection) -> list[str]:
+    if alg.loss_type == "custom_loss":
+        return ["loss"]   # and the custom function's own metrics (CustomLoss.names)
     names = ["loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy"]
     if alg.use_kl_loss:
         names.append("kl_loss")
@@ -69,13 +74,58 @@ def policy_metric_names(alg: AlgorithmSection) -> list[str]:
     return names
 
 
-def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: int) -> LossFn:
+class CustomLoss:
+    """--loss-type custom_loss: the user's ``fn(args, batch, log_probs, sum_of_sample_mean) -> (loss, metrics)``
+    (slime's signature, with the current policy's per-sample log-probs where slime passes Megatron's logits).
+
+    ``batch``: the micro-batch, per-sample lists -- ``tokens``, ``response_lengths``, ``total_lengths``,
+    ``loss_masks``, ``advantages``, ``returns``, ``log_probs`` (the old policy's, also ``old_log_probs``),
+    ``ref_log_probs`` (with --use-kl-loss / --kl-coef), ``rollout_log_probs``, ``rewards`` and ``entropy`` (the
+    current policy's, with grad when --entropy-coef != 0); ``log_probs``: the current policy's log-prob of each
+    response token, one 1-D tensor per sample, with grad; ``sum_of_sample_mean(x)``: the step's reduction of
+    per-token values (a tensor over the micro-batch's response tokens, or a list of per-sample tensors) to a
+    scalar -- per sample then over the step's samples, or per token with --calculate-per-token-loss -- so that
+    micro-batches and ranks add up as the built-in loss does. ``metrics``: scalars, reported as train/<name>."""
+
+    def __init__(self, cfg: JobConfig):
+        from ..plugins import PluginError, load_function
+        try:
+            self.fn = load_function(cfg.algorithm.custom_loss_function_path, flag="--custom-loss-function-path")
+        except PluginError as exc:
+            raise ValueError(str(exc)) from None
+        self.args = cfg.flat()
+        self.names: list[str] | None = None   # the function's metric names, from its first answer
+
+    def __call__(self, mb: dict, log_probs, entropies, masks, red) -> tuple[torch.Tensor, dict]:
+        batch = dict(mb)
+        batch["loss_masks"] = masks
+        batch["log_probs"] = mb["old_log_probs"]
+        batch["entropy"] = entropies
+        batch["total_lengths"] = [len(t) for t in mb["tokens"]]
+        out = self.fn(self.args, batch, log_probs, red)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)
+                and out[0].dim() == 0 and isinstance(out[1], dict)):
+            raise TypeError(f"--custom-loss-function-path {self.args.custom_loss_function_path}: expected "
+                            f"(scalar loss tensor, dict of metrics), got {type(out).__name__}")
+        loss, metrics = out
+        metrics = {str(k): v for k, v in metrics.items() if k != "loss"}
+        if self.names is None:
+            self.names = sorted(metrics)
+        return loss, metrics
+
+
+def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: int,
+                        custom: CustomLoss | None = None) -> LossFn:
     """The actor's loss for one micro-batch (see the module docstring). ``denominator``: the step's global sample
     count, or its global loss-masked token count with --calculate-per-token-loss. The micro-batch must carry
-    loss_masks, old_log_probs, advantages (tensors), and ref_log_probs / rollout_log_probs when used."""
+    loss_masks, old_log_probs, advantages (tensors), and ref_log_probs / rollout_log_probs when used.
+    --loss-type sft_loss: the negative log-likelihood instead of the policy loss (entropy and KL terms as
+    configured); custom_loss: `custom`'s function."""
     per_token = alg.calculate_per_token_loss
     eps_clip, eps_clip_high, eps_clip_c = alg.eps_clip, alg.eps_clip_high, alg.eps_clip_c
     gspo = alg.advantage_estimator == "gspo"
+    cispo = alg.advantage_estimator == "cispo"
+    sft = alg.loss_type == "sft_loss"
     entropy_coef = alg.entropy_coef
     use_kl, kl_coef, kl_type = alg.use_kl_loss, alg.kl_loss_coef, alg.kl_loss_type
     use_tis, tis_clip, tis_clip_low = alg.use_tis, alg.tis_clip, alg.tis_clip_low
@@ -88,12 +138,24 @@ def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: i
         def red(x):
             return reduce_loss(x, masks, per_token, denominator)
 
+        if custom is not None:
+            loss, extra = custom(mb, log_probs, entropies, masks, red)
+            metrics = {"loss": float(loss.detach())}
+            metrics.update({k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+                            for k, v in extra.items()})
+            return loss * world_size, metrics
         if gspo:
             ppo_kl = _cat(gspo_ppo_kl(log_probs, old, masks))
         else:
             ppo_kl = _cat(old) - _cat(log_probs)
         adv = _cat(mb["advantages"], dev)
-        pg, clipfrac = compute_policy_loss(ppo_kl, adv, eps_clip, eps_clip_high, eps_clip_c)
+        if sft:
+            pg = sft_loss(_cat(log_probs))
+            clipfrac = torch.zeros_like(pg)
+        elif cispo:
+            pg, clipfrac = compute_cispo_loss(ppo_kl, _cat(log_probs), adv, eps_clip, eps_clip_high)
+        else:
+            pg, clipfrac = compute_policy_loss(ppo_kl, adv, eps_clip, eps_clip_high, eps_clip_c)
         metrics: dict[str, torch.Tensor] = {}
         if use_tis:
             w, tm = tis_weights(_cat(old), _cat(mb["rollout_log_probs"], dev), tis_clip, tis_clip_low)
@@ -128,6 +190,19 @@ def make_value_loss_fn(alg: AlgorithmSection, denominator: float, world_size: in
         return loss * world_size, {"value_loss": float(loss.detach()), "value_clipfrac": float(cf)}
 
     return loss_fn
+
+
+def _agree_custom_names(custom: CustomLoss, names: list[str], reduce: Reduce) -> list[str]:
+    """The custom loss's metric names join the reported ones; every rank must report the same names (their sums
+    are all-reduced by position), which is checked here rather than left to a collective of mismatched sizes."""
+    extra = [n for n in (custom.names or []) if n not in names]
+    import zlib
+    sig = float(zlib.crc32(",".join(extra).encode()))
+    got = reduce(torch.tensor([sig, -sig], dtype=torch.float64), "max").tolist()
+    if got[0] != sig or -got[1] != sig:
+        raise RuntimeError("--custom-loss-function-path: the trainer ranks' custom loss returned different metric "
+                           f"names (this rank: {extra}); return the same keys on every call")
+    return names + extra
 
 
 def _prepare(batch: dict) -> dict:
@@ -227,6 +302,7 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     # gradients are averaged over the data-parallel replicas (all ranks, unless the backend is model-parallel)
     world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
     names = policy_metric_names(alg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
+    custom = CustomLoss(cfg) if alg.loss_type == "custom_loss" else None
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
     for step_idx in mini_batch_indices(n, num_steps):
@@ -239,7 +315,10 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
         mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
         micro = [select(step, idx) for idx in mbs]
-        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world))
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world, custom))
+        if custom is not None and len(names) == len(policy_metric_names(alg)) + (2 if estimator == "ppo" else 0):
+            names = _agree_custom_names(custom, names, reduce)
+            step_sums.update({k: 0.0 for k in names if k not in step_sums})
         if estimator == "ppo":
             local.update(backend.train_micro_batches(micro, make_value_loss_fn(alg, denom, world),
                                                      train_critic=True))

@@ -17,7 +17,9 @@ the host can read. HOST is 127.0.0.1 unless something on another host must reach
 
 N is `--rollout-num-gpus-per-engine` divided by a passed-through `--sglang-pp-size` (as slime does); G is the
 engine's first GPU (`--device cuda`): after the trainer's GPUs (`--actor-num-gpus-per-node`), or on them with
-`--colocate`, modulo `--num-gpus-per-node` -- unless `--sglang-base-gpu-id` says otherwise. The flags the worker
+`--colocate`, modulo `--num-gpus-per-node` (default: the GPUs counted, slime_actors.gpus) -- unless
+`--sglang-base-gpu-id` says otherwise. The launcher checks before any process starts that this fits the GPUs
+there are (launch/placement.py). The flags the worker
 sets itself (`OWNED_FLAGS`) cannot be passed through: that is an error naming the flag to use instead.
 
 Validation: with the `sglang` package importable, the command is parsed by SGLang's own parser
@@ -123,7 +125,11 @@ def base_gpu_id(cfg: JobConfig, index: int, placed: str | None = None) -> int | 
     if placed:
         return 0
     per_engine = max(1, cfg.engine.rollout_num_gpus_per_engine)
-    per_node = max(1, cfg.engine.num_gpus_per_node)
+    per_node = cfg.engine.num_gpus_per_node
+    if per_node is None:  # (a launcher that did not count them: torchrun, a Slurm submission)
+        from slime_actors.gpus import count_gpus
+        per_node = count_gpus().count
+    per_node = max(1, per_node)
     start = 0 if cfg.engine.colocate or cfg.debug.debug_rollout_only else cfg.train.actor_num_gpus_per_node
     return (start + index * min(per_engine, per_node)) % per_node
 

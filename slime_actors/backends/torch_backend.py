@@ -152,8 +152,8 @@ class TorchBackend(TrainingBackend):
         spec = self.cfg.model.hf_checkpoint
         if spec is None:
             raise ValueError("--hf-checkpoint is required")
-        from ..models.resolve import resolve_checkpoint
-        return resolve_checkpoint(spec, Path(self.cfg.run.run_dir) / "models")
+        from ..models.resolve import model_cache, resolve_checkpoint
+        return resolve_checkpoint(spec, model_cache(self.cfg.run.run_dir))
 
     def _load_causal_lm(self, path: str) -> nn.Module:
         from transformers import AutoModelForCausalLM

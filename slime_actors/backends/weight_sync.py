@@ -1,4 +1,5 @@
 """Trainer-side weight sync to generation engines (SGLang or the local engine), and the pieces both sides share.
+`WeightPusher` (at the end) is what trainer rank 0 does for one `sync_weights`, over the pieces below.
 
 Two paths, both speaking SGLang 0.5.15.post1's protocol (tests/data/sglang_api_0.5.15.post1.json):
 
@@ -26,20 +27,22 @@ to its training group.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
 import os
 import shutil
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from slime_actors.env import WEIGHT_SYNC_TIMEOUT
+from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
 from slime_actors.log import get_logger
 
 log = get_logger(component="weight_sync")
@@ -493,3 +496,210 @@ def open_shared_bucket(handle: dict, device: torch.device) -> torch.Tensor:
                                int(handle["storage_offset_bytes"]), False, _unb64(handle["ref_counter_handle"]),
                                int(handle["ref_counter_offset"]), _unb64(handle["event_handle"]),
                                bool(handle["event_sync_required"]))
+
+
+# -- trainer rank 0's push: one sync of the backend's weights to the rollout workers ------------------------------
+
+class WeightPusher:
+    """What trainer rank 0 does for a `sync_weights`: push the training backend's weights to the rollout workers by
+    one of three transports (--update-weight-transport), keeping what lasts between syncs -- the broadcast group and
+    its members, the disk versions written. The other ranks `take_part` (gathering full weights is a collective under
+    FSDP and Megatron model parallelism).
+
+    The actor hands it what it needs of itself: `ask(peer, method, body, timeout=...)` (its mailbox),
+    `run_blocking(fn, *args)` (a thread, so the loop keeps answering), `address()` (the address other hosts reach
+    this process at; the environment's SLIME_ACTORS_WEIGHT_SYNC_ADDR wins), the run directory (disk versions go to
+    RUN/weights unless --update-weight-disk-dir), and optionally the broadcast sender's class (replay passes one that
+    needs no engines; default DistributedWeightSender, looked up at each group build).
+
+    * disk: the weights as an HF directory per version, then each worker's `update_weights_from_disk`; only versions
+      this pusher wrote are removed.
+    * distributed: a broadcast group with the workers' engines (rebuilt when the workers change or a sync failed),
+      then per bucket the broadcast and each worker's `update_weights_from_distributed` at once.
+    * colocated: per bucket, a post to each engine itself (SGLang: its serializer's CUDA IPC payload; the local
+      engine: a handle of the flattened bucket), the workers holding their health probes meanwhile (`weight_update`).
+    """
+
+    TRANSPORTS = ("disk", "distributed", "colocated")
+
+    def __init__(self, cfg, backend, *, ask: Callable[..., Awaitable], run_blocking: Callable[..., Awaitable],
+                 address: Callable[[], str], run_dir: str | os.PathLike,
+                 sender_factory: Callable[..., DistributedWeightSender] | None = None):
+        self.cfg, self.backend = cfg, backend
+        self.ask, self.run_blocking, self.address, self.run_dir = ask, run_blocking, address, run_dir
+        self.sender_factory = sender_factory
+        self.sender: DistributedWeightSender | None = None
+        self.group_workers: tuple = ()  # the workers of the broadcast group; () : build a new one at the next sync
+        self.group_name = ""
+        self._group_seq = 0
+        self.flattened = False  # every engine of the group takes load_format="flattened_bucket"
+        self.disk_versions: list[Path] = []  # weight directories written by the disk transport
+
+    async def take_part(self) -> bool:
+        """A rank other than 0: take part in gathering the full weights when that is a collective (Megatron, FSDP);
+        True when it did."""
+        if self.cfg.train.train_backend == "megatron" or getattr(self.backend, "parallel", "ddp") == "fsdp":
+            await self.run_blocking(lambda: [None for _ in self.backend.named_weights()])
+            return True
+        return False
+
+    async def push(self, version: int, workers: list, transport: str, rebuild: bool = False) -> dict:
+        """Rank 0: send the current weights as `version` to `workers` by `transport`; `rebuild`: an engine of the
+        group restarted (the broadcast group it was in is gone with it). Returns bytes, buckets, seconds, transport,
+        weight_version (and the transport's own fields)."""
+        if rebuild:
+            self.group_workers = ()
+        t0 = time.monotonic()
+        if transport == "disk":
+            info = await self._disk(version, workers)
+        elif transport == "distributed":
+            info = await self._distributed(version, workers)
+        elif transport == "colocated":
+            info = await self._colocated(version, workers)
+        else:
+            raise ValueError(f"weight transport {transport!r} is not supported by the {self.cfg.train.train_backend} "
+                             "backend here (use distributed, disk or colocated)")
+        info.update(seconds=time.monotonic() - t0, transport=transport, weight_version=version)
+        return info
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+
+    async def _disk(self, version: int, workers: list) -> dict:
+        base = Path(self.cfg.weights.update_weight_disk_dir or os.path.join(self.run_dir, "weights"))
+        path = base / f"v{version:06d}"
+        await self.run_blocking(
+            lambda: save_weights_to_disk(self.backend.named_weights(), str(path), self.cfg.model.hf_checkpoint))
+        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        await asyncio.gather(*(self.ask(w, "update_weights_from_disk", {"model_path": str(path),
+                                                                       "weight_version": version}, timeout=600)
+                               for w in workers))
+        # only versions this rank wrote go (--update-weight-disk-dir may be a directory that holds other things)
+        for old in self.disk_versions:
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        self.disk_versions = [path]
+        return {"bytes": int(nbytes), "buckets": 1}
+
+    async def _ensure_group(self, workers: tuple) -> None:
+        if self.sender is not None and self.group_workers == workers:
+            return
+        if self.sender is not None:  # membership changed (a restarted engine): rebuild the group
+            old, old_name = self.group_workers, self.group_name
+            # both sides at once: with NCCL, destroying the group waits for the peers to destroy it too
+            sender, self.sender = self.sender, None
+            await asyncio.gather(*(_quiet(self.ask(w, "destroy_weights_group", {"group_name": old_name},
+                                                   timeout=30)) for w in old),
+                                 _quiet(self.run_blocking(sender.close)), return_exceptions=True)
+        self._group_seq += 1
+        name = f"slime-weights-{os.getpid()}-{self._group_seq}"  # unique: a restarted rank 0 starts again at 1
+        addr = WEIGHT_SYNC_ADDR.get() or self.address()
+        port = find_free_port(addr)
+        backend = "nccl" if self.cfg.run.device == "cuda" else "gloo"
+        world = 1 + len(workers)
+        sender = (self.sender_factory or DistributedWeightSender)(addr, port, world, backend, name)
+        _, *replies = await asyncio.gather(
+            self.run_blocking(sender.connect),
+            *(self.ask(w, "init_weights_group", {"master_address": addr, "master_port": port, "rank_offset": i + 1,
+                                                 "world_size": world, "group_name": name, "backend": backend},
+                       timeout=300) for i, w in enumerate(workers)))
+        self.sender, self.group_workers, self.group_name = sender, workers, name
+        self.flattened = all(isinstance(r, dict) and r.get("flattened_bucket") for r in replies)
+
+    async def _distributed(self, version: int, workers: list) -> dict:
+        await self._ensure_group(tuple(workers))
+        nbytes = nbuckets = 0
+        flat = self.flattened  # one uint8 broadcast per bucket (SGLang's "flattened_bucket"), else one per tensor
+        for bucket, last in with_last(self.backend.weight_buckets(self.cfg.weights.update_weight_buffer_size)):
+            body = {**bucket_metadata(bucket), "group_name": self.group_name,
+                    "weight_version": version, "flush_cache": last,  # flush once, after the last bucket
+                    "load_format": "flattened_bucket" if flat else None}
+            # wait for every part, the broadcast too, before failing: a worker's ask can fail (its host was cut off
+            # and declared down) while the broadcast thread still runs; a retry must not start a new group under it
+            res = await asyncio.gather(self.run_blocking(self.sender.broadcast_bucket, bucket, flat),
+                                       *(self.ask(w, "update_weights_from_distributed", body, timeout=600)
+                                         for w in workers), return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    self.group_workers = ()  # the next sync builds a new group
+                    raise r
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            nbuckets += 1
+        return {"bytes": nbytes, "buckets": nbuckets, "flattened_bucket": flat}
+
+    async def _colocated(self, version: int, workers: list) -> dict:
+        """Colocated engines (same host, sharing GPUs). SGLang: /update_weights_from_tensor with CUDA IPC handles made
+        by SGLang's serializer; the local engine: /update_weights_from_ipc with a JSON handle of the flattened bucket
+        (share_bucket: CUDA IPC on GPU, a shared-memory file on CPU; nothing pickled). Rank 0 posts to each engine
+        itself, so no payload becomes an actor message; the worker holds its health probes meanwhile and learns the
+        new version at the end."""
+        from .engine_auth import EngineKeys
+        from .engine_client import EngineClient, serialize_named_tensors
+        infos = await asyncio.gather(*(self.ask(w, "weight_update", {"active": True}, timeout=600) for w in workers))
+        keys = EngineKeys.from_env()  # the job's engine keys (the launcher's environment); admin key: the updates
+        clients = [EngineClient(i["engine_url"], keys=keys, timeout=600) for i in infos]
+        nbytes = nbuckets = 0
+        fmt = None
+        sent = False
+        try:
+            servers = await asyncio.gather(*(c.get_server_info() for c in clients))
+            local = ["local engine" in str(s.get("version", "")) for s in servers]
+            if self.cfg.run.device != "cuda" and not all(local):
+                raise ValueError("--update-weight-transport colocated shares CUDA tensors with SGLang engines: it "
+                                 "needs --device cuda (use distributed or disk on CPU)")
+            for bucket, last in with_last(self.backend.weight_buckets(self.cfg.weights.update_weight_buffer_size)):
+                payloads: dict[int, tuple] = {}
+                for tp in {int(i["tp_size"]) for i, loc in zip(infos, local) if not loc}:
+                    payloads[tp] = await self.run_blocking(serialize_named_tensors, bucket, tp)
+                shared = await self.run_blocking(share_bucket, bucket) if any(local) else None
+                meta = bucket_metadata(bucket)
+                try:
+                    await asyncio.gather(*(
+                        c.update_weights_from_ipc(**meta, handle=shared.handle, weight_version=str(version),
+                                                  flush_cache=last and bool(i["flush_cache"])) if loc else
+                        c.update_weights_from_tensor(payloads[int(i["tp_size"])][0],
+                                                     load_format=payloads[int(i["tp_size"])][1],
+                                                     flush_cache=last and bool(i["flush_cache"]),
+                                                     weight_version=str(version))
+                        for c, i, loc in zip(clients, infos, local)))
+                finally:
+                    if shared is not None:
+                        shared.release()  # the engines copied the tensors before answering
+                fmt = next(iter(payloads.values()))[1] if payloads else "ipc"
+                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                nbuckets += 1
+                del payloads
+            sent = True
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+            # the workers learn the version only when every bucket went in; one whose engine was restarted meanwhile
+            # refuses it (the new engine holds its launch weights), and the sync fails so the controller re-syncs
+            done = await asyncio.gather(*(self.ask(w, "weight_update", {"active": False, "weight_version":
+                                                                        version if sent else None}, timeout=60)
+                                          for w in workers), return_exceptions=True)
+        for r in done:
+            if isinstance(r, BaseException):
+                raise r
+        return {"bytes": nbytes, "buckets": nbuckets, "load_format": fmt}
+
+
+async def _quiet(aw):
+    """`await aw`, None instead of an error (tearing down a group whose peers may be gone)."""
+    try:
+        return await aw
+    except Exception:
+        return None
+
+
+def with_last(items):
+    """(item, is_last) for each item of an iterator (one item of lookahead)."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True

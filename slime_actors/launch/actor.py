@@ -3,19 +3,33 @@
 The job's config comes from the file named by SLIME_ACTORS_JOB (written by the launcher; rebuilt typed here, an
 error naming the file and the field when it is malformed); where the job lives (run directory, directory endpoint,
 keys, tracing) from the SLIME_ACTORS_* environment (slime_actors.env, slime_actors.runtime).
-SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed).
+SIGTERM and SIGINT stop the actor cleanly (on_stop, deregister, traces flushed). How the start went is reported
+for the supervisor (launch/startup.py): "ready" once on_start finished, else the cause -- and exit code 78 when no
+restart can change it.
+
+Every actor process goes through this module's bootstrap, however it was started -- this entry (`slime-actors
+launch`'s and Slurm's processes), a torchrun rank (launch/torchrun.py), a test's child process: `set_up_process`
+(the topology's CPU affinity, logging to RUN_DIR/logs), then `serve` (start the actor -- again while the head is not
+reachable yet, when a join policy says so --, stop it cleanly on SIGTERM/SIGINT, wait until it has stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import env as E
+from ..actors.base import Actor
 from ..config import ConfigError, JobConfig
+from ..retry import RetryPolicy, retry
+from ..runtime import RuntimeConfig
 
 
 def load_job_config(path: str | None = None) -> JobConfig | None:
@@ -37,6 +51,59 @@ def load_job_config(path: str | None = None) -> JobConfig | None:
         raise SystemExit(f"error: {exc}") from None
 
 
+def set_up_process(name: str, run_dir: str | None, *, console: bool = True):
+    """What an actor process does first: pin itself to the topology's CPUs (SLIME_ACTORS_CPUS, set by its placement)
+    and log to RUN_DIR/logs/NAME.jsonl (and the console). Returns the process's logger."""
+    from ..log import get_logger, setup_logging
+    cpus = E.CPUS.get()
+    if cpus:
+        try:
+            os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
+        except (OSError, ValueError) as exc:
+            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
+    setup_logging(run_dir, name, console=console)
+    return get_logger(actor=name)
+
+
+async def serve(make: Callable[[], Awaitable[tuple[Actor, RuntimeConfig]]], *, join: RetryPolicy | None = None,
+                ready: Callable[[Actor], Any] | None = None) -> str | None:
+    """An actor's life in its process: `make()` builds it and the runtime it starts on; it starts (with `join`,
+    again -- a fresh actor from `make()` each time -- while the policy retries the failure and no signal came);
+    SIGTERM / SIGINT stop it cleanly; `ready(actor)` runs once it has started. Returns the name of the signal that
+    stopped it, or None when it stopped by itself (asked to, the job ended). A start that fails stops the actor and
+    raises (with `join`: once the policy gives up)."""
+    loop = asyncio.get_running_loop()
+    current: list = [None, None]   # the actor, the signal received
+
+    def on_signal(sig: signal.Signals) -> None:
+        current[1] = current[1] or sig.name
+        if current[0] is not None:
+            current[0].spawn(current[0].stop(f"signal {sig.name}"))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    async def start() -> Actor:
+        actor, runtime = await make()
+        current[0] = actor
+        try:
+            await actor.start(runtime)
+        except BaseException:
+            await actor.stop("failed to start")
+            raise
+        return actor
+    if join is None:
+        actor = await start()
+    else:
+        policy = join.replace(retry_if=lambda exc, f=join.retry_if: current[1] is None and (f is None or f(exc)))
+        actor = await retry(start, policy, what="joining the head", started=time.monotonic())
+    if current[1] is not None:  # a signal came while it started
+        actor.spawn(actor.stop(f"signal {current[1]}"))
+    elif ready is not None:
+        ready(actor)
+    await actor.wait_stopped()
+    return current[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m slime_actors.launch.actor")
     p.add_argument("role")
@@ -44,21 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     import uvloop
 
-    from ..log import get_logger, setup_logging
-    from ..runtime import RuntimeConfig
     from .roles import job_class_for
+    from .startup import EXIT_PERMANENT, Cause, cause_of, write_report
 
     rt = RuntimeConfig.from_env()
     name = f"{ns.role}/{ns.index}"
-    cpus = E.CPUS.get()  # the topology's CPU affinity (also when srun/torchrun start us)
-    if cpus:
-        try:
-            os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
-        except (OSError, ValueError) as exc:
-            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
-    setup_logging(rt.run_dir, name, console=True)
-    log = get_logger(actor=name)
-    job = load_job_config()
+    log = set_up_process(name, rt.run_dir)
+    try:
+        job = load_job_config()
+    except SystemExit as exc:  # a missing or malformed job file: no restart changes it
+        write_report(rt.run_dir, name, "failed", Cause(str(exc.code), True))
+        print(f"{name}: {exc.code}", file=sys.stderr)
+        return EXIT_PERMANENT
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
     # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
     try:
@@ -66,22 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role
         log.error("cannot build the actor", error=str(exc))
         print(f"{name}: {exc}", file=sys.stderr)
-        return 2
+        write_report(rt.run_dir, name, "failed", Cause(f"cannot build the actor: {exc}", True))
+        return EXIT_PERMANENT
     config = {"args": job.to_dict()} if job is not None else {}
 
+    async def make():
+        return cls(ns.index, **config), rt
+
     async def run() -> int:
-        import asyncio
-        actor = cls(ns.index, **config)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: actor.spawn(actor.stop(f"signal {signal.Signals(s).name}")))
         try:
-            await actor.start(rt)
+            await serve(make, ready=lambda actor: write_report(rt.run_dir, name, "ready"))
         except Exception as exc:
-            log.error("actor failed to start", error=repr(exc))
-            await actor.stop("failed to start")
-            return 1
-        await actor.wait_stopped()
+            cause = cause_of(exc)
+            log.error("actor failed to start", error=repr(exc), cause=cause.text, permanent=cause.permanent)
+            write_report(rt.run_dir, name, "failed", cause)
+            return EXIT_PERMANENT if cause.permanent else 1
         return 0
 
     try:

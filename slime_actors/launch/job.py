@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,9 +29,11 @@ from pathlib import Path
 from .. import env as E
 from ..actors.base import Actor, handler
 from ..config import JobConfig
-from ..log import console_write, get_logger
+from ..log import get_logger
 from ..mailbox.errors import MailboxError
+from ..retry import RetryPolicy, retry
 from ..runtime import RuntimeConfig, job_keys
+from .head import Head, StatusBoard, engine_keys, report
 from .local import LocalLauncher, become_subreaper
 from .prepare import prepare_agent, prepare_head, write_agent_job
 from .topology import Placement, Topology
@@ -121,84 +120,10 @@ class NodeAgent(Actor):
         return {"stopping": True, "processes": len(self.launcher.procs) if self.launcher else 0}
 
 
-def engine_keys(cfg: JobConfig, run_dir: Path, create: bool, prog: str | None = None):
-    """The job's engine HTTP keys (backends/engine_auth.py), saved under RUN_DIR/keys; with `prog`, the warnings
-    about them are printed."""
-    from ..backends.engine_auth import job_engine_keys, startup_warnings
-    keys = job_engine_keys(cfg.engine, run_dir, create, user=cfg.engine_user_keys)
-    if prog:
-        for w in startup_warnings(cfg.engine, keys):
-            get_logger(actor="launcher").warning(w)
-            print(f"{prog}: warning: {w}", file=sys.stderr)
-    return keys
-
-
 def _status_mode(ctx: JobContext) -> str:
     if ctx.status != "auto":
         return ctx.status
     return "line" if sys.stderr.isatty() else "changes"
-
-
-class StatusBoard:
-    """What is up, on the console and in RUN_DIR/status.json."""
-
-    def __init__(self, run_dir: Path, expected: list[str], mode: str, interval: float = 1.0):
-        self.run_dir, self.expected, self.mode, self.interval = run_dir, expected, mode, interval
-        self.t0 = time.monotonic()
-        self._last_key = None
-        self._last_print = 0.0
-        self._last_write = 0.0
-
-    def update(self, listing: dict, controller: dict | None, processes: dict, restarts: int,
-               force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_write < self.interval:
-            return
-        self._last_write = now
-        actors = {}
-        for name in sorted(set(self.expected) | set(listing)):
-            e = listing.get(name, {})
-            p = processes.get(name, {})
-            actors[name] = {"up": bool(e.get("alive")), "registered": name in listing, "pid": e.get("pid") or
-                            p.get("pid"), "host": e.get("host"), "endpoint": e.get("endpoint"),
-                            "last_seen": e.get("last_seen"),
-                            "incarnation": e.get("incarnation", 0), "restarts": p.get("restarts", 0)}
-        st = {"time": time.time(), "uptime": round(now - self.t0, 1), "controller": controller or {},
-              "actors": actors, "processes": processes, "restarts": restarts}
-        tmp = self.run_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(st, default=str))
-        os.replace(tmp, self.run_dir / "status.json")
-        if self.mode == "off":
-            return
-        up = [n for n in self.expected if actors.get(n, {}).get("up")]
-        down = [n for n in self.expected if n not in up]
-        c = controller or {}
-        step = f"rollout {c.get('rollout_id', '-')} {c.get('phase', '?')} v{c.get('weight_version', 0)}"
-        line = (f"[{now - self.t0:5.0f}s] {step} | up {len(up)}/{len(self.expected)}"
-                + (f" | down: {' '.join(down)}" if down else "") + (f" | restarts {restarts}" if restarts else ""))
-        if self.mode == "line":
-            print("\r\033[K" + line[:200], end="", file=sys.stderr, flush=True)
-        elif self.mode == "table":
-            if force or now - self._last_print >= 10:
-                self._last_print = now
-                console_write(self.table(actors, line))
-        else:  # changes: one line when who is up changes (or the phase), else every 30 s
-            key = (tuple(down), c.get("phase"), restarts)
-            if force or key != self._last_key or now - self._last_print >= 30:
-                self._last_key, self._last_print = key, now
-                console_write(line)
-
-    @staticmethod
-    def table(actors: dict, head: str) -> str:
-        rows = [head, f"  {'actor':<14} {'state':<6} {'pid':>8} {'host':<12} {'seen':>6} {'restarts':>8}"]
-        for n, a in actors.items():
-            rows.append(f"  {n:<14} {'up' if a['up'] else 'down':<6} {a['pid'] or '-':>8} {str(a['host'] or '-'):<12} "
-                        f"{a['last_seen'] if a['last_seen'] is not None else '-':>6} {a['restarts']:>8}")
-        return "\n".join(rows)
-
-    def finish(self) -> None:
-        if self.mode == "line":
-            print(file=sys.stderr, flush=True)
 
 
 def _make_launcher(ctx: JobContext, env: dict, run_dir: Path) -> LocalLauncher:
@@ -226,86 +151,68 @@ def _install_signals(loop, stop: asyncio.Event, holder: dict) -> None:
 # the head
 
 async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
-    from ..actors.controller import Controller
-    from ..actors.directory import Directory
+    """The head (launch/head.py) with this node's agent and its supervised actor processes."""
     cfg = ctx.cfg
     log = get_logger(actor="launcher")
-    run_dir = Path(cfg.run.run_dir).resolve()
-    rt = RuntimeConfig.for_job(cfg, ctx.multi_host)
-    keys = job_keys(cfg.runtime.curve, run_dir, create=ctx.fresh)
+    head = Head(cfg, RuntimeConfig.for_job(cfg, ctx.multi_host), fresh=ctx.fresh, prog=ctx.prog)
+    # other nodes find the directory at a port they were told (SLIME_ACTORS_HOST: the address)
+    endpoint = f"tcp://{head.rt.host}:{ctx.head_port}" if ctx.head_port else None
     try:
-        engines = engine_keys(cfg, run_dir, ctx.fresh, prog=ctx.prog)
-    except ValueError as exc:
+        dep = await head.open(endpoint, started=time.time())
+    except ValueError as exc:  # the engine keys (checked before anything started)
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         return 2, None
-    directory = Directory(0)
-    endpoint = None
-    if ctx.head_port:  # other nodes find the directory at a port they were told (SLIME_ACTORS_HOST: the address)
-        endpoint = f"tcp://{rt.host}:{ctx.head_port}"
-    dep = await directory.start(rt, endpoint=endpoint)
-    rt.directory = dep
-    (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(),
-                                                   "host": socket.gethostname(), "started": time.time()}))
-    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
-    if keys is not None:
-        env.update(keys.env())
-    if engines is not None:
-        env.update(engines.env())
-    launcher = _make_launcher(ctx, env, run_dir)
+    launcher = _make_launcher(ctx, head.env({E.JOB.name: str(job_path), **ctx.extra_env}), head.run_dir)
     agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
-    await agent.start(rt)
-    controller = Controller(0, args=cfg.to_dict())
-    await controller.start(rt)
+    await agent.start(head.rt)
+    await head.start_controller()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     holder: dict = {}
     _install_signals(loop, stop, holder)
     expected = [p.name for p in ctx.topology.plan()]
-    board = StatusBoard(run_dir, expected, _status_mode(ctx),
-                        ctx.topology.supervisor.get("status_interval", 1.0))
+    board = StatusBoard(head.run_dir, expected, _status_mode(ctx), ctx.topology.supervisor.get("status_interval", 1.0))
     launcher.start_all()
     n_nodes = sum(ng.count for ng in ctx.topology.nodes.values())
     log.info("job started", directory=dep, actors=len(expected), nodes=n_nodes, here=len(launcher.procs))
-    failure: str | None = None
+
+    def check(listing: dict) -> str | None:
+        launcher.check(listing)
+        if launcher.failure:
+            return f"job stopped: {launcher.failure}"
+        if agent.node_failures:
+            return f"job stopped: {agent.node_failures[0]}"
+        return None
     result = None
     try:
-        while not controller.done.done() and not stop.is_set():
-            await asyncio.sleep(0.2)
-            listing = Directory.list(directory)
-            launcher.check(listing)
-            if launcher.failure:
-                failure = f"job stopped: {launcher.failure}"
-                break
-            if agent.node_failures:
-                failure = f"job stopped: {agent.node_failures[0]}"
-                break
-            board.update(listing, Controller.status(controller), launcher.snapshot(), launcher.restarted_total)
-        if controller.done.done() and not stop.is_set():
-            exc = controller.done.exception()
-            if exc is not None:
-                failure = f"training loop failed: {exc}"
+        failure = await head.watch(stop, board, check=check, processes=launcher.snapshot,
+                                   restarts=lambda: launcher.restarted_total)
+        done = head.controller.done
+        if done.done() and not stop.is_set():
+            if done.exception() is not None:
+                failure = f"training loop failed: {done.exception()}"
             else:
-                result = controller.done.result()
+                result = done.result()
         elif stop.is_set() and failure is None:
             failure = f"stopped by {signal.Signals(holder.get('signal', signal.SIGTERM)).name}"
     finally:
-        board.update(Directory.list(directory), Controller.status(controller), launcher.snapshot(),
-                     launcher.restarted_total, force=True)
+        sig = holder.get("signal")
+        board.update(head.listing(), head.status(), launcher.snapshot(), launcher.restarted_total, force=True,
+                     state="stopped" if sig else "failed" if failure else "finished" if result is not None
+                     else "failed", failure=failure, cause=launcher.failure_cause)
         board.finish()
-        await controller.stop()
-        others = [n for n in Directory.list(directory) if n.startswith("agent/") and n != agent.name]
+        await head.stop_controller()
+        others = [n for n in head.listing() if n.startswith("agent/") and n != agent.name]
         for other in others:
             try:
                 await agent.ask(other, "stop_node", {"reason": failure or "the job ended"}, timeout=5)
             except MailboxError:
                 pass
         await loop.run_in_executor(None, launcher.stop_all)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30 and any(n in Directory.list(directory) for n in others):
-            await asyncio.sleep(0.2)
+        await head.wait_gone(others, 30)
         await agent.stop()
-        await directory.stop()
+        await head.close()
     if failure:
         log.error("job failed", reason=failure.splitlines()[0])
         print(f"{ctx.prog}: {failure}", file=sys.stderr)
@@ -329,22 +236,23 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     stop = asyncio.Event()
     holder: dict = {}
     _install_signals(loop, stop, holder)
-    agent = NodeAgent(node_no)
-    t0 = time.monotonic()
+
+    async def join() -> NodeAgent:
+        if cfg.runtime.curve:
+            job_keys(True, run_dir, create=False)  # RuntimeError until the head's keys are there
+        agent = NodeAgent(node_no)
+        await agent.start(rt)
+        return agent
+    # the head may not be up yet: keep knocking, a fresh agent each time, 1 s apart, for SLIME_ACTORS_JOIN_TIMEOUT
     join_timeout = E.JOIN_TIMEOUT.get()
-    while True:  # the head may not be up yet: keep knocking
-        try:
-            keys_ok = not cfg.runtime.curve or job_keys(True, run_dir, create=False) is not None
-            if keys_ok:
-                await agent.start(rt)
-                break
-        except (MailboxError, RuntimeError, FileNotFoundError) as exc:
-            if time.monotonic() - t0 > join_timeout or stop.is_set():
-                print(f"{ctx.prog}: cannot join the head at {ctx.join} within {join_timeout:.0f}s: {exc}",
-                      file=sys.stderr)
-                return 3
-            agent = NodeAgent(node_no)
-            await asyncio.sleep(1.0)
+    errors = (MailboxError, RuntimeError, FileNotFoundError)
+    policy = RetryPolicy(attempts=None, deadline=join_timeout, base=1.0, factor=1.0, max_delay=1.0, retry_on=errors,
+                         retry_if=lambda exc: not stop.is_set())
+    try:
+        agent = await retry(join, policy, what="joining the head", started=time.monotonic())
+    except errors as exc:
+        print(f"{ctx.prog}: cannot join the head at {ctx.join} within {join_timeout:.0f}s: {exc}", file=sys.stderr)
+        return 3
     setup_logging(str(run_dir), agent.name)
     await loop.run_in_executor(None, write_agent_job, cfg, job_path)
     keys = job_keys(cfg.runtime.curve, run_dir, create=False)
@@ -407,10 +315,10 @@ def run(ctx: JobContext) -> int:
     """Run this process's part of the job. Returns the exit code; the head prints the summary."""
     import uvloop
 
-    from ..log import setup_logging
-    from .summary import print_summary
+    from ..log import quiet_library_progress_bars, setup_logging
     cfg = ctx.cfg
     t0 = time.monotonic()
+    quiet_library_progress_bars()
     try:
         job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
@@ -427,8 +335,7 @@ def run(ctx: JobContext) -> int:
     if code != 0 or result is None:
         return code or 1
     result["seconds"] = round(time.monotonic() - t0, 1)
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    print_summary(result, run_dir)
+    report(result, run_dir)
     return 0
 
 
@@ -449,10 +356,10 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
     from ..config import ConfigError
-    from .job_config import build_job_config
+    from .job_config import build_job_config, build_placed_job_config, print_notes
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
-        prog="slime-actors launch", add_help=True,
+        prog="slime-actors launch", add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
         description="Start a job's actors from a topology file and supervise them (docs/launch.md). Every option "
                     "not listed here is a job flag (see `slime-actors train --help`).")
     p.add_argument("topology", help="topology file (TOML, or YAML with PyYAML)")
@@ -472,8 +379,12 @@ def launch_main(argv: list[str]) -> int:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
     try:
-        cfg, changed = build_job_config(rest, topo)
         node = parse_node(ns.node, topo) if ns.node else None
+        plan = None
+        if node is None and not ns.join and not ns.dry_run:  # every actor on this host: place them on its GPUs
+            cfg, changed, plan = build_placed_job_config(rest, topo)
+        else:
+            cfg, changed = build_job_config(rest, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors launch: error: {exc}", file=sys.stderr)
         return 2
@@ -490,6 +401,9 @@ def launch_main(argv: list[str]) -> int:
         return 2
     for c in changed:
         print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
+    for line in plan.lines() if plan is not None else ():
+        print(f"slime-actors launch: {line}", file=sys.stderr)
+    print_notes(cfg, "slime-actors launch")
     roles = None
     if ns.roles is not None:
         roles = [] if ns.roles.strip() in ("", "none") else [r.strip() for r in ns.roles.split(",") if r.strip()]
@@ -502,6 +416,4 @@ def launch_main(argv: list[str]) -> int:
         print(topo.describe())
         return 0
     ctx = JobContext(cfg, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
-    if _status_mode(ctx) == "line":
-        cfg.run.progress = False  # the status line shows the step
     return run(ctx)

@@ -11,6 +11,10 @@ Supervision, the OTP rules:
   * a role with `group` set (trainer ranks: one dead rank breaks the process group) is restarted as a whole: the
     surviving members on this host are killed and every member starts again;
   * more than `max_restarts` restarts within `window` seconds stops the job, with a report of what failed;
+  * an actor that dies before it ever became ready (its start-up report, launch/startup.py) is judged by the
+    start-up rule instead: a cause no restart can change stops the job at once, the same cause twice (or three
+    start-up failures in a row) stops it too; the cause is the job's last line, printed once. Until an actor is
+    ready its warnings wait (they are echoed once it is; a start that fails leaves them in its log only);
   * an actor whose process is alive but whose heartbeats stopped (the directory's liveness, passed to `check`) for
     `hang_kill_after` seconds is killed, and so restarted: a hung process is a failed process.
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from .. import env as E
 from ..log import console_write, get_logger
+from .startup import EXIT_PERMANENT, MAX_START_FAILURES, Cause, cause_from_output, read_report
 from .topology import RestartPolicy
 
 __all__ = ["LocalLauncher", "ActorProc", "RestartPolicy", "SupervisionError", "become_subreaper", "descendants",
@@ -37,6 +42,29 @@ __all__ = ["LocalLauncher", "ActorProc", "RestartPolicy", "SupervisionError", "b
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_GROUP_RESTART = 75   # a trainer rank told to leave its broken group (actors/trainer.py)
+
+
+@dataclass
+class StartState:
+    """One incarnation's start: whether it reported ready, and the console lines held until it does."""
+    ready: bool = False
+    held: deque = field(default_factory=lambda: deque(maxlen=200))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def echo_or_hold(self, text: str) -> bool:
+        """True: echo `text` now (ready); else it is held."""
+        with self.lock:
+            if not self.ready:
+                self.held.append(text)
+            return self.ready
+
+    def set_ready(self) -> list[str]:
+        """Mark ready; the lines held until now."""
+        with self.lock:
+            self.ready = True
+            held = list(self.held)
+            self.held.clear()
+        return held
 
 
 @dataclass
@@ -53,6 +81,12 @@ class ActorProc:
     expected_exit: bool = False
     incarnation: int = 0
     pids: list = field(default_factory=list)
+    startup: StartState = field(default_factory=StartState)   # this incarnation's
+    start_failures: list = field(default_factory=list)      # start-up Causes since it was last ready
+
+    @property
+    def ready(self) -> bool:
+        return self.startup.ready
 
     @property
     def name(self) -> str:
@@ -172,6 +206,7 @@ class LocalLauncher:
         self.log = get_logger(actor="launcher")
         self.events: list[tuple[float, str, str]] = []  # (time, actor, what)
         self.failure: str | None = None
+        self.failure_cause: str | None = None   # a start-up failure's cause (one line), also the failure's last line
         self.group_restarts: dict[str, deque] = {}
         self.restarted_total = 0
         self.reap_all = False       # set when this process is a subreaper that owns everything below it
@@ -197,18 +232,20 @@ class LocalLauncher:
         out.close()
         ap.started = time.monotonic()
         ap.expected_exit = False
+        ap.startup = StartState()
         ap.pids.append(ap.popen.pid)
-        threading.Thread(target=self._pump, args=(ap, ap.popen, out_path), daemon=True).start()
+        threading.Thread(target=self._pump, args=(ap, ap.popen, ap.startup, out_path), daemon=True).start()
         self.events.append((time.time(), ap.name, f"started pid {ap.popen.pid}"))
 
-    def _pump(self, ap: ActorProc, popen: subprocess.Popen, out_path: Path) -> None:
+    def _pump(self, ap: ActorProc, popen: subprocess.Popen, start: StartState, out_path: Path) -> None:
         with open(out_path, "ab") as out:
             for line in popen.stderr:
                 out.write(line)
                 out.flush()
                 if self.echo:
                     text = line.decode(errors="replace").rstrip()
-                    if any(m in text for m in _ECHO):
+                    # (until it is ready the lines are held: a failed start is reported by its cause)
+                    if any(m in text for m in _ECHO) and start.echo_or_hold(text):
                         console_write(f"{ap.name:>12} | {text}")
 
     def start_all(self) -> None:
@@ -231,6 +268,9 @@ class LocalLauncher:
             return []
         if liveness and self.hang_kill_after:
             self._kill_hung(liveness)
+        for ap in self.procs.values():
+            if not ap.ready and ap.popen is not None:
+                self._poll_ready(ap)
         died: list[tuple[ActorProc, int]] = []
         for ap in self.procs.values():
             if ap.popen is None or ap.expected_exit:
@@ -248,6 +288,14 @@ class LocalLauncher:
                 continue
             tail = _tail(self.run_dir / "logs" / f"{ap.role}-{ap.index}.out")
             why = _exit_reason(code)
+            if not ap.ready:
+                self._poll_ready(ap)   # (it may have become ready since the last check)
+            if not ap.ready:
+                stop = self._start_failed(ap, code)
+                if stop is not None:
+                    self.failure, self.failure_cause = stop
+                    ap.popen = None
+                    continue
             if not ap.policy.restart:
                 self.failure = f"{ap.name} {why} and its role is not restarted\n{tail}"
                 ap.popen = None
@@ -295,6 +343,51 @@ class LocalLauncher:
             self.restarted_total += 1
         reap_orphans({ap.popen.pid for ap in self.procs.values() if ap.popen is not None})
         return restarted
+
+    def _poll_ready(self, ap: ActorProc) -> None:
+        report = read_report(self.run_dir, ap.name, ap.popen.pid)
+        if report is None or report.get("state") != "ready":
+            return
+        held = ap.startup.set_ready()
+        ap.start_failures.clear()
+        if self.echo:
+            for text in held:
+                console_write(f"{ap.name:>12} | {text}")
+
+    def _start_failed(self, ap: ActorProc, code: int) -> tuple[str, str] | None:
+        """The start-up rule (launch/startup.py) for an actor that died before it was ready: (failure, cause) when
+        the job must stop, None when it may start again."""
+        ap.startup.held.clear()
+        out_path = self.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
+        report = read_report(self.run_dir, ap.name, ap.popen.pid)
+        if report is not None and report.get("state") == "failed" and report.get("cause"):
+            cause = Cause(str(report["cause"]), bool(report.get("permanent")) or code == EXIT_PERMANENT)
+        else:  # no report (killed, crashed in the interpreter): its output's last exception, else how it ended
+            try:
+                lines = out_path.read_text(errors="replace").splitlines()[-60:]
+            except OSError:
+                lines = []
+            found = cause_from_output(lines)
+            text = f"{_exit_reason(code)}: {found.text}" if found else _exit_reason(code)
+            cause = Cause(text, code == EXIT_PERMANENT or bool(found and found.permanent))
+        self.events.append((time.time(), ap.name, f"failed to start: {cause.text}"))
+        where = f"its log: {_shown(out_path)}"
+        if cause.permanent:
+            return (f"{ap.name} could not start, and starting it again cannot change the cause ({where})\ncause: "
+                    + cause.text, cause.text)
+        same = any(c.key == cause.key for c in ap.start_failures)
+        ap.start_failures.append(cause)
+        if same:
+            return (f"{ap.name} failed to start twice with the same cause ({where})\ncause: {cause.text}",
+                    cause.text)
+        if len(ap.start_failures) >= MAX_START_FAILURES:
+            earlier = "; ".join(c.text for c in ap.start_failures[:-1])
+            return (f"{ap.name} failed to start {len(ap.start_failures)} times in a row, never ready ({where}); "
+                    f"before: {earlier}\ncause: " + cause.text, cause.text)
+        if self.echo:
+            console_write(f"{ap.name:>12} | failed to start: {cause.text} -- starting it again (the same cause once "
+                          "more stops the job)")
+        return None
 
     def _kill_hung(self, liveness: dict) -> None:
         now = time.monotonic()
@@ -381,6 +474,14 @@ def _exit_reason(code: int) -> str:
     if code == EXIT_GROUP_RESTART:
         return "left its broken group (exit 75)"
     return f"exited with code {code}"
+
+
+def _shown(path: Path) -> str:
+    """A path as the user gave its run directory: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _tail(path: Path, n: int = 15) -> str:

@@ -52,16 +52,16 @@ def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
     write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause). `fresh`:
     clear the run directory's live state (False: a restarted head, which continues it)."""
     from ..checkpoints import check_hf_exports, read_meta
-    from ..models import resolve_checkpoint
+    from ..models import model_cache, resolve_checkpoint
     from ..run_dir import prepare_run_dir
     run_dir = Path(cfg.run.run_dir)
     ckpt = check_paths(cfg)
     spec = cfg.model.hf_checkpoint
     if not spec.startswith(("tiny:", "smollm2:")):
-        resolve_checkpoint(spec, run_dir.parent / ".models")  # checks only (no download, nothing written)
+        resolve_checkpoint(spec, model_cache(run_dir))  # checks only (no download, nothing written)
     start = read_meta(ckpt)["next_rollout_id"] if ckpt is not None else (cfg.run.start_rollout_id or 0)
     check_hf_exports(cfg, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
-    cfg.model.hf_checkpoint = resolve_checkpoint(spec, run_dir.parent / ".models")
+    cfg.model.hf_checkpoint = resolve_checkpoint(spec, model_cache(run_dir))
     check_hf_exports(cfg, cfg.model.hf_checkpoint, start)
     if fresh:
         prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None)
@@ -81,6 +81,6 @@ def prepare_agent(cfg: JobConfig, agent_index: int) -> Path:
 
 def write_agent_job(cfg: JobConfig, path: Path) -> None:
     """A node agent's job file, once the head has made the model: the same config, the model resolved here."""
-    from ..models import resolve_checkpoint
-    cfg.model.hf_checkpoint = resolve_checkpoint(cfg.model.hf_checkpoint, Path(cfg.run.run_dir).parent / ".models")
+    from ..models import model_cache, resolve_checkpoint
+    cfg.model.hf_checkpoint = resolve_checkpoint(cfg.model.hf_checkpoint, model_cache(cfg.run.run_dir))
     write_job(cfg, path)

@@ -145,7 +145,6 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
             opts.append(srun_extra)
         return " ".join(opts)
 
-    hg = topo.nodes[topo.head]
     out.append("# the head: directory and controller (no actors); the job ends when it ends")
     out.append(srun(topo.head, "\"$head\"", 1, "head", 0)
                + f" \\\n    \"$PY\" -m slime_actors.cli launch \"$TOPOLOGY\" --node {topo.head}:0 --head-port \"$port\" "
@@ -177,7 +176,7 @@ def sbatch_main(argv: list[str]) -> int:
     from .job_config import build_job_config
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
-        prog="slime-actors sbatch",
+        prog="slime-actors sbatch", allow_abbrev=False,   # a job flag must not be taken for --port, --python ...
         description="Write a Slurm batch script for a topology to stdout (docs/launch.md). Every option not listed "
                     "here is a job flag, checked now and passed to every step.")
     p.add_argument("topology")
@@ -203,6 +202,9 @@ def sbatch_main(argv: list[str]) -> int:
                 raise ConfigError(f"{flag} would be written into the batch script: give {flag}-file (on a "
                                   "filesystem the nodes see) or export its SLIME_ACTORS_ENGINE_* variable before "
                                   "sbatch (docs/security.md)")
+        if has_flag(job_argv, "--wandb-key"):
+            raise ConfigError("--wandb-key would be written into the batch script: export WANDB_API_KEY before "
+                              "sbatch (or `wandb login` on the nodes)")
         cfg, _ = build_job_config(job_argv, topo)
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"slime-actors sbatch: error: {exc}", file=sys.stderr)

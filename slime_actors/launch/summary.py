@@ -19,6 +19,16 @@ def print_summary(result: dict, run_dir: Path) -> None:
         from ..samples import format_examples
         last = result["samples"]
         print(format_examples(last["rollout_id"], last["examples"], kind="last rollout"))
+    if result.get("stopped"):
+        st = result["stopped"]
+        print(f"stopped early after rollout {st['rollout_id']} ({st['steps_left']} steps left): {st['reason']}")
+        print(f"checkpoint: {st['checkpoint']}   (resume with --load; read the samples first: "
+              f"slime-actors samples {run_dir} --rollout {st['rollout_id']})")
+    from ..monitor.alarms import ALARMS_FILE
+    alarms = run_dir / ALARMS_FILE
+    if alarms.exists() and alarms.stat().st_size:
+        n = sum(1 for line in alarms.read_text().splitlines() if line.strip())
+        print(f"alarms:  {alarms}   ({n} reward-hacking alarm(s) tripped; docs/debugging.md section 3)")
     print(f"metrics: {result['metrics']}")
     if result.get("plot"):
         print(f"curves:  {result['plot']}")

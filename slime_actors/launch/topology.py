@@ -4,17 +4,21 @@
     plan = topo.plan()                                  # one Placement per actor process
     topo = default_topology(args)                       # what `slime-actors train` uses: derived from the flags
 
-A topology adds placement and supervision on top of the job's flags (docs/launch.md has the format). Every error
-names the file, the line and the key, e.g. `launch/x.toml:12: roles.rollout.gpus_per_actor: must be an integer
->= 0, got "two"` -- tomllib reports no line numbers for values it parsed fine, so the lines are found here.
+A topology adds placement and supervision on top of the job's flags (docs/launch.md has the format). tomllib (or
+PyYAML) parses the file; the dataclasses declare each table's keys, defaults and checks (field metadata), and one reader
+applies them. Every error names the file, the line and the key, e.g. `launch/x.toml:12: roles.rollout.
+gpus_per_actor: must be an integer >= 0, got str 'two'`. tomllib reports no positions for what it parsed fine, so
+`TomlLines` asks it for the text's prefixes, line by line, and notes where each key first appears (only when a
+message needs a line).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,35 +34,162 @@ class TopologyError(ValueError):
     """A bad topology file entry; the message names the file, line and key."""
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the schema: a dataclass declares a table's keys, each a field with its default and `reads(check)` metadata;
+# `_Reader.read` refuses unknown keys and runs the checks
+
+class _Bad(ValueError):
+    """A value that does not fit its key (the reader adds the file, line and key); `sub`: a key inside the value."""
+
+    def __init__(self, msg: str, sub: str | None = None):
+        super().__init__(msg)
+        self.sub = sub
+
+
+def reads(check, name: str | None = None) -> dict:
+    """A dataclass field's metadata for a key of a topology file: `check(value, given)` returns the value to keep
+    or raises _Bad (`given`: the table's values read so far, in field order); `name`: the key in the file, if not
+    the field's name."""
+    return {"check": check, "name": name}
+
+
+def _show(v: Any) -> str:
+    return f"{type(v).__name__} {v!r}" if not isinstance(v, (dict, list)) else type(v).__name__
+
+
+def _int(lo: int):
+    def check(v, given=None) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise _Bad(f"must be an integer >= {lo}, got {_show(v)}")
+        return v
+    return check
+
+
+def _number(lo: float):
+    def check(v, given=None) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= lo:
+            raise _Bad(f"must be a number > {lo:g}, got {_show(v)}")
+        return float(v)
+    return check
+
+
+def _bool(v, given=None) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"must be true or false, got {_show(v)}")
+    return v
+
+
+def _str(v, given=None) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Bad(f"must be a non-empty string, got {_show(v)}")
+    return v
+
+
+def _any(v, given=None):
+    return v
+
+
+def _table(v, given=None) -> dict:
+    if v is None:          # YAML's `buffer:` with nothing under it
+        return {}
+    if not isinstance(v, dict):
+        raise _Bad(f"must be a table, got {_show(v)}")
+    return v
+
+
+def _env(v, given=None) -> dict[str, str]:
+    out = {}
+    for k, val in _table(v).items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise _Bad("is not a valid environment variable name", sub=k)
+        if isinstance(val, bool):
+            val = "1" if val else "0"
+        if not isinstance(val, (str, int, float)):
+            raise _Bad(f"must be a string or number, got {_show(val)}", sub=k)
+        out[k] = str(val)
+    return out
+
+
+def _class_path(v, given=None) -> str:
+    if ":" not in _str(v):
+        raise _Bad(f"must be module:Class, got {v!r}")
+    return v
+
+
+def _one_of(*choices: str):
+    def check(v, given=None):
+        if v not in choices:
+            raise _Bad(f"must be {', '.join(choices[:-1])} or {choices[-1]}, got {v!r}")
+        return v
+    return check
+
+
+def _strings(v, given=None) -> list[str]:
+    if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise _Bad("must be a list of strings")
+    return v
+
+
+def _indexes(what: str):
+    """[[0,1],[2,3]] (one list per actor: `count` of them) or [0,1] (the same for every actor)."""
+    def check(v, given) -> list[list[int]]:
+        count = given["count"]
+        if not isinstance(v, list) or not v:
+            raise _Bad(f"must be a list of {what} indexes (one list per actor, or one for all)")
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            lists = [list(v)] * count
+        elif all(isinstance(x, list) for x in v):
+            if len(v) != count:
+                raise _Bad(f"has {len(v)} lists but the role has {count} actor(s)")
+            lists = [list(x) for x in v]
+        else:
+            raise _Bad(f"must be a list of {what} indexes (one list per actor, or one for all)")
+        for x in (x for lst in lists for x in lst):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise _Bad(f"{what} indexes must be integers >= 0, got {_show(x)}")
+        return lists
+    return check
+
+
 @dataclass
 class RestartPolicy:
-    restart: bool = True          # restart the actor when its process exits unexpectedly
-    max_restarts: int = 5         # more than this many restarts ...
-    window: float = 60.0          # ... within this many seconds stops the job (the OTP supervisor rule)
-    group: bool = False           # one member exits -> every member of the role on this host is restarted
+    """The keys `restart`, `max_restarts`, `window` of [supervisor] (every role's default) and of a role's table,
+    and `group` of a role's table."""
+    # restart the actor when its process exits unexpectedly
+    restart: bool = field(default=True, metadata=reads(_bool))
+    # more than max_restarts restarts within window seconds stops the job (the OTP supervisor rule)
+    max_restarts: int = field(default=5, metadata=reads(_int(0)))
+    window: float = field(default=60.0, metadata=reads(_number(0)))
+    # one member exits -> every member of the role on this host is restarted
+    group: bool = field(default=False, metadata=reads(_bool))
 
 
 @dataclass
 class NodeGroup:
+    """[nodes.NAME]: `count` nodes with `gpus` GPUs each (CUDA_VISIBLE_DEVICES indexes 0..gpus-1) and `cpus` CPUs
+    (default: all of the machine's); `slurm`: extra #SBATCH options for this group (partition, constraint)."""
     name: str
-    count: int = 1                # nodes
-    gpus: int = 0                 # GPUs per node (CUDA_VISIBLE_DEVICES indexes 0..gpus-1)
-    cpus: int | None = None       # CPUs per node (default: all of the machine's)
-    slurm: dict = field(default_factory=dict)   # extra #SBATCH options for this node group (partition, constraint)
+    count: int = field(default=1, metadata=reads(_int(1)))
+    gpus: int = field(default=0, metadata=reads(_int(0)))
+    cpus: int | None = field(default=None, metadata=reads(_int(1)))
+    slurm: dict = field(default_factory=dict, metadata=reads(_table))
 
 
 @dataclass
 class RoleSpec:
+    """[roles.NAME]: these keys and the restart policy's. `class`: module:Class for a role that is not built in;
+    `nodes`: the node group (default: the first); GPUs by `gpus` (indexes per actor), `gpus_per_actor` or
+    `colocate` (share the GPUs of that role's actors on the same node); CPUs by `cpus` or `cpus_per_actor`."""
     name: str
-    count: int
-    cls: str | None = None        # module:Class for roles that are not built in
-    nodes: str = ""               # node group
-    gpus_per_actor: int = 0
-    gpus: list[list[int]] | None = None    # explicit GPU indexes per actor (overrides gpus_per_actor)
-    colocate: str | None = None   # share the GPUs of this role's actors on the same node (e.g. rollout -> trainer)
-    cpus_per_actor: int = 0
-    cpus: list[list[int]] | None = None    # explicit CPU affinity per actor
-    env: dict[str, str] = field(default_factory=dict)
+    count: int = field(default=1, metadata=reads(_int(0)))
+    cls: str | None = field(default=None, metadata=reads(_class_path, name="class"))
+    nodes: str = field(default="", metadata=reads(_str))
+    gpus_per_actor: int = field(default=0, metadata=reads(_int(0)))
+    gpus: list[list[int]] | None = field(default=None, metadata=reads(_indexes("GPU")))
+    colocate: str | None = field(default=None, metadata=reads(_str))
+    cpus_per_actor: int = field(default=0, metadata=reads(_int(0)))
+    cpus: list[list[int]] | None = field(default=None, metadata=reads(_indexes("CPU")))
+    env: dict[str, str] = field(default_factory=dict, metadata=reads(_env))
     policy: RestartPolicy = field(default_factory=RestartPolicy)
 
 
@@ -102,7 +233,7 @@ class Topology:
     supervisor: dict = field(default_factory=dict)   # hang_kill_after, status_interval
     slurm: dict = field(default_factory=dict)
     torchrun: dict = field(default_factory=dict)
-    lines: dict[str, int] = field(default_factory=dict)
+    lines: Any = field(default_factory=dict)    # dotted key -> line (.get), for messages
 
     # ------------------------------------------------------------------------------------------ derived
     def count(self, role: str) -> int:
@@ -110,11 +241,7 @@ class Topology:
         return r.count if r else 0
 
     def where(self, key: str) -> str:
-        line = self.lines.get(key)
-        while line is None and "." in key:
-            key = key.rsplit(".", 1)[0]
-            line = self.lines.get(key)
-        return f"{self.path}:{line}" if line else self.path
+        return _where(self.path, self.lines, key)
 
     def error(self, key: str, msg: str) -> TopologyError:
         return TopologyError(f"{self.where(key)}: {key}: {msg}")
@@ -225,17 +352,109 @@ class Topology:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# reading files
+# reading files: tomllib (or PyYAML) parses, the schema above checks, the lines are found for the messages
 
-_TOP_KEYS = {"job", "env", "supervisor", "nodes", "roles", "slurm", "torchrun", "head"}
-_ROLE_KEYS = {"count", "class", "nodes", "gpus_per_actor", "gpus", "colocate", "cpus_per_actor", "cpus", "env",
-              "restart", "max_restarts", "window", "group"}
-_NODE_KEYS = {"count", "gpus", "cpus", "slurm"}
-_SUP_KEYS = {"restart", "max_restarts", "window", "hang_kill_after", "status_interval"}
-_JOB_KEYS = {"config"}
-_SLURM_KEYS = {"job_name", "partition", "time", "account", "port", "output", "venv", "workdir", "layout",
-               "sbatch", "srun", "setup", "run_dir"}
-_TORCHRUN_KEYS = {"order"}
+@dataclass
+class _File:
+    """The top level of a topology file: its keys; each value is checked in its turn (the tables by their readers)."""
+    job: Any = field(default=None, metadata=reads(_any))
+    env: Any = field(default=None, metadata=reads(_any))
+    supervisor: Any = field(default=None, metadata=reads(_any))
+    nodes: Any = field(default=None, metadata=reads(_any))
+    roles: Any = field(default=None, metadata=reads(_any))
+    slurm: Any = field(default=None, metadata=reads(_any))
+    torchrun: Any = field(default=None, metadata=reads(_any))
+    head: Any = field(default=None, metadata=reads(_any))   # the head process's node group (default: the first)
+
+
+@dataclass
+class _Job:
+    config: str | None = field(default=None, metadata=reads(_str))   # the job's flags (TOML), relative to this file
+
+
+@dataclass
+class _Timers:
+    """[supervisor]'s own keys, beside the restart policy's `restart`, `max_restarts`, `window`."""
+    hang_kill_after: float | None = field(default=None, metadata=reads(_number(0)))
+    status_interval: float | None = field(default=None, metadata=reads(_number(0)))
+
+
+@dataclass
+class _Slurm:
+    """[slurm] (docs/launch.md); the keys checked as `_any` go into the batch script as they are."""
+    job_name: Any = field(default=None, metadata=reads(_any))
+    partition: Any = field(default=None, metadata=reads(_any))
+    time: Any = field(default=None, metadata=reads(_any))
+    account: Any = field(default=None, metadata=reads(_any))
+    port: int | None = field(default=None, metadata=reads(_int(1)))
+    output: Any = field(default=None, metadata=reads(_any))
+    venv: Any = field(default=None, metadata=reads(_any))
+    workdir: Any = field(default=None, metadata=reads(_any))
+    layout: str | None = field(default=None, metadata=reads(_one_of("auto", "heterogeneous", "homogeneous")))
+    sbatch: list[str] | None = field(default=None, metadata=reads(_strings))
+    srun: list[str] | None = field(default=None, metadata=reads(_strings))
+    setup: list[str] | None = field(default=None, metadata=reads(_strings))
+    run_dir: Any = field(default=None, metadata=reads(_any))
+
+
+@dataclass
+class _Torchrun:
+    order: list[str] | None = field(default=None, metadata=reads(_any))   # checked against the topology's roles
+
+
+def _keys_of(cls: type) -> dict[str, Any]:
+    """The file keys a schema dataclass reads -> their fields."""
+    return {f.metadata["name"] or f.name: f for f in fields(cls) if "check" in f.metadata}
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+            for f in fields(cls) if "check" in f.metadata}
+
+
+def _where(path: str, lines, key: str) -> str:
+    """`path:line` of `key`, else of the nearest enclosing key that has one, else `path`."""
+    line = lines.get(key)
+    while line is None and "." in key:
+        key = key.rsplit(".", 1)[0]
+        line = lines.get(key)
+    return f"{path}:{line}" if line else path
+
+
+class _Reader:
+    """Reads a topology's tables with the schema; every error names the file, the line and the key."""
+
+    def __init__(self, path: str, lines):
+        self.path, self.lines = path, lines
+
+    def err(self, key: str, msg: str) -> TopologyError:
+        return TopologyError(f"{_where(self.path, self.lines, key)}: {key}: {msg}")
+
+    def read(self, table: Any, at: str, schema: type, also: tuple[type, ...] = (), skip: tuple[str, ...] = (),
+             start: dict | None = None) -> dict:
+        """The table at dotted key `at`, read with the dataclass `schema`: {field name: checked value}, over
+        `start`. A key that neither `schema` nor `also` (read separately from the same table) has, or that is in
+        `skip`, is refused, naming the closest one."""
+        table = self.value(_table, table, at)
+        fields_ = _keys_of(schema)
+        allowed = {k for cls in (schema, *also) for k in _keys_of(cls)} - set(skip)
+        for k in table:
+            if k not in allowed:
+                close = difflib.get_close_matches(k, sorted(allowed), n=1, cutoff=0.7)
+                raise self.err(f"{at}.{k}" if at else k,
+                               f"unknown key{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                               f"allowed: {', '.join(sorted(allowed))}")
+        given = dict(start or {})
+        for k, f in fields_.items():
+            if k in table and k not in skip:
+                given[f.name] = self.value(f.metadata["check"], table[k], f"{at}.{k}" if at else k, given)
+        return given
+
+    def value(self, check, v: Any, at: str, given: dict | None = None):
+        try:
+            return check(v, given)
+        except _Bad as bad:
+            raise self.err(f"{at}.{bad.sub}" if bad.sub else at, str(bad)) from None
 
 
 def load_topology(path: str | os.PathLike) -> Topology:
@@ -253,7 +472,7 @@ def load_topology(path: str | os.PathLike) -> Topology:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise TopologyError(f"{path}: not valid TOML: {exc}") from None
-        lines = toml_key_lines(text)
+        lines = TomlLines(text)
     return from_dict(data, path, lines)
 
 
@@ -285,334 +504,132 @@ def _load_yaml(path: str, text: str) -> tuple[dict, dict[str, int]]:
     return data, lines
 
 
-_BARE = r"[A-Za-z0-9_-]+"
-_QUOTED = r'"(?:[^"\\]|\\.)*"|\'[^\']*\''
-_KEY = rf"(?:{_BARE}|{_QUOTED})(?:\s*\.\s*(?:{_BARE}|{_QUOTED}))*"
+class TomlLines:
+    """Dotted key -> the line where a TOML text defines it (`.get`), for error messages: tomllib gives no positions
+    for what it parsed fine, so it is asked for the text's prefixes line by line; a key belongs to the statement
+    after which it first appears (its first line: a multi-line array's `key = [`). Found on first use."""
 
+    def __init__(self, text: str):
+        self.text, self._lines = text, None
 
-def _split_key(k: str) -> list[str]:
-    parts = re.findall(rf"{_BARE}|{_QUOTED}", k)
-    return [p[1:-1] if p[:1] in "\"'" else p for p in parts]
+    def get(self, key: str, default=None):
+        if self._lines is None:
+            self._lines = toml_key_lines(self.text)
+        return self._lines.get(key, default)
 
 
 def toml_key_lines(text: str) -> dict[str, int]:
-    """Dotted key -> 1-based line where it is defined (tables, array-of-tables entries as key.N, inline tables)."""
+    """Dotted key -> 1-based line (tables, keys, inline tables; the entries of an array of tables as `key.N`)."""
+    rows = text.splitlines(keepends=True)
     lines: dict[str, int] = {}
-    table: list[str] = []
-    arrays: dict[str, int] = {}
-    depth = 0          # open brackets of a multi-line value
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw).strip()
-        if depth > 0:
-            depth += _bracket_balance(line)
-            continue
-        if not line:
-            continue
-        m = re.match(rf"^\[\[\s*({_KEY})\s*\]\]$", line)
-        if m:
-            parts = _split_key(m.group(1))
-            base = ".".join(parts)
-            n = arrays.get(base, -1) + 1
-            arrays[base] = n
-            lines.setdefault(base, no)
-            table = parts + [str(n)]
-            lines[".".join(table)] = no
-            continue
-        m = re.match(rf"^\[\s*({_KEY})\s*\]$", line)
-        if m:
-            table = _split_key(m.group(1))
-            for i in range(1, len(table) + 1):
-                lines.setdefault(".".join(table[:i]), no)
-            lines[".".join(table)] = no
-            continue
-        m = re.match(rf"^({_KEY})\s*=\s*(.*)$", line)
-        if m:
-            key = table + _split_key(m.group(1))
-            for i in range(len(table) + 1, len(key) + 1):
-                lines.setdefault(".".join(key[:i]), no)
-            value = m.group(2)
-            if value.startswith("{"):
-                _inline_lines(value, key, no, lines)
-            depth = max(0, _bracket_balance(value))
+    start = 0                                   # the row after the last prefix that parsed
+    for end in range(1, len(rows) + 1):
+        try:
+            data = tomllib.loads("".join(rows[:end]))
+        except tomllib.TOMLDecodeError:
+            continue                            # inside a multi-line value
+        while start < end - 1 and rows[start].strip()[:1] in ("", "#"):
+            start += 1                          # blank lines and comments before the statement
+        for key in _dotted(data):
+            lines.setdefault(key, start + 1)
+        start = end
     return lines
 
 
-def _inline_lines(value: str, prefix: list[str], no: int, lines: dict[str, int]) -> None:
-    body = _strip_strings(value)
-    for m in re.finditer(rf"(?:^|[{{,])\s*({_KEY})\s*=", body):
-        lines.setdefault(".".join(prefix + _split_key(m.group(1))), no)
+def _dotted(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        yield key
+        if isinstance(v, dict):
+            yield from _dotted(v, key + ".")
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                yield f"{key}.{i}"
+                yield from _dotted(x, f"{key}.{i}.")
 
 
-def _strip_strings(s: str) -> str:
-    return re.sub(_QUOTED, '""', s)
-
-
-def _strip_comment(s: str) -> str:
-    out, q = [], None
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if q:
-            out.append(c)
-            if c == "\\" and q == '"' and i + 1 < len(s):
-                out.append(s[i + 1])
-                i += 1
-            elif c == q:
-                q = None
-        elif c in "\"'":
-            q = c
-            out.append(c)
-        elif c == "#":
-            break
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _bracket_balance(s: str) -> int:
-    s = _strip_strings(s)
-    return s.count("[") + s.count("{") - s.count("]") - s.count("}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# validation
-
-class _V:
-    """Typed getters that raise TopologyError naming the key and its line."""
-
-    def __init__(self, path: str, lines: dict[str, int]):
-        self.path, self.lines = path, lines
-
-    def err(self, key: str, msg: str) -> TopologyError:
-        line = self.lines.get(key)
-        k = key
-        while line is None and "." in k:
-            k = k.rsplit(".", 1)[0]
-            line = self.lines.get(k)
-        where = f"{self.path}:{line}" if line else self.path
-        return TopologyError(f"{where}: {key}: {msg}")
-
-    def table(self, d: Any, key: str) -> dict:
-        if d is None:
-            return {}
-        if not isinstance(d, dict):
-            raise self.err(key, f"must be a table, got {_show(d)}")
-        return d
-
-    def keys(self, d: dict, allowed: set, key: str) -> None:
-        for k in d:
-            if k not in allowed:
-                hint = _close(k, allowed)
-                raise self.err(f"{key}.{k}" if key else k,
-                               f"unknown key{f' (did you mean {hint!r}?)' if hint else ''}; "
-                               f"allowed: {', '.join(sorted(allowed))}")
-
-    def int(self, v: Any, key: str, lo: int = 0) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise self.err(key, f"must be an integer >= {lo}, got {_show(v)}")
-        return v
-
-    def num(self, v: Any, key: str, lo: float = 0.0) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= lo:
-            raise self.err(key, f"must be a number > {lo:g}, got {_show(v)}")
-        return float(v)
-
-    def bool(self, v: Any, key: str) -> bool:
-        if not isinstance(v, bool):
-            raise self.err(key, f"must be true or false, got {_show(v)}")
-        return v
-
-    def str(self, v: Any, key: str) -> str:
-        if not isinstance(v, str) or not v:
-            raise self.err(key, f"must be a non-empty string, got {_show(v)}")
-        return v
-
-    def env(self, v: Any, key: str) -> dict[str, str]:
-        d = self.table(v, key)
-        out = {}
-        for k, val in d.items():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-                raise self.err(f"{key}.{k}", "is not a valid environment variable name")
-            if isinstance(val, bool):
-                val = "1" if val else "0"
-            if not isinstance(val, (str, int, float)):
-                raise self.err(f"{key}.{k}", f"must be a string or number, got {_show(val)}")
-            out[k] = str(val)
-        return out
-
-    def index_lists(self, v: Any, key: str, count: int, what: str) -> list[list[int]]:
-        """[[0,1],[2,3]] (one list per actor) or [0,1] (the same for every actor)."""
-        if not isinstance(v, list) or not v:
-            raise self.err(key, f"must be a list of {what} indexes (one list per actor, or one for all)")
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            lists = [list(v)] * count
-        elif all(isinstance(x, list) for x in v):
-            if len(v) != count:
-                raise self.err(key, f"has {len(v)} lists but the role has {count} actor(s)")
-            lists = [list(x) for x in v]
-        else:
-            raise self.err(key, f"must be a list of {what} indexes (one list per actor, or one for all)")
-        for lst in lists:
-            for x in lst:
-                if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-                    raise self.err(key, f"{what} indexes must be integers >= 0, got {_show(x)}")
-        return lists
-
-
-def _show(v: Any) -> str:
-    return f"{type(v).__name__} {v!r}" if not isinstance(v, (dict, list)) else type(v).__name__
-
-
-def _close(k: str, allowed) -> str | None:
-    import difflib
-    m = difflib.get_close_matches(k, list(allowed), n=1, cutoff=0.7)
-    return m[0] if m else None
-
-
-def _policy(v: _V, d: dict, key: str, base: RestartPolicy) -> RestartPolicy:
-    p = RestartPolicy(base.restart, base.max_restarts, base.window, base.group)
-    if "restart" in d:
-        p.restart = v.bool(d["restart"], f"{key}.restart")
-    if "max_restarts" in d:
-        p.max_restarts = v.int(d["max_restarts"], f"{key}.max_restarts")
-    if "window" in d:
-        p.window = v.num(d["window"], f"{key}.window")
-    if "group" in d:
-        p.group = v.bool(d["group"], f"{key}.group")
-    return p
-
-
-def from_dict(data: dict, path: str = "<topology>", lines: dict[str, int] | None = None) -> Topology:
-    v = _V(path, lines or {})
-    v.keys(data, _TOP_KEYS, "")
-    job = v.table(data.get("job"), "job")
-    v.keys(job, _JOB_KEYS, "job")
-    job_config = None
-    if "config" in job:
-        job_config = v.str(job["config"], "job.config")
+def from_dict(data: dict, path: str = "<topology>", lines=None) -> Topology:
+    """The topology of a parsed file. `lines`: dotted key -> line (anything with `.get`), for the messages."""
+    lines = lines if lines is not None else {}
+    rd = _Reader(path, lines)
+    top = _File(**rd.read(data, "", _File))
+    job = _Job(**rd.read(top.job, "job", _Job))
+    job_config = job.config
+    if job_config is not None:
         cand = Path(path).resolve().parent / job_config
         if not Path(job_config).is_absolute() and cand.exists():
             job_config = str(cand)
-    env = v.env(data.get("env"), "env")
-    sup = v.table(data.get("supervisor"), "supervisor")
-    v.keys(sup, _SUP_KEYS, "supervisor")
-    base = _policy(v, sup, "supervisor", RestartPolicy())
-    supervisor = {}
-    for k in ("hang_kill_after", "status_interval"):
-        if k in sup:
-            supervisor[k] = v.num(sup[k], f"supervisor.{k}")
+    env = rd.value(_env, top.env, "env")
+    base = RestartPolicy(**rd.read(top.supervisor, "supervisor", RestartPolicy, also=(_Timers,), skip=("group",),
+                                   start=_defaults(RestartPolicy)))
+    supervisor = rd.read(top.supervisor, "supervisor", _Timers, also=(RestartPolicy,), skip=("group",))
 
-    nodes_d = v.table(data.get("nodes"), "nodes")
-    nodes: dict[str, NodeGroup] = {}
-    for name, nd in nodes_d.items():
-        key = f"nodes.{name}"
-        nd = v.table(nd, key)
-        v.keys(nd, _NODE_KEYS, key)
-        ng = NodeGroup(name)
-        if "count" in nd:
-            ng.count = v.int(nd["count"], f"{key}.count", 1)
-        if "gpus" in nd:
-            ng.gpus = v.int(nd["gpus"], f"{key}.gpus")
-        if "cpus" in nd:
-            ng.cpus = v.int(nd["cpus"], f"{key}.cpus", 1)
-        if "slurm" in nd:
-            ng.slurm = v.table(nd["slurm"], f"{key}.slurm")
-        nodes[name] = ng
+    nodes = {name: NodeGroup(name, **rd.read(nd, f"nodes.{name}", NodeGroup, start=_defaults(NodeGroup)))
+             for name, nd in rd.value(_table, top.nodes, "nodes").items()}
     if not nodes:
         nodes["local"] = NodeGroup("local")
     first_group = next(iter(nodes))
 
-    roles_d = v.table(data.get("roles"), "roles")
+    roles_d = rd.value(_table, top.roles, "roles")
     if not roles_d:
-        raise v.err("roles", "the topology names no roles (add [roles.buffer], [roles.rollout], ...)")
+        raise rd.err("roles", "the topology names no roles (add [roles.buffer], [roles.rollout], ...)")
     roles: dict[str, RoleSpec] = {}
-    for name, rd in roles_d.items():
+    for name, table in roles_d.items():
         key = f"roles.{name}"
         if name in HEAD_ROLES:
-            raise v.err(key, f"{name} runs in the head process; choose its node with `head = \"GROUP\"`")
+            raise rd.err(key, f"{name} runs in the head process; choose its node with `head = \"GROUP\"`")
         if not re.match(r"^[a-z][a-z0-9_]*$", name):
-            raise v.err(key, "role names are lower-case letters, digits and _")
-        rd = v.table(rd, key)
-        v.keys(rd, _ROLE_KEYS, key)
-        cls = v.str(rd["class"], f"{key}.class") if "class" in rd else None
-        if cls is None and name not in BUILTIN_ROLES:
-            raise v.err(key, f"unknown role (built in: {', '.join(BUILTIN_ROLES)}); give `class = \"pkg.mod:Class\"` "
-                             "for your own")
-        if cls is not None and ":" not in cls:
-            raise v.err(f"{key}.class", f"must be module:Class, got {cls!r}")
-        count = v.int(rd.get("count", 1), f"{key}.count")
-        group = v.str(rd["nodes"], f"{key}.nodes") if "nodes" in rd else first_group
-        if group not in nodes:
-            raise v.err(f"{key}.nodes", f"no node group {group!r} (node groups: {', '.join(nodes)})")
+            raise rd.err(key, "role names are lower-case letters, digits and _")
+        r = RoleSpec(name, **rd.read(table, key, RoleSpec, also=(RestartPolicy,), start=_defaults(RoleSpec)))
         # a trainer rank's death breaks its process group: restart the whole group by default
-        pol_base = RestartPolicy(base.restart, base.max_restarts, base.window, name == "trainer")
-        r = RoleSpec(name, count, cls, group, env=v.env(rd.get("env"), f"{key}.env"),
-                     policy=_policy(v, rd, key, pol_base))
-        if "gpus_per_actor" in rd:
-            r.gpus_per_actor = v.int(rd["gpus_per_actor"], f"{key}.gpus_per_actor")
-        if "gpus" in rd:
-            r.gpus = v.index_lists(rd["gpus"], f"{key}.gpus", count, "GPU")
-        if "colocate" in rd:
-            r.colocate = v.str(rd["colocate"], f"{key}.colocate")
-        if "cpus_per_actor" in rd:
-            r.cpus_per_actor = v.int(rd["cpus_per_actor"], f"{key}.cpus_per_actor")
-        if "cpus" in rd:
-            r.cpus = v.index_lists(rd["cpus"], f"{key}.cpus", count, "CPU")
+        r.policy = RestartPolicy(**rd.read(table, key, RestartPolicy, also=(RoleSpec,),
+                                           start={**asdict(base), "group": name == "trainer"}))
+        if r.cls is None and name not in BUILTIN_ROLES:
+            raise rd.err(key, f"unknown role (built in: {', '.join(BUILTIN_ROLES)}); give `class = \"pkg.mod:Class\"` "
+                              "for your own")
+        r.nodes = r.nodes or first_group
+        if r.nodes not in nodes:
+            raise rd.err(f"{key}.nodes", f"no node group {r.nodes!r} (node groups: {', '.join(nodes)})")
         if sum(x is not None and x != 0 for x in (r.gpus, r.colocate, r.gpus_per_actor)) > 1:
-            raise v.err(key, "give one of gpus, gpus_per_actor or colocate")
+            raise rd.err(key, "give one of gpus, gpus_per_actor or colocate")
         if r.cpus is not None and r.cpus_per_actor:
-            raise v.err(key, "give one of cpus or cpus_per_actor")
-        ng = nodes[group]
-        if r.gpus is not None:
-            for lst in r.gpus:
-                for g in lst:
-                    if g >= ng.gpus:
-                        raise v.err(f"{key}.gpus", f"GPU {g} does not exist: node group {group!r} has "
-                                                   f"{ng.gpus} GPU(s) per node (nodes.{group}.gpus)")
-        if r.cpus is not None:
-            total = ng.cpus or os.cpu_count() or 1
-            for lst in r.cpus:
-                for c in lst:
-                    if c >= total:
-                        raise v.err(f"{key}.cpus", f"CPU {c} does not exist: node group {group!r} has {total} "
-                                                   "CPU(s) per node")
+            raise rd.err(key, "give one of cpus or cpus_per_actor")
+        ng = nodes[r.nodes]
+        for g in (g for lst in r.gpus or () for g in lst):
+            if g >= ng.gpus:
+                raise rd.err(f"{key}.gpus", f"GPU {g} does not exist: node group {r.nodes!r} has {ng.gpus} GPU(s) "
+                                            f"per node (nodes.{r.nodes}.gpus)")
+        total = ng.cpus or os.cpu_count() or 1
+        for c in (c for lst in r.cpus or () for c in lst):
+            if c >= total:
+                raise rd.err(f"{key}.cpus", f"CPU {c} does not exist: node group {r.nodes!r} has {total} CPU(s) "
+                                            "per node")
         roles[name] = r
     for r in roles.values():
         if r.colocate is not None:
             other = roles.get(r.colocate)
             if other is None or other is r:
-                raise v.err(f"roles.{r.name}.colocate", f"no other role named {r.colocate!r} to share GPUs with")
+                raise rd.err(f"roles.{r.name}.colocate", f"no other role named {r.colocate!r} to share GPUs with")
             if other.nodes != r.nodes:
-                raise v.err(f"roles.{r.name}.colocate", f"{r.name} runs on node group {r.nodes!r} but "
-                                                        f"{other.name} on {other.nodes!r}: colocated roles share "
-                                                        "nodes")
+                raise rd.err(f"roles.{r.name}.colocate", f"{r.name} runs on node group {r.nodes!r} but "
+                                                         f"{other.name} on {other.nodes!r}: colocated roles share "
+                                                         "nodes")
             if not (other.gpus or other.gpus_per_actor):
-                raise v.err(f"roles.{r.name}.colocate", f"role {other.name!r} has no GPUs to share")
+                raise rd.err(f"roles.{r.name}.colocate", f"role {other.name!r} has no GPUs to share")
 
-    head = data.get("head", first_group)
-    head = v.str(head, "head")
+    head = rd.value(_str, data.get("head", first_group), "head")
     if head not in nodes:
-        raise v.err("head", f"no node group {head!r} (node groups: {', '.join(nodes)})")
-    for name, ng in nodes.items():
+        raise rd.err("head", f"no node group {head!r} (node groups: {', '.join(nodes)})")
+    for name in nodes:
         if not any(r.nodes == name for r in roles.values()) and name != head:
-            raise v.err(f"nodes.{name}", "no role runs on this node group")
-    slurm = v.table(data.get("slurm"), "slurm")
-    v.keys(slurm, _SLURM_KEYS, "slurm")
-    if "port" in slurm:
-        v.int(slurm["port"], "slurm.port", 1)
-    if "layout" in slurm and slurm["layout"] not in ("auto", "heterogeneous", "homogeneous"):
-        raise v.err("slurm.layout", f"must be auto, heterogeneous or homogeneous, got {slurm['layout']!r}")
-    for k in ("sbatch", "srun", "setup"):
-        if k in slurm and not (isinstance(slurm[k], list) and all(isinstance(x, str) for x in slurm[k])):
-            raise v.err(f"slurm.{k}", "must be a list of strings")
-    torchrun = v.table(data.get("torchrun"), "torchrun")
-    v.keys(torchrun, _TORCHRUN_KEYS, "torchrun")
-    if "order" in torchrun:
-        order = torchrun["order"]
-        if not isinstance(order, list) or any(o not in roles for o in order):
-            raise v.err("torchrun.order", f"must list roles of this topology ({', '.join(roles)})")
-    topo = Topology(path, roles, nodes, head, job_config, env, supervisor, slurm, torchrun, lines or {})
+            raise rd.err(f"nodes.{name}", "no role runs on this node group")
+    slurm = rd.value(_table, top.slurm, "slurm")
+    rd.read(slurm, "slurm", _Slurm)
+    torchrun = rd.value(_table, top.torchrun, "torchrun")
+    order = rd.read(torchrun, "torchrun", _Torchrun).get("order", [])
+    if not isinstance(order, list) or any(o not in roles for o in order):
+        raise rd.err("torchrun.order", f"must list roles of this topology ({', '.join(roles)})")
+    topo = Topology(path, roles, nodes, head, job_config, env, supervisor, slurm, torchrun, lines)
     topo.plan()  # resource errors now, with their lines
     return topo
 

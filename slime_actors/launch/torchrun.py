@@ -35,6 +35,7 @@ from pathlib import Path
 from .. import env as E
 from ..config import JobConfig
 from ..log import get_logger
+from ..retry import RetryPolicy
 
 EXIT_TERMINATED = 143
 
@@ -101,7 +102,7 @@ def _store(master: str, port: int, rank: int):
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError
-    from .job_config import build_job_config
+    from .job_config import build_job_config, print_notes
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopologyError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    if rank == 0:
+        print_notes(cfg, prog)
     role, index = roles[rank]
     # where this rank is reached: tcp across nodes, ipc on one node
     if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
@@ -144,11 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: str) -> int:
-    from ..actors.controller import Controller
-    from ..actors.directory import Directory
+    """Rank 0: the head (launch/head.py), published in torchrun's store for the other ranks."""
     from ..log import setup_logging
-    from ..runtime import RuntimeConfig, job_keys
-    from .job import StatusBoard, engine_keys
+    from ..runtime import RuntimeConfig
+    from .head import Head, StatusBoard, report
     from .prepare import prepare_head
     fresh = restart == 0
     try:
@@ -159,81 +161,65 @@ async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: st
     run_dir = Path(cfg.run.run_dir).resolve()
     setup_logging(run_dir, "controller/0")
     log = get_logger(actor="torchrun-head")
-    rt = RuntimeConfig.for_job(cfg)
-    keys = job_keys(cfg.runtime.curve, run_dir, create=True)
-    engines = engine_keys(cfg, run_dir, True, prog=prog)
-    directory = Directory(0)
-    dep = await directory.start(rt)
-    rt.directory = dep
+    head = Head(cfg, RuntimeConfig.for_job(cfg), fresh=True, prog=prog)
+    dep = await head.open(restart=restart, run_id=os.environ.get("TORCHELASTIC_RUN_ID"))
     # what every other rank builds its actor from: the head's config (model resolved), the directory, the keys
     record = {"directory": dep, "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time(),
-              "restart": restart, **({"keys": keys.env()} if keys is not None else {}),
-              **({"engine_keys": engines.env()} if engines is not None else {})}
+              "restart": restart, **({"keys": head.keys.env()} if head.keys is not None else {}),
+              **({"engine_keys": head.engines.env()} if head.engines is not None else {})}
     store.set(f"{prefix}/head", json.dumps(record))
-    (run_dir / "head.json").write_text(json.dumps({"directory": dep, "pid": os.getpid(), "host": socket.gethostname(),
-                                                   "restart": restart,
-                                                   "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}))
     # a restarted job resumes from the newest checkpoint under --save
-    controller = Controller(0, args=cfg.to_dict(), resume_from_save=not fresh)
-    await controller.start(rt)
+    await head.start_controller(resume_from_save=not fresh)
     log.info("head up", directory=dep, restart=restart, world=os.environ.get("WORLD_SIZE"))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    expected = [p.name for p in topo.plan()]
-    board = StatusBoard(run_dir, expected, "changes")
+    board = StatusBoard(run_dir, [p.name for p in topo.plan()], "changes")
     code = 0
     try:
-        while not controller.done.done() and not stop.is_set():
-            await asyncio.sleep(0.2)
-            board.update(Directory.list(directory), Controller.status(controller), {}, restart)
+        await head.watch(stop, board, restarts=lambda: restart)
+        done = head.controller.done
         if stop.is_set():
             code = EXIT_TERMINATED   # torchrun stops the job (another rank failed): it restarts or gives up
-        elif controller.done.exception() is not None:
-            print(f"{prog}: training loop failed: {controller.done.exception()}", file=sys.stderr)
+        elif done.exception() is not None:
+            print(f"{prog}: training loop failed: {done.exception()}", file=sys.stderr)
             code = 1
         else:
-            result = controller.done.result()
+            result = done.result()
             result["torchrun_restarts"] = restart
-            (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
-            from .summary import print_summary
-            print_summary({**result, "seconds": round(time.monotonic() - board.t0, 1)}, run_dir)
+            report({**result, "seconds": round(time.monotonic() - board.t0, 1)}, run_dir)
     finally:
-        await controller.stop()
+        await head.stop_controller()
         if code == 0:  # the job is done: every rank stops and exits 0, so torchrun sees success
-            names = [n for n in Directory.list(directory) if n not in ("directory/0", "controller/0")]
+            names = [n for n in head.listing() if n not in ("directory/0", "controller/0")]
             for n in names:
                 try:
-                    await directory.tell(n, "_stop", {"reason": "the job ended"})
+                    await head.directory.tell(n, "_stop", {"reason": "the job ended"})
                 except Exception:
                     pass
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 60 and any(n in Directory.list(directory) for n in names):
-                await asyncio.sleep(0.2)
+            await head.wait_gone(names, 60)
         try:
             store.delete_key(f"{prefix}/head")
         except Exception:
             pass
-        await directory.stop()
+        await head.close()
     return code
 
 
 async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog: str) -> int:
-    from ..log import setup_logging
+    """A rank other than 0: its actor, built from the head's record in torchrun's store and run by the actor
+    process bootstrap (launch/actor.py); while the head is not up (or its record is the last round's) it knocks
+    again, 1 s apart, for SLIME_ACTORS_JOIN_TIMEOUT."""
     from ..mailbox.errors import MailboxError
     from ..mailbox.security import ENV_PUBLIC, ENV_SECRET
     from ..runtime import RuntimeConfig
+    from .actor import serve, set_up_process
     from .roles import job_class_for
     name = f"{role}/{index}"
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    t0 = time.monotonic()
-    join_timeout = E.JOIN_TIMEOUT.get()
-    actor = None
-    while True:
+
+    async def make():
         # the head's record (a restarted job may still show the last round's: then registering fails; read again)
         rec = json.loads(await loop.run_in_executor(None, store.get, f"{prefix}/head"))
         job = JobConfig.from_dict(rec["config"], source="the head's job config")
@@ -242,25 +228,16 @@ async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog
         os.environ.update(rec.get("engine_keys", {}))  # the engines' HTTP keys (what this rank starts inherits them)
         rt = RuntimeConfig.for_job(cfg)   # (this rank's transport: tcp across nodes)
         rt.directory = rec["directory"]
-        setup_logging(rt.run_dir, name)
-        cls = job_class_for(role, job)
-        actor = cls(index, args=job.to_dict())
-        try:
-            await actor.start(rt)
-            break
-        except MailboxError as exc:
-            await actor.stop("failed to start")
-            if time.monotonic() - t0 > join_timeout or stop.is_set():
-                print(f"{prog}: {name}: cannot join the head: {exc}", file=sys.stderr)
-                return 3
-            await asyncio.sleep(1.0)
-    waiter = asyncio.ensure_future(actor.wait_stopped())
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
-        await actor.stop("signal")
-        return EXIT_TERMINATED
-    return 0
+        set_up_process(name, rt.run_dir)
+        return job_class_for(role, job)(index, args=job.to_dict()), rt
+    join = RetryPolicy(attempts=None, deadline=E.JOIN_TIMEOUT.get(), base=1.0, factor=1.0, max_delay=1.0,
+                       retry_on=(MailboxError,))
+    try:
+        sig = await serve(make, join=join)
+    except MailboxError as exc:
+        print(f"{prog}: {name}: cannot join the head: {exc}", file=sys.stderr)
+        return 3
+    return EXIT_TERMINATED if sig else 0
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ class RemoteError(MailboxError):
 
 class UnknownPeer(MailboxError, LookupError):
     """No endpoint is known for the actor name (not registered in the directory)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same ask may succeed if sent again: the peer could not be reached or answered nothing (restarting,
+    declared down, a timeout), or it answered that it stopped while handling the ask (an error reply of type
+    MailboxError). An error the peer's handler raised is not transient: asking again gets the same answer."""
+    if isinstance(exc, RemoteError):
+        return exc.type == "MailboxError"
+    return isinstance(exc, MailboxError)

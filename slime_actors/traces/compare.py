@@ -18,7 +18,10 @@ from typing import Any
 VOLATILE_DIFF = frozenset(("ts", "time", "seconds", "pid", "host", "uptime", "endpoint", "url", "started",
                            "finished", "deadline", "dur_ns", "train_time", "master_port", "master_address",
                            "traceback", "trace_records", "restarts", "port", "addr", "master_addr", "group_name",
-                           "token", "time/"))
+                           "token", "time/",
+                           # what the timing of a run decides: how many requests were still running when a rollout
+                           # had its groups (end_rollout aborts them and hands their groups back)
+                           "aborted", "returned"))
 
 # A replay reproduces the computation and the recorded clocks, so fewer fields are left out; what remains measures
 # real elapsed time the recording did not keep (the trainer's timings) or the machine the replay runs on.

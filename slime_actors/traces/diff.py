@@ -25,7 +25,14 @@ IGNORED_METHODS = frozenset(("get_work", "register", "watch", "deregister", "loo
                              "_ping", "_stats", "_peer_down", "_peer_up", "_stop", "status", "engine_info",
                              "engine_ready"))
 KEY_FIELDS = ("rollout_id", "kind", "name", "work_id", "worker", "rank", "world_size", "weight_version")
-IGNORED_INPUTS = frozenset(("clock",))  # wall-clock readings differ in any two runs
+# inputs that describe the machine or the timing of a run, not its computation: clock readings, process ids, free
+# ports, an engine process's launch and exit-code polls, health probes and router registrations (taken on timers, so
+# their number differs too) -- they differ in any two runs
+IGNORED_INPUTS = frozenset(("clock", "clock.monotonic", "start_token", "pid", "engine.port", "engine.launch",
+                            "engine.poll", "engine.wait_healthy", "engine.health", "engine.health_generate",
+                            "router.port", "router.metrics_port", "router.launch", "router.poll",
+                            "router.wait_healthy", "router.has_worker", "router.add_worker", "router.remove_worker",
+                            "engine.abort_request"))  # (how many requests were still running: the timing's)
 # run-specific config values (paths, ports) that are not part of "the same config"
 CONFIG_IGNORED = frozenset(("run_dir", "save", "load", "hf_checkpoint", "save_debug_rollout_data",
                             "load_debug_rollout_data", "update_weight_disk_dir", "progress", "config"))

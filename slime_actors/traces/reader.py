@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import msgpack
 
 from ..mailbox.codec import header_as_dict
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
-SUPPORTED = (1, 2, 3, 4)  # docs/trace-format.md: what changed from one version to the next
+SUPPORTED = (1, 2, 3, 4, 5)  # docs/trace-format.md: what changed from one version to the next
 
 
 class TraceFormatError(ValueError):
@@ -98,6 +98,17 @@ def decode_recorded_body(raw: bytes, arrays: list | None) -> Any:
     return msgpack.unpackb(raw, ext_hook=hook, raw=False, strict_map_key=False)
 
 
+class Step(NamedTuple):
+    """One step of one of the actor's tasks (version 5): which task, when it began, and the external call it resumed
+    from (a `resume` record: "ask", "recorded_async" ...; None for a `step`). `offset` orders it among the file's
+    events."""
+
+    offset: int
+    t_ns: int
+    task: str
+    resume: str | None
+
+
 @dataclass
 class TraceFile:
     path: Path
@@ -105,6 +116,7 @@ class TraceFile:
     events: list[Event]
     truncated: bool = False
     truncated_at: int = 0
+    schedule: list[Step] = field(default_factory=list)  # the actor's schedule, in file order (version 5)
 
 
 def read_file(path: str | os.PathLike) -> TraceFile:
@@ -142,6 +154,7 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                                         "(docs/trace-format.md)")
     actor = meta.get("actor", "?")
     events: list[Event] = []
+    schedule: list[Step] = []
     truncated = False
     offset = 0
     while True:
@@ -161,6 +174,15 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                                                  "body_hash, arrays, extra] (a recv may add dur_ns), "
                                                  f"got {str(rec)[:120]}")
         ev, t, hraw, body, size, bhash, arrays, extra = rec[:8]
+        if ev in SCHEDULE_EVENTS:  # the actor's schedule: [event, t, call name or b"", task name, size, nil...]
+            if len(rec) != 8 or not isinstance(hraw, bytes) or not isinstance(body, bytes) or \
+                    (ev == "step") != (hraw == b""):
+                what = "an empty header" if ev == "step" else "the call's name as the header"
+                raise TraceFormatError(path, offset, f"expected a {ev} record [{ev}, time_ns, header, task name, size, "
+                                                     f"nil, nil, nil] with {what}, got {str(rec)[:120]}")
+            schedule.append(Step(offset, t, body.decode("utf-8", "replace"),
+                                 hraw.decode("utf-8", "replace") if ev == "resume" else None))
+            continue
         problem = _check_record(ev, hraw, body, size, arrays, extra) or (_check_outcome(ev, extra, rec[8])
                                                                          if len(rec) == 9 else None)
         if problem:
@@ -193,10 +215,11 @@ def read_file(path: str | os.PathLike) -> TraceFile:
             events.append(Event(actor, "handled", th, header, None, 0, None, None, handled, str(path), offset))
             continue
         events.append(Event(actor, ev, t, header, body, size, bhash, arrays, extra, str(path), offset))
-    return TraceFile(path, meta, events, truncated, offset if truncated else 0)
+    return TraceFile(path, meta, events, truncated, offset if truncated else 0, schedule)
 
 
 EVENTS = ("send", "recv", "handled", "drop", "input")
+SCHEDULE_EVENTS = ("step", "resume")  # kept apart from the events: TraceFile.schedule
 _HEADER_KEYS = ("id", "kind", "from", "to", "method")
 
 

@@ -12,8 +12,14 @@ as usual, except that
 * the event loop runs on a virtual clock that starts at the recording's start and jumps to the next recorded event
   or timer whenever the actor is idle, so a replay takes the time of its computation, not of the run (asyncio.sleep,
   wait_for and ask deadlines all follow it). Work in threads (`run_blocking`) runs for real, with the clock stopped;
+* its schedule is `ReplaySchedule`: the actor's tasks take their steps in the order the recording's schedule holds
+  (trace version 5: slime_actors/actors/schedule.py), and inbound messages arrive at their place among them. When a
+  task's recorded turn cannot come (the replay diverged), that is reported ("schedule") and the rest runs freely;
+  a recording without a schedule runs freely throughout, with a note;
 * it cannot reach the network: socket connects raise (an actor that tries is reported), the trainer's weight
-  broadcast is a no-op, the rollout worker starts no engine;
+  broadcast is a no-op, the rollout worker starts no engine (its launch, exit codes and health are recorded);
+* it is handed these stand-ins through `Actor.start(host=ReplayHost(...))` (slime_actors/actors/host.py), not by
+  patching modules;
 * what it writes goes to a temporary directory: the run directory and the job's output paths (--save,
   --save-debug-rollout-data, ...) are mapped there, and mapped back before bodies are compared.
 
@@ -30,6 +36,7 @@ record it (SLIME_ACTORS_TRACE_BODY_LIMIT, --trace-keep-arrays).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -37,13 +44,17 @@ import shutil
 import socket
 import tempfile
 import time
+import types
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
+from ..actors import schedule as _schedule
+from ..actors.host import Host
+from ..actors.schedule import RESUME, STEP, Stepper, region_of
 from ..log import get_logger
 from ..mailbox import codec
 from .compare import Difference, first_difference, volatile_for_replay
@@ -64,6 +75,10 @@ class ReplayGap(ReplayError):
     """The recording lacks something the replay needs at this point."""
 
 
+class ReplayOver(ReplayError):
+    """The replayed actor asked for more than the recording holds while replay stopped it (after its last event)."""
+
+
 class ReplayNetworkError(ConnectionRefusedError):
     """A replayed actor tried to open a network connection."""
 
@@ -79,13 +94,17 @@ class Recording:
     file: TraceFile
     t0: int
     end: int
-    inbound: list[Event]                     # tells and asks the actor received, in order
+    inbound: list[Event]                     # tells, asks and heartbeats the actor received, in order
     outbound: list[Event]                    # what it sent (requests and replies), in order
     replies: dict[str, Event]                # ask id -> the reply/error the actor received
     handled: dict[str, Event]                # request id -> its handled record
     inputs: list[Event]
     drops: int
     other_files: list[str] = field(default_factory=list)
+    # the schedule (trace version 5): its tasks' steps and the inbound messages, in the order they happened
+    items: list[Item] = field(default_factory=list)
+    plumbing: dict[str, deque] = field(default_factory=dict)  # method -> the directory's replies to its asks
+    registered: bool = False  # it registered with a directory (asked it anything)
 
     @property
     def meta(self) -> dict:
@@ -105,20 +124,24 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
     else:
         tf = files[0]
     others = [str(f.path) for f in files if f is not tf]
-    events = sorted(tf.events, key=lambda e: (e.t_ns, e.offset))
-    plumbing_asks = {e.id for e in events if e.ev == "send" and e.kind == "ask" and e.method in PLUMBING
+    events = tf.events  # in the order they were written: the order they happened
+    plumbing_asks = {e.id: e for e in events if e.ev == "send" and e.kind == "ask" and e.method in PLUMBING
                      and e.header.get("to") == "directory/0"}
+    plumbing: dict[str, deque] = {}
     inbound, outbound, inputs = [], [], []
     replies, handled = {}, {}
     drops = 0
     for e in events:
         h = e.header or {}
         k = h.get("kind")
-        if e.ev == "recv" and k in ("tell", "ask"):
+        if e.ev == "recv" and k in ("tell", "ask", "hb"):
             inbound.append(e)
         elif e.ev == "recv" and k in ("reply", "error"):
-            if h.get("re") not in plumbing_asks:
+            ask = plumbing_asks.get(h.get("re"))
+            if ask is None:
                 replies.setdefault(h.get("re", ""), e)
+            else:
+                plumbing.setdefault(ask.method, deque()).append(e)
         elif e.ev == "send" and k in ("tell", "ask", "reply", "error"):
             if e.id in plumbing_asks:
                 continue
@@ -131,8 +154,34 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
             drops += 1
     t0 = tf.meta.get("started_ns") if isinstance(tf.meta.get("started_ns"), int) else (
         events[0].t_ns if events else 0)
-    end = events[-1].t_ns if events else t0
-    return Recording(actor, tf, t0, end, inbound, outbound, replies, handled, inputs, drops, others)
+    end = max((e.t_ns for e in events), default=t0)
+    items: list[Item] = []
+    if tf.schedule:
+        merged = [(e.offset, 0, e) for e in inbound] + [(st.offset, 1, st) for st in tf.schedule]
+        merged.sort(key=lambda x: (x[0], x[1]))
+        for _, is_step, x in merged:
+            if is_step:
+                items.append(Item(RESUME if x.resume else STEP, x.t_ns, x.task, None, x.resume, x.offset))
+            else:
+                items.append(Item(INBOUND, x.t_ns, None, x, None, x.offset))
+        end = max(end, tf.schedule[-1].t_ns)
+    return Recording(actor, tf, t0, end, inbound, outbound, replies, handled, inputs, drops, others, items,
+                     plumbing, bool(plumbing_asks))
+
+
+INBOUND = "inbound"
+
+
+class Item(NamedTuple):
+    """One entry of the recorded schedule: a step of task `task` (STEP, or RESUME from an external call), or the
+    delivery of an inbound message `event`."""
+
+    kind: str
+    t_ns: int
+    task: str | None
+    event: Event | None
+    call: str | None = None  # RESUME: the external call it resumed from ("ask", "recorded_async", ...)
+    offset: int = 0          # where it is in the trace file
 
 
 # ------------------------------------------------------------------------------------------------------- clock
@@ -143,6 +192,7 @@ class VirtualClock:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, start: float = 0.0, real_timeout: float = 600.0):
         self.loop, self.now, self.jobs, self.expired = loop, start, 0, False
+        self.schedule: ReplaySchedule | None = None  # told before the clock moves on while it waits for a task
         self.real_deadline = time.monotonic() + real_timeout
         self.real_timeout = real_timeout
         self._select = loop._selector.select
@@ -170,10 +220,285 @@ class VirtualClock:
             return self._select(0)
         if self.jobs:  # a thread is working: wait for it for real (its completion wakes the loop)
             return self._select(0.05)
+        if self.schedule is not None and self.schedule.idle(self.now, timeout):
+            return self._select(0)  # it gave up following the recorded schedule: things became ready
         if timeout is None:
             return self._select(0.01)  # nothing scheduled and nothing running: the replay driver ends it
         self.now += timeout
         return self._select(0)
+
+    def advance(self, vt: float) -> None:
+        """Move the clock forward to `vt` (never back)."""
+        if vt > self.now:
+            self.now = vt
+
+
+# ------------------------------------------------------------------------------------------------------- schedule
+FREE, NOW, TURN = "free", "now", "turn"  # what ReplaySchedule.turn() found
+STALL_SLACK = 0.5  # s of virtual time past a task's recorded step before replay decides it will not come
+
+
+class GatedStepper(Stepper):
+    """A tracked task of the replayed actor: each of its steps waits until the recorded schedule says it is its
+    turn (steps that begin inside an external call are ordered by the call's stand-in instead: ReplaySchedule.turn)."""
+
+    __slots__ = ("pending", "gate", "at")
+
+    def __init__(self, sched: "ReplaySchedule", tid: str, coro):
+        super().__init__(sched, tid, coro)
+        self.pending = None
+        self.gate = None
+        self.at = 0  # file offset of the recorded step it runs now (ReplaySchedule.turn)
+
+    def send(self, value):
+        return self._gated(False, (value,))
+
+    def throw(self, typ, val=None, tb=None):
+        return self._gated(True, (typ,) if val is None and tb is None else (typ, val, tb))
+
+    def _gated(self, is_throw: bool, args: tuple):
+        s = self.sched
+        if self.gate is not None:  # woken while waiting for its turn: its turn came, or it was cancelled
+            self.gate = None
+            if not is_throw:
+                is_throw, args = self.pending
+            self.pending = None
+        if self.region is None and not s.free and not s.take(self, STEP):
+            self.pending = (is_throw, args)
+            self.gate = s.gate(self)
+            self.gate._asyncio_future_blocking = True  # yielded to the task as an awaited future is
+            return self.gate
+        prev, _schedule._stepping = _schedule._stepping, self
+        try:
+            out = self.coro.throw(*args) if is_throw else self.coro.send(*args)
+        except BaseException:
+            self.region = None
+            s.ended(self)
+            raise
+        finally:
+            _schedule._stepping = prev
+        self.region = region_of(self.coro)
+        return out
+
+
+class ReplaySchedule:
+    """Runs the replayed actor's tracked tasks in the recorded order, and delivers its inbound messages where they
+    came in that order. Gives up (a "schedule" difference, then runs freely as a recording without a schedule would)
+    when the next recorded step cannot come: its task is not waiting for anything the replay can still deliver."""
+
+    replaying = True
+
+    def __init__(self, harness: "Harness", items: list[Item]):
+        self.h = harness
+        self.items = items
+        self.head = 0
+        self.loop = harness.loop
+        self.free = False
+        self.diverged: str | None = None
+        self.gated: dict[str, asyncio.Future] = {}
+        self.tasks: dict[str, GatedStepper] = {}
+        self.next_of: dict[str, collections.deque] = {}
+        for i, it in enumerate(items):
+            if it.task is not None:
+                self.next_of.setdefault(it.task, collections.deque()).append(i)
+        self.done = self.loop.create_future()  # set when it is over: the recording ended, or it gave up
+        self._pumping = False
+        self._stopping = False
+        self.ended_tasks: set[str] = set()  # tasks of the replay that ended
+        self.skipped = 0  # recorded steps of tasks that had already ended in the replay (changed code)
+        self._last_mid: str | None = None
+        self._last_n = 0
+
+    # the Schedule interface (schedule.py)
+    def stepper(self, coro, tid: str) -> GatedStepper:
+        st = GatedStepper(self, tid, coro)
+        self.tasks[tid] = st
+        return st
+
+    def task(self, coro, tid: str, name: str | None = None) -> asyncio.Task:
+        return self.loop.create_task(self.stepper(coro, tid), name=name)
+
+    dispatch_child = _schedule.Schedule.dispatch_child
+
+    def ended(self, st: GatedStepper) -> None:
+        self.tasks.pop(st.id, None)
+        self.ended_tasks.add(st.id)
+
+    # following the recording
+    def start(self) -> None:
+        self._pump_soon()
+
+    def take(self, st: Stepper, kind: str, call: str | None = None) -> bool:
+        """Is `st`'s next step (of `kind`; resuming from `call`) the next thing in the recording? Then it takes it."""
+        if self.head >= len(self.items):
+            self._over()
+            return True
+        it = self.items[self.head]
+        if it.task != st.id or it.kind != kind:
+            return False
+        if call is not None and it.call != call:
+            self.give_up(it, f"recorded: task {st.id} resumed from {it.call}; in the replay it returns from {call}")
+            return True
+        self.head += 1
+        q = self.next_of.get(st.id)
+        if q:
+            q.popleft()
+        st.at = it.offset
+        self.h.clock.advance(self.h.vt(it.t_ns))
+        self._pump_soon()
+        return True
+
+    def gate(self, st: Stepper) -> asyncio.Future:
+        """A future set when it is `st`'s turn (or the schedule is given up)."""
+        fut = self.loop.create_future()
+        old = self.gated.get(st.id)
+        if old is not None and not old.done():
+            old.cancel()
+        self.gated[st.id] = fut
+        self._pump_soon()
+        return fut
+
+    async def turn(self, call: str, recorded: Event | None = None) -> str:
+        """Called by the stand-in of external call `call` ("ask", ...) as it ends: waits for the recorded resumption
+        of the task that made the call. `recorded`: the call's record in the recording (what it sent, the input it
+        took), which tells whether the call suspended there: its record then comes after the record of the step
+        that made it (records of a step are written before the step's own, at its end). NOW: it did not suspend;
+        TURN: it did, and now is its turn; FREE: there is no schedule to follow (or the recording ended with the
+        task still in the call: then once the recording is over)."""
+        st = _schedule.current()
+        if st is None or st.sched is not self or self.free:
+            return FREE
+        if recorded is not None and recorded.offset < st.at:
+            return NOW  # recorded within the step that made the call: it returned without suspending
+        q = self.next_of.get(st.id)
+        nxt = self.items[q[0]] if q else None
+        if nxt is not None and (nxt.kind == STEP or (recorded is None and nxt.call != call)):
+            return NOW
+        if nxt is None:
+            if self.h.rec_stopped:  # the recording has no further step of this task, though it runs to the stop
+                self.give_up(None, f"task {st.id} returned from {call} in {_caller()}, a step the recording does "
+                                   "not have (the actor's code differs from the recorded run's)")
+                return FREE
+            await asyncio.shield(self.done)  # the recording was cut (a kill) with this task still waiting here
+            return FREE
+        cancelled = None
+        while not self.take(st, RESUME, call):
+            if self.free:
+                break
+            try:
+                await self.gate(st)
+            except asyncio.CancelledError as exc:  # cancelled while waiting: that too happens in its turn
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
+        return TURN if not self.free else FREE
+
+    def _pump_soon(self) -> None:
+        if not self._pumping and not self.free:
+            self._pumping = True
+            self.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Deliver the inbound messages at the head of the schedule; open the gate of the task whose turn it is."""
+        self._pumping = False
+        while not self.free:
+            if self.head >= len(self.items):
+                self._over()
+                return
+            it = self.items[self.head]
+            if it.task == _schedule.STOPPED and it.task not in self.tasks and not self._stopping:
+                # stopped from outside its tasks here: so is the replayed actor (its task "stop" takes the step)
+                self._stopping = True
+                self.h.clock.advance(self.h.vt(it.t_ns))
+                self.h.stop_as_recorded()
+                return
+            if it.kind != INBOUND and it.task in self.ended_tasks and it.task not in self.tasks:
+                # a step the recording has of a task that ended sooner in the replay (its code changed): the task
+                # will not run again; go on with the others' steps
+                self.head += 1
+                q = self.next_of.get(it.task)
+                if q:
+                    q.popleft()
+                self.skipped += 1
+                continue
+            if it.kind != INBOUND:
+                fut = self.gated.pop(it.task, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+                return
+            self.head += 1
+            self.h.clock.advance(self.h.vt(it.t_ns))
+            try:
+                self.h.deliver(it.event)
+            except ReplayGap:
+                self._over()
+                return
+
+    def idle(self, now: float, timeout: float | None) -> bool:
+        """The loop has nothing ready: the clock would move to now + timeout (None: nothing is scheduled). When the
+        task whose turn it is cannot be woken by then, the replay has left the recorded schedule: give up."""
+        if self.free or self.head >= len(self.items):
+            return False
+        it = self.items[self.head]
+        if it.kind == INBOUND or (it.task in self.ended_tasks and it.task not in self.tasks):
+            self._pump_soon()
+            return True
+        if timeout is not None and now + timeout <= self.h.vt(it.t_ns) + STALL_SLACK:
+            return False
+        st = self.tasks.get(it.task)
+        if st is None:
+            where = "there is no such task (never created, or it ended)"
+        elif it.task in self.gated:
+            where = "it is waiting for its turn"  # (not reached: a gated task at the head is released)
+        else:
+            where = f"it is still waiting at {_where(st.coro)}"
+        self.give_up(it, f"recorded: task {it.task} {'resumed from an external call' if it.kind == RESUME else 'ran'}"
+                         f" here; in the replay {where}")
+        return True
+
+    def give_up(self, it: Item | None, why: str) -> None:
+        if self.free:
+            return
+        self.diverged = why
+        self.h.schedule_diverged(it, why)
+        self._over()
+
+    def _over(self) -> None:
+        if self.free:
+            return
+        self.free = True
+        if self.diverged is None:  # all of it replayed: what the actor does from here on was never recorded
+            self.h.recording_over()
+        for fut in self.gated.values():
+            if not fut.done():
+                fut.set_result(None)
+        self.gated.clear()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def _caller() -> str:
+    """Where the actor's code made the external call whose stand-in runs now: the first frame up the stack that is
+    neither a stand-in nor an external call (function, file and line)."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None and (f.f_code in _schedule.REGIONS or f.f_code.co_filename == __file__):
+        f = f.f_back
+    if f is None:
+        return "(unknown)"
+    return f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{f.f_lineno})"
+
+
+def _where(coro) -> str:
+    """Where a suspended coroutine chain waits: the innermost frame's function, file and line."""
+    frame, c = None, coro
+    while type(c) is types.CoroutineType:
+        if c.cr_frame is not None:
+            frame = c.cr_frame
+        c = c.cr_await
+    if frame is None:
+        return "(not started)"
+    return f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
 
 
 # ------------------------------------------------------------------------------------------------------- outputs
@@ -220,8 +545,14 @@ class ReplayTracer:
         return _raise_or(value)
 
     async def replay_input_async(self, name: str, key: str | None):
-        value, t = self.h.take_input(name, key)
-        await self.h.sleep_until(t)
+        if not self.h.has_input(name, key):
+            # the recording's call never answered: it ended with the task still waiting in it (a killed process:
+            # never returns), or the task was cancelled in it (its turn raises CancelledError), or it is missing
+            await self.h.unless_last()
+            await self.h.turn("recorded_async")
+        value, ev = self.h.take_input_event(name, key)
+        if await self.h.turn("recorded_async", ev) == FREE:
+            await self.h.sleep_until(ev.t_ns)
         return _raise_or(value)
 
     def flush(self) -> None:
@@ -232,9 +563,38 @@ class ReplayTracer:
 
 
 def _raise_or(value):
-    if isinstance(value, dict) and "__raised__" in value and "message" in value and len(value) == 2:
-        raise type(str(value["__raised__"]), (RecordedError,), {})(value["message"])
-    return value
+    """A recorded input, or the exception its call raised (slime_actors.actors.base.raised): of the recorded class
+    when it can be imported (so the actor's `except EngineError` catches it as it did), else a RecordedError named
+    after it."""
+    if not (isinstance(value, dict) and "__raised__" in value and "message" in value
+            and set(value) <= {"__raised__", "message", "attrs"}):
+        return value
+    name, message = str(value["__raised__"]), str(value["message"])
+    cls = _exception_class(name)
+    if cls is None:
+        raise type(name.rpartition(":")[2].rpartition(".")[2], (RecordedError,), {})(message)
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, message)
+    attrs = value.get("attrs")
+    if isinstance(attrs, dict):
+        try:
+            exc.__dict__.update(attrs)
+        except AttributeError:
+            pass
+    raise exc
+
+
+def _exception_class(name: str):
+    import builtins
+    import importlib
+    mod, _, qual = name.rpartition(":")
+    try:
+        obj = importlib.import_module(mod) if mod else builtins
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return obj if isinstance(obj, type) and issubclass(obj, Exception) else None
 
 
 class ReplayMailbox:
@@ -277,26 +637,32 @@ class ReplayMailbox:
         return f"replay{self._n:010x}"
 
     async def heartbeat(self, to, body) -> None:
-        pass
+        await self.h.turn("heartbeat")
 
     async def tell(self, to: str, method: str, body: Any = None, *, host_copy: bool = False) -> str:
         out = self.h.sent("tell", to, method, body, None)
         self.stats["sent"] += 1
+        await self.h.turn("tell", out.matched)
         return out.id
 
     async def ask(self, to: str, method: str, body: Any = None, *, timeout: float | None = None,
                   idem: str | None = None, host_copy: bool = False) -> Any:
         from ..mailbox.errors import AskTimeout, RemoteError
         timeout = self.config.default_timeout if timeout is None else timeout
+        if to == "directory/0" and method in PLUMBING:  # the actor's own register/watch/deregister
+            return await self._plumbing(method, timeout)
         out = self.h.sent("ask", to, method, body, None)
         self.stats["sent"] += 1
         rec = out.matched
         reply = self.h.rec.replies.get(rec.id) if rec is not None else None
+        free = await self.h.turn("ask", reply) == FREE  # (the reply's record: after the step that asked)
         if reply is None:
             # not in the recording, or the recorded ask was never answered: a peer that does not answer
-            await asyncio.sleep(timeout)
+            if free:
+                await asyncio.sleep(timeout)
             raise AskTimeout(to, method, timeout)
-        await self.h.sleep_until(reply.t_ns)
+        if free:
+            await self.h.sleep_until(reply.t_ns)
         value = self.h.reply_value(reply, rec)
         self.stats["replies"] += 1
         if reply.kind == "error":
@@ -305,18 +671,86 @@ class ReplayMailbox:
                               str(e.get("message", "")), e.get("traceback"))
         return value
 
+    async def _plumbing(self, method: str, timeout: float) -> Any:
+        """The directory's recorded answer to the actor's own register/watch/deregister (not compared)."""
+        from ..mailbox.errors import AskTimeout, RemoteError
+        q = self.h.rec.plumbing.get(method)
+        reply = q.popleft() if q else None
+        if await self.h.turn("ask", reply) == FREE:
+            if reply is None:
+                await asyncio.sleep(timeout)
+            else:
+                await self.h.sleep_until(reply.t_ns)
+        if reply is None:
+            raise AskTimeout("directory/0", method, timeout)
+        value = self.h._decode(reply, f"the directory's reply to {method}", codec)
+        if reply.kind == "error":
+            e = value if isinstance(value, dict) else {"message": str(value)}
+            raise RemoteError("directory/0", method, str(e.get("type", "Error")), str(e.get("message", "")), None)
+        return value
+
     def reply_nowait(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False):
-        h = inbound.header
-        self.h.sent("reply" if error is None else "error", h.get("from", "?"), h.get("method", ""),
-                    body if error is None else error, h.get("id"))
-        self.stats["sent"] += 1
+        self._reply(inbound, body, error)
         return None
 
+    def _reply(self, inbound, body: Any, error: dict | None) -> "Out":
+        h = inbound.header
+        out = self.h.sent("reply" if error is None else "error", h.get("from", "?"), h.get("method", ""),
+                          body if error is None else error, h.get("id"))
+        self.stats["sent"] += 1
+        return out
+
     async def reply(self, inbound, body: Any = None, *, error: dict | None = None, host_copy: bool = False) -> None:
-        self.reply_nowait(inbound, body, error=error)
+        out = self._reply(inbound, body, error)
+        await self.h.turn("reply", out.matched)
 
     def reply_error_raw(self, identity, message) -> None:
         pass
+
+
+for _fn in (ReplayMailbox.ask, ReplayMailbox.tell, ReplayMailbox.reply, ReplayMailbox.heartbeat):
+    _schedule.external(_fn)
+
+
+class ReplayClock:
+    """The replayed actor's wall clock: the recording's time, on the virtual clock."""
+
+    def __init__(self, harness: "Harness"):
+        self.h = harness
+
+    def time(self) -> float:
+        return self.h.rec.t0 / 1e9 + self.h.loop.time()
+
+    def time_ns(self) -> int:
+        return self.h.rec.t0 + int(self.h.loop.time() * 1e9)
+
+
+class ReplayHost(Host):
+    """What the replayed actor gets instead of a process's: stand-ins (slime_actors/actors/host.py)."""
+
+    def __init__(self, harness: "Harness"):
+        self.h = harness
+        self.clock = ReplayClock(harness)
+        self.weight_sender = _NoWeightSender
+
+    def mailbox(self, name: str, **kw) -> "ReplayMailbox":
+        return ReplayMailbox(name, harness=self.h, **kw)
+
+    def tracer(self, path, actor, *, meta, body_limit, keep_arrays) -> "ReplayTracer":
+        return ReplayTracer(self.h)
+
+    def schedule(self, actor):
+        return self.h.sched
+
+    async def in_thread(self, fn):
+        """Thread work runs for real (the clock stands still meanwhile), then waits for its recorded resumption."""
+        try:
+            value = await asyncio.get_running_loop().run_in_executor(None, fn)
+        except BaseException:
+            await self.h.turn("run_blocking")
+            raise
+        await self.h.turn("run_blocking")
+        return value
 
 
 class _NoWeightSender:
@@ -431,11 +865,22 @@ class Harness:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="slime-replay-"))
         self.notes: list[str] = []
         if self.rec.other_files:
+            which = (f"replaying pid {pid}'s" if pid is not None else "replaying the first (--pid picks another)")
             self.notes.append(f"{actor} has {len(self.rec.other_files)} more trace file(s) (restarts): "
-                              f"{', '.join(self.rec.other_files)}; replaying the first (--pid picks another)")
+                              f"{', '.join(self.rec.other_files)}; {which}")
+        # the recording runs to the actor's stop (else its process was killed: it ends wherever the kill cut it)
+        self.rec_stopped = any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method == "_stop")
+                               for it in self.rec.items)
+        if self.rec.items and not self.rec_stopped:
+            self.notes.append("the recording ends without the actor being stopped (its process was killed?): the "
+                              "replay runs what it holds")
         if self.rec.drops:
             self.notes.append(f"the recording dropped {self.rec.drops} undecodable message(s); replay cannot "
                               "feed those")
+        if not self.rec.items:
+            self.notes.append("the recording holds no schedule (recorded before trace version 5): the actor's "
+                              "concurrent tasks run in the order the replay's timing gives, which may differ from "
+                              "the run's")
         self.outs: list[Out] = []
         self.replay_handled: dict[str, dict] = {}
         self.fed = 0
@@ -446,6 +891,7 @@ class Harness:
         # handler still waiting, cancelled, and its error reply) is compared only where the recording has it too
         self.final_stop_vt: float | None = None
         self.network: list[str] = []
+        self.schedule_findings: list[Finding] = []
         self._inputs: dict[str, deque] = {}
         for e in self.rec.inputs:
             self._inputs.setdefault(e.name or "?", deque()).append(e)
@@ -459,6 +905,9 @@ class Harness:
                 self._unmatched.setdefault((e.header.get("to"), e.method, e.header.get("parent")), []).append(e)
         self._matched_rec: dict[int, Out] = {}   # offset of a recorded send -> its replayed counterpart
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.clock: VirtualClock | None = None
+        self.sched: ReplaySchedule | None = None   # the recorded schedule, followed (None: the recording has none)
+        self.delivered: list[Event] = []            # inbound messages fed, in the order fed
         self.config: dict = {}
         self.fwd_map: list[tuple[str, str]] = []  # recorded path prefix -> replay path prefix
         self.actor = None
@@ -495,6 +944,9 @@ class Harness:
         return cfg
 
     def _map_paths(self, args: dict) -> None:
+        if args.get("use_wandb"):   # a replay must not log into the run's W&B project (nor reach its server)
+            args["use_wandb"] = False
+            self.notes.append("--use-wandb turned off: a replay logs to no W&B run")
         for old, new in self.user_map:
             self.fwd_map.append((old, new))
         run_dir = args.get("run_dir")
@@ -536,9 +988,48 @@ class Harness:
         if d > 0:
             await asyncio.sleep(d)
 
+    async def unless_last(self) -> None:
+        """At an external call whose answer the recording lacks: if the recording ends with the calling task waiting
+        in it (a process killed mid-run), the call never returns (stopping the actor cancels it)."""
+        s = self.sched
+        st = _schedule.current()
+        if s is None or s.free or st is None or st.sched is not s or s.next_of.get(st.id):
+            return
+        await self.loop.create_future()
+
+    async def turn(self, call: str, recorded: Event | None = None) -> str:
+        """The end of the stand-in of external call `call`: its task's recorded resumption (ReplaySchedule.turn)."""
+        if self.sched is None:
+            return FREE
+        return await self.sched.turn(call, recorded)
+
+    def recording_over(self) -> None:
+        if self.final_stop_vt is None:
+            self.final_stop_vt = self.loop.time()
+
+    def stop_as_recorded(self) -> None:
+        """The recording says the actor was stopped here from outside its tasks (a signal, the process hosting it)."""
+        self.notes.append(f"the recording stops the actor at +{self.loop.time():.3f}s (from outside its tasks: a "
+                          "signal or its host); so does the replay")
+        self.loop.create_task(self.actor.stop("stopped, as in the recording"))
+
+    def schedule_diverged(self, it: "Item | None", why: str) -> None:
+        t = it.t_ns if it is not None else self.t_of(self.loop.time())
+        self.schedule_findings.append(Finding(t, "schedule", f"the replay left the recorded schedule: {why}"))
     # ---------------------------------------------------------------------------------------- inputs and replies
-    def take_input(self, name: str, key: str | None) -> tuple[Any, int]:
+    def has_input(self, name: str, key: str | None) -> bool:
         q = self._inputs.get(name)
+        return bool(q) and (key is None or any((e.extra or {}).get("key") == key for e in q))
+
+    def take_input(self, name: str, key: str | None) -> tuple[Any, int]:
+        value, ev = self.take_input_event(name, key)
+        return value, ev.t_ns
+
+    def take_input_event(self, name: str, key: str | None) -> tuple[Any, Event]:
+        q = self._inputs.get(name)
+        if not q and self.final_stop_vt is not None:
+            # stopping after the recording ended: what the actor does now was never recorded (nor is it compared)
+            raise ReplayOver(f"{self.rec.actor} read input {name!r} while replay stopped it, after the recording")
         if not q:
             if not any(e.name == name for e in self.rec.inputs):
                 raise self.gap(f"the actor read input {name!r}, and the recording holds none: it was recorded "
@@ -559,7 +1050,7 @@ class Harness:
                                "recorded one): it diverged earlier, or its configuration differs")
         self.served_inputs += 1
         try:
-            return ev.body(), ev.t_ns
+            return ev.body(), ev
         except TraceFormatError as exc:
             raise self.gap(str(exc)) from None
 
@@ -667,11 +1158,22 @@ class Harness:
         if self.fwd_map and any(old.encode() in raw for old, _ in self.fwd_map):
             raw = _map_raw(raw, self._fwd)
         self.fed += 1
+        self.delivered.append(ev)
         self.actor.mailbox.stats["received"] += 1
         self.actor.mailbox.on_request(Inbound(h, msgpack.packb(h, use_bin_type=True), raw, frames, b"replay"))
 
     async def drive(self, start_task: asyncio.Task) -> None:
-        for ev in self.rec.inbound:
+        inbound = self.rec.inbound
+        if self.sched is not None:
+            # the schedule delivers the inbound messages in their place among the steps (ReplaySchedule._pump)
+            start_task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or self.sched._over())
+            self.sched.start()
+            await asyncio.shield(self.sched.done)
+            if start_task.done() and not start_task.cancelled() and start_task.exception() is not None:
+                return
+            # given up: what the recording still holds is delivered at its recorded times
+            inbound = [it.event for it in self.rec.items[self.sched.head:] if it.kind == INBOUND]
+        for ev in inbound:
             if self.stopped:
                 break
             await self.sleep_until(ev.t_ns)
@@ -692,14 +1194,25 @@ class Harness:
 
     async def main(self) -> None:
         from ..runtime import RuntimeConfig
+        from ..mailbox.mailbox import MailboxConfig
         cls = self._actor_class()
         self.config = self._build_config()
         self.actor = cls(self.index, **self.config)
         (self.workdir / "run").mkdir(parents=True, exist_ok=True)
-        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=None, curve=False, trace=True,
+        recorded = self.rec.meta.get("runtime") if isinstance(self.rec.meta.get("runtime"), dict) else {}
+        mb = MailboxConfig(**{k: recorded[k] for k in ("max_concurrency", "default_timeout") if k in recorded})
+        # an actor that registered with a directory does so again (the directory's recorded answers)
+        directory = "replay://directory/0" if self.rec.registered and self.rec.actor != "directory/0" else None
+        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=directory, curve=False, trace=True,
                            trace_body_limit=int(self.rec.meta.get("body_limit", 65536)),
-                           trace_keep_arrays=bool(self.rec.meta.get("keep_arrays")), heartbeat_interval=3600.0)
-        start_task = self.loop.create_task(self.actor.start(rt, endpoint="replay://"))
+                           trace_keep_arrays=bool(self.rec.meta.get("keep_arrays")),
+                           heartbeat_interval=float(recorded.get("heartbeat_interval", 3600.0)),
+                           liveness=int(recorded.get("liveness", 5)),
+                           transport=recorded.get("transport", "ipc"), mailbox=mb)
+        if self.rec.items:
+            self.sched = ReplaySchedule(self, self.rec.items)
+            self.clock.schedule = self.sched
+        start_task = self.loop.create_task(self.actor.start(rt, endpoint="replay://", host=ReplayHost(self)))
         await self.drive(start_task)
         if start_task.done() and not start_task.cancelled() and start_task.exception() is not None:
             exc = start_task.exception()
@@ -712,21 +1225,10 @@ class Harness:
 
     # ---------------------------------------------------------------------------------------- running
     @contextlib.contextmanager
-    def _patched(self):
-        from ..actors import base
-        saved = {"Mailbox": base.Mailbox, "TraceWriter": base.TraceWriter}
+    def _sandbox(self):
+        """No network, no distributed environment of the shell replay runs in (the actor's mailbox, recorder,
+        clock and schedule are the ReplayHost's)."""
         harness = self
-        base.Mailbox = lambda name, **kw: ReplayMailbox(name, harness=harness, **kw)
-        base.TraceWriter = lambda *a, **kw: ReplayTracer(harness)
-        had_time = hasattr(base, "_time")
-        if had_time:
-            saved["_time"] = base._time
-            base._time = lambda: harness.rec.t0 / 1e9 + harness.loop.time()  # deadlines on recorded time
-        ws = None
-        if self.role == "trainer":
-            from ..backends import weight_sync as ws
-            saved_sender = ws.DistributedWeightSender
-            ws.DistributedWeightSender = _NoWeightSender
         env_saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                     "MASTER_PORT") if k in os.environ}
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -742,19 +1244,15 @@ class Harness:
             yield
         finally:
             socket.socket.connect, socket.socket.connect_ex = conn, conn_ex
-            base.Mailbox, base.TraceWriter = saved["Mailbox"], saved["TraceWriter"]
-            if had_time:
-                base._time = saved["_time"]
-            if ws is not None:
-                ws.DistributedWeightSender = saved_sender
             os.environ.update(env_saved)
 
     def run(self) -> Report:
         loop = asyncio.SelectorEventLoop()  # a stock loop (not uvloop): its clock and selector can be virtual
         self.loop = loop
-        VirtualClock(loop, 0.0, self.timeout)
+        self.clock = VirtualClock(loop, 0.0, self.timeout)
+        _schedule.install(loop)
         try:
-            with self._patched():
+            with self._sandbox():
                 try:
                     loop.run_until_complete(self.main())
                 finally:
@@ -804,16 +1302,23 @@ class Harness:
             d = first_difference(rb, o.body, rtol=self.rtol, atol=self.atol, volatile=self.volatile)
             if d is not None:
                 findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
+        lost = 0
         for o in self.outs:
             if o.matched is None:
-                if o.kind == "error" and self.final_stop_vt is not None and o.vt >= self.final_stop_vt:
-                    continue  # the error reply of a handler the final stop cancelled; the recording ended first
+                if o.kind in ("reply", "error") and o.re in self.rec.handled and self.sched is not None:
+                    lost += 1  # its handler ended in the recording, but no reply went out: the asker was gone
+                    continue
+                if self.final_stop_vt is not None and o.vt >= self.final_stop_vt and \
+                        (o.kind == "error" or self.sched is not None):
+                    # after the recording ended (every recorded step replayed), or the error reply of a handler the
+                    # final stop cancelled: the recording does not have it
+                    continue
                 what = (f"{o.kind} to {o.method} for {o.to} (re {o.re})" if o.kind in ("reply", "error")
                         else f"{o.kind} {o.to}.{o.method}")
                 findings.append(Finding(self.t_of(o.vt), "extra", f"{what}: sent by the replay, not in the recording",
                                         Difference("", "<not sent>", o.body)))
         outcomes = 0
-        for ev in self.rec.inbound[: self.fed]:
+        for ev in self.delivered:
             rec_h = self.rec.handled.get(ev.id)
             rep = self.replay_handled.get(ev.id)
             if rec_h is None and (rep is None or rep.get("_at_final_stop")):
@@ -825,10 +1330,21 @@ class Harness:
             if norm.get(ro, ro) != norm.get(po, po):
                 why_r = (rec_h.extra or {}).get("error", "") if rec_h is not None else ""
                 why_p = (rep or {}).get("error", "")
-                findings.append(Finding(ev.t_ns, "outcome", f"handling {ev.kind} {ev.method} from "
+                # (at the time the recorded handling ended: after whatever made it end otherwise)
+                findings.append(Finding(rec_h.t_ns if rec_h is not None else ev.t_ns, "outcome",
+                                        f"handling {ev.kind} {ev.method} from "
                                         f"{ev.header.get('from')} (recorded id {ev.id})",
                                         Difference("outcome", f"{ro} {why_r}".strip(), f"{po} {why_p}".strip()),
                                         ev.id))
+        if lost:
+            self.notes.append(f"{lost} repl(y/ies) the recording could not deliver (the asker was gone) were not "
+                              "compared")
+        from .query import run_start_ns
+        t0 = run_start_ns(self.run_)  # times as `trace show` prints them
+        if self.sched is not None and self.sched.skipped:
+            self.notes.append(f"{self.sched.skipped} recorded step(s) of task(s) that ended sooner in the replay were "
+                              "skipped (its code differs from the recorded run's)")
+        findings.extend(self.schedule_findings)  # (where the replay left the schedule: the cause of what follows)
         findings.sort(key=lambda f: f.t_ns)
         if self.network:
             self.notes.append(f"the actor tried to reach the network {len(self.network)} time(s) (first: "
@@ -836,10 +1352,8 @@ class Harness:
         steps = self._train_steps() if self.role == "trainer" else []
         counts = {"inbound": self.fed, "replies": self.served_replies, "inputs": self.served_inputs,
                   "compared": compared, "outcomes": outcomes}
-        from .query import run_start_ns
         return Report(self.rec.actor, str(self.rec.file.path), str(self.rec.meta.get("actor_class")),
-                      not findings and not self.stopped, findings, self.stopped, counts, self.notes,
-                      run_start_ns(self.run_), steps)  # times as `trace show` prints them
+                      not findings and not self.stopped, findings, self.stopped, counts, self.notes, t0, steps)
 
     def _train_steps(self) -> list[dict]:
         out = []
@@ -906,10 +1420,9 @@ def _remake_checkpoint(path: str) -> str | None:
         spec = "smollm2:135m"
     if spec is None:
         return None
-    from ..models.resolve import resolve_checkpoint
-    cache = Path(os.environ.get("SLIME_ACTORS_MODEL_CACHE", Path.home() / ".cache" / "slime-actors" / "models"))
+    from ..models.resolve import model_cache, resolve_checkpoint
     try:
-        return resolve_checkpoint(spec, cache)
+        return resolve_checkpoint(spec, model_cache())
     except Exception as exc:
         log.warning("could not make the model again", spec=spec, error=repr(exc))
         return None

@@ -49,11 +49,15 @@ TRACE_FORMAT = "slime-actors-trace"
 # 3: a returned handler's outcome in that record may be the short {"ok": [t_ns, dur_ns]}.
 # 4: ... or, instead, a ninth field of the recv record: [..., extra, dur_ns], the handler having returned dur_ns after
 #    the arrival (no map, no list, no clock read of its own: the cheapest record to build and pack on the loop).
+# 5: the actor's schedule: a record for each step of each of its tasks, in the order the steps ran: [step, time_ns,
+#    b"", task name, ...], or [resume, time_ns, the external call's name, task name, ...] for a step that began inside
+#    an external call (slime_actors/actors/schedule.py).
 #    Readers read every older version too (docs/trace-format.md, *Versions*).
-TRACE_VERSION = 4
+TRACE_VERSION = 5
 
 # events
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
+STEP, RESUME = "step", "resume"  # the schedule (schedule.py)
 
 
 # The checksum of bodies over the limit and of array frames, named in each file's header ("digest"): XXH3-64,

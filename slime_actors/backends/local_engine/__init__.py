@@ -8,8 +8,8 @@ worker uses, so one rollout code path serves both (see docs/sglang.md and tests/
 Keys work as in SGLang (engine_auth.py): --api-key for generation and info, --admin-api-key for weight updates,
 pause / continue, abort and cache flushes; a `--config` YAML file may hold them, as SGLang reads it.
 
-SGLang launch flags are accepted under SGLang's names; the ones with no meaning here (memory fractions, CUDA
-graphs, radix cache, kernels ...) are accepted and ignored, and multi-GPU parallelism (--tp-size etc. > 1) is
+SGLang launch flags are accepted under SGLang's names; --mem-fraction-static caps the engine's GPU memory, the ones
+with no meaning here (CUDA graphs, radix cache, kernels ...) are accepted and ignored, and multi-GPU parallelism (--tp-size etc. > 1) is
 refused with a clear error.
 
 One module per job:

@@ -18,7 +18,7 @@ from slime_actors.log import setup_logging
 from .server import serve
 
 # Every other launch flag of SGLang 0.5.15.post1 (the table recorded from its ServerArgs, sglang_flags.py) is accepted
-# and ignored -- memory fractions, CUDA graphs, radix cache, kernels, ... -- so one launch line serves both engines;
+# and ignored -- CUDA graphs, radix cache, kernels, ... -- so one launch line serves both engines;
 # the ones given are logged at start-up. A flag SGLang does not have is an error, as it would be for SGLang.
 MULTI_DEVICE_FLAGS = {"tp_size": "--tp-size", "dp_size": "--dp-size", "pp_size": "--pp-size", "ep_size": "--ep-size"}
 
@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = float32 here (SGLang's auto would pick fp16/bf16); no mixed precision")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="on a GPU: the most of its memory this engine allocates (torch's per-process memory fraction; "
+                        "SGLang's flag sizes its weights and KV cache) -- a colocated engine leaves the trainer room")
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--max-running-requests", "--max-batch-size", dest="max_running_requests", type=int, default=64)
     p.add_argument("--context-length", type=int, default=None)
@@ -115,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     argv = merge_config_file(list(sys.argv[1:] if argv is None else argv), p)
     args = p.parse_args(argv)
+    f = args.mem_fraction_static
+    if f is not None and not 0.0 < f <= 1.0:
+        p.error(f"--mem-fraction-static {f}: must be a fraction in (0, 1]")
     for dest, flag in MULTI_DEVICE_FLAGS.items():
         if getattr(args, dest) != 1:
             p.error(f"{flag} {getattr(args, dest)}: the local engine runs one model replica on one device; "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import random
 import re
 import threading
@@ -59,6 +60,9 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.args = args
         self.device = resolve_device(args.device, args.base_gpu_id)
+        self.mem_fraction = getattr(args, "mem_fraction_static", None)
+        if self.device.type == "cuda" and self.mem_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(self.mem_fraction, self.device)
         self.dtype = resolve_dtype(args.dtype)
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
@@ -534,6 +538,10 @@ def resolve_device(device: str | None, base_gpu_id: int = 0) -> torch.device:
             raise SystemExit("--device cuda given but CUDA is not available")
         if d.index is None:
             d = torch.device("cuda", base_gpu_id)
+        n = torch.cuda.device_count()
+        if d.index >= n:
+            raise SystemExit(f"--device {device} --base-gpu-id {base_gpu_id}: GPU {d.index} does not exist ({n} "
+                             f"visible, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
         torch.cuda.set_device(d)
     return d
 

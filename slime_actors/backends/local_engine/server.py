@@ -442,7 +442,8 @@ async def serve(args: argparse.Namespace) -> None:
         server.loop.add_signal_handler(sig, stop.set)
     log.info("local engine ready", url=f"http://{args.host}:{args.port}", model=args.model_path,
              device=str(engine.device), dtype=str(engine.dtype), max_running_requests=engine.max_running,
-             weight_version=engine.weight_version, ignored_sglang_flags=args.ignored_flags or None)
+             weight_version=engine.weight_version, mem_fraction_static=args.mem_fraction_static,
+             ignored_sglang_flags=args.ignored_flags or None)
     print(f"The server is fired up and ready to roll! (local engine at http://{args.host}:{args.port})",
           file=sys.stderr, flush=True)
     await stop.wait()

@@ -1,0 +1,149 @@
+"""The schedules of slime_actors/loop.py, run against a fake of every other actor (no processes): the messages the
+controller sends for each step, in order -- what the wire and the traces of a run show."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from slime_actors import loop
+from slime_actors.actors.controller import Controller
+from slime_actors.config import parse_config
+
+FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key", "label",
+         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
+         "--micro-batch-size", "16", "--num-rollout", "3", "--actor-num-gpus-per-node", "2",
+         "--rm-type", "exact_match", "--use-tensorboard", "false", "--progress", "false"]
+
+
+def _stats(rollout_id, kind="train"):
+    return {"complete": True, "rollout_id": rollout_id, "kind": kind, "groups": 4, "target": 4, "samples": 16,
+            "filtered": 0, "failed": 0, "reward_mean": 0.25, "examples": None, "seconds": 0.1}
+
+
+def _controller(tmp_path, *flags, stats=_stats) -> Controller:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input": "1+1", "label": "2"}\n')
+    ctl = Controller(0, args=parse_config(FLAGS + ["--prompt-data", str(prompts), *flags]).to_dict())
+    ctl.runtime = SimpleNamespace(run_dir=str(tmp_path / "run"), down_after=1.0)
+    ctl.sent = []
+
+    async def ask(to, method, body=None, *, timeout=None):
+        ctl.sent.append((to, method, body))
+        await asyncio.sleep(0)
+        if method == "wait_rollout":
+            return stats(body["rollout_id"], body.get("kind", "train"))
+        if method == "train":
+            return {"loss": 0.5}
+        if method == "sync_weights":
+            return {"bytes": 10}
+        return {}
+
+    async def tell(to, method, body=None):
+        ctl.sent.append((to, method, body))
+
+    ctl.ask, ctl.tell = ask, tell
+    ctl.engines.versions = {"rollout/0": 0}
+    asyncio.run(ctl.metrics.open(resume_at=None))
+    return ctl
+
+
+def _step(k: int, v: int) -> list[tuple]:
+    return [("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": v}),
+            ("rollout/0", "resume", {"weight_version": v}),
+            ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0}),
+            ("rollout/0", "end_rollout", {"rollout_id": k}),
+            ("trainer/0", "train", {"rollout_id": k}), ("trainer/1", "train", {"rollout_id": k}),
+            ("buffer/0", "mark_trained", {"rollout_id": k})] + [
+            (f"trainer/{r}", "sync_weights", {"weight_version": v + 1, "workers": ["rollout/0"], "rebuild": False})
+            for r in (0, 1)]
+
+
+def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):
+    ctl = _controller(tmp_path)
+    asyncio.run(loop.train_sync(ctl, 0))
+    assert ctl.sent == _step(0, 0) + _step(1, 1) + _step(2, 2)
+    assert ctl.version == 3 and [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2]
+    row = ctl.metrics.history[0]
+    assert row["rollout/reward_mean"] == 0.25 and row["train/loss"] == 0.5 and row["weight_sync/bytes"] == 10
+    assert row["weight_version"] == 0 and row["weight_version_after"] == 1
+
+
+def test_the_asynchronous_schedule_generates_the_next_rollout_while_training(tmp_path):
+    ctl = _controller(tmp_path, "--async-train")
+    asyncio.run(loop.train_async(ctl, 0))
+    sent = [(to, m, (b or {}).get("rollout_id")) for to, m, b in ctl.sent]
+    # rollout k+1 is asked for before the trainers are done with k; rollouts are not ended while one follows
+    for k in (0, 1):
+        assert sent.index(("buffer/0", "start_rollout", k + 1)) < sent.index(("buffer/0", "mark_trained", k))
+        assert ("rollout/0", "end_rollout", k) not in sent
+    assert ("rollout/0", "end_rollout", 2) in sent, "the last rollout is ended"
+    # the engines pause for each weight update (they generate meanwhile) and resume after it
+    syncs = [i for i, s in enumerate(sent) if s[1] == "sync_weights"]
+    assert len(syncs) == 6 and all(sent[i - 1][1] == "pause" or sent[i - 1][1] == "sync_weights" for i in syncs)
+    assert [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2] and ctl.version == 3
+
+
+def test_debug_rollout_only_marks_rollouts_trained_without_training(tmp_path):
+    ctl = _controller(tmp_path, "--debug-rollout-only")
+    asyncio.run(loop.train_sync(ctl, 1))
+    methods = [m for _, m, _ in ctl.sent]
+    assert methods == ["start_rollout", "resume", "wait_rollout", "mark_trained"] * 2
+    assert ctl.version == 0
+
+
+def _alarm_on(tripped_at: int):
+    """Rollout stats whose hacking report trips an alarm on rollout `tripped_at`, with pass@k on every rollout."""
+    def stats(rollout_id, kind="train"):
+        st = {**_stats(rollout_id, kind), "passrate": {"pass@1": 0.25, "pass@4": 0.5}}
+        if kind == "train":
+            alarms = [{"name": "length_spike", "metric": "hack/len", "value": 9.0, "threshold": 3.0,
+                       "message": "responses grew"}] if rollout_id == tripped_at else []
+            st["hack"] = {"rollout_id": rollout_id, "metrics": {"hack/len": 1.0}, "alarms": alarms, "skipped": {}}
+        return st
+    return stats
+
+
+def test_hack_alarms_stop_ends_the_run_after_that_step_with_a_checkpoint(tmp_path):
+    from slime_actors.monitor.alarms import read_alarms
+    for schedule, flags in ((loop.train_sync, ()), (loop.train_async, ("--async-train",))):
+        run = tmp_path / schedule.__name__
+        run.mkdir()
+        ctl = _controller(run, "--num-rollout", "5", "--hack-alarms", "stop", "--save", str(run / "ckpt"),
+                          "--save-interval", "100", *flags, stats=_alarm_on(1))
+        asyncio.run(loop.train_sync(ctl, 0) if schedule is loop.train_sync else loop.train_async(ctl, 0))
+        rows = ctl.metrics.history
+        assert [h["rollout_id"] for h in rows] == [0, 1], schedule.__name__
+        assert rows[0]["hack/len"] == 1.0 and rows[0]["passrate/pass@4"] == 0.5
+        # a checkpoint after the stopping step (--save-interval 100 alone would save none)
+        saves = [b["path"] for to, m, b in ctl.sent if m == "save" and to == "buffer/0"]
+        assert saves == [str(run / "ckpt" / "iter_0000002")], schedule.__name__
+        assert (run / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
+        assert ctl.metrics.stopped["rollout_id"] == 1 and ctl.metrics.stopped["steps_left"] == 3
+        assert ctl.metrics.stopped["checkpoint"] == saves[0] and "length_spike" in ctl.metrics.stopped["reason"]
+        assert ctl.metrics.end == 2 and ctl.status()["stopped"] == ctl.metrics.stopped
+        assert [a["rollout_id"] for a in read_alarms(ctl.runtime.run_dir)] == [1]
+        result = asyncio.run(ctl.metrics.finish(accounting=None))
+        assert result["status"] == "stopped" and result["stopped"] == ctl.metrics.stopped
+
+
+def test_hack_alarms_warn_goes_on_and_the_result_is_done(tmp_path):
+    ctl = _controller(tmp_path, "--hack-alarms", "warn", stats=_alarm_on(0))
+    asyncio.run(loop.train_sync(ctl, 0))
+    assert [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2] and ctl.metrics.stopped is None
+    assert asyncio.run(ctl.metrics.finish(accounting=None))["status"] == "done"
+    from slime_actors.monitor.alarms import read_alarms
+    assert [a["signal"] for a in read_alarms(ctl.runtime.run_dir)] == ["length_spike"]
+    assert [h["hack/len"] for h in ctl.metrics.history] == [1.0] * 3
+    # a restart from rollout 0 (a training-group recovery) drops the alarms of the rollouts done again
+    ctl.metrics.drop_from(0)
+    assert read_alarms(ctl.runtime.run_dir) == []
+
+
+def test_an_evaluation_reports_pass_at_k_per_set(tmp_path):
+    from slime_actors.actors.controller_eval import evaluate
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text('{"input": "1+1", "label": "2"}\n')
+    ctl = _controller(tmp_path, "--eval-prompt-data", "digits", str(prompts), stats=_alarm_on(-1))
+    out = asyncio.run(evaluate(ctl, 0))
+    assert out == {"digits": 0.25, "digits-pass@1": 0.25, "digits-pass@4": 0.5}

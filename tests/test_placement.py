@@ -1,0 +1,196 @@
+"""GPUs counted, not assumed; the placement checked before any process starts; one GPU colocates by itself;
+--colocate implies the colocated transport and a memory split (issue 18). No GPU needed: the counts are given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slime_actors.backends.sglang_launch import base_gpu_id, engine_command, flag_value
+from slime_actors.config import ConfigError, parse_config
+from slime_actors.gpus import GpuCount, count_gpus, slurm_gpus
+from slime_actors.launch.job_config import build_job_config, build_placed_job_config
+from slime_actors.launch.topology import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+ARITH = str(ROOT / "examples" / "smollm2_arith" / "config.toml")
+DIGITS = str(ROOT / "examples" / "digits" / "config.toml")
+ONE, TWO, EIGHT = GpuCount(1, "test"), GpuCount(2, "test"), GpuCount(8, "test")
+
+
+def placed(gpus: GpuCount, *flags: str, config: str = DIGITS, topology=None):
+    return build_placed_job_config(["--config", config, "--device", "cuda", *flags], topology, gpus)
+
+
+# -- counting -------------------------------------------------------------------------------------------------
+
+def test_the_count_is_torchs_lowered_to_slurms_and_says_where_it_comes_from():
+    def torch_sees(n):
+        return lambda env: (n, "" if n else "no CUDA device or driver found")
+    g = count_gpus({"CUDA_VISIBLE_DEVICES": "0"}, torch_sees(1))
+    assert (g.count, g.source) == (1, "torch.cuda.device_count() with CUDA_VISIBLE_DEVICES='0'")
+    assert g.describe() == "1 GPU visible (torch.cuda.device_count() with CUDA_VISIBLE_DEVICES='0')"
+    g = count_gpus({"SLURM_GPUS_ON_NODE": "2"}, torch_sees(8))       # the allocation grants 2 of the 8
+    assert g.count == 2 and "SLURM_GPUS_ON_NODE=2" in g.source and "torch sees 8" in g.source
+    assert count_gpus({"SLURM_GPUS_PER_NODE": "h200:4"}, torch_sees(8)).count == 4
+    assert count_gpus({"SLURM_GPUS_ON_NODE": "8"}, torch_sees(1)).count == 1   # never more than torch sees
+    assert count_gpus({}, torch_sees(0)).describe() == ("0 GPUs visible (torch.cuda.device_count(); no CUDA device "
+                                                        "or driver found)")
+    assert slurm_gpus({"SLURM_GPUS_PER_NODE": "gpu:h100:8(x2)"}) == (8, "SLURM_GPUS_PER_NODE=gpu:h100:8(x2)")
+    assert slurm_gpus({"SLURM_GPUS_ON_NODE": ""}) is None
+
+
+def test_this_machine_is_counted_with_its_reason():
+    """The real count here (a CPU build of torch on a CPU machine: 0, and why); an empty CUDA_VISIBLE_DEVICES hides
+    every GPU whatever the machine has."""
+    import torch
+    g = count_gpus()
+    assert g.count == torch.cuda.device_count()
+    if torch.version.cuda is None:
+        assert g.detail == f"torch {torch.__version__} is a CPU build"
+    if torch.version.cuda is not None:
+        assert count_gpus({"CUDA_VISIBLE_DEVICES": ""}).count == 0
+
+
+# -- one GPU: the plain command colocates by itself -----------------------------------------------------------
+
+def test_one_gpu_and_no_placement_flags_colocate_by_themselves():
+    """The plain one-GPU command of issue 18: `--device cuda`, nothing else. Today's main placed the engine on GPU 1
+    (invalid device ordinal); here the trainer and the engine share GPU 0, weights go by CUDA IPC, the engine keeps
+    to 40% of the memory, and the plan says so."""
+    cfg, _, plan = placed(ONE, config=ARITH)
+    assert cfg.engine.colocate and plan.by_itself
+    assert cfg.weights.update_weight_transport == "colocated"
+    assert cfg.engine.num_gpus_per_node == 1
+    assert flag_value(cfg.engine.sglang_args, "--mem-fraction-static") == "0.4"
+    assert base_gpu_id(cfg, 0, placed="") == 0
+    _, argv = engine_command(cfg, 0, 30000)
+    assert argv[argv.index("--base-gpu-id") + 1] == "0" and argv[argv.index("--mem-fraction-static") + 1] == "0.4"
+    assert plan.trainer == [("trainer/0", [0])] and plan.engines == [("rollout/0", [0])]
+    text = "\n".join(plan.lines())
+    assert text.startswith("1 GPU visible (test): trainer/0 on GPU 0; rollout/0 on GPU 0")
+    assert "as with --colocate" in text and "--update-weight-transport colocated" in text
+    assert "each engine keeps to 40% of its GPU's memory (--sglang-mem-fraction-static 0.4)" in text
+    # what the actors get (job.json) is the same config, typed back
+    from slime_actors.config import JobConfig
+    back = JobConfig.from_dict(cfg.to_dict())
+    assert back.engine.colocate and back.weights.update_weight_transport == "colocated"
+
+
+def test_one_gpu_keeps_the_users_transport_and_memory_when_they_work_on_one_device():
+    cfg, _, plan = placed(ONE, "--update-weight-transport", "disk", "--sglang-mem-fraction-static", "0.25")
+    assert cfg.engine.colocate and cfg.weights.update_weight_transport == "disk"
+    assert cfg.engine.sglang_args == ["--mem-fraction-static", "0.25"] and plan.mem_fraction == "0.25"
+
+
+def test_one_gpu_refuses_nccl_between_two_processes_of_that_gpu():
+    with pytest.raises(ConfigError, match=r"1 GPU visible \(test\), so the trainer and the engine share it: "
+                                          r"--colocate .* NCCL .*Duplicate GPU detected.*leave the flag out"):
+        placed(ONE, "--update-weight-transport", "distributed")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--actor-num-gpus-per-node", "2", "--rollout-batch-size", "16"],
+     r"^1 GPU visible \(test\): the trainer needs 2 and 1 engine of 1 GPU need 1 more -- use fewer trainer ranks"),
+    (["--rollout-num-engines", "2"],
+     r"^1 GPU visible \(test\): the trainer needs 1 and 2 engines of 1 GPU need 2 more -- use fewer"),
+    (["--num-gpus-per-node", "8"],
+     r"^--num-gpus-per-node 8 but 1 GPU visible \(test\): leave the flag out"),
+    (["--num-gpus-per-node", "1"],   # the user places the job: no colocation by itself, the fix is named
+     r"^1 GPU visible \(test\): the trainer needs 1 and 1 engine of 1 GPU need 1 more -- pass --colocate"),
+    (["--colocate", "--rollout-num-engines", "2"],
+     r"^1 GPU visible \(test\): with --colocate the trainer needs 1 and 2 engines of 1 GPU need 2"),
+])
+def test_a_plan_that_cannot_fit_one_gpu_is_refused_with_the_numbers_and_the_fix(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        placed(ONE, *flags)
+
+
+def test_no_gpu_at_all_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match=r"--device cuda but no GPU is visible here \(torch.cuda.device_count\(\): "
+                                          r"torch 2.13.0\+cpu is a CPU build\): use --device cpu"):
+        placed(GpuCount(0, "torch.cuda.device_count()", "torch 2.13.0+cpu is a CPU build"))
+
+
+def test_cpu_jobs_are_not_placed():
+    cfg, _, plan = build_placed_job_config(["--config", DIGITS], None, GpuCount(0, "test"))
+    assert plan is None and not cfg.engine.colocate and cfg.weights.update_weight_transport == "distributed"
+    assert cfg.engine.num_gpus_per_node is None and cfg.engine.sglang_args == []
+
+
+# -- more GPUs ------------------------------------------------------------------------------------------------
+
+def test_two_gpus_place_trainer_and_engine_apart_with_nccl():
+    cfg, _, plan = placed(TWO)
+    assert not cfg.engine.colocate and not plan.by_itself
+    assert cfg.weights.update_weight_transport == "distributed" and cfg.engine.num_gpus_per_node == 2
+    assert plan.trainer == [("trainer/0", [0])] and plan.engines == [("rollout/0", [1])]
+    assert base_gpu_id(cfg, 0, placed="") == 1 and plan.mem_fraction is None
+    assert cfg.engine.sglang_args == []
+    with pytest.raises(ConfigError, match=r"^2 GPUs visible \(test\): the trainer needs 1 and 2 engines of 1 GPU "
+                                          r"need 2 more -- pass --colocate"):
+        placed(TWO, "--rollout-num-engines", "2")
+
+
+def test_eight_gpus_colocated_and_disaggregated_as_slime_places_them():
+    cfg, _, plan = placed(EIGHT, "--actor-num-gpus-per-node", "4", "--rollout-num-engines", "2",
+                          "--rollout-num-gpus-per-engine", "2")
+    assert [g for _, g in plan.engines] == [[4, 5], [6, 7]] and [base_gpu_id(cfg, i, "") for i in (0, 1)] == [4, 6]
+    cfg, _, plan = placed(EIGHT, "--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-engines", "4",
+                          "--rollout-num-gpus-per-engine", "2")
+    assert [g for _, g in plan.engines] == [[0, 1], [2, 3], [4, 5], [6, 7]] and plan.mem_fraction == "0.4"
+    assert cfg.weights.update_weight_transport == "colocated"
+    assert plan.lines()[0].startswith("8 GPUs visible (test): trainer/0 on GPU 0; ") and plan.lines()[0].endswith(
+        "trainer/7 on GPU 7; rollout/0 on GPU 0,1; rollout/1 on GPU 2,3; rollout/2 on GPU 4,5; rollout/3 on GPU 6,7")
+
+
+# -- --colocate means what slime means -----------------------------------------------------------------------
+
+def test_colocate_implies_the_colocated_transport_and_nccl_on_one_gpu_is_refused():
+    cfg = parse_config(["--config", DIGITS, "--device", "cuda", "--colocate"])
+    assert cfg.weights.update_weight_transport == "colocated"
+    assert parse_config(["--config", DIGITS, "--device", "cuda"]).weights.update_weight_transport == "distributed"
+    for t in ("distributed", "nccl"):
+        with pytest.raises(ConfigError, match=r"--colocate .*--update-weight-transport distributed .*NCCL group"):
+            parse_config(["--config", DIGITS, "--device", "cuda", "--colocate", "--update-weight-transport", t])
+    assert parse_config(["--config", DIGITS, "--device", "cuda", "--colocate", "--update-weight-transport",
+                         "disk"]).weights.update_weight_transport == "disk"
+    # on CPU the distributed transport is gloo, which two processes of one machine share fine
+    assert parse_config(["--config", DIGITS, "--colocate", "--update-weight-transport", "distributed"]
+                        ).weights.update_weight_transport == "distributed"
+
+
+def test_a_topology_that_colocates_rollout_with_the_trainer_is_colocate():
+    topo = load_topology(ROOT / "launch" / "colocated-1node.toml")
+    cfg, changed = build_job_config(["--config", DIGITS, "--device", "cuda"], topo)
+    assert cfg.engine.colocate and cfg.weights.update_weight_transport == "colocated"
+    assert "--colocate False -> True" in changed
+    cfg, _, plan = placed(EIGHT, topology=topo)
+    assert plan.from_topology and len(plan.engines) == 8 and cfg.engine.sglang_args[-2:] == ["--mem-fraction-static",
+                                                                                            "0.4"]
+    with pytest.raises(ConfigError, match=r"colocated-1node.toml: trainer/1 is placed on GPU 1 but 1 GPU visible "
+                                          r"\(test\) -- GPU 1 does not exist here"):
+        placed(ONE, topology=topo)
+    with pytest.raises(ConfigError, match=r"colocated-1node.toml colocates the rollout workers with the trainer: "
+                                          r"--colocate .*NCCL"):
+        build_job_config(["--config", DIGITS, "--device", "cuda", "--update-weight-transport", "distributed"], topo)
+
+
+# -- the commands --------------------------------------------------------------------------------------------
+
+def _cli(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "slime_actors.cli", *args], capture_output=True, text=True,
+                          cwd=str(ROOT), env={**os.environ, **(env or {})}, timeout=timeout, check=False)
+
+
+def test_launch_refuses_a_topology_that_needs_gpus_this_machine_lacks(tmp_path):
+    r = _cli("launch", str(ROOT / "launch" / "separate-1node.toml"), "--config", DIGITS, "--device", "cuda",
+             "--run-dir", str(tmp_path / "run"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("slime-actors launch: error: --device cuda but no GPU is "
+                                                        "visible here"), r.stderr
+    assert not (tmp_path / "run").exists()
