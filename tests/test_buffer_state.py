@@ -219,6 +219,18 @@ def test_a_late_group_is_carried_into_the_next_rollout(tmp_path):
     assert [g["work_id"] for g in st.take(W1, 5)] == ["train-3", "train-4"]
 
 
+def test_a_group_handed_out_again_works_for_the_rollout_active_then(tmp_path):
+    st = make_state(tmp_path, keep_group=_varied)
+    (left,) = complete_rollout(st, 0)          # train-2 is still out when rollout 0 is full
+    st.mark_trained(0)
+    st.start_rollout(1, weight_version=1)
+    assert st.return_work(W1, left["work_id"])["requeued"]
+    again = [g for g in st.take(W2, 5) if g["work_id"] == "train-2"][0]
+    assert again["rollout_id"] == 1 and {s["rollout_id"] for s in again["samples"]} == {1}
+    assert submit(st, W2, again, rewards=(1.0, 1.0), version=1)["outcome"] == "filtered"
+    assert (st.rollouts["train:1"].filtered, st.rollouts["train:0"].filtered) == (1, 0)
+
+
 # ------------------------------------------------------------------------------------------------ staleness
 def test_a_group_generated_by_weights_too_old_is_generated_again(tmp_path):
     st = make_state(tmp_path)
