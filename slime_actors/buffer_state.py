@@ -420,15 +420,16 @@ class BufferState:
         versions = [s.weight_version for s in samples if s.weight_version >= 0]
         return bool(versions) and min(versions) < self.weight_version - self.settings.staleness_limit
 
-    def _check_samples(self, g: Group, samples: list[Sample]) -> None:
+    def _check_samples(self, g: Group, samples: list[Sample], finished: bool = True) -> None:
+        """The group's own samples, in order (and, `finished`, one loss-mask entry and log-prob per token)."""
         if len(samples) != len(g.samples):
             raise ValueError(f"{g.work_id}: expected {len(g.samples)} samples, got {len(samples)}")
         for old, new in zip(g.samples, samples):
             if old.index != new.index:
                 raise ValueError(f"{g.work_id}: sample index {new.index} does not belong to this group "
                                  f"(expected {old.index})")
-            if len(new.loss_mask) != len(new.response_tokens) or \
-                    len(new.rollout_log_probs) != len(new.response_tokens):
+            if finished and (len(new.loss_mask) != len(new.response_tokens)
+                             or len(new.rollout_log_probs) != len(new.response_tokens)):
                 raise ValueError(f"{g.work_id}: sample {new.index} has {len(new.response_tokens)} response tokens "
                                  f"but {len(new.loss_mask)} loss-mask entries and {len(new.rollout_log_probs)} "
                                  "log-probs")
@@ -478,7 +479,7 @@ class BufferState:
             return {"requeued": False, "reason": f"{work_id} is not leased to {worker}"}
         keep = bool(self.settings.partial_rollout and samples)
         if keep:
-            self._check_samples(g, samples)
+            self._check_samples(g, samples, finished=False)
             for s in samples:
                 if s.status not in PARTIAL_STATUSES:
                     s.status = ABORTED

@@ -314,8 +314,8 @@ class PromptDataset:
         return self._fingerprint
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "offset": self._offset, "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed,
-                "fingerprint": self.fingerprint()}
+        return {"epoch": self._epoch, "offset": self._offset, "num_prompts": len(self.prompts),
+                "shuffle": self.shuffle, "seed": self.seed, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Continue from a saved position. With `strict`, data that differs from what the state was saved with

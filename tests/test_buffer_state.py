@@ -611,8 +611,8 @@ def test_the_buffer_actor_restores_an_older_run_directory(tmp_path):
     from slime_actors.config import parse_config
     shutil.copytree(FIXTURE / "buffer", tmp_path / "buffer")
     cfg = parse_config(["--prompt-data", str(FIXTURE / "prompts.jsonl"), "--hf-checkpoint", "tiny:x",
-                        "--rm-type", "exact_match", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--input-key", "input",
-                        "--label-key", "label", "--over-sampling-batch-size", "6", "--partial-rollout",
+                        "--rm-type", "exact_match", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+                        "--input-key", "input", "--label-key", "label", "--over-sampling-batch-size", "6", "--partial-rollout",
                         "--hack-alarms", "off"])
     b = Buffer(0, args=cfg.to_dict())
     ref = fixture_state()

@@ -4,9 +4,11 @@ It owns the record of what was handed out and what came back, so a rollout worke
 duplicates a sample: its leases are re-issued (`release_worker`, also on the directory's `_peer_down`), a late or
 duplicate submission is refused, and every sample's history (issued, submitted, trained) is kept in `accounting`.
 
-Its state is persisted as an append-only event log under RUN_DIR/buffer/ (compacted into a snapshot after each
-trained rollout); a restarted buffer replays it and carries on -- leases included, so workers that were mid-way
-can still hand their groups in.
+The record and its rules are the state machine in slime_actors/buffer_state.py (no asyncio, no files); this actor
+decodes the messages (a Sample once, here), appends each event the state machine applies to the log, writes the
+snapshots and wakes the waiters. The state is persisted as an append-only event log under RUN_DIR/buffer/
+(compacted into a snapshot after each trained rollout); a restarted buffer replays it and carries on -- leases
+included, so workers that were mid-way can still hand their groups in.
 
 A group moves: queued -> leased -> (completed | filtered | failed) -> trained; or leased -> queued again when it is
 returned (end of a rollout, engine restart, dead worker). With --partial-rollout, returned samples keep their partial
