@@ -2,8 +2,9 @@
 
     ds = PromptDataset("data/train.jsonl", tokenizer, input_key="input", label_key="label",
                        apply_chat_template=True, max_prompt_len=512, shuffle=True, seed=42)
-    groups = ds.next_groups(8, n_samples_per_prompt=4)   # 8 lists of 4 Samples, crossing epochs as needed
-    state = ds.state_dict()                              # {"epoch", "offset", "next_group_index", ...}
+    prompts = ds.next_prompts(8)                         # the next 8 prompts, crossing epochs as needed
+    samples = prompts[0].to_samples(4, group_index=0, first_index=0)   # 4 fresh Samples of one prompt
+    state = ds.state_dict()                              # {"epoch", "offset", ...}
     ds2 = PromptDataset(...same...); ds2.load_state_dict(state)   # continues exactly where ds stopped
 
 Rows. A row is a JSON object (one per line in .jsonl; blank lines are ignored) or a parquet row. `input_key` holds
@@ -25,7 +26,8 @@ row for the first 10, then a summary. A file that cannot be read at all, or has 
 
 Order. Epoch e visits every prompt once, in file order, or (with `shuffle`) in the permutation
 `random.Random(seed + e).shuffle(range(n))` — the same on every machine and every restart. The position is
-(epoch, offset); `state_dict()` / `load_state_dict()` save and restore it together with the running group index.
+(epoch, offset); `state_dict()` / `load_state_dict()` save and restore it. Samples are numbered by the buffer
+(slime_actors/buffer_state.py), which makes them with `Prompt.to_samples`.
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ class Prompt:
     def get(self, key: str, default=None):
         return getattr(self, key, default)
 
-    def to_samples(self, n: int, group_index: int, first_index: int | None = None) -> list[Sample]:
-        """`n` fresh samples of this prompt (their own copies of tokens and metadata)."""
-        first = group_index * n if first_index is None else first_index
-        return [Sample(index=first + j, group_index=group_index, prompt=copy.deepcopy(self.prompt),
+    def to_samples(self, n: int, group_index: int, first_index: int, rollout_id: int = -1) -> list[Sample]:
+        """`n` fresh samples of this prompt (their own copies of tokens and metadata), numbered `first_index`,
+        `first_index + 1`, ... The buffer numbers them (buffer_state.py: running counters over the run)."""
+        return [Sample(index=first_index + j, group_index=group_index, prompt=copy.deepcopy(self.prompt),
                        prompt_tokens=list(self.prompt_tokens), label=copy.deepcopy(self.label),
-                       metadata=copy.deepcopy(self.metadata)) for j in range(n)]
+                       metadata=copy.deepcopy(self.metadata), rollout_id=rollout_id) for j in range(n)]
 
 
 # ----------------------------------------------------------------------------------------------- the dataset
@@ -111,7 +113,7 @@ class PromptDataset:
         self.stats = {"rows": 0, "skipped": 0, "too_long": 0, "prompts": 0}
         self.prompts: list[Prompt] = self._load()
         self.stats["prompts"] = len(self.prompts)
-        self._epoch, self._offset, self.next_group_index = 0, 0, 0
+        self._epoch, self._offset = 0, 0
         self._order_cache: tuple[int, list[int]] | None = None
         self._fingerprint: str | None = None
 
@@ -291,15 +293,6 @@ class PromptDataset:
                 self._epoch, self._offset = self._epoch + 1, 0
         return out
 
-    def next_groups(self, k: int, n_samples_per_prompt: int) -> list[list[Sample]]:
-        """The next `k` prompt groups of `n_samples_per_prompt` samples each; group indices continue from the last
-        call (and across restarts, via the state), sample index = group_index * n + j."""
-        groups = []
-        for p in self.next_prompts(k):
-            groups.append(p.to_samples(n_samples_per_prompt, self.next_group_index))
-            self.next_group_index += 1
-        return groups
-
     def all_prompts(self) -> list[Prompt]:
         """Every prompt once, in file order (eval); does not move the position."""
         return list(self.prompts)
@@ -321,9 +314,8 @@ class PromptDataset:
         return self._fingerprint
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "offset": self._offset, "next_group_index": self.next_group_index,
-                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed,
-                "fingerprint": self.fingerprint()}
+        return {"epoch": self._epoch, "offset": self._offset, "num_prompts": len(self.prompts),
+                "shuffle": self.shuffle, "seed": self.seed, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Continue from a saved position. With `strict`, data that differs from what the state was saved with
@@ -348,8 +340,7 @@ class PromptDataset:
             raise DataError(f"invalid saved position epoch={epoch} offset={offset} for {n} prompts", self.path)
         if offset == n:
             epoch, offset = epoch + 1, 0
-        self._epoch, self._offset = epoch, offset
-        self.next_group_index = int(state.get("next_group_index", self.next_group_index))
+        self._epoch, self._offset = epoch, offset   # (older states' next_group_index is not used)
 
 
 def _check_messages(messages: list, key: str) -> list:
@@ -431,10 +422,6 @@ class EvalDatasets(Mapping):
 
     def __len__(self) -> int:
         return len(self.datasets)
-
-    def groups(self, name: str, n_samples_per_prompt: int) -> list[list[Sample]]:
-        """Every prompt of eval set `name`, in file order, as groups (group_index = prompt index)."""
-        return [p.to_samples(n_samples_per_prompt, p.index) for p in self[name].prompts]
 
 
 # ----------------------------------------------------------------------------------------------- from the flags

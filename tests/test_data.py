@@ -133,17 +133,17 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path, tok):
     assert a.epoch == 3 and a.offset == 0
 
 
-def test_groups_cross_epochs_with_continuing_indices(tmp_path, tok):
+def test_prompts_cross_epochs_and_make_samples_of_their_own(tmp_path, tok):
     path = write_jsonl(tmp_path / "g.jsonl", ROWS[:5])
     ds = _ds(path, tok)
     got = []
     for _ in range(3):
-        got += ds.next_groups(3, n_samples_per_prompt=2)
-    assert [g[0].prompt for g in got] == [ROWS[i % 5]["question"] for i in range(9)]
-    assert [g[0].group_index for g in got] == list(range(9))
-    assert [[s.index for s in g] for g in got[:2]] == [[0, 1], [2, 3]]
+        got += ds.next_prompts(3)
+    assert [p.prompt for p in got] == [ROWS[i % 5]["question"] for i in range(9)]
+    assert [p.index for p in got] == [i % 5 for i in range(9)]
     assert (ds.epoch, ds.offset) == (1, 4)
-    s0, s1 = got[0]
+    s0, s1 = got[0].to_samples(2, group_index=3, first_index=8)
+    assert (s0.index, s1.index, s0.group_index, s0.label, s0.rollout_id) == (8, 9, 3, ROWS[0]["answer"], -1)
     s0.metadata["x"] = 1
     s0.prompt_tokens.append(99)
     assert "x" not in s1.metadata and 99 not in s1.prompt_tokens and 99 not in ds[0].prompt_tokens
@@ -153,19 +153,18 @@ def test_groups_cross_epochs_with_continuing_indices(tmp_path, tok):
 def test_resume_continues_exactly(tmp_path, tok, shuffle):
     path = write_jsonl(tmp_path / "r.jsonl", ROWS)
     ref = _ds(path, tok, shuffle=shuffle, seed=3)
-    ref.next_groups(5, 2)
-    ref.next_groups(4, 2)                                 # into epoch 1
+    ref.next_prompts(5)
+    ref.next_prompts(4)                                   # into epoch 1
     state = msgpack.unpackb(msgpack.packb(ref.state_dict()))  # survives the wire / a snapshot file
-    assert state["epoch"] == 1 and state["offset"] == 2 and state["next_group_index"] == 9
-    expect = ref.next_groups(20, 2)
+    assert state["epoch"] == 1 and state["offset"] == 2 and "next_group_index" not in state
+    expect = ref.next_prompts(20)
     again = _ds(path, tok, shuffle=shuffle, seed=3)
-    again.load_state_dict(state)
-    got = again.next_groups(20, 2)
-    assert [(g[0].group_index, g[0].prompt, [s.index for s in g]) for g in got] == \
-           [(g[0].group_index, g[0].prompt, [s.index for s in g]) for g in expect]
+    again.load_state_dict({**state, "next_group_index": 9})   # what older versions saved too: still read
+    got = again.next_prompts(20)
+    assert [(p.index, p.prompt) for p in got] == [(p.index, p.prompt) for p in expect]
     # a fresh dataset without the state starts over: the test can tell the difference
-    fresh = _ds(path, tok, shuffle=shuffle, seed=3).next_groups(20, 2)
-    assert [g[0].group_index for g in fresh] != [g[0].group_index for g in got]
+    fresh = _ds(path, tok, shuffle=shuffle, seed=3).next_prompts(20)
+    assert [p.index for p in fresh] != [p.index for p in got]
 
 
 def test_resume_at_epoch_end_and_changed_data(tmp_path, tok):
@@ -287,8 +286,6 @@ def test_from_config_and_eval_sets(tmp_path, tok):
     assert ds[0].prompt == "user : 1 + 2 = assistant :" and ds[0].label == "3"
     assert isinstance(evals, EvalDatasets) and list(evals) == ["small"] and len(evals["small"]) == 2
     assert evals["small"][1].label == "4" and not evals["small"].shuffle
-    groups = evals.groups("small", 3)
-    assert [len(g) for g in groups] == [3, 3] and groups[1][0].group_index == 1
     assert [p.index for p in evals["small"].all_prompts()] == [0, 1]
     with pytest.raises(KeyError, match="small"):
         evals["big"]

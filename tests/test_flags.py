@@ -239,9 +239,9 @@ def test_eval_sampling_flags_reach_the_eval_requests():
     cfg = digits("--rollout-top-p", "0.9", "--rollout-top-k", "50")
     assert (cfg.eval.eval_top_p, cfg.eval.eval_top_k) == (0.9, 50)            # slime: default to the rollout's
     b = Buffer(0, args=digits("--eval-top-p", "0.7", "--eval-top-k", "5", "--eval-temperature", "0.6").to_dict())
-    sp = b._sampling_params("eval")
+    sp = b.state.settings.sampling_params("eval")
     assert (sp["top_p"], sp["top_k"], sp["temperature"]) == (0.7, 5, 0.6)
-    assert b._sampling_params("train")["top_p"] == 1.0
+    assert b.state.settings.sampling_params("train")["top_p"] == 1.0
 
 
 class _Tok:

@@ -1,0 +1,631 @@
+"""The buffer's state machine (slime_actors/buffer_state.py) without a process: numbering, leases, submissions and
+refusals, carry-over, staleness, partial returns, released workers, evaluations, accounting, rollback, the event
+log replayed into the same state -- and the logs, snapshots and checkpoint an older buffer wrote
+(tests/data/buffer_log_v1, see its generate.py) restored by today's code."""
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from slime_actors.buffer_state import (STALE_REASON, BufferLogError, BufferSettings, BufferState, decode_event,
+                                       encode_event)
+from slime_actors.data import PromptDataset
+from slime_actors.types import Sample
+
+FIXTURE = Path(__file__).parent / "data" / "buffer_log_v1"
+W1, W2 = "rollout/1", "rollout/2"
+
+
+def write_prompts(path: Path, n: int, first: int = 0) -> Path:
+    path.write_text("".join(json.dumps({"input": f"{i} + {i} =", "label": str(2 * i)}) + "\n"
+                            for i in range(first, first + n)))
+    return path
+
+
+class Clock:
+    """A wall clock the test moves; the log records its reading, so a replay sees the same times."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class Monitor:
+    """A hacking monitor's state interface (state_dict / load_state_dict)."""
+
+    def __init__(self):
+        self.state = {"seen": []}
+
+    def state_dict(self):
+        return copy.deepcopy(self.state)
+
+    def load_state_dict(self, st):
+        if "seen" not in st:
+            raise ValueError("not a monitor state")
+        self.state = copy.deepcopy(st)
+
+
+def settings(**kw) -> BufferSettings:
+    base = dict(rollout_batch_size=2, over_sampling_batch_size=3, n_samples_per_prompt=2,
+                n_samples_per_eval_prompt=1, sampling={"train": {"temperature": 1.0}, "eval": {"temperature": 0.0}})
+    base.update(kw)
+    return BufferSettings(**base)
+
+
+def datasets(tmp_path: Path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    train = PromptDataset(write_prompts(tmp_path / "train.jsonl", 10), input_key="input", label_key="label")
+    ev = PromptDataset(write_prompts(tmp_path / "ev.jsonl", 3, first=100), input_key="input", label_key="label",
+                       name="ev")
+    return train, {"ev": ev}
+
+
+def make_state(tmp_path, log: list | None = None, clock=None, **kw) -> BufferState:
+    keep_group = kw.pop("keep_group", None)
+    monitor = kw.pop("monitor", None)
+    train, evals = datasets(tmp_path)
+    clock = clock or Clock()
+
+    def sink(ev, data):   # what the actor's log holds: (name, time, encoded fields), through msgpack
+        log.append(msgpack.unpackb(msgpack.packb([ev, clock(), data], use_bin_type=True), raw=False,
+                                   strict_map_key=False))
+    return BufferState(settings(**kw), train, evals, clock=clock, keep_group=keep_group, monitor_factory=monitor,
+                       on_event=sink if log is not None else None)
+
+
+def finish(group: dict, rewards=(1.0, 0.0), version: int = 0, status: str = "completed") -> list[Sample]:
+    """The group's samples as a worker hands them in: one response token each, scored."""
+    out = []
+    for s, r in zip(group["samples"], list(rewards) * len(group["samples"])):
+        s = Sample.from_wire(dict(s))
+        s.response, s.response_tokens, s.loss_mask, s.rollout_log_probs = "3", [5], [1], [-0.5]
+        s.reward, s.status, s.weight_version, s.weight_versions = r, status, version, [version]
+        out.append(s)
+    return out
+
+
+def submit(st, worker, group, **kw):
+    return st.submit(worker, group["work_id"], finish(group, **kw))
+
+
+def complete_rollout(st, rid, worker=W1, **kw):
+    """Start rollout `rid`, hand in groups until it is complete, and return the groups left leased."""
+    st.start_rollout(rid, **kw)
+    groups = st.take(worker, 10)
+    need = st.rollouts[f"train:{rid}"].target - len(st.rollouts[f"train:{rid}"].completed)
+    for g in groups[:need]:
+        assert submit(st, worker, g, version=kw.get("weight_version", 0))["accepted"]
+    assert st.rollouts[f"train:{rid}"].done
+    return groups[need:]
+
+
+# ------------------------------------------------------------------------------------------------ numbering
+def test_samples_are_numbered_by_running_counters_over_train_and_eval(tmp_path):
+    st = make_state(tmp_path)
+    assert st.start_rollout(0) == {"groups": 3, "new_groups": 3, "rollout_id": 0, "kind": "train"}
+    assert st.start_rollout(0, kind="eval", name="ev")["new_groups"] == 3
+    got = st.take(W1, 10)
+    assert [g["work_id"] for g in got] == ["eval-3", "eval-4", "eval-5", "train-0", "train-1", "train-2"]
+    assert [[s["index"] for s in g["samples"]] for g in got] == [[6], [7], [8], [0, 1], [2, 3], [4, 5]]
+    assert [g["group_index"] for g in got] == [3, 4, 5, 0, 1, 2]
+    assert [g["samples"][0]["prompt"] for g in got] == ["100 + 100 =", "101 + 101 =", "102 + 102 =", "0 + 0 =",
+                                                        "1 + 1 =", "2 + 2 ="]
+    assert all(s["rollout_id"] == 0 for g in got for s in g["samples"])
+    assert got[3]["sampling_params"] == {"temperature": 1.0} and got[0]["sampling_params"] == {"temperature": 0.0}
+    # each sample has its own copies: a worker's change to one never reaches another or the prompt
+    g = st.groups["train-0"]
+    g.samples[0].metadata["x"] = 1
+    g.samples[0].prompt_tokens.append(9)
+    assert "x" not in g.samples[1].metadata and st.dataset[0].metadata == {} and 9 not in g.samples[1].prompt_tokens
+    assert (st.next_sample, st.next_group) == (9, 6)
+
+
+def test_prompt_to_samples_numbers_as_told(tmp_path):
+    train, _ = datasets(tmp_path)
+    p = train.next_prompts(3)[2]
+    ss = p.to_samples(3, group_index=7, first_index=40, rollout_id=5)
+    assert [(s.index, s.group_index, s.rollout_id, s.prompt, s.label) for s in ss] == \
+        [(40 + j, 7, 5, "2 + 2 =", "4") for j in range(3)]
+
+
+# ------------------------------------------------------------------------------------------------ submissions
+def test_duplicate_late_and_foreign_submissions_are_refused_and_change_nothing(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    g0, g1 = st.take(W1, 2)
+    assert submit(st, W1, g0) == {"accepted": True, "outcome": "done"}
+    before = copy.deepcopy(st.snapshot())
+    assert submit(st, W1, g0) == {"accepted": False, "reason": "train-0 is done; rollout/1's submission is refused"}
+    assert submit(st, W2, g1) == {"accepted": False, "reason": "train-1 is leased (leased to rollout/1); "
+                                  "rollout/2's submission is refused"}
+    st.release(W1)
+    before["queue"]["train"].insert(0, "train-1")
+    late = submit(st, W1, g1)   # released (its worker was declared dead), then handed in after all
+    assert late == {"accepted": False, "reason": "train-1 is queued; rollout/1's submission is refused"}
+    after = st.snapshot()
+    assert after["stats"].pop("duplicates") == 3 and after["stats"].pop("requeued") == 1
+    for k in ("duplicates", "requeued"):
+        before["stats"].pop(k)
+    before["groups"][1].update(state="queued", worker=None)
+    assert after == before
+    assert [n for n, _ in st.notes] == ["submission refused"] * 3
+
+
+def test_bad_samples_are_errors_that_name_the_problem_and_change_nothing(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    (g,) = st.take(W1, 1)
+    before = copy.deepcopy(st.snapshot())
+    with pytest.raises(KeyError, match="unknown work id 'train-9'"):
+        st.submit(W1, "train-9", finish(g))
+    with pytest.raises(ValueError, match="train-0: expected 2 samples, got 1"):
+        st.submit(W1, "train-0", finish(g)[:1])
+    wrong = finish(g)
+    wrong[1].index = 7
+    with pytest.raises(ValueError, match=r"train-0: sample index 7 does not belong to this group \(expected 1\)"):
+        st.submit(W1, "train-0", wrong)
+    short = finish(g)
+    short[0].loss_mask = []
+    with pytest.raises(ValueError, match="sample 0 has 1 response tokens but 0 loss-mask entries and 1 log-probs"):
+        st.submit(W1, "train-0", short)
+    assert st.snapshot() == before
+    assert submit(st, W1, g)["accepted"]   # the group was not lost
+
+
+def test_failed_and_filtered_groups_are_recorded_and_replaced(tmp_path):
+    st = make_state(tmp_path, keep_group=lambda ss: len({s.reward for s in ss}) > 1, over_sampling_batch_size=2)
+    st.start_rollout(0)
+    g0, g1 = st.take(W1, 5)
+    failed = finish(g0)
+    failed[1].status, failed[1].error = "failed", "reward failed: boom"
+    assert st.submit(W1, g0["work_id"], failed) == {"accepted": True, "outcome": "failed"}
+    assert st.groups["train-0"].error == "sample 1: reward failed: boom"
+    assert submit(st, W1, g1, rewards=(1.0, 1.0)) == {"accepted": True, "outcome": "filtered"}
+    r = st.rollouts["train:0"]
+    assert (r.failed, r.filtered, r.completed, r.done) == (1, 1, [], False)
+    assert [g["work_id"] for g in st.take(W1, 5)] == ["train-2", "train-3"]   # two new prompts replace them
+    no_reward = st.take(W1, 1)
+    assert no_reward == []
+
+
+def test_a_train_sample_without_reward_fails_its_group_but_an_eval_one_does_not(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    (g,) = st.take(W1, 1)
+    assert submit(st, W1, g, rewards=(None, 1.0))["outcome"] == "failed"
+    assert st.groups["train-0"].error == "sample 0: no reward"
+    st.start_rollout(0, kind="eval", name="ev")
+    (e,) = st.take(W1, 1)
+    assert submit(st, W1, e, rewards=(None,))["outcome"] == "done"
+
+
+# ------------------------------------------------------------------------------------------------ carry-over
+def test_a_late_group_is_carried_into_the_next_rollout(tmp_path):
+    st = make_state(tmp_path, staleness_limit=1)   # async: one version behind is fresh enough
+    (late,) = complete_rollout(st, 0)
+    assert submit(st, W1, late) == {"accepted": True, "outcome": "done"}
+    assert list(st.carried) == ["train-2"] and st.rollouts["train:0"].completed == ["train-0", "train-1"]
+    assert st.mark_trained(0) and not st.mark_trained(0)
+    assert st.start_rollout(1, weight_version=1)["new_groups"] == 2   # 3 to over-sample, 1 carried
+    r1 = st.rollouts["train:1"]
+    assert r1.completed == ["train-2"] and not st.carried
+    assert st.groups["train-2"].rollout_id == 1 and {s.rollout_id for s in st.groups["train-2"].samples} == {1}
+    assert [g["work_id"] for g in st.take(W1, 5)] == ["train-3", "train-4"]
+
+
+def test_a_group_handed_out_again_works_for_the_rollout_active_then(tmp_path):
+    st = make_state(tmp_path, keep_group=_varied)
+    (left,) = complete_rollout(st, 0)          # train-2 is still out when rollout 0 is full
+    st.mark_trained(0)
+    st.start_rollout(1, weight_version=1)
+    assert st.return_work(W1, left["work_id"])["requeued"]
+    again = [g for g in st.take(W2, 5) if g["work_id"] == "train-2"][0]
+    assert again["rollout_id"] == 1 and {s["rollout_id"] for s in again["samples"]} == {1}
+    assert submit(st, W2, again, rewards=(1.0, 1.0), version=1)["outcome"] == "filtered"
+    assert (st.rollouts["train:1"].filtered, st.rollouts["train:0"].filtered) == (1, 0)
+
+
+# ------------------------------------------------------------------------------------------------ staleness
+def test_a_group_generated_by_weights_too_old_is_generated_again(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0, weight_version=2)
+    g0, g1 = st.take(W1, 2)
+    assert submit(st, W1, g0, version=1) == {"accepted": False, "reason": STALE_REASON}
+    g = st.groups["train-0"]
+    assert (g.state, g.worker, g.samples[0].response_tokens, g.samples[0].weight_version) == ("queued", None, [], -1)
+    assert st.stats["stale_requeued"] == 1 and st.queue["train"][0] == "train-0"
+    assert st.notes[-1] == ("stale group regenerated", {"work_id": "train-0", "worker": W1, "versions": [1],
+                                                        "current": 2})
+    assert submit(st, W1, g1, version=2)["accepted"]
+
+
+@pytest.mark.parametrize("kw", [{"staleness_limit": 1}, {"partial_rollout": True}])
+def test_max_staleness_and_partial_rollouts_accept_older_weights(tmp_path, kw):
+    st = make_state(tmp_path, **kw)
+    st.start_rollout(0, weight_version=2)
+    (g,) = st.take(W1, 1)
+    assert submit(st, W1, g, version=1) == {"accepted": True, "outcome": "done"}
+
+
+def test_a_carried_group_too_old_for_the_next_rollout_is_generated_again(tmp_path):
+    st = make_state(tmp_path)
+    (late,) = complete_rollout(st, 0)
+    assert submit(st, W1, late, version=0)["accepted"]
+    st.mark_trained(0)
+    st.start_rollout(1, weight_version=1)
+    assert st.rollouts["train:1"].completed == [] and st.stats["stale_requeued"] == 1
+    assert st.groups["train-2"].state == "queued" and st.groups["train-2"].samples[0].response == ""
+    assert st.queue["train"][0] == "train-2"
+
+
+# ------------------------------------------------------------------------------------------------ returns
+def test_a_partial_return_keeps_the_responses_with_partial_rollout(tmp_path):
+    st = make_state(tmp_path, partial_rollout=True)
+    st.start_rollout(0)
+    (g,) = st.take(W1, 1)
+    part = finish(g, rewards=(None, None), status="aborted")
+    part[1].status = "nonsense"
+    with pytest.raises(ValueError, match="expected 2 samples, got 1"):
+        st.return_work(W1, "train-0", part[:1])
+    assert st.return_work(W2, "train-0", part) == {"requeued": False, "reason": "train-0 is not leased to rollout/2"}
+    assert st.return_work(W1, "train-0", part) == {"requeued": True, "partial": True}
+    (again,) = st.take(W2, 1)
+    assert again["work_id"] == "train-0" and again["attempt"] == 2
+    assert [(s["response_tokens"], s["status"]) for s in again["samples"]] == [([5], "aborted"), ([5], "aborted")]
+
+
+def test_a_return_without_partial_rollout_drops_the_responses(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    (g,) = st.take(W1, 1)
+    assert st.return_work(W1, "train-0", finish(g, status="aborted")) == {"requeued": True, "partial": False}
+    (again,) = st.take(W1, 1)
+    assert [(s["response_tokens"], s["status"], s["reward"]) for s in again["samples"]] == [([], "pending", None)] * 2
+
+
+def test_releasing_a_worker_requeues_only_its_groups_in_front(tmp_path):
+    st = make_state(tmp_path, over_sampling_batch_size=4)
+    st.start_rollout(0)
+    a = st.take(W1, 2)
+    b = st.take(W2, 1)
+    assert st.release(W1) == 2 and st.release(W1) == 0
+    assert list(st.queue["train"])[:2] == ["train-1", "train-0"] and st.groups[b[0]["work_id"]].worker == W2
+    assert {g["work_id"] for g in st.take(W2, 5)} == {g["work_id"] for g in a} | {"train-3"}
+
+
+def test_after_a_restart_the_groups_a_worker_does_not_hold_are_requeued(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    st.take(W1, 2)
+    st.take("loaded", 1)   # not a rollout worker: never asked
+    held = st.held_leases()
+    assert held == {W1: {"train-0", "train-1"}}
+    assert st.requeue_unheld(W1, held[W1], {"train-1"}) == 1
+    assert st.groups["train-0"].state == "queued" and st.groups["train-1"].state == "leased"
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def test_an_evaluation_is_over_when_every_prompt_has_an_outcome(tmp_path):
+    st = make_state(tmp_path)
+    clock = st.clock
+    st.start_rollout(0, kind="eval", name="ev")
+    e = st.take(W1, 5)
+    assert [g["kind"] for g in e] == ["eval"] * 3
+    submit(st, W1, e[0], rewards=(1.0,))
+    submit(st, W1, e[1], rewards=(0.0,), status="failed")
+    r = st.rollouts["eval:0"]
+    assert not r.done
+    clock.t = 1005.0
+    submit(st, W1, e[2], rewards=(1.0,))
+    assert r.done and r.finished == 1005.0 and (len(r.completed), r.failed) == (2, 1)
+    assert [(x["index"], x["reward"], x["label"]) for x in st.eval_results(0)] == [(0, 1.0, "200"), (2, 1.0, "204")]
+    stats = st.rollout_stats("eval:0")
+    assert stats["complete"] and stats["seconds"] == 5.0 and stats["reward_mean"] == 1.0
+    with pytest.raises(KeyError, match="no eval 1"):
+        st.eval_results(1)
+    with pytest.raises(KeyError, match="no eval set named 'other' \\(have: ev\\)"):
+        st.start_rollout(1, kind="eval", name="other")
+    # a new evaluation drops the queue of an unfinished one
+    st.start_rollout(1, kind="eval", name="ev")
+    st.start_rollout(2, kind="eval", name="ev")
+    assert list(st.queue["eval"]) == ["eval-6", "eval-7", "eval-8"]
+
+
+def test_start_rollout_refuses_bad_kinds_and_answers_a_repeat(tmp_path):
+    st = make_state(tmp_path)
+    with pytest.raises(ValueError, match="kind must be train or eval, got 'test'"):
+        st.start_rollout(0, kind="test")
+    st.start_rollout(0)
+    assert st.start_rollout(0) == {"groups": 3, "rollout_id": 0, "kind": "train", "existing": True}
+    nodata = BufferState(settings())
+    with pytest.raises(RuntimeError, match="no --prompt-data"):
+        nodata.start_rollout(0)
+    assert nodata.fresh
+
+
+# ------------------------------------------------------------------------------------------------ training
+def test_batches_are_whole_groups_in_group_order(tmp_path):
+    st = make_state(tmp_path, rollout_batch_size=3)
+    st.start_rollout(0)
+    g = st.take(W1, 3)
+    with pytest.raises(RuntimeError, match="rollout 0 is not complete"):
+        st.batch(0, 0, 1)
+    for grp in reversed(g):   # completion order differs from group order
+        submit(st, W1, grp)
+    assert st.batch(0, 0, 2)["sample_index"] == [0, 1, 4, 5] and st.batch(0, 1, 2)["group_index"] == [1, 1]
+    with pytest.raises(ValueError, match="rank 2 outside world size 2"):
+        st.batch(0, 2, 2)
+    with pytest.raises(RuntimeError, match="rollout 1 is not complete; it cannot have been trained"):
+        st.mark_trained(1)
+
+
+def test_accounting_counts_every_sample_and_finds_lost_ones(tmp_path):
+    st = make_state(tmp_path)
+    (late,) = complete_rollout(st, 0)
+    st.mark_trained(0)
+    acc = st.accounting()
+    assert {k: acc[k] for k in ("issued", "trained_once", "trained_more", "untrained", "expected_trained", "lost")} \
+        == {"issued": 6, "trained_once": 4, "trained_more": 0, "untrained": 2, "expected_trained": 4, "lost": 0}
+    assert acc["untrained_by_state"] == {"leased": 2} and acc["pending_groups"] == ["train-2"]
+    assert acc["trained_rollouts"] == [0] and acc["stats"]["handed_out"] == 3 and acc["stats"]["submitted"] == 2
+    assert st.accounts[4] == [1, 0, 0] and st.accounts[0] == [1, 1, 1]
+    assert "train-0" not in st.groups   # trained samples are freed
+    del st.groups["train-2"]            # a group that vanished: its samples are reported lost
+    acc = st.accounting()
+    assert acc["lost"] == 2 and acc["lost_samples"] == [4, 5]
+
+
+def test_a_loaded_rollout_is_complete(tmp_path):
+    st = make_state(tmp_path)
+    complete_rollout(st, 0)
+    dumped = [Sample.from_wire(s) for s in st.dump_rollout(0)]
+    other = make_state(tmp_path / "other", log=[])
+    assert other.load_rollout(4, dumped) == {"groups": 2}
+    assert other.load_rollout(4, dumped) == {"groups": 2}   # again: nothing new
+    r = other.rollouts["train:4"]
+    assert r.done and r.name == "loaded" and other.batch(4, 0, 1)["sample_index"] == [0, 1, 2, 3]
+    assert sorted(other.accounts) == [0, 1, 2, 3] and other.accounts[0] == [1, 1, 0]
+
+
+# ------------------------------------------------------------------------------------------------ rollback
+def test_rollback_to_a_checkpoint_trains_what_the_lost_weights_trained_again_once(tmp_path):
+    st = make_state(tmp_path)
+    complete_rollout(st, 0)
+    st.mark_trained(0)
+    ckpt = msgpack.unpackb(msgpack.packb(st.snapshot()), strict_map_key=False)   # as `save` writes it
+    leased = complete_rollout(st, 1, weight_version=1)
+    first_time = {s["index"]: s["prompt"] for s in st.dump_rollout(1)}
+    assert sorted(first_time) == [6, 7, 8, 9]
+    st.mark_trained(1)
+    assert st.rollback_answer(2, True) == {"rolled_back": False, "reason": "no rollout from 2 on"}
+    assert st.rollback_answer(1, True, token="t") is None
+    res = st.rollback(ckpt, "ckpt/buffer.msgpack", 1, reason="trainer restarted", token="t")
+    assert res == {"rolled_back": True, "to": "ckpt/buffer.msgpack", "if_ahead_of": 1,
+                   "trained_rollouts_discarded": [1], "samples_discarded": 4, "epoch": 1,
+                   "reason": "trainer restarted"}
+    assert st.rollback_answer(1, True, token="t") == res   # the same rollback asked again: answered, not redone
+    assert sorted(st.rollouts) == ["train:0"] and st.epoch == 1
+    # every group has a new work id: a late submission of work handed out before the rollback cannot match
+    assert sorted(st.groups) == ["train-2.e1"]
+    with pytest.raises(KeyError, match="unknown work id"):
+        submit(st, W1, leased[0])
+    # the group leased at the checkpoint is queued again, then the same prompts as before come again (the
+    # dataset's position is the checkpoint's), numbered as before; each is trained once
+    complete_rollout(st, 1, weight_version=1)
+    again = {s["index"]: s["prompt"] for s in st.dump_rollout(1)}
+    assert sorted(again) == [4, 5, 6, 7] and {i: again[i] for i in (6, 7)} == {i: first_time[i] for i in (6, 7)}
+    st.mark_trained(1)
+    acc = st.accounting()
+    assert acc["trained_more"] == 0 and acc["trained_once"] == 8
+    assert acc["discarded"] == {"samples": 4, "trainings": 4} and acc["rollbacks"] == [res] and acc["epoch"] == 1
+
+
+def test_rollback_requeues_what_was_leased_at_the_checkpoint(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    st.take(W1, 2)
+    ckpt = copy.deepcopy(st.snapshot())
+    for wid in ("train-0", "train-1"):
+        assert submit(st, W1, st.groups[wid].wire())["accepted"]
+    st.mark_trained(0)
+    res = st.rollback(ckpt, "c", 0)
+    assert res["trained_rollouts_discarded"] == [0] and res["samples_discarded"] == 4
+    assert {w: g.state for w, g in st.groups.items()} == {"train-0.e1": "queued", "train-1.e1": "queued",
+                                                         "train-2.e1": "queued"}
+    assert list(st.queue["train"]) == ["train-1.e1", "train-0.e1", "train-2.e1"]
+    assert st.rollouts["train:0"].completed == [] and not st.rollouts["train:0"].done
+
+
+def test_a_fresh_buffer_rolls_back_only_when_given_a_checkpoint(tmp_path):
+    st = make_state(tmp_path)
+    assert st.fresh and st.rollback_answer(0, False) == {"rolled_back": False, "reason": "no rollout from 0 on"}
+    assert st.rollback_answer(0, True) is None
+
+
+# ------------------------------------------------------------------------------------------------ the event log
+def run_everything(st: BufferState) -> None:
+    """Every kind of event: starts, new groups, leases, done/failed/filtered submissions, a stale regeneration,
+    partial returns, a released worker, a carried group, a trained rollout, an evaluation, a hack report."""
+    st.clock.t += 1
+    st.start_rollout(0)
+    g = st.take(W1, 2) + st.take(W2, 2)
+    st.clock.t += 1
+    submit(st, W1, g[0])
+    submit(st, W1, g[1], rewards=(1.0, 1.0))                 # filtered
+    st.return_work(W2, g[2]["work_id"], finish(g[2], status="aborted"))
+    st.release(W2)
+    more = st.take(W1, 10)
+    st.clock.t += 1
+    for x in more:
+        submit(st, W1, x, rewards=(None, 1.0) if x["work_id"] == "train-4" else (1.0, 0.0))
+    more = st.take(W1, 10)
+    for x in more:
+        st.clock.t += 1
+        submit(st, W1, x)
+    st.record_hack(0, {"rollout_id": 0, "alarms": []}, {"seen": [0]})
+    st.mark_trained(0)
+    st.start_rollout(1, weight_version=1)
+    st.start_rollout(0, kind="eval", name="ev")
+    for x in st.take(W2, 5):
+        submit(st, W2, x, version=0 if x["kind"] == "train" else 1)   # the train one is stale
+    st.take(W1, 1)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_the_log_replayed_gives_the_same_state(tmp_path, partial):
+    log = []
+    st = make_state(tmp_path / "a", log=log, monitor=Monitor, partial_rollout=partial, keep_group=_varied)
+    start = copy.deepcopy(st.snapshot())
+    run_everything(st)
+    assert {ev for ev, _t, _d in log} == {"start", "new_group", "lease", "submit", "requeue", "trained", "hack"}
+    again = make_state(tmp_path / "b", monitor=Monitor, partial_rollout=partial, keep_group=_varied)
+    again.load(start)
+    assert again.replay(log) == len(log)
+    want, got = st.snapshot(), again.snapshot()
+    for k in ("handed_out", "submitted", "duplicates", "stale_requeued"):   # counted by the operations, not logged
+        want["stats"].pop(k)
+        got["stats"].pop(k)
+    assert got == want
+    assert again.hack_monitor.state == {"seen": [0]} and again.dataset.state_dict() == st.dataset.state_dict()
+
+
+def _varied(samples):
+    return len({s.reward for s in samples}) > 1
+
+
+def test_events_encode_and_decode(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    (g,) = st.take(W1, 1)
+    ss = finish(g)
+    data = encode_event({"work_id": "train-0", "samples": ss, "outcome": "done", "error": None})
+    assert data["samples"] == [s.to_wire() for s in ss]
+    assert decode_event(data)["samples"] == ss
+    rec = encode_event({"group": st.groups["train-1"], "dataset_state": None})
+    assert decode_event(rec)["group"] == st.groups["train-1"]
+
+
+def test_a_log_that_cannot_be_applied_is_an_error_that_names_the_event(tmp_path):
+    st = make_state(tmp_path)
+    with pytest.raises(BufferLogError, match="unknown buffer event 'shuffle'"):
+        st.replay([("shuffle", 0.0, {})])
+    with pytest.raises(BufferLogError, match=r"logged event 1 \('lease'\) cannot be applied: KeyError: 'train-9'"):
+        st.replay([("start", 0.0, {"rollout_id": 0, "kind": "train", "target": 2, "name": "",
+                                   "weight_version": 0}), ("lease", 0.0, {"work_id": "train-9", "worker": W1})])
+    with pytest.raises(BufferLogError, match=r"logged event 0 \('trained'\) cannot be applied: TypeError"):
+        st.replay([("trained", 0.0, {"rollout": 0})])
+
+
+def test_an_unreadable_monitor_state_starts_the_monitor_afresh_with_a_note(tmp_path):
+    st = make_state(tmp_path, monitor=Monitor)
+    snap = st.snapshot()
+    snap["hack_monitor"] = {"other": 1}
+    snap["hack_reports"] = {"3": {"rollout_id": 3}}
+    st.load(snap)
+    assert st.hack_monitor.state == {"seen": []} and st.hack_reports == {3: {"rollout_id": 3}}
+    assert st.notes == [("hack monitor state unreadable; starting it afresh", {"error": "not a monitor state"})]
+
+
+# ------------------------------------------------------------------------------------------------ older buffers' files
+def fixture_state() -> BufferState:
+    """A state as the fixture's job had it configured (settings.json, its prompts), hacking alarms off."""
+    s = json.loads((FIXTURE / "settings.json").read_text())
+    train = PromptDataset(FIXTURE / "prompts.jsonl", input_key="input", label_key="label")
+    ev = PromptDataset(FIXTURE / "eval.jsonl", input_key="input", label_key="label", name="ev")
+    return BufferState(settings(**s), train, {"ev": ev})
+
+
+def read(path: Path):
+    return msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+
+
+def comparable(snap: dict, times: bool = False) -> dict:
+    """A snapshot without what an older buffer did not have (the hacking monitor's fields, the dataset's unused
+    next_group_index) and, unless `times`, without wall-clock times."""
+    snap = copy.deepcopy(snap)
+    for k in ("hack_monitor", "hack_reports"):
+        assert snap.pop(k, None) in (None, {})
+    snap["dataset"].pop("next_group_index", None)
+    if not times:
+        for r in snap["rollouts"].values():
+            assert r.pop("started") > 0
+            assert (r.pop("finished") is None) == (not r["done"] or r["kind"] == "train" and r["name"] == "loaded")
+    return snap
+
+
+def log_records(path: Path) -> list:
+    up = msgpack.Unpacker(raw=False, strict_map_key=False)
+    up.feed(path.read_bytes())
+    recs = list(up)
+    assert recs[0][0] == "gen"
+    return recs[1:]
+
+
+def test_an_older_buffers_snapshot_and_log_restore_to_the_state_it_restored():
+    st = fixture_state()
+    st.load(read(FIXTURE / "buffer" / "snapshot.msgpack"))
+    assert st.log_gen == 1
+    assert st.replay(log_records(FIXTURE / "buffer" / "log.msgpack")) == 41
+    got = comparable(st.snapshot())
+    assert got == comparable(read(FIXTURE / "restored.msgpack"))
+    # and to the state that buffer held, but for the counts its handlers kept without logging them
+    live = comparable(read(FIXTURE / "live.msgpack"))
+    for k in ("handed_out", "submitted", "duplicates"):
+        assert got["stats"].pop(k) == 0 and live["stats"].pop(k) > 0
+    assert got == live
+
+
+def test_an_older_buffers_restored_state_carries_on():
+    st = fixture_state()
+    st.load(read(FIXTURE / "buffer" / "snapshot.msgpack"))
+    st.replay(log_records(FIXTURE / "buffer" / "log.msgpack"))
+    # what was leased when it stopped can still be handed in; rollout 1 (one carried group, one trained) fills up
+    for wid, worker in (("train-7", W1), ("eval-12", W2), ("eval-13", W1)):
+        assert submit(st, worker, st.groups[wid].wire())["accepted"]
+    assert st.rollouts["eval:0"].done
+    assert [g["work_id"] for g in st.take(W1, 2)] == ["train-8", "train-9"]
+    r1 = st.rollouts["train:1"]
+    assert r1.completed == ["train-5", "train-6", "train-7"] and not r1.done
+    st.submit(W1, "train-8", finish(st.groups["train-8"].wire()))
+    assert r1.done and st.batch(1, 0, 1)["group_index"] == [5, 5, 6, 6, 7, 7, 8, 8]
+    assert st.mark_trained(1) and st.accounting()["trained_once"] == 16
+
+
+def test_an_older_buffers_checkpoint_restores_as_it_was_saved():
+    saved = read(FIXTURE / "ckpt" / "buffer.msgpack")
+    st = fixture_state()
+    st.load(saved)
+    assert comparable(st.snapshot(), times=True) == comparable(saved, times=True)
+    assert st.dataset.state_dict()["offset"] == saved["dataset"]["offset"] and st.next_sample == 25
+
+
+def test_the_buffer_actor_restores_an_older_run_directory(tmp_path):
+    """The actor's restore path (files, the log's generation) on the fixture's run directory."""
+    from slime_actors.actors.buffer import Buffer
+    from slime_actors.config import parse_config
+    shutil.copytree(FIXTURE / "buffer", tmp_path / "buffer")
+    cfg = parse_config(["--prompt-data", str(FIXTURE / "prompts.jsonl"), "--hf-checkpoint", "tiny:x",
+                        "--rm-type", "exact_match", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+                        "--input-key", "input", "--label-key", "label", "--over-sampling-batch-size", "6", "--partial-rollout",
+                        "--hack-alarms", "off"])
+    b = Buffer(0, args=cfg.to_dict())
+    ref = fixture_state()
+    b.state.dataset, b.state.eval_sets = ref.dataset, ref.eval_sets
+    b.state_dir = tmp_path / "buffer"
+    assert b._restore() == "snapshot + 41 logged events"
+    assert comparable(b.state.snapshot()) == comparable(read(FIXTURE / "restored.msgpack"))
+    assert b._rollout_events["train:0"].is_set() and "train:1" not in b._rollout_events
+    # a log older than its snapshot (a crash between the two writes) is ignored
+    snap = read(FIXTURE / "buffer" / "snapshot.msgpack")
+    snap["log_gen"] = 2
+    (tmp_path / "buffer" / "snapshot.msgpack").write_bytes(msgpack.packb(snap))
+    b2 = Buffer(0, args=cfg.to_dict())
+    b2.state.dataset, b2.state.eval_sets = fixture_state().dataset, ref.eval_sets
+    b2.state_dir = tmp_path / "buffer"
+    assert b2._restore() == "snapshot (stale log ignored) + 0 logged events"
