@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from slime_actors.actors.base import Actor
+from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.buffer import Buffer
 from slime_actors.actors.rollout import submit_key
 from slime_actors.config import parse_config
@@ -176,3 +176,43 @@ def test_restart_restores_leases_and_queue(loop_thread, run_dir, tmp_path, tiny)
     assert len(rest) == 1  # 4 groups: 2 submitted, 1 still leased to rollout/1, 1 queued
     acc = loop_thread.call(w3.ask("buffer/0", "accounting", {}))
     assert acc["issued"] == 8
+
+
+class Holder(Actor):
+    """A rollout worker that says which of its leases it still holds (a restarted buffer asks)."""
+    role = "rollout"
+
+    def __init__(self, index, holds):
+        super().__init__(index)
+        self.holds = holds
+
+    @handler
+    def held_groups(self) -> list:
+        return list(self.holds)
+
+
+def test_restarted_buffer_reissues_leases_the_worker_no_longer_holds(loop_thread, run_dir, tmp_path, tiny):
+    """After a restart the buffer asks each lease holder (rollout/N.held_groups) what it still has; a group it
+    lost (the lease logged just before the crash never reached it) goes back to the queue, the one it holds stays."""
+    import time as _time
+    args = make_args(tmp_path, tiny)
+    b, w1, _ = start(loop_thread, run_dir, args)
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    groups = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 3})["groups"]
+    loop_thread.call(b.stop())
+    loop_thread.call(w1.stop())
+    holder = Holder(1, [groups[0]["work_id"]])            # rollout/1 again: it holds groups[0] only
+    h_ep = loop_thread.call(holder.start(RuntimeConfig(run_dir=run_dir, curve=False)))
+    b2 = Buffer(0, args=args)
+    ep = loop_thread.call(b2.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"rollout/1": h_ep})))
+    w3 = Worker(3)
+    loop_thread.call(w3.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"buffer/0": ep})))
+    deadline, got = _time.monotonic() + 20, []
+    while _time.monotonic() < deadline and len(got) < 3:   # the reconciliation runs beside the handlers
+        got += loop_thread.call(w3.ask("buffer/0", "get_work", {"worker": "rollout/3", "max_groups": 5}))["groups"]
+        _time.sleep(0.1)
+    ids = [g["work_id"] for g in got]
+    assert len(ids) == 3 and groups[0]["work_id"] not in ids             # 4 groups: the held one stays leased
+    assert {groups[1]["work_id"], groups[2]["work_id"]} <= set(ids)      # the two it lost are handed out again
+    for a in (w3, b2, holder):
+        loop_thread.call(a.stop())

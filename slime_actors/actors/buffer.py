@@ -38,6 +38,7 @@ import msgpack
 
 from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout
 from ..config import JobConfig
+from ..handles import Handle
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..types import Sample
 from .base import Actor, handler
@@ -98,7 +99,7 @@ class Buffer(Actor):
         them."""
         for worker, wids in self.state.held_leases().items():
             try:
-                has = set(await self.ask(worker, "held_groups", {}, timeout=max(10.0, self.runtime.down_after * 2)))
+                has = set(await Handle(self, worker).held_groups(ask_timeout=max(10.0, self.runtime.down_after * 2)))
             except Exception as exc:
                 self.log.warning("worker did not say what it holds; its leases stay", worker=worker,
                                  error=str(exc))
