@@ -68,3 +68,18 @@ def count_gpus(environ: Mapping[str, str] | None = None,
     if slurm is not None and slurm[0] < n:
         return GpuCount(slurm[0], f"{slurm[1]}; torch sees {n}", detail)
     return GpuCount(n, source, detail)
+
+
+def training_device(spec: str, rank: int):
+    """The torch device a trainer rank computes on, made current: `--device` as given, and for a bare "cuda" the GPU
+    of this rank on its node (LOCAL_RANK where a launcher sets it, else rank modulo the GPUs visible)."""
+    import torch
+    dev = torch.device(spec)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but no CUDA device is available")
+        if dev.index is None:
+            local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+            dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    return dev

@@ -194,3 +194,15 @@ def test_launch_refuses_a_topology_that_needs_gpus_this_machine_lacks(tmp_path):
     assert r.stderr.strip().splitlines()[-1].startswith("slime-actors launch: error: --device cuda but no GPU is "
                                                         "visible here"), r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_training_device_is_the_flag_and_refuses_cuda_without_it():
+    """Both training backends take their device from gpus.training_device: --device as given; "cuda" on a machine
+    without CUDA is refused by name (the start-up check then ends the job with that cause)."""
+    import torch
+
+    from slime_actors.gpus import training_device
+    assert training_device("cpu", 3) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="--device cuda but no CUDA device is available"):
+            training_device("cuda", 0)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -48,6 +47,7 @@ import torch.distributed as dist
 
 from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy, scaled_logits
 from ..config import JobConfig
+from ..gpus import training_device
 from ..log import get_logger
 from . import megatron_convert as mc
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
@@ -180,17 +180,6 @@ class MegatronBackend(TrainingBackend):
     def device(self) -> torch.device:
         return self._device
 
-    def _pick_device(self) -> torch.device:
-        dev = torch.device(self.cfg.run.device)
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("--device cuda but no CUDA device is available")
-            if dev.index is None:
-                local = int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count()))
-                dev = torch.device("cuda", local)
-            torch.cuda.set_device(dev)
-        return dev
-
     def _on_device(self) -> None:
         """torch.cuda's current device is per thread; the trainer calls us from worker threads."""
         if self._device.type == "cuda":
@@ -212,7 +201,7 @@ class MegatronBackend(TrainingBackend):
 
     def init(self) -> None:
         cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
-        self._device = self._pick_device()
+        self._device = training_device(self.cfg.run.device, self.rank)
         if self._device.type == "cpu" and not _megatron_runs_on_cpu():
             raise RuntimeError("--train-backend megatron needs a GPU (--device cuda): megatron-core has no CPU path. "
                                "On CPU use --train-backend torch; tests run megatron on CPU through "

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from torch import nn
 
 from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
 from ..config import JobConfig
+from ..gpus import training_device
 from ..log import get_logger
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
 from .training import LossFn, TrainingBackend
@@ -137,17 +137,6 @@ class TorchBackend(TrainingBackend):
     def device(self) -> torch.device:
         return self._device
 
-    def _pick_device(self) -> torch.device:
-        dev = torch.device(self.cfg.run.device)
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("--device cuda but no CUDA device is available")
-            if dev.index is None:
-                local = int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count()))
-                dev = torch.device("cuda", local)
-            torch.cuda.set_device(dev)
-        return dev
-
     def _checkpoint_dir(self) -> str:
         spec = self.cfg.model.hf_checkpoint
         if spec is None:
@@ -171,7 +160,7 @@ class TorchBackend(TrainingBackend):
 
     def init(self) -> None:
         cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
-        self._device = self._pick_device()
+        self._device = training_device(self.cfg.run.device, self.rank)
         self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         actor = self._load_causal_lm(self.hf_path)
