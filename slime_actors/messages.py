@@ -167,6 +167,14 @@ declare("directory", "list", "Every registered actor with its endpoint, pid, hos
         reply="{name: {endpoint, pid, host, alive, last_seen}}")
 declare("directory", "watch", "Subscribe `name` to _peer_down/_peer_up notices.", name="str")
 
+# Node agents (slime_actors/launch/job.py: one per node of a multi-node job; the head's stops the others)
+declare("agent", "processes", "The processes this node's launcher started and supervises.",
+        reply="{name: {pid, alive, restarts, exit_codes}}")
+declare("agent", "node_failed", "Another node's agent gave up (restart intensity exceeded): the head stops the job.",
+        node="str", reason="str")
+declare("agent", "stop_node", "Stop this node's processes and its agent (the job ended, or failed elsewhere).",
+        reply="{stopping: true, processes}", reason="str?")
+
 
 def catalog_markdown() -> str:
     """The catalog as a Markdown table (docs/wire-format.md)."""

@@ -259,3 +259,26 @@ def test_idem_is_the_asks_idempotency_key_and_only_a_key_given_is_passed():
     with pytest.raises(TypeError, match=r"rollout\.resume: idem is for asks"):
         Handle(s, "rollout/0").tell.resume(1, idem="k")
     assert len(s.sent) == 2, "a bad call sent something"
+
+
+def test_node_agents_take_their_declared_messages_through_handles(loop_thread, run_dir):
+    """launch/job.py's agents talk through handles on the `agent` role: the head's agent stops another node's with
+    stop_node, an agent that gives up tells the head's with node_failed; each arrives as the handler expects."""
+    from slime_actors.launch.job import NodeAgent
+    from slime_actors.runtime import RuntimeConfig
+    head, other = NodeAgent(0), NodeAgent(1)
+    peers_of_other: dict = {}
+    ep_other = loop_thread.call(other.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers=peers_of_other)))
+    ep_head = loop_thread.call(head.start(RuntimeConfig(run_dir=run_dir, curve=False,
+                                                        static_peers={"agent/1": ep_other})))
+    peers_of_other["agent/0"] = ep_head
+    failed = loop_thread.call(Handle(other, "agent/0").node_failed("agent/1", "restart intensity exceeded",
+                                                                   ask_timeout=10))
+    assert failed is None and head.node_failures == ["agent/1: restart intensity exceeded"]
+    with pytest.raises(TypeError, match="node_failed"):
+        Handle(other, "agent/0").node_failed("agent/1")          # the reason is required: refused before sending
+    reply = loop_thread.call(Handle(head, "agent/1").stop_node(reason="the job ended", ask_timeout=10))
+    assert reply == {"stopping": True, "processes": 0}
+    assert other.stop_requested.is_set() and other.stop_reason == "the job ended"
+    for a in (other, head):
+        loop_thread.call(a.stop())

@@ -29,6 +29,7 @@ from pathlib import Path
 from .. import env as E
 from ..actors.base import Actor, handler
 from ..config import JobConfig
+from ..handles import Handle
 from ..log import get_logger
 from ..mailbox.errors import MailboxError
 from ..retry import RetryPolicy, retry
@@ -206,7 +207,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
         others = [n for n in head.listing() if n.startswith("agent/") and n != agent.name]
         for other in others:
             try:
-                await agent.ask(other, "stop_node", {"reason": failure or "the job ended"}, timeout=5)
+                await Handle(agent, other).stop_node(reason=failure or "the job ended", ask_timeout=5)
             except MailboxError:
                 pass
         await loop.run_in_executor(None, launcher.stop_all)
@@ -293,8 +294,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
             launcher.check(listing)
             if launcher.failure:
                 try:
-                    await agent.ask(head_agent, "node_failed", {"node": agent.name, "reason": launcher.failure},
-                                    timeout=10)
+                    await Handle(agent, head_agent).node_failed(agent.name, launcher.failure, ask_timeout=10)
                 except MailboxError:
                     pass
                 print(f"{ctx.prog}: {agent.name}: {launcher.failure}", file=sys.stderr)
