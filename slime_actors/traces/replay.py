@@ -209,6 +209,8 @@ class VirtualClock:
 
     def _job_done(self, _fut) -> None:
         self.jobs -= 1
+        if not self.jobs and self.schedule is not None:
+            self.schedule._pump_soon()  # the schedule held still while the thread worked (ReplaySchedule._pump)
 
     def _virtual_select(self, timeout):
         if self.expired:  # said so once; the loop is being wound down
@@ -402,6 +404,11 @@ class ReplaySchedule:
         """Deliver the inbound messages at the head of the schedule; open the gate of the task whose turn it is."""
         self._pumping = False
         while not self.free:
+            if self.h.clock.jobs:
+                # a thread is working: the clock stands still, and so does the schedule (what comes next in the
+                # recording came after that work in the run's time; its completion pumps again -- else the
+                # thread's real time would decide whether its task's step came before the recording's next one)
+                return
             if self.head >= len(self.items):
                 self._over()
                 return
