@@ -106,6 +106,9 @@ class RuntimeSection:
     trace: bool = flag(True, "record every message in RUN_DIR/traces (docs/debugging.md)", origin="own")
     trace_keep_arrays: bool = flag(False, "record the bytes of arrays in messages too (by default: their shape, "
                                           "dtype and checksum)", origin="own")
+    trace_max_bytes: int = flag(1 << 30, "bytes of trace files each process keeps at most: they rotate in 8 "
+                                         "segments, the first (the actor's start, which replay runs) and the newest "
+                                         "kept; 0: no bound (docs/trace-format.md, Rotation)", origin="own")
     curve: bool = flag(True, "CurveZMQ keys per job: actors accept messages from this job's processes only "
                              "(docs/security.md)", origin="own")
     transport: str = flag("ipc", "ipc: one host; tcp: several hosts", choices=["ipc", "tcp"], origin="own")

@@ -112,6 +112,10 @@ class TrainerRank(Actor):
             from ..backends.torch_backend import TorchBackend as Backend
         self.backend = Backend(a, self.rank, self.world_size)
         self.backend.init()
+        from ..traces import environment
+        # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
+        # what differs (docs/reproducibility.md)
+        self.record_input(environment.INPUT_NAME, environment.torch_runtime())
         from ..backends.weight_sync import WeightPusher
         self.weights = WeightPusher(a, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,

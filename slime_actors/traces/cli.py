@@ -11,9 +11,10 @@
                                     [--json]
 
 RUN is a run directory, its traces/ folder, or one .trace file. Times (--since/--until) are seconds from the run's
-start, as `trace show` prints them (+12.5s), or Unix seconds. Exit codes: 0 fine (replay: identical; diff: no
-divergence), 1 a difference was found, 2 bad input (a missing or corrupt trace file is named with the byte offset and
-what was expected there).
+start, as `trace show` prints them (+12.5s), or Unix seconds. Exit codes: 0 fine (replay: bit-identical, or only
+floats differ and all within --rtol/--atol; diff: no divergence), 1 a difference was found (replay: a logic
+difference -- a message, a field that is not a float, an outcome), 2 bad input (a missing or corrupt trace file is
+named with the byte offset and what was expected there), 3 replay: only floats differ, some beyond --rtol/--atol.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import argparse
 import json
 import sys
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT, EXIT_FLOATS = 0, 1, 2, 3
 
 
 def _err(msg: str) -> int:
@@ -219,8 +220,16 @@ def cmd_replay(args) -> int:
                     path_map=parse_path_maps(args.path_map), rtol=args.rtol, atol=args.atol, timeout=args.timeout,
                     allow_network=args.allow_network)
     if args.json:
-        print(json.dumps({"actor": report.actor, "identical": report.identical, "stopped": report.stopped,
+        fl = report.floats
+        print(json.dumps({"actor": report.actor, "verdict": report.verdict, "identical": report.identical,
+                          "within_tolerance": report.within_tolerance, "stopped": report.stopped,
                           "counts": report.counts, "notes": report.notes, "steps": report.steps,
+                          "floats": {"values": fl.values, "messages": fl.messages, "beyond_tolerance": fl.beyond,
+                                     "max_rel": fl.max_rel, "max_at": _plain(fl.max_at),
+                                     "arrays_by_checksum": fl.arrays_by_checksum},
+                          "environment": None if report.environment is None else
+                          [{"key": k, "recorded": _plain(a), "here": _plain(b)} for k, a, b in report.environment],
+                          "cut": report.cut,
                           "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "message": f.message,
                                            "recorded_id": f.rec_id, "answers": f.answers,
                                            "field": f.diff.path if f.diff else None,
@@ -231,6 +240,8 @@ def cmd_replay(args) -> int:
         print(report.render(show=args.show))
     if report.stopped:
         return EXIT_BAD_INPUT
+    if report.verdict == "floats":
+        return EXIT_OK if report.within_tolerance else EXIT_FLOATS
     return EXIT_OK if report.identical else EXIT_DIFFERENT
 
 
@@ -328,7 +339,7 @@ def add_replay_command(sub) -> None:
                    help="change a recorded job flag first (VALUE as JSON, else a string): what if...?")
     r.add_argument("--path-map", action="append", default=[], metavar="OLD=NEW",
                    help="read recorded paths starting with OLD under NEW (a run recorded elsewhere)")
-    r.add_argument("--rtol", type=float, default=None, help="float tolerance (default 0; trainer 1e-4)")
+    r.add_argument("--rtol", type=float, default=None, help="float tolerance for the exit code (default 0; trainer 1e-4); any float that differs at all is reported")
     r.add_argument("--atol", type=float, default=None, help="(default 0; trainer 1e-6)")
     r.add_argument("--timeout", type=float, default=600.0, help="real seconds before giving up")
     r.add_argument("--allow-network", action="store_true", help="let the actor open connections (not replayed)")
