@@ -87,6 +87,13 @@ class TrainerRank(Actor):
         import torch
         import torch.distributed as dist
         a = self.cfg
+        # every generator a rank's code may draw from (as Megatron's _set_random_seed): a run is reproducible, and
+        # so is its checkpoint's RNG state (docs/reproducibility.md)
+        import random
+
+        import numpy as np
+        random.seed(a.run.seed + self.rank)
+        np.random.seed((a.run.seed + self.rank) % (1 << 32))
         torch.manual_seed(a.run.seed + self.rank)
         if a.run.device == "cuda":
             gpus = torch.cuda.device_count()

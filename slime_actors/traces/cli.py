@@ -230,7 +230,8 @@ def cmd_replay(args) -> int:
                           "environment": None if report.environment is None else
                           [{"key": k, "recorded": _plain(a), "here": _plain(b)} for k, a, b in report.environment],
                           "cut": report.cut,
-                          "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "message": f.message,
+                          "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "kind": f.kind,
+                                           "message": f.message,
                                            "recorded_id": f.rec_id, "answers": f.answers,
                                            "field": f.diff.path if f.diff else None,
                                            "recorded": _plain(f.diff.a) if f.diff else None,

@@ -789,10 +789,11 @@ class Finding:
     diff: Difference | None = None
     rec_id: str | None = None    # the recorded message that differs
     answers: str | None = None   # for a reply: the id of the request it answers
+    kind: str = "logic"          # "float": only float values of the message differ (beyond --rtol/--atol)
 
     def render(self, t0: int) -> str:
         when = f"+{(self.t_ns - t0) / 1e9:.6f}s"
-        line = f"{when}  {self.message}"
+        line = f"{when}  {self.message}" + ("  [floats only]" if self.kind == "float" else "")
         if self.diff is not None:
             line += f"\n    {self.diff.path or 'body'}: recorded {_short(self.diff.a)}, replayed {_short(self.diff.b)}"
         return line
@@ -852,19 +853,25 @@ class Report:
     cut: dict | None = None               # a recording cut short (its process killed): where, what it lost
 
     @property
+    def logic(self) -> list[Finding]:
+        """The differences that are not float values: a message, a field of another type, an outcome, the
+        schedule."""
+        return [f for f in self.findings if f.kind != "float"]
+
+    @property
     def verdict(self) -> str:
-        """identical (bit for bit) | floats (only float values differ) | different (logic) | stopped (a gap)."""
+        """identical (bit for bit) | floats (nothing but float values differ: another CPU, BLAS, thread count -- or a
+        changed computation; magnitudes in `floats`) | different (a logic difference) | stopped (a gap)."""
         if self.stopped:
             return "stopped"
-        if self.findings:
+        if self.logic:
             return "different"
         return "floats" if self.floats.values else "identical"
 
     @property
     def within_tolerance(self) -> bool:
         """No logic difference, and every float within --rtol/--atol (true of an identical replay too)."""
-        return self.verdict in ("identical", "floats") and not self.floats.beyond and \
-            not self.floats.arrays_by_checksum
+        return self.verdict in ("identical", "floats") and not self.findings and not self.floats.arrays_by_checksum
 
     def render(self, show: int = 5) -> str:
         c = self.counts
@@ -887,7 +894,7 @@ class Report:
             lines.append(f"replay stopped: {self.stopped}")
         if self.findings:
             f0 = self.findings[0]
-            lines.append("first difference:")
+            lines.append("first difference" + (" (nothing but floats differs)" if not self.logic else "") + ":")
             lines.append("  " + f0.render(self.t0).replace("\n", "\n  "))
             for f in self.findings[1:show]:
                 lines.append("then:")
@@ -902,7 +909,7 @@ class Report:
 
     def _render_floats(self) -> list[str]:
         fl, c = self.floats, self.counts
-        head = ("floats only: every message, field and outcome matches the recording except" if not self.findings
+        head = ("floats only: every message, field and outcome matches the recording except" if not self.logic
                 else "also:")
         out = [f"{head} {fl.values} float value(s) in {fl.messages} message(s) (not bit-identical)"]
         if fl.max_at is not None:
@@ -1287,7 +1294,7 @@ class Harness:
         if not cands:
             return None
         want = body_ident(out.body)
-        pick = None if out.after_end else 0
+        pick = None if out.after_end and want else 0
         if want:
             for i, e in enumerate(cands):
                 try:
@@ -1445,6 +1452,8 @@ class Harness:
             if o is None:
                 if self.stopped and self.vt(e.t_ns) > end_vt:
                     continue  # after the replay stopped: not a difference
+                if self.rec_cut and self.rec.items and e.offset > self.rec.items[-1].offset:
+                    continue  # sent in a step whose own record the cut lost: the replay stops before it
                 cause = e.header.get("re") if e.kind in ("reply", "error") else e.header.get("parent")
                 if self.rec_cut and cause and cause not in inbound_ids and cause not in self._own_ids:
                     # sent while handling a request whose record the cut lost (a synchronous handler's request is
@@ -1479,6 +1488,12 @@ class Harness:
                     d = logic[0]
                     findings.append(Finding(e.t_ns, "differs", self._describe(e), Difference(d.path, d.a, d.b), e.id,
                                             e.header.get("re")))
+                else:
+                    beyond = [d for d in floats if not d.within(self.rtol, self.atol)]
+                    if beyond:
+                        d = beyond[0]
+                        findings.append(Finding(e.t_ns, "differs", self._describe(e), Difference(d.path, d.a, d.b),
+                                                e.id, e.header.get("re"), kind="float"))
         lost = at_cut = 0
         for o in self.outs:
             if o.matched is None:

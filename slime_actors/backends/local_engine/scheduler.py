@@ -84,6 +84,8 @@ class Engine:
         self.context_len = int(args.context_length or getattr(self.config, "max_position_embeddings", 0) or 4096)
         self.eos_ids = self._eos_ids()
         self.max_running = int(args.max_running_requests or 64)
+        # SGLang's --enable-deterministic-inference: a request's numbers do not depend on the batch it ran in
+        self.deterministic = bool(getattr(args, "enable_deterministic_inference", False))
         self.weight_version = args.weight_version
 
         self.cv = threading.Condition()
@@ -246,6 +248,42 @@ class Engine:
 
     # -- model steps --
     def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep):
+        if self.deterministic and input_ids.shape[0] > 1:
+            return self._forward_rows(input_ids, attention_mask, position_ids, cache, logits_to_keep)
+        return self._forward_batch(input_ids, attention_mask, position_ids, cache, logits_to_keep)
+
+    def _forward_rows(self, input_ids, attention_mask, position_ids, cache, logits_to_keep):
+        """--enable-deterministic-inference: every row of the batch runs alone, on its own tokens only (no left
+        padding from the other rows), so a request's logits and cache are the same bits whatever ran beside it.
+        Without it, the shapes of a batch -- which requests arrived together, how long the longest is -- decide
+        which kernel blocking the matmuls and attention use, and so the last bits of every request's log-probs
+        (docs/reproducibility.md). The rows' results are padded back into the batch's layout."""
+        B, L = input_ids.shape
+        T = attention_mask.shape[1]
+        past_T = T - L
+        kv = self._kv(cache) if cache is not None else None
+        logits_rows, kv_rows = [], []
+        for i in range(B):
+            m = attention_mask[i]
+            n_new = int(m[past_T:].sum())
+            n_past = int(m[:past_T].sum()) if past_T else 0
+            ids = input_ids[i:i + 1, L - n_new:]
+            pos = position_ids[i:i + 1, L - n_new:]
+            mask = torch.ones((1, n_past + n_new), dtype=attention_mask.dtype, device=attention_mask.device)
+            row_cache = None
+            if kv is not None and n_past:
+                row_cache = self._cache_from([(k[i:i + 1, :, past_T - n_past:past_T],
+                                               v[i:i + 1, :, past_T - n_past:past_T]) for k, v in kv])
+            logits, new = self._forward_batch(ids, mask, pos, row_cache, logits_to_keep)
+            keep = L if logits_to_keep == 0 else min(logits_to_keep, L)
+            logits_rows.append(_lpad(logits, keep - logits.shape[1], 1))
+            kv_rows.append([(_lpad(k, T - k.shape[2], 2), _lpad(v, T - v.shape[2], 2)) for k, v in self._kv(new)])
+        logits = torch.cat(logits_rows)
+        layers = [(torch.cat([r[j][0] for r in kv_rows]), torch.cat([r[j][1] for r in kv_rows]))
+                  for j in range(len(kv_rows[0]))]
+        return logits, self._cache_from(layers)
+
+    def _forward_batch(self, input_ids, attention_mask, position_ids, cache, logits_to_keep):
         from transformers import DynamicCache
         if cache is None:
             cache = DynamicCache()
@@ -318,17 +356,10 @@ class Engine:
         old, new = self._kv(self.cache), self._kv(cache)
         T = max(self.mask.shape[1], mask.shape[1])
 
-        def lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-            if n == 0:
-                return t
-            shape = list(t.shape)
-            shape[dim] = n
-            return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
         a, b = T - self.mask.shape[1], T - mask.shape[1]
-        kv = [(torch.cat([lpad(ko, a, 2), lpad(kn, b, 2)]), torch.cat([lpad(vo, a, 2), lpad(vn, b, 2)]))
+        kv = [(torch.cat([_lpad(ko, a, 2), _lpad(kn, b, 2)]), torch.cat([_lpad(vo, a, 2), _lpad(vn, b, 2)]))
               for (ko, vo), (kn, vn) in zip(old, new)]
-        self.mask = torch.cat([lpad(self.mask, a, 1), lpad(mask, b, 1)])
+        self.mask = torch.cat([_lpad(self.mask, a, 1), _lpad(mask, b, 1)])
         self.cache = self._cache_from(kv)
         self.running = self.running + list(reqs)
 
@@ -550,3 +581,11 @@ def resolve_dtype(name: str) -> torch.dtype:
     return {"auto": torch.float32, "float": torch.float32, "float32": torch.float32, "half": torch.float16,
             "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
+
+def _lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """`t` with `n` zeros in front along `dim`."""
+    if n <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
