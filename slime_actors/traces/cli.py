@@ -5,7 +5,7 @@
                                     [--id ID] [--events E,..] [--drops] [--full] [--no-body] [--limit N] [--json]
     slime-actors trace chain    RUN MSG_ID [--bodies]
     slime-actors trace diff     RUN_A RUN_B [--rtol R] [--atol A] [--include-method M] [--all]
-    slime-actors trace export   RUN -o run.json [--step K | --since T --until T] [--heartbeats]
+    slime-actors trace export   RUN -o run.json [--step K | --since T --until T] [--heartbeats] [--profiles]
     slime-actors trace timeline RUN --step K -o step.png
     slime-actors replay         RUN --actor ROLE/INDEX [--pid PID] [--set KEY=VALUE] [--path-map OLD=NEW] [--rtol R]
                                     [--json]
@@ -185,12 +185,21 @@ def cmd_export(args) -> int:
     from .export import export
     run = _open(args.run, args.skip_bad)
     since, until, label = _window(run, args)
-    data = export(run, args.output, heartbeats=args.heartbeats, since=since, until=until)
+    data = export(run, args.output, heartbeats=args.heartbeats, since=since, until=until, profiles=args.profiles)
     ev = data["traceEvents"]
-    n_slices = sum(1 for e in ev if e["ph"] == "X")
+    n_slices = sum(1 for e in ev if e["ph"] == "X" and not str(e.get("cat", "")).startswith("profile."))
     n_flows = sum(1 for e in ev if e["ph"] == "s")
-    print(f"wrote {args.output}: {len(data['otherData']['actors'])} actor track(s), {n_slices} slices, "
-          f"{n_flows} message arrows{label}; open it in https://ui.perfetto.dev")
+    other = data["otherData"]
+    profs = other.get("profiles") or []
+    extra = ""
+    if profs:
+        n_prof = sum(1 for e in ev if str(e.get("cat", "")).startswith("profile."))
+        extra = (f", {len(profs)} profile(s) merged ({n_prof} profiler events; clocks aligned by "
+                 f"{', '.join(sorted({p['aligned_by'] for p in profs}))})")
+    for n in other.get("profile_notes") or ():
+        print(f"note: {n}", file=sys.stderr)
+    print(f"wrote {args.output}: {len(other['actors'])} actor track(s), {n_slices} slices, "
+          f"{n_flows} message arrows{label}{extra}; open it in https://ui.perfetto.dev")
     return EXIT_OK
 
 
@@ -319,6 +328,9 @@ def add_trace_commands(sub) -> None:
     s.add_argument("-o", "--output", required=True)
     window(s)
     s.add_argument("--heartbeats", action="store_true", help="include heartbeats")
+    s.add_argument("--profiles", action=argparse.BooleanOptionalAction, default=None,
+                   help="merge RUN/profiles (torch profiler traces: --use-pytorch-profiler) onto the actors' tracks, "
+                        "clocks aligned (default: when there are any)")
     s.set_defaults(fn=_guarded(cmd_export))
 
     s = tsub.add_parser("timeline", help="a PNG of one step: actors x time, handlers as bars, messages as arrows")

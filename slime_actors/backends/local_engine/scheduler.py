@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import json
 import os
 import random
 import re
@@ -23,6 +25,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -104,6 +107,7 @@ class Engine:
         self.receivers: dict[str, Any] = {}  # group name -> weight_sync.BucketReceiver (flattened buckets)
         self.groups_lock = threading.Lock()
         self._fwd_params: set | None = None
+        self.profile: dict | None = None  # the torch profiler while /start_profile runs it
         self.thread = threading.Thread(target=self._loop, name="local-engine-scheduler", daemon=True)
 
     # -- setup helpers --
@@ -174,7 +178,7 @@ class Engine:
                         self.cv.wait(timeout=0.5)
                         continue
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), self._profiled(admit):
                         if admit:
                             self._prefill(admit)
                         else:
@@ -201,6 +205,61 @@ class Engine:
                 for fn, _, _, on_done in self.commands:
                     on_done(None, RuntimeError("engine shutting down"))
                 self.commands.clear()
+
+    # -- profiling: SGLang's /start_profile and /stop_profile (server.py); scheduler thread --
+    def start_profile(self, output_dir: str, num_steps: int | None, activities: list[str] | None,
+                      record_shapes: bool, with_stack: bool, prefix: str | None) -> str | None:
+        """Start the torch profiler on this thread (it records the thread that starts it); None, or why not."""
+        if self.profile is not None:
+            return "Profiling is already in progress. Call /stop_profile first."
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        from slime_actors.profiler import mark_clock
+        acts = [ProfilerActivity.CPU]
+        if self.device.type == "cuda" and (activities is None or "GPU" in activities):
+            acts.append(ProfilerActivity.CUDA)
+        prof = profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
+                       profile_memory=activities is not None and "MEM" in activities)
+        prof.start()
+        profile_id = f"{time.time():.6f}"
+        self.profile = {"prof": prof, "dir": output_dir, "id": profile_id, "left": num_steps, "prefix": prefix,
+                        "clock": mark_clock(record_function), "steps": 0}
+        log.info("profiling", output_dir=output_dir, num_steps=num_steps, profile_id=profile_id)
+        return None
+
+    def stop_profile(self) -> str | None:
+        """Stop the profiler and write <output_dir>/[<prefix>-]<profile id>-TP-0.trace.json.gz (SGLang's name) and
+        the clock marker's wall-clock time beside it (.clock.json); None, or why not."""
+        if self.profile is None:
+            return "Profiling is not in progress. Call /start_profile first."
+        p, self.profile = self.profile, None
+        p["prof"].stop()
+        d = Path(p["dir"])
+        d.mkdir(parents=True, exist_ok=True)
+        stem = (f"{p['prefix']}-" if p["prefix"] else "") + f"{p['id']}-TP-0"
+        p["prof"].export_chrome_trace(str(d / f"{stem}.trace.json.gz"))
+        (d / f"{stem}.clock.json").write_text(json.dumps({"pid": os.getpid(), "engine": "local", "clock": p["clock"],
+                                                          "steps": p["steps"],
+                                                          "trace": f"{stem}.trace.json.gz"}))
+        log.info("profile written", path=str(d / f"{stem}.trace.json.gz"), steps=p["steps"])
+        return None
+
+    @contextlib.contextmanager
+    def _profiled(self, admit: list):
+        """A step inside the profiler: a range named prefill or decode, with the step number and the rids."""
+        if self.profile is None:
+            yield
+            return
+        from torch.profiler import record_function
+        rows = admit or self.running
+        rids = ",".join(r.rid for r in rows[:16]) + (",..." if len(rows) > 16 else "")
+        with record_function(f"{'prefill' if admit else 'decode'} step {self.steps} [{len(rows)}] rids={rids}"):
+            yield
+        self.profile["steps"] += 1
+        if self.profile["left"] is not None:
+            self.profile["left"] -= 1
+            if self.profile["left"] <= 0:
+                self.stop_profile()
 
     def _blocked_by_barrier(self) -> int | None:
         """The lowest barrier seq of a pending idle-command (requests after it wait), or None."""
