@@ -313,7 +313,7 @@ def test_what_a_killed_actor_lost_is_stated(recorded, tmp_path):
     run, _ = recorded
     src = next((run / "traces").glob("rollout-0.*.trace"))
     _, ends, recs = _records(src)
-    scores = [i for i, r in enumerate(recs) if r[0] == "send" and
+    scores = [i for i, r in enumerate(recs) if isinstance(r, list) and r[0] == "send" and
               codec.header_as_dict(msgpack.unpackb(r[2], raw=False)).get("method") == "score"]
     keep = scores[-3] - 1  # the last three score asks reached the reward worker, but not this trace
     rep = _replay(_cut(run, "rollout/0", tmp_path / "cut", keep), "rollout/0")
