@@ -26,7 +26,8 @@ BIN = Path(sys.executable).parent / "slime-actors"
 FLAGS = ["--hf-checkpoint", "tiny:digits", "--prompt-data", "examples/digits/train.jsonl", "--input-key", "input",
          "--label-key", "label", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
          "--global-batch-size", "16", "--micro-batch-size", "16", "--rollout-max-response-len", "1",
-         "--advantage-estimator", "grpo", "--num-rollout", "3", "--use-tensorboard", "false", "--progress", "false",
+         "--advantage-estimator", "grpo", "--rm-type", "exact_match", "--num-rollout", "3", "--use-tensorboard",
+         "false", "--progress", "false",
          "--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
          "--profile-target", "train_overall", "rollout"]
 

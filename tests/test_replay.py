@@ -360,7 +360,7 @@ def test_float_differences_are_told_from_logic_ones(recorded, tmp_path):
     assert rep.floats.values == 1 and 0 < rep.floats.max_rel < 1e-6 and rep.floats.max_at[1] == "grad_norm"
     env = {k: (a, b) for k, a, b in rep.environment}
     assert env["torch.threads"][0] == 97, rep.environment
-    assert "torch.threads 97 ->" in rep.render()
+    assert "torch.threads '97' ->" in rep.render()
     assert main(["replay", str(d), "--actor", "trainer/0"]) == 0  # within the trainer's tolerance
     assert main(["replay", str(d), "--actor", "trainer/0", "--rtol", "0", "--atol", "0"]) == 3
 
