@@ -80,7 +80,8 @@ def test_export_merges_the_profiles_on_the_messages_clock(profiled, tmp_path):
     ev = data["traceEvents"]
     assert {p["aligned_by"] for p in data["otherData"]["profiles"]} == {"clock mark"}
     mid = _train_ask(profiled, 1)
-    (rng,) = [e for e in ev if e.get("cat") == "profile.user_annotation" and e.get("args", {}).get("message") == mid]
+    (rng,) = [e for e in ev if e.get("cat") == "profile.user_annotation" and e.get("args", {}).get("message") == mid
+              and e["name"].startswith("train_overall")]
     (handling,) = [e for e in ev if e.get("cat") == "handle" and e["args"].get("id") == mid]
     assert rng["pid"] == handling["pid"]  # on the trainer's track
     assert handling["ts"] - 1000 <= rng["ts"] and rng["ts"] + rng["dur"] <= handling["ts"] + handling["dur"] + 1000
