@@ -144,11 +144,12 @@ def plot(samples: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(METRICS), 1, figsize=(9, 2.6 * len(METRICS)), sharex=True)
     names = sorted({n for s in samples for n in s["procs"]})
+    colors = {n: f"C{i}" for i, n in enumerate(names)}  # one colour per process in every panel
     for ax, m in zip(axes, METRICS):
         for name in names:
             pts = [(s["step"], s["procs"][name][m]) for s in samples if name in s["procs"] and m in s["procs"][name]]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, lw=1)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, lw=1, color=colors[name])
         ax.set_ylabel(m)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
