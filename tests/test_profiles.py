@@ -154,7 +154,7 @@ def test_only_the_chosen_ranks_targets_and_rollouts_are_profiled(tmp_path):
 
 def test_memory_history_snapshots_on_oom(tmp_path, monkeypatch):
     """On a GPU, --record-memory-history records the allocator's history and an OOM writes the snapshot (the GPU
-    run itself: scripts/gpu_check.sh); here the CUDA calls are stand-ins that record what they were asked."""
+    run itself: scripts/gpu_profile.sh); here the CUDA calls are stand-ins that record what they were asked."""
     import torch
 
     from slime_actors.profiler import TrainProfiler
