@@ -209,7 +209,10 @@ class Server:
         steps or until /stop_profile; traces go to output_dir (default $SGLANG_TORCH_PROFILER_DIR, else /tmp)."""
         from aiohttp import web
         raw = await request.read()
-        b = json.loads(raw) if raw.strip() else {}
+        try:
+            b = json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise validation_error(f"JSON decode error: {e}") from None
         if not isinstance(b, dict):
             raise validation_error("body: Input should be a valid dictionary")
         unknown = sorted(set(b) - PROFILE_FIELDS)
