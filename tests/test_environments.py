@@ -421,3 +421,77 @@ def test_env_calls_run_with_the_episode_as_context(tok):
     assert [s.metadata["episode"] for s in asyncio.run(go())] == ["g:0", "g:1", "g:2"]
     with pytest.raises(RuntimeError, match="only known inside reset, step and close"):
         env.episode
+
+
+# ------------------------------------------------------------------------------------------------ in a worker
+def _worker(tok, *flags):
+    from slime_actors.actors.rollout import RolloutWorker
+    from slime_actors.config import parse_config
+    w = RolloutWorker(0, args=parse_config(["--config", "examples/digits/config.toml", *flags]).to_dict())
+    w.tokenizer = tok
+    w._engine_ok = asyncio.Event()
+    w._engine_ok.set()
+    w.weight_version = 5
+
+    class Client:   # answers like the engine client: "7 8", stop
+        async def generate(self, input_ids, sampling_params, return_logprob=True, **kw):
+            ids = tok("7 8", add_special_tokens=False)["input_ids"][:sampling_params["max_new_tokens"]]
+            return {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "weight_version": "5",
+                                                     "output_token_logprobs": [[-0.3, t, None] for t in ids]}}
+    w.client = Client()
+    return w
+
+
+GENERATE_FUNCTIONS = '''
+from slime_actors.environments import engine_generate
+
+
+@engine_generate
+async def two_turns(args, sample, sampling_params, eng):
+    """This project's generate function with the bookkeeping helper: a turn, a masked note, a turn."""
+    ep = eng.episode(sample, sampling_params)
+    await ep.generate(eng, sampling_params)
+    ep.add_observation(eng.tokenizer("result : 1", add_special_tokens=False)["input_ids"])
+    await ep.generate(eng, sampling_params)
+    return ep.finish()
+
+
+async def misaligned(args, sample, sampling_params, engine):
+    sample.response_tokens, sample.loss_mask, sample.rollout_log_probs = [5, 6], [1, 1], [-0.1]
+    sample.status = "completed"
+    return sample
+'''
+
+
+def test_generate_functions_share_the_helper_and_a_misaligned_sample_fails(tmp_path, tok):
+    from slime_actors.actors.rollout import generate_style
+    from slime_actors.plugins import load_function
+    f = tmp_path / "gen.py"
+    f.write_text(GENERATE_FUNCTIONS)
+    assert generate_style(load_function(f"{f}:two_turns"), "x") == "engine"   # the mark, not the parameter count
+
+    w = _worker(tok, "--custom-generate-function-path", f"{f}:two_turns", "--rollout-max-response-len", "12")
+    w.generation.load()
+    (s,) = asyncio.run(w.generation.group([Sample(index=3, group_index=0, prompt_tokens=[4, 5])],
+                                          {"max_new_tokens": 12}, 0, "train", "train-0"))
+    aligned(s)
+    assert s.loss_mask == [1, 1, 0, 0, 0, 1, 1] and s.weight_versions == [5, 5] and s.metadata["turns"] == 2
+
+    w = _worker(tok, "--custom-generate-function-path", f"{f}:misaligned")
+    w.generation.load()
+    (s,) = asyncio.run(w.generation.group([Sample(index=3, group_index=0, prompt_tokens=[4, 5])],
+                                          {"max_new_tokens": 4}, 0, "train", "train-0"))
+    assert s.status == "failed" and s.error == (f"--custom-generate-function-path {f}:misaligned: sample 3 has 2 "
+                                                "response tokens but 2 loss-mask entries and 1 log-probs")
+
+
+def test_a_worker_runs_an_environment(tok):
+    """Through the worker's generation: the calls go through its recorder (untraced here, so they run as they are;
+    tests/test_env_job.py runs a traced job and replays it)."""
+    w = _worker(tok, "--rollout-interaction-env-path", "examples/tool_use/env.py:DigitSum", "--max-turns", "2")
+    w.generation.load()
+    s = asyncio.run(w._generate(Sample(index=1, group_index=0, prompt="3 4 first =", prompt_tokens=[6, 7, 23, 16]),
+                                {"max_new_tokens": 8}, 0, False, "train-0"))
+    aligned(s)
+    assert s.response == "7 8" and s.metadata["turns"] == 1 and s.status == "completed"
+    assert isinstance(w.generation.env, Env) and w.counters["env_errors"] == 0

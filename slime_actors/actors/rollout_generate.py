@@ -34,10 +34,10 @@ import msgpack
 
 from ..environments.base import EnvError, maybe_await
 from ..environments.chat import ChatTurns
-from ..environments.episode import Episode, settle
+from ..environments.episode import Episode, check_aligned, settle
 from ..environments.runner import EnvCalls, _none, run_episode
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
-from ..types import TRUNCATED, Sample
+from ..types import ABORTED, FAILED, TRUNCATED, Sample
 
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
@@ -192,8 +192,22 @@ class Generation:
     # ------------------------------------------------------------------------------------------ generating
     async def group(self, samples: list[Sample], sp: dict, attempt: int, kind: str, work_id: str) -> list[Sample]:
         if self.group_fn is not None:
-            return await self.group_fn(self.w.plugin_args, samples, sp, self.handle)
-        return list(await asyncio.gather(*(self.sample(s, sp, attempt, kind == "eval", work_id) for s in samples)))
+            out = await self.group_fn(self.w.plugin_args, samples, sp, self.handle)
+        else:
+            out = await asyncio.gather(*(self.sample(s, sp, attempt, kind == "eval", work_id) for s in samples))
+        for s in out:   # what a user's function made must line up too: else the sample fails, saying why
+            if s.status not in (ABORTED, FAILED):
+                try:
+                    check_aligned(s)
+                except ValueError as exc:
+                    s.status, s.error = FAILED, f"{self._made_by()}: {exc}"
+                    self.w.log.error("a sample does not line up; it fails", error=s.error, work_id=work_id)
+        return list(out)
+
+    def _made_by(self) -> str:
+        ro = self.cfg.rollout
+        return (f"--rollout-function-path {ro.rollout_function_path}" if self.group_fn is not None else
+                f"{FLAG} {ro.custom_generate_function_path}" if self.generate_fn is not None else "generation")
 
     async def sample(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
                      work_id: str = "") -> Sample:
