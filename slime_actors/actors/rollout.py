@@ -156,7 +156,8 @@ class RolloutWorker(EngineSupervisor, Actor):
             finally:
                 self._generating -= n
             if any(s.status == ABORTED for s in samples):
-                await self._return(wid, samples, "aborted")
+                # (an environment's episode cannot be continued -- its state is gone --: it goes back unstarted)
+                await self._return(wid, None if self.generation.env is not None else samples, "aborted")
                 return
             await self._score(samples, group.kind)
             self.counters["groups"] += 1

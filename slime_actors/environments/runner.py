@@ -10,9 +10,9 @@ bookkeeping is `Episode`'s (episode.py), chat turns are `ChatTurns`' (chat.py). 
 the recorded answers in a replay.
 
 The episode ends when the env says done, after --max-turns model turns, when the token budget is spent (a turn cut
-mid-way, or an observation that does not fit: `truncated`), or when the engine aborts a turn (`aborted`: the group
-goes back to the buffer; an episode does not resume where it stopped -- the env's state is gone -- so its next
-attempt starts over from reset). `step` sees every turn that was not aborted, the last one too (its observation is
+mid-way, or an observation that does not fit: `truncated`), or when the engine aborts a turn (`aborted`: a rollout
+worker gives the group back without its partial responses; an episode does not resume where it stopped -- the env's
+state is gone -- so a sample that comes with a response starts over from reset). `step` sees every turn that was not aborted, the last one too (its observation is
 then not appended: `turn.last`), so it can give the episode's reward. `close` runs at every end.
 
 An env that raises, times out (--env-timeout) or answers out of its API makes `run_episode` raise EnvError naming
