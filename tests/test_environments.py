@@ -275,9 +275,10 @@ def test_chat_turns_never_change_earlier_tokens(chatml):
     (ids1, _), (ids2, _) = model.calls
     assert ids1 == s.prompt_tokens and ids2[:len(ids1) + len(turn1)] == ids1 + turn1
     glue = chatml.decode(ids2[len(ids1) + len(turn1):])
-    assert glue == "\n<|im_start|>tool\nAda is a made-up person.<|im_end|>\n<|im_start|>assistant\n"  # no 2nd <|im_end|>
+    # (no second <|im_end|>: the model's own ends its turn)
+    assert glue == "\n<|im_start|>tool\nAda is a made-up person.<|im_end|>\n<|im_start|>assistant\n"
     # the model's tokens (both turns, their end-of-turn tokens too) are trained; the glue and the tool message not
-    assert [m for m, t in zip(s.loss_mask, s.response_tokens)][:len(turn1)] == [1] * len(turn1)
+    assert s.loss_mask[:len(turn1)] == [1] * len(turn1)
     assert s.loss_mask.count(1) == len(turn1) + len(chatml("She is made up.<|im_end|>", add_special_tokens=False)
                                                       ["input_ids"])
     assert ep.segments()[1] == (glue, False)

@@ -35,7 +35,7 @@ import msgpack
 from ..environments.base import EnvError, maybe_await
 from ..environments.chat import ChatTurns
 from ..environments.episode import Episode, check_aligned, settle
-from ..environments.runner import EnvCalls, _none, run_episode
+from ..environments.runner import EnvCalls, no_answer, run_episode
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
 from ..types import ABORTED, FAILED, TRUNCATED, Sample
 
@@ -136,8 +136,7 @@ class Generation:
         if self.slime_generate:
             await self._start_proxy()
         if self.env is not None:
-            # (recorded: a replay does not set the environment up, it serves its recorded answers)
-            await self.w.recorded_async("env.setup", self.env_calls.run, "setup", "", None, None, self.env.setup, ())
+            await self._env_lifecycle("setup", self.env.setup)
             self.w.log.info("environment set up", env=self.cfg.rollout.rollout_interaction_env_path)
 
     async def stop(self) -> None:
@@ -145,10 +144,13 @@ class Generation:
             await self.w.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
         if self.env is not None:
             try:
-                await self.w.recorded_async("env.teardown", self.env_calls.run, "teardown", "", None, None,
-                                            self.env.teardown, ())
+                await self._env_lifecycle("teardown", self.env.teardown)
             except EnvError as exc:
                 self.w.log.error("environment teardown failed", error=str(exc))
+
+    async def _env_lifecycle(self, what: str, fn: Callable) -> None:
+        """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
+        await self.w.recorded_async(f"env.{what}", self.env_calls.run, what, "", None, None, fn, ())
 
     async def _start_proxy(self) -> None:
         """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
@@ -278,7 +280,7 @@ class RecordedEnvCalls(EnvCalls):
         self.worker = worker
 
     async def call(self, what: str, key: str, ctx, sample: Sample, fn: Callable, args: tuple,
-                   check: Callable[[Any, str], Any] = _none) -> Any:
+                   check: Callable[[Any, str], Any] = no_answer) -> Any:
         answer = await self.worker.recorded_async(f"env.{what}", self.run, what, key, ctx, sample, fn, args, check,
                                                   key=key)
         sample.metadata = answer["metadata"]

@@ -89,7 +89,9 @@ class EpisodeContext:
     tool: Callable[..., Awaitable[Any]] | None = None   # how tool calls are made (recorded by the worker)
 
 
-_CURRENT: contextvars.ContextVar[EpisodeContext | None] = contextvars.ContextVar("slime_actors_episode", default=None)
+# the running episode of the current task (set by the runner around each environment call)
+CURRENT_EPISODE: contextvars.ContextVar[EpisodeContext | None] = contextvars.ContextVar("slime_actors_episode",
+                                                                                        default=None)
 
 
 class Env:
@@ -125,7 +127,7 @@ class Env:
     @property
     def episode(self) -> EpisodeContext:
         """The running episode (inside reset / step / close)."""
-        ctx = _CURRENT.get()
+        ctx = CURRENT_EPISODE.get()
         if ctx is None:
             raise RuntimeError(f"{type(self).__name__}.episode is only known inside reset, step and close")
         return ctx
@@ -133,7 +135,7 @@ class Env:
     async def call_tool(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` (awaited when it is a coroutine), recorded in the worker's trace as one tool call
         (name, arguments, result or error, seconds)."""
-        ctx = _CURRENT.get()
+        ctx = CURRENT_EPISODE.get()
         if ctx is None or ctx.tool is None:
             return await maybe_await(fn(*args, **kwargs))
         return await ctx.tool(name, fn, args, kwargs)

@@ -12,8 +12,9 @@ the recorded answers in a replay.
 The episode ends when the env says done, after --max-turns model turns, when the token budget is spent (a turn cut
 mid-way, or an observation that does not fit: `truncated`), or when the engine aborts a turn (`aborted`: a rollout
 worker gives the group back without its partial responses; an episode does not resume where it stopped -- the env's
-state is gone -- so a sample that comes with a response starts over from reset). `step` sees every turn that was not aborted, the last one too (its observation is
-then not appended: `turn.last`), so it can give the episode's reward. `close` runs at every end.
+state is gone -- so a sample that comes with a response starts over from reset). `step` sees every turn that was not
+aborted, the last one too (its observation is then not appended: `turn.last`), so it can give the episode's reward.
+`close` runs at every end.
 
 An env that raises, times out (--env-timeout) or answers out of its API makes `run_episode` raise EnvError naming
 the env class, the call, the sample and the turn, after the sample was finished as `failed` with that error.
@@ -29,14 +30,16 @@ import msgpack
 
 from ..log import get_logger
 from ..types import ABORTED, FAILED, Sample
-from .base import (Env, EnvError, EpisodeContext, ModelTurn, _CURRENT, check_prompt, check_step, maybe_await)
+from .base import (CURRENT_EPISODE, Env, EnvError, EpisodeContext, ModelTurn, check_prompt, check_step,
+                   maybe_await)
 from .chat import ChatTemplateError, ChatTurns
 from .episode import Episode
 
 log = get_logger(component="env")
 
 
-def _none(value: Any, where: str) -> None:
+def no_answer(value: Any, where: str) -> None:
+    """The check of calls that answer nothing (setup, close, teardown)."""
     return None
 
 
@@ -52,17 +55,17 @@ class EnvCalls:
         self.tools = tools
 
     async def call(self, what: str, key: str, ctx: EpisodeContext, sample: Sample, fn: Callable, args: tuple,
-                   check: Callable[[Any, str], Any] = _none) -> Any:
+                   check: Callable[[Any, str], Any] = no_answer) -> Any:
         """`fn(*args)` checked by `check`; the sample's metadata as the call left it."""
         answer = await self.run(what, key, ctx, sample, fn, args, check)
         sample.metadata = answer["metadata"]
         return answer["value"]
 
     async def run(self, what: str, key: str, ctx: EpisodeContext, sample: Sample | None, fn: Callable, args: tuple,
-                  check: Callable[[Any, str], Any] = _none) -> dict:
+                  check: Callable[[Any, str], Any] = no_answer) -> dict:
         """The call itself, as plain data (what a rollout worker records): {value, metadata}."""
         where = self.where(what, sample, key)
-        token = _CURRENT.set(ctx)
+        token = CURRENT_EPISODE.set(ctx)
         try:
             try:
                 async with asyncio.timeout(self.timeout):
@@ -74,7 +77,7 @@ class EnvCalls:
             except Exception as exc:
                 raise EnvError(f"{where} raised {type(exc).__name__}: {exc}") from exc
         finally:
-            _CURRENT.reset(token)
+            CURRENT_EPISODE.reset(token)
         answer = {"value": check(value, where), "metadata": None if sample is None else sample.metadata}
         try:   # what the answer holds is recorded (a worker's trace): plain data only
             msgpack.packb(answer, use_bin_type=True)
