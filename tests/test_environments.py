@@ -7,6 +7,8 @@ log-prob per response token, the model's tokens trained with the engine's log-pr
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 
@@ -496,3 +498,26 @@ def test_a_worker_runs_an_environment(tok):
     aligned(s)
     assert s.response == "7 8" and s.metadata["turns"] == 1 and s.status == "completed"
     assert isinstance(w.generation.env, Env) and w.counters["env_errors"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ the flags
+def test_a_toml_job_names_the_environment_and_its_kwargs_table(tmp_path):
+    from slime_actors.config import ConfigError, parse_config
+    job = tmp_path / "job.toml"
+    job.write_text('prompt_data = "%s"\nhf_checkpoint = "tiny:digits"\nrm_type = "exact_match"\n'
+                   'rollout_interaction_env_path = "examples/tool_use/env.py:DigitSum"\nmax_turns = 2\n'
+                   'env_error = "stop"\n\n[env_kwargs]\nmodulus = 7\nnames = ["a", "b"]\n'
+                   % (Path("examples/digits/train.jsonl").resolve()))
+    cfg = parse_config(["--config", str(job)])
+    ro = cfg.rollout
+    assert json.loads(ro.env_kwargs) == {"modulus": 7, "names": ["a", "b"]}
+    assert (ro.rollout_interaction_env_path, ro.max_turns, ro.env_error) == ("examples/tool_use/env.py:DigitSum", 2,
+                                                                             "stop")
+    with pytest.raises(ConfigError, match="--env-kwargs must be a JSON object"):
+        parse_config(["--config", str(job), "--env-kwargs", "[1]"])
+    with pytest.raises(ConfigError, match="--max-turns must be >= 1"):
+        parse_config(["--config", str(job), "--max-turns", "0"])
+    with pytest.raises(ConfigError, match="--rollout-interaction-env-path and --custom-generate-function-path both"):
+        parse_config(["--config", str(job), "--custom-generate-function-path", "m.f"])
+    with pytest.raises(ConfigError, match="--env-error"):
+        parse_config(["--config", str(job), "--env-error", "ignore"])
