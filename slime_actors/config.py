@@ -444,7 +444,8 @@ class MonitorSection:
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
                                                    "docs/debugging.md section 3)", origin="own")
     hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
-                                                      "rewarded_truncated, collapse, answer_absent, jump", origin="own")
+                                                      "rewarded_truncated, collapse, answer_absent, prompt_blind, jump",
+                                                origin="own")
     hack_alarm_label_answer: bool | None = flag(
         None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
               "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
