@@ -331,7 +331,8 @@ def check_eval_config(cfg: JobConfig) -> None:
     if ev.eval_prompt_data:
         cfg.notes.append(f"--eval-prompt-data is ignored: --eval-config {ev.eval_config} names the held-out sets "
                          "(as in slime)")
-    ev.eval_prompt_data = [x for s in sets for x in (s.name, s.path)]
+    ev.eval_config = os.path.abspath(ev.eval_config)     # every actor reads the same file, wherever it runs
+    ev.eval_prompt_data = [x for s in sets for x in (s.name, os.path.abspath(s.path))]
     for key, value in sampling.items():
         flag = SAMPLING[key]
         if getattr(ev, flag) != value:
