@@ -880,13 +880,20 @@ class AlarmMonitor:
         return Report(rollout_id, metrics, kept, skipped)
 
     # ------------------------------------------------------------------ the rules
+    def _unjudged(self, m: Measure, what: str) -> str | None:
+        """Why a share cannot trip its alarm (None: it can): it means nothing here, or is over too few `what`."""
+        if m.value is None:
+            return m.why
+        if m.n < self.t.min_samples:
+            return f"too few {what}: {m.n} < {self.t.min_samples}"
+        return None
+
     def _check_rewarded_truncated(self, rid, scored, m: Measure):
         t = self.t
         name = "rewarded_truncated"
-        if m.value is None:
-            return name, None, m.why
-        if m.n < t.min_samples:
-            return name, None, f"too few rewarded samples: {m.n} < {t.min_samples}"
+        why = self._unjudged(m, "rewarded samples")
+        if why:
+            return name, None, why
         if m.value < t.rewarded_truncated:
             return name, None, f"{m.value:.3f} < {t.rewarded_truncated}"
         ex = _example(scored, lambda s: s.reward > 0 and is_truncated(s))
@@ -948,10 +955,9 @@ class AlarmMonitor:
     def _check_answer(self, rid, scored, m: Measure):
         t = self.t
         name = "answer_absent"
-        if m.value is None:
-            return name, None, m.why
-        if m.n < t.min_samples:
-            return name, None, f"too few rewarded samples with a literal label: {m.n} < {t.min_samples}"
+        why = self._unjudged(m, "rewarded samples with a literal label")
+        if why:
+            return name, None, why
         if m.value > t.answer_present:
             return name, None, f"{m.value:.3f} > {t.answer_present}"
         ex = _example(scored, lambda s: s.reward > 0 and literal_answers(s.label) is not None
@@ -965,10 +971,9 @@ class AlarmMonitor:
     def _check_blind(self, rid, scored, m: Measure):
         t = self.t
         name = "prompt_blind"
-        if m.value is None:
-            return name, None, m.why
-        if m.n < t.min_samples:
-            return name, None, f"too few rewarded samples with a label: {m.n} < {t.min_samples}"
+        why = self._unjudged(m, "rewarded samples with a label")
+        if why:
+            return name, None, why
         if m.detail["groups"] < t.min_groups:
             return name, None, f"the rewarded samples come from {m.detail['groups']} group(s) < {t.min_groups}"
         if m.value < t.blind_share:
