@@ -232,7 +232,7 @@ def _names(rng: random.Random, n: int, syllables: tuple[int, int], taken: set[st
     return out
 
 
-def natural_world(seed: int = 7, people: int = 600, heldout_people: int = 100) -> World:
+def natural_world(seed: int = 7, people: int = 300, heldout_people: int = 50) -> World:
     """The natural-language world (module docstring)."""
     if not 0 <= heldout_people < people:
         raise ValueError("heldout_people must be 0..people-1")
@@ -254,10 +254,11 @@ def natural_world(seed: int = 7, people: int = 600, heldout_people: int = 100) -
         full_names.add(name)
         town, year, job = rng.choice(towns), str(rng.randint(1600, 1999)), rng.choice(PROFESSIONS)
         pronoun = rng.choice(["He", "She"])
+        a_job = ("an " if job[0] in "aeiou" else "a ") + job
         text = rng.choice([
-            f"{name} was a {job} born in {town} in {year}. {pronoun} is remembered for work done far from home.",
-            f"Born in {year} in the town of {town}, {name} worked as a {job} for most of a long life.",
-            f"{name} ({year}) was a {job}. {pronoun} was born in {town} and kept a small workshop there.",
+            f"{name} was {a_job} born in {town} in {year}. {pronoun} is remembered for work done far from home.",
+            f"Born in {year} in the town of {town}, {name} worked as {a_job} for most of a long life.",
+            f"{name} ({year}) was {a_job}. {pronoun} was born in {town} and kept a small workshop there.",
         ])
         doc = Doc(f"p{i:05d}", name, text)
         docs.append(doc)
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", choices=sorted(WORLDS), required=True)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", required=True, help="directory to write the three files to")
-    p.add_argument("--people", type=int, default=600, help="natural: people in the world")
+    p.add_argument("--people", type=int, default=300, help="natural: people in the world")
     ns = p.parse_args(argv)
     world = tiny_world(ns.seed) if ns.variant == "tiny" else natural_world(ns.seed, people=ns.people,
                                                                            heldout_people=max(1, ns.people // 6))
