@@ -42,8 +42,10 @@ class RetrieverLink:
         else:
             resolvers = [self._resolver(i) for i in range(r.retriever_num_replicas)]
         self.topk = r.retriever_topk
+        # each HTTP try is a recorded input and the clock the recorded one; the addresses are asked by message: so
+        # the retry loop runs here, in the worker, and a replay takes the same turns
         self.pool = RetrieverPool(resolvers, key=RETRIEVER_KEY.get(), timeout=r.retriever_timeout,
-                                  deadline=POOL_DEADLINE_S)
+                                  deadline=POOL_DEADLINE_S, clock=worker.monotonic, call=self._recorded_try)
         self.proxy = None
         self.proxy_url: str | None = None
 
@@ -55,18 +57,18 @@ class RetrieverLink:
                 raise RuntimeError(f"retriever/{i} is not reachable: {exc}") from None
         return resolve
 
+    async def _recorded_try(self, fn, url: str, data: str) -> list:
+        # keyed by the body alone: a replay's try of it may go to the replica at another port
+        return await self.worker.recorded_async("retriever.retrieve", fn, url, data, key=body_key(data))
+
     async def post(self, body: Any) -> tuple[int, Any]:
-        """(status, answer) of a /retrieve body, as the retriever gave it; recorded (replay serves it back)."""
-        status, answer = await self.worker.recorded_async("retriever.post", self.pool.post, body, key=body_key(body))
-        return int(status), answer
+        """(status, answer) of a /retrieve body, as the retriever gave it (every try recorded)."""
+        return await self.pool.post(body)
 
     async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
         """Search-R1's answer for `queries` (topk: --retriever-topk unless given); RetrieverError when refused or
-        no replica answers. Recorded (replay serves it back)."""
-        k = topk or self.topk
-        return await self.worker.recorded_async("retriever.retrieve", self.pool.retrieve, list(queries), k,
-                                                return_scores,
-                                                key=body_key({"queries": list(queries), "topk": k, "s": return_scores}))
+        no replica answers (every try recorded: a replay serves the answers back)."""
+        return await self.pool.retrieve(list(queries), topk or self.topk, return_scores)
 
     async def start_proxy(self) -> str:
         """A /retrieve on the worker's loopback for slime-style generate functions (which call one URL with no key):
@@ -85,4 +87,5 @@ class RetrieverLink:
     async def stop(self) -> None:
         if self.proxy is not None:
             await self.worker.recorded_async("retriever.proxy.stop", self.proxy.stop)
-        await self.pool.close()
+        # (its HTTP session: this process's outside world, as each try is -- a replay has none to close)
+        await self.worker.recorded_async("retriever.close", self.pool.close)

@@ -47,12 +47,26 @@ def retrieve_url(base: str) -> str:
     return base if base.endswith("/retrieve") else base + "/retrieve"
 
 
+class ReplicaUnreachable(RuntimeError):
+    """One try at one replica that got no answer (refused connection, reset, timeout)."""
+
+
+async def _direct(fn, *args):
+    return await fn(*args)
+
+
 class RetrieverPool:
+    """`clock`: the monotonic clock the set-aside moments and the deadline are read from; `call(fn, *args)`: how
+    each try (`fn`: one HTTP request, raising ReplicaUnreachable) is made -- a rollout worker records each as an
+    input of its trace (actors/rollout_retrieval.py), so that a replay takes the same turns."""
+
     def __init__(self, resolvers: list[Callable[[], Any]], key: str | None = None, timeout: float = 30.0,
-                 deadline: float = 120.0):
+                 deadline: float = 120.0, clock: Callable[[], float] = time.monotonic,
+                 call: Callable[..., Awaitable[Any]] = _direct):
         if not resolvers:
             raise ValueError("a retriever pool needs at least one replica")
         self.resolvers, self.key, self.timeout, self.deadline = resolvers, key, timeout, deadline
+        self.clock, self.call = clock, call
         self._urls: list[str | None] = [None] * len(resolvers)
         self._aside: list[float] = [0.0] * len(resolvers)
         self._next = 0
@@ -75,13 +89,12 @@ class RetrieverPool:
             self._urls[i] = retrieve_url(str(got))
         return self._urls[i]
 
-    def _set_aside(self, i: int) -> None:
+    def _set_aside(self, i: int, now: float) -> None:
         self._urls[i] = None
-        self._aside[i] = time.monotonic() + SET_ASIDE_S
+        self._aside[i] = now + SET_ASIDE_S
 
-    def _pick(self) -> int | None:
+    def _pick(self, now: float) -> int | None:
         n = len(self.resolvers)
-        now = time.monotonic()
         for k in range(n):
             i = (self._next + k) % n
             if self._aside[i] <= now:
@@ -89,47 +102,53 @@ class RetrieverPool:
                 return i
         return None
 
-    async def post(self, body: dict) -> tuple[int, Any]:
-        """(status, JSON answer) of the first replica that answers other than 5xx; RetrieverError when none does
-        within `deadline` seconds."""
+    async def _try(self, url: str, data: str) -> list:
+        """One HTTP request: [status, text]; ReplicaUnreachable when no answer came."""
         import aiohttp
         if self._session is None:
             self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.post(url, data=data, headers=self.headers,
+                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                return [resp.status, await resp.text()]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ReplicaUnreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+
+    async def post(self, body: Any) -> tuple[int, Any]:
+        """(status, JSON answer) of the first replica that answers other than 5xx; RetrieverError when none does
+        within `deadline` seconds."""
         self.counters["requests"] += 1
         data = json.dumps(body)
-        t0 = time.monotonic()
+        t0 = self.clock()
         last = "no replica tried"
         tries = 0
         while True:
-            i = self._pick()
+            now = self.clock()
+            i = self._pick(now)
             if i is None:
-                if time.monotonic() - t0 > self.deadline:
+                if now - t0 > self.deadline:
                     break
-                await asyncio.sleep(min(SET_ASIDE_S, max(0.05, min(self._aside) - time.monotonic())))
+                await asyncio.sleep(min(SET_ASIDE_S, max(0.05, min(self._aside) - now)))
                 continue
             if tries:
                 self.counters["retries"] += 1
             tries += 1
             try:
                 url = await self._url(i)
-                async with self._session.post(url, data=data, headers=self.headers,
-                                              timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                    status = resp.status
-                    text = await resp.text()
+                status, text = await self.call(self._try, url, data)
                 if status in RETRY_STATUSES:
                     last = f"replica {i} answered {status}: {text[:200]}"
-                    self._set_aside(i)
+                    self._set_aside(i, self.clock())
                 else:
                     try:
                         return status, json.loads(text)
                     except ValueError:
                         return status, {"detail": text[:2000]}
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as exc:
-                # (RuntimeError: the job's replica could not be asked for its address -- a MailboxError -- or is
-                # not up yet)
-                last = f"replica {i}: {type(exc).__name__}: {exc}"
-                self._set_aside(i)
-            if time.monotonic() - t0 > self.deadline:
+            except RuntimeError as exc:
+                # (ReplicaUnreachable; or the job's replica could not be asked for its address: not up yet)
+                last = f"replica {i}: {exc}"
+                self._set_aside(i, self.clock())
+            if self.clock() - t0 > self.deadline:
                 break
             self.log.warning("retrieval failed; trying again", error=last, attempt=tries)
         self.counters["failed"] += 1
