@@ -16,7 +16,9 @@ Custom generation (`args`: the job's flags as slime passes them, a read-only fla
   --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
       slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
       {args.sglang_router_port}/generate itself. That address is a proxy of this worker
-      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace. The sample
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace; with a
+      retriever (--retriever-corpus / --retriever-url) `args.retriever_url` is likewise this worker's loopback
+      /retrieve proxy (actors/rollout_retrieval.py; functions of the other style call engine.retrieve). The sample
       takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
       loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
   --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
