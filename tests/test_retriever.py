@@ -347,3 +347,53 @@ def test_doc_contents_round_trip():
     from slime_actors.search.corpus import split_contents
     assert split_contents(d.contents) == ("Title", "line one\nline two")
     assert split_contents("no title") == ("", "no title")
+
+
+# ------------------------------------------------------------------------------------------------ flags and placement
+def test_retriever_flags_are_checked_and_place_the_role(tmp_path):
+    from helpers import job_config
+    from slime_actors.config import ConfigError
+    from slime_actors.launch.topology import default_topology, from_dict
+    corpus = str(ROOT / "examples" / "search" / "tiny" / "corpus.jsonl")
+    for flags, msg in (({"retriever_corpus": corpus, "retriever_url": "http://h:1"}, "not both"),
+                       ({"retriever_url": "h:1"}, "must be http://"),
+                       ({"retriever_api_key_file": "k"}, "is the key of --retriever-url"),
+                       ({"retriever_corpus": corpus, "retriever_topk": 0}, "--retriever-topk must be >= 1"),
+                       ({"retriever_corpus": corpus, "retriever_timeout": 0}, "--retriever-timeout must be > 0")):
+        with pytest.raises(ConfigError, match=msg):
+            job_config(**flags)
+    cfg = job_config(retriever_corpus=corpus, retriever_num_replicas=3)
+    topo = default_topology(cfg)
+    assert [p.name for p in topo.plan() if p.role == "retriever"] == [f"retriever/{i}" for i in range(3)]
+    assert "retriever" not in default_topology(job_config()).roles
+    roles = {"buffer": {}, "reward": {}, "rollout": {}, "trainer": {}}
+    t = from_dict({"roles": {**roles, "retriever": {"count": 2}}}, "t.toml")
+    assert t.apply_to_config(cfg) == ["--retriever-num-replicas 3 -> 2"]
+    with pytest.raises(ValueError, match="serves --retriever-corpus, and the job has none"):
+        from_dict({"roles": {**roles, "retriever": {"count": 1}}}, "t.toml").apply_to_config(job_config())
+    with pytest.raises(ValueError, match=r"has no \[roles.retriever\]"):
+        from_dict({"roles": roles}, "t.toml").apply_to_config(job_config(retriever_corpus=corpus))
+
+
+def test_the_jobs_retriever_key_is_made_once_kept_private_and_shared(tmp_path, monkeypatch):
+    from helpers import job_config
+    from slime_actors.search.keys import RetrieverKeyError, job_retriever_key
+    monkeypatch.delenv("SLIME_ACTORS_RETRIEVER_KEY", raising=False)
+    corpus = str(ROOT / "examples" / "search" / "tiny" / "corpus.jsonl")
+    r = job_config(retriever_corpus=corpus).retriever
+    with pytest.raises(RetrieverKeyError, match="no retriever key"):
+        job_retriever_key(r, tmp_path, create=False)
+    key = job_retriever_key(r, tmp_path, create=True)
+    path = tmp_path / "keys" / "retriever.key"
+    assert path.read_text().strip() == key and (path.stat().st_mode & 0o777) == 0o600
+    assert job_retriever_key(r, tmp_path, create=False) == key          # another node, or a restarted head
+    assert job_retriever_key(job_config().retriever, tmp_path, create=True) is None
+    ext = tmp_path / "ext.key"
+    ext.write_text("external-key\n")
+    os.chmod(ext, 0o644)
+    with pytest.raises(RetrieverKeyError, match="can be read by other users"):
+        job_retriever_key(job_config(retriever_url="http://h:1", retriever_api_key_file=str(ext)).retriever,
+                          tmp_path, create=True)
+    os.chmod(ext, 0o600)
+    assert job_retriever_key(job_config(retriever_url="http://h:1", retriever_api_key_file=str(ext)).retriever,
+                             tmp_path, create=True) == "external-key"
