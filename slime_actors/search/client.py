@@ -187,11 +187,8 @@ class RetrieveProxy:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/retrieve", self._retrieve)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        from ..backends.generate_proxy import start_site
+        self._runner, self.port = await start_site(app, self.host)
         return f"http://{self.host}:{self.port}"
 
     async def stop(self) -> None:
