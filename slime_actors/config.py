@@ -238,6 +238,10 @@ class EvalSection:
     TITLE: typing.ClassVar[str] = "eval"
     eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] (or one PATH): held-out sets",
                                               path=True)
+    eval_config: str | None = flag(None, "YAML (or JSON, TOML) file of held-out sets, slime's format: each set's "
+                                         "name, path, keys and its own reward (rm_type or custom_rm_path), which "
+                                         "grades it whatever the training reward; replaces --eval-prompt-data "
+                                         "(slime_actors/eval_config.py)", path=True)
     eval_input_key: str | None = flag(None, "the prompt's key in eval rows (default: --input-key)")
     eval_label_key: str | None = flag(None, "the label's key in eval rows (default: --label-key)")
     eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last)")
@@ -444,7 +448,8 @@ class MonitorSection:
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
                                                    "docs/debugging.md section 3)", origin="own")
     hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
-                                                      "rewarded_truncated, collapse, answer_absent, jump", origin="own")
+                                                      "rewarded_truncated, collapse, answer_absent, prompt_blind, jump",
+                                                origin="own")
     hack_alarm_label_answer: bool | None = flag(
         None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
               "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
