@@ -55,6 +55,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._init_engine_state()
         self.tokenizer = None
         self.generation = Generation(self)
+        self.retriever = None             # RetrieverLink (actors/rollout_retrieval.py) when the job has a retriever
         self._inflight: dict[str, asyncio.Task] = {}
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)

@@ -434,7 +434,7 @@ class EngineSupervisor:
 
 class RecordedEngine:
     """The engine client (or the router's) as the worker uses it: the answers of its calls (weights, aborts, health,
-    close; not generate, which `_generate_raw` records parsed) are recorded in the trace as `<prefix>.<method>`, and
+    close; not generate, which `Generation.raw` (rollout_generate.py) records parsed) are recorded in the trace as `<prefix>.<method>`, and
     under replay served from it."""
 
     _LOCAL = frozenset(("generate",))

@@ -9,7 +9,10 @@ What the user names (`args`: the job's flags as slime passes them, a read-only f
   --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
       slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
       {args.sglang_router_port}/generate itself. That address is a proxy of this worker
-      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace. The sample
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace; with a
+      retriever (--retriever-corpus / --retriever-url) `args.retriever_url` is likewise this worker's loopback
+      /retrieve proxy (actors/rollout_retrieval.py; functions of the other style and environments call
+      engine.retrieve). The sample
       takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
       loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
   --custom-generate-function-path pkg.mod.fn   @engine_generate async fn(args, sample, sampling_params, engine)
@@ -63,6 +66,13 @@ class EngineHandle:
         """One /generate call with log-probs. Returns {output_ids, logprobs, finish_reason, weight_version};
         finish_reason is SGLang's finish_reason.type: "stop", "length" or "abort" (the engine was paused / aborted)."""
         return await self._g.raw(input_ids, sampling_params)
+
+    async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
+        """Search-R1's {"result": [...]} from the job's retriever (--retriever-corpus or --retriever-url), recorded
+        (actors/rollout_retrieval.py); RetrieverError when it refuses or no replica answers."""
+        if self._g.w.retriever is None:
+            raise RuntimeError("this job has no retriever: give --retriever-corpus (or --retriever-url)")
+        return await self._g.w.retriever.retrieve(queries, topk, return_scores)
 
     def episode(self, sample: Sample, sampling_params: dict) -> Episode:
         """The bookkeeping of `sample`'s response: `await ep.generate(engine, sampling_params)`, `ep.add_observation
@@ -132,9 +142,16 @@ class Generation:
         self.chat = ChatTurns(w.tokenizer, chat_template_kwargs(self.cfg.data))
 
     async def start(self) -> None:
-        """Once the engine serves: slime's functions get their proxy; the environment its setup()."""
+        """Once the engine serves: slime's functions get their proxy, the job's retriever its link (and a proxy for
+        slime's functions), the environment its setup()."""
+        w = self.w
         if self.slime_generate:
             await self._start_proxy()
+        if self.cfg.retriever.enabled:
+            from .rollout_retrieval import RetrieverLink
+            w.retriever = RetrieverLink(w)
+            if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
+                await w.retriever.start_proxy()
         if self.env is not None:
             await self._env_lifecycle("setup", self.env.setup)
             self.w.log.info("environment set up", env=self.cfg.rollout.rollout_interaction_env_path)
@@ -147,6 +164,8 @@ class Generation:
                 await self._env_lifecycle("teardown", self.env.teardown)
             except EnvError as exc:
                 self.w.log.error("environment teardown failed", error=str(exc))
+        if self.w.retriever is not None:
+            await self.w.retriever.stop()
 
     async def _env_lifecycle(self, what: str, fn: Callable) -> None:
         """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
