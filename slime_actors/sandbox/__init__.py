@@ -10,7 +10,9 @@
 """
 
 from .layers import Plan, Policy, SandboxUnavailable, make_plan, probe
+from .local import LocalSandbox
+from .protocol import ExecResult, FileContent, Sandbox
 from .runner import Limits, RunResult, Runner, SandboxError
 
-__all__ = ["Limits", "Plan", "Policy", "RunResult", "Runner", "SandboxError", "SandboxUnavailable", "make_plan",
-           "probe"]
+__all__ = ["ExecResult", "FileContent", "Limits", "LocalSandbox", "Plan", "Policy", "RunResult", "Runner", "Sandbox",
+           "SandboxError", "SandboxUnavailable", "make_plan", "probe"]
