@@ -135,7 +135,7 @@ def _log_missing(lines: list[str]) -> None:
             log.warning(line)
 
 
-def _reachable_by_others(path: str) -> bool:
+def reachable_by_others(path: str) -> bool:
     """Whether a user other than the owner can reach and run `path` (every directory on the way searchable)."""
     p = Path(os.path.realpath(path))
     for d in [*reversed(p.parents)]:
@@ -181,7 +181,7 @@ def make_plan(policy: Policy, caps: dict | None = None) -> Plan:
     if root and not policy.separate_user:
         missing.append("sandbox: programs run as root (Policy.separate_user is off): only landlock keeps them from "
                        "the run directory, keys and home")
-    if uid_slots and not _reachable_by_others(python):
+    if uid_slots and not reachable_by_others(python):
         raise SandboxUnavailable(
             f"the sandbox's Python {python} cannot be run by the sandbox's user (a directory on its path is closed "
             "to others, e.g. a home directory): set --sandbox-python to one outside it, such as /usr/bin/python3")

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layers import JAIL, Plan, Policy, make_plan
+from .layers import JAIL, Plan, Policy, SandboxUnavailable, reachable_by_others, make_plan
 
 __all__ = ["Limits", "RunResult", "Runner", "UidSlots", "SandboxError", "program_env", "HARNESS"]
 
@@ -180,9 +180,14 @@ class Runner:
         """The layers this runner uses (probing the machine on first use; SandboxUnavailable when it cannot)."""
         with self._plan_lock:
             if self._plan is None:
-                self._plan = make_plan(self.policy)
+                plan = make_plan(self.policy)
                 os.makedirs(self.root, mode=0o711, exist_ok=True)
                 os.chmod(self.root, 0o711)      # users of the slots reach their own directories, list none
+                if plan.uid_slots and not reachable_by_others(self.root):
+                    raise SandboxUnavailable(
+                        f"the sandbox's directory {self.root} cannot be reached by the sandbox's users (a directory "
+                        "above it is closed to others): choose one they can reach, e.g. under /tmp")
+                self._plan = plan
             return self._plan
 
     @property
@@ -437,14 +442,23 @@ class _Status:
 
 
 def _kill(proc: subprocess.Popen, init_pid: int | None) -> None:
-    """SIGKILL the jail's session and the cell's init (whose end takes its pid namespace with it)."""
-    for target in ((lambda: os.killpg(proc.pid, signal.SIGKILL)),
-                   (lambda: init_pid and os.kill(init_pid, signal.SIGKILL)),
-                   (lambda: init_pid and os.killpg(init_pid, signal.SIGKILL))):
+    """SIGKILL the cell's init first: its end takes every process of its pid namespace with it, and the jail,
+    which waits for init, returns only after that -- so once the jail is reaped nothing of the program is left.
+    Then the jail's session, whatever remains of it."""
+    if init_pid is not None and proc.poll() is None:
+        for target in (lambda: os.kill(init_pid, signal.SIGKILL), lambda: os.killpg(init_pid, signal.SIGKILL)):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
-            target()
-        except (ProcessLookupError, PermissionError):
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
