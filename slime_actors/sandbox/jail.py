@@ -195,9 +195,14 @@ def _become_program(cfg, ruleset, sfilter):
         ruleset.apply()
     if sfilter is not None:
         sfilter.load()
-    os.closerange(3, top)
     env = cfg.get("env", {})
     mode = cfg.get("mode", "exec")
+    status_fd = cfg["status_fd"]
+    if mode == "exec":       # the status fd stays (close-on-exec): a failed exec is reported through it
+        os.closerange(3, status_fd)
+        os.closerange(status_fd + 1, top)
+    else:                    # the program's code runs in this process: it must not hold the status fd
+        os.closerange(3, top)
     if mode == "exec":
         argv = cfg["argv"]
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):     # Python ignores them; a program gets the defaults
