@@ -1,15 +1,16 @@
 """The jail: the process that builds one program's cell and runs the program in it (a script; standard library only).
 
-slime_actors/sandbox/runner.py starts it for every program as
+slime_actors/sandbox/runner.py starts it once per runner as a server (`serve`: `PYTHON -I -S jail.py
+'{"mode": "serve", ...}'`, an environment of PATH only, its stdin a unix socket): it imports the optional layers
+(landlock, pyseccomp) and the grading harness once, and for every program forks a jail process -- in a session
+of its own, with the program's stdin, stdout and stderr and a status pipe, passed over the socket. Forking a
+prepared interpreter instead of starting one per program is what keeps the sandbox's cost near that of a bare
+subprocess (bench/sandbox.py). What a jail process does, in order (each step only where its config asks for it;
+runner.py asks for what the machine supports, layers.py):
 
-    PYTHON -I -S jail.py CONFIG_JSON          (stdin/stdout/stderr: the program's; fd N: a status pipe)
-
-in a session of its own (setsid), with an environment that holds nothing but what the program gets. What it does,
-in order (each step only where CONFIG asks for it; runner.py asks for what the machine supports, layers.py):
-
-    jail (H)   die with the runner (PR_SET_PDEATHSIG); import the optional layers (landlock, pyseccomp) while the
-               files are still readable; unshare(2) the namespaces: pid, mount, network, ipc, uts (and user, when not
-               root); fork the cell's init
+    jail (H)   die with the server (PR_SET_PDEATHSIG; the server ends when the runner's socket closes);
+               unshare(2) the namespaces: pid, mount, network, ipc, uts (and user, when not root); fork the cell's
+               init
     init (C)   pid 1 of the new pid namespace (when there is one): its own session; the mount namespace made
                private and a fresh /proc mounted (it shows the cell's processes only); paths hidden under empty
                read-only tmpfs (when landlock is missing); report its pid; fork the program; reap every process
@@ -293,7 +294,7 @@ _HARNESS = None
 def _load_harness(cfg):
     """Import the grading harness (a file of this package) before the files become unreadable."""
     global _HARNESS
-    if cfg.get("mode") != "harness":
+    if cfg.get("mode") != "harness" or _HARNESS is not None:
         return
     import importlib.util
     spec = importlib.util.spec_from_file_location("slime_sandbox_harness", cfg["harness"])
@@ -407,26 +408,16 @@ def _probe():
     return out
 
 
-def main(argv):
-    cfg = json.loads(argv[1])
-    for p in cfg.get("site", []):
-        sys.path.append(p)
-    if cfg.get("mode") == "probe":
-        print(json.dumps(_probe()))
-        return 0
-    if cfg.get("mode") == "reap":
-        if os.geteuid() == 0 and cfg.get("uid"):
-            _kill_user(int(cfg["uid"]))
-        return 0
-    status = Status(cfg["status_fd"])
-    os.set_inheritable(cfg["status_fd"], False)
+def run_cell(cfg, status_fd, parent):
+    """The jail's part for one program (in a process forked by the server, `parent`): build the cell, start its
+    init, wait for it. Returns this process's exit code."""
+    status = Status(status_fd)
+    os.set_inheritable(status_fd, False)
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != cfg["parent"]:
-            return EXIT_SETUP          # the runner is already gone
+        if os.getppid() != parent:
+            return EXIT_SETUP          # the server (and so the runner) is already gone
         _load_harness(cfg)
-        if cfg.get("landlock"):
-            import landlock  # noqa: F401 -- imported while its files are readable; the ruleset is made by init
         sfilter = _seccomp(cfg)
         _unshare(cfg)
     except BaseException as e:   # noqa: BLE001
@@ -435,6 +426,7 @@ def main(argv):
     applied = [f"namespaces: {', '.join(cfg.get('namespaces', []))}"] if cfg.get("namespaces") else []
     if sfilter is not None:
         applied.append("seccomp")
+    cfg["status_fd"] = status_fd
     pid = os.fork()
     if pid == 0:
         try:
@@ -450,6 +442,72 @@ def main(argv):
         except InterruptedError:
             continue
     return os.WEXITSTATUS(wst) if os.WIFEXITED(wst) else EXIT_SETUP
+
+
+def serve(cfg):
+    """The jail server: started once per runner, its stdin a unix socket to the runner. It imports the layers'
+    packages and the harness once, then for each request (a cell's config, and the program's stdin, stdout, stderr
+    and a status pipe as passed fds) forks a process that runs `run_cell` in a session of its own, and answers
+    that process's pid. It ends when the runner closes the socket (the runner's end); what it started then dies
+    with it (PR_SET_PDEATHSIG)."""
+    import socket
+    sock = socket.socket(fileno=os.dup(0))
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    if cfg.get("landlock"):
+        import landlock  # noqa: F401
+        from landlock.plumbing import landlock_abi_version
+        landlock_abi_version()
+    if cfg.get("seccomp"):
+        _seccomp({"seccomp": {"deny_inet": True}})          # loads libseccomp once
+    _load_harness({"mode": "harness", "harness": cfg["harness"]})
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)            # the kernel reaps the per-program processes
+    me = os.getpid()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+        except OSError:
+            return 0
+        if not msg:
+            return 0
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = EXIT_SETUP
+            try:
+                sock.close()
+                os.setsid()
+                for target, fd in zip((0, 1, 2), fds[:3]):
+                    os.dup2(fd, target)
+                for fd in fds[:3]:
+                    if fd > 2:
+                        os.close(fd)
+                code = run_cell(json.loads(msg), fds[3], me)
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        try:
+            sock.send(json.dumps({"pid": pid}).encode())
+        except OSError:
+            return 0
+
+
+def main(argv):
+    cfg = json.loads(argv[1])
+    for p in cfg.get("site", []):
+        sys.path.append(p)
+    if cfg.get("mode") == "probe":
+        print(json.dumps(_probe()))
+        return 0
+    if cfg.get("mode") == "reap":
+        if os.geteuid() == 0 and cfg.get("uid"):
+            _kill_user(int(cfg["uid"]))
+        return 0
+    if cfg.get("mode") == "serve":
+        return serve(cfg)
+    print(f"jail.py: unknown mode {cfg.get('mode')!r}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -171,6 +172,7 @@ class Runner:
         self._sem = threading.BoundedSemaphore(self.concurrency)
         self._executor: ThreadPoolExecutor | None = None
         self._slots: UidSlots | None = None
+        self._jail_server: _JailServer | None = None
         self.stats = {"runs": 0, "timeouts": 0, "errors": 0, "truncated": 0}
         self._stats_lock = threading.Lock()
 
@@ -248,9 +250,13 @@ class Runner:
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.run(**kw))
 
     def close(self) -> None:
+        """Stop the runner's threads and its jail server (a later run starts them again)."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        if self._jail_server is not None:
+            self._jail_server.close()
+            self._jail_server = None
 
     def _count(self, r: RunResult) -> None:
         with self._stats_lock:
@@ -260,12 +266,12 @@ class Runner:
             self.stats["truncated"] += r.stdout_truncated or r.stderr_truncated
 
     def _config(self, plan: Plan, workdir: str, uid: int | None, argv, python_file, harness, env,
-                limits: Limits, status_fd: int) -> dict:
+                limits: Limits) -> dict:
         rl = limits.rlimits()
         if uid is None and "nproc" in rl:
             # without a user of its own, RLIMIT_NPROC counts every process of this user: allow those running now
             rl["nproc"] = rl["nproc"] + _processes_of(os.getuid())
-        cfg = {"parent": os.getpid(), "status_fd": status_fd, "workdir": workdir, "uid": uid, "gid": uid,
+        cfg = {"workdir": workdir, "uid": uid, "gid": uid,
                "namespaces": plan.namespaces, "rlimits": rl, "site": plan.site, "env": program_env(workdir, env),
                "seccomp": plan.seccomp}
         if plan.landlock is not None:
@@ -282,36 +288,39 @@ class Runner:
             cfg.update(mode="harness", harness=HARNESS, harness_args=harness)
         return cfg
 
+    def _server(self) -> "_JailServer":
+        plan = self.plan
+        with self._stats_lock:
+            if self._jail_server is None:
+                self._jail_server = _JailServer(plan)
+            return self._jail_server
+
     def _run_in(self, plan, workdir, uid, argv, python_file, harness, files, stdin, env, limits) -> RunResult:
         for name, content in (files or {}).items():
             write_in(workdir, name, content, uid)
-        r, w = os.pipe()
+        cfg = self._config(plan, workdir, uid, argv, python_file, harness, env, limits)
+        (in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w) = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        t0 = time.monotonic()
         try:
-            cfg = self._config(plan, workdir, uid, argv, python_file, harness, env, limits, w)
-            t0 = time.monotonic()
-            try:
-                proc = subprocess.Popen([plan.python, "-I", "-S", JAIL, json.dumps(cfg)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(w,),
-                                        start_new_session=True, close_fds=True, env={"PATH": "/usr/bin:/bin"})
-            except OSError as exc:
-                raise SandboxError(f"the sandbox's jail did not start: {exc}") from None
+            jail_pid = self._server().spawn(cfg, [in_r, out_w, err_w, st_w])
+        except BaseException:
+            for fd in (in_w, out_r, err_r, st_r):
+                os.close(fd)
+            raise
         finally:
-            os.close(w)
+            for fd in (in_r, out_w, err_w, st_w):
+                os.close(fd)
         result = RunResult()
-        status = _Status(r)
+        status = _Status(st_r)
+        mine = _Fds(in_w, out_r, err_r)
         try:
-            self._communicate(proc, status, stdin, limits, t0, result)
+            self._communicate(mine, in_w, out_r, err_r, status, stdin, limits, t0, result)
         finally:
-            _kill(proc, status.init_pid)
+            _kill(jail_pid, status)
             if plan.uid_slots and uid is not None and "pid" not in plan.namespaces:
                 self._kill_user(plan, uid)
-            status.drain()
             status.close()
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+            mine.close_all()
         result.wall_s = time.monotonic() - t0
         result.layers = status.layers
         if status.error:
@@ -319,33 +328,33 @@ class Runner:
         elif not result.timed_out:
             result.exit_code, result.signal = status.exit, status.signal
             if status.exit is None and status.signal is None:
-                result.error = f"the sandbox's jail ended without a report (exit code {proc.returncode})" + \
+                result.error = "the sandbox's jail ended without a report" + \
                     (f": {result.stderr[-300:].decode(errors='replace')}" if result.stderr else "")
         self._count(result)
         return result
 
-    def _communicate(self, proc, status, stdin: bytes, limits: Limits, t0: float, result: RunResult) -> None:
+    def _communicate(self, mine: "_Fds", win, out_fd, err_fd, status, stdin: bytes, limits: Limits, t0: float,
+                     result: RunResult) -> None:
+        """Feed stdin, read stdout and stderr (each up to the cap), until the jail has ended (its status pipe is
+        closed: the jail and the cell's init are gone) and the pipes are drained, or the wall-clock timeout."""
         deadline = t0 + limits.timeout
-        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         outs = {out_fd: bytearray(), err_fd: bytearray()}
         names = {out_fd: "stdout", err_fd: "stderr"}
-        readers = set(outs) | {status.fd}
-        win = proc.stdin.fileno()
+        readers = {out_fd, err_fd, status.fd}
         os.set_blocking(win, False)
         pending = memoryview(stdin)
-        writing = True
-        if not pending:
-            proc.stdin.close()
-            writing = False
+        writing = bool(pending)
+        if not writing:
+            mine.close(win)
         ended_at = None
         while True:
             now = time.monotonic()
             if now >= deadline:
                 result.timed_out = True
                 break
-            if proc.poll() is not None and ended_at is None:
+            if ended_at is None and status.fd not in readers:
                 ended_at = now
-            if ended_at is not None and (not (readers - {status.fd}) or now - ended_at > DRAIN_AFTER_EXIT):
+            if ended_at is not None and (not readers or now - ended_at > DRAIN_AFTER_EXIT):
                 break
             wait = deadline - now if ended_at is None else min(deadline - now, DRAIN_AFTER_EXIT)
             rl, wl, _ = select.select(list(readers), [win] if writing else [], [], min(wait, 0.25))
@@ -364,10 +373,10 @@ class Runner:
                 buf = outs[fd]
                 room = limits.output_bytes - len(buf)
                 buf += chunk[:room]
-                if len(chunk) > room:
+                if len(chunk) > room:      # over the cap: stop reading; the program's next write fails
                     setattr(result, f"{names[fd]}_truncated", True)
                     readers.discard(fd)
-                    (proc.stdout if names[fd] == "stdout" else proc.stderr).close()
+                    mine.close(fd)
             if wl:
                 try:
                     n = os.write(win, pending[:_CHUNK])
@@ -378,10 +387,7 @@ class Runner:
                     pending = pending[:0]
                 if not pending:
                     writing = False
-                    try:
-                        proc.stdin.close()
-                    except OSError:
-                        pass
+                    mine.close(win)
         result.stdout, result.stderr = bytes(outs[out_fd]), bytes(outs[err_fd])
 
     def _kill_user(self, plan: Plan, uid: int) -> None:
@@ -389,6 +395,77 @@ class Runner:
         cfg = {"mode": "reap", "uid": uid}
         subprocess.run([plan.python, "-I", "-S", JAIL, json.dumps(cfg)], env={"PATH": "/usr/bin:/bin"},
                        capture_output=True, timeout=30, check=False)
+
+
+class _Fds:
+    """A run's own fds, each closed exactly once: a number closed twice could by then be another run's pipe (the
+    runner's threads make pipes all the time), and closing that would cross two programs' streams."""
+
+    def __init__(self, *fds: int):
+        self.open = set(fds)
+
+    def close(self, fd: int) -> None:
+        if fd in self.open:
+            self.open.discard(fd)
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self.open):
+            self.close(fd)
+
+
+class _JailServer:
+    """The jail server of one runner (jail.py `serve`): started on first use, restarted if it died; `spawn`
+    hands it one program's config and fds and returns the jail process's pid."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cfg = {"mode": "serve", "site": self.plan.site, "landlock": self.plan.landlock is not None,
+               "seccomp": self.plan.seccomp is not None, "harness": HARNESS}
+        try:
+            self.proc = subprocess.Popen([self.plan.python, "-I", "-S", JAIL, json.dumps(cfg)], stdin=theirs.fileno(),
+                                         stdout=subprocess.DEVNULL, close_fds=True, start_new_session=True,
+                                         env={"PATH": "/usr/bin:/bin"})
+        except OSError as exc:
+            mine.close()
+            raise SandboxError(f"the sandbox's jail server did not start: {exc}") from None
+        finally:
+            theirs.close()
+        self.sock = mine
+
+    def spawn(self, cfg: dict, fds: list[int]) -> int:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                if self.sock is not None:
+                    self.sock.close()
+                self._start()
+            try:
+                socket.send_fds(self.sock, [json.dumps(cfg).encode()], fds)
+                reply = self.sock.recv(4096)
+            except OSError as exc:
+                raise SandboxError(f"the sandbox's jail server is gone: {exc}") from None
+        if not reply:
+            raise SandboxError("the sandbox's jail server ended")
+        return int(json.loads(reply)["pid"])
+
+    def close(self) -> None:
+        with self.lock:
+            if self.sock is not None:
+                self.sock.close()          # the server ends at EOF
+                self.sock = None
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                self.proc = None
 
 
 class _Status:
@@ -402,6 +479,7 @@ class _Status:
         self.exit: int | None = None
         self.signal: int | None = None
         self.closed = False
+        self.ended = False              # the pipe is closed on all the jail's ends
 
     def read(self) -> bool:
         try:
@@ -409,6 +487,7 @@ class _Status:
         except OSError:
             chunk = b""
         if not chunk:
+            self.ended = True
             return False
         self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
@@ -429,40 +508,40 @@ class _Status:
                 self.signal = int(msg["signal"])
         return True
 
-    def drain(self) -> None:
-        if self.closed:
-            return
-        while select.select([self.fd], [], [], 0)[0] and self.read():
-            pass
+    def wait_end(self, timeout: float) -> None:
+        """Read until the jail's ends of the pipe are all closed (or `timeout`)."""
+        until = time.monotonic() + timeout
+        while not self.ended and not self.closed:
+            left = until - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return
+            self.read()
 
     def close(self) -> None:
         if not self.closed:
-            os.close(self.fd)
             self.closed = True
+            os.close(self.fd)
 
 
-def _kill(proc: subprocess.Popen, init_pid: int | None) -> None:
-    """SIGKILL the cell's init first: its end takes every process of its pid namespace with it, and the jail,
-    which waits for init, returns only after that -- so once the jail is reaped nothing of the program is left.
-    Then the jail's session, whatever remains of it."""
-    if init_pid is not None and proc.poll() is None:
-        for target in (lambda: os.kill(init_pid, signal.SIGKILL), lambda: os.killpg(init_pid, signal.SIGKILL)):
+def _kill(jail_pid: int, status: "_Status", wait: float = 10.0) -> None:
+    """SIGKILL the cell's init first: its end takes every process of its pid namespace with it, and the jail, which
+    waits for init, ends only after that -- its status pipe closes then, so once it has, nothing of the program is
+    left. Then the jail's session, whatever remains of it."""
+    if not status.ended and status.init_pid is not None:
+        for target in (lambda: os.kill(status.init_pid, signal.SIGKILL),
+                       lambda: os.killpg(status.init_pid, signal.SIGKILL)):
             try:
                 target()
             except (ProcessLookupError, PermissionError):
                 pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+    if not status.ended:
+        status.wait_end(wait / 2)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(jail_pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    if not status.ended:
+        status.wait_end(wait / 2)
 
 
 def _processes_of(uid: int) -> int:
