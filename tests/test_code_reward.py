@@ -183,7 +183,8 @@ def test_a_program_cannot_fool_the_assert_grader(runner, name):
 
 
 def test_the_honest_program_still_passes_after_the_cheats(runner):
-    assert grade(runner, HONEST_ADD, ADD).score == 1.0
+    g = grade(runner, HONEST_ADD + "# after the cheats\n", ADD)
+    assert g.score == 1.0 and "cached" not in g.details
 
 
 STDIO_CHEATS = {

@@ -77,8 +77,8 @@ def contained(runner, program, *, marker=None, tests=TASK):
     assert took < len(tests.inputs) * (LIMITS.timeout + 3), took
     assert sandbox_processes(marker) == []
     assert leftover_files(runner) == []
-    honest = grade(runner, HONEST, tests)
-    assert honest.score == 1.0, honest
+    honest = grade(runner, HONEST + f"# {uuid.uuid4().hex}\n", tests)      # (a new text: graded, not cached)
+    assert honest.score == 1.0 and "cached" not in honest.details, honest
     return g
 
 

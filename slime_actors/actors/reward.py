@@ -264,7 +264,7 @@ class RewardWorker(RewardActor):
         from ..rewards.code import close_code_runners
         from ..rewards.grading import close_grading_pool
         close_grading_pool()
-        close_code_runners()
+        _log_cpu(self.log, close_code_runners())
 
     async def score_batch(self, samples: list[Sample]) -> list:
         return await self._dispatch(samples, group=False)
@@ -309,7 +309,7 @@ class CodeRewardActor(RewardActor):
 
     async def teardown(self) -> None:
         from ..rewards.code import close_code_runners
-        close_code_runners()
+        _log_cpu(self.log, close_code_runners())
 
     async def score(self, sample: Sample) -> float:
         from ..rewards.code import agrade_code, extract_program, parse_tests
@@ -325,6 +325,16 @@ class CodeRewardActor(RewardActor):
     @handler
     def sandbox_stats(self) -> dict:
         return {**self.runner.stats, "layers": self.runner.plan.describe(), "concurrency": self.runner.concurrency}
+
+
+def _log_cpu(log, sandbox: dict) -> None:
+    """The worker's CPU time when it stops: its own, and its children's (the grading processes and sandboxes it
+    has stopped, with every program they ran); bench/sandbox.py reads it."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    log.info("reward worker cpu", self_s=round(me.ru_utime + me.ru_stime, 3),
+             children_s=round(kids.ru_utime + kids.ru_stime, 3), programs=sandbox.get("runs", 0),
+             program_timeouts=sandbox.get("timeouts", 0), console=False)
 
 
 MATH_RULES = ("math", "boxed_math", "deepscaler")

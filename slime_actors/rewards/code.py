@@ -15,13 +15,22 @@ Two test formats, those of public code-RL data:
   Outputs compare after each line is split on whitespace and blank lines are dropped.
 
 Score: 1.0 when every test passes, else 0.0; with `partial` (--code-partial-credit) the fraction passed.
+
+Two shortcuts that change no score: a Python program that does not compile scores 0 without a sandbox run
+(`compile()` parses, it runs nothing; only where this interpreter's version is the sandbox's), and a program
+already graded against the same tests is not run again (the last CACHE_SIZE gradings of this process are kept).
+The second assumes a program's result does not change between runs; one that passes by chance is graded once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
+import sys
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..sandbox.runner import Limits, RunResult, Runner, SandboxError
@@ -30,6 +39,7 @@ __all__ = ["AssertTests", "StdioTests", "CodeGrade", "extract_program", "parse_t
            "outputs_match", "code_reward", "code_runner", "close_code_runners"]
 
 MAX_TESTS = 1000
+CACHE_SIZE = 4096
 SOLUTION = "solution.py"
 MAIN = "main.py"
 HARNESS_MARGIN = 0.5     # the harness reports this many seconds before the run's wall-clock timeout
@@ -164,17 +174,49 @@ def outputs_match(got: str, expected: str) -> bool:
     return _lines(got) == _lines(expected)
 
 
-def _no_program(total: int) -> CodeGrade:
-    return CodeGrade(0.0, 0, total, "no program in the response")
-
-
 async def agrade_code(program: str, tests: AssertTests | StdioTests, runner: Runner, partial: bool = False,
                       limits: Limits | None = None) -> CodeGrade:
     """Run `program` against `tests` in `runner`'s sandbox; raises SandboxError/SandboxUnavailable only when the
     sandbox itself fails (a program that fails, hangs or misbehaves scores 0 for it)."""
+    source = (tests.prefix + program) if isinstance(tests, AssertTests) and tests.prefix else program
+    total = len(tests.tests) if isinstance(tests, AssertTests) else len(tests.inputs)
+    if not program.strip():
+        return CodeGrade(0.0, 0, total, "no program in the response")
+    bad = _syntax_error(source, runner)
+    if bad:
+        return CodeGrade(0.0, 0, total, f"the program does not compile: {bad}")
+    key = (hashlib.sha256(source.encode()).hexdigest(), tests, partial, limits, id(runner))
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        return CodeGrade(hit.score, hit.passed, hit.total, hit.result, hit.timed_out, {"cached": True})
     if isinstance(tests, StdioTests):
-        return await _grade_stdio(program, tests, runner, partial, limits)
-    return await _grade_asserts(program, tests, runner, partial, limits)
+        grade = await _grade_stdio(program, tests, runner, partial, limits)
+    else:
+        grade = await _grade_asserts(source, tests, runner, partial, limits)
+    _cache[key] = grade
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return grade
+
+
+_cache: "OrderedDict[tuple, CodeGrade]" = OrderedDict()
+
+
+def _syntax_error(source: str, runner: Runner) -> str | None:
+    """Why `source` is not Python the sandbox's interpreter would accept, or None (also None when that
+    interpreter is another version than this one: then the sandbox decides)."""
+    if runner.python_version() != sys.version_info[:2]:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, "solution.py", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"SyntaxError: {e.msg} (line {e.lineno})"
+    except (ValueError, MemoryError, RecursionError) as e:
+        return f"{type(e).__name__}: {str(e)[:100]}"
+    return None
 
 
 def _score(passed: int, total: int, partial: bool) -> float:
@@ -183,14 +225,11 @@ def _score(passed: int, total: int, partial: bool) -> float:
     return passed / total if partial else float(passed == total)
 
 
-async def _grade_asserts(program: str, tests: AssertTests, runner: Runner, partial: bool,
+async def _grade_asserts(source: str, tests: AssertTests, runner: Runner, partial: bool,
                          limits: Limits | None) -> CodeGrade:
     total = len(tests.tests)
-    if not program.strip():
-        return _no_program(total)
     limits = limits or runner.limits
     token = secrets.token_hex(16)
-    source = (tests.prefix + program) if tests.prefix else program
     stdin = json.dumps({"token": token, "setup": tests.setup, "tests": list(tests.tests)}).encode()
     r = await runner.arun(harness={"solution": SOLUTION, "deadline": max(0.1, limits.timeout - HARNESS_MARGIN)},
                           files={SOLUTION: source}, stdin=stdin, limits=limits)
@@ -230,8 +269,6 @@ def _verdict(r: RunResult, token: str) -> dict | None:
 async def _grade_stdio(program: str, tests: StdioTests, runner: Runner, partial: bool,
                        limits: Limits | None) -> CodeGrade:
     total = len(tests.inputs)
-    if not program.strip():
-        return _no_program(total)
     passed = 0
     first_fail = None
     timed_out = False
@@ -274,10 +311,16 @@ def code_runner(args) -> Runner:
     return r
 
 
-def close_code_runners() -> None:
+def close_code_runners() -> dict:
+    """Stop this process's sandboxes (their jail servers end and are reaped: their CPU time counts in this
+    process's children from then on); their counters, summed."""
+    total: dict = {}
     for r in _runners.values():
         r.close()
+        for k, v in r.stats.items():
+            total[k] = total.get(k, 0) + v
     _runners.clear()
+    return total
 
 
 async def code_reward(args, sample) -> float:

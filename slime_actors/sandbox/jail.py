@@ -400,6 +400,7 @@ def _probe():
     attempt("landlock", ll)
     attempt("seccomp", lambda: _seccomp({"seccomp": {"deny_inet": True}}))
     out["root"] = os.geteuid() == 0
+    out["python"] = list(sys.version_info[:3])
     try:
         from landlock.plumbing import landlock_abi_version
         out["landlock_abi"] = landlock_abi_version()
@@ -461,9 +462,12 @@ def serve(cfg):
     if cfg.get("seccomp"):
         _seccomp({"seccomp": {"deny_inet": True}})          # loads libseccomp once
     _load_harness({"mode": "harness", "harness": cfg["harness"]})
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)            # the kernel reaps the per-program processes
+    import select
     me = os.getpid()
     while True:
+        _reap()                   # (waited for, the jails' CPU time counts in this process's children, and up)
+        if not select.select([sock], [], [], 1.0)[0]:
+            continue
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
         except OSError:
@@ -472,7 +476,6 @@ def serve(cfg):
             return 0
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = EXIT_SETUP
             try:
                 sock.close()
@@ -491,6 +494,16 @@ def serve(cfg):
             sock.send(json.dumps({"pid": pid}).encode())
         except OSError:
             return 0
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def main(argv):

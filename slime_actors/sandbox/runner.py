@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layers import JAIL, Plan, Policy, SandboxUnavailable, reachable_by_others, make_plan
+from .layers import JAIL, Plan, Policy, SandboxUnavailable, make_plan, probe, reachable_by_others
 
 __all__ = ["Limits", "RunResult", "Runner", "UidSlots", "SandboxError", "program_env", "HARNESS"]
 
@@ -191,6 +191,11 @@ class Runner:
                         "above it is closed to others): choose one they can reach, e.g. under /tmp")
                 self._plan = plan
             return self._plan
+
+    def python_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the sandbox's Python, as the probe found it."""
+        v = probe(self.plan.python).get("python")
+        return tuple(v[:2]) if isinstance(v, list) and len(v) >= 2 else None
 
     @property
     def slots(self) -> UidSlots:
