@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -333,3 +335,51 @@ def test_local_sandbox_lifetime(root_dir):
         asyncio.run(go())
     finally:
         r.close()
+
+
+NONROOT = '''
+import asyncio, json, os, tempfile
+from slime_actors.sandbox import Runner, Limits, Policy
+root = tempfile.mkdtemp(prefix="sbx-nonroot-")
+r = Runner(Policy(), Limits(timeout=4, memory_mb=256), concurrency=2, root=root)
+prog = ("import os, socket\\nout = [os.getuid(), os.getpid()]\\n"
+        "try:\\n    socket.socket().connect(('127.0.0.1', 9))\\nexcept Exception as e:\\n    out.append(type(e).__name__)\\n"
+        "try:\\n    open(%r).read()\\nexcept Exception as e:\\n    out.append(type(e).__name__)\\n"
+        "if os.fork() == 0:\\n    os.setsid()\\n    if os.fork() == 0:\\n        os.execv('/bin/sleep', ['sleep', %r])\\n"
+        "    os._exit(0)\\nprint(out)\\n") % (SECRET_FILE, MARKER)
+res = r.run(python_file="m.py", files={"m.py": prog})
+print(json.dumps({"namespaces": r.plan.namespaces, "landlock": r.plan.landlock is not None, "out": res.stdout.decode(),
+                  "err": res.stderr.decode()[-500:]}))
+r.close()
+'''
+
+
+@needs_root
+def test_a_user_without_root_gets_a_user_namespace(tmp_path):
+    """Run by a user without root (nobody, here): a user namespace brings the pid, mount and network namespaces; the
+    program runs as that user with no capability, sees only its processes, reaches no network and no file outside
+    (landlock), and a daemon it leaves is killed with its pid namespace."""
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if not setpriv or not os.access(python, os.X_OK) or CAPS.get("user") is not True:
+        pytest.skip("needs setpriv, /usr/bin/python3 and unprivileged user namespaces")
+    root = Path(__file__).resolve().parents[1]
+    site = [p for p in __import__("sys").path if p.endswith("site-packages") and os.path.isdir(p)]
+    secret = tmp_path / "readable.txt"
+    secret.write_text("x")
+    secret.chmod(0o644)
+    tmp_path.chmod(0o755)
+    marker = "35.%d" % (uuid.uuid4().int % 10 ** 8)
+    script = f"SECRET_FILE = {str(secret)!r}\nMARKER = {marker!r}\n" + NONROOT
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": os.pathsep.join([str(root), *site])}
+    probe_run = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                                "import slime_actors.sandbox"], env=env, capture_output=True, text=True, cwd="/tmp")
+    if probe_run.returncode != 0:
+        pytest.skip(f"the system's Python cannot import the package as nobody: {probe_run.stderr[-300:]}")
+    p = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script], env=env,
+                       capture_output=True, text=True, cwd="/tmp", timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["namespaces"][0] == "user" and "pid" in got["namespaces"] and "net" in got["namespaces"]
+    uid, pid, net_error, read_error = eval(got["out"])
+    assert (uid, pid) == (65534, 2) and net_error in ("OSError", "PermissionError") and read_error == "PermissionError"
+    assert left_processes(marker) == []
