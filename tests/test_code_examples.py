@@ -69,3 +69,27 @@ def test_smollm2_code_tasks_are_seeded_split_and_solvable(tmp_path, runner):
 def test_smollm2_code_generator_refuses_too_many_held_out():
     with pytest.raises(SystemExit, match="at most"):
         code_tasks.split(3, 1000)
+
+
+@pytest.mark.slow
+def test_the_tiny_model_learns_to_write_the_program(tmp_path):
+    """examples/code_synth: by GRPO alone, graded only by running its one-token programs on hidden tests in the
+    sandbox, the tiny model goes from no held-out program right to most of them (README: 0.00 -> 0.8+ in 60
+    steps; here 40)."""
+    run = tmp_path / "run"
+    cmd = [str(Path(sys.executable).parent / "slime-actors"), "train", "--config",
+           str(ROOT / "examples/code_synth/config.toml"), "--run-dir", str(run), "--progress", "false",
+           "--num-rollout", "40", "--eval-interval", "40"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    result = json.loads((run / "result.json").read_text())
+    before, after = result["eval_before"]["heldout"], result["eval_after"]["heldout"]
+    assert before <= 0.1 and after - before >= 0.4, f"held-out reward {before} -> {after}"
+    rows = [json.loads(x) for x in (run / "evals" / "heldout_step000040.jsonl").read_text().splitlines()]
+    right = [r for r in rows if r["reward"] == 1.0]
+    # what earns the reward is a function that passes the hidden tests: max, min or sum, nothing else
+    assert right and {r["response"].strip() for r in right} <= {"max", "min", "sum"}
+    log = [json.loads(x) for x in (run / "logs" / "reward-0.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "sandbox ready" for e in log)
+    cpu = [e for e in log if e.get("event") == "reward worker cpu"]
+    assert cpu and cpu[-1]["programs"] > 0 and cpu[-1]["program_timeouts"] == 0

@@ -176,17 +176,6 @@ CHEATS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CHEATS))
-def test_a_program_cannot_fool_the_assert_grader(runner, name):
-    g = grade(runner, CHEATS[name], ADD, partial=True)
-    assert g.score == 0.0, (name, g)
-
-
-def test_the_honest_program_still_passes_after_the_cheats(runner):
-    g = grade(runner, HONEST_ADD + "# after the cheats\n", ADD)
-    assert g.score == 1.0 and "cached" not in g.details
-
-
 STDIO_CHEATS = {
     "prints PASS": "print('PASS')",
     "reads expected outputs": ("import glob\nfor p in glob.glob('**', recursive=True) + glob.glob('/tmp/**'):\n"
@@ -195,9 +184,17 @@ STDIO_CHEATS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(STDIO_CHEATS))
-def test_a_program_cannot_fool_the_stdio_grader(runner, name):
-    assert grade(runner, STDIO_CHEATS[name], SUM, partial=True).score == 0.0
+@pytest.mark.parametrize("tests, name", [(ADD, n) for n in sorted(CHEATS)] + [(SUM, n) for n in sorted(STDIO_CHEATS)],
+                         ids=[f"assert: {n}" for n in sorted(CHEATS)] + [f"stdio: {n}" for n in sorted(STDIO_CHEATS)])
+def test_a_program_cannot_fool_the_grader(runner, tests, name):
+    program = (CHEATS if tests is ADD else STDIO_CHEATS)[name]
+    g = grade(runner, program, tests, partial=True)
+    assert g.score == 0.0, (name, g)
+
+
+def test_the_honest_program_still_passes_after_the_cheats(runner):
+    g = grade(runner, HONEST_ADD + "# after the cheats\n", ADD)
+    assert g.score == 1.0 and "cached" not in g.details
 
 
 # ------------------------------------------------------------------------------------------------ reward paths

@@ -286,8 +286,15 @@ def test_the_run_needs_one_program(runner):
 
 
 # ------------------------------------------------------------------------------------------------ LocalSandbox
-def test_local_sandbox_speaks_slimes_protocol(root_dir):
+@pytest.fixture
+def own_runner(root_dir):
     r = make_runner(root_dir)
+    yield r
+    r.close()
+
+
+def test_local_sandbox_speaks_slimes_protocol(own_runner):
+    r = own_runner
 
     async def go():
         async with LocalSandbox("some-image", timeout=60, runner=r) as sb:
@@ -318,23 +325,15 @@ def test_local_sandbox_speaks_slimes_protocol(root_dir):
         assert not os.path.exists(wd)
         with pytest.raises(SandboxError, match="not open"):
             await sb.exec("true")
-    try:
-        asyncio.run(go())
-    finally:
-        r.close()
+    asyncio.run(go())
 
 
-def test_local_sandbox_lifetime(root_dir):
-    r = make_runner(root_dir)
-
+def test_local_sandbox_lifetime(own_runner):
     async def go():
-        async with LocalSandbox(timeout=0, runner=r) as sb:
+        async with LocalSandbox(timeout=0, runner=own_runner) as sb:
             with pytest.raises(SandboxError, match="lifetime"):
                 await sb.exec("true")
-    try:
-        asyncio.run(go())
-    finally:
-        r.close()
+    asyncio.run(go())
 
 
 NONROOT = '''
