@@ -6,9 +6,7 @@ lists it has not seen (--rm-type code, assert-style): here `max` (the function `
 and the other hidden tests; `7` (a number, not a function) and `min` fail them. Three functions are hidden behind
 the examples: max, min and sum (their results differ on every prompt, so one example names one function).
 
-Prompts are split so that no held-out prompt appears in training; the held-out set has 40 prompts of each
-function, the training set at most 340 of each (sum has fewer: fewer lists have a one-digit sum that differs
-from their max and min). Run: python make_data.py
+Prompts are split so that no held-out prompt appears in training. Run: python make_data.py
 """
 
 import itertools
@@ -44,13 +42,7 @@ def row(xs, name, result):
 
 all_rows = rows()
 rng.shuffle(all_rows)
-heldout, train = [], []
-for name in FUNCS:
-    mine = [r for r in all_rows if r[1] == name]
-    heldout += mine[:40]
-    train += mine[40:40 + 340]
-rng.shuffle(heldout)
-rng.shuffle(train)
+heldout, train = all_rows[:120], all_rows[120:]
 for fname, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
     with open(here / fname, "w") as f:
         for r in part:
