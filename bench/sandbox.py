@@ -12,7 +12,7 @@ followed by its tests in one file (the usual unsafe way), exit code 0 = pass. Ev
 comment), so none is answered from the grader's cache. CPU is that of this process and its children (the jail
 server and everything it forks), per program.
 
-The run: `slime-actors train --config examples/code_arith/config.toml --num-rollout N` in a run directory of its
+The run: `slime-actors train --config examples/code_synth/config.toml --num-rollout N` in a run directory of its
 own; the job's CPU is what its processes used (this process's children), the reward worker's is what it reports
 when it stops (itself, its sandbox and its programs).
 """
@@ -89,7 +89,7 @@ def train_share(steps: int) -> dict:
     shutil.rmtree(run, ignore_errors=True)
     c0, t0 = cpu(), time.monotonic()
     r = subprocess.run([sys.executable, "-m", "slime_actors.cli", "train", "--config",
-                        str(ROOT / "examples/code_arith/config.toml"), "--num-rollout", str(steps), "--run-dir",
+                        str(ROOT / "examples/code_synth/config.toml"), "--num-rollout", str(steps), "--run-dir",
                         str(run), "--eval-interval", "0", "--progress", "false"], capture_output=True, text=True,
                        cwd=ROOT)
     wall, job = time.monotonic() - t0, cpu() - c0
@@ -136,7 +136,7 @@ def main() -> int:
         print("| training run | steps | wall s | job CPU s | reward worker CPU s (its sandbox) | reward worker share | "
               "programs graded |")
         print("|---|---|---|---|---|---|---|")
-        print(f"| examples/code_arith | {t['steps']} | {t['wall']:.0f} | {t['job_cpu']:.0f} | {t['reward_cpu']:.1f} "
+        print(f"| examples/code_synth | {t['steps']} | {t['wall']:.0f} | {t['job_cpu']:.0f} | {t['reward_cpu']:.1f} "
               f"({t['sandbox_cpu']:.1f}) | {100 * t['reward_cpu'] / t['job_cpu']:.0f}% | {t['programs']} |")
     return 0
 
