@@ -471,8 +471,9 @@ def serve(cfg):
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
         except OSError:
-            return 0
+            msg, fds = b"", []
         if not msg:
+            _reap()               # the jails that have ended (one still running dies with this process)
             return 0
         pid = os.fork()
         if pid == 0:
