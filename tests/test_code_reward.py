@@ -263,3 +263,18 @@ def test_reward_actors_grade_code(cls):
     assert rep["rewards"][2] is None and "JSON object" in rep["errors"][2]
     if cls is CodeRewardActor:
         assert actor.counters["programs"] == 2 and actor.counters["programs_passed"] == 1
+
+
+def test_a_program_that_does_not_compile_is_not_run_and_one_graded_is_not_run_again(runner):
+    before = runner.stats["runs"]
+    g = grade(runner, "def add(a, b) return a + b", ADD)
+    assert g.score == 0.0 and "does not compile" in g.result and runner.stats["runs"] == before
+    program = HONEST_ADD + "# graded once\n"
+    first = grade(runner, program, ADD)
+    assert runner.stats["runs"] == before + 1 and "cached" not in first.details
+    again = grade(runner, program, ADD)
+    assert runner.stats["runs"] == before + 1 and again.details == {"cached": True}
+    assert (again.score, again.passed, again.result) == (first.score, first.passed, first.result)
+    # other tests, or partial credit, are another grading
+    grade(runner, program, ADD, partial=True)
+    assert runner.stats["runs"] == before + 2
