@@ -7,11 +7,15 @@
 
 Each run: a fresh working directory (made here, owned by the run's user, removed afterwards) unless the caller
 gives one; a uid slot (as root: a user of its own, from a range no account uses; held for the run and locked
-against other processes); the jail started in a session of its own with an environment of a few fixed variables;
-stdin written as the program reads it; stdout and stderr read up to `Limits.output_bytes` each (past that the
-pipe is closed: the program's next write fails); at the end -- the program done, the wall-clock timeout, or the
-caller gone -- the jail's session and the cell's init are killed (with a pid namespace that kills every process of
-the program), and, without one, every process of the run's user. At most `concurrency` programs run at once.
+against other processes); a jail process forked by the runner's jail server (started on first use: one prepared
+interpreter, so that none starts per program) in a session of its own, handed the program's stdin, stdout, stderr
+and a status pipe over a unix socket; the program's environment a few fixed variables (program_env); stdin written
+as the program reads it; stdout and stderr read up to `Limits.output_bytes` each (past that the pipe is closed:
+the program's next write fails); at the end -- the program done, the wall-clock timeout, or the caller gone (the
+server ends with the runner's process, and every jail with the server) -- the cell's init is killed first (with a
+pid namespace that kills every process of the program), then the jail's session, and, without a pid namespace,
+every process of the run's user. The run returns only once the jail has ended (its status pipe closed). At most
+`concurrency` programs run at once.
 """
 
 from __future__ import annotations
