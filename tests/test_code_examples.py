@@ -4,6 +4,7 @@ programs graded in the sandbox (examples/code_synth: held-out reward before and 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -18,8 +19,9 @@ from slime_actors.rewards.code import agrade_code, extract_program, parse_tests
 from slime_actors.sandbox import Limits, Policy, Runner
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "smollm2_code"))
-import make_data as code_tasks  # noqa: E402
+_spec = importlib.util.spec_from_file_location("smollm2_code_make_data", ROOT / "examples/smollm2_code/make_data.py")
+code_tasks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(code_tasks)
 
 
 @pytest.fixture(scope="module")
