@@ -286,7 +286,7 @@ class RewardSection:
     """How responses are scored."""
     TITLE: typing.ClassVar[str] = "reward"
     rm_type: str | None = flag(None, "built-in reward: math, boxed_math, dapo, deepscaler, boxed, exact_match, "
-                                     "exact_match_ci, f1, remote_rm, random (or boxed_<type>)")
+                                     "exact_match_ci, f1, remote_rm, random, code (or boxed_<type>)")
     custom_rm_path: str | None = flag(None, "dotted path (or file.py:fn) of async fn(args, sample) -> float")
     group_rm: bool = flag(False, "the reward function scores a whole group at once: fn(args, samples) -> list")
     rm_url: str | None = flag(None, "--rm-type remote_rm: the reward model's URL (POST, JSON)")
@@ -308,6 +308,21 @@ class RewardSection:
                                             "rollout/reward_timeouts", origin="own")
     math_grading_processes: int = flag(2, "math-verify processes per reward worker (each item's deadline is "
                                           "enforced by killing its process)", origin="own")
+    code_partial_credit: bool = flag(False, "--rm-type code: the reward is the fraction of the sample's tests "
+                                            "that pass (default: 1 if all pass, else 0)", origin="own")
+    sandbox_timeout: float = flag(10.0, "--rm-type code: wall-clock seconds of one program run (the program with "
+                                        "its assert tests, or one stdin/stdout case); its CPU time limit too",
+                                  origin="own")
+    sandbox_memory_mb: int = flag(1024, "--rm-type code: address space of each process of a program, MiB",
+                                  origin="own")
+    sandbox_concurrency: int | None = flag(None, "--rm-type code: programs one reward worker runs at once "
+                                                 "(default: its CPUs)", origin="own")
+    sandbox_allow_network: bool = flag(False, "--rm-type code: run programs even where the sandbox cannot cut "
+                                              "the network (neither a network namespace nor seccomp); "
+                                              "docs/code-sandbox.md", origin="own")
+    sandbox_python: str | None = flag(None, "--rm-type code: the Python that runs programs in the sandbox "
+                                            "(default: /usr/bin/python3, which the sandbox's user can reach)",
+                                      origin="own")
 
 
 @dataclass(slots=True)
@@ -1097,6 +1112,12 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad(f"--log-samples-interval must be >= 0, got {cfg.logging.log_samples_interval}")
     if not cfg.reward.math_grading_timeout > 0:
         bad(f"--math-grading-timeout must be > 0 seconds, got {cfg.reward.math_grading_timeout}")
+    if not cfg.reward.sandbox_timeout > 0:
+        bad(f"--sandbox-timeout must be > 0 seconds, got {cfg.reward.sandbox_timeout}")
+    if cfg.reward.sandbox_memory_mb < 64:
+        bad(f"--sandbox-memory-mb must be >= 64 (a Python program needs about 30), got {cfg.reward.sandbox_memory_mb}")
+    if cfg.reward.sandbox_concurrency is not None and cfg.reward.sandbox_concurrency < 1:
+        bad(f"--sandbox-concurrency must be >= 1, got {cfg.reward.sandbox_concurrency}")
     if al.eps_clip_c is not None and al.eps_clip_c <= 1.0:
         bad(f"--eps-clip-c must be > 1.0, got {al.eps_clip_c}")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
