@@ -933,8 +933,9 @@ class Report:
             out.append(f"  environment: the recording's differs from this machine's: {_env.describe(self.environment)}"
                        " (docs/reproducibility.md: what decides the bits)")
         else:
-            out.append("  environment: the recording's is this machine's (libraries, CPU, threads); the floats come "
-                       "from something the environment does not fix (docs/reproducibility.md)")
+            out.append("  environment: the recording's is this machine's (libraries, CPU, threads): the floats differ "
+                       "because the computation does (a --set, changed code), or by what the environment does not "
+                       "fix (docs/reproducibility.md)")
         return out
 
 
