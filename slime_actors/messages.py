@@ -444,6 +444,9 @@ declare("rollout", "update_weights_from_distributed", "Have the engine receive o
 declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.", group_name="str")
 declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
         reply="engine answer", model_path="str", weight_version="int")
+declare("rollout", "load_lora_adapter", "--lora-sync adapter: the trainer's LoRA adapters (PEFT's tensor names, CPU "
+        "tensors) for `weight_version`; the worker writes them as an adapter directory and loads it into its engine.",
+        reply="{lora_name, loaded}", weight_version="int", tensors="dict", config="dict")
 declare("rollout", "held_groups", "Work ids the worker holds (the buffer reconciles its leases after a restart).",
         reply="list")
 declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")

@@ -58,9 +58,32 @@ def build_job_config(argv: list[str], topology: Topology | None = None) -> tuple
         changed = []
     changed += topology.apply_to_config(cfg) if topology is not None else []
     check_backend_flags(cfg)
+    check_lora_flags(cfg)
     check_monitor_flags(cfg)
     os.environ.update(cfg.process_env)
     return cfg, changed
+
+
+def check_lora_flags(cfg: JobConfig) -> None:
+    """--lora-target-modules / --lora-exclude-modules against the model's linear layers (built on the meta device
+    from its config: nothing is read or allocated), all unknown names at once; the job then carries the resolved
+    names (all-linear spelled out), so the trainer and the engines' --lora-target-modules agree."""
+    lo = cfg.lora
+    if lo.lora_rank <= 0:
+        return
+    from ..backends.lora import LoraError, resolve_targets, spec_linear_names
+    names = spec_linear_names(cfg.model.hf_checkpoint)
+    if names is None:
+        return   # no model to read yet: the head's path checks say so
+    try:
+        lo.lora_target_modules = resolve_targets(names, list(lo.lora_target_modules or ["all-linear"]),
+                                                 lo.lora_exclude_modules)
+    except LoraError as exc:
+        raise ConfigError(f"{exc} ({cfg.model.hf_checkpoint})") from None
+    if lo.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
+        cfg.notes.append("--lora-sync adapter with --rollout-external-engine-addrs: those engines must run with "
+                         "--enable-lora --max-lora-rank >= --lora-rank, and read the adapter directories the rollout "
+                         "workers write under RUN_DIR/lora (a shared file system); else use --lora-sync merged")
 
 
 def check_monitor_flags(cfg: JobConfig) -> None:
