@@ -1,0 +1,306 @@
+"""LoRA (issue 32) on CPU with the tiny model: the flags and their checks, training steps through peft, the reference
+model as the base with the adapters off, adapter-only checkpoints that resume exactly, the PEFT export (and the
+merged one) loading in transformers / peft with the trainer's logits, the local engine serving adapters (its
+outputs follow the trainer's adapters, log-probs agree as for full weights), and the megatron backend's refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from slime_actors.backends import lora as L
+from slime_actors.backends.rl_update import rl_update
+from slime_actors.config import MEGATRON_LORA_REFUSAL, ConfigError
+from test_torch_backend import D, EOS, backend_for, make_args, make_batch, toy_batch, weights
+
+torch.set_num_threads(1)
+LLAMA_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    from slime_actors.models.tiny import make_tiny_model
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def lora_args(tmp, model_dir, **kw):
+    return make_args(tmp, model_dir, **{"lora_rank": 4, "lr": 1e-2, "clip_grad": 1.0, **kw})
+
+
+def logits_of(model, tokens) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0].float()
+
+
+# -- flags ----------------------------------------------------------------------------------------------------------
+
+def parse(tmp, model_dir, *argv):
+    """The real parser on the tiny model's job plus `argv` (list flags take several values)."""
+    from slime_actors.config import parse_config
+    make_args(tmp, model_dir)   # writes the prompt file
+    return parse_config(["--prompt-data", str(tmp / "prompts.jsonl"), "--hf-checkpoint", model_dir, "--rm-type",
+                         "exact_match", "--run-dir", str(tmp / "run"), *argv])
+
+
+def test_flags_are_checked_at_parse_time(tmp_path, tiny_dir):
+    def err(*argv):
+        with pytest.raises(ConfigError) as exc:
+            parse(tmp_path, tiny_dir, *argv)
+        return str(exc.value)
+
+    assert "--lora-rank must be >= 0" in err("--lora-rank", "-1")
+    assert err("--lora-alpha", "16") == ("--lora-alpha given without --lora-rank: LoRA is off (give --lora-rank N, "
+                                         "N > 0)")
+    assert "--lora-dropout must be in [0, 1)" in err("--lora-rank", "4", "--lora-dropout", "1.5")
+    assert "--lora-alpha must be > 0" in err("--lora-rank", "4", "--lora-alpha", "0")
+    assert "'q.proj' is not a module name" in err("--lora-rank", "4", "--lora-target-modules", "q_proj", "q.proj")
+    assert "give it alone" in err("--lora-rank", "4", "--lora-target-modules", "all-linear", "q_proj")
+    assert "--lora-save-merged writes next to --save-hf" in err("--lora-rank", "4", "--lora-save-merged")
+    assert "invalid choice" in err("--lora-rank", "4", "--lora-sync", "bucket")
+    # the megatron backend refuses LoRA, saying why
+    assert err("--lora-rank", "4", "--train-backend", "megatron") == MEGATRON_LORA_REFUSAL
+    assert "megatron-core has no LoRA of its own" in MEGATRON_LORA_REFUSAL
+    cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8")
+    assert cfg.lora.lora_alpha == 16.0 and cfg.lora.lora_target_modules == ["all-linear"]
+
+
+def test_module_names_are_checked_against_the_model(tmp_path, tiny_dir):
+    from slime_actors.launch.job_config import check_lora_flags
+    cfg = make_args(tmp_path, tiny_dir, lora_rank=4)
+    check_lora_flags(cfg)   # all-linear, spelled out: the trainer and the engines' --lora-target-modules agree
+    assert cfg.lora.lora_target_modules == LLAMA_LINEAR
+    cfg = parse(tmp_path, tiny_dir, "--lora-rank", "4", "--lora-target-modules", "q_proj", "qproj",
+                "--lora-exclude-modules", "mlp")
+    with pytest.raises(ConfigError) as exc:   # every unknown name at once, with the model's names
+        check_lora_flags(cfg)
+    msg = str(exc.value)
+    assert "--lora-target-modules qproj: no linear layer of that name" in msg
+    assert "--lora-exclude-modules mlp: no linear layer of that name" in msg
+    assert "the model's linear layers: " + " ".join(LLAMA_LINEAR) in msg
+    cfg = parse(tmp_path, tiny_dir, "--lora-rank", "4", "--lora-exclude-modules", "down_proj", "gate_proj",
+                "up_proj")
+    check_lora_flags(cfg)
+    assert cfg.lora.lora_target_modules == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    # the built-in specs are read without making the model
+    assert L.spec_linear_names("tiny:anything") == {n: 2 for n in LLAMA_LINEAR}
+
+
+# -- training -------------------------------------------------------------------------------------------------------
+
+def test_training_moves_the_adapters_only_and_the_reference_is_the_base(tmp_path, tiny_dir):
+    args = lora_args(tmp_path, tiny_dir, use_kl_loss=True, kl_loss_coef=0.1)
+    b = backend_for(args)
+    base = backend_for(make_args(tmp_path, tiny_dir))   # the same model without LoRA
+    summary = b.lora_summary()
+    # rank 4 on every linear layer of 2 layers: q,k,v,o (64x64, kv 64->32) and the MLP (64<->128)
+    assert summary["targets"] == LLAMA_LINEAR and 0 < summary["trainable_params"] < summary["total_params"] / 5
+    # no second copy of the weights for the reference model: the actor with its adapters off
+    assert b.ref_model is None
+    n_params = sum(p.numel() for p in b._raw_model.parameters())
+    assert n_params == sum(p.numel() for p in base._raw_model.parameters()) + summary["trainable_params"]
+    opt_params = [p for g in b.optimizer.param_groups for p in g["params"]]
+    assert sum(p.numel() for p in opt_params) == summary["trainable_params"]
+    w0 = weights(b)
+    assert all(torch.equal(w0[k], v) for k, v in weights(base).items())   # B = 0: the merged weights are the base
+    for k in range(3):
+        m = rl_update(b, args, toy_batch(), k)
+    assert m["ref_kl"] > 0 and "kl_loss" in m
+    batch = toy_batch()
+    ref, _ = b.compute_log_probs(batch, model="ref")
+    actor, _ = b.compute_log_probs(batch, model="actor")
+    plain, _ = base.compute_log_probs(batch)
+    assert all(torch.equal(r, p) for r, p in zip(ref, plain))                 # adapters off: exactly the base
+    assert max((a - p).abs().max().item() for a, p in zip(actor, plain)) > 1e-3   # the adapters trained
+    # the frozen base did not move (merged weights minus the adapters' product are the initial weights)
+    ad = b.adapter_weights()
+    assert ad and all(k.startswith("base_model.model.") and (".lora_A." in k or ".lora_B." in k) for k in ad)
+    assert any(v.abs().sum() > 0 for k, v in ad.items() if ".lora_B." in k)
+    raw_state = b._raw_model.state_dict()
+    for k, v in raw_state.items():
+        if ".base_layer." in k or ("lora_" not in k):
+            hf = L._hf_name(k)
+            if hf in w0:
+                assert torch.equal(v, w0[hf]), k
+
+
+@pytest.mark.parametrize("estimator", ["ppo", "reinforce_plus_plus", "gspo"])
+def test_other_estimators_train_with_lora(tmp_path, tiny_dir, estimator):
+    extra = {"kl_coef": 0.05} if estimator != "gspo" else {}
+    args = lora_args(tmp_path, tiny_dir, advantage_estimator=estimator, gamma=0.9, lambd=0.95, **extra)
+    b = backend_for(args)
+    batch = make_batch([[D(2), EOS], [D(3), EOS], [D(2), D(4)], [D(1)]], [1, 0, 1, 0], groups=[0, 0, 1, 1])
+    a0 = {k: v.clone() for k, v in b.adapter_weights().items()}
+    m = rl_update(b, args, batch, 0)
+    assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
+    assert any(not torch.equal(a0[k], v) for k, v in b.adapter_weights().items())
+    if extra:
+        assert "ref_kl" in m
+
+
+def test_dropout_acts_in_training_forwards_only(tmp_path, tiny_dir):
+    args = lora_args(tmp_path, tiny_dir, lora_dropout=0.5)
+    b = backend_for(args)
+    rl_update(b, args, toy_batch(), 0)   # B != 0 from here on: dropout changes the adapters' output
+    batch = toy_batch()
+    x, _ = b.compute_log_probs(batch)
+    y, _ = b.compute_log_probs(batch)
+    assert all(torch.equal(p, q) for p, q in zip(x, y))   # log-prob forwards: deterministic, no dropout
+    assert all(not m.training for m in b._lora_dropouts) and b._lora_dropouts
+
+
+# -- checkpoints and exports ----------------------------------------------------------------------------------------
+
+def test_adapter_checkpoint_resumes_exactly(tmp_path, tiny_dir):
+    args = lora_args(tmp_path, tiny_dir, use_kl_loss=True, kl_loss_coef=0.1, micro_batch_size=2,
+                     global_batch_size=4, rollout_batch_size=4, lora_dropout=0.1)
+    a = backend_for(args)
+    for k in range(2):
+        rl_update(a, args, toy_batch(), k)
+    a.weight_version = 2
+    ckpt = tmp_path / "ckpt"
+    a.save(str(ckpt))
+    # the adapters and their optimizer state only: no copy of the base weights
+    assert sorted(p.name for p in ckpt.iterdir()) == ["adapter", "meta.json", "optim.pt", "rng_rank0.pt"]
+    assert sorted(p.name for p in (ckpt / "adapter").iterdir()) == [L.ADAPTER_CONFIG, L.ADAPTER_FILE]
+    assert (ckpt / "adapter" / L.ADAPTER_FILE).stat().st_size < 0.5 * sum(
+        v.numel() * 4 for v in weights(a).values())
+    rl_update(a, args, toy_batch(), 2)
+    wa = weights(a)
+
+    b = backend_for(args)
+    b.load(str(ckpt))
+    assert b.weight_version == 2
+    rl_update(b, args, toy_batch(), 2)   # dropout draws from the restored RNG: the same masks
+    wb = weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # a checkpoint of other LoRA settings is refused with what differs
+    other = backend_for(lora_args(tmp_path, tiny_dir, lora_rank=8))
+    with pytest.raises(ValueError, match=r"other LoRA settings: r 4 \(this run: 8\)"):
+        other.load(str(ckpt))
+    # and a full fine-tuning run does not take it for its own
+    with pytest.raises(FileNotFoundError, match="it holds LoRA adapters"):
+        backend_for(make_args(tmp_path, tiny_dir)).load(str(ckpt))
+
+
+def test_save_hf_is_a_peft_adapter_that_loads_with_the_trainers_logits(tmp_path, tiny_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    out = tmp_path / "hf"
+    args = lora_args(tmp_path, tiny_dir, save_hf=str(out), lora_save_merged=True)
+    b = backend_for(args)
+    for k in range(2):
+        rl_update(b, args, toy_batch(), k)
+    b.save_hf(str(out))
+    names = sorted(p.name for p in out.iterdir())
+    assert L.ADAPTER_FILE in names and L.ADAPTER_CONFIG in names and "config.json" not in names
+    assert "tokenizer.json" in names and "merged" in names
+    config = json.loads((out / L.ADAPTER_CONFIG).read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and sorted(config["target_modules"]) == LLAMA_LINEAR
+    tokens = toy_batch()["tokens"][5]
+    trainer = logits_of(b._raw_model, tokens)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    peft = PeftModel.from_pretrained(base, str(out)).eval()
+    torch.testing.assert_close(logits_of(peft, tokens), trainer, atol=1e-5, rtol=0)
+    # the merged model is a plain Hugging Face model: the same logits, up to the merge's rounding
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged"), dtype=torch.float32).eval()
+    torch.testing.assert_close(logits_of(merged, tokens), trainer, atol=1e-4, rtol=0)
+    assert (trainer - logits_of(AutoModelForCausalLM.from_pretrained(tiny_dir).eval(), tokens)).abs().max() > 1e-3
+
+
+# -- the local engine -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_engine(tiny_dir, tmp_path_factory):
+    from slime_actors.backends.engine_process import LOCAL_ENGINE_MODULE, launch_engine
+    d = tmp_path_factory.mktemp("engine")
+    proc = launch_engine(LOCAL_ENGINE_MODULE, {"model-path": tiny_dir, "random-seed": 0, "enable-lora": True,
+                                               "max-lora-rank": 8, "lora-target-modules": LLAMA_LINEAR},
+                         log_path=d / "engine.log", startup_timeout=120)
+    yield proc
+    assert proc.stop() == 0
+
+
+def _generate(url, prompts, lora=None, **sp):
+    from slime_actors.backends.engine_client import EngineClient, parse_generate_output
+
+    async def go():
+        async with EngineClient(url, timeout=60) as c:
+            c.lora_path = lora
+            outs = await asyncio.gather(*(c.generate(p, {"max_new_tokens": 4, "temperature": 0, **sp})
+                                          for p in prompts))
+            return [parse_generate_output(o) for o in outs]
+    return asyncio.run(go())
+
+
+def _engine(url, method, *args):
+    from slime_actors.backends.engine_client import EngineClient
+
+    async def go():
+        async with EngineClient(url, timeout=60) as c:
+            return await getattr(c, method)(*args)
+    return asyncio.run(go())
+
+
+def test_engine_generates_with_the_trainers_adapters(tmp_path, tiny_dir, lora_engine):
+    """Adapter sync to the local engine as the rollout worker does it (a PEFT directory, /load_lora_adapter, then
+    lora_path on every /generate): the engine's outputs change as the adapters train, and the trainer's log-probs of
+    what it generated agree with the engine's as they do for full weights (fp32, CPU)."""
+    from slime_actors.types import batch_from_samples  # noqa: F401 -- the batch layout the trainer takes
+    args = lora_args(tmp_path, tiny_dir, lr=3e-2)
+    b = backend_for(args)
+    url = lora_engine.base_url
+    prompts = [[1, D(1), 13, D(1), 16], [1, D(2), 13, D(3), 16], [1, D(7), 13, D(0), 16]]
+    before = _generate(url, prompts)
+    previous = before
+    for version in (1, 2):
+        for k in range(3):
+            rl_update(b, args, toy_batch(), k)
+        path = tmp_path / "lora" / f"v{version}"
+        L.write_adapter_dir(path, b.adapter_weights(), b.adapter_config())
+        res = _engine(url, "load_lora_adapter", f"v{version}", str(path))
+        assert f"v{version}" in res["loaded_adapters"]
+        outs = _generate(url, prompts, lora=f"v{version}", temperature=1.0, sampling_seed=7)
+        greedy = _generate(url, prompts, lora=f"v{version}")
+        # the engine now computes with the adapters: its log-probs moved ...
+        assert max(abs(x - y) for o, p in zip(greedy, previous) for x, y in zip(o.logprobs, p.logprobs)) > 1e-3
+        # ... to the trainer's: the trainer's log-probs of the engine's samples equal the engine's
+        batch = make_batch([o.output_ids for o in outs], [0] * len(outs), prompt=prompts)
+        lps, _ = b.compute_log_probs(batch)
+        diff = max((lp - torch.tensor(o.logprobs)).abs().max().item() for lp, o in zip(lps, outs))
+        assert diff <= 1e-5, diff
+        previous = greedy
+    # a batch may mix adapters and the base; the base rows are what the engine gave before any adapter
+    mixed = _generate(url, prompts, lora=None)
+    assert [o.output_ids for o in mixed] == [o.output_ids for o in before]
+    assert all(abs(x - y) <= 1e-5 for o, p in zip(mixed, before) for x, y in zip(o.logprobs, p.logprobs))
+    for v in ("v1", "v2"):
+        _engine(url, "unload_lora_adapter", v)
+
+
+def test_engine_refuses_bad_adapters_and_unknown_names(tmp_path, tiny_dir, lora_engine):
+    from slime_actors.backends.engine_client import EngineError
+    url = lora_engine.base_url
+    with pytest.raises(EngineError, match=r"not loaded: \['nope'\]"):
+        _generate(url, [[1, D(1), 16]], lora="nope")
+    b = backend_for(lora_args(tmp_path, tiny_dir, lora_rank=16))
+    good = b.adapter_weights()
+    L.write_adapter_dir(tmp_path / "r16", good, b.adapter_config())
+    with pytest.raises(EngineError, match="r 16 is above --max-lora-rank 8"):
+        _engine(url, "load_lora_adapter", "big", str(tmp_path / "r16"))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / L.ADAPTER_CONFIG).write_text(json.dumps(b.adapter_config()))
+    torch.save(good, pickled / "adapter_model.bin")
+    with pytest.raises(EngineError, match="adapter_model.bin is pickled: only safetensors are loaded"):
+        _engine(url, "load_lora_adapter", "pickled", str(pickled))
+    b4 = backend_for(lora_args(tmp_path, tiny_dir))
+    L.write_adapter_dir(tmp_path / "ok", b4.adapter_weights(), b4.adapter_config())
+    _engine(url, "load_lora_adapter", "ok", str(tmp_path / "ok"))
+    with pytest.raises(EngineError, match="'ok' is already loaded"):
+        _engine(url, "load_lora_adapter", "ok", str(tmp_path / "ok"))
+    _engine(url, "unload_lora_adapter", "ok")
+    with pytest.raises(EngineError, match="'ok' is not loaded"):
+        _engine(url, "unload_lora_adapter", "ok")
