@@ -304,3 +304,67 @@ def test_engine_refuses_bad_adapters_and_unknown_names(tmp_path, tiny_dir, lora_
     _engine(url, "unload_lora_adapter", "ok")
     with pytest.raises(EngineError, match="'ok' is not loaded"):
         _engine(url, "unload_lora_adapter", "ok")
+
+
+# -- the RL loop end to end -----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_lora_job_syncs_adapters_exports_and_resumes_exactly(tmp_path):
+    """The digits job with LoRA: each step's weight sync carries the adapters alone, the engine generates with them
+    (trainer-engine log-probs agree at every step as for full weights), checkpoints hold the adapters, a run resumed
+    from one repeats the uninterrupted run's steps, and --save-hf is a PEFT adapter directory."""
+    from peft import PeftConfig
+    from test_rl_loop import metrics, train
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(a, "--num-rollout", "4", "--eval-interval", "0", "--lora-rank", "8", "--lr", "2e-2", "--use-kl-loss",
+          "--kl-loss-coef", "0.01", "--save", str(a / "ckpt"), "--save-interval", "2", "--save-hf", str(a / "hf"))
+    ma = metrics(a)
+    assert [m["weight_version_after"] for m in ma] == [1, 2, 3, 4]
+    assert max(m["train/train_rollout_logprob_abs_diff_max"] for m in ma) <= 1e-5
+    # rank 8 on the 7 linear layers of 2 layers (hidden 64, kv 32, MLP 128), fp32: 120 KiB, not the 330 KiB model
+    adapter_bytes = 4 * 8 * 2 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 3)
+    assert all(m["weight_sync/bytes"] == adapter_bytes for m in ma)
+    trainer = a / "ckpt" / "iter_0000002" / "trainer"
+    assert (trainer / "adapter" / L.ADAPTER_FILE).exists() and not (trainer / "model.safetensors").exists()
+    assert PeftConfig.from_pretrained(str(a / "hf")).r == 8
+    (b / "ckpt").mkdir(parents=True)
+    (b / "ckpt" / "iter_0000002").symlink_to(a / "ckpt" / "iter_0000002")
+    (b / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    train(b, "--num-rollout", "4", "--eval-interval", "0", "--lora-rank", "8", "--lr", "2e-2", "--use-kl-loss",
+          "--kl-loss-coef", "0.01", "--load", str(b / "ckpt"))
+    mb = metrics(b)
+    assert [m["rollout_id"] for m in mb] == [2, 3]
+    for x, y in zip(ma[2:], mb):
+        for key in ("rollout/reward_mean", "train/loss", "train/grad_norm", "train/entropy", "train/kl_loss"):
+            assert abs(x[key] - y[key]) <= 1e-6, (key, x[key], y[key])
+    # resuming LoRA adapters without --lora-rank is refused before anything starts
+    p = train(tmp_path / "c", "--num-rollout", "4", "--load", str(b / "ckpt"), check=False)
+    assert p.returncode != 0 and "holds LoRA adapters" in p.stderr
+
+
+@pytest.mark.slow
+def test_lora_merged_sync_async_and_the_debug_modes(tmp_path):
+    """--lora-sync merged (an engine without LoRA gets the merged weights, here over disk); --async-train with the
+    adapters; the debug modes (rollout-only, then train-only on the saved rollouts) with LoRA."""
+    from test_rl_loop import metrics, train
+    run = tmp_path / "merged"
+    train(run, "--num-rollout", "2", "--eval-interval", "0", "--lora-rank", "4", "--lr", "2e-2", "--lora-sync",
+          "merged", "--update-weight-transport", "disk")
+    steps = metrics(run)
+    assert [s["weight_version_after"] for s in steps] == [1, 2]
+    assert all(s["weight_sync/bytes"] > 300_000 for s in steps)   # the whole (merged) model
+    # the merged weights compute what the adapters compute, up to the merge's rounding
+    assert max(s["train/train_rollout_logprob_abs_diff_max"] for s in steps) <= 1e-4
+    assert steps[1]["train/train_rollout_logprob_abs_diff_max"] > 0   # (the engine did not keep the base)
+    assert "--enable-lora" not in (run / "logs" / "engine-0.log").read_text()
+    run = tmp_path / "async"
+    train(run, "--num-rollout", "3", "--eval-interval", "0", "--lora-rank", "4", "--lr", "2e-2", "--async-train")
+    steps = metrics(run)
+    assert [s["weight_version_after"] for s in steps] == [1, 2, 3]
+    assert all(s["weight_version"] - s["rollout/weight_version_min"] <= 1 for s in steps)
+    data = tmp_path / "rollouts"
+    train(tmp_path / "gen", "--num-rollout", "1", "--eval-interval", "0", "--lora-rank", "4", "--debug-rollout-only",
+          "--save-debug-rollout-data", str(data))
+    train(tmp_path / "fit", "--num-rollout", "1", "--eval-interval", "0", "--lora-rank", "4", "--debug-train-only",
+          "--load-debug-rollout-data", str(data))
+    assert metrics(tmp_path / "fit")[0]["train/grad_norm"] > 0
