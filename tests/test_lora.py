@@ -283,7 +283,7 @@ def test_engine_generates_with_the_trainers_adapters(tmp_path, tiny_dir, lora_en
 def test_engine_refuses_bad_adapters_and_unknown_names(tmp_path, tiny_dir, lora_engine):
     from slime_actors.backends.engine_client import EngineError
     url = lora_engine.base_url
-    with pytest.raises(EngineError, match=r"not loaded: \['nope'\]"):
+    with pytest.raises(EngineError, match="The following requested LoRA adapters are not loaded: nope"):
         _generate(url, [[1, D(1), 16]], lora="nope")
     b = backend_for(lora_args(tmp_path, tiny_dir, lora_rank=16))
     good = b.adapter_weights()
@@ -299,10 +299,10 @@ def test_engine_refuses_bad_adapters_and_unknown_names(tmp_path, tiny_dir, lora_
     b4 = backend_for(lora_args(tmp_path, tiny_dir))
     L.write_adapter_dir(tmp_path / "ok", b4.adapter_weights(), b4.adapter_config())
     _engine(url, "load_lora_adapter", "ok", str(tmp_path / "ok"))
-    with pytest.raises(EngineError, match="'ok' is already loaded"):
+    with pytest.raises(EngineError, match="Failed to load LoRA adapter ok because it is already loaded"):
         _engine(url, "load_lora_adapter", "ok", str(tmp_path / "ok"))
     _engine(url, "unload_lora_adapter", "ok")
-    with pytest.raises(EngineError, match="'ok' is not loaded"):
+    with pytest.raises(EngineError, match="LoRA with name ok does not exist"):
         _engine(url, "unload_lora_adapter", "ok")
 
 
@@ -368,3 +368,51 @@ def test_lora_merged_sync_async_and_the_debug_modes(tmp_path):
     train(tmp_path / "fit", "--num-rollout", "1", "--eval-interval", "0", "--lora-rank", "4", "--debug-train-only",
           "--load-debug-rollout-data", str(data))
     assert metrics(tmp_path / "fit")[0]["train/grad_norm"] > 0
+
+
+def test_lora_requests_follow_sglangs_contract(lora_engine, tmp_path, tiny_dir):
+    """What the client sends to /load_lora_adapter, /unload_lora_adapter and /generate (lora_path) uses SGLang
+    0.5.15.post1's fields (tests/data/sglang_api_0.5.15.post1.json), and the local engine answers SGLang's
+    LoRAUpdateOutput; both endpoints take the admin key, as SGLang's @auth_level(ADMIN_OPTIONAL) marks them."""
+    from slime_actors.backends.engine_auth import ADMIN_PATHS
+    from slime_actors.backends.engine_client import EngineClient
+    from test_sglang_contract import CONTRACT
+    b = backend_for(lora_args(tmp_path, tiny_dir))
+    L.write_adapter_dir(tmp_path / "a", b.adapter_weights(), b.adapter_config())
+    sent, answers = [], []
+
+    async def go():
+        async with EngineClient(lora_engine.base_url, timeout=60) as c:
+            c.request_hook = lambda m, p, body, q: sent.append((m, p, body))
+            answers.append(await c.load_lora_adapter("contract", str(tmp_path / "a")))
+            c.lora_path = "contract"
+            await c.generate([1, D(1), 16], {"max_new_tokens": 2})
+            await c.generate_body({"input_ids": [1, D(1), 16], "sampling_params": {"max_new_tokens": 2}})
+            answers.append(await c.unload_lora_adapter("contract"))
+    asyncio.run(go())
+    by_path = {e["path"]: e for e in CONTRACT["endpoints"].values()}
+    assert [p for _, p, _ in sent] == ["/load_lora_adapter", "/generate", "/generate", "/unload_lora_adapter"]
+    for method, path, body in sent:
+        ep = by_path[path]
+        assert method in ep["methods"]
+        assert set(body) <= set(CONTRACT["requests"][ep["request"]]["fields"]), path
+    assert sent[1][2]["lora_path"] == sent[2][2]["lora_path"] == "contract"
+    fields = set(CONTRACT["responses"]["LoRAUpdateOutput"]["fields"])
+    assert all(set(a) <= fields and a["success"] for a in answers)
+    lora_id, name, path, pinned = answers[0]["loaded_adapters"]["contract"]   # LoRARef, array_like
+    assert (name, path, pinned) == ("contract", str(tmp_path / "a"), False) and len(lora_id) == 32
+    assert {"/load_lora_adapter", "/unload_lora_adapter"} <= ADMIN_PATHS
+
+
+def test_sglang_engines_get_the_lora_launch_flags(tmp_path, tiny_dir):
+    from slime_actors.backends.sglang_launch import engine_command
+    from slime_actors.launch.job_config import check_lora_flags
+    cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8", "--rollout-engine", "sglang")
+    check_lora_flags(cfg)
+    _, argv = engine_command(cfg, 0, 30000)
+    i = argv.index("--enable-lora")
+    assert argv[i:i + 4 + len(LLAMA_LINEAR)] == ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
+                                                 *LLAMA_LINEAR]
+    cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8", "--lora-sync", "merged")
+    assert "--enable-lora" not in engine_command(cfg, 0, 30000)[1]   # merged weights: a plain engine
+    assert "--enable-lora" not in engine_command(parse(tmp_path, tiny_dir), 0, 30000)[1]

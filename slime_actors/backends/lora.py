@@ -30,6 +30,11 @@ ADAPTER_NAME = "default"              # peft's name of the trainer's one adapter
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 LORA_CKPT_DIR = "adapter"             # a torch checkpoint's adapters: trainer/adapter/ (a PEFT adapter directory)
+# SGLang 0.5.15.post1's --lora-target-modules choices (sglang/srt/utils/common.py SUPPORTED_LORA_TARGET_MODULES,
+# besides "all"): an adapter on any other module cannot be served by SGLang
+SGLANG_LORA_TARGETS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
+                                 "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj",
+                                 "qkv_proj", "gate_up_proj", "embed_tokens", "lm_head"})
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B)\.weight$")
 
 

@@ -71,7 +71,7 @@ def check_lora_flags(cfg: JobConfig) -> None:
     lo = cfg.lora
     if lo.lora_rank <= 0:
         return
-    from ..backends.lora import LoraError, resolve_targets, spec_linear_names
+    from ..backends.lora import SGLANG_LORA_TARGETS, LoraError, resolve_targets, spec_linear_names
     names = spec_linear_names(cfg.model.hf_checkpoint)
     if names is None:
         return   # no model to read yet: the head's path checks say so
@@ -80,6 +80,11 @@ def check_lora_flags(cfg: JobConfig) -> None:
                                                  lo.lora_exclude_modules)
     except LoraError as exc:
         raise ConfigError(f"{exc} ({cfg.model.hf_checkpoint})") from None
+    odd = [t for t in lo.lora_target_modules if t not in SGLANG_LORA_TARGETS]
+    if odd and lo.lora_sync == "adapter" and cfg.engine.rollout_engine == "sglang":
+        raise ConfigError(f"--lora-target-modules {' '.join(odd)}: SGLang serves no LoRA adapter on such modules (its "
+                          f"--lora-target-modules: {' '.join(sorted(SGLANG_LORA_TARGETS))}); name others, or use "
+                          "--lora-sync merged")
     if lo.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
         cfg.notes.append("--lora-sync adapter with --rollout-external-engine-addrs: those engines must run with "
                          "--enable-lora --max-lora-rank >= --lora-rank, and read the adapter directories the rollout "

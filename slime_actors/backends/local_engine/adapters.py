@@ -28,7 +28,8 @@ class Adapters:
         self.max_rank = max_rank
         allowed = set(target_modules or [])
         self.allowed = None if not allowed or allowed & {"all", "all-linear"} else allowed
-        self.loaded: dict[str, dict] = {}     # name -> SGLang's LoRARef fields (lora_name, lora_path, pinned)
+        # name -> SGLang's LoRARef as its answers carry it (array_like): [lora_id, lora_name, lora_path, pinned]
+        self.loaded: dict[str, list] = {}
 
     def model(self) -> nn.Module:
         return self.peft if self.peft is not None else self.base
@@ -42,11 +43,11 @@ class Adapters:
         return {"adapter_names": [n or BASE for n in names]}
 
     def load(self, name: str, path: str, pinned: bool = False) -> dict:
+        """Load the adapter directory `path` as `name` (SGLang's messages for a name in use); the adapters now."""
         if not name or name == BASE:
             raise LoraError(f"{name!r} cannot name an adapter")
         if name in self.loaded:
-            raise LoraError(f"The LoRA adapter {name!r} is already loaded; unload it first, or load under another "
-                            "name")
+            raise LoraError(f"Failed to load LoRA adapter {name} because it is already loaded")
         check_adapter_dir(path, self.max_rank, self.allowed)
         if self.peft is None:
             from peft import PeftModel
@@ -54,12 +55,14 @@ class Adapters:
         else:
             self.peft.load_adapter(path, adapter_name=name, is_trainable=False)
         self.peft.eval()
-        self.loaded[name] = {"lora_name": name, "lora_path": path, "pinned": bool(pinned)}
+        import uuid
+        self.loaded[name] = [uuid.uuid4().hex, name, path, bool(pinned)]
         return dict(self.loaded)
 
     def unload(self, name: str) -> dict:
+        """Remove adapter `name` (the server lets the requests that use it finish first); the adapters now."""
         if name not in self.loaded:
-            raise LoraError(f"The LoRA adapter {name!r} is not loaded (loaded: {sorted(self.loaded) or 'none'})")
+            raise LoraError(f"LoRA with name {name} does not exist. Loaded LoRAs: {sorted(self.loaded)}")
         del self.loaded[name]
         if not self.loaded:   # peft cannot run without an adapter: back to the plain model (LoRA layers removed)
             self.base = self.peft.unload()

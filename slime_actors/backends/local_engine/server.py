@@ -179,9 +179,9 @@ class Server:
             return
         if self.engine.adapters is None:
             raise value_error("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
-        missing = wanted - self.lora_registry
+        missing = sorted(wanted - self.lora_registry)
         if missing:
-            raise value_error(f"The following requested LoRA adapters are not loaded: {sorted(missing)}\n"
+            raise value_error(f"The following requested LoRA adapters are not loaded: {missing[0]}\n"
                               f"Loaded adapters: {sorted(self.lora_registry)}.")
 
     # -- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter: LoRAUpdateOutput answers) --
@@ -210,8 +210,8 @@ class Server:
         if e.adapters is None:
             return self._lora_answer(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
         if name not in self.lora_registry:
-            return self._lora_answer(False, f"LoRA adapter {name!r} is not loaded (loaded: "
-                                            f"{sorted(self.lora_registry) or 'none'})")
+            return self._lora_answer(False, f"LoRA with name {name} does not exist. Loaded LoRAs: "
+                                            f"{sorted(self.lora_registry)}")
         self.lora_registry.discard(name)   # no new request may use it; those that do finish first (as SGLang)
         while await self.run_on_scheduler(lambda: e.adapter_in_use(name)):
             await asyncio.sleep(0.02)
