@@ -344,12 +344,12 @@ def test_lora_job_syncs_adapters_exports_and_resumes_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_lora_merged_sync_async_and_the_debug_modes(tmp_path):
-    """--lora-sync merged (an engine without LoRA gets the merged weights, here over disk); --async-train with the
-    adapters; the debug modes (rollout-only, then train-only on the saved rollouts) with LoRA."""
+    """--lora-sync merged (an engine without LoRA gets the merged weights; here colocated: shared memory on CPU);
+    --async-train with the adapters; the debug modes (rollout-only, then train-only on the saved rollouts)."""
     from test_rl_loop import metrics, train
     run = tmp_path / "merged"
     train(run, "--num-rollout", "2", "--eval-interval", "0", "--lora-rank", "4", "--lr", "2e-2", "--lora-sync",
-          "merged", "--update-weight-transport", "disk")
+          "merged", "--colocate")
     steps = metrics(run)
     assert [s["weight_version_after"] for s in steps] == [1, 2]
     assert all(s["weight_sync/bytes"] > 300_000 for s in steps)   # the whole (merged) model
@@ -416,3 +416,22 @@ def test_sglang_engines_get_the_lora_launch_flags(tmp_path, tiny_dir):
     cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8", "--lora-sync", "merged")
     assert "--enable-lora" not in engine_command(cfg, 0, 30000)[1]   # merged weights: a plain engine
     assert "--enable-lora" not in engine_command(parse(tmp_path, tiny_dir), 0, 30000)[1]
+
+
+@pytest.mark.parametrize("parallel,extra", [
+    ("ddp", {}),
+    ("fsdp", {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 15}),   # (test_torch_backend's budget)
+])
+def test_two_ranks_train_lora_as_one(tmp_path, tiny_dir, parallel, extra):
+    """2 ranks (DDP / FSDP2 over gloo) train the adapters to what 1 rank trains on the union batch; their adapter
+    checkpoint loads into 1 rank (test_torch_backend's harness: SGD, last-bit noise, save / load on 2 ranks)."""
+    from test_torch_backend import _run_distributed
+    dist_result, w1, m1 = _run_distributed(tmp_path, tiny_dir, parallel, lora_rank=4, **extra)
+    w2 = dist_result["weights"]
+    base = weights(backend_for(make_args(tmp_path, tiny_dir)))
+    assert set(w1) == set(w2) == set(base)
+    assert max((w1[k] - base[k]).abs().max().item() for k in w1) > 1e-5   # the merged adapters moved
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-6, rtol=1e-4, msg=k)
+    for k in ("loss", "kl_loss", "grad_norm"):
+        assert abs(m1[k] - dist_result["metrics"][k]) <= 1e-4 * max(1.0, abs(m1[k])), k
