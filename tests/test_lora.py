@@ -327,6 +327,12 @@ def test_lora_job_syncs_adapters_exports_and_resumes_exactly(tmp_path):
     trainer = a / "ckpt" / "iter_0000002" / "trainer"
     assert (trainer / "adapter" / L.ADAPTER_FILE).exists() and not (trainer / "model.safetensors").exists()
     assert PeftConfig.from_pretrained(str(a / "hf")).r == 8
+    # replay is unaffected: the rollout worker (its adapter message kept by checksum only: the replay feeds zeros
+    # and writes nothing) and the trainer replay identically
+    from slime_actors.traces.replay import replay
+    for actor in ("rollout/0", "trainer/0"):
+        rep = replay(str(a), actor)
+        assert rep.identical, rep.render()
     (b / "ckpt").mkdir(parents=True)
     (b / "ckpt" / "iter_0000002").symlink_to(a / "ckpt" / "iter_0000002")
     (b / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")

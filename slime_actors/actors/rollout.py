@@ -779,8 +779,9 @@ class RolloutWorker(Actor):
         await self._engine_ok.wait()
         name, loaded = f"v{weight_version}", self._lora_loaded
         base = os.path.join(self.runtime.run_dir, "lora", self.name.replace("/", "-"))
-        if not self.replaying:
-            await self.run_blocking(write_adapter_dir, os.path.join(base, name), tensors, config)
+        # (a replay takes the same step without writing: the recording kept the tensors' checksums only)
+        await self.run_blocking(write_adapter_dir if not self.replaying else lambda *_: None,
+                                os.path.join(base, name), tensors, config)
 
         async def call():
             if name in loaded:   # a retried sync of this version
