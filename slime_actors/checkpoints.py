@@ -168,7 +168,7 @@ def detect_layout(path: str | os.PathLike) -> Layout:
         return Layout("torch_dist", p, "a torch_dist checkpoint (Megatron dist_checkpointing)")
     if (p / "dist").is_dir() and _is_torch_dist(p / "dist"):
         return Layout("megatron-trainer", p, "the megatron backend's trainer state (dist/, torch_dist)")
-    if (p / "model.safetensors").is_file() and not (p / "config.json").exists():
+    if ((p / "model.safetensors").is_file() or (p / "adapter").is_dir()) and not (p / "config.json").exists():
         return Layout("torch-trainer", p, "the torch backend's trainer state (model.safetensors without config)")
     if _is_hf(p):
         return Layout("hf", p, "a Hugging Face model directory")
@@ -235,7 +235,8 @@ def _check_lora(rank: int, ckpt: Path) -> None:
                               f"slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
     if rank == 0 and adapters:
         raise CheckpointError(f"--load: {ckpt} holds LoRA adapters (trainer/adapter/), but this run has no "
-                              "--lora-rank; resume with the --lora-* flags it was trained with")
+                              "--lora-rank; resume with the --lora-* flags it was trained with, or fine-tune the "
+                              f"merged model: slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
 
 
 def check_save_root(cfg: JobConfig) -> None:

@@ -441,3 +441,19 @@ def test_two_ranks_train_lora_as_one(tmp_path, tiny_dir, parallel, extra):
         torch.testing.assert_close(w2[k], w1[k], atol=1e-6, rtol=1e-4, msg=k)
     for k in ("loss", "kl_loss", "grad_norm"):
         assert abs(m1[k] - dist_result["metrics"][k]) <= 1e-4 * max(1.0, abs(m1[k])), k
+
+
+def test_convert_merges_a_lora_checkpoint(tmp_path, tiny_dir):
+    """`slime-actors convert` of a LoRA checkpoint: the base of --hf-checkpoint with the adapters merged in, a plain
+    Hugging Face model with the trainer's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_actors.convert import main as convert
+    args = lora_args(tmp_path, tiny_dir)
+    b = backend_for(args)
+    rl_update(b, args, toy_batch(), 0)
+    b.save(str(tmp_path / "trainer"))
+    assert convert([str(tmp_path / "trainer"), str(tmp_path / "hf"), "--hf-checkpoint", tiny_dir]) == 0
+    tokens = toy_batch()["tokens"][2]
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    torch.testing.assert_close(logits_of(merged, tokens), logits_of(b._raw_model, tokens), atol=1e-4, rtol=0)
