@@ -22,3 +22,21 @@ models=(smollm2)
 python3 bench/lora.py --models "${models[@]}" --device cuda --bf16 --rank "$RANK" --batch 64 --length 256 \
   --json "$OUT/bench.json" > "$OUT/bench.md" 2> "$OUT/bench.log"
 echo "bench exit $?"; cat "$OUT/bench.md"
+# real SGLang serving the adapters (--enable-lora, /load_lora_adapter, lora_path), where the sglang package imports:
+# three steps of the SmolLM2 job; the trainer-engine log-prob gap per step goes to sglang_logprob_diff.txt
+if python3 -c "import sglang" 2>/dev/null; then
+  timeout -k 15 900 python3 -m slime_actors.cli train --config examples/smollm2_arith/config.toml --device cuda \
+    --rollout-engine sglang --lora-rank "$RANK" --lr "$LR" --num-rollout 3 --eval-interval 0 \
+    --run-dir runs/smollm2_arith_lora_sglang > "$OUT/sglang_console.log" 2>&1
+  echo "sglang lora run exit $?"
+  python3 - > "$OUT/sglang_logprob_diff.txt" <<'PY'
+import json
+for line in open("runs/smollm2_arith_lora_sglang/metrics.jsonl"):
+    m = json.loads(line)
+    print(m["rollout_id"], m.get("weight_sync/bytes"), m.get("train/train_rollout_logprob_abs_diff"),
+          m.get("train/train_rollout_logprob_abs_diff_max"))
+PY
+  cat "$OUT/sglang_logprob_diff.txt"
+else
+  echo "sglang is not importable here: the real-SGLang LoRA run is skipped"
+fi
