@@ -349,9 +349,8 @@ def test_lora_job_syncs_adapters_exports_and_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_merged_sync_async_and_the_debug_modes(tmp_path):
-    """--lora-sync merged (an engine without LoRA gets the merged weights; here colocated: shared memory on CPU);
-    --async-train with the adapters; the debug modes (rollout-only, then train-only on the saved rollouts)."""
+def test_lora_merged_sync_colocated(tmp_path):
+    """--lora-sync merged: an engine without LoRA gets the merged weights (here colocated: shared memory on CPU)."""
     from test_rl_loop import metrics, train
     run = tmp_path / "merged"
     train(run, "--num-rollout", "2", "--eval-interval", "0", "--lora-rank", "4", "--lr", "2e-2", "--lora-sync",
@@ -363,11 +362,23 @@ def test_lora_merged_sync_async_and_the_debug_modes(tmp_path):
     assert max(s["train/train_rollout_logprob_abs_diff_max"] for s in steps) <= 1e-4
     assert steps[1]["train/train_rollout_logprob_abs_diff_max"] > 0   # (the engine did not keep the base)
     assert "--enable-lora" not in (run / "logs" / "engine-0.log").read_text()
+
+
+@pytest.mark.slow
+def test_lora_async_train(tmp_path):
+    from test_rl_loop import metrics, train
     run = tmp_path / "async"
     train(run, "--num-rollout", "3", "--eval-interval", "0", "--lora-rank", "4", "--lr", "2e-2", "--async-train")
     steps = metrics(run)
     assert [s["weight_version_after"] for s in steps] == [1, 2, 3]
     assert all(s["weight_version"] - s["rollout/weight_version_min"] <= 1 for s in steps)
+
+
+@pytest.mark.slow
+def test_lora_debug_modes(tmp_path):
+    """--debug-rollout-only (generate with the engine's launch weights and save), then --debug-train-only (train the
+    adapters on the saved rollout, no engine)."""
+    from test_rl_loop import metrics, train
     data = tmp_path / "rollouts"
     train(tmp_path / "gen", "--num-rollout", "1", "--eval-interval", "0", "--lora-rank", "4", "--debug-rollout-only",
           "--save-debug-rollout-data", str(data))
