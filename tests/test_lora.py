@@ -468,3 +468,25 @@ def test_convert_merges_a_lora_checkpoint(tmp_path, tiny_dir):
     tokens = toy_batch()["tokens"][2]
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     torch.testing.assert_close(logits_of(merged, tokens), logits_of(b._raw_model, tokens), atol=1e-4, rtol=0)
+
+
+def test_bench_prints_lora_beside_full_and_refuses_bad_options(tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run([sys.executable, "bench/lora.py", *a], cwd=root, capture_output=True,  # noqa: E731
+                                    text=True, timeout=600)
+    p = run("--models", "nomodel")
+    assert p.returncode == 2 and "--models nomodel: neither one of tiny, smollm2 nor a Hugging Face model" in p.stderr
+    assert "--rank must be >= 1" in run("--rank", "0").stderr
+    p = run("--models", "tiny", "--steps", "1", "--batch", "2", "--length", "8", "--json", str(tmp_path / "b.json"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| tiny |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["full", "LoRA r16"]
+    assert all(re.fullmatch(r"\| tiny \| .* \| [\d,]+ \([\d.]+%\) \| [\d.]+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", r)
+               for r in rows), rows
+    full, lora = json.loads((tmp_path / "b.json").read_text())
+    assert lora["trainable"] < full["trainable"] and lora["optimizer_mib"] < full["optimizer_mib"]
+    assert lora["sync_mib"] < full["sync_mib"]
