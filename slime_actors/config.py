@@ -1162,8 +1162,8 @@ def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
 
 LORA_ALL_LINEAR = "all-linear"
 MEGATRON_LORA_REFUSAL = (
-    "--lora-rank needs --train-backend torch: megatron-core has no LoRA of its own (Megatron's LoRA lives in "
-    "Megatron-Bridge / NeMo, which this project does not use), and adapters on its fused linear_qkv / linear_fc1 "
+    "--lora-rank needs --train-backend torch: the megatron backend (megatron-core's GPTModel) has no LoRA -- "
+    "Megatron's LoRA training lives in Megatron-Bridge / NeMo, which this project does not use --, and adapters on its fused linear_qkv / linear_fc1 "
     "layers would not be the q_proj / k_proj / v_proj / gate_proj / up_proj adapters that PEFT and SGLang load; "
     "train LoRA with --train-backend torch (--torch-parallel fsdp shards the frozen base across GPUs)")
 

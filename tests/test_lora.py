@@ -62,7 +62,7 @@ def test_flags_are_checked_at_parse_time(tmp_path, tiny_dir):
     assert "invalid choice" in err("--lora-rank", "4", "--lora-sync", "bucket")
     # the megatron backend refuses LoRA, saying why
     assert err("--lora-rank", "4", "--train-backend", "megatron") == MEGATRON_LORA_REFUSAL
-    assert "megatron-core has no LoRA of its own" in MEGATRON_LORA_REFUSAL
+    assert "the megatron backend (megatron-core's GPTModel) has no LoRA" in MEGATRON_LORA_REFUSAL
     cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8")
     assert cfg.lora.lora_alpha == 16.0 and cfg.lora.lora_target_modules == ["all-linear"]
 
