@@ -167,8 +167,26 @@ class RolloutSection:
               "slime_actors.filters.check_reward_nonzero_std")
     custom_generate_function_path: str | None = flag(
         None, "dotted path (or file.py:fn) of async generate(args, sample, sampling_params) -> Sample, as in slime "
-              "(args.sglang_router_ip / _port reach this worker's engine), or of generate(args, sample, "
-              "sampling_params, engine) with this project's engine handle")
+              "(args.sglang_router_ip / _port reach this worker's engine), or of @engine_generate generate(args, "
+              "sample, sampling_params, engine) with this project's engine handle")
+    rollout_interaction_env_path: str | None = flag(
+        None, "the environment of multi-turn episodes (tools, search, code, other agents): pkg.mod:Class or "
+              "file.py:Class, a subclass of slime_actors.environments.Env (docs/adding-an-environment.md); or, as in "
+              "slime's multi-turn examples (where this is a --custom-config-path key), a module with build_env",
+        origin="own")
+    max_turns: int | None = flag(
+        None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
+              "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
+              "(--rollout-max-response-len, across turns)", origin="own")
+    env_kwargs: str = flag(
+        "{}", "JSON object of keyword arguments for the environment's constructor (a TOML config may give an "
+              "[env_kwargs] table)", origin="own")
+    env_error: str = flag(
+        "fail", "an environment that raises, times out or answers out of its API: fail the sample (its group is "
+                "recorded as failed, counted in rollout/failed, and replaced by a new one) or stop the job",
+        choices=["fail", "stop"], origin="own")
+    env_timeout: float = flag(600.0, "seconds one environment call (reset, step, close) may take before it counts "
+                                     "as failed (--env-error)", origin="own")
     rollout_function_path: str | None = flag(
         None, "dotted path of async fn(args, samples, sampling_params, engine) -> samples, called per group instead "
               "of the built-in rollout",
@@ -871,7 +889,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     items = []
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("sglang", "router"):
+        if isinstance(v, dict) and k not in ("sglang", "router", "env_kwargs", "env-kwargs"):
             items.extend(_flatten(v, f"{prefix}{k}."))
         else:
             items.append((f"{prefix}{k}", v))
@@ -915,6 +933,8 @@ def _config_to_argv(path: str) -> list[str]:
             if value:
                 argv.append(spec.option)
             continue
+        if norm == "env_kwargs" and isinstance(value, dict):   # a table: the JSON object the flag takes
+            value = json.dumps(value)
         if isinstance(value, list):
             argv += [spec.option, *[str(near(v) if spec.path else v) for v in value]]
         else:
@@ -1054,9 +1074,18 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
     _derive_engines(cfg, bad)
     _validate_lora(cfg, bad)
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
-                       ("rm_headers", cfg.reward.rm_headers)):
+                       ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", ro.env_kwargs)):
         if text is not None:
             json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
+    if ro.rollout_interaction_env_path:
+        for other in ("custom_generate_function_path", "rollout_function_path"):
+            if getattr(ro, other):
+                bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
+                    "generated: give one")
+    if ro.max_turns is not None and ro.max_turns < 1:
+        bad(f"--max-turns must be >= 1, got {ro.max_turns}")
+    if not ro.env_timeout > 0:
+        bad(f"--env-timeout must be > 0 seconds, got {ro.env_timeout}")
     for section, name in (("rollout", "rollout_batch_size"), ("rollout", "n_samples_per_prompt"),
                           ("run", "num_rollout"), ("engine", "rollout_num_engines"),
                           ("train", "actor_num_gpus_per_node"), ("train", "micro_batch_size"),
