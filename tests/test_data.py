@@ -41,7 +41,7 @@ def test_jsonl_keys_tokens_and_metadata(tmp_path, tok):
         for r in rows[1:]:
             f.write(json.dumps(r) + "\n")
     ds = PromptDataset(path, tok, input_key="question", label_key="answer", metadata_key="meta")
-    assert len(ds) == 7 and ds.stats == {"rows": 7, "skipped": 0, "too_long": 0, "prompts": 7}
+    assert len(ds) == 7 and ds.stats == {"rows": 7, "skipped": 0, "too_long": 0, "oversize": 0, "prompts": 7}
     p = ds[0]
     assert p.prompt == "1 + 2 =" and p.label == "3" and p.metadata == {"id": 0}
     assert p.prompt_tokens == tok("1 + 2 =", add_special_tokens=False)["input_ids"] == [4, 13, 5, 16]
@@ -237,7 +237,7 @@ def test_skip_mode_counts_and_logs_at_most_ten(tmp_path, tok):
     with capture_logs() as logs:
         ds = PromptDataset(path, tok, on_error="skip")
     assert [p.prompt for p in ds.prompts] == ["1 + 1", "2 + 2"]
-    assert ds.stats == {"rows": 14, "skipped": 12, "too_long": 0, "prompts": 2}
+    assert ds.stats == {"rows": 14, "skipped": 12, "too_long": 0, "oversize": 0, "prompts": 2}
     per_row = [e for e in logs if e["event"] == "skipping malformed row"]
     summary = [e for e in logs if e["event"] == "skipped malformed rows"]
     assert len(per_row) == 10 and all(e["log_level"] == "warning" for e in per_row)
