@@ -1240,6 +1240,12 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
             f"({ro.rollout_batch_size})")
     _derive_num_rollout(cfg, check_files, bad, prompt_count)
     _derive_engines(cfg, bad)
+    eng = cfg.engine
+    if eng.rollout_engine == "local" and eng.rollout_num_gpus_per_engine > 1 and not eng.rollout_external_engine_addrs \
+            and not dbg.debug_train_only:
+        bad(f"--rollout-num-gpus-per-engine {eng.rollout_num_gpus_per_engine}: the local engine (--rollout-engine "
+            "local, the default) runs one model on one device; an engine over several GPUs is SGLang's: add "
+            "--rollout-engine sglang (or give 1)")
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
                        ("rm_headers", cfg.reward.rm_headers)):
         if text is not None:

@@ -107,6 +107,15 @@ def _mla(c: dict) -> Any:
     return _key("kv_lora_rank")(c) is not None if _key("model_type")(c) is not None else None
 
 
+def _rope_type(kind: str) -> Callable[[dict], Any]:
+    def get(c: dict) -> Any:
+        scaling = _key("rope_scaling")(c)
+        if _key("model_type")(c) is None:
+            return None
+        return isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == kind
+    return get
+
+
 def _rope(name: str) -> Callable[[dict], Any]:
     def get(c: dict) -> Any:
         scaling = _key("rope_scaling")(c)
@@ -229,6 +238,18 @@ MEGATRON_FLAGS: list[CompatFlag] = [
     CompatFlag("--moe-router-num-groups", "arch", int, _ARCH + " (expert groups of the router)", hf=_key("n_group")),
     CompatFlag("--decoder-last-pipeline-num-layers", "noop", int,
                note="how Megatron splits layers over pipeline stages; the result is the same"),
+    CompatFlag("--decoder-first-pipeline-num-layers", "noop", int,
+               note="how Megatron splits layers over pipeline stages; the result is the same"),
+    # -- more of slime's scripts/models/*.sh (Llama 3.x, Qwen3-Next)
+    CompatFlag("--use-rope-scaling", "arch", note=_ARCH + " (Llama 3's rope scaling)", hf=_rope_type("llama3")),
+    CompatFlag("--no-position-embedding", "arch", note=_ARCH + " (no learned position embeddings: rotary ones)"),
+    CompatFlag("--make-vocab-size-divisible-by", "noop", int,
+               note="Megatron's padding of the embedding; the model's vocabulary is config.json's"),
+    CompatFlag("--no-check-for-nan-in-loss-and-grad", "noop", note="a check of Megatron's; the result is the same"),
+    CompatFlag("--transformer-impl", "noop", str, note=_NOOP_KERNEL),
+    CompatFlag("--use-gated-attention", "arch", note=_ARCH),
+    CompatFlag("--attention-output-gate", "arch", note=_ARCH),
+    CompatFlag("--moe-shared-expert-gate", "arch", note=_ARCH),
 ]
 
 SLIME_ACCEPTED: list[CompatFlag] = [

@@ -11,6 +11,8 @@ traces are.
 
 from __future__ import annotations
 
+import sys
+
 from .config import ConfigError
 from .launch.job import JobContext, run
 from .launch.job_config import plan_job, print_errors, print_notes
@@ -32,8 +34,8 @@ def main(argv: list[str]) -> int:
         return 2
     print_notes(plan.cfg, PROG)
     for line in plan.summary + (plan.gpus.lines() if plan.gpus is not None else []):
-        print(f"{PROG}: {line}", flush=True)
+        print(f"{PROG}: {line}", file=sys.stderr)
     if dry_run:
-        print(f"{PROG}: dry run: every check passed; nothing was started")
+        print(f"{PROG}: dry run: every check passed; nothing was started", file=sys.stderr)
         return 0
     return run(JobContext(plan.cfg, default_topology(plan.cfg), status="changes", prog=PROG))

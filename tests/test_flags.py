@@ -35,7 +35,7 @@ def error_of(*argv: str) -> str:
 
 def test_slimes_flag_is_never_taken_for_a_longer_one():
     # slime's --rollout-num-gpus 8 used to parse as --rollout-num-gpus-per-engine 8 (argparse's abbreviations)
-    cfg = digits("--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2")
+    cfg = digits("--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2", "--rollout-engine", "sglang")
     assert cfg.engine.rollout_num_gpus_per_engine == 2 and cfg.engine.rollout_num_engines == 4
     cfg = digits("--rollout-num-gpus", "2")
     assert cfg.engine.rollout_num_gpus_per_engine == 1 and cfg.engine.rollout_num_engines == 2
@@ -196,7 +196,8 @@ def test_rollout_num_gpus(tmp_path):
     # slime: with --colocate the engines take the trainer's GPUs unless --rollout-num-gpus says otherwise
     plain = ["--prompt-data", str(ROOT / "examples" / "digits" / "train.jsonl"), "--hf-checkpoint", "tiny:digits",
              "--rm-type", "exact_match", "--rollout-batch-size", "16"]
-    cfg = parse_config(plain + ["--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "2"])
+    cfg = parse_config(plain + ["--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "2",
+                                "--rollout-engine", "sglang"])
     assert cfg.engine.rollout_num_engines == 4 and cfg.engine.rollout_num_gpus == 8
     cfg = parse_config(plain + ["--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "2"])
     assert cfg.engine.rollout_num_engines == 2

@@ -200,7 +200,9 @@ def _qwen_files(d: Path) -> None:
 
 
 def _tokens(script: str, d: Path) -> list[str]:
-    return script.format(D=d).split()
+    # slime's engines are SGLang's; here the default is the local engine, which runs no engine over 2 GPUs
+    # (--rollout-num-gpus-per-engine 2): the script asks for what the job summary tells it to
+    return script.format(D=d).split() + ["--rollout-engine", "sglang"]
 
 
 def test_slimes_qwen3_4b_script_through_the_parser(tmp_path):

@@ -66,7 +66,7 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
         # the rollout workers share the trainer's GPUs: the job is colocated, with colocation's defaults
         flags.cfg.engine.colocate = True
         changed.append("--colocate False -> True")
-    problems = Problems()
+    problems = Problems(flags.problems)   # in the order found: the flags', the prompt files', the values', ...
     counts = check_prompt_files(flags.cfg, problems, keep=keep_rows) if data else {}
     unfinished = copy.deepcopy(flags)   # (for one GPU: the same flags again, with --colocate)
     try:
