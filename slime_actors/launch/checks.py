@@ -3,7 +3,7 @@ the prompt files, the reference model, the backends' flags, the monitor's, the p
 one list of problems, so a job with five mistakes is told all five at once (launch/job_config.py runs them).
 
     counts = check_prompt_files(cfg, problems, keep=True)   # each file streamed once; {"train": 1000, ...}
-    settle_reference(cfg, problems)                         # --ref-load a torch_dist checkpoint: needed or not
+    settle_reference(cfg)                                   # --ref-load a torch_dist checkpoint: needed or not
     check_backends(cfg, problems, flags)                    # engine keys, --sglang-* / --router-*, alarms
     check_job_paths(cfg, problems)                          # run dir, --load, --save, --ref-load, --hf-checkpoint
 
@@ -84,29 +84,38 @@ def discard_checked(cfg: JobConfig) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def settle_reference(cfg: JobConfig, problems: Problems) -> None:
-    """--ref-load that is not a Hugging Face directory (slime's scripts pass their torch_dist checkpoint): with
-    --use-kl-loss --kl-loss-coef 0 (slime's scripts again) the reference model changes nothing, so it is not loaded
-    -- the job says so; where it is needed, the problem points at `slime-actors convert`."""
+def settle_reference(cfg: JobConfig) -> None:
+    """--ref-load that is not a Hugging Face directory (slime's scripts pass their torch_dist checkpoint) with
+    --use-kl-loss --kl-loss-coef 0 (slime's scripts again): the reference model changes nothing, so it is not
+    loaded (--use-kl-loss is turned off) and the job says so. Where it is needed, `reference_problem` says why it
+    cannot be read and how to convert it."""
     from ..checkpoints import detect_layout
     alg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+    if not ref or not alg.use_kl_loss or alg.kl_coef != 0 or alg.kl_loss_coef != 0:
         return
     lay = detect_layout(ref)
-    if lay.kind == "hf":
-        return
-    if alg.kl_coef == 0 and alg.kl_loss_coef == 0:
+    if lay.kind != "hf":
         alg.use_kl_loss = False
         cfg.notes.append(f"--ref-load {ref} ({lay.detail}) is not loaded: with --kl-loss-coef 0 the KL term adds "
                          "nothing to the loss, so the job runs without a reference model (train/kl_loss is not "
                          "logged; to log it, convert the checkpoint: slime-actors convert "
                          f"{ref} OUT_DIR --hf-checkpoint MODEL_DIR, and give --ref-load OUT_DIR)")
-        return
+
+
+def reference_problem(cfg: JobConfig) -> str | None:
+    """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
+    from ..checkpoints import detect_layout
+    alg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+        return None
+    lay = detect_layout(ref)
+    if lay.kind == "hf":
+        return None
     convert = (f" -- convert it: slime-actors convert {ref} OUT_DIR --hf-checkpoint MODEL_DIR"
                if lay.kind in ("megatron", "torch_dist") else "")
-    problems.add(f"--ref-load {ref}: {lay.detail}; the reference model (--kl-loss-coef {alg.kl_loss_coef}, "
-                 f"--kl-coef {alg.kl_coef}) is read from a Hugging Face model directory (config.json and "
-                 f"safetensors){convert}")
+    return (f"--ref-load {ref}: {lay.detail}; expected a Hugging Face model directory (config.json and "
+            f"safetensors) for the reference model of --kl-loss-coef {alg.kl_loss_coef} / --kl-coef {alg.kl_coef}"
+            f"{convert}")
 
 
 def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:

@@ -56,48 +56,72 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
              paths: bool = False, keep_rows: bool = False, gpus: GpuCount | None = None) -> JobPlan:
     """Steps 1-8 of the module docstring. `data`: check the prompt files (`keep_rows`: keep the rows checked for
     the buffer, `cfg.checked_prompts`); `paths`: check every path (run dir, checkpoints, the model)."""
-    from .checks import check_job_paths, check_prompt_files, discard_checked, settle_reference
+    from .checks import check_prompt_files, discard_checked
     argv = list(argv)
     if topology is not None and topology.job_config and not has_flag(argv, "--config"):
         argv = ["--config", topology.job_config] + argv
     flags = read_flags(argv)
     changed: list[str] = []
+    why_colocated = ""   # what made the job --colocate, named in front of the problems that follow from it
     if topology_colocates(topology) and not flags.cfg.engine.colocate:
         # the rollout workers share the trainer's GPUs: the job is colocated, with colocation's defaults
         flags.cfg.engine.colocate = True
         changed.append("--colocate False -> True")
+        why_colocated = f"{topology.path} colocates the rollout workers with the trainer: "
+    here = place and flags.cfg.run.device.startswith("cuda")
+    if here:
+        gpus = gpus or count_gpus()
+    by_itself = here and _colocates_by_itself(flags, gpus, topology)
+    if by_itself:   # one GPU for one trainer rank and one engine: the job is colocated, with colocation's defaults
+        flags.cfg.engine.colocate = True
+        why_colocated = f"{gpus.describe()}, so the trainer and the engine share it: "
     problems = Problems(flags.problems)   # in the order found: the flags', the prompt files', the values', ...
     counts = check_prompt_files(flags.cfg, problems, keep=keep_rows) if data else {}
-    unfinished = copy.deepcopy(flags)   # (for one GPU: the same flags again, with --colocate)
     try:
-        cfg = _finish(flags, counts, problems, topology, changed)
+        cfg = _finish(flags, counts, problems, topology, changed, why_colocated)
         launch_flags = LaunchFlags.parse(cfg.engine.sglang_args)
-        _checks(cfg, launch_flags, problems, paths, settle_reference, check_job_paths)
+        _checks(cfg, launch_flags, problems, paths)
         problems.raise_if_any()
         os.environ.update(cfg.process_env)
         plan = JobPlan(cfg, changed)
-        if place and cfg.run.device.startswith("cuda"):
-            plan = _place(plan, unfinished, counts, topology, gpus or count_gpus())
+        if here:
+            plan.gpus = plan_gpus(cfg, gpus, launch_flags, topology, by_itself)
+            if cfg.engine.num_gpus_per_node is None:
+                cfg.engine.num_gpus_per_node = plan.gpus.per_node
+            if plan.gpus.mem_fraction is not None and launch_flags.value("--mem-fraction-static") is None:
+                cfg.engine.sglang_args = [*cfg.engine.sglang_args, "--mem-fraction-static", plan.gpus.mem_fraction]
         from .summary import start_lines
-        plan.summary = start_lines(plan.cfg, LaunchFlags.parse(plan.cfg.engine.sglang_args))
+        plan.summary = start_lines(cfg, LaunchFlags.parse(cfg.engine.sglang_args))
         return plan
     except BaseException:
         discard_checked(flags.cfg)
         raise
 
 
+def _colocates_by_itself(flags: ReadFlags, gpus: GpuCount, topology: Topology | None) -> bool:
+    """Whether the job, as given, is one trainer rank and one one-GPU engine on one GPU (placement.py): decided on
+    a trial of the values (derived engine counts), before the job's config is finished once, colocated or not."""
+    trial = copy.deepcopy(flags)
+    trial.problems.clear()
+    try:
+        cfg = finish_config(trial, check_files=False)
+        if topology is not None:
+            topology.apply_to_config(cfg)
+    except (ConfigError, TopologyError):
+        return False   # (the job's own pass reports why)
+    return colocates_by_itself(cfg, gpus, LaunchFlags.parse(cfg.engine.sglang_args), topology)
+
+
 def _finish(flags: ReadFlags, counts: dict[str, int], problems: Problems, topology: Topology | None,
-            changed: list[str]) -> JobConfig:
+            changed: list[str], why_colocated: str) -> JobConfig:
     """Steps 3-4: the values, then the topology's counts; problems collected, the config returned as far as it
     got (the later checks still run, so every problem is reported at once)."""
     from ..data import TRAIN_SET
     try:
         cfg = finish_config(flags, check_files=True, prompt_count=counts.get(TRAIN_SET))
     except ConfigError as exc:
-        prefix = f"{topology.path} colocates the rollout workers with the trainer: " \
-            if "--colocate False -> True" in changed else ""
         for p in exc.problems:
-            problems.add(prefix + p if "colocate" in p and prefix else p)
+            problems.add(why_colocated + p if why_colocated and "--colocate" in p else p)
         cfg = flags.cfg
     if topology is not None:
         try:
@@ -107,47 +131,18 @@ def _finish(flags: ReadFlags, counts: dict[str, int], problems: Problems, topolo
     return cfg
 
 
-def _checks(cfg: JobConfig, launch_flags: LaunchFlags, problems: Problems, paths: bool, settle_reference,
-            check_job_paths) -> None:
+def _checks(cfg: JobConfig, launch_flags: LaunchFlags, problems: Problems, paths: bool) -> None:
     """Step 5. A check that trips over a value already reported bad is not reported again."""
-    from .checks import check_backends
-    steps = [lambda: check_backends(cfg, problems, launch_flags)]
+    from .checks import check_backends, check_job_paths, settle_reference
+    steps = [lambda: check_backends(cfg, problems, launch_flags), lambda: settle_reference(cfg)]
     if paths:
-        steps += [lambda: settle_reference(cfg, problems), lambda: check_job_paths(cfg, problems)]
+        steps.append(lambda: check_job_paths(cfg, problems))
     for step in steps:
         try:
             step()
         except (TypeError, AttributeError, ValueError):
             if not problems:
                 raise
-
-
-def _place(plan: JobPlan, unfinished: ReadFlags, counts: dict[str, int], topology: Topology | None,
-           gpus: GpuCount) -> JobPlan:
-    """Step 7: the GPU plan; one GPU for one trainer rank and one engine makes the job --colocate (the same flags
-    finished again with it: colocation's defaults follow)."""
-    from ..data import TRAIN_SET
-    cfg = plan.cfg
-    by_itself = colocates_by_itself(cfg, gpus, LaunchFlags.parse(cfg.engine.sglang_args), topology)
-    if by_itself:
-        again = copy.deepcopy(unfinished)
-        again.cfg.engine.colocate = True
-        again.cfg.checked_prompts = cfg.checked_prompts
-        try:
-            colocated = finish_config(again, check_files=True, prompt_count=counts.get(TRAIN_SET))
-        except ConfigError as exc:
-            raise exc.prefixed(f"{gpus.describe()}, so the trainer and the engine share it: ") from None
-        colocated.engine_user_keys = cfg.engine_user_keys
-        if topology is not None:
-            topology.apply_to_config(colocated)
-        cfg = plan.cfg = colocated
-    launch_flags = LaunchFlags.parse(cfg.engine.sglang_args)
-    plan.gpus = plan_gpus(cfg, gpus, launch_flags, topology, by_itself)
-    if cfg.engine.num_gpus_per_node is None:
-        cfg.engine.num_gpus_per_node = plan.gpus.per_node
-    if plan.gpus.mem_fraction is not None and launch_flags.value("--mem-fraction-static") is None:
-        cfg.engine.sglang_args = [*cfg.engine.sglang_args, "--mem-fraction-static", plan.gpus.mem_fraction]
-    return plan
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,8 +19,9 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
     directory; --ref-load, when the reference model is used, is a Hugging Face directory; nothing lies where a run
     clears its state. Returns the checkpoint to resume from (None: a new run). Every problem goes to `problems`
     when given; else the first is raised (RunDirError / CheckpointError, ValueErrors)."""
-    from ..checkpoints import CheckpointError, check_save_root, detect_layout, resolve_load
+    from ..checkpoints import CheckpointError, check_save_root, resolve_load
     from ..run_dir import check_nothing_inside, inspect_run_dir
+    from .checks import reference_problem
     run_dir, ref_load = cfg.run.run_dir, cfg.model.ref_load
     found: list[ValueError] = []
 
@@ -34,13 +35,9 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
     attempt(inspect_run_dir, run_dir)
     ckpt = attempt(resolve_load, cfg)
     attempt(check_save_root, cfg)
-    if ref_load and (cfg.algorithm.use_kl_loss or cfg.algorithm.kl_coef > 0):
-        lay = detect_layout(ref_load)
-        if lay.kind != "hf":
-            found.append(CheckpointError(
-                f"--ref-load {ref_load}: {lay.detail}; expected a Hugging Face model directory (config.json and "
-                "safetensors)" + (f" -- convert it: slime-actors convert {ref_load} OUT_DIR --hf-checkpoint "
-                                  "MODEL_DIR" if lay.kind in ("megatron", "torch_dist") else "")))
+    ref_problem = reference_problem(cfg)
+    if ref_problem:
+        found.append(CheckpointError(ref_problem))
     ck, dbg = cfg.checkpoint, cfg.debug
     attempt(check_nothing_inside, run_dir, {
         "--save": ck.save, "--load": ck.load, "--save-hf": ck.save_hf, "--prompt-data": cfg.data.prompt_data,
