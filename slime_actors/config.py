@@ -1138,6 +1138,10 @@ def read_flags(argv: list[str] | None = None) -> ReadFlags:
     if any(a in ("-h", "--help", "--version") for a in ours):
         build_parser().parse_args([a for a in ours if a in ("-h", "--help", "--version")][:1])
     problems = Problems()
+    configs = [a for a in ours if a == "--config" or a.startswith("--config=")]
+    if len(configs) > 1:
+        problems.add(f"--config is given {len(configs)} times: a job has one config file (the command line sets "
+                     "the rest, and wins over it)")
     cli, cli_compat = _read_command_line(ours, problems)
     file = _read_config_file(cli["config"], problems) if cli.get("config") else _ConfigFile()
     values = {s.name: (list(s.default) if isinstance(s.default, list) else s.default)

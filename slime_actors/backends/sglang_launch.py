@@ -123,6 +123,10 @@ class LaunchFlags:
     def names(self) -> list[str]:
         return [name for name, _ in self.items]
 
+    def with_flag(self, name: str, *values: str) -> "LaunchFlags":
+        """These flags and one more (what the launcher adds: a colocated engine's --mem-fraction-static)."""
+        return LaunchFlags(self.items + ((name, tuple(values)),))
+
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
     """The (last) value of any of `names` in argv, or None (one question of a command line: several questions
@@ -184,11 +188,11 @@ def engine_host(cfg: JobConfig, multi_host: bool = False, node_address: str | No
 
 
 def engine_command(cfg: JobConfig, index: int, port: int, host: str | None = None,
-                   config: str | os.PathLike | None = None) -> tuple[str, list[str]]:
-    """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`). See the module
-    docstring for the flags."""
+                   config: str | os.PathLike | None = None, flags: LaunchFlags | None = None) -> tuple[str, list[str]]:
+    """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`); `flags`: the
+    job's --sglang-* flags when the caller has parsed them. See the module docstring for the flags."""
     passthrough = list(cfg.engine.sglang_args)
-    flags = LaunchFlags.parse(passthrough)
+    flags = flags if flags is not None else LaunchFlags.parse(passthrough)
     check_passthrough_owned(flags)
     module = SGLANG_MODULE if cfg.engine.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
     pp_text = flags.value("--pp-size", "--pipeline-parallel-size")
@@ -314,7 +318,7 @@ def check_passthrough(cfg: JobConfig, flags: LaunchFlags | None = None) -> str:
                               "only in single-tokenizer mode), so the engines would be open; drop the flag or turn "
                               "the keys off with --engine-auth false")
     if eng.rollout_engine == "sglang" and not eng.rollout_external_engine_addrs:
-        module, argv = engine_command(cfg, 0, 30000)
+        module, argv = engine_command(cfg, 0, 30000, flags=flags)
         what = check_engine_flags(module, argv)
     else:
         _check_with_table(flags, sglang_flags.SERVER_FLAGS, f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")

@@ -73,6 +73,8 @@ def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False) -
         if note:
             cfg.notes.append(note)
         counts[name] = scan.good
+    if tmp and not cfg.checked_prompts:
+        os.rmdir(tmp)
     return counts
 
 

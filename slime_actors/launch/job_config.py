@@ -61,6 +61,7 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
     if topology is not None and topology.job_config and not has_flag(argv, "--config"):
         argv = ["--config", topology.job_config] + argv
     flags = read_flags(argv)
+    launch_flags = LaunchFlags.parse(flags.cfg.engine.sglang_args)   # the --sglang-* flags, parsed once
     changed: list[str] = []
     why_colocated = ""   # what made the job --colocate, named in front of the problems that follow from it
     if topology_colocates(topology) and not flags.cfg.engine.colocate:
@@ -71,7 +72,7 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
     here = place and flags.cfg.run.device.startswith("cuda")
     if here:
         gpus = gpus or count_gpus()
-    by_itself = here and _colocates_by_itself(flags, gpus, topology)
+    by_itself = here and _colocates_by_itself(flags, gpus, launch_flags, topology)
     if by_itself:   # one GPU for one trainer rank and one engine: the job is colocated, with colocation's defaults
         flags.cfg.engine.colocate = True
         why_colocated = f"{gpus.describe()}, so the trainer and the engine share it: "
@@ -79,7 +80,6 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
     counts = check_prompt_files(flags.cfg, problems, keep=keep_rows) if data else {}
     try:
         cfg = _finish(flags, counts, problems, topology, changed, why_colocated)
-        launch_flags = LaunchFlags.parse(cfg.engine.sglang_args)
         _checks(cfg, launch_flags, problems, paths)
         problems.raise_if_any()
         os.environ.update(cfg.process_env)
@@ -90,15 +90,17 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
                 cfg.engine.num_gpus_per_node = plan.gpus.per_node
             if plan.gpus.mem_fraction is not None and launch_flags.value("--mem-fraction-static") is None:
                 cfg.engine.sglang_args = [*cfg.engine.sglang_args, "--mem-fraction-static", plan.gpus.mem_fraction]
+                launch_flags = launch_flags.with_flag("--mem-fraction-static", plan.gpus.mem_fraction)
         from .summary import start_lines
-        plan.summary = start_lines(cfg, LaunchFlags.parse(cfg.engine.sglang_args))
+        plan.summary = start_lines(cfg, launch_flags)
         return plan
     except BaseException:
         discard_checked(flags.cfg)
         raise
 
 
-def _colocates_by_itself(flags: ReadFlags, gpus: GpuCount, topology: Topology | None) -> bool:
+def _colocates_by_itself(flags: ReadFlags, gpus: GpuCount, launch_flags: LaunchFlags, topology: Topology | None
+                         ) -> bool:
     """Whether the job, as given, is one trainer rank and one one-GPU engine on one GPU (placement.py): decided on
     a trial of the values (derived engine counts), before the job's config is finished once, colocated or not."""
     trial = copy.deepcopy(flags)
@@ -109,7 +111,7 @@ def _colocates_by_itself(flags: ReadFlags, gpus: GpuCount, topology: Topology | 
             topology.apply_to_config(cfg)
     except (ConfigError, TopologyError):
         return False   # (the job's own pass reports why)
-    return colocates_by_itself(cfg, gpus, LaunchFlags.parse(cfg.engine.sglang_args), topology)
+    return colocates_by_itself(cfg, gpus, launch_flags, topology)
 
 
 def _finish(flags: ReadFlags, counts: dict[str, int], problems: Problems, topology: Topology | None,
