@@ -1186,7 +1186,7 @@ def finish_config(flags: ReadFlags, check_files: bool = True, prompt_count: int 
     found.extend(compat.errors)
     for section, name, _ in FUNCTION_FLAGS if check_files else ():
         path = getattr(getattr(cfg, section), name)
-        if path is not None:
+        if path is not None and not path.startswith(("slime.", "slime_plugins.")):   # (slime's: said above)
             why = check_function_path(path, FIELDS[name].option)
             if why:
                 found.add(why)
