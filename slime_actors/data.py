@@ -443,7 +443,8 @@ TRAIN_SET, EVAL_SET = "train", "eval-"   # names of the checked copies: train.ms
 
 
 def checked_path(run_dir: str | os.PathLike, name: str) -> str:
-    """Where the launcher leaves the checked rows of a prompt file for the buffer (RUN_DIR/checked-prompts/NAME.msgpack)."""
+    """Where the launcher leaves the checked rows of a prompt file for the buffer
+    (RUN_DIR/checked-prompts/NAME.msgpack)."""
     return os.path.join(os.fspath(run_dir), "checked-prompts", f"{name}.msgpack")
 
 

@@ -285,8 +285,8 @@ def first_places(places: list[str], total: int) -> str:
 def scan_rows(path: str, keys: RowKeys, max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
               sink: Callable[[dict, Any, Any, dict], None] | None = None) -> RowScan:
     """Read every row once, check it (`check_row`), count what is wrong; each good row goes to `sink(where,
-    prompt, label, metadata)` (`where`: Row.where). Holds no row longer than it takes to check it. DataError for a file that cannot be
-    read at all."""
+    prompt, label, metadata)` (`where`: Row.where). Holds no row longer than it takes to check it. DataError for a
+    file that cannot be read at all."""
     scan = RowScan(path)
     for row in read_rows(path, max_row_bytes):
         place = where_text(path, row.where)

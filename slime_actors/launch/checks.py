@@ -11,8 +11,8 @@ Prompt files (docs/security.md, "Inputs"): every row is read once, in bounded me
 checked: malformed rows (bad UTF-8, invalid JSON, no prompt, no label when --label-key is given, ...) are problems
 naming file:line -- the first ten of each file, and how many more; rows larger than --prompt-data-max-row-bytes are
 skipped unread and counted in a note. With `keep`, the rows checked are written as they are read to a temporary
-file per prompt file (`cfg.checked_prompts`), which the head moves to RUN_DIR/checked-prompts/ (launch/prepare.py) for the
-buffer: the file is parsed once per job.
+file per prompt file (`cfg.checked_prompts`), which the head moves to RUN_DIR/checked-prompts/ (launch/prepare.py)
+for the buffer: the file is parsed once per job.
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ def write_job(cfg: JobConfig, path: Path) -> Path:
 
 
 def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
-    """Checks, run dir, resolved model, the checked prompt rows, job file. Returns the job file's path. Every check comes before the first
-    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause). `fresh`:
-    clear the run directory's live state (False: a restarted head, which continues it)."""
+    """Checks, run dir, resolved model, the checked prompt rows, job file. Returns the job file's path. Every check
+    comes before the first write: a job that fails them has changed nothing (ValueError / FileNotFoundError with
+    the cause). `fresh`: clear the run directory's live state (False: a restarted head, which continues it)."""
     from ..checkpoints import check_hf_exports, read_meta
     from ..models import model_cache, resolve_checkpoint
     from ..run_dir import prepare_run_dir
