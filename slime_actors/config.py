@@ -273,6 +273,10 @@ class EvalSection:
     TITLE: typing.ClassVar[str] = "eval"
     eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] (or one PATH): held-out sets",
                                               path=True)
+    eval_config: str | None = flag(None, "YAML (or JSON, TOML) file of held-out sets, slime's format: each set's "
+                                         "name, path, keys and its own reward (rm_type or custom_rm_path), which "
+                                         "grades it whatever the training reward; replaces --eval-prompt-data "
+                                         "(slime_actors/eval_config.py)", path=True)
     eval_input_key: str | None = flag(None, "the prompt's key in eval rows (default: --input-key)")
     eval_label_key: str | None = flag(None, "the label's key in eval rows (default: --label-key)")
     eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last; "
@@ -480,12 +484,39 @@ class MonitorSection:
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
                                                    "docs/debugging.md section 3)", origin="own")
     hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
-                                                      "rewarded_truncated, collapse, answer_absent, jump", origin="own")
+                                                      "rewarded_truncated, collapse, answer_absent, prompt_blind, jump",
+                                                origin="own")
     hack_alarm_label_answer: bool | None = flag(
         None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
               "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
               "boxed, exact_match, exact_match_ci, deepscaler (and boxed_<those>), false otherwise (f1, remote_rm, "
               "random, --custom-rm-path, --reward-actor-class)", origin="own")
+
+
+@dataclass(slots=True)
+class RetrieverSection:
+    """The retriever of search tasks: the job's own replicas (BM25 over --retriever-corpus) or one named by URL
+    (docs/search.md)."""
+    TITLE: typing.ClassVar[str] = "retriever"
+    retriever_corpus: str | None = flag(None, "jsonl corpus the job's retriever serves (BM25, Search-R1's POST "
+                                              "/retrieve protocol): starts the retriever role", path=True,
+                                        origin="own")
+    retriever_num_replicas: int = flag(1, "retriever processes with --retriever-corpus (a topology's "
+                                          "[roles.retriever] count wins); callers spread over them", origin="own")
+    retriever_url: str | None = flag(None, "a retriever started elsewhere, http://HOST:PORT (instead of "
+                                           "--retriever-corpus)", origin="own")
+    retriever_api_key_file: str | None = flag(None, "file holding the key --retriever-url takes (mode 0600); or "
+                                                    "$SLIME_ACTORS_RETRIEVER_KEY. The job's own replicas get a key "
+                                                    "made per job", path=True, origin="own")
+    retriever_topk: int = flag(3, "documents per search (Search-R1's topk)", origin="own")
+    retriever_timeout: float = flag(30.0, "seconds one retrieval may take before it is tried on another replica",
+                                    origin="own")
+    retriever_cache_dir: str | None = flag(None, "where the BM25 index is cached, by the corpus's hash (default: "
+                                                 "RUN_DIR/../.retriever)", path=True, origin="own")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.retriever_corpus or self.retriever_url)
 
 
 @dataclass(slots=True)
@@ -506,6 +537,7 @@ class JobConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     monitor: MonitorSection = field(default_factory=MonitorSection)
+    retriever: RetrieverSection = field(default_factory=RetrieverSection)
     # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
     # never in to_dict(), so job.json, actor configs and traces do not hold them
     engine_user_keys: Any = field(default=None, repr=False, compare=False)
@@ -1319,6 +1351,7 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    _validate_retriever(cfg.retriever, check_files, bad)
     lg = cfg.logging
     if lg.use_wandb and check_files:
         import importlib.util
@@ -1330,6 +1363,22 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
               if getattr(lg, n) is not None]
     if unused and not lg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
         cfg.notes.append(f"{', '.join(unused)} given without --use-wandb: W&B is off (add --use-wandb)")
+
+
+def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
+    if r.retriever_corpus and r.retriever_url:
+        bad("give --retriever-corpus (the job serves it) or --retriever-url (a retriever started elsewhere), not both")
+    if r.retriever_url and not r.retriever_url.startswith(("http://", "https://")):
+        bad(f"--retriever-url must be http://HOST:PORT or https://..., got {r.retriever_url!r}")
+    if r.retriever_api_key_file and not r.retriever_url:
+        bad("--retriever-api-key-file is the key of --retriever-url (the job's own retriever gets a key made per job)")
+    for name in ("retriever_num_replicas", "retriever_topk"):
+        if getattr(r, name) < 1:
+            bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(r, name)}")
+    if not r.retriever_timeout > 0:
+        bad(f"--retriever-timeout must be > 0 seconds, got {r.retriever_timeout}")
+    if check_files and r.retriever_corpus and not os.path.isfile(r.retriever_corpus):
+        bad(f"--retriever-corpus {r.retriever_corpus} does not exist")
 
 
 def json_object(text: str, flag: str, strings: bool = False) -> dict:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_actors.config import DataSection, JobConfig, default_of, json_object
+from slime_actors.eval_config import eval_sets, parse_eval_prompt_data
 from slime_actors.log import get_logger
 from slime_actors.rows import (DEFAULT_MAX_ROW_BYTES, FIRST_SHOWN, DataError, RowKeys, RowProblem, _loc, _tname,
                                check_row, first_places, read_checked, read_rows, source_stamp)
@@ -344,35 +345,6 @@ class PromptDataset:
 
 # ----------------------------------------------------------------------------------------------- eval sets
 
-def parse_eval_prompt_data(values: list[str] | str | None) -> list[tuple[str, str]]:
-    """`--eval-prompt-data NAME PATH [NAME PATH ...]` or `--eval-prompt-data PATH` as (name, path) pairs; a single
-    PATH (or a list of values that are all existing .jsonl/.parquet files) is named by the file's stem."""
-    if values is None:
-        return []
-    if isinstance(values, str):
-        values = [values]
-    values = [str(v) for v in values]
-    if not values:
-        return []
-
-    def is_data_file(v):
-        return v.lower().endswith((".jsonl", ".parquet")) and os.path.isfile(v)
-
-    if len(values) == 1 or all(is_data_file(v) for v in values):
-        pairs = [(os.path.splitext(os.path.basename(v))[0], v) for v in values]
-    elif len(values) % 2:
-        raise DataError(f"--eval-prompt-data takes NAME PATH pairs or a single PATH, got {len(values)} values: "
-                        f"{values}")
-    else:
-        pairs = [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
-    seen = set()
-    for name, _ in pairs:
-        if name in seen:
-            raise DataError(f"--eval-prompt-data names {name!r} twice")
-        seen.add(name)
-    return pairs
-
-
 class EvalDatasets(Mapping):
     """The eval sets by name (insertion order): never shuffled; from the job's config, only prompts longer than the
     model's context can take (after --eval-max-response-len) are dropped."""
@@ -386,17 +358,19 @@ class EvalDatasets(Mapping):
 
     @classmethod
     def from_config(cls, cfg: JobConfig, tokenizer, on_error: str = "raise") -> "EvalDatasets":
-        """--eval-prompt-data with --eval-input-key / --eval-label-key (default: --input-key / --label-key)."""
+        """--eval-config's sets (each with its own keys), else --eval-prompt-data's, with --eval-input-key /
+        --eval-label-key (default: --input-key / --label-key)."""
         data, ev = cfg.data, cfg.eval
         limit, why = prompt_token_limit(cfg, ev.eval_max_response_len or cfg.rollout.rollout_max_response_len)
-        out = cls(None, tokenizer)
-        kw = dict(input_key=ev.eval_input_key or data.input_key, label_key=ev.eval_label_key or data.label_key,
-                  metadata_key=data.metadata_key, tool_key=data.tool_key, apply_chat_template=data.apply_chat_template,
-                  on_error=on_error, apply_chat_template_kwargs=chat_template_kwargs(data), shuffle=False,
-                  max_prompt_len=limit, max_prompt_len_why=why, max_row_bytes=data.prompt_data_max_row_bytes)
-        for name, path in parse_eval_prompt_data(ev.eval_prompt_data):
-            out.datasets[name] = PromptDataset(path, tokenizer, name=name, checked=checked_path(
-                cfg.run.run_dir, EVAL_SET + name), **kw)
+        out = cls(None)
+        for es in eval_sets(cfg):
+            keys = eval_row_keys(cfg, es)
+            out.datasets[es.name] = PromptDataset(
+                es.path, tokenizer, name=es.name, input_key=keys.input_key, label_key=keys.label_key,
+                metadata_key=keys.metadata_key, tool_key=keys.tool_key, apply_chat_template=data.apply_chat_template,
+                on_error=on_error, apply_chat_template_kwargs=chat_template_kwargs(data), shuffle=False,
+                max_prompt_len=limit, max_prompt_len_why=why, max_row_bytes=data.prompt_data_max_row_bytes,
+                checked=checked_path(cfg.run.run_dir, EVAL_SET + es.name))
         return out
 
     def __getitem__(self, name: str) -> PromptDataset:
@@ -440,6 +414,20 @@ def load_prompt_data(cfg: JobConfig, tokenizer=None, on_error: str = "raise"
 
 
 TRAIN_SET, EVAL_SET = "train", "eval-"   # names of the checked copies: train.msgpack, eval-NAME.msgpack
+
+
+def train_row_keys(cfg: JobConfig) -> RowKeys:
+    """Where the training rows keep their parts (--input-key, --label-key, --metadata-key, --tool-key)."""
+    data = cfg.data
+    return RowKeys(data.input_key, data.label_key, data.metadata_key, data.tool_key)
+
+
+def eval_row_keys(cfg: JobConfig, es) -> RowKeys:
+    """Where a held-out set's rows keep their parts: the set's own keys (--eval-config), else --eval-input-key /
+    --eval-label-key, else the training ones."""
+    data, ev = cfg.data, cfg.eval
+    return RowKeys(es.input_key or ev.eval_input_key or data.input_key,
+                   es.label_key or ev.eval_label_key or data.label_key, data.metadata_key, data.tool_key)
 
 
 def checked_path(run_dir: str | os.PathLike, name: str) -> str:

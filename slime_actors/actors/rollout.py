@@ -16,7 +16,9 @@ Custom generation (`args`: the job's flags as slime passes them, a read-only fla
   --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
       slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
       {args.sglang_router_port}/generate itself. That address is a proxy of this worker
-      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace. The sample
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace; with a
+      retriever (--retriever-corpus / --retriever-url) `args.retriever_url` is likewise this worker's loopback
+      /retrieve proxy (actors/rollout_retrieval.py; functions of the other style call engine.retrieve). The sample
       takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
       loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
   --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
@@ -62,6 +64,13 @@ class EngineHandle:
         finish_reason is SGLang's finish_reason.type: "stop", "length" or "abort" (the engine was paused / aborted)."""
         return await self._w._generate_raw(input_ids, sampling_params)
 
+    async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
+        """Search-R1's {"result": [...]} from the job's retriever (--retriever-corpus or --retriever-url), recorded
+        (actors/rollout_retrieval.py); RetrieverError when it refuses or no replica answers."""
+        if self._w.retriever is None:
+            raise RuntimeError("this job has no retriever: give --retriever-corpus (or --retriever-url)")
+        return await self._w.retriever.retrieve(queries, topk, return_scores)
+
 
 def submit_key(work_id: str, lease: int, first: Sample) -> str:
     """The idempotency key of a group's submission: a retry of the same submission (its reply lost on a cut link)
@@ -87,6 +96,7 @@ class RolloutWorker(Actor):
         self.slime_generate = False       # generate_fn has slime's signature (args, sample, sampling_params)
         self.slime_args = None            # the flat view it gets: the router address is self.proxy's
         self.proxy = None                 # GenerateProxy for slime-style generate functions
+        self.retriever = None             # RetrieverLink (actors/rollout_retrieval.py) when the job has a retriever
         self.group_fn = None
         self._resumed: asyncio.Event | None = None
         self._engine_ok: asyncio.Event | None = None
@@ -131,6 +141,11 @@ class RolloutWorker(Actor):
         await self._start_engine()
         if self.slime_generate:
             await self._start_proxy()
+        if a.retriever.enabled:
+            from .rollout_retrieval import RetrieverLink
+            self.retriever = RetrieverLink(self)
+            if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
+                await self.retriever.start_proxy()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")
 
@@ -147,6 +162,8 @@ class RolloutWorker(Actor):
             await self.run_blocking(self.router.stop)
         if self.proxy is not None:
             await self.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
+        if self.retriever is not None:
+            await self.retriever.stop()
 
     async def _start_proxy(self) -> None:
         """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""

@@ -22,33 +22,36 @@ import shutil
 import tempfile
 
 from ..config import JobConfig, Problems
-from ..data import EVAL_SET, TRAIN_SET, parse_eval_prompt_data
+from ..data import EVAL_SET, TRAIN_SET, eval_row_keys, train_row_keys
 from ..rows import CheckedWriter, DataError, RowKeys, scan_rows, source_stamp
 
 
-def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False) -> dict[str, int]:
-    """Stream --prompt-data and every --eval-prompt-data file once; returns the usable prompts of each (by set
-    name: "train", "eval-NAME"). With `keep`, `cfg.checked_prompts` names a temporary file per set holding the rows
-    checked (`discard_checked` removes them)."""
-    data, ev = cfg.data, cfg.eval
+def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False, held_out: list | None = None
+                       ) -> dict[str, int]:
+    """Stream --prompt-data and every held-out set's file once (`held_out`: --eval-config's sets, as
+    eval_config.check_eval_config returned them; None: --eval-prompt-data's); returns the usable prompts of each (by
+    set name: "train", "eval-NAME"). With `keep`, `cfg.checked_prompts` names a temporary file per set holding the
+    rows checked (`discard_checked` removes them)."""
+    from ..eval_config import EvalSet, parse_eval_prompt_data
+    data = cfg.data
     sets: list[tuple[str, str, str, RowKeys]] = []   # (set name, flag, path, keys)
     if data.prompt_data:
-        sets.append((TRAIN_SET, "--prompt-data", data.prompt_data,
-                     RowKeys(data.input_key, data.label_key, data.metadata_key, data.tool_key)))
-    try:
-        evals = parse_eval_prompt_data(ev.eval_prompt_data)
-    except DataError as exc:
-        problems.add(str(exc))
-        evals = []
-    eval_keys = RowKeys(ev.eval_input_key or data.input_key, ev.eval_label_key or data.label_key,
-                        data.metadata_key, data.tool_key)
-    sets += [(EVAL_SET + name, f"--eval-prompt-data {name}", path, eval_keys) for name, path in evals]
+        sets.append((TRAIN_SET, "--prompt-data", data.prompt_data, train_row_keys(cfg)))
+    from_file = held_out is not None   # (--eval-config's check said already which of its files are missing)
+    if held_out is None:
+        try:
+            held_out = [EvalSet(name, path) for name, path in parse_eval_prompt_data(cfg.eval.eval_prompt_data)]
+        except DataError as exc:
+            problems.add(str(exc))
+            held_out = []
+    where = "--eval-config set" if from_file else "--eval-prompt-data"
+    sets += [(EVAL_SET + es.name, f"{where} {es.name}", es.path, eval_row_keys(cfg, es)) for es in held_out]
     cap = data.prompt_data_max_row_bytes
     tmp = tempfile.mkdtemp(prefix="slime-actors-prompts-") if keep and sets else None
     counts: dict[str, int] = {}
     for name, flag, path, keys in sets:
         if not os.path.isfile(path):
-            if name != TRAIN_SET:   # (--prompt-data's own check says so)
+            if name != TRAIN_SET and not from_file:   # (--prompt-data's own check says so)
                 problems.add(f"{flag}: {path} does not exist" if os.path.exists(path) is False else
                              f"{flag}: {path} is not a file")
             continue

@@ -6,9 +6,10 @@
 
 1. read: the flags and the TOML file (the topology's `[job] config` unless the command line names one), each once
    (config.read_flags: types checked, a string is never a number, every problem collected);
-2. the prompt files, each streamed once (launch/checks.py): malformed rows name file:line, rows too large are
-   counted; the rows checked go to a temporary file the head hands to the buffer, so no file is parsed twice;
-   their count gives --num-rollout from --num-epoch;
+2. --eval-config, every set of it checked (slime_actors.eval_config: its sets go into --eval-prompt-data), then the
+   prompt files, each streamed once (launch/checks.py): malformed rows name file:line, rows too large are counted;
+   the rows checked go to a temporary file the head hands to the buffer, so no file is parsed twice; their count
+   gives --num-rollout from --num-epoch;
 3. the values (config.finish_config): slime's function paths mapped, derived values, ranges, rules across flags,
    slime's flags without a field against config.json; a topology whose rollout workers colocate with the trainer
    makes the job --colocate first;
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 from ..backends.sglang_launch import LaunchFlags
 from ..config import ConfigError, JobConfig, Problems, ReadFlags, finish_config, has_flag, read_flags
+from ..eval_config import check_eval_config
 from ..gpus import GpuCount, count_gpus
 from .placement import GpuPlan, colocates_by_itself, plan_gpus, topology_colocates
 from .topology import Topology, TopologyError
@@ -77,7 +79,12 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
         flags.cfg.engine.colocate = True
         why_colocated = f"{gpus.describe()}, so the trainer and the engine share it: "
     problems = Problems(flags.problems)   # in the order found: the flags', the prompt files', the values', ...
-    counts = check_prompt_files(flags.cfg, problems, keep=keep_rows) if data else {}
+    try:
+        held_out = check_eval_config(flags.cfg)   # --eval-config's sets (None: --eval-prompt-data's)
+    except ConfigError as exc:
+        problems.merge(exc)
+        held_out = []
+    counts = check_prompt_files(flags.cfg, problems, keep=keep_rows, held_out=held_out) if data else {}
     try:
         cfg = _finish(flags, counts, problems, topology, changed, why_colocated)
         _checks(cfg, launch_flags, problems, paths)

@@ -1,6 +1,7 @@
 """What the head prints when a job starts -- what the job will be: device, engine, backend, parallelism, and where
-slime's defaults differ (`start_lines`) -- and when it ends: steps and time, held-out reward before and after, the
-last rollout's best and worst sample, where the metrics, curves and traces are (`print_summary`)."""
+slime's defaults differ (`start_lines`) -- and when it ends: steps and time, held-out reward before and after (and
+which reward graded it), the last rollout's best and worst sample, where the metrics, curves and traces are
+(`print_summary`)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def print_summary(result: dict, run_dir: Path) -> None:
         b = result.get("eval_before", {}).get(name)
         a = result.get("eval_after", {}).get(name)
         delta = f"{a - b:+.3f}" if a is not None and b is not None else "?"
+        grader = result.get("eval_graders", {}).get(name)
         print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
-              f"{a if a is None else f'{a:.3f}'} ({delta})")
+              f"{a if a is None else f'{a:.3f}'} ({delta})" + (f"   graded by {grader}" if grader else ""))
     if result.get("samples"):
         from ..samples import format_examples
         last = result["samples"]
