@@ -683,7 +683,7 @@ class FieldSpec:
         if self.base is float and value != value:   # nan passes float() and every range check
             raise ValueError(f"expected a number, got {text!r}")
         if self.choices and value not in self.choices:
-            raise ValueError(f"invalid choice {text!r} (choose from {', '.join(map(str, self.choices))})")
+            raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})")
         return value
 
     def out_of_range(self, value: Any) -> str | None:

@@ -51,7 +51,7 @@ def test_every_problem_at_once_before_any_process(tmp_path, capsys, nothing_star
                         "--advantage-estimator", "grpox"], capsys)
     assert code == 2
     assert err[0] == "slime-actors train: 9 problems, nothing was started:", err
-    expected = ["--advantage-estimator: invalid choice 'grpox' (choose from grpo, gspo,",
+    expected = ["--advantage-estimator: invalid choice: 'grpox' (choose from 'grpo', 'gspo',",
                 f"config file {config}: num_rollout must be an integer, got 'ten'",
                 f"config file {config}: rollout.rollout_batch_size must be an integer, got '2'",
                 f"--prompt-data: {prompts}:2: missing label key 'label'",

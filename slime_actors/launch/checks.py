@@ -92,7 +92,7 @@ def discard_checked(cfg: JobConfig) -> None:
 def settle_reference(cfg: JobConfig) -> None:
     """--ref-load that is not a Hugging Face directory (slime's scripts pass their torch_dist checkpoint) with
     --use-kl-loss --kl-loss-coef 0 (slime's scripts again): the reference model changes nothing, so it is not
-    loaded (--use-kl-loss is turned off) and the job says so. Where it is needed, `reference_problem` says why it
+    loaded (--use-kl-loss is turned off) and the job says so. Where it is needed, prepare.reference_problem says why it
     cannot be read and how to convert it."""
     from ..checkpoints import detect_layout
     alg, ref = cfg.algorithm, cfg.model.ref_load
@@ -105,22 +105,6 @@ def settle_reference(cfg: JobConfig) -> None:
                          "nothing to the loss, so the job runs without a reference model (train/kl_loss is not "
                          "logged; to log it, convert the checkpoint: slime-actors convert "
                          f"{ref} OUT_DIR --hf-checkpoint MODEL_DIR, and give --ref-load OUT_DIR)")
-
-
-def reference_problem(cfg: JobConfig) -> str | None:
-    """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
-    from ..checkpoints import detect_layout
-    alg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
-        return None
-    lay = detect_layout(ref)
-    if lay.kind == "hf":
-        return None
-    convert = (f" -- convert it: slime-actors convert {ref} OUT_DIR --hf-checkpoint MODEL_DIR"
-               if lay.kind in ("megatron", "torch_dist") else "")
-    return (f"--ref-load {ref}: {lay.detail}; expected a Hugging Face model directory (config.json and "
-            f"safetensors) for the reference model of --kl-loss-coef {alg.kl_loss_coef} / --kl-coef {alg.kl_coef}"
-            f"{convert}")
 
 
 def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:

@@ -21,7 +21,6 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
     when given; else the first is raised (RunDirError / CheckpointError, ValueErrors)."""
     from ..checkpoints import CheckpointError, check_save_root, resolve_load
     from ..run_dir import check_nothing_inside, inspect_run_dir
-    from .checks import reference_problem
     run_dir, ref_load = cfg.run.run_dir, cfg.model.ref_load
     found: list[ValueError] = []
 
@@ -49,6 +48,22 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
     elif found:
         raise found[0]
     return ckpt
+
+
+def reference_problem(cfg: JobConfig) -> str | None:
+    """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
+    from ..checkpoints import detect_layout
+    alg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+        return None
+    lay = detect_layout(ref)
+    if lay.kind == "hf":
+        return None
+    convert = (f" -- convert it: slime-actors convert {ref} OUT_DIR --hf-checkpoint MODEL_DIR"
+               if lay.kind in ("megatron", "torch_dist") else "")
+    return (f"--ref-load {ref}: {lay.detail}; expected a Hugging Face model directory (config.json and "
+            f"safetensors) for the reference model of --kl-loss-coef {alg.kl_loss_coef} / --kl-coef {alg.kl_coef}"
+            f"{convert}")
 
 
 def write_job(cfg: JobConfig, path: Path) -> Path:
