@@ -649,15 +649,8 @@ class FieldSpec:
         if value is None:
             return (self.optional if optional is None else optional), None
         if self.is_list:
-            if not isinstance(value, (list, tuple)):
-                return False, value
-            out = []
-            for v in value:
-                ok, conv = _scalar(self.base, v)
-                if not ok:
-                    return False, value
-                out.append(conv)
-            return True, out
+            out = _scalars(self.base, value) if isinstance(value, (list, tuple)) else None
+            return (False, value) if out is None else (True, out)
         ok, conv = _scalar(self.base, value)
         return ok and not (self.choices and conv not in self.choices), conv
 
@@ -699,6 +692,17 @@ class FieldSpec:
     def range_text(self) -> str:
         """">= 1", "> 0 and <= 1", "" without a range."""
         return " and ".join(f"{op} {b:g}" for op, b in self.bounds)
+
+
+def _scalars(base: type, values: Any) -> list | None:
+    """Each value as `base` (`_scalar`), or None when one is not."""
+    out = []
+    for v in values:
+        ok, conv = _scalar(base, v)
+        if not ok:
+            return None
+        out.append(conv)
+    return out
 
 
 def _scalar(base: type, v: Any) -> tuple[bool, Any]:
@@ -1097,16 +1101,10 @@ def _read_config_file(path: str, problems: Problems) -> _ConfigFile:
 def _compat_typed(flag, value: Any) -> tuple[bool, Any]:
     if flag.switch:
         return isinstance(value, bool), value
-    values = value if isinstance(value, list) and flag.nargs else [value]
     if isinstance(value, list) and not flag.nargs:
         return False, value
-    out = []
-    for v in values:
-        ok, conv = _scalar(flag.type, v)
-        if not ok:
-            return False, value
-        out.append(conv)
-    return True, out if flag.nargs else out[0]
+    out = _scalars(flag.type, value if isinstance(value, list) else [value])
+    return (False, value) if out is None else (True, out if flag.nargs else out[0])
 
 
 def _passthrough(flag: str, value) -> list[str]:

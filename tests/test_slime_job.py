@@ -334,14 +334,6 @@ def test_generate_proxy_forwards_generate_only(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # a slime user's first run (issue 27 item 5): what the job will be, said at start; every mistake at once
 
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args[:1]}")
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr("slime_actors.train.run", lambda ctx: pytest.fail("the job started"))
-
-
 def _train(argv, capsys) -> tuple[int, list[str]]:
     from slime_actors.train import main
     code = main(argv)

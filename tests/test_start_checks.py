@@ -16,16 +16,6 @@ DIGITS = str(ROOT / "examples" / "digits" / "config.toml")
 LOCAL_TOPOLOGY = str(ROOT / "launch" / "local.toml")
 
 
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    """Starting a process, or the job, fails the test: the checks must come first."""
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args[:1]}")
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr("slime_actors.train.run", lambda ctx: pytest.fail("the job started"))
-    monkeypatch.setattr("slime_actors.launch.job.run", lambda ctx: pytest.fail("the job started"))
-
-
 def _train(argv, capsys) -> tuple[int, list[str]]:
     from slime_actors.train import main
     code = main(argv)
