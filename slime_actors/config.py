@@ -202,8 +202,26 @@ class RolloutSection:
               "slime_actors.filters.check_reward_nonzero_std")
     custom_generate_function_path: str | None = flag(
         None, "dotted path (or file.py:fn) of async generate(args, sample, sampling_params) -> Sample, as in slime "
-              "(args.sglang_router_ip / _port reach this worker's engine), or of generate(args, sample, "
-              "sampling_params, engine) with this project's engine handle")
+              "(args.sglang_router_ip / _port reach this worker's engine), or of @engine_generate generate(args, "
+              "sample, sampling_params, engine) with this project's engine handle")
+    rollout_interaction_env_path: str | None = flag(
+        None, "the environment of multi-turn episodes (tools, search, code, other agents): pkg.mod:Class or "
+              "file.py:Class, a subclass of slime_actors.environments.Env (docs/adding-an-environment.md); or, as in "
+              "slime's multi-turn examples (where this is a --custom-config-path key), a module with build_env",
+        origin="own")
+    max_turns: int | None = flag(
+        None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
+              "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
+              "(--rollout-max-response-len, across turns)", origin="own", ge=1)
+    env_kwargs: str = flag(
+        "{}", "JSON object of keyword arguments for the environment's constructor (a TOML config may give an "
+              "[env_kwargs] table)", origin="own")
+    env_error: str = flag(
+        "fail", "an environment that raises, times out or answers out of its API: fail the sample (its group is "
+                "recorded as failed, counted in rollout/failed, and replaced by a new one) or stop the job",
+        choices=["fail", "stop"], origin="own")
+    env_timeout: float = flag(600.0, "seconds one environment call (reset, step, close) may take before it counts "
+                                     "as failed (--env-error)", origin="own", gt=0)
     rollout_function_path: str | None = flag(
         None, "dotted path of async fn(args, samples, sampling_params, engine) -> samples, called per group instead "
               "of the built-in rollout",
@@ -1018,7 +1036,7 @@ def _compat_from_text(flag, raw: Any) -> Any:
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     items = []
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("sglang", "router"):
+        if isinstance(v, dict) and k not in ("sglang", "router", "env_kwargs", "env-kwargs"):
             items.extend(_flatten(v, f"{prefix}{k}."))
         else:
             items.append((f"{prefix}{k}", v))
@@ -1087,6 +1105,8 @@ def _read_config_file(path: str, problems: Problems) -> _ConfigFile:
         if norm in out.keys:
             problems.add(f"config file {path}: {dotted} and {out.keys[norm]} both set {spec.option}")
             continue
+        if norm == "env_kwargs" and isinstance(value, dict):   # a table: the JSON object the flag takes
+            value = json.dumps(value)
         ok, conv = spec.typed(value, optional=False)
         if not ok:
             bad(dotted, spec.describe().replace(" or null", ""), value)
@@ -1281,12 +1301,17 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
             "local, the default) runs one model on one device; an engine over several GPUs is SGLang's: add "
             "--rollout-engine sglang (or give 1)")
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
-                       ("rm_headers", cfg.reward.rm_headers)):
+                       ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", ro.env_kwargs)):
         if text is not None:
             try:
                 json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
             except ConfigError as exc:
                 problems.merge(exc)
+    if ro.rollout_interaction_env_path:
+        for other in ("custom_generate_function_path", "rollout_function_path"):
+            if getattr(ro, other):
+                bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
+                    "generated: give one")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
     if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \

@@ -396,6 +396,8 @@ class RetrieverAddress:
 # controller
 declare("controller", "engine_ready", "A rollout worker's engine is (re)started and serving at `weight_version`.",
         worker="str", weight_version="int")
+declare("controller", "rollout_failed", "A rollout worker cannot go on (an environment failed under --env-error stop): "
+        "the job ends with `error`.", worker="str", error="str")
 declare("controller", "status", "Where the loop is: rollout id, weight version, phase, metrics of the last step.",
         reply="map")
 declare("controller", "trainer_join", "A trainer rank joins the training group (rank 0 offers the store's address and "
