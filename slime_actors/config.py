@@ -319,7 +319,7 @@ class RewardSection:
     """How responses are scored."""
     TITLE: typing.ClassVar[str] = "reward"
     rm_type: str | None = flag(None, "built-in reward: math, boxed_math, dapo, deepscaler, boxed, exact_match, "
-                                     "exact_match_ci, f1, remote_rm, random (or boxed_<type>)")
+                                     "exact_match_ci, f1, remote_rm, random, code (or boxed_<type>)")
     custom_rm_path: str | None = flag(None, "dotted path (or file.py:fn) of async fn(args, sample) -> float")
     group_rm: bool = flag(False, "the reward function scores a whole group at once: fn(args, samples) -> list")
     rm_url: str | None = flag(None, "--rm-type remote_rm: the reward model's URL (POST, JSON)")
@@ -341,6 +341,21 @@ class RewardSection:
                                             "rollout/reward_timeouts", origin="own", gt=0)
     math_grading_processes: int = flag(2, "math-verify processes per reward worker (each item's deadline is "
                                           "enforced by killing its process)", origin="own", ge=1)
+    code_partial_credit: bool = flag(False, "--rm-type code: the reward is the fraction of the sample's tests "
+                                            "that pass (default: 1 if all pass, else 0)", origin="own")
+    sandbox_timeout: float = flag(10.0, "--rm-type code: wall-clock seconds of one program run (the program with "
+                                        "its assert tests, or one stdin/stdout case); its CPU time limit too",
+                                  origin="own", gt=0)
+    sandbox_memory_mb: int = flag(1024, "--rm-type code: address space of each process of a program, MiB "
+                                        "(a Python program needs about 30)", origin="own", ge=64)
+    sandbox_concurrency: int | None = flag(None, "--rm-type code: programs one reward worker runs at once "
+                                                 "(default: its CPUs)", origin="own", ge=1)
+    sandbox_allow_network: bool = flag(False, "--rm-type code: run programs even where the sandbox cannot cut "
+                                              "the network (neither a network namespace nor seccomp); "
+                                              "docs/code-sandbox.md", origin="own")
+    sandbox_python: str | None = flag(None, "--rm-type code: the Python that runs programs in the sandbox "
+                                            "(default: /usr/bin/python3, which the sandbox's user can reach)",
+                                      origin="own")
 
 
 @dataclass(slots=True)
