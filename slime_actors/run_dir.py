@@ -28,7 +28,7 @@ from pathlib import Path
 
 MARKER = ".slime-actors-run"
 # the live state of a job: never carried into the next one
-LIVE_DIRS = ("buffer", "sockets", "weights", "keys")
+LIVE_DIRS = ("buffer", "sockets", "weights", "keys", "checked-prompts")
 LIVE_FILES = ("head.json", "status.json", "job.json", "result.json")
 LIVE_GLOBS = ("job-agent-*.json",)
 # what a run produced for people to read: continued by a resumed run, cleared by a new one

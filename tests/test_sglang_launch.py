@@ -94,15 +94,20 @@ def test_engine_command_sglang(prompts, no_sglang):
 
 def test_engine_command_local_and_gpu_placement(prompts):
     a = args_for(prompts, "--device", "cuda", "--actor-num-gpus-per-node", "4", "--num-gpus-per-node", "8",
-                 "--rollout-num-gpus-per-engine", "2", "--engine-max-batch-size", "16")
+                 "--engine-max-batch-size", "16")
     module, argv = engine_command(a, 1, 30001)
     assert module == LOCAL_ENGINE_MODULE
-    # disaggregated: engine 1 starts after the trainer's 4 GPUs and engine 0's 2
-    assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "30001", "--tp-size", "2",
-                    "--random-seed", "8", "--weight-version", "0", "--base-gpu-id", "6", "--device", "cuda",
+    # disaggregated: engine 1 starts after the trainer's 4 GPUs and engine 0's 1
+    assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "30001", "--tp-size", "1",
+                    "--random-seed", "8", "--weight-version", "0", "--base-gpu-id", "5", "--device", "cuda",
                     "--max-running-requests", "16"]
+    # engines of 2 GPUs (SGLang's: the local engine runs on one device): engine 1 after the trainer's 4 and engine 0's 2
+    a = args_for(prompts, "--device", "cuda", "--actor-num-gpus-per-node", "4", "--num-gpus-per-node", "8",
+                 "--rollout-num-gpus-per-engine", "2", "--rollout-engine", "sglang")
+    module, argv = engine_command(a, 1, 30001)
+    assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--base-gpu-id") + 1] == "6"
     a = args_for(prompts, "--device", "cuda", "--colocate", "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node",
-                 "8")
+                 "8", "--rollout-engine", "sglang")
     assert engine_command(a, 3, 1)[1][argv.index("--base-gpu-id") + 1] == "6"   # colocated: 3 x 2
     a = args_for(prompts, "--device", "cuda", "--sglang-base-gpu-id", "5")       # the user's choice wins
     argv = engine_command(a, 0, 1)[1]

@@ -102,7 +102,7 @@ def _store(master: str, port: int, rank: int):
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError
-    from .job_config import build_job_config, print_notes
+    from .job_config import plan_job, print_errors, print_notes
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -113,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     prog = "slime_actors.launch.torchrun"
     try:
         topo = load_topology(topo_path) if topo_path else None
-        cfg, _ = build_job_config(rest, topo)   # every rank: its role and placement; actors get the head's config
+        # every rank: its role and placement (actors get the head's config); the head (rank 0) also checks the
+        # prompt files and keeps their rows for the buffer
+        cfg = plan_job(rest, topo, data=rank == 0, keep_rows=rank == 0).cfg
         if topo is None:
             topo = default_topology(cfg)
         roles = role_map(topo, world)
-    except (ConfigError, TopologyError, ValueError) as exc:
+    except ConfigError as exc:
+        print_errors(exc, prog)
+        return 2
+    except (TopologyError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if rank == 0:
@@ -156,6 +161,8 @@ async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: st
     try:
         prepare_head(cfg, fresh)
     except (FileNotFoundError, ValueError) as exc:  # checked before anything was written
+        from .checks import discard_checked
+        discard_checked(cfg)
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(cfg.run.run_dir).resolve()
