@@ -13,7 +13,8 @@ slime's (Megatron-LM's) layout has the same tracker file and iter_XXXXXXX direct
 checkpoint directly (`.metadata`, `*.distcp`, `common.pt`, `metadata.json`) and no meta.json; slime's converted
 models use the tracker value "release" and a `release/` directory. `--load` refuses those (and Hugging Face model
 directories, empty directories, unknown contents) with a message saying what it found and what it expected;
-`slime-actors convert` turns their weights into an HF directory for --hf-checkpoint.
+`slime-actors convert` turns their weights into an HF directory for --hf-checkpoint. The pickles a checkpoint holds
+are read only through allow-lists (backends/safe_pickle.py): loading one never runs code from it.
 
     ckpt = resolve_load(cfg)         # Path of the iter directory to resume from, None to start fresh; or raises
     layout = detect_layout(path)     # Layout(kind, path, detail)
@@ -194,6 +195,7 @@ def resolve_load(cfg: JobConfig) -> Path | None:
     lay = detect_layout(load)
     if lay.kind in ("ours", "ours-iter"):
         _check_backend(cfg.train.train_backend, lay.path)
+        check_pickles(lay.path)
         return lay.path
     if lay.kind in ("missing", "empty") and _same(load, cfg.checkpoint.save):
         return None
@@ -221,6 +223,22 @@ def _check_backend(want: str, ckpt: Path) -> None:
             f"--load: {ckpt} was written by the {has} backend, but this run uses --train-backend {want}; "
             f"resume with --train-backend {has}, or convert its weights (slime-actors convert {ckpt} OUT_DIR) and "
             "start from them with --hf-checkpoint OUT_DIR")
+
+
+def check_pickles(ckpt: str | os.PathLike) -> None:
+    """Every pickle of a checkpoint of ours loads without running code (backends/safe_pickle.py): the trainer's
+    `*.pt` files (optimizer, RNG: torch's weights_only unpickler; tensor data is not read) and the megatron
+    backend's `dist/.metadata` (the DCP allow-list). The backends load them the same way; this reports a bad file
+    before any process starts. Raises CheckpointError naming the file and the class."""
+    from .backends.safe_pickle import UnsafeCheckpointError, load_torch_file, read_dcp_metadata
+    t = trainer_dir(ckpt)
+    try:
+        for f in sorted(t.glob("*.pt")):
+            load_torch_file(f, mmap=True)
+        if (t / "dist" / ".metadata").is_file():
+            read_dcp_metadata(t / "dist")
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(f"--load: {exc}") from None
 
 
 def check_save_root(cfg: JobConfig) -> None:
