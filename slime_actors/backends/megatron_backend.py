@@ -51,6 +51,7 @@ from ..gpus import training_device
 from ..log import get_logger
 from . import megatron_convert as mc
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .listen import limit_collectives, tcp_store
 from .safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
@@ -196,9 +197,9 @@ class MegatronBackend(TrainingBackend):
     def _init_distributed(self) -> None:
         if dist.is_initialized():
             return
-        from .weight_sync import find_free_port
         backend = "nccl" if self._device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+        limit_collectives("127.0.0.1")  # (one process: its store and collectives on the loopback)
+        dist.init_process_group(backend, store=tcp_store("127.0.0.1", 0, 1, True), rank=0, world_size=1)
 
     def init(self) -> None:
         cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
