@@ -18,6 +18,12 @@ are read only through allow-lists (backends/safe_pickle.py): loading one never r
 
     ckpt = resolve_load(cfg)         # Path of the iter directory to resume from, None to start fresh; or raises
     layout = detect_layout(path)     # Layout(kind, path, detail)
+    root = save_root(cfg)            # where this job's checkpoints go: --save, or the rolling RUN_DIR/ckpt
+
+A job without --save keeps a rolling checkpoint in RUN_DIR/ckpt (unless --no-rolling-save): the same layout, every
+--save-interval rollouts (else every ROLLING_INTERVAL) and after the last, only the newest kept (`prune`), so that a
+trainer-group restart costs a few steps instead of the whole run. The directory carries ROLLING_MARKER; a new run
+clears it (run_dir.py), a run resumed from it continues it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from pathlib import Path
 from .config import JobConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
+ROLLING_DIR = "ckpt"                  # RUN_DIR/ckpt: the rolling checkpoint of a job without --save
+ROLLING_MARKER = ".slime-actors-rolling"
+ROLLING_INTERVAL = 5                  # rollouts between rolling checkpoints (without --save-interval)
+ROLLING_KEEP = 1                      # complete checkpoints kept there (a save in progress adds one until done)
 META = "meta.json"
 BUFFER_FILE = "buffer.msgpack"   # the buffer's snapshot in an iteration directory
 TRAINER_DIR = "trainer"          # the training backend's state in an iteration directory
@@ -82,6 +92,57 @@ def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
     tracker.write_text(str(n))
     os.replace(tracker, Path(root) / TRACKER)
     return path
+
+
+def rolling(cfg: JobConfig) -> bool:
+    """Whether this job keeps a rolling checkpoint in RUN_DIR/ckpt (no --save, not --no-rolling-save, a job that
+    trains)."""
+    ck = cfg.checkpoint
+    return not ck.save and not ck.no_rolling_save and not cfg.debug.debug_rollout_only
+
+
+def rolling_dir(cfg: JobConfig) -> Path:
+    return Path(cfg.run.run_dir) / ROLLING_DIR
+
+
+def save_root(cfg: JobConfig) -> Path | None:
+    """Where this job's checkpoints go: --save, else the rolling RUN_DIR/ckpt, else None (none)."""
+    if cfg.checkpoint.save:
+        return Path(cfg.checkpoint.save)
+    return rolling_dir(cfg) if rolling(cfg) else None
+
+
+def save_interval(cfg: JobConfig) -> int | None:
+    """Rollouts between checkpoints: --save-interval, else ROLLING_INTERVAL for the rolling checkpoint."""
+    return cfg.checkpoint.save_interval or (ROLLING_INTERVAL if rolling(cfg) else None)
+
+
+def is_rolling_dir(p: str | os.PathLike) -> bool:
+    return (Path(p) / ROLLING_MARKER).is_file()
+
+
+def rolling_conflict(cfg: JobConfig) -> str | None:
+    """Why RUN_DIR/ckpt cannot take the rolling checkpoint (it holds something else: an earlier run's --save, your
+    files), or None."""
+    d = rolling_dir(cfg)
+    if not rolling(cfg) or not d.exists() or is_rolling_dir(d):
+        return None
+    if d.is_dir() and not any(d.iterdir()):
+        return None
+    return f"{d} holds {_names(d) if d.is_dir() else 'a file'} (not a rolling checkpoint of this project)"
+
+
+def prune(root: str | os.PathLike, newest: int, keep: int) -> list[Path]:
+    """After iteration `newest` was committed under `root`: remove the iterations below it but the `keep` - 1
+    newest of them (complete or not: an interrupted save leaves one without meta.json). Iterations above `newest`
+    (a job resumed from an older one) and anything that is not an iter_NNNNNNN directory stay. Returns what went."""
+    import shutil
+    older = sorted((p for p in Path(root).glob("iter_*") if ITER_RE.match(p.name) and p.is_dir()
+                    and int(p.name[5:]) < newest), key=lambda p: int(p.name[5:]))
+    gone = older[:max(0, len(older) - (keep - 1))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
 
 
 def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:

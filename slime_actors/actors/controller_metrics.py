@@ -163,7 +163,9 @@ class Metrics:
         self.result = {"status": "stopped" if self.stopped else "done", "stopped": self.stopped,
                        "steps": len(self.history) - self._rows_before_start, "eval_before": first,
                        "eval_after": last, "plot": png, "samples": self.last_examples, "weight_version": ctl.version,
-                       "metrics": str(self.path), "recoveries": ctl.group.recoveries, "accounting": accounting}
+                       "metrics": str(self.path), "recoveries": ctl.group.recoveries, "accounting": accounting,
+                       "checkpoint": str(ctl.checkpoints.latest) if ctl.checkpoints.latest else None,
+                       "rolling_checkpoint": ctl.checkpoints.rolling}
         return self.result
 
 
