@@ -73,8 +73,8 @@ MALLOC_KEEP_MIB = _var("MALLOC_KEEP_MIB", int, doc="freed MiB glibc keeps for la
 JOB = _var("JOB", doc="the job file (job.json) an actor process builds its config from (launch/actor.py)")
 
 # -- keys: made or taken by the head, handed to every process of the job -----------------------------------------
-CURVE_PUBLIC = _var("CURVE_PUBLIC", doc="the job's CURVE public key, Z85 (mailbox.security.ENV_PUBLIC)")
-CURVE_SECRET = _var("CURVE_SECRET", doc="the job's CURVE secret key, Z85 (mailbox.security.ENV_SECRET)")
+CURVE_PUBLIC = _var("CURVE_PUBLIC", doc="the job's CURVE public key, Z85")
+CURVE_SECRET = _var("CURVE_SECRET", doc="the job's CURVE secret key, Z85")
 ENGINE_API_KEY = _var("ENGINE_API_KEY", doc="the engines' HTTP API key (backends.engine_auth)")
 ENGINE_ADMIN_KEY = _var("ENGINE_ADMIN_KEY", doc="the engines' HTTP admin key (backends.engine_auth)")
 

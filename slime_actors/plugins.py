@@ -3,7 +3,7 @@
 
     fn = load_function("my_pkg.rewards.score")               # a dotted path: module, then attribute(s)
     fn = load_function("my_pkg.rewards:Scorer.score")        # module:attribute, explicit split
-    fn = load_function("examples/digits/reward.py:score")    # a Python file and a name in it
+    fn = load_function("my_rewards/score.py:score")          # a Python file and a name in it
 
 A dotted path is split at the longest importable module ("a.b.C.f" imports a.b and takes C.f), so attributes of
 classes work too. A file path is loaded once (by absolute path) as module `slime_actors_plugin_<stem>_<hash>`

@@ -18,8 +18,10 @@ from pathlib import Path
 import zmq
 import zmq.utils.z85
 
-ENV_PUBLIC = "SLIME_ACTORS_CURVE_PUBLIC"
-ENV_SECRET = "SLIME_ACTORS_CURVE_SECRET"
+from ..env import CURVE_PUBLIC, CURVE_SECRET
+
+ENV_PUBLIC = CURVE_PUBLIC.name   # the variables are declared in slime_actors/env.py, with every other one
+ENV_SECRET = CURVE_SECRET.name
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
 
