@@ -78,10 +78,11 @@ def non_loopback_address() -> str | None:
 
 
 def refused(addr: str, port: int) -> bool:
+    """Whether a connection to addr:port is not accepted (refused; or dropped, where a firewall does that)."""
     try:
         with socket.create_connection((addr, port), timeout=5):
             return False
-    except ConnectionRefusedError:
+    except OSError:
         return True
 
 

@@ -113,3 +113,22 @@ def test_killed_trainer_resumes_from_the_rolling_checkpoint(tmp_path):
         assert f"checkpoint: {roll / f'iter_{steps:07d}'}" in out
     finally:
         job.close()
+
+
+def test_the_summary_says_how_far_a_run_was_rolled_back(tmp_path, capsys):
+    from slime_actors.launch.summary import print_summary
+    roll = tmp_path / "ckpt"
+    res = {"steps": 8, "seconds": 10.0, "weight_version": 8, "metrics": "m", "rolling_checkpoint": True,
+           "checkpoint": str(roll / "iter_0000008"),
+           "started_from": {"checkpoint": str(roll / "iter_0000003"), "rollout": 3, "retrained": 2},
+           "recoveries": [{"failed_at_rollout": 7, "resumed_from": 5, "checkpoint": str(roll / "iter_0000005"),
+                           "reason": "trainer/0 down", "buffer": {"trained_rollouts_discarded": [5, 6]}},
+                          {"failed_at_rollout": 2, "resumed_from": 0, "checkpoint": None, "reason": "x",
+                           "buffer": {"rolled_back": False}}]}
+    print_summary(res, tmp_path)
+    out = capsys.readouterr().out
+    assert f"resumed: from {roll / 'iter_0000003'} (rollout 3); 2 rollout(s)" in out
+    assert ("rolled back: at rollout 7, the training group restarted from iter_0000005 (rollout 5): 2 step(s) "
+            "redone, 2 trained rollout(s) discarded and trained again -- trainer/0 down") in out
+    assert "restarted from the initial weights (no checkpoint) (rollout 0): 2 step(s) redone, 0 trained" in out
+    assert f"checkpoint: {roll / 'iter_0000008'}   (rolling" in out and f"convert {roll} OUT_DIR" in out

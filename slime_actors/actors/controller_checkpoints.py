@@ -26,6 +26,7 @@ class Checkpoints:
         self.cfg = ctl.cfg
         self.resume_from_save = resume_from_save  # a restarted job (torchrun) resumes from the newest under --save
         self.latest: Path | None = None
+        self.started_from: dict | None = None   # the checkpoint the job started from (loop.prepare), for the summary
         self._initial_rng = random.getstate()
         self.root = save_root(self.cfg)
         self.rolling = rolling(self.cfg)

@@ -165,7 +165,7 @@ class Metrics:
                        "eval_after": last, "plot": png, "samples": self.last_examples, "weight_version": ctl.version,
                        "metrics": str(self.path), "recoveries": ctl.group.recoveries, "accounting": accounting,
                        "checkpoint": str(ctl.checkpoints.latest) if ctl.checkpoints.latest else None,
-                       "rolling_checkpoint": ctl.checkpoints.rolling}
+                       "rolling_checkpoint": ctl.checkpoints.rolling, "started_from": ctl.checkpoints.started_from}
         return self.result
 
 

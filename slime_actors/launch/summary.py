@@ -10,6 +10,11 @@ from pathlib import Path
 def print_summary(result: dict, run_dir: Path) -> None:
     print("")
     print(f"done: {result['steps']} steps in {result['seconds']} s, weight version {result['weight_version']}")
+    if result.get("started_from"):
+        sf = result["started_from"]
+        print(f"resumed: from {sf['checkpoint']} (rollout {sf['rollout']})" + (
+            f"; {sf['retrained']} rollout(s) the previous attempt trained after it are trained again"
+            if sf.get("retrained") else ""))
     for line in rollback_lines(result.get("recoveries") or []):
         print(line)
     for name in sorted(set(result.get("eval_before", {})) | set(result.get("eval_after", {}))):
