@@ -101,15 +101,16 @@ def rolling(cfg: JobConfig) -> bool:
     return not ck.save and not ck.no_rolling_save and not cfg.debug.debug_rollout_only
 
 
-def rolling_dir(cfg: JobConfig) -> Path:
-    return Path(cfg.run.run_dir) / ROLLING_DIR
+def rolling_dir(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path:
+    """RUN_DIR/ckpt (`run_dir`: the run directory as this process reaches it; default --run-dir)."""
+    return Path(run_dir or cfg.run.run_dir) / ROLLING_DIR
 
 
-def save_root(cfg: JobConfig) -> Path | None:
+def save_root(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path | None:
     """Where this job's checkpoints go: --save, else the rolling RUN_DIR/ckpt, else None (none)."""
     if cfg.checkpoint.save:
         return Path(cfg.checkpoint.save)
-    return rolling_dir(cfg) if rolling(cfg) else None
+    return rolling_dir(cfg, run_dir) if rolling(cfg) else None
 
 
 def save_interval(cfg: JobConfig) -> int | None:
@@ -121,10 +122,10 @@ def is_rolling_dir(p: str | os.PathLike) -> bool:
     return (Path(p) / ROLLING_MARKER).is_file()
 
 
-def rolling_conflict(cfg: JobConfig) -> str | None:
+def rolling_conflict(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> str | None:
     """Why RUN_DIR/ckpt cannot take the rolling checkpoint (it holds something else: an earlier run's --save, your
     files), or None."""
-    d = rolling_dir(cfg)
+    d = rolling_dir(cfg, run_dir)
     if not rolling(cfg) or not d.exists() or is_rolling_dir(d):
         return None
     if d.is_dir() and not any(d.iterdir()):

@@ -28,13 +28,31 @@ class Checkpoints:
         self.latest: Path | None = None
         self.started_from: dict | None = None   # the checkpoint the job started from (loop.prepare), for the summary
         self._initial_rng = random.getstate()
-        self.root = save_root(self.cfg)
-        self.rolling = rolling(self.cfg)
-        if self.rolling:
-            conflict = rolling_conflict(self.cfg)
-            if conflict:  # never written into: it is not ours
-                ctl.log.warning(f"no rolling checkpoint this run: {conflict}; give --save DIR to keep checkpoints")
-                self.root, self.rolling = None, False
+        self._root: tuple[Path | None, bool] | None = None
+
+    def _where(self) -> tuple[Path | None, bool]:
+        """(where checkpoints go, whether that is the rolling RUN_DIR/ckpt), decided once the runtime is known (the
+        run directory as this process reaches it)."""
+        if self._root is None:
+            cfg, rt = self.cfg, getattr(self.ctl, "runtime", None)
+            run_dir = getattr(rt, "run_dir", None) or cfg.run.run_dir
+            root, roll = save_root(cfg, run_dir), rolling(cfg)
+            if roll:
+                conflict = rolling_conflict(cfg, run_dir)
+                if conflict:  # never written into: it is not ours
+                    self.ctl.log.warning(f"no rolling checkpoint this run: {conflict}; give --save DIR to keep "
+                                         "checkpoints")
+                    root, roll = None, False
+            self._root = (root, roll)
+        return self._root
+
+    @property
+    def root(self) -> Path | None:
+        return self._where()[0]
+
+    @property
+    def rolling(self) -> bool:
+        return self._where()[1]
 
     def find(self) -> Path | None:
         """The checkpoint the job starts from: the newest under --save (or the rolling one) for a restarted job,
