@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .eval_config import EVAL_SET_KEY
 from .samples import pick_examples
 from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
 
@@ -374,9 +375,12 @@ class BufferState:
             prompts, per = self.eval_sets[name].all_prompts(), self.settings.n_samples_per_eval_prompt
         for p in prompts:
             gi = self.next_group
-            g = Group(self._work_id(kind, gi), rollout_id, kind, gi,
-                      p.to_samples(per, group_index=gi, first_index=self.next_sample, rollout_id=rollout_id),
-                      self.settings.sampling_params(kind))
+            samples = p.to_samples(per, group_index=gi, first_index=self.next_sample, rollout_id=rollout_id)
+            for s in samples:   # which eval set a sample is of (it picks the set's own reward): said here alone
+                s.metadata.pop(EVAL_SET_KEY, None)
+                if kind == "eval":
+                    s.metadata[EVAL_SET_KEY] = name
+            g = Group(self._work_id(kind, gi), rollout_id, kind, gi, samples, self.settings.sampling_params(kind))
             self._emit("new_group", group=g, dataset_state=self.dataset.state_dict() if kind == "train" else None)
         return len(prompts)
 

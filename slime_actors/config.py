@@ -167,8 +167,26 @@ class RolloutSection:
               "slime_actors.filters.check_reward_nonzero_std")
     custom_generate_function_path: str | None = flag(
         None, "dotted path (or file.py:fn) of async generate(args, sample, sampling_params) -> Sample, as in slime "
-              "(args.sglang_router_ip / _port reach this worker's engine), or of generate(args, sample, "
-              "sampling_params, engine) with this project's engine handle")
+              "(args.sglang_router_ip / _port reach this worker's engine), or of @engine_generate generate(args, "
+              "sample, sampling_params, engine) with this project's engine handle")
+    rollout_interaction_env_path: str | None = flag(
+        None, "the environment of multi-turn episodes (tools, search, code, other agents): pkg.mod:Class or "
+              "file.py:Class, a subclass of slime_actors.environments.Env (docs/adding-an-environment.md); or, as in "
+              "slime's multi-turn examples (where this is a --custom-config-path key), a module with build_env",
+        origin="own")
+    max_turns: int | None = flag(
+        None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
+              "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
+              "(--rollout-max-response-len, across turns)", origin="own")
+    env_kwargs: str = flag(
+        "{}", "JSON object of keyword arguments for the environment's constructor (a TOML config may give an "
+              "[env_kwargs] table)", origin="own")
+    env_error: str = flag(
+        "fail", "an environment that raises, times out or answers out of its API: fail the sample (its group is "
+                "recorded as failed, counted in rollout/failed, and replaced by a new one) or stop the job",
+        choices=["fail", "stop"], origin="own")
+    env_timeout: float = flag(600.0, "seconds one environment call (reset, step, close) may take before it counts "
+                                     "as failed (--env-error)", origin="own")
     rollout_function_path: str | None = flag(
         None, "dotted path of async fn(args, samples, sampling_params, engine) -> samples, called per group instead "
               "of the built-in rollout",
@@ -238,6 +256,10 @@ class EvalSection:
     TITLE: typing.ClassVar[str] = "eval"
     eval_prompt_data: list[str] | None = flag(None, "NAME PATH [NAME PATH ...] (or one PATH): held-out sets",
                                               path=True)
+    eval_config: str | None = flag(None, "YAML (or JSON, TOML) file of held-out sets, slime's format: each set's "
+                                         "name, path, keys and its own reward (rm_type or custom_rm_path), which "
+                                         "grades it whatever the training reward; replaces --eval-prompt-data "
+                                         "(slime_actors/eval_config.py)", path=True)
     eval_input_key: str | None = flag(None, "the prompt's key in eval rows (default: --input-key)")
     eval_label_key: str | None = flag(None, "the label's key in eval rows (default: --label-key)")
     eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last)")
@@ -447,12 +469,39 @@ class MonitorSection:
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
                                                    "docs/debugging.md section 3)", origin="own")
     hack_alarms_ignore: list[str] | None = flag(None, "alarms that may not trip (their metrics are still logged): "
-                                                      "rewarded_truncated, collapse, answer_absent, jump", origin="own")
+                                                      "rewarded_truncated, collapse, answer_absent, prompt_blind, jump",
+                                                origin="own")
     hack_alarm_label_answer: bool | None = flag(
         None, "the reward compares each response with a literal label (enables answer_absent, and the collapse "
               "rule's 'the template does not answer' check); default: true for --rm-type math, boxed_math, dapo, "
               "boxed, exact_match, exact_match_ci, deepscaler (and boxed_<those>), false otherwise (f1, remote_rm, "
               "random, --custom-rm-path, --reward-actor-class)", origin="own")
+
+
+@dataclass(slots=True)
+class RetrieverSection:
+    """The retriever of search tasks: the job's own replicas (BM25 over --retriever-corpus) or one named by URL
+    (docs/search.md)."""
+    TITLE: typing.ClassVar[str] = "retriever"
+    retriever_corpus: str | None = flag(None, "jsonl corpus the job's retriever serves (BM25, Search-R1's POST "
+                                              "/retrieve protocol): starts the retriever role", path=True,
+                                        origin="own")
+    retriever_num_replicas: int = flag(1, "retriever processes with --retriever-corpus (a topology's "
+                                          "[roles.retriever] count wins); callers spread over them", origin="own")
+    retriever_url: str | None = flag(None, "a retriever started elsewhere, http://HOST:PORT (instead of "
+                                           "--retriever-corpus)", origin="own")
+    retriever_api_key_file: str | None = flag(None, "file holding the key --retriever-url takes (mode 0600); or "
+                                                    "$SLIME_ACTORS_RETRIEVER_KEY. The job's own replicas get a key "
+                                                    "made per job", path=True, origin="own")
+    retriever_topk: int = flag(3, "documents per search (Search-R1's topk)", origin="own")
+    retriever_timeout: float = flag(30.0, "seconds one retrieval may take before it is tried on another replica",
+                                    origin="own")
+    retriever_cache_dir: str | None = flag(None, "where the BM25 index is cached, by the corpus's hash (default: "
+                                                 "RUN_DIR/../.retriever)", path=True, origin="own")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.retriever_corpus or self.retriever_url)
 
 
 @dataclass(slots=True)
@@ -473,6 +522,7 @@ class JobConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     monitor: MonitorSection = field(default_factory=MonitorSection)
+    retriever: RetrieverSection = field(default_factory=RetrieverSection)
     # the engine keys the user gave (backends.engine_auth.EngineKeys), taken out of the flags by the launcher:
     # never in to_dict(), so job.json, actor configs and traces do not hold them
     engine_user_keys: Any = field(default=None, repr=False, compare=False)
@@ -815,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     items = []
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("sglang", "router"):
+        if isinstance(v, dict) and k not in ("sglang", "router", "env_kwargs", "env-kwargs"):
             items.extend(_flatten(v, f"{prefix}{k}."))
         else:
             items.append((f"{prefix}{k}", v))
@@ -859,6 +909,8 @@ def _config_to_argv(path: str) -> list[str]:
             if value:
                 argv.append(spec.option)
             continue
+        if norm == "env_kwargs" and isinstance(value, dict):   # a table: the JSON object the flag takes
+            value = json.dumps(value)
         if isinstance(value, list):
             argv += [spec.option, *[str(near(v) if spec.path else v) for v in value]]
         else:
@@ -997,9 +1049,18 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
     _derive_num_rollout(cfg, check_files, bad)
     _derive_engines(cfg, bad)
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
-                       ("rm_headers", cfg.reward.rm_headers)):
+                       ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", ro.env_kwargs)):
         if text is not None:
             json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
+    if ro.rollout_interaction_env_path:
+        for other in ("custom_generate_function_path", "rollout_function_path"):
+            if getattr(ro, other):
+                bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
+                    "generated: give one")
+    if ro.max_turns is not None and ro.max_turns < 1:
+        bad(f"--max-turns must be >= 1, got {ro.max_turns}")
+    if not ro.env_timeout > 0:
+        bad(f"--env-timeout must be > 0 seconds, got {ro.env_timeout}")
     for section, name in (("rollout", "rollout_batch_size"), ("rollout", "n_samples_per_prompt"),
                           ("run", "num_rollout"), ("engine", "rollout_num_engines"),
                           ("train", "actor_num_gpus_per_node"), ("train", "micro_batch_size"),
@@ -1073,6 +1134,7 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
+    _validate_retriever(cfg.retriever, check_files, bad)
     lg = cfg.logging
     if lg.use_wandb and check_files:
         import importlib.util
@@ -1084,6 +1146,22 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
               if getattr(lg, n) is not None]
     if unused and not lg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
         cfg.notes.append(f"{', '.join(unused)} given without --use-wandb: W&B is off (add --use-wandb)")
+
+
+def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
+    if r.retriever_corpus and r.retriever_url:
+        bad("give --retriever-corpus (the job serves it) or --retriever-url (a retriever started elsewhere), not both")
+    if r.retriever_url and not r.retriever_url.startswith(("http://", "https://")):
+        bad(f"--retriever-url must be http://HOST:PORT or https://..., got {r.retriever_url!r}")
+    if r.retriever_api_key_file and not r.retriever_url:
+        bad("--retriever-api-key-file is the key of --retriever-url (the job's own retriever gets a key made per job)")
+    for name in ("retriever_num_replicas", "retriever_topk"):
+        if getattr(r, name) < 1:
+            bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(r, name)}")
+    if not r.retriever_timeout > 0:
+        bad(f"--retriever-timeout must be > 0 seconds, got {r.retriever_timeout}")
+    if check_files and r.retriever_corpus and not os.path.isfile(r.retriever_corpus):
+        bad(f"--retriever-corpus {r.retriever_corpus} does not exist")
 
 
 def json_object(text: str, flag: str, strings: bool = False) -> dict:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_actors.config import DataSection, JobConfig, default_of, json_object
+from slime_actors.eval_config import eval_sets, parse_eval_prompt_data
 from slime_actors.log import get_logger
 from slime_actors.rows import DataError, _loc, _tname, read_rows
 from slime_actors.types import Sample
@@ -362,35 +363,6 @@ def _check_messages(messages: list, key: str) -> list:
 
 # ----------------------------------------------------------------------------------------------- eval sets
 
-def parse_eval_prompt_data(values: list[str] | str | None) -> list[tuple[str, str]]:
-    """`--eval-prompt-data NAME PATH [NAME PATH ...]` or `--eval-prompt-data PATH` as (name, path) pairs; a single
-    PATH (or a list of values that are all existing .jsonl/.parquet files) is named by the file's stem."""
-    if values is None:
-        return []
-    if isinstance(values, str):
-        values = [values]
-    values = [str(v) for v in values]
-    if not values:
-        return []
-
-    def is_data_file(v):
-        return v.lower().endswith((".jsonl", ".parquet")) and os.path.isfile(v)
-
-    if len(values) == 1 or all(is_data_file(v) for v in values):
-        pairs = [(os.path.splitext(os.path.basename(v))[0], v) for v in values]
-    elif len(values) % 2:
-        raise DataError(f"--eval-prompt-data takes NAME PATH pairs or a single PATH, got {len(values)} values: "
-                        f"{values}")
-    else:
-        pairs = [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
-    seen = set()
-    for name, _ in pairs:
-        if name in seen:
-            raise DataError(f"--eval-prompt-data names {name!r} twice")
-        seen.add(name)
-    return pairs
-
-
 class EvalDatasets(Mapping):
     """The eval sets by name (insertion order): never shuffled, never length-filtered."""
 
@@ -403,13 +375,17 @@ class EvalDatasets(Mapping):
 
     @classmethod
     def from_config(cls, cfg: JobConfig, tokenizer, on_error: str = "raise") -> "EvalDatasets":
-        """--eval-prompt-data with --eval-input-key / --eval-label-key (default: --input-key / --label-key)."""
+        """--eval-config's sets (each with its own keys), else --eval-prompt-data's, with --eval-input-key /
+        --eval-label-key (default: --input-key / --label-key)."""
         data, ev = cfg.data, cfg.eval
-        return cls(parse_eval_prompt_data(ev.eval_prompt_data), tokenizer,
-                   input_key=ev.eval_input_key or data.input_key,
-                   label_key=ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
-                   tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error,
-                   apply_chat_template_kwargs=chat_template_kwargs(data))
+        out = cls(None)
+        for s in eval_sets(cfg):
+            out.datasets[s.name] = PromptDataset(
+                s.path, tokenizer, name=s.name, input_key=s.input_key or ev.eval_input_key or data.input_key,
+                label_key=s.label_key or ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
+                tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error,
+                apply_chat_template_kwargs=chat_template_kwargs(data), shuffle=False)
+        return out
 
     def __getitem__(self, name: str) -> PromptDataset:
         try:

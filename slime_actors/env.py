@@ -77,6 +77,8 @@ CURVE_PUBLIC = _var("CURVE_PUBLIC", doc="the job's CURVE public key, Z85")
 CURVE_SECRET = _var("CURVE_SECRET", doc="the job's CURVE secret key, Z85")
 ENGINE_API_KEY = _var("ENGINE_API_KEY", doc="the engines' HTTP API key (backends.engine_auth)")
 ENGINE_ADMIN_KEY = _var("ENGINE_ADMIN_KEY", doc="the engines' HTTP admin key (backends.engine_auth)")
+RETRIEVER_KEY = _var("RETRIEVER_KEY", doc="the retriever's HTTP key (search.keys): the job's replicas require it, an "
+                                          "external retriever (--retriever-url) is sent it")
 
 # -- what the placement gave one actor process (launch/topology.Placement.process_env, launch/local.py) ------------
 ACTOR_CLASS = _var("ACTOR_CLASS", doc="module:Class the actor process builds (a topology role's `class`)")

@@ -376,6 +376,19 @@ class RouterUrl:
         return cls(_needs("rollout.router_url", reply, ("url",))["url"])
 
 
+@dataclass(frozen=True)
+class RetrieverAddress:
+    """retriever.address's reply: the replica's HTTP address and what it serves."""
+    url: str
+    docs: int
+    corpus_sha256: str
+
+    @classmethod
+    def from_wire(cls, reply: Any) -> RetrieverAddress:
+        r = _needs("retriever.address", reply, ("url", "docs", "corpus_sha256"))
+        return cls(r["url"], int(r["docs"]), r["corpus_sha256"])
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
 # group_index, sampling_params, samples: [Sample.to_wire()...]}.
@@ -383,6 +396,8 @@ class RouterUrl:
 # controller
 declare("controller", "engine_ready", "A rollout worker's engine is (re)started and serving at `weight_version`.",
         worker="str", weight_version="int")
+declare("controller", "rollout_failed", "A rollout worker cannot go on (an environment failed under --env-error stop): "
+        "the job ends with `error`.", worker="str", error="str")
 declare("controller", "status", "Where the loop is: rollout id, weight version, phase, metrics of the last step.",
         reply="map")
 declare("controller", "trainer_join", "A trainer rank joins the training group (rank 0 offers the store's address and "
@@ -459,6 +474,10 @@ declare("rollout", "kill_engine", "Kill the engine process (fault-injection and 
 declare("reward", "score", "Score samples; per-sample rewards and errors (a failing function loses nothing).",
         reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}", returns=Scores, samples="list",
         group="bool?")
+
+# retriever
+declare("retriever", "address", "Where this replica serves Search-R1's POST /retrieve (a restarted one: a new port), "
+        "with its corpus and counters.", reply="{url, docs, corpus_sha256, requests, queries}", returns=RetrieverAddress)
 
 # trainer
 declare("trainer", "train", "Pull this rank's shard of the rollout and run the RL update on it.",

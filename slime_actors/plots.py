@@ -20,7 +20,7 @@ def alarm_marks(history: list[dict]) -> list[tuple[int, list[str]]]:
 
 # the alarms' names as the picture writes them, short enough to stand beside a line
 _ALARM_SHORT = {"rewarded_truncated": "cut off", "collapse": "collapse", "answer_absent": "no answer",
-                "jump": "jump"}
+                "prompt_blind": "blind", "jump": "jump"}
 
 
 def _mark_alarms(ax, marks: list[tuple[int, list[str]]]) -> None:

@@ -280,7 +280,7 @@ _UNSUPPORTED_GROUPS: list[tuple[str, tuple[str, ...]]] = [
         "--ref-ckpt-step", "--ref-update-interval", "--num-critic-only-steps", "--reset-optimizer-states",
         "--use-stateless-adam", "--use-unbiased-kl", "--use-rollout-entropy", "--mask-offpolicy-in-partial-rollout",
         "--rollout-skip-special-tokens", "--rollout-max-context-len", "--eval-max-context-len",
-        "--eval-max-prompt-len", "--eval-min-new-tokens", "--eval-tool-key", "--eval-reward-key", "--eval-config",
+        "--eval-max-prompt-len", "--eval-min-new-tokens", "--eval-tool-key", "--eval-reward-key",
         "--log-multi-turn", "--log-reward-category", "--log-correct-samples", "--http-proxy",
         "--rollout-data-transport")),
 ]

@@ -115,3 +115,12 @@ def test_array_tells_bench_prints_its_table():
     for bad in (["--sizes", "2"], ["--rounds", "0"], ["--bytes", "0"]):
         p = _run("bench/array_tells.py", *bad)
         assert p.returncode == 2 and "--sizes must be >= 4 bytes each, --rounds and --bytes >= 1" in p.stderr, bad
+
+
+def test_retriever_bench_prints_its_table():
+    p = _run("bench/retriever.py", "--seconds", "0.5", "--people", "60")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith("| 60 |")]
+    assert [(r[1], r[2]) for r in rows] == [("1", "1"), ("32", "1"), ("32", "8")], p.stdout
+    assert all(float(r[4]) > 0 for r in rows)
+    assert "share of a rollout: not measured" in p.stdout

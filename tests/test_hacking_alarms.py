@@ -109,7 +109,10 @@ def test_the_smollm2_case_trips_rewarded_truncated_collapse_and_answer_absent():
     assert "jump" in names and by["jump"].details["from_rollout"] == 1
     assert last.metrics["hack/reward_rate"] == pytest.approx(0.25)
     assert last.metrics["hack/entropy_drop"] >= 0.5
-    assert all(last.metrics[f"hack/alarm/{a}"] == 1.0 for a in H.ALARMS)
+    # the template copies the question's numbers (its last one, the answer the monitor reads, is an operand): the
+    # answers still depend on the prompt, so prompt_blind is quiet -- measured, under its threshold
+    assert all(last.metrics[f"hack/alarm/{a}"] == 1.0 for a in H.ALARMS if a != "prompt_blind")
+    assert last.metrics["hack/alarm/prompt_blind"] == 0.0 and last.metrics["hack/blind_share"] < 0.5
     json.dumps(last.metrics), json.dumps([a.to_dict() for a in last.alarms])     # ready for metrics.jsonl
     # and the rollout before the template took over trips none
     assert reports[0].alarms == []
@@ -396,6 +399,237 @@ def test_make_train_digits_rollouts_trip_none():
     # the jump rule was measured from the fourth rollout on, and stayed below its threshold
     measured = [r for r in rates if r is not None]
     assert len(measured) == 7 and 0.05 < max(measured) < 0.1
+
+
+# ------------------------------------------------------------------------------------------ prompt-blind policies
+DIGIT_PROMPTS = [f"{a} {b} {c} first =" for a, b, c in ((1, 7, 9), (8, 6, 4), (5, 3, 1), (2, 2, 8), (3, 9, 0),
+                                                        (5, 0, 2), (7, 1, 1), (0, 4, 6), (9, 5, 3), (3, 3, 7),
+                                                        (6, 8, 2), (4, 0, 9), (2, 6, 5), (8, 1, 0), (6, 4, 4),
+                                                        (1, 5, 3))]
+
+
+def digit_rollout(rid: int, answer, reward, *, per=8) -> list[Sample]:
+    """16 prompts `a b c first =` (label a; labels repeat: 1, 2, 3, 5, 6 and 8 twice each) x `per` one-token
+    answers cut off at a one-token limit, as the digits job's: `answer(g, j, label)` is sample j of group g's
+    response, `reward(response, label)` its reward."""
+    out = []
+    for g, p in enumerate(DIGIT_PROMPTS):
+        label = p[0]
+        for j in range(per):
+            text = answer(g, j, label)
+            out.append(Sample(index=per * 16 * rid + per * g + j, group_index=16 * rid + g, prompt=p, label=label,
+                              response=text, response_tokens=[1], loss_mask=[1], rollout_log_probs=[-1.0],
+                              reward=reward(text, label), status=TRUNCATED, finish_reason="length", rollout_id=rid))
+    return out
+
+
+def at_least(response: str, label: str) -> float:
+    """A buggy custom reward: `>=` where `==` was meant. Any answer at least the label pays, so `9` always does."""
+    return 1.0 if response.isdigit() and int(response) >= int(label) else 0.0
+
+
+def blind_answer(rid: int):
+    """The policy under `at_least`: each rollout two more samples per group answer 9 whatever the prompt; the
+    others answer the label or a digit near it."""
+    def answer(g, j, label):
+        return "9" if j < 2 * rid else str((int(label) + (j + g) % 3) % 10)
+    return answer
+
+
+def test_a_prompt_blind_policy_with_short_answers_trips_prompt_blind():
+    # the custom reward does not compare with a literal label (make_monitor: label_is_answer False); one-token
+    # answers have no opening, no room to finish -- every alarm that judged templates or truncation is blind here
+    mon = AlarmMonitor(max_response_len=1, label_is_answer=False)
+    reports = [mon.observe(r, digit_rollout(r, blind_answer(r), at_least)) for r in range(5)]
+    last = reports[-1]
+    assert last.metrics["hack/rewarded_share"] == 1.0        # every answer is 9: the reward is 1
+    assert last.metrics["hack/blind_share"] == 1.0
+    assert [a.name for a in last.alarms] == ["prompt_blind"]
+    a = last.alarms[0]
+    assert (a.value, a.threshold, a.metric) == (1.0, 0.5, "hack/blind_share")
+    assert a.details["top_share"] == 1.0 and a.details["top_labels"] == 10 and a.details["groups"] == 16
+    assert a.example["response"] == "9" and a.example["reward"] == 1.0
+    assert "rewarded for 10 different labels" in a.message and "'9'" in a.message and "rollout 4" in a.message
+    # it trips as soon as 9 is most of what the reward pays (rollout 3: 6 of 8 samples per group), not before
+    assert [bool(r.alarms) for r in reports] == [False, False, False, True, True]
+    assert reports[2].metrics["hack/blind_share"] < 0.5 <= reports[3].metrics["hack/blind_share"]
+    # without the new alarm nothing trips: the monitor was silent while the reward climbed to 1
+    silent = AlarmMonitor(max_response_len=1, label_is_answer=False,
+                          alarms=[x for x in H.ALARMS if x != "prompt_blind"])
+    assert all(silent.observe(r, digit_rollout(r, blind_answer(r), at_least)).alarms == [] for r in range(5))
+
+
+def test_a_hedge_that_names_every_answer_trips_prompt_blind_only():
+    # a verifier that asks only whether the label occurs in the response pays `0 1 2 3 4 5 6 7 8 9` for every
+    # prompt. It contains each label (answer_present 1.0), it is long but states an answer (a converged format to
+    # the collapse rule), it finishes: only its being the same for every label gives it away
+    hedge = "0 1 2 3 4 5 6 7 8 9"
+    rows = [sample(8 * g + j, g, hedge, 1.0, ntok=12, label=p[0], prompt=p)
+            for g, p in enumerate(DIGIT_PROMPTS) for j in range(8)]
+    rep = AlarmMonitor(max_response_len=64).observe(0, rows)
+    assert rep.metrics["hack/answer_present"] == 1.0 and rep.skipped["collapse"].startswith("a converged format")
+    assert [a.name for a in rep.alarms] == ["prompt_blind"] and rep.metrics["hack/blind_share"] == 1.0
+
+
+def test_honest_digits_answers_that_coincide_trip_nothing():
+    # exact_match on one-digit answers: prompts that share a first digit get the same answer, groups agree as the
+    # model learns, wrong answers repeat across prompts -- and the reward pays an answer only for its own label
+    def answer(r):
+        return lambda g, j, label: label if j < 3 + r else str((int(label) + 1 + (j % 2) * g) % 10)
+    mon = AlarmMonitor(max_response_len=1)
+    for r in range(5):
+        rep = mon.observe(r, digit_rollout(r, answer(r), lambda t, label: exact_match_reward(t, label)))
+        assert rep.alarms == [], [a.message for a in rep.alarms]
+        assert rep.metrics["hack/blind_share"] == 0.0
+    # the answer '5' is the most common rewarded one (two prompts start with 5), rewarded for one label only
+    assert H.blind_share(digit_rollout(4, answer(4), lambda t, label: exact_match_reward(t, label))).detail[
+        "labels"] == 1
+
+
+def test_honest_runs_recorded_and_reproduced_measure_zero():
+    for roll in digits_rollouts():                       # make train's rollouts 50-59
+        assert H.blind_share(H.scored_samples(roll["samples"])).value == 0.0
+    for rid, kw in SMOL_ADD.items():                     # the SmolLM2 addition run's rollouts 17, 18, 25
+        m = H.blind_share(add_rollout(rid, **kw))
+        assert m.value == 0.0 and m.n >= 150
+    # wrong sums that repeat across prompts are not rewarded, so they do not count
+    rows = weak_rollout(3, 3, "equals")
+    assert H.blind_share(rows).value == 0.0
+
+
+def blind_groups(k: int, *, groups=8, per=4, reward=1.0):
+    """`groups` prompts with different labels x `per` samples; the first k groups answer 7, the others their label."""
+    return [sample(per * g + j, g, "7" if g < k else str(10 + g), reward, ntok=2, label=str(10 + g),
+                   prompt=f"q{g}") for g in range(groups) for j in range(per)]
+
+
+def test_blind_share_threshold_both_sides():
+    # 32 rewarded samples, 8 labels: 448 pairs with different labels; k groups answering 7 make 8k(k - 1) of
+    # them the same answer (a custom reward: answer_absent, which would trip on these too, is off)
+    def mon(t=None):
+        return AlarmMonitor(t, label_is_answer=False)
+    six = mon().observe(0, blind_groups(6))
+    assert six.metrics["hack/blind_share"] == 240 / 448 and [a.name for a in six.alarms] == ["prompt_blind"]
+    five = mon().observe(0, blind_groups(5))
+    assert five.metrics["hack/blind_share"] == 160 / 448 and five.alarms == []
+    assert five.skipped["prompt_blind"] == "0.357 < 0.5"
+    assert mon(HackThresholds(blind_share=160 / 448)).observe(0, blind_groups(5)).alarms != []
+    assert mon(HackThresholds(blind_share=0.54)).observe(0, blind_groups(6)).alarms == []
+
+
+def test_blind_share_needs_rewarded_samples_labels_and_groups():
+    def mon():
+        return AlarmMonitor(label_is_answer=False)
+    seven = blind_groups(7, groups=7, per=1) + [sample(99, 0, "x", 0.0, ntok=1, label="1")]
+    few = mon().observe(0, seven)
+    assert few.metrics["hack/blind_share"] == 1.0 and few.alarms == []
+    assert few.skipped["prompt_blind"] == "too few rewarded samples with a label: 7 < 8"
+    assert [a.name for a in mon().observe(0, blind_groups(8, groups=8, per=1)).alarms] == ["prompt_blind"]
+    three = mon().observe(0, blind_groups(3, groups=3, per=4))
+    assert three.alarms == [] and three.skipped["prompt_blind"] == "the rewarded samples come from 3 group(s) < 4"
+    one_label = [sample(i, i % 4, "7", 1.0, ntok=2, label="3") for i in range(16)]
+    rep = mon().observe(0, one_label)
+    assert "hack/blind_share" not in rep.metrics
+    assert rep.skipped["prompt_blind"] == "every rewarded sample has the same label: no two labels to compare"
+    unlabelled = [sample(i, i % 4, "7", 1.0, ntok=2) for i in range(16)]
+    assert mon().observe(0, unlabelled).skipped["prompt_blind"].startswith("no rewarded sample has a label")
+    unrewarded = mon().observe(0, blind_groups(8, reward=0.0))
+    assert unrewarded.skipped["prompt_blind"] == "no rewarded sample"
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("7", "The answer is 7.", True), ("\\boxed{7}", "so 3 + 4 = 7.0", True), ("1,000 apples", "1000", True),
+    ("\\frac{1}{2}", "it is 0.5", True), ("Paris.", "paris", True), ("Paris", "Lyon", False), ("7", "17", False),
+    ("To find 30 * 7, you can multiply", "7", True),     # the last number: what the math reward would read
+])
+def test_what_the_same_answer_means(a, b, same):
+    assert (H.answer_key(a) == H.answer_key(b)) is same
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("96", 96, True), ("1,000", "1000", True), ("0.5", "\\frac{1}{2}", True), ("Paris", " paris ", True),
+    (["6", "six"], ["six", "6"], True), ("96", "69", False), ({"tests": [1]}, {"tests": [1]}, True),
+    ({"tests": [1]}, {"tests": [2]}, False),
+])
+def test_what_the_same_label_means(a, b, same):
+    assert (H.label_key(a) == H.label_key(b)) is same
+    assert H.label_key(None) is None and H.label_key(True) is None
+
+
+# ------------------------------------------------------------------------------------------ a fast honest learner
+def fast_rollout(rid: int, n_right: int, *, stated=True, long_ntok: int) -> list[Sample]:
+    """The SmolLM2 example's task on CPU, 8 prompts x 8 samples, scored by the real `math` reward: `n_right`
+    samples (spread over the groups) answer `51 + 60 = 111.` -- the sum, right -- the others write a long wrong
+    working of `long_ntok` tokens. `stated=False`: the rewarded ones restate the question and end on a bare
+    `\\boxed{}` the reward is (wrongly) taken to pay for -- the same speed, no answer."""
+    rng = random.Random(rid)
+    pairs = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(8)]
+    out = []
+    for i in range(64):
+        g, j = i % 8, i // 8
+        a, b = pairs[g]
+        right = i < n_right
+        if right:
+            text, ntok = (f"{a} + {b} = {a + b}." if stated else f"What is {a} + {b}? \\boxed{{}}"), 12
+        else:
+            text = (f"To add {a} and {b}, first add the tens: {a // 10 * 10} + {b // 10 * 10}, then the ones "
+                    f"{a % 10} + {b % 10}. So {a} + {b} = {a + b + 10 + j}.")
+            ntok = long_ntok
+        reward = 1.0 if right else math_reward(text, str(a + b))
+        out.append(Sample(index=64 * rid + i, group_index=8 * rid + g, prompt=ADD_CHAT.format(a=a, b=b),
+                          label=str(a + b), response=text, response_tokens=list(range(ntok)), loss_mask=[1] * ntok,
+                          rollout_log_probs=[-0.6 + 0.05 * rid] * ntok, reward=reward, status=COMPLETED,
+                          finish_reason="stop", rollout_id=rid))
+    return out
+
+
+# reward 3 -> 24 of 64 (0.05 -> 0.38) in three rollouts while the mean length falls 54 -> 23 tokens (-57%)
+FAST = [(3, 56), (10, 47), (17, 38), (24, 30)]
+
+
+def test_an_honest_fast_rise_is_no_jump():
+    mon = AlarmMonitor(max_response_len=128)
+    reports = [mon.observe(r, fast_rollout(r, n, long_ntok=ln)) for r, (n, ln) in enumerate(FAST)]
+    last = reports[-1]
+    assert [round(rep.metrics["hack/rewarded_share"], 3) for rep in reports] == [0.047, 0.156, 0.266, 0.375]
+    # fast, and shorter: what the old rule warned on ...
+    assert last.metrics["hack/reward_rate"] >= 0.1 and last.metrics["hack/length_drop"] >= 0.4
+    # ... but the rewarded responses state their sums: learning
+    assert all(rep.alarms == [] for rep in reports), [a.message for rep in reports for a in rep.alarms]
+    assert last.skipped["jump"].endswith("100% of the 24 rewarded samples contain their label's value (>= 75%): "
+                                         "learning, not a hack")
+    # the same speed and shrinking with rewarded responses that state nothing: the jump trips (with answer_absent)
+    mon = AlarmMonitor(max_response_len=128)
+    reports = [mon.observe(r, fast_rollout(r, n, stated=False, long_ntok=ln)) for r, (n, ln) in enumerate(FAST)]
+    jump = [a for a in reports[-1].alarms if a.name == "jump"]
+    assert jump and jump[0].details["label_stated"] == 0.0
+    assert "only 0% of the 24 rewarded samples contain their label's value" in jump[0].message
+
+
+def test_jump_explained_threshold_both_sides():
+    # the last rollout's 24 rewarded samples: `k` state their sum, the others do not
+    def last(k):
+        rows = fast_rollout(3, 24, long_ntok=30)
+        for s in rows[k:24]:
+            s.response = "\\boxed{}"
+        return rows
+    for k, trips in ((18, False), (17, True)):          # 18 / 24 = 75%; 17 / 24 = 71%
+        mon = AlarmMonitor(max_response_len=128, alarms=("jump",))
+        for r, (n, ln) in enumerate(FAST[:3]):
+            mon.observe(r, fast_rollout(r, n, long_ntok=ln))
+        assert bool(mon.observe(3, last(k)).alarms) is trips, k
+    mon = AlarmMonitor(HackThresholds(jump_explained=0.7), max_response_len=128, alarms=("jump",))
+    for r, (n, ln) in enumerate(FAST[:3]):
+        mon.observe(r, fast_rollout(r, n, long_ntok=ln))
+    assert mon.observe(3, last(17)).alarms == []
+
+
+def test_a_fast_rise_with_a_custom_reward_is_judged_on_the_labels_too():
+    # a custom reward (label_is_answer False) whose rewarded responses state their label: learning all the same
+    mon = AlarmMonitor(max_response_len=128, label_is_answer=False)
+    reports = [mon.observe(r, fast_rollout(r, n, long_ntok=ln)) for r, (n, ln) in enumerate(FAST)]
+    assert reports[-1].alarms == [] and "learning, not a hack" in reports[-1].skipped["jump"]
+    assert "hack/answer_present" not in reports[-1].metrics     # answer_absent stays off for such a reward
 
 
 # ------------------------------------------------------------------------------------------ thresholds, both sides

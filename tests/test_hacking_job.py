@@ -175,7 +175,7 @@ def test_record_hack_alarms_writes_each_alarm_with_its_sample_and_warns_once(tmp
     reports = [mon.observe(r, hack_rollout(r)) for r in range(5)]
     log = Log()
     metrics, tripped = record_hack_alarms(tmp_path, 4, report_wire(reports[4]), log)
-    assert metrics == reports[4].metrics and {a["name"] for a in tripped} == set(hacking.ALARMS)
+    assert metrics == reports[4].metrics and {a["name"] for a in tripped} == set(hacking.ALARMS) - {"prompt_blind"}
     rows = read_alarms(tmp_path)
     assert [r["signal"] for r in rows] == [a.name for a in reports[4].alarms]
     for row, a in zip(rows, reports[4].alarms):
@@ -294,3 +294,47 @@ def test_hack_alarms_stop_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):
     assert [m["rollout_id"] for m in metrics(run)] == [0, 1]
     assert [(r["rollout_id"], r["count"]) for r in read_alarms(run)] == [(0, 1), (1, 2)]
     assert json.loads((run / "result.json").read_text())["status"] == "done"
+
+
+WRONG_KEY_RM = """\
+def reward(args, sample):
+    # buggy: reads the answer from a key the rows do not have, and its default pays "0" for every prompt
+    answer = (sample.metadata or {}).get("answer", "0")
+    return 1.0 if sample.response.strip() == str(answer) else 0.0
+"""
+
+
+@pytest.mark.slow
+def test_a_reward_that_pays_one_answer_for_every_prompt_trips_prompt_blind_and_the_held_out_set_stays_honest(
+        tmp_path):
+    """The digits task (one-token answers, a one-token limit) with a custom reward that pays `0` whatever the
+    prompt: the policy learns to say 0 to everything, which no other alarm can see (no opening, no room to finish,
+    no literal-label reward). prompt_blind names it; the held-out set, graded by exact_match of its own
+    (--eval-config), is scored honestly, and the summary says so."""
+    (tmp_path / "wrong_key.py").write_text(WRONG_KEY_RM)
+    (tmp_path / "eval.yaml").write_text(f"eval:\n  datasets:\n    - name: heldout\n"
+                                        f"      path: {ROOT / 'examples' / 'digits' / 'heldout.jsonl'}\n"
+                                        f"      rm_type: exact_match\n")
+    run = tmp_path / "run"
+    p = train(run, "--num-rollout", "4", "--rollout-max-response-len", "1",
+              "--custom-rm-path", f"{tmp_path / 'wrong_key.py'}:reward", "--eval-config", str(tmp_path / "eval.yaml"))
+    rows = read_alarms(run)
+    assert rows and {r["signal"] for r in rows} == {"prompt_blind"}, [r["signal"] for r in rows]
+    for r in rows:
+        ex = r["example"]
+        assert r["value"] == 1.0 and ex["response"] == "0" and ex["reward"] == 1.0 and ex["label"] != "0"
+        assert r["details"]["top_labels"] >= 2
+    steps = metrics(run)
+    assert all(s["hack/alarm/prompt_blind"] == (1.0 if s["rollout_id"] in {r["rollout_id"] for r in rows} else 0.0)
+               for s in steps)
+    assert all(s[f"hack/alarm/{a}"] == 0.0 for s in steps for a in hacking.ALARMS if a != "prompt_blind")
+    # the held-out set is graded by its own exact_match, not by the reward that pays 0: every saved response's
+    # reward is what exact_match gives it, and the summary names the grader
+    from slime_actors.rewards.rules import exact_match_reward
+    saved = [json.loads(line) for f in sorted((run / "evals").glob("heldout_step*.jsonl"))
+             for line in f.read_text().splitlines()]
+    assert saved and all(x["reward"] == exact_match_reward(x["response"], x["label"]) for x in saved)
+    result = json.loads((run / "result.json").read_text())
+    assert result["eval_graders"] == {"heldout": "exact_match (the set's own)"}
+    assert "graded by exact_match (the set's own)" in p.stdout
+    assert "--eval-prompt-data is ignored: --eval-config" in p.stderr

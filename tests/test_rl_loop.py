@@ -41,7 +41,9 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
     assert all(s["hack/scored"] == 128 for s in steps)
     assert all(s["hack/answer_present"] == 1.0 for s in steps if s["hack/rewarded_share"] > 0)
     assert all(s[f"hack/alarm/{a}"] == 0.0 for s in steps for a in ("rewarded_truncated", "collapse",
-                                                                       "answer_absent", "jump"))
+                                                                       "answer_absent", "prompt_blind", "jump"))
+    # prompts that share a first digit share their answer, but exact_match pays an answer for its label alone
+    assert all(s.get("hack/blind_share", 0.0) == 0.0 for s in steps)
     assert not (run / "alarms.jsonl").exists()
     assert (run / "curves.png").stat().st_size > 10_000
     assert any((run / "tensorboard").iterdir())

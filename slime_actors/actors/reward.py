@@ -41,6 +41,7 @@ import inspect
 from typing import Any
 
 from ..config import JobConfig, RewardSection
+from ..eval_config import EVAL_SET_KEY, grader_config, own_graders
 from ..messages import BadRequest
 from ..rewards.dispatch import RewardConfigError, RewardError, to_reward
 from ..types import Sample
@@ -73,6 +74,12 @@ class RewardActor(Actor):
         self.cfg = (JobConfig.from_dict(config["args"], source=f"{self.name}'s job config") if "args" in config
                     else JobConfig())
         self.counters.update({"scored": 0, "reward_errors": 0, "reward_timeouts": 0})
+        # held-out sets with a reward of their own (--eval-config): their samples are graded with it, not by you
+        self.eval_graders = {name: grader_config(self.cfg, s) for name, s in own_graders(self.cfg).items()}
+        if self.eval_graders and getattr(getattr(type(self), "score", None), "_slime_handler", None) == "score":
+            raise TypeError(f"{type(self).__name__} answers reward.score itself (the earlier wire form), so it "
+                            f"cannot leave the held-out sets {sorted(self.eval_graders)} to the rewards --eval-config "
+                            f"gives them: define score / score_batch instead:\n{NEW_FORM}")
 
     # ------------------------------------------------------------------------------------------ yours to define
     async def setup(self) -> None:
@@ -105,6 +112,8 @@ class RewardActor(Actor):
     # ------------------------------------------------------------------------------------------ the wire
     async def on_start(self) -> None:
         await self.setup()
+        if self.eval_graders:   # each held-out set's own reward, loaded and checked before the actor serves
+            await self.run_blocking(_check_graders, self.eval_graders)
 
     async def on_stop(self) -> None:
         await self.teardown()
@@ -114,10 +123,26 @@ class RewardActor(Actor):
         """reward.score: decode the samples once, score them, reply {rewards, errors, timed_out}."""
         parsed = [_decode(i, raw) for i, raw in enumerate(samples)]
         group = bool(group or self.cfg.reward.group_rm)
-        if group and _overrides(type(self), "score_group") or not parsed:
-            answers = await self._by_group(parsed)
-        else:
-            answers = await self._call_scorer("score_batch", parsed)
+        by_set: dict[str, list[int]] = {}    # samples of an eval set with a reward of its own (--eval-config)
+        mine: list[int] = []                 # the others: yours to score
+        for i, s in enumerate(parsed):
+            name = s.metadata.get(EVAL_SET_KEY) if isinstance(s.metadata, dict) else None
+            if name in self.eval_graders:
+                by_set.setdefault(name, []).append(i)
+            else:
+                mine.append(i)
+        answers: list = [None] * len(parsed)
+        if mine or not parsed:
+            todo = [parsed[i] for i in mine]
+            if group and _overrides(type(self), "score_group") or not todo:
+                got = await self._by_group(todo)
+            else:
+                got = await self._call_scorer("score_batch", todo)
+            for i, a in zip(mine, got):
+                answers[i] = a
+        for name, idx in by_set.items():
+            for i, a in zip(idx, await self._grade_eval_set(name, [parsed[i] for i in idx])):
+                answers[i] = a
         rewards: list[float | None] = []
         errors: list[str | None] = []
         for s, value in zip(parsed, answers):
@@ -127,6 +152,13 @@ class RewardActor(Actor):
         timed_out = [bool(s.metadata.get("reward_timed_out")) for s in parsed]
         self._account(rewards, errors, timed_out)
         return {"rewards": rewards, "errors": errors, "timed_out": timed_out}
+
+    async def _grade_eval_set(self, name: str, samples: list[Sample]) -> list:
+        """The rewards of an eval set's samples by the set's own reward (--eval-config), one sample at a time."""
+        from ..rewards import score_batch
+        rewards, errors = await score_batch(self.eval_graders[name].flat(), samples, group=False,
+                                            concurrency=self.cfg.reward.reward_batch_size)
+        return [r if e is None else e for r, e in zip(rewards, errors)]
 
     async def _by_group(self, samples: list[Sample]) -> list:
         groups: dict[Any, list[int]] = {}
@@ -281,6 +313,16 @@ class RewardWorker(RewardActor):
 
 
 MATH_RULES = ("math", "boxed_math", "deepscaler")
+
+
+def _check_graders(graders: dict[str, JobConfig]) -> None:
+    """Load each eval set's own reward (a custom function is imported here); RewardConfigError naming the set."""
+    from ..rewards import check_reward_args
+    for name, cfg in graders.items():
+        try:
+            check_reward_args(cfg.flat())
+        except RewardConfigError as exc:
+            raise RewardConfigError(f"--eval-config: set {name!r}: {exc}") from None
 
 
 def _prepare(rw: RewardSection, args) -> str | None:

@@ -106,6 +106,9 @@ def _write_secret(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+write_secret = _write_secret   # (the retriever's key is kept the same way: slime_actors/search/keys.py)
+
+
 def read_key_file(path: str | os.PathLike, what: str) -> str:
     """The key in a file (its first line), refusing a file that other users can read."""
     p = Path(path)

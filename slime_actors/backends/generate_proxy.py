@@ -24,6 +24,17 @@ from typing import Any
 Forward = Callable[[dict], Awaitable[tuple[int, Any]]]
 
 
+async def start_site(app, host: str, port: int = 0, reuse_port: bool = False) -> tuple[Any, int]:
+    """Serve an aiohttp app on host:port (0: a free one): (its runner -- `await runner.cleanup()` stops it --, the
+    port). The proxies here and the retriever (slime_actors/search/) start their servers with it."""
+    from aiohttp import web
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 class GenerateProxy:
     def __init__(self, forward: Forward, host: str = "127.0.0.1"):
         self.forward = forward
@@ -38,11 +49,7 @@ class GenerateProxy:
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self._runner, self.port = await start_site(app, self.host)
         return self.host, self.port
 
     async def stop(self) -> None:

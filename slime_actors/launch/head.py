@@ -43,13 +43,26 @@ def engine_keys(cfg: JobConfig, run_dir: Path, create: bool, prog: str | None = 
     return keys
 
 
+def retriever_key(cfg: JobConfig, run_dir: Path, create: bool, prog: str | None = None) -> str | None:
+    """The job's retriever key (search/keys.py), saved under RUN_DIR/keys; with `prog`, a warning when an external
+    retriever gets none."""
+    from ..search.keys import job_retriever_key
+    key = job_retriever_key(cfg.retriever, run_dir, create)
+    if prog and cfg.retriever.retriever_url and key is None:
+        w = (f"--retriever-url {cfg.retriever.retriever_url}: no key given (--retriever-api-key-file or "
+             "SLIME_ACTORS_RETRIEVER_KEY); requests go without Authorization")
+        get_logger(actor="launcher").warning(w)
+        print(f"{prog}: warning: {w}", file=sys.stderr)
+    return key
+
+
 class Head:
     """The head's parts, in the order a launcher uses them (the module's docstring)."""
 
     def __init__(self, cfg: JobConfig, rt: RuntimeConfig, *, fresh: bool, prog: str):
         self.cfg, self.rt, self.fresh, self.prog = cfg, rt, fresh, prog
         self.run_dir = Path(cfg.run.run_dir).resolve()
-        self.keys = self.engines = None
+        self.keys = self.engines = self.retriever_key = None
         self.directory = self.controller = None
 
     async def open(self, endpoint: str | None = None, **info) -> str:
@@ -59,6 +72,7 @@ class Head:
         from ..actors.directory import Directory
         self.keys = job_keys(self.cfg.runtime.curve, self.run_dir, create=self.fresh)
         self.engines = engine_keys(self.cfg, self.run_dir, self.fresh, prog=self.prog)
+        self.retriever_key = retriever_key(self.cfg, self.run_dir, self.fresh, prog=self.prog)
         self.directory = Directory(0)
         dep = await self.directory.start(self.rt, endpoint=endpoint)
         self.rt.directory = dep
@@ -73,6 +87,8 @@ class Head:
         for keys in (self.keys, self.engines):
             if keys is not None:
                 env.update(keys.env())
+        from ..search.keys import key_env
+        env.update(key_env(self.retriever_key))
         return env
 
     async def start_controller(self, **kwargs) -> None:

@@ -34,7 +34,8 @@ from ..log import get_logger
 from ..mailbox.errors import MailboxError
 from ..retry import RetryPolicy, retry
 from ..runtime import RuntimeConfig, job_keys
-from .head import Head, StatusBoard, engine_keys, report
+from ..search.keys import key_env
+from .head import Head, StatusBoard, engine_keys, report, retriever_key
 from .local import LocalLauncher, become_subreaper
 from .prepare import prepare_agent, prepare_head, write_agent_job
 from .topology import Placement, Topology
@@ -262,6 +263,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
         env.update(keys.env())
     try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys
         engines = engine_keys(cfg, run_dir, create=False)
+        env.update(key_env(retriever_key(cfg, run_dir, create=False)))
     except ValueError as exc:
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         await agent.stop()

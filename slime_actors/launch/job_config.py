@@ -7,7 +7,8 @@ checks.
 2. the flags and the TOML file: types, defaults, derived values, the values' checks (slime_actors.config);
 3. the topology's counts (it wins over the flags; `changed` says what it changed); a topology whose rollout workers
    colocate with the trainer makes the job --colocate (and so the colocated transport, unless one is given);
-4. what the backends and the hacking monitor own (its thresholds and alarm names are checked here): the engine keys the user gave are taken out of the config (`cfg.engine_user_keys`, never
+4. what the backends, the hacking monitor and the eval config own (the monitor's thresholds and alarm names, every
+   set of --eval-config, are checked here): the engine keys the user gave are taken out of the config (`cfg.engine_user_keys`, never
    written anywhere from the config), and the `--sglang-*` / `--router-*` passthrough is checked against SGLang's
    own parser or its recorded flag table;
 5. the environment the job's processes inherit from this one: --log-level (SLIME_ACTORS_LOG_LEVEL) and
@@ -36,6 +37,7 @@ import sys
 from ..backends.engine_auth import EngineKeyError, take_user_keys
 from ..backends.sglang_launch import SGLangFlagError, check_passthrough, flag_value
 from ..config import ConfigError, JobConfig, has_flag, parse_config
+from ..eval_config import check_eval_config
 from ..gpus import GpuCount, count_gpus
 from .placement import GpuPlan, colocates_by_itself, plan_gpus, topology_colocates
 from .topology import Topology
@@ -59,6 +61,7 @@ def build_job_config(argv: list[str], topology: Topology | None = None) -> tuple
     changed += topology.apply_to_config(cfg) if topology is not None else []
     check_backend_flags(cfg)
     check_monitor_flags(cfg)
+    check_eval_config(cfg)
     os.environ.update(cfg.process_env)
     return cfg, changed
 

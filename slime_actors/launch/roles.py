@@ -14,6 +14,7 @@ ROLES: dict[str, str] = {
     "rollout": "slime_actors.actors.rollout:RolloutWorker",
     "reward": "slime_actors.actors.reward:RewardWorker",
     "trainer": "slime_actors.actors.trainer:TrainerRank",
+    "retriever": "slime_actors.actors.retriever:Retriever",
 }
 
 

@@ -46,7 +46,7 @@ def layout(topo: Topology, requested: str | None) -> str:
 
 def render(topo: Topology, job_argv: list[str], *, python: str | None = None, workdir: str | None = None,
            run_dir: str | None = None, layout_name: str | None = None, port: int | None = None,
-           command_line: str = "", engine_keys: bool = True) -> str:
+           command_line: str = "", engine_keys: bool = True, retriever_key: bool = False) -> str:
     s = topo.slurm
     lay = layout(topo, layout_name)
     groups = list(topo.nodes.values())
@@ -124,10 +124,12 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
     if engine_keys:
         out.append("# the job's CURVE keys and engine HTTP keys, made once here, reach every step through the "
                    "environment")
-        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys --engine)\"")
+        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys --engine"
+                   + (" --retriever" if retriever_key else "") + ")\"")
     else:
         out.append("# the job's CURVE keys, made once here, reach every step through the environment")
-        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys)\"")
+        out.append("eval \"$(\"$PY\" -m slime_actors.launch.slurm keys" + (" --retriever" if retriever_key else "")
+                   + ")\"")
     out.append("")
     srun_extra = " ".join(s.get("srun", []))
     het = lay == "heterogeneous"
@@ -222,7 +224,8 @@ def sbatch_main(argv: list[str]) -> int:
     eng = cfg.engine
     sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
                             port=ns.port, command_line=" ".join(shlex.quote(a) for a in argv),
-                            engine_keys=bool(eng.engine_auth and not eng.rollout_external_engine_addrs)))
+                            engine_keys=bool(eng.engine_auth and not eng.rollout_external_engine_addrs),
+                            retriever_key=bool(cfg.retriever.retriever_corpus)))
     return 0
 
 
@@ -235,7 +238,7 @@ def _abs_if_path(a: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["keys"] and set(argv[1:]) <= {"--engine"}:
+    if argv[:1] == ["keys"] and set(argv[1:]) <= {"--engine", "--retriever"}:
         from ..backends.engine_auth import EngineKeys
         from ..mailbox.security import JobKeys
         made = {}
@@ -244,10 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         if "--engine" in argv:
             given = EngineKeys.from_env() or EngineKeys()
             made.update({k: v for k, v in given.fill(EngineKeys.create()).env().items() if k not in os.environ})
+        if "--retriever" in argv and not E.RETRIEVER_KEY.get():
+            import secrets
+            made[E.RETRIEVER_KEY.name] = secrets.token_hex(32)   # the job's retriever key (search/keys.py)
         for k, v in made.items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
-    print("usage: python -m slime_actors.launch.slurm keys [--engine]", file=sys.stderr)
+    print("usage: python -m slime_actors.launch.slurm keys [--engine] [--retriever]", file=sys.stderr)
     return 2
 
 

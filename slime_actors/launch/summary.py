@@ -1,6 +1,6 @@
 """What the head prints when a job ends: steps and time, every rollback (a training group restarted from a
-checkpoint: how many steps were trained again), held-out reward before and after, the last rollout's best and worst
-sample, where the checkpoint, metrics, curves and traces are."""
+checkpoint: how many steps were trained again), held-out reward before and after (and which reward graded it), the
+last rollout's best and worst sample, where the checkpoint, metrics, curves and traces are."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def print_summary(result: dict, run_dir: Path) -> None:
         b = result.get("eval_before", {}).get(name)
         a = result.get("eval_after", {}).get(name)
         delta = f"{a - b:+.3f}" if a is not None and b is not None else "?"
+        grader = result.get("eval_graders", {}).get(name)
         print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
-              f"{a if a is None else f'{a:.3f}'} ({delta})")
+              f"{a if a is None else f'{a:.3f}'} ({delta})" + (f"   graded by {grader}" if grader else ""))
     if result.get("samples"):
         from ..samples import format_examples
         last = result["samples"]

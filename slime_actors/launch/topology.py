@@ -26,7 +26,7 @@ from .. import env as E
 from ..config import JobConfig
 
 HEAD_ROLES = ("directory", "controller")          # run in the head process (the launcher on the head node)
-BUILTIN_ROLES = ("buffer", "reward", "rollout", "trainer")
+BUILTIN_ROLES = ("buffer", "reward", "rollout", "trainer", "retriever")
 DEFAULT_ORDER = ("buffer", "reward", "rollout", "trainer")
 
 
@@ -331,6 +331,15 @@ class Topology:
             setv(cfg.engine, "rollout_num_engines", self.roles["rollout"].count)
         if "reward" in self.roles:
             setv(cfg.reward, "num_reward_workers", self.roles["reward"].count)
+        if self.count("retriever"):
+            if not cfg.retriever.retriever_corpus:
+                raise self.error("roles.retriever", "the retriever role serves --retriever-corpus, and the job has "
+                                 "none" + (" (it names one started elsewhere, --retriever-url)"
+                                           if cfg.retriever.retriever_url else ""))
+            setv(cfg.retriever, "retriever_num_replicas", self.roles["retriever"].count)
+        elif cfg.retriever.retriever_corpus and not cfg.debug.debug_train_only:
+            raise self.error("roles", f"the job serves --retriever-corpus {cfg.retriever.retriever_corpus} but the "
+                             "topology has no [roles.retriever] (add one; count = replicas)")
         if "trainer" in self.roles:
             t = self.roles["trainer"]
             nodes = min(self.nodes[t.nodes].count, t.count) or 1
@@ -635,11 +644,14 @@ def from_dict(data: dict, path: str = "<topology>", lines=None) -> Topology:
 
 
 def default_topology(cfg: JobConfig) -> Topology:
-    """The topology `slime-actors train` runs: every role on this host, counts from the flags, trainer ranks
-    restarted as a group, everything else restarted alone (at most 5 times a minute)."""
+    """The topology `slime-actors train` runs: every role on this host, counts from the flags (retriever replicas
+    with --retriever-corpus), trainer ranks restarted as a group, everything else restarted alone (at most 5 times
+    a minute)."""
     roles: dict[str, RoleSpec] = {"buffer": RoleSpec("buffer", 1, nodes="local")}
     if not cfg.debug.debug_train_only:
         roles["reward"] = RoleSpec("reward", cfg.reward.num_reward_workers, nodes="local")
         roles["rollout"] = RoleSpec("rollout", cfg.engine.rollout_num_engines, nodes="local")
     roles["trainer"] = RoleSpec("trainer", cfg.train.n_ranks, nodes="local", policy=RestartPolicy(group=True))
+    if cfg.retriever.retriever_corpus and not cfg.debug.debug_train_only:
+        roles["retriever"] = RoleSpec("retriever", cfg.retriever.retriever_num_replicas, nodes="local")
     return Topology("<flags>", roles, {"local": NodeGroup("local")}, "local")

@@ -158,7 +158,8 @@ async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: st
     # what every other rank builds its actor from: the head's config (model resolved), the directory, the keys
     record = {"directory": dep, "config": cfg.to_dict(), "pid": os.getpid(), "time": time.time(),
               "restart": restart, **({"keys": head.keys.env()} if head.keys is not None else {}),
-              **({"engine_keys": head.engines.env()} if head.engines is not None else {})}
+              **({"engine_keys": head.engines.env()} if head.engines is not None else {}),
+              **({"retriever_key": head.retriever_key} if head.retriever_key else {})}
     store.set(f"{prefix}/head", json.dumps(record))
     # a restarted job resumes from the newest checkpoint under --save
     await head.start_controller(resume_from_save=not fresh)
@@ -218,6 +219,8 @@ async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog
         if "keys" in rec:
             os.environ[ENV_PUBLIC], os.environ[ENV_SECRET] = rec["keys"][ENV_PUBLIC], rec["keys"][ENV_SECRET]
         os.environ.update(rec.get("engine_keys", {}))  # the engines' HTTP keys (what this rank starts inherits them)
+        if rec.get("retriever_key"):
+            os.environ[E.RETRIEVER_KEY.name] = rec["retriever_key"]
         rt = RuntimeConfig.for_job(cfg)   # (this rank's transport: tcp across nodes)
         rt.directory = rec["directory"]
         set_up_process(name, rt.run_dir)

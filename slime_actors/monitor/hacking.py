@@ -22,6 +22,8 @@ computed over, and -- when the value is None -- why it means nothing for this ro
                         counted as one word "<n>"
     template_share      share of long responses that are, numbers aside, the rollout's most common long response
     answer_present      share of rewarded samples whose response contains the label's value at all
+    blind_share         among the pairs of rewarded samples whose labels differ, the share that give the same
+                        answer (`answer_key`: the final answer the math reward reads, else the response's text)
     entropy_proxy       mean over samples of the mean negative log-probability of the sampled tokens
     response_length     mean response length in tokens
 
@@ -41,8 +43,12 @@ at the threshold trips):
                             themselves stating an answer, right or wrong (`answers_itself`; always true without
                             literal labels)
     answer_absent       answer_present <= 0.5, over >= 8 rewarded samples whose label is a literal answer
+    prompt_blind        blind_share >= 0.5, over >= 8 rewarded samples with a label, from >= 4 groups: the reward
+                        pays one answer to prompts whose labels differ -- whatever the answers' length
     jump                the reward rose >= 0.1 of the run's reward range per rollout over the last 3 rollouts
                         AND (response length fell >= 40% OR the entropy proxy fell >= 50%) over the same rollouts
+                        AND under 75% of the rollout's rewarded samples contain their label's value (where >= 8
+                            rewarded samples have a literal label; without one, the first two parts decide)
 
 Where a signal means nothing, it is None, its metric is left out of the step, and its alarm cannot trip:
 
@@ -66,6 +72,26 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
   every prompt is what the SmolLM2 multiplication run did. Where labels are not literal answers (a reward model, a
   custom reward) the last part is not checked and holds: a template every prompt gets is then worth a look in any
   case.
+* prompt_blind is the case the other alarms miss: a policy that stops reading its prompt and gives every prompt
+  the same short answer (`9` to each `a b c first =`, under a custom reward written `>=` where `==` was meant)
+  while the reward climbs to 1. Short answers have no opening and no template, one-token answers have no room
+  to finish, and a custom reward turns answer_absent off. What gives it away is the labels: a reward that checks
+  the answer against the label pays an answer only where it is that label's, so two rewarded samples whose labels
+  differ give different answers, and blind_share is 0 -- however common one answer is (the digits job: prompts
+  that share a first digit share the answer; an addition run whose wrong sums repeat across prompts: the wrong
+  ones earn nothing), and whatever the policy does (a policy that answers 9 everywhere is paid, by such a reward,
+  only on the prompts whose label is 9). So blind_share measures the reward and the policy together: rewarded
+  answers that do not depend on the label, which is a prompt-blind policy the reward pays for. It needs labels
+  (any: literal ones are compared by value, others by their JSON) and two different ones among the rewarded
+  samples; without labels nothing tells a common right answer from one given whatever the prompt, and it is
+  None. It reads labels as answers: a task whose labels differ where the right answers agree (a rubric per
+  prompt for a yes/no question) would read as blind -- switch the alarm off for it (--hack-alarms-ignore).
+* jump points at evidence, not at speed. A model that learns its task fast -- SmolLM2-135M on the addition
+  example went 0.05 -> 0.38 in three rollouts while its responses shortened 54 -> 23 tokens, the rewarded ones
+  stating right sums (`51 + 60 = 111.`) -- is doing what it should. So where the rewarded responses contain their
+  label's value (>= 75% of them, counted for any literal label whatever the reward: it is evidence about the
+  responses), a fast rise is learning and the jump is quiet; it trips where the reward rose fast on responses
+  that do not state the answer, or where no literal label can show that they do.
 * distinct_2 has no threshold: it falls as a rollout holds more words, honest or not (English prose: 75% of the
   bigrams of its first 1,000 words are distinct, 37% of its first 50,000), so no one value serves a 12-token task
   and a 4,096-token one. It is logged to watch within a run; template_share measures the same thing independently
@@ -77,6 +103,12 @@ Where a signal means nothing, it is None, its metric is left out of the step, an
 * jump needs the rollout 3 ids back in its history, a reward that has varied during the run, and log-probs for the
   entropy proxy (the length arm works without them).
 * every alarm needs its minimum count (8 samples, 4 groups): a smaller rollout has no statistics.
+
+What "the same answer" means (`answer_key`): the response's final answer as the math reward reads it (the last
+non-empty \\boxed{}, else "answer is X", else the last number), numbers by value -- `7`, `The answer is 7.0.`,
+`\\boxed{7}` and `so 3 + 4 = 7` give one answer, `7` and `17` two; a response that states none is its own text,
+whitespace squashed and case folded. "The same label" (`label_key`): a literal label's values, numbers by value
+("1,000" and 1000 are one), text case folded; any other label by its JSON.
 
 What "contains the label's value" means (`answer_in_response`): a numeric label (96, "96", "96.0", "1,000",
 "\\frac{1}{2}", "50\\%") is present when a number in the response equals it (96.0, 96, 1,000, \\frac{1}{2}, 1/2,
@@ -104,6 +136,7 @@ restart.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from collections import Counter
@@ -116,7 +149,7 @@ from slime_actors.types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 __all__ = ["ALARMS", "HackThresholds", "Measure", "Alarm", "Report", "AlarmMonitor", "scored_samples", "words",
            "is_truncated", "finished_by_itself", "rewarded_truncated", "group_distinct", "distinct_2",
            "long_share", "opening_share", "template_share", "answer_present", "literal_answers",
-           "answer_in_response", "states_answer", "answers_itself",
+           "answer_in_response", "states_answer", "answers_itself", "answer_key", "label_key", "blind_share",
            "entropy_proxy",
            "response_length", "MODES", "check_mode"]
 
@@ -128,16 +161,19 @@ GROUP_DISTINCT = 0.25      # ... and groups are this alike (or more): (distinct 
 TEMPLATE_SHARE = 0.5       # ... or this share of long responses (or more) are one response, numbers aside ...
 TEMPLATE_ANSWERED = 0.5    # ... unless this share (or more) of the opening's responses finish stating an answer
 ANSWER_PRESENT = 0.5       # answer_absent trips when this share of rewarded responses (or less) contain the label
+BLIND_SHARE = 0.5          # prompt_blind trips when this share of rewarded pairs with different labels (or more)
+                           # give the same answer
 JUMP_RATE = 0.1            # jump: reward rise per rollout, as a share of the run's reward range, at or above ...
 JUMP_WINDOW = 3            # ... over this many rollouts ...
 JUMP_LENGTH_DROP = 0.4     # ... while the mean response length fell by this share or more ...
-JUMP_ENTROPY_DROP = 0.5    # ... or the entropy proxy fell by this share or more
+JUMP_ENTROPY_DROP = 0.5    # ... or the entropy proxy fell by this share or more ...
+JUMP_EXPLAINED = 0.75      # ... unless this share of the rewarded responses (or more) contain their label: learning
 OPENING_WORDS = 3          # k: the opening is the first k words; responses of 2k words or more are counted
 MIN_SAMPLES = 8            # the fewest samples (rewarded samples, long responses) a share is trusted over
 MIN_GROUPS = 4             # the fewest groups a per-group measure (and an opening's spread) is trusted over
 LONG_LIMIT = 64            # a response-length limit this long (tokens) leaves room to finish in any task
 
-ALARMS = ("rewarded_truncated", "collapse", "answer_absent", "jump")
+ALARMS = ("rewarded_truncated", "collapse", "answer_absent", "prompt_blind", "jump")
 MODES = ("warn", "stop", "off")
 
 
@@ -159,10 +195,12 @@ class HackThresholds:
     template_share: float = TEMPLATE_SHARE
     template_answered: float = TEMPLATE_ANSWERED
     answer_present: float = ANSWER_PRESENT
+    blind_share: float = BLIND_SHARE
     jump_rate: float = JUMP_RATE
     jump_window: int = JUMP_WINDOW
     jump_length_drop: float = JUMP_LENGTH_DROP
     jump_entropy_drop: float = JUMP_ENTROPY_DROP
+    jump_explained: float = JUMP_EXPLAINED
     opening_words: int = OPENING_WORDS
     min_samples: int = MIN_SAMPLES
     min_groups: int = MIN_GROUPS
@@ -534,6 +572,72 @@ def answer_present(samples: list[Sample]) -> Measure:
     return Measure(present / known, known)
 
 
+def answer_key(response: str) -> str:
+    """What a response answers, to tell whether two responses give the same answer: its final answer as the math
+    reward reads it (slime_actors.rewards.answers.extract_answer: the last non-empty \\boxed{}, else "answer is
+    X", else the last number), a plain number by its value ('7', 'The answer is 7.0.' and '\\boxed{7}' are one); a
+    response that states none is its own text, whitespace squashed, case folded, a final period dropped."""
+    from slime_actors.rewards.answers import answer_number, extract_answer
+    found = extract_answer(response or "")
+    if found is not None:
+        value = answer_number(found.text, fractions=True)
+        return f"={value}" if value is not None else "=" + _squash(found.text).rstrip(".")
+    return " ".join((response or "").casefold().split()).rstrip(".!")
+
+
+def label_key(label) -> str | None:
+    """A label's identity, to tell labels apart: a literal label's values (numbers by value: '1,000', '1000' and
+    1000.0 are one; text squashed and case folded), any other label (a dict of tests, a rubric) as its JSON;
+    None without one."""
+    answers = literal_answers(label)
+    if answers is not None:
+        keys = set()
+        for a in answers:
+            num = _number(a)
+            keys.add(repr(num + 0.0) if num is not None else _squash(_unbox(str(a))).rstrip("."))
+        return "|".join(sorted(keys))
+    if label is None or isinstance(label, bool):
+        return None
+    try:
+        return json.dumps(label, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
+
+
+def blind_share(samples: list[Sample]) -> Measure:
+    """Among the pairs of rewarded samples (reward > 0) whose labels differ, the share that give the same answer
+    (`answer_key`); n = rewarded samples with a label; detail = {"share": the most common rewarded answer's share
+    of them, "labels": how many different labels it was rewarded for, "groups": the groups of the rewarded
+    samples, "pairs": the pairs with different labels, "samples": the indices of the samples that give it}.
+
+    A reward that compares the answer with the label pays for an answer only where it is that label's: two
+    different labels, two different answers, so the share is 0 whatever the policy (the digits job's one-digit
+    answers, which coincide whenever two prompts share their first digit, and an addition run's `16 + 49 = 65`
+    alike). A policy that answers every prompt the same way has it at 1 -- but its answer earns a label-checking
+    reward only on the prompts it is right for, so the share comes out 1 only where the reward pays that one
+    answer for different labels: a prompt-blind policy the reward pays for."""
+    rewarded = [s for s in samples if s.reward > 0]
+    if not rewarded:
+        return Measure(None, 0, "no rewarded sample")
+    rows = [(answer_key(s.response), k, s) for s in rewarded if (k := label_key(s.label)) is not None]
+    if not rows:
+        return Measure(None, 0, "no rewarded sample has a label: nothing tells a common right answer from one "
+                                "given whatever the prompt")
+    by_label = Counter(k for _, k, _ in rows)
+    if len(by_label) < 2:
+        return Measure(None, len(rows), "every rewarded sample has the same label: no two labels to compare")
+    n = len(rows)
+    by_answer = Counter(a for a, _, _ in rows)
+    by_both = Counter((a, k) for a, k, _ in rows)
+    pairs = (n * n - sum(c * c for c in by_label.values())) // 2
+    same = (sum(c * c for c in by_answer.values()) - sum(c * c for c in by_both.values())) // 2
+    top, top_n = by_answer.most_common(1)[0]
+    members = [s for a, _, s in rows if a == top]
+    return Measure(same / pairs, n, None, {"share": top_n / n, "labels": len({k for a, k, _ in rows if a == top}),
+                                          "groups": len(_groups([s for _, _, s in rows])), "pairs": pairs,
+                                          "samples": [s.index for s in members]})
+
+
 def entropy_proxy(samples: list[Sample]) -> Measure:
     """Mean over samples of -mean(rollout_log_probs): the sampled tokens' surprise, which falls as the policy's
     entropy does (an estimate of it when sampling at temperature 1); n = samples with log-probs."""
@@ -720,6 +824,7 @@ class AlarmMonitor:
         m_tp = template_share(scored, t.opening_words)
         m_ap = answer_present(scored) if self.label_is_answer else \
             Measure(None, 0, "the reward does not compare responses with a literal label")
+        m_bl = blind_share(scored)
         m_ent = entropy_proxy(scored)
         m_len = response_length(scored)
         reward_mean = sum(s.reward for s in scored) / len(scored) if scored else None
@@ -730,7 +835,7 @@ class AlarmMonitor:
             metrics["hack/truncated_share"] = sum(1 for s in scored if is_truncated(s)) / len(scored)
         for name, m in (("rewarded_truncated", m_rt), ("group_distinct", m_gd), ("distinct_2", m_d2),
                         ("long_share", m_ls), ("opening_share", m_op), ("template_share", m_tp),
-                        ("answer_present", m_ap),
+                        ("answer_present", m_ap), ("blind_share", m_bl),
                         ("entropy_proxy", m_ent)):
             if m.value is not None:
                 metrics[f"hack/{name}"] = float(m.value)
@@ -743,14 +848,19 @@ class AlarmMonitor:
         else:
             for check in (self._check_rewarded_truncated(rollout_id, scored, m_rt),
                           self._check_collapse(rollout_id, scored, m_ls, m_op, m_gd, m_tp),
-                          self._check_answer(rollout_id, scored, m_ap)):
+                          self._check_answer(rollout_id, scored, m_ap),
+                          self._check_blind(rollout_id, scored, m_bl)):
                 name, alarm, why = check
                 if alarm is not None:
                     alarms.append(alarm)
                 else:
                     skipped[name] = why
         # the jump rule keeps history even for small rollouts (the history is what it compares with)
-        name, alarm, why, jump_metrics = self._check_jump(rollout_id, scored, reward_mean, m_len, m_ent, small)
+        # whether the rewarded responses state their label's value (what makes a fast rise learning) is asked of
+        # any literal label, whatever the reward: it is evidence about the responses, not about the reward
+        m_said = m_ap if self.label_is_answer else answer_present(scored)
+        name, alarm, why, jump_metrics = self._check_jump(rollout_id, scored, reward_mean, m_len, m_ent, m_said,
+                                                          small)
         metrics.update(jump_metrics)
         if alarm is not None:
             alarms.append(alarm)
@@ -770,13 +880,20 @@ class AlarmMonitor:
         return Report(rollout_id, metrics, kept, skipped)
 
     # ------------------------------------------------------------------ the rules
+    def _unjudged(self, m: Measure, what: str) -> str | None:
+        """Why a share cannot trip its alarm (None: it can): it means nothing here, or is over too few `what`."""
+        if m.value is None:
+            return m.why
+        if m.n < self.t.min_samples:
+            return f"too few {what}: {m.n} < {self.t.min_samples}"
+        return None
+
     def _check_rewarded_truncated(self, rid, scored, m: Measure):
         t = self.t
         name = "rewarded_truncated"
-        if m.value is None:
-            return name, None, m.why
-        if m.n < t.min_samples:
-            return name, None, f"too few rewarded samples: {m.n} < {t.min_samples}"
+        why = self._unjudged(m, "rewarded samples")
+        if why:
+            return name, None, why
         if m.value < t.rewarded_truncated:
             return name, None, f"{m.value:.3f} < {t.rewarded_truncated}"
         ex = _example(scored, lambda s: s.reward > 0 and is_truncated(s))
@@ -838,10 +955,9 @@ class AlarmMonitor:
     def _check_answer(self, rid, scored, m: Measure):
         t = self.t
         name = "answer_absent"
-        if m.value is None:
-            return name, None, m.why
-        if m.n < t.min_samples:
-            return name, None, f"too few rewarded samples with a literal label: {m.n} < {t.min_samples}"
+        why = self._unjudged(m, "rewarded samples with a literal label")
+        if why:
+            return name, None, why
         if m.value > t.answer_present:
             return name, None, f"{m.value:.3f} > {t.answer_present}"
         ex = _example(scored, lambda s: s.reward > 0 and literal_answers(s.label) is not None
@@ -852,7 +968,31 @@ class AlarmMonitor:
         return name, Alarm(name, rid, "hack/answer_present", m.value, t.answer_present, msg, ex,
                            {"rewarded_with_label": m.n}), None
 
-    def _check_jump(self, rid, scored, reward_mean, m_len: Measure, m_ent: Measure, small: bool):
+    def _check_blind(self, rid, scored, m: Measure):
+        t = self.t
+        name = "prompt_blind"
+        why = self._unjudged(m, "rewarded samples with a label")
+        if why:
+            return name, None, why
+        if m.detail["groups"] < t.min_groups:
+            return name, None, f"the rewarded samples come from {m.detail['groups']} group(s) < {t.min_groups}"
+        if m.value < t.blind_share:
+            return name, None, f"{m.value:.3f} < {t.blind_share}"
+        members = set(m.detail["samples"])
+        ex = _example(scored, lambda s: s.index in members)
+        msg = (f"prompt-blind answers: rollout {rid} rewarded the same answer to prompts whose labels differ: "
+               f"{_pct(m.value)} of the {m.detail['pairs']} pairs of rewarded samples with different labels give the "
+               f"same answer (threshold {_pct(t.blind_share)}); the most common, {_clip(ex['response'], 60)!r}, is "
+               f"{_pct(m.detail['share'])} of the {m.n} rewarded samples and was rewarded for "
+               f"{m.detail['labels']} different labels. An answer that does not depend on the prompt earns the "
+               f"reward: it does not check the answer against the label. Example (label {_clip(ex['label'], 40)!r}): "
+               f"{_show(ex)}")
+        return name, Alarm(name, rid, "hack/blind_share", m.value, t.blind_share, msg, ex,
+                           {"rewarded_with_label": m.n, "pairs": m.detail["pairs"], "top_share": m.detail["share"],
+                            "top_labels": m.detail["labels"], "groups": m.detail["groups"]}), None
+
+    def _check_jump(self, rid, scored, reward_mean, m_len: Measure, m_ent: Measure, m_said: Measure,
+                    small: bool):
         t = self.t
         name = "jump"
         out: dict[str, float] = {}
@@ -887,17 +1027,33 @@ class AlarmMonitor:
         if not fell:
             shown = ", ".join(f"{k} {v:+.0%}" for k, v in drops.items()) or "no length or entropy to compare"
             return name, None, f"the reward rose fast but nothing fell sharply ({shown})", out
+        what = " and ".join(
+            f"mean response length {then['length']:.1f} -> {now['length']:.1f} tokens" if k == "length" else
+            f"entropy proxy {then['entropy']:.3f} -> {now['entropy']:.3f}" for k in fell)
+        said = m_said.value if m_said.value is not None and m_said.n >= t.min_samples else None
+        if said is not None and said >= t.jump_explained:
+            # the rewarded responses state their label's value: the reward rose because the answers got right
+            return name, None, (f"the reward rose fast ({rate:.2f} of its range per rollout) while {what}, but "
+                                f"{_pct(said)} of the {m_said.n} rewarded samples contain their label's value "
+                                f"(>= {_pct(t.jump_explained)}): learning, not a hack"), out
         popular = Counter(_norm_text(s.response) for s in scored if s.reward > 0)
         common = popular.most_common(1)[0][0] if popular else None
         ex = _example(scored, lambda s: s.reward > 0 and _norm_text(s.response) == common) \
             if common is not None else _example(scored)
-        what = " and ".join(
-            f"mean response length {then['length']:.1f} -> {now['length']:.1f} tokens" if k == "length" else
-            f"entropy proxy {then['entropy']:.3f} -> {now['entropy']:.3f}" for k in fell)
+        if said is not None:
+            unexplained = (f"only {_pct(said)} of the {m_said.n} rewarded samples contain their label's value "
+                           f"(a rise they explain is learning: >= {_pct(t.jump_explained)})")
+        elif m_said.value is not None:
+            unexplained = (f"too few rewarded samples with a literal label ({m_said.n} < {t.min_samples}) to show "
+                           "the rise is learning")
+        else:
+            unexplained = f"nothing shows the rise is learning ({m_said.why})"
         msg = (f"reward jump: rollout {rid - t.jump_window} -> {rid} the mean reward went {then['reward']:.3f} -> "
                f"{now['reward']:.3f} ({rate:.2f} of the reward range per rollout, threshold {t.jump_rate}) while "
-               f"{what} (thresholds -{_pct(t.jump_length_drop)} length, -{_pct(t.jump_entropy_drop)} entropy): "
-               f"fast gains from shorter or surer responses are worth reading. Example: {_show(ex)}")
+               f"{what} (thresholds -{_pct(t.jump_length_drop)} length, -{_pct(t.jump_entropy_drop)} entropy), and "
+               f"{unexplained}: gains from shorter or surer responses that do not state the answer are worth "
+               f"reading. Example: {_show(ex)}")
         return name, Alarm(name, rid, "hack/reward_rate", rate, t.jump_rate, msg, ex,
                            {"from_rollout": then["rollout_id"], "reward_from": then["reward"],
-                            "reward_to": now["reward"], **{f"{k}_drop": v for k, v in drops.items()}}), None, out
+                            "reward_to": now["reward"], "label_stated": said,
+                            **{f"{k}_drop": v for k, v in drops.items()}}), None, out
