@@ -458,6 +458,9 @@ class CheckpointSection:
     save_hf: str | None = flag(None, "write a Hugging Face model directory at every --save-interval; "
                                      "'{rollout_id}' in the path is formatted as in slime")
     no_save_optim: bool = flag(False, "checkpoints without the optimizer state (smaller; cannot resume training)")
+    no_rolling_save: bool = flag(False, "without --save, keep no rolling checkpoint in RUN_DIR/ckpt (by default the "
+                                        "newest one is kept there, every --save-interval rollouts, else every 5, "
+                                        "and after the last: a crash costs a few steps, not the run)", origin="own")
 
 
 @dataclass(slots=True)

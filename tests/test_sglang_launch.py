@@ -240,6 +240,7 @@ class RouterArgs:
         parser.add_argument(f"--{prefix}disable-health-check", action="store_true")
         parser.add_argument(f"--{prefix}disable-circuit-breaker", action="store_true")
         parser.add_argument(f"--{prefix}prometheus-port", type=int)
+        parser.add_argument(f"--{prefix}prometheus-host", type=str)
 '''
 
 
@@ -294,7 +295,8 @@ def test_router_command(prompts, no_sglang):
     module, argv = router_command(a, "127.0.0.1", 3000, prometheus_port=3001)
     assert module == ROUTER_MODULE
     assert argv == ["--host", "127.0.0.1", "--port", "3000", "--disable-health-check", "--disable-circuit-breaker",
-                    "--prometheus-port", "3001", "--policy", "round_robin", "--balance-abs-threshold", "8"]
+                    "--prometheus-port", "3001", "--prometheus-host", "127.0.0.1", "--policy", "round_robin",
+                    "--balance-abs-threshold", "8"]
     assert {f for f, _ in split_flags(argv)} <= set(ROUTER["flags"])
     assert check_router_flags(argv).startswith("sglang-router 0.3.2 (recorded table")
     a = args_for(prompts, "--router-health-check-interval-secs", "5")  # their own health checks when asked for

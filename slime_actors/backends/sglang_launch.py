@@ -382,6 +382,8 @@ def router_command(cfg: JobConfig, host: str, port: int, prometheus_port: int | 
         argv.append("--disable-circuit-breaker")
     if prometheus_port is not None and "--prometheus-port" not in given:
         argv += ["--prometheus-port", str(int(prometheus_port))]
+    if "--prometheus-host" not in given:  # its metrics endpoint: this host only (--router-prometheus-host opens it)
+        argv += ["--prometheus-host", "127.0.0.1"]
     if keys is not None and keys.api_key:
         argv += ["--api-key", keys.api_key]
     if keys is not None and (keys.admin_key or keys.api_key):

@@ -89,7 +89,7 @@ def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
     cfg.model.hf_checkpoint = resolve_checkpoint(spec, model_cache(run_dir))
     check_hf_exports(cfg, cfg.model.hf_checkpoint, start)
     if fresh:
-        prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None)
+        prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None, resume_from=ckpt)
     run_dir.mkdir(parents=True, exist_ok=True)
     hand_over_checked_prompts(cfg, run_dir)
     return write_job(cfg, run_dir / "job.json").resolve()

@@ -27,12 +27,12 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 from .. import env as E
+from ..backends.listen import address_towards, tcp_store
 from ..config import JobConfig
 from ..log import get_logger
 from ..retry import RetryPolicy
@@ -63,18 +63,6 @@ def _env_int(name: str) -> int:
     return int(v)
 
 
-def _route_address(master: str, port: int) -> str:
-    """This node's address on the interface that reaches MASTER_ADDR (no packet is sent)."""
-    if master in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((master, port))
-            return s.getsockname()[0]
-        except OSError:
-            return socket.gethostbyname(socket.gethostname())
-
-
 def _round(run_dir: str) -> int:
     """0 for a new job; n for its n-th restart. TORCHELASTIC_RESTART_COUNT alone does not tell: with c10d a node
     whose ranks did not fail restarts with the count unchanged, and the head may be on it. So the head also looks
@@ -96,8 +84,10 @@ def _store(master: str, port: int, rank: int):
 
     from torch.distributed import TCPStore
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
-    return TCPStore(master, port, is_master=(rank == 0 and not agent), wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
+    kw = dict(wait_for_workers=False, timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
+    if rank == 0 and not agent:  # ours (not torchrun's agent store): its server on MASTER_ADDR alone
+        return tcp_store(master, port, None, True, **kw)
+    return TCPStore(master, port, is_master=False, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     # where this rank is reached: tcp across nodes, ipc on one node
     if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
         cfg.runtime.transport = "tcp"
-        os.environ.setdefault(E.HOST.name, "0.0.0.0")
-        os.environ.setdefault(E.ADVERTISE.name, _route_address(master, mport))
+        # (bound to this node's address towards MASTER_ADDR, not every interface: peers are told that one)
+        here = address_towards(master, mport)
+        os.environ.setdefault(E.HOST.name, here)
+        os.environ.setdefault(E.ADVERTISE.name, here)
     plan = {(p.role, p.index): p for p in topo.plan()}
     if role != "head":
         for k, v in plan[(role, index)].process_env().items():
