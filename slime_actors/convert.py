@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from .backends.safe_pickle import UnsafeCheckpointError
 from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta, trainer_dir
 
 # Transformer Engine's fused names of the two per-layer norms (slime's default layer spec)
@@ -239,7 +240,7 @@ def main(argv: list[str]) -> int:
         else:
             out = to_hf(ns)
             print(f"Hugging Face directory written: {out}")
-    except (ConvertError, CheckpointError) as exc:
+    except (ConvertError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"slime-actors convert: error: {exc}", file=sys.stderr)
         return 2
     return 0

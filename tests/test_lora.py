@@ -68,21 +68,28 @@ def test_flags_are_checked_at_parse_time(tmp_path, tiny_dir):
 
 
 def test_module_names_are_checked_against_the_model(tmp_path, tiny_dir):
-    from slime_actors.launch.job_config import check_lora_flags
+    from slime_actors.config import Problems
+    from slime_actors.launch.checks import check_lora_flags
+
+    def check(cfg):
+        problems = Problems()
+        check_lora_flags(cfg, problems)
+        problems.raise_if_any()
+
     cfg = make_args(tmp_path, tiny_dir, lora_rank=4)
-    check_lora_flags(cfg)   # all-linear, spelled out: the trainer and the engines' --lora-target-modules agree
+    check(cfg)   # all-linear, spelled out: the trainer and the engines' --lora-target-modules agree
     assert cfg.lora.lora_target_modules == LLAMA_LINEAR
     cfg = parse(tmp_path, tiny_dir, "--lora-rank", "4", "--lora-target-modules", "q_proj", "qproj",
                 "--lora-exclude-modules", "mlp")
     with pytest.raises(ConfigError) as exc:   # every unknown name at once, with the model's names
-        check_lora_flags(cfg)
+        check(cfg)
     msg = str(exc.value)
     assert "--lora-target-modules qproj: no linear layer of that name" in msg
     assert "--lora-exclude-modules mlp: no linear layer of that name" in msg
     assert "the model's linear layers: " + " ".join(LLAMA_LINEAR) in msg
     cfg = parse(tmp_path, tiny_dir, "--lora-rank", "4", "--lora-exclude-modules", "down_proj", "gate_proj",
                 "up_proj")
-    check_lora_flags(cfg)
+    check(cfg)
     assert cfg.lora.lora_target_modules == ["k_proj", "o_proj", "q_proj", "v_proj"]
     # the built-in specs are read without making the model
     assert L.spec_linear_names("tiny:anything") == {n: 2 for n in LLAMA_LINEAR}
@@ -423,9 +430,10 @@ def test_lora_requests_follow_sglangs_contract(lora_engine, tmp_path, tiny_dir):
 
 def test_sglang_engines_get_the_lora_launch_flags(tmp_path, tiny_dir):
     from slime_actors.backends.sglang_launch import engine_command
-    from slime_actors.launch.job_config import check_lora_flags
+    from slime_actors.config import Problems
+    from slime_actors.launch.checks import check_lora_flags
     cfg = parse(tmp_path, tiny_dir, "--lora-rank", "8", "--rollout-engine", "sglang")
-    check_lora_flags(cfg)
+    check_lora_flags(cfg, Problems())
     _, argv = engine_command(cfg, 0, 30000)
     i = argv.index("--enable-lora")
     assert argv[i:i + 4 + len(LLAMA_LINEAR)] == ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",

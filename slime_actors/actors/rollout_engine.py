@@ -59,6 +59,15 @@ class EngineSupervisor:
     def _multi_host(self) -> bool:
         return self.runtime is not None and self.runtime.transport == "tcp"
 
+    def _engine_env(self) -> dict[str, str]:
+        """The engine's environment: this process's, and on one host its gloo / NCCL groups (SGLang's own, the
+        weight-update group) listening on the loopback (backends/listen.py)."""
+        from ..backends.listen import collective_env
+        env = dict(os.environ)
+        if not self._multi_host():
+            env.update(collective_env("127.0.0.1", env))
+        return env
+
     def _engine_command(self, port: int) -> tuple[str, list[str]]:
         """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines. Its keys go
         in a --config file under RUN_DIR/keys (0600), not on the command line."""
@@ -106,7 +115,7 @@ class EngineSupervisor:
                           checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
             self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
-                module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
+                module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
                 redact=self.keys.secrets))
             await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
                                       a.engine.rollout_health_check_first_wait + 600)

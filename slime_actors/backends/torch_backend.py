@@ -49,6 +49,7 @@ from ..gpus import training_device
 from ..log import get_logger
 from . import lora as L
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
 
 MODEL_FILE = "model.safetensors"
@@ -611,13 +612,13 @@ class TorchBackend(TrainingBackend):
             if load_optim:
                 if not (src / ofile).exists():
                     raise FileNotFoundError(f"{src}: no {ofile} (saved without the optimizer?)")
-                osd = torch.load(src / ofile, map_location="cpu", weights_only=True)
+                osd = load_torch_file(src / ofile)
                 set_optimizer_state_dict(module, opt, osd, options=StateDictOptions(full_state_dict=True))
         rng = src / f"rng_rank{self.rank}.pt"
         if not rng.exists():
             rng = src / "rng_rank0.pt"
         if rng.exists():
-            _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
+            _set_rng_state(load_torch_file(rng))
         self.weight_version = int(meta.get("weight_version", self.weight_version))
         self._barrier()
         self.log.info("loaded checkpoint", path=str(src), optim=load_optim, weight_version=self.weight_version)

@@ -46,6 +46,8 @@ from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
 from slime_actors.handles import Handle
 from slime_actors.log import get_logger
 
+from .listen import address_towards, limit_collectives, tcp_store
+
 log = get_logger(component="weight_sync")
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default group_name
@@ -200,8 +202,10 @@ def init_weights_update_group(master_address: str, master_port: int, rank: int, 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world_size {world_size}")
     timeout = timedelta(seconds=timeout_s or WEIGHT_SYNC_TIMEOUT_S)
-    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout,
-                          wait_for_workers=False, multi_tenant=True)
+    # the store's server listens on master_address alone, this rank's gloo / NCCL on its interface towards it
+    limit_collectives(master_address if rank == 0 else address_towards(master_address, int(master_port)))
+    store = tcp_store(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout,
+                      wait_for_workers=False, multi_tenant=True)
     store = PrefixStore(group_name, store)
     params = inspect.signature(_new_process_group_helper).parameters
     opts = {"backend_options": None} if "backend_options" in params else {"pg_options": None}

@@ -67,6 +67,11 @@ PLUMBING = frozenset(("register", "watch", "deregister", "lookup"))  # the mailb
 OUTPUT_PATH_ARGS = ("save", "save_hf", "update_weight_disk_dir", "save_debug_rollout_data")
 
 
+# flags that changed what a job does by default when they came: a recording made before one existed (its config lacks
+# it) is replayed with the value that does what the job did then
+BEFORE_FLAG = {"no_rolling_save": True}   # the rolling checkpoint of a job without --save (issue 27)
+
+
 class ReplayError(Exception):
     """The actor cannot be replayed from this recording; the message says why and what would help."""
 
@@ -938,6 +943,8 @@ class Harness:
         cfg = json.loads(json.dumps(cfg))  # a private copy
         args = cfg.get("args")
         if isinstance(args, dict):
+            for k, v in BEFORE_FLAG.items():  # recorded before the flag existed: it behaves as it did then
+                args.setdefault(k, v)
             for k, v in self.overrides.items():
                 if k not in args:
                     raise ReplayError(f"--set {k}: the recorded job has no flag {k!r}")

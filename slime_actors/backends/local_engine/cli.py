@@ -15,8 +15,6 @@ import sys
 
 from slime_actors.log import setup_logging
 
-from .server import serve
-
 # Every other launch flag of SGLang 0.5.15.post1 (the table recorded from its ServerArgs, sglang_flags.py) is accepted
 # and ignored -- CUDA graphs, radix cache, kernels, ... -- so one launch line serves both engines;
 # the ones given are logged at start-up. A flag SGLang does not have is an error, as it would be for SGLang.
@@ -67,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument(f, dest=dest, nargs=nargs, default=None, help=argparse.SUPPRESS)
     return p
+
+
+def honoured_flags() -> set[str]:
+    """The launch flags the local engine acts on (every other flag of SGLang's it accepts and ignores)."""
+    return {o for a in build_parser()._actions if not a.dest.startswith("ignored__") for o in a.option_strings}
 
 
 def merge_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -139,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .server import serve
     args = parse_args(argv)
     setup_logging(run_dir=args.log_dir, name=f"local_engine-{args.port}", level=args.log_level)
     try:
