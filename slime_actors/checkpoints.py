@@ -231,7 +231,7 @@ def detect_layout(path: str | os.PathLike) -> Layout:
         return Layout("torch_dist", p, "a torch_dist checkpoint (Megatron dist_checkpointing)")
     if (p / "dist").is_dir() and _is_torch_dist(p / "dist"):
         return Layout("megatron-trainer", p, "the megatron backend's trainer state (dist/, torch_dist)")
-    if (p / "model.safetensors").is_file() and not (p / "config.json").exists():
+    if ((p / "model.safetensors").is_file() or (p / "adapter").is_dir()) and not (p / "config.json").exists():
         return Layout("torch-trainer", p, "the torch backend's trainer state (model.safetensors without config)")
     if _is_hf(p):
         return Layout("hf", p, "a Hugging Face model directory")
@@ -257,6 +257,7 @@ def resolve_load(cfg: JobConfig) -> Path | None:
     lay = detect_layout(load)
     if lay.kind in ("ours", "ours-iter"):
         _check_backend(cfg.train.train_backend, lay.path)
+        _check_lora(cfg.lora.lora_rank, lay.path)
         check_pickles(lay.path)
         return lay.path
     if lay.kind in ("missing", "empty") and _same(load, cfg.checkpoint.save):
@@ -276,7 +277,9 @@ def resolve_load(cfg: JobConfig) -> Path | None:
 
 def _check_backend(want: str, ckpt: Path) -> None:
     t = trainer_dir(ckpt)
-    has = "megatron" if (t / "dist").is_dir() else "torch" if (t / "model.safetensors").is_file() else None
+    # the torch backend keeps model.safetensors, or with LoRA adapter/ (backends/lora.py LORA_CKPT_DIR)
+    has = "megatron" if (t / "dist").is_dir() else \
+        "torch" if (t / "model.safetensors").is_file() or (t / "adapter").is_dir() else None
     if has is None:
         raise CheckpointError(f"--load: {ckpt} has no trainer state ({t} holds "
                               f"{_names(t) if t.is_dir() else 'nothing'}); expected {EXPECTED}")
@@ -285,6 +288,19 @@ def _check_backend(want: str, ckpt: Path) -> None:
             f"--load: {ckpt} was written by the {has} backend, but this run uses --train-backend {want}; "
             f"resume with --train-backend {has}, or convert its weights (slime-actors convert {ckpt} OUT_DIR) and "
             "start from them with --hf-checkpoint OUT_DIR")
+
+
+def _check_lora(rank: int, ckpt: Path) -> None:
+    """A checkpoint of LoRA adapters resumes only with --lora-rank, a full one only without."""
+    adapters = (trainer_dir(ckpt) / "adapter").is_dir()
+    if rank > 0 and not adapters and (trainer_dir(ckpt) / "model.safetensors").is_file():
+        raise CheckpointError(f"--load: {ckpt} holds full weights (trained without LoRA), but this run has --lora-rank "
+                              f"{rank}; resume without the --lora-* flags, or start LoRA from its weights: "
+                              f"slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
+    if rank == 0 and adapters:
+        raise CheckpointError(f"--load: {ckpt} holds LoRA adapters (trainer/adapter/), but this run has no "
+                              "--lora-rank; resume with the --lora-* flags it was trained with, or fine-tune the "
+                              f"merged model: slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
 
 
 def check_pickles(ckpt: str | os.PathLike) -> None:

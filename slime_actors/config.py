@@ -431,6 +431,32 @@ class TrainSection:
 
 
 @dataclass(slots=True)
+class LoraSection:
+    """LoRA: low-rank adapters on the frozen base model, trained through peft (torch backend; docs/lora.md). The
+    names follow verl's (lora_rank, lora_alpha, target_modules, exclude_modules) and slime's LoRA pull request."""
+    TITLE: typing.ClassVar[str] = "lora"
+    lora_rank: int = flag(0, "LoRA rank: > 0 trains adapters of this rank on the frozen base instead of every "
+                             "weight (--train-backend torch); 0: full fine-tuning", origin="own")
+    lora_alpha: float | None = flag(None, "LoRA scaling: the adapters' output is scaled by alpha / rank (default: "
+                                          "2 x --lora-rank)", origin="own")
+    lora_dropout: float = flag(0.0, "dropout on the adapters' input in training forwards (not in the log-prob "
+                                    "forwards, nor in the engines)", origin="own")
+    lora_target_modules: list[str] | None = flag(
+        None, "the modules that get adapters, by name (q_proj v_proj ...: the last part of the module's name); "
+              "all-linear: every linear layer but the output head (the default, as verl's)", origin="own")
+    lora_exclude_modules: list[str] | None = flag(None, "modules that get no adapter, by name (with all-linear, "
+                                                        "e.g. down_proj)", origin="own")
+    lora_sync: str = flag("adapter", "what the engines get after each step: adapter (the adapters alone, a few MB; "
+                                     "the local engine and SGLang are launched with --enable-lora and generate "
+                                     "with them) or merged (the full weights with the adapters merged in, by "
+                                     "--update-weight-transport: for engines without LoRA)",
+                          choices=["adapter", "merged"], origin="own")
+    lora_save_merged: bool = flag(False, "--save-hf writes a PEFT adapter directory; with this, also the base "
+                                         "model with the adapters merged in, a plain Hugging Face directory, at "
+                                         "SAVE_HF/merged", origin="own")
+
+
+@dataclass(slots=True)
 class WeightsSection:
     """How the engines get the trainer's new weights."""
     TITLE: typing.ClassVar[str] = "weight updates"
@@ -568,6 +594,7 @@ class JobConfig:
     reward: RewardSection = field(default_factory=RewardSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     train: TrainSection = field(default_factory=TrainSection)
+    lora: LoraSection = field(default_factory=LoraSection)
     weights: WeightsSection = field(default_factory=WeightsSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -1312,6 +1339,7 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
             f"({ro.rollout_batch_size})")
     _derive_num_rollout(cfg, check_files, bad, prompt_count)
     _derive_engines(cfg, bad)
+    _validate_lora(cfg, bad)
     eng = cfg.engine
     if eng.rollout_engine == "local" and eng.rollout_num_gpus_per_engine > 1 and not eng.rollout_external_engine_addrs \
             and not dbg.debug_train_only:
@@ -1420,6 +1448,51 @@ def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
         bad(f"--retriever-timeout must be > 0 seconds, got {r.retriever_timeout}")
     if check_files and r.retriever_corpus and not os.path.isfile(r.retriever_corpus):
         bad(f"--retriever-corpus {r.retriever_corpus} does not exist")
+
+
+LORA_ALL_LINEAR = "all-linear"
+MEGATRON_LORA_REFUSAL = (
+    "--lora-rank needs --train-backend torch: the megatron backend (megatron-core's GPTModel) has no LoRA -- "
+    "Megatron's LoRA training lives in Megatron-Bridge / NeMo, which this project does not use --, and adapters on its fused linear_qkv / linear_fc1 "
+    "layers would not be the q_proj / k_proj / v_proj / gate_proj / up_proj adapters that PEFT and SGLang load; "
+    "train LoRA with --train-backend torch (--torch-parallel fsdp shards the frozen base across GPUs)")
+
+
+def _validate_lora(cfg: JobConfig, bad) -> None:
+    """--lora-*: values, and what LoRA cannot be combined with (the module names are checked against the model by
+    the launcher: launch/checks.check_lora_flags)."""
+    lo = cfg.lora
+    if lo.lora_rank < 0:
+        bad(f"--lora-rank must be >= 0 (0: full fine-tuning), got {lo.lora_rank}")
+    if lo.lora_rank == 0:
+        given = [f"--{n.replace('_', '-')}" for n in ("lora_alpha", "lora_target_modules", "lora_exclude_modules")
+                 if getattr(lo, n) is not None] + (["--lora-dropout"] if lo.lora_dropout else []) \
+            + (["--lora-save-merged"] if lo.lora_save_merged else [])
+        if given:
+            bad(f"{', '.join(given)} given without --lora-rank: LoRA is off (give --lora-rank N, N > 0)")
+        return
+    if cfg.train.train_backend == "megatron":
+        bad(MEGATRON_LORA_REFUSAL)
+    if lo.lora_alpha is None:
+        lo.lora_alpha = 2.0 * lo.lora_rank
+    if not lo.lora_alpha > 0:
+        bad(f"--lora-alpha must be > 0, got {lo.lora_alpha}")
+    if not 0.0 <= lo.lora_dropout < 1.0:
+        bad(f"--lora-dropout must be in [0, 1), got {lo.lora_dropout}")
+    if not lo.lora_target_modules:
+        lo.lora_target_modules = [LORA_ALL_LINEAR]
+    import re
+    for flag_name, names in (("--lora-target-modules", lo.lora_target_modules),
+                             ("--lora-exclude-modules", lo.lora_exclude_modules or [])):
+        odd = [n for n in names if n != LORA_ALL_LINEAR and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        if odd:
+            bad(f"{flag_name}: {odd[0]!r} is not a module name (the last part of a module's name, e.g. q_proj)")
+    if LORA_ALL_LINEAR in lo.lora_target_modules and len(lo.lora_target_modules) > 1:
+        bad(f"--lora-target-modules: {LORA_ALL_LINEAR} means every linear layer; give it alone, or name modules")
+    if LORA_ALL_LINEAR in (lo.lora_exclude_modules or []):
+        bad(f"--lora-exclude-modules {LORA_ALL_LINEAR} would leave no module to adapt")
+    if lo.lora_save_merged and not cfg.checkpoint.save_hf:
+        bad("--lora-save-merged writes next to --save-hf's export: give --save-hf too")
 
 
 def json_object(text: str, flag: str, strings: bool = False) -> dict:

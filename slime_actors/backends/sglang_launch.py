@@ -217,7 +217,18 @@ def engine_command(cfg: JobConfig, index: int, port: int, host: str | None = Non
         argv += ["--base-gpu-id", str(gpu)]
     if module == LOCAL_ENGINE_MODULE:
         argv += ["--device", cfg.run.device, "--max-running-requests", str(cfg.engine.engine_max_batch_size)]
-    return module, argv + passthrough
+    return module, argv + lora_engine_flags(cfg, passthrough) + passthrough
+
+
+def lora_engine_flags(cfg: JobConfig, passthrough: Sequence[str] = ()) -> list[str]:
+    """With --lora-rank and --lora-sync adapter the engines serve the trainer's adapters: SGLang's --enable-lora
+    --max-lora-rank R --lora-target-modules ... (the local engine takes the same flags), unless the job passes
+    --sglang-enable-lora itself."""
+    lo = cfg.lora
+    if lo.lora_rank <= 0 or lo.lora_sync != "adapter" or flag_value(passthrough, "--enable-lora") is not None:
+        return []
+    targets = ["all" if t == "all-linear" else t for t in lo.lora_target_modules or ["all-linear"]]
+    return ["--enable-lora", "--max-lora-rank", str(lo.lora_rank), "--lora-target-modules", *targets]
 
 
 # -- validation -----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ one list of problems, so a job with five mistakes is told all five at once (laun
 
     counts = check_prompt_files(cfg, problems, keep=True)   # each file streamed once; {"train": 1000, ...}
     settle_reference(cfg)                                   # --ref-load a torch_dist checkpoint: needed or not
-    check_backends(cfg, problems, flags)                    # engine keys, --sglang-* / --router-*, alarms
+    check_backends(cfg, problems, flags)                    # engine keys, --sglang-* / --router-*, LoRA, alarms
     check_job_paths(cfg, problems)                          # run dir, --load, --save, --ref-load, --hf-checkpoint
 
 Prompt files (docs/security.md, "Inputs"): every row is read once, in bounded memory (slime_actors.rows), and
@@ -123,7 +123,36 @@ def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:
             check_passthrough(cfg, flags)
         except SGLangFlagError as exc:
             problems.add(str(exc))
+    check_lora_flags(cfg, problems)
     check_monitor_flags(cfg, problems)
+
+
+def check_lora_flags(cfg: JobConfig, problems: Problems) -> None:
+    """--lora-target-modules / --lora-exclude-modules against the model's linear layers (built on the meta device
+    from its config: nothing is read or allocated), all unknown names at once; the job then carries the resolved
+    names (all-linear spelled out), so the trainer and the engines' --lora-target-modules agree."""
+    lo = cfg.lora
+    if lo.lora_rank <= 0 or not cfg.model.hf_checkpoint:
+        return
+    from ..backends.lora import SGLANG_LORA_TARGETS, LoraError, resolve_targets, spec_linear_names
+    names = spec_linear_names(cfg.model.hf_checkpoint)
+    if names is None:
+        return   # no model to read: the path checks say so
+    try:
+        lo.lora_target_modules = resolve_targets(names, list(lo.lora_target_modules or ["all-linear"]),
+                                                 lo.lora_exclude_modules)
+    except LoraError as exc:
+        problems.add(f"{exc} ({cfg.model.hf_checkpoint})")
+        return
+    odd = [t for t in lo.lora_target_modules if t not in SGLANG_LORA_TARGETS]
+    if odd and lo.lora_sync == "adapter" and cfg.engine.rollout_engine == "sglang":
+        problems.add(f"--lora-target-modules {' '.join(odd)}: SGLang serves no LoRA adapter on such modules (its "
+                     f"--lora-target-modules: {' '.join(sorted(SGLANG_LORA_TARGETS))}); name others, or use "
+                     "--lora-sync merged")
+    if lo.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
+        cfg.notes.append("--lora-sync adapter with --rollout-external-engine-addrs: those engines must run with "
+                         "--enable-lora --max-lora-rank >= --lora-rank, and read the adapter directories the rollout "
+                         "workers write under RUN_DIR/lora (a shared file system); else use --lora-sync merged")
 
 
 def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:

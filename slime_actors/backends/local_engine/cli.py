@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--log-level", default=None)
     p.add_argument("--log-dir", default=None, help="(local) write JSON logs under LOG_DIR/logs/")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters: /load_lora_adapter, /unload_lora_adapter, /generate's lora_path")
+    p.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank")
+    p.add_argument("--lora-target-modules", nargs="*", default=None,
+                   help="refuse adapters on other modules (all: any linear layer)")
     from slime_actors.backends.sglang_flags import SERVER_FLAGS
     ours = {o for a in p._actions for o in a.option_strings}
     for f, nargs in SERVER_FLAGS.items():
@@ -124,6 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     f = args.mem_fraction_static
     if f is not None and not 0.0 < f <= 1.0:
         p.error(f"--mem-fraction-static {f}: must be a fraction in (0, 1]")
+    if args.max_lora_rank is not None and args.max_lora_rank < 1:
+        p.error(f"--max-lora-rank {args.max_lora_rank}: must be >= 1")
     for dest, flag in MULTI_DEVICE_FLAGS.items():
         if getattr(args, dest) != 1:
             p.error(f"{flag} {getattr(args, dest)}: the local engine runs one model replica on one device; "
