@@ -62,6 +62,13 @@ class ConfigError(ValueError):
         return ConfigError([f"{prefix}{p}" for p in self.problems])
 
 
+class StartupError(RuntimeError):
+    """An actor cannot start, and starting it again will not change that (the message says why and what to do):
+    `--device cuda` where the process sees no GPU, say. The launcher's start-up rule (launch/startup.py) stops the job
+    on it instead of restarting the actor. It lives here, below the roles, so that an actor can raise it without
+    importing the launcher."""
+
+
 class Problems(list):
     """Problems found so far, in order; `add` one, `merge` a ConfigError's, `raise_if_any` at the end."""
 

@@ -120,7 +120,7 @@ class MetricSinks:
 
     def samples(self, k: int, examples: list[dict]) -> None:
         if self.tb is not None:
-            from .samples import examples_markdown
+            from .sample_display import examples_markdown
             self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
         if self.wandb is not None:
             rows = [[k, e.get("which"), e.get("reward"), e.get("group_index"), _text(e.get("prompt")),

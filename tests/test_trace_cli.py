@@ -421,7 +421,7 @@ def test_missing_run_and_console_script(tmp_path):
 def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
     """A file's header names the version of the records in it (older readers would misread newer records)."""
     from slime_actors.traces.reader import SUPPORTED
-    from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
+    from slime_actors.recorder.writer import TRACE_VERSION, TraceWriter
     assert TRACE_VERSION == max(SUPPORTED) == 6
     w = TraceWriter(tmp_path / "a.trace", "reward/0")
     w.close()

@@ -39,7 +39,7 @@ from ..mailbox.mailbox import Mailbox
 from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, MessageSpec, check_handler, spec_from_signature
 from ..runtime import RuntimeConfig
-from ..traces.writer import TraceWriter, trace_file_name
+from ..recorder.writer import TraceWriter, trace_file_name
 from . import schedule as _sched
 from .dispatch import Dispatch
 from .host import LOCAL, Host

@@ -101,7 +101,7 @@ class TrainerRank(Actor):
         if a.run.device == "cuda":
             gpus = torch.cuda.device_count()
             if gpus == 0:
-                from ..launch.startup import StartupError
+                from ..config import StartupError
                 cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
                 raise StartupError(f"--device cuda but trainer/{self.rank} sees no GPU (torch {torch.__version__}, "
                                    + ("CUDA_VISIBLE_DEVICES unset" if cvd is None else f"CUDA_VISIBLE_DEVICES={cvd!r}")
@@ -127,7 +127,7 @@ class TrainerRank(Actor):
         self.profiler.start_memory_history()
         self.backend = Backend(a, self.rank, self.world_size)
         self.backend.init()
-        from ..traces import environment
+        from ..recorder import environment
         # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
         # what differs (docs/reproducibility.md)
         self.record_input(environment.INPUT_NAME, environment.torch_runtime())

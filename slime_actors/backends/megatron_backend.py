@@ -52,7 +52,7 @@ from ..log import get_logger
 from . import megatron_convert as mc
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
 from .listen import limit_collectives, tcp_store
-from .safe_pickle import check_torch_dist, load_torch_file
+from ..safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
 

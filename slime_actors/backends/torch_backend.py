@@ -49,7 +49,7 @@ from ..gpus import training_device
 from ..log import get_logger
 from . import lora as L
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
-from .safe_pickle import load_torch_file
+from ..safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
 
 MODEL_FILE = "model.safetensors"

@@ -82,7 +82,7 @@ def print_summary(result: dict, run_dir: Path) -> None:
         print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
               f"{a if a is None else f'{a:.3f}'} ({delta})" + (f"   graded by {grader}" if grader else ""))
     if result.get("samples"):
-        from ..samples import format_examples
+        from ..sample_display import format_examples
         last = result["samples"]
         print(format_examples(last["rollout_id"], last["examples"], kind="last rollout"))
     if result.get("stopped"):
