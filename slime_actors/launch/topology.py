@@ -1,6 +1,6 @@
 """Topology files: which actors run, how many, where (nodes, GPUs, CPUs), with what environment and restart policy.
 
-    topo = load_topology("launch/local.toml")          # TOML (YAML too, if PyYAML is installed)
+    topo = load_topology("examples/launch/local.toml")  # TOML (YAML too, if PyYAML is installed)
     plan = topo.plan()                                  # one Placement per actor process
     topo = default_topology(args)                       # what `slime-actors train` uses: derived from the flags
 
