@@ -97,8 +97,8 @@ def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
 def rolling(cfg: JobConfig) -> bool:
     """Whether this job keeps a rolling checkpoint in RUN_DIR/ckpt (no --save, not --no-rolling-save, a job that
     trains)."""
-    ck = cfg.checkpoint
-    return not ck.save and not ck.no_rolling_save and not cfg.debug.debug_rollout_only
+    checkpoint_cfg = cfg.checkpoint
+    return not checkpoint_cfg.save and not checkpoint_cfg.no_rolling_save and not cfg.debug.debug_rollout_only
 
 
 def rolling_dir(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path:

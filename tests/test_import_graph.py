@@ -240,7 +240,7 @@ def test_the_graph_is_read(graph):
     assert "slime_actors.launch.job" in graph["slime_actors.train"]                 # from .launch.job import ...
     assert "slime_actors.backends.weight_sync" in graph["slime_actors.actors.trainer"]   # in a function
     assert "slime_actors.actors.base" in graph["slime_actors.actors.buffer"]
-    assert graph["slime_actors.launch.actor"]["slime_actors.env"] == ["*"]          # from .. import env as E
+    assert graph["slime_actors.actors.trainer"]["slime_actors.recorder.environment"] == ["*"]   # from ..recorder import environment
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
