@@ -575,7 +575,7 @@ class MonitorSection:
     hack_alarms: str = flag("warn", "watch every training rollout for signs that the reward rises for the wrong "
                                     "reason (hack/* metrics): warn (a warning and a line in RUN_DIR/alarms.jsonl per "
                                     "tripped alarm), stop (the same, then the step finishes, a checkpoint is saved "
-                                    "to --save and the run ends), off (nothing is computed)",
+                                    "to --save, or the rolling RUN_DIR/ckpt without it, and the run ends), off (nothing is computed)",
                             choices=["warn", "stop", "off"], origin="own")
     hack_alarm_thresholds: str | None = flag(None, "NAME=VALUE[,NAME=VALUE...]: change the alarms' thresholds, e.g. "
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "

@@ -40,7 +40,7 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
     assert (c.monitor.hack_alarms, c.monitor.hack_alarm_thresholds, c.monitor.hack_alarms_ignore) == \
         ("warn", None, None)
     for flags, needle in ((["--hack-alarms", "loud"], "invalid choice: 'loud'"),
-                          (["--hack-alarms", "stop"], "--hack-alarms stop saves a checkpoint"),
+                          (["--hack-alarms", "stop", "--no-rolling-save"], "this job keeps none: give --save DIR"),
                           (["--hack-alarm-thresholds", "rewarded_truncatd=0.7"], "unknown name 'rewarded_truncatd'"),
                           (["--hack-alarm-thresholds", "rewarded_truncated=1.5"], "must be in [0, 1]"),
                           (["--hack-alarm-thresholds", "min_samples=two"], "min_samples='two' is not a whole"),
@@ -51,6 +51,22 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
     c = cfg("--hack-alarms", "stop", "--save", "ckpt", "--hack-alarm-thresholds", "rewarded_truncated=0.7",
             "--hack-alarms-ignore", "jump")
     assert c.monitor.hack_alarms == "stop" and c.monitor.hack_alarms_ignore == ["jump"]
+
+
+def test_hack_alarms_stop_without_save_uses_the_rolling_checkpoint(tmp_path):
+    """--hack-alarms stop needs somewhere to save the checkpoint it ends the run with: --save, or -- without it --
+    the rolling RUN_DIR/ckpt; refused when neither is there (--no-rolling-save, or RUN_DIR/ckpt holds other files)."""
+    from slime_actors.checkpoints import save_root
+    run = tmp_path / "run"
+    c = cfg("--hack-alarms", "stop", "--run-dir", str(run))
+    assert c.monitor.hack_alarms == "stop" and save_root(c) == run / "ckpt"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError) as exc:
+        cfg("--hack-alarms", "stop", "--run-dir", str(run))
+    assert "--hack-alarms stop saves a checkpoint when an alarm ends the run, to the rolling RUN_DIR/ckpt" \
+        in str(exc.value) and "notes.txt" in str(exc.value)
+    assert cfg("--hack-alarms", "stop", "--run-dir", str(run), "--save", str(tmp_path / "ckpt")).checkpoint.save
 
 
 def test_the_monitor_knows_which_rewards_compare_with_a_literal_label():
@@ -268,11 +284,14 @@ def test_a_reward_built_to_hack_trips_an_alarm_in_a_cpu_job(tmp_path):
 
 
 @pytest.mark.slow
-def test_hack_alarms_stop_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):
+@pytest.mark.parametrize("rolling", [False, True], ids=["save", "rolling"])
+def test_hack_alarms_stop_ends_the_run_with_a_checkpoint_that_resumes(tmp_path, rolling):
     (tmp_path / "hack_rm.py").write_text(HACK_RM)
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     rm = ["--custom-rm-path", f"{tmp_path / 'hack_rm.py'}:reward", "--skip-eval-before-train"]
-    p = train(run, "--num-rollout", "3", *rm, "--hack-alarms", "stop", "--save", str(ckpt))
+    p = train(run, "--num-rollout", "3", *rm, "--hack-alarms", "stop", *([] if rolling else ["--save", str(ckpt)]))
+    if rolling:   # no --save: the checkpoint goes to the rolling RUN_DIR/ckpt
+        ckpt = run / "ckpt"
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "stopped" and result["steps"] == 1
     st = result["stopped"]

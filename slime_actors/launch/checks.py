@@ -168,9 +168,16 @@ def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
     if unknown:
         problems.add(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are "
                      f"{', '.join(ALARMS)}")
-    if monitor_cfg.hack_alarms == "stop" and not cfg.checkpoint.save:
-        problems.add("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where "
-                     "checkpoints go)")
+    if monitor_cfg.hack_alarms == "stop" and not cfg.debug.debug_rollout_only:
+        # the checkpoint saved when an alarm ends the run goes to --save, else to the rolling RUN_DIR/ckpt
+        from ..checkpoints import rolling_conflict, save_root
+        if save_root(cfg) is None:
+            problems.add("--hack-alarms stop saves a checkpoint when an alarm ends the run, and with "
+                         "--no-rolling-save and no --save this job keeps none: give --save DIR, or drop "
+                         "--no-rolling-save (the rolling checkpoint RUN_DIR/ckpt takes it)")
+        elif conflict := rolling_conflict(cfg):
+            problems.add(f"--hack-alarms stop saves a checkpoint when an alarm ends the run, to the rolling "
+                         f"RUN_DIR/ckpt without --save, but {conflict}: give --save DIR")
 
 
 def check_job_paths(cfg: JobConfig, problems: Problems) -> None:
