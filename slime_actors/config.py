@@ -42,6 +42,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .hack_thresholds import HackThresholds
 from .slime_compat import COMPAT
 
 ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
@@ -653,6 +654,9 @@ class JobConfig:
     # the prompt files' rows as the launcher checked them, before the run directory exists: set name -> a
     # temporary file the head moves to RUN_DIR/prompts/ (launch/checks.py, launch/prepare.py); never in to_dict()
     checked_prompts: dict = field(default_factory=dict, repr=False, compare=False)
+    # --hack-alarm-thresholds parsed (hack_thresholds.HackThresholds), by `validate`: the one parse of the flag in a
+    # process; the buffer's alarm monitor takes it as it is. Never in to_dict() (the flag's text is)
+    hack_thresholds: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """Every field, flat (slime's names), JSON- and msgpack-able; the engine keys are not in it."""
@@ -1355,6 +1359,10 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
                 bad(f"{spec.option} {wrong}" + (f" ({where})" if where else ""))
     run, rollout_cfg, train_cfg, eval_cfg = cfg.run, cfg.rollout, cfg.train, cfg.eval
     algorithm_cfg, debug_cfg = cfg.algorithm, cfg.debug
+    try:
+        cfg.hack_thresholds = HackThresholds.parse(cfg.monitor.hack_alarm_thresholds)
+    except ValueError as exc:
+        bad(f"--hack-alarm-thresholds {cfg.monitor.hack_alarm_thresholds}: {exc}")
     for name, value in (("--rollout-top-k", rollout_cfg.rollout_top_k), ("--eval-top-k", eval_cfg.eval_top_k)):
         if value == 0:
             bad(f"{name} must be -1 (off) or >= 1, got 0")

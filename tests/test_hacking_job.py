@@ -53,6 +53,23 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
     assert c.monitor.hack_alarms == "stop" and c.monitor.hack_alarms_ignore == ["jump"]
 
 
+def test_the_thresholds_are_parsed_once_by_the_config_and_travel_typed():
+    """--hack-alarm-thresholds is parsed where the config checks its values (JobConfig.validate), into
+    cfg.hack_thresholds; a process that reads the job's config (job.json: the flag's text) gets the same typed
+    value, and the buffer's monitor is built from it. A bad value is the config's error, launcher or not."""
+    from slime_actors.config import JobConfig, parse_config
+    from slime_actors.hack_thresholds import HackThresholds
+    from slime_actors.monitor.alarms import make_monitor
+    c = cfg("--hack-alarm-thresholds", "rewarded_truncated=0.7,min_samples=16")
+    assert c.hack_thresholds == HackThresholds(rewarded_truncated=0.7, min_samples=16)
+    again = JobConfig.from_dict(c.to_dict())
+    assert again.hack_thresholds == c.hack_thresholds and "hack_thresholds" not in c.to_dict()
+    assert make_monitor(again).t is again.hack_thresholds
+    assert cfg().hack_thresholds == HackThresholds()
+    with pytest.raises(ConfigError, match="--hack-alarm-thresholds min_samples=0: .*min_samples must be a whole"):
+        parse_config(["--prompt-data", str(PROMPTS), "--hack-alarm-thresholds", "min_samples=0"])
+
+
 def test_hack_alarms_stop_without_save_uses_the_rolling_checkpoint(tmp_path):
     """--hack-alarms stop needs somewhere to save the checkpoint it ends the run with: --save, or -- without it --
     the rolling RUN_DIR/ckpt; refused when neither is there (--no-rolling-save, or RUN_DIR/ckpt holds other files)."""

@@ -157,13 +157,9 @@ def check_lora_flags(cfg: JobConfig, problems: Problems) -> None:
 
 
 def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
-    """The reward-hacking alarms' flags against the monitor's own names and thresholds."""
-    from ..monitor.hacking import ALARMS, HackThresholds
-    monitor_cfg = cfg.monitor
-    try:
-        HackThresholds.parse(monitor_cfg.hack_alarm_thresholds)
-    except ValueError as exc:
-        problems.add(f"--hack-alarm-thresholds {monitor_cfg.hack_alarm_thresholds}: {exc}")
+    """The reward-hacking alarms' flags against the monitor's own names, and where `stop` saves its checkpoint."""
+    from ..monitor.hacking import ALARMS
+    monitor_cfg = cfg.monitor   # (--hack-alarm-thresholds: the config parsed it, cfg.hack_thresholds)
     unknown = [a for a in monitor_cfg.hack_alarms_ignore or [] if a not in ALARMS]
     if unknown:
         problems.add(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are "

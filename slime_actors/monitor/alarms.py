@@ -53,7 +53,13 @@ def make_monitor(cfg) -> AlarmMonitor | None:
     if monitor_cfg.hack_alarms == "off":
         return None
     ignore = set(monitor_cfg.hack_alarms_ignore or ())
-    return AlarmMonitor(HackThresholds.parse(monitor_cfg.hack_alarm_thresholds),
+    thresholds = cfg.hack_thresholds   # --hack-alarm-thresholds as the config parsed it (JobConfig.validate)
+    if thresholds is None:
+        if monitor_cfg.hack_alarm_thresholds:
+            raise ValueError("make_monitor: a job config that was not validated (JobConfig.validate parses "
+                             "--hack-alarm-thresholds)")
+        thresholds = HackThresholds()
+    return AlarmMonitor(thresholds,
                         max_response_len=cfg.rollout.rollout_max_response_len,
                         label_is_answer=label_is_answer(cfg),
                         alarms=[a for a in ALARMS if a not in ignore])
