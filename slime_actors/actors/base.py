@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, ClassVar
 
-from ..handles import Handle
+from ..role_handles import DirectoryHandle
 from ..log import get_logger
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Mailbox
@@ -315,7 +315,7 @@ class Actor(Dispatch):
     def _directory(self) -> Handle:
         """The directory, asked through this actor's mailbox itself (registration, lookups: the runtime's own
         messages, sent before the actor's handlers run and while a peer is being resolved)."""
-        return Handle(self.mailbox, DIRECTORY)
+        return DirectoryHandle(self.mailbox, DIRECTORY)
 
     async def _resolve(self, name: str) -> str:
         if name in self.runtime.static_peers:

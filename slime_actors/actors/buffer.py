@@ -38,7 +38,7 @@ import msgpack
 
 from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout
 from ..config import JobConfig
-from ..handles import Handle
+from ..role_handles import RolloutHandle
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..types import Sample
 from .base import Actor, handler
@@ -99,7 +99,8 @@ class Buffer(Actor):
         them."""
         for worker, wids in self.state.held_leases().items():
             try:
-                has = set(await Handle(self, worker).held_groups(ask_timeout=max(10.0, self.runtime.down_after * 2)))
+                worker_handle = RolloutHandle(self, worker)
+                has = set(await worker_handle.held_groups(ask_timeout=max(10.0, self.runtime.down_after * 2)))
             except Exception as exc:
                 self.log.warning("worker did not say what it holds; its leases stay", worker=worker,
                                  error=str(exc))

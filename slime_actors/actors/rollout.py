@@ -18,7 +18,7 @@ import asyncio
 import os
 
 from ..config import JobConfig
-from ..handles import Handle
+from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
@@ -60,7 +60,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
-        self.buffer, self.controller = Handle(self, "buffer/0"), Handle(self, "controller/0")
+        self.buffer, self.controller = BufferHandle(self, "buffer/0"), ControllerHandle(self, "controller/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -188,7 +188,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
             try:
-                return await Handle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
+                return await RewardHandle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
                                                         ask_timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError

@@ -15,7 +15,7 @@ import shutil
 import time
 
 from ..environments.episode import int_version
-from ..handles import Handle
+from ..role_handles import RolloutHandle
 from ..mailbox.errors import MailboxError
 from .base import Actor, handler
 
@@ -229,7 +229,7 @@ class EngineSupervisor:
         else:
             while self.router_url is None:
                 try:
-                    self.router_url = (await Handle(self, "rollout/0").router_url(ask_timeout=600)).url
+                    self.router_url = (await RolloutHandle(self, "rollout/0").router_url(ask_timeout=600)).url
                 except MailboxError as exc:
                     self.log.warning("waiting for rollout/0's router", error=str(exc))
                     await asyncio.sleep(1.0)

@@ -20,7 +20,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..handles import Handle
+from ..role_handles import RetrieverHandle
 from ..mailbox.errors import MailboxError
 
 POOL_DEADLINE_S = 120.0   # how long one call keeps trying (a replica's restart takes seconds)
@@ -52,7 +52,7 @@ class RetrieverLink:
     def _resolver(self, i: int):
         async def resolve() -> str:
             try:
-                return (await Handle(self.worker, f"retriever/{i}").address(ask_timeout=10)).url
+                return (await RetrieverHandle(self.worker, f"retriever/{i}").address(ask_timeout=10)).url
             except MailboxError as exc:   # not up (yet, again): the pool sets this replica aside for a moment
                 raise RuntimeError(f"retriever/{i} is not reachable: {exc}") from None
         return resolve

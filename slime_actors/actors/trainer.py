@@ -25,7 +25,7 @@ from .. import env as E
 from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
-from ..handles import Handle
+from ..role_handles import BufferHandle, ControllerHandle
 from ..mailbox.errors import MailboxError, RemoteError, transient
 from ..mailbox.mailbox import current_cause
 from ..messages import Joined, TrainBatch
@@ -53,7 +53,7 @@ class TrainerRank(Actor):
         self.weights = None  # backends.weight_sync.WeightPusher: rank 0 pushes weights, the others take part
         self.generation: int | None = None  # of the training group this rank joined
         self.profiler = None  # slime_actors.profiler.TrainProfiler, made with the backend
-        self.controller, self.buffer = Handle(self, "controller/0"), Handle(self, "buffer/0")
+        self.controller, self.buffer = ControllerHandle(self, "controller/0"), BufferHandle(self, "buffer/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
-from slime_actors.handles import Handle
+from slime_actors.role_handles import RolloutHandle
 from slime_actors.log import get_logger
 
 from .listen import address_towards, limit_collectives, tcp_store
@@ -588,9 +588,9 @@ class WeightPusher:
         if self.sender is not None:
             self.sender.close()
 
-    def worker(self, name: str) -> Handle:
+    def worker(self, name: str) -> RolloutHandle:
         """A rollout worker (`rollout/i`), to ask."""
-        return Handle(self.actor, name)
+        return RolloutHandle(self.actor, name)
 
     async def _disk(self, version: int, workers: list) -> dict:
         base = Path(self.cfg.weights.update_weight_disk_dir or os.path.join(self.run_dir, "weights"))
