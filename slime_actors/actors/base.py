@@ -29,10 +29,11 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
 from ..role_handles import DirectoryHandle
+from ..config import JobConfig
 from ..log import get_logger
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Mailbox
@@ -71,9 +72,14 @@ class _Handler:
 
 
 class Actor(Dispatch):
-    """Base class of every actor. Subclasses set `role` and declare handlers with @handler."""
+    """Base class of every actor. Subclasses set `role` and declare handlers with @handler.
+
+    `args`: the job's config -- a JobConfig (the launcher's, read once from the job file), or its flat dict (a
+    recording's, a test's), read here into `self.cfg` (ConfigError naming the field when it is malformed). Without
+    it `self.cfg` holds the defaults, unless the class sets `needs_job` (the roles of a training job)."""
 
     role: ClassVar[str] = "actor"
+    needs_job: ClassVar[bool] = False
     _handlers: ClassVar[dict[str, _Handler]] = {}
 
     def __init_subclass__(cls, **kw):
@@ -92,10 +98,18 @@ class Actor(Dispatch):
                 handlers[method] = _Handler(fn, spec)
         cls._handlers = handlers
 
-    def __init__(self, index: int = 0, **config: Any):
+    def __init__(self, index: int = 0, args: JobConfig | Mapping[str, Any] | None = None, **config: Any):
         self.index = index
         self.name = f"{self.role}/{index}"
-        self.config = config
+        if args is None:
+            if self.needs_job:
+                raise ValueError(f"{self.name}: a {type(self).__name__} needs the job's config (args=)")
+            self.cfg = JobConfig()
+        else:
+            self.cfg = args if isinstance(args, JobConfig) else JobConfig.from_dict(args, source=f"{self.name}'s "
+                                                                                                 "job config")
+            config = {"args": self.cfg.to_dict(), **config}
+        self.config = config  # what the trace records to build the actor again (replay): the flat config in "args"
         self.log = get_logger(actor=self.name)
         self.runtime: RuntimeConfig | None = None
         self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
@@ -312,7 +326,7 @@ class Actor(Dispatch):
         self.record_input(name, value, key)
         return value
 
-    def _directory(self) -> Handle:
+    def _directory(self) -> DirectoryHandle:
         """The directory, asked through this actor's mailbox itself (registration, lookups: the runtime's own
         messages, sent before the actor's handlers run and while a peer is being resolved)."""
         return DirectoryHandle(self.mailbox, DIRECTORY)

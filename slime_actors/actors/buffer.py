@@ -37,7 +37,6 @@ from pathlib import Path
 import msgpack
 
 from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout
-from ..config import JobConfig
 from ..role_handles import RolloutHandle
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..types import Sample
@@ -50,10 +49,10 @@ COMPACT_LOG_BYTES = 8 << 20
 
 class Buffer(Actor):
     role = "buffer"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.plugin_args = self.cfg.flat()   # what the dynamic sampling filter gets (slime's `args`)
         # the record (buffer_state.py); its prompts and filter arrive in on_start
         self.state = BufferState(BufferSettings.from_config(self.cfg), clock=self._now,

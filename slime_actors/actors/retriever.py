@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 
-from ..config import JobConfig
 from .base import Actor, handler
 
 PROBE_S = 5.0
@@ -27,10 +26,10 @@ EXIT_UNHEALTHY = 70
 
 class Retriever(Actor):
     role = "retriever"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.server = None
         self.bm25 = None
         self.url: str | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 
-from ..config import JobConfig
 from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
@@ -47,10 +46,10 @@ def submit_key(work_id: str, lease: int, first: Sample) -> str:
 
 class RolloutWorker(EngineSupervisor, Actor):
     role = "rollout"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.plugin_args = self.cfg.flat()   # what custom generate / rollout functions get (slime's `args`)
         self._init_engine_state()
         self.tokenizer = None

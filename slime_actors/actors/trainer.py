@@ -24,7 +24,6 @@ from pathlib import Path
 from .. import env as E
 from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
-from ..config import JobConfig
 from ..role_handles import BufferHandle, ControllerHandle
 from ..mailbox.errors import MailboxError, RemoteError, transient
 from ..mailbox.mailbox import current_cause
@@ -43,10 +42,10 @@ BATCH_RETRY = RetryPolicy(attempts=None, deadline=600, base=0.4, factor=2.0, max
 
 class TrainerRank(Actor):
     role = "trainer"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.backend = None
         self.rank = index
         self.world_size = 1
@@ -185,8 +184,7 @@ class TrainerRank(Actor):
     async def _get_batch(self, rollout_id: int) -> TrainBatch:
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
         # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
-        rank = getattr(self.backend, "data_parallel_rank", self.rank)
-        world_size = getattr(self.backend, "data_parallel_size", self.world_size)
+        rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
         return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 

@@ -548,7 +548,7 @@ class WeightPusher:
     async def take_part(self) -> bool:
         """A rank other than 0: take part in gathering the full weights when that is a collective (Megatron, FSDP);
         True when it did."""
-        fsdp = getattr(self.backend, "parallel", "ddp") == "fsdp"
+        fsdp = self.backend.parallel == "fsdp"
         if self.adapters_only():
             if fsdp:
                 await self.run_blocking(self.backend.adapter_weights)
