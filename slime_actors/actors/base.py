@@ -32,15 +32,15 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
-from ..role_handles import DirectoryHandle
 from ..config import JobConfig
 from ..log import get_logger
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Mailbox
 from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, MessageSpec, check_handler, spec_from_signature
+from ..role_handles import DirectoryHandle
 from ..runtime import RuntimeConfig
-from ..traces.writer import TraceWriter, trace_file_name
+from ..traces.writer import trace_file_name
 from . import schedule as _sched
 from .dispatch import Dispatch
 from .host import LOCAL, Host
@@ -81,6 +81,8 @@ class Actor(Dispatch):
     role: ClassVar[str] = "actor"
     needs_job: ClassVar[bool] = False
     _handlers: ClassVar[dict[str, _Handler]] = {}
+    endpoint: str          # where its mailbox is bound (start())
+    _stopped: asyncio.Event
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -111,17 +113,15 @@ class Actor(Dispatch):
             config = {"args": self.cfg.to_dict(), **config}
         self.config = config  # what the trace records to build the actor again (replay): the flat config in "args"
         self.log = get_logger(actor=self.name)
-        self.runtime: RuntimeConfig | None = None
+        # (self.runtime, self.mailbox: set by start())
         self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
-        self.mailbox: Mailbox | None = None
-        self.tracer: TraceWriter | None = None
+        self.tracer: Any = None  # the trace writer (TraceWriter; under replay its stand-in), once started traced
         self._schedule: _sched.Schedule | None = None  # the order its tasks run in, recorded with its trace
         self._clock_time = time.time  # the host's clock (deadlines)
         self.started_at = time.time()
         self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
         self._busy = 0
         self._tasks: set[asyncio.Task] = set()
-        self._stopped: asyncio.Event | None = None
         self._idem: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._idem_max = 4096
         self._running = False
@@ -409,7 +409,7 @@ def raised(exc: BaseException) -> dict:
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}:{cls.__qualname__}"
     attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))} \
         if hasattr(exc, "__dict__") else {}
-    out = {"__raised__": name, "message": str(exc)[:2000]}
+    out: dict[str, Any] = {"__raised__": name, "message": str(exc)[:2000]}
     if attrs:
         out["attrs"] = attrs
     return out

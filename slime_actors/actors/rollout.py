@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
-from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
+from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..types import ABORTED, FAILED, Sample
 from .base import Actor, handler
 from .rollout_engine import EngineSupervisor, _load_tokenizer
 from .rollout_generate import EngineHandle, Generation, generate_style, request_key
+
+if TYPE_CHECKING:
+    from .rollout_retrieval import RetrieverLink
 
 __all__ = ["RolloutWorker", "EngineHandle", "generate_style", "request_key", "submit_key"]
 
@@ -54,7 +58,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._init_engine_state()
         self.tokenizer = None
         self.generation = Generation(self)
-        self.retriever = None             # RetrieverLink (actors/rollout_retrieval.py) when the job has a retriever
+        self.retriever: RetrieverLink | None = None  # (actors/rollout_retrieval.py) when the job has a retriever
         self._inflight: dict[str, asyncio.Task] = {}
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
@@ -64,8 +68,6 @@ class RolloutWorker(EngineSupervisor, Actor):
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
         a = self.cfg
-        self._resumed = asyncio.Event()
-        self._engine_ok = asyncio.Event()
         self._capacity = max(a.engine.rollout_concurrency, a.rollout.n_samples_per_prompt,
                              a.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
@@ -264,7 +266,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._resumed.clear()
         n = len(self._inflight)
         if n:
-            await self.client.abort_request(abort_all=True)
+            await self.engine_client.abort_request(abort_all=True)
             deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
             while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)

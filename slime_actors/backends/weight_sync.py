@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
-from slime_actors.role_handles import RolloutHandle
 from slime_actors.log import get_logger
+from slime_actors.role_handles import RolloutHandle
 
 from .listen import address_towards, limit_collectives, tcp_store
 
@@ -562,7 +562,7 @@ class WeightPusher:
         """--lora-rank with --lora-sync adapter: the engines get the LoRA adapters, not weights."""
         return self.cfg.lora.lora_rank > 0 and self.cfg.lora.lora_sync == "adapter"
 
-    async def push(self, version: int, workers: list, transport: str, rebuild: bool = False) -> dict:
+    async def push(self, version: int, workers: list, transport: str | None, rebuild: bool = False) -> dict:
         """Rank 0: send the current weights as `version` to `workers` by `transport`; `rebuild`: an engine of the
         group restarted (the broadcast group it was in is gone with it). Returns bytes, buckets, seconds, transport,
         weight_version (and the transport's own fields)."""

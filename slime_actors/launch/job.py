@@ -29,10 +29,10 @@ from pathlib import Path
 from .. import env as E
 from ..actors.base import Actor, handler
 from ..config import JobConfig
-from ..role_handles import AgentHandle
 from ..log import get_logger
 from ..mailbox.errors import MailboxError
 from ..retry import RetryPolicy, retry
+from ..role_handles import AgentHandle
 from ..runtime import RuntimeConfig, job_keys
 from ..search.keys import key_env
 from .head import Head, StatusBoard, engine_keys, report, retriever_key
