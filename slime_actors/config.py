@@ -37,7 +37,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -680,6 +680,26 @@ class JobConfig:
         except ConfigError as exc:
             raise exc.prefixed(f"{source}: ") from None
         return cfg
+
+    def set(self, name: str, value: Any, source: str = "set") -> None:
+        """Set the flag of slime's name `name` to `value`, checked as its field's type; ConfigError naming `source`
+        and the flag when there is no such flag or the value is not of its type. (`validate()` then checks the
+        values together.)"""
+        spec = FIELDS.get(name)
+        if spec is None:
+            raise ConfigError(f"{source}: the job has no flag {name!r}{_suggest(name)}")
+        setattr(getattr(self, spec.section), spec.name, spec.check(value, source))
+
+    def map_strings(self, fn: Callable[[str], str]) -> None:
+        """Every str value (and the str items of a list value) of every flag replaced by `fn(value)` (replay's path
+        mapping)."""
+        for spec in FIELDS.values():
+            section = getattr(self, spec.section)
+            v = getattr(section, spec.name)
+            if isinstance(v, str):
+                setattr(section, spec.name, fn(v))
+            elif isinstance(v, list):
+                setattr(section, spec.name, [fn(x) if isinstance(x, str) else x for x in v])
 
     def flat(self) -> "FlatArgs":
         """slime's `args` for user plug-ins: a read-only view, `args.<flag name>`."""

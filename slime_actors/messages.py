@@ -271,8 +271,8 @@ def typed_dict_keys(td: type) -> frozenset[str]:
     for klass in reversed(td.__mro__):
         anns = klass.__dict__.get("__annotations__", {})
         total = klass.__dict__.get("__total__", True)
-        for k, a in anns.items():
-            text = a if isinstance(a, str) else getattr(a, "__forward_arg__", None) or repr(a)
+        for k, ann in anns.items():
+            text = ann if isinstance(ann, str) else getattr(ann, "__forward_arg__", None) or repr(ann)
             if total and not text.replace("typing.", "").startswith("NotRequired["):
                 need.add(k)
             else:

@@ -74,9 +74,11 @@ class _Handler:
 class Actor(Dispatch):
     """Base class of every actor. Subclasses set `role` and declare handlers with @handler.
 
-    `args`: the job's config -- a JobConfig (the launcher's, read once from the job file), or its flat dict (a
-    recording's, a test's), read here into `self.cfg` (ConfigError naming the field when it is malformed). Without
-    it `self.cfg` holds the defaults, unless the class sets `needs_job` (the roles of a training job)."""
+    The job's config: `job`, a JobConfig, when the caller has it typed (the launcher, which read and checked the job
+    file; `Actor.for_job` builds an actor so), else `args`, its flat dict (a test's; what a recording holds), read
+    here once into `self.cfg` (ConfigError naming the field when it is malformed). `args` is also what the trace
+    records and what an actor class of a user's may read itself (docs/adding-a-reward-actor.md). Without either,
+    `self.cfg` holds the defaults -- unless the class sets `needs_job` (the roles of a training job)."""
 
     role: ClassVar[str] = "actor"
     needs_job: ClassVar[bool] = False
@@ -100,18 +102,22 @@ class Actor(Dispatch):
                 handlers[method] = _Handler(fn, spec)
         cls._handlers = handlers
 
-    def __init__(self, index: int = 0, args: JobConfig | Mapping[str, Any] | None = None, **config: Any):
+    def __init__(self, index: int = 0, args: Mapping[str, Any] | None = None, *, job: JobConfig | None = None,
+                 **config: Any):
         self.index = index
         self.name = f"{self.role}/{index}"
-        if args is None:
-            if self.needs_job:
-                raise ValueError(f"{self.name}: a {type(self).__name__} needs the job's config (args=)")
-            self.cfg = JobConfig()
+        if job is not None:
+            self.cfg = job
+        elif args is not None:
+            self.cfg = JobConfig.from_dict(args, source=f"{self.name}'s job config")
+        elif self.needs_job:
+            raise ValueError(f"{self.name}: a {type(self).__name__} needs the job's config (job= or args=)")
         else:
-            self.cfg = args if isinstance(args, JobConfig) else JobConfig.from_dict(args, source=f"{self.name}'s "
-                                                                                                 "job config")
-            config = {"args": self.cfg.to_dict(), **config}
-        self.config = config  # what the trace records to build the actor again (replay): the flat config in "args"
+            self.cfg = JobConfig()
+        if args is None and job is not None:
+            args = job.to_dict()
+        # what the trace records to build the actor again (replay): the flat job config in "args"
+        self.config = config if args is None else {"args": args, **config}
         self.log = get_logger(actor=self.name)
         # (self.runtime, self.mailbox: set by start())
         self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
@@ -129,6 +135,12 @@ class Actor(Dispatch):
         self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
         self._trec = None  # ... and its queue of packed records (TraceWriter.rec)
         self._tlimit = -1
+
+    @classmethod
+    def for_job(cls, index: int, job: JobConfig, **config: Any) -> Actor:
+        """An actor of this class for the job: its typed config, and its flat form for an actor class that reads
+        `args` itself (and for the trace)."""
+        return cls(index, args=job.to_dict(), job=job, **config)
 
     # ------------------------------------------------------------------------------------------ hooks
     async def on_start(self) -> None:

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(rt.run_dir, name, "failed", Cause(f"cannot build the actor: {exc}", True))
         return EXIT_PERMANENT
     async def make():
-        return cls(ns.index, args=job), rt
+        return (cls.for_job(ns.index, job) if job is not None else cls(ns.index)), rt
 
     async def run() -> int:
         try:
