@@ -127,6 +127,14 @@ class RunSection:
                                  "come from (older samples are generated again)", origin="own")
     progress: bool = flag(True, "a progress bar on the console (only when it is a terminal)", origin="own")
 
+    @property
+    def n_rollouts(self) -> int:
+        """Training steps of the job: --num-rollout as `validate()` settled it (from --num-epoch, else the
+        default)."""
+        if self.num_rollout is None:
+            raise ConfigError("--num-rollout: not settled (the job config was not validated)")
+        return self.num_rollout
+
 
 @dataclass(slots=True)
 class RuntimeSection:
@@ -286,6 +294,14 @@ class EngineSection:
                                                 "counted", "`8`"), ge=1)
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
+
+    @property
+    def n_engines(self) -> int:
+        """Rollout workers of the job: --rollout-num-engines as `validate()` settled it (from --rollout-num-gpus,
+        the external engines or the trainer's GPUs)."""
+        if self.rollout_num_engines is None:
+            raise ConfigError("--rollout-num-engines: not settled (the job config was not validated)")
+        return self.rollout_num_engines
 
 
 @dataclass(slots=True)
