@@ -746,7 +746,7 @@ class ControllerMessages(Protocol):
         """A rollout worker cannot go on (an environment failed under --env-error stop): the job ends with
         `error`."""
 
-    @message(reply="map")
+    @message(reply="{phase, rollout_id, weight_version, engines, last, steps, num_rollout, ...}")
     def status(self) -> Status:
         """Where the loop is: rollout id, weight version, phase, metrics of the last step."""
 
@@ -795,7 +795,7 @@ class BufferMessages(Protocol):
     def mark_trained(self, rollout_id: int) -> None:
         """Record that a rollout's samples were trained on (accounting, then freed)."""
 
-    @message(reply="map")
+    @message(reply="{issued, trained_once, trained_more, untrained, lost, duplicated, ...}")
     def accounting(self) -> Accounting:
         """Per sample index: times handed out, submitted, trained; lost/duplicated checks."""
 

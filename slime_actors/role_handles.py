@@ -365,7 +365,7 @@ class ControllerHandle(ActorHandle):
     def status(self, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[Status]:
         """Where the loop is: rollout id, weight version, phase, metrics of the last step.
 
-        Reply: map."""
+        Reply: {phase, rollout_id, weight_version, engines, last, steps, num_rollout, ...}."""
         return self._call("status", locals())
 
     def trainer_join(self, rank: int, world_size: int, addr: str, port: int, pid: int, *,
@@ -440,7 +440,7 @@ class ControllerGroup(Group[ControllerHandle]):
     def status(self, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[Status]]:
         """Where the loop is: rollout id, weight version, phase, metrics of the last step.
 
-        Reply: map."""
+        Reply: {phase, rollout_id, weight_version, engines, last, steps, num_rollout, ...}."""
         return self._call("status", locals())
 
     def trainer_join(self, rank: int, world_size: int, addr: str, port: int, pid: int, *,
@@ -476,7 +476,7 @@ class ControllerQuiet(Group[ControllerHandle]):
     def status(self, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[Status | None]]:
         """Where the loop is: rollout id, weight version, phase, metrics of the last step.
 
-        Reply: map."""
+        Reply: {phase, rollout_id, weight_version, engines, last, steps, num_rollout, ...}."""
         return self._call("status", locals())
 
     def trainer_join(self, rank: int, world_size: int, addr: str, port: int, pid: int, *,
@@ -562,7 +562,7 @@ class BufferHandle(ActorHandle):
     def accounting(self, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[Accounting]:
         """Per sample index: times handed out, submitted, trained; lost/duplicated checks.
 
-        Reply: map."""
+        Reply: {issued, trained_once, trained_more, untrained, lost, duplicated, ...}."""
         return self._call("accounting", locals())
 
     def save(self, path: str, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[None]:
@@ -746,7 +746,7 @@ class BufferGroup(Group[BufferHandle]):
     def accounting(self, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[Accounting]]:
         """Per sample index: times handed out, submitted, trained; lost/duplicated checks.
 
-        Reply: map."""
+        Reply: {issued, trained_once, trained_more, untrained, lost, duplicated, ...}."""
         return self._call("accounting", locals())
 
     def save(self, path: str, *, ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[None]]:
@@ -851,7 +851,7 @@ class BufferQuiet(Group[BufferHandle]):
                    idem: str | None = None) -> Awaitable[list[Accounting | None]]:
         """Per sample index: times handed out, submitted, trained; lost/duplicated checks.
 
-        Reply: map."""
+        Reply: {issued, trained_once, trained_more, untrained, lost, duplicated, ...}."""
         return self._call("accounting", locals())
 
     def save(self, path: str, *, ask_timeout: float | None = None,
