@@ -9,7 +9,7 @@ ARGS    ?=
 
 .PHONY: train test bench demo install clean
 
-$(STAMP): pyproject.toml setup.py slime_actors/traces/_fastrec.c Makefile
+$(STAMP): pyproject.toml setup.py slime_actors/recorder/_fastrec.c Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
@@ -37,4 +37,4 @@ demo: $(STAMP)
 	$(BIN)/slime-actors demo
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache build slime_actors/traces/_fastrec.*.so
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache build slime_actors/recorder/_fastrec.*.so

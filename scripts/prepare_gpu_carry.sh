@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 wheels=(
   "pyzmq==27.3.0"
   "structlog==26.1.0"
-  "xxhash==4.1.0"       # trace checksums (slime_actors.traces.writer imports it)
+  "xxhash==4.1.0"       # trace checksums (slime_actors.recorder.writer imports it)
   # the math rewards (slime_actors/rewards/rules.py) and the SmolLM2 GGUF loader (slime_actors/models/smollm2.py)
   "math-verify==0.9.0"
   "latex2sympy2_extended==1.11.0"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .eval_config import EVAL_SET_KEY
-from .samples import pick_examples
+from .sample_display import pick_examples
 from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
 
 if TYPE_CHECKING:
@@ -66,19 +66,20 @@ class BufferSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "BufferSettings":
-        ro, ev = cfg.rollout, cfg.eval
+        rollout_cfg, eval_cfg = cfg.rollout, cfg.eval
         sampling = {
-            "train": {"temperature": ro.rollout_temperature, "top_p": ro.rollout_top_p, "top_k": ro.rollout_top_k,
-                      "max_new_tokens": ro.rollout_max_response_len},
-            "eval": {"temperature": ev.eval_temperature, "top_p": ev.eval_top_p, "top_k": ev.eval_top_k,
-                     "max_new_tokens": ev.eval_max_response_len}}
+            "train": {"temperature": rollout_cfg.rollout_temperature, "top_p": rollout_cfg.rollout_top_p,
+                      "top_k": rollout_cfg.rollout_top_k, "max_new_tokens": rollout_cfg.rollout_max_response_len},
+            "eval": {"temperature": eval_cfg.eval_temperature, "top_p": eval_cfg.eval_top_p,
+                     "top_k": eval_cfg.eval_top_k, "max_new_tokens": eval_cfg.eval_max_response_len}}
         for sp in sampling.values():
-            if ro.rollout_stop:
-                sp["stop"] = list(ro.rollout_stop)
-            if ro.rollout_stop_token_ids:
-                sp["stop_token_ids"] = list(ro.rollout_stop_token_ids)
-        return cls(ro.rollout_batch_size, ro.over_sampling_batch_size, ro.n_samples_per_prompt,
-                   ev.n_samples_per_eval_prompt, bool(ro.partial_rollout),
+            if rollout_cfg.rollout_stop:
+                sp["stop"] = list(rollout_cfg.rollout_stop)
+            if rollout_cfg.rollout_stop_token_ids:
+                sp["stop_token_ids"] = list(rollout_cfg.rollout_stop_token_ids)
+        return cls(rollout_cfg.rollout_batch_size, rollout_cfg.over_sampling_batch_size,
+                   rollout_cfg.n_samples_per_prompt, eval_cfg.n_samples_per_eval_prompt,
+                   bool(rollout_cfg.partial_rollout),
                    cfg.run.max_staleness if cfg.run.async_train else 0, bool(cfg.logging.log_passrate), sampling)
 
     def sampling_params(self, kind: str) -> dict:

@@ -14,7 +14,7 @@ checkpoint directly (`.metadata`, `*.distcp`, `common.pt`, `metadata.json`) and 
 models use the tracker value "release" and a `release/` directory. `--load` refuses those (and Hugging Face model
 directories, empty directories, unknown contents) with a message saying what it found and what it expected;
 `slime-actors convert` turns their weights into an HF directory for --hf-checkpoint. The pickles a checkpoint holds
-are read only through allow-lists (backends/safe_pickle.py): loading one never runs code from it.
+are read only through allow-lists (safe_pickle.py): loading one never runs code from it.
 
     ckpt = resolve_load(cfg)         # Path of the iter directory to resume from, None to start fresh; or raises
     layout = detect_layout(path)     # Layout(kind, path, detail)
@@ -97,8 +97,8 @@ def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
 def rolling(cfg: JobConfig) -> bool:
     """Whether this job keeps a rolling checkpoint in RUN_DIR/ckpt (no --save, not --no-rolling-save, a job that
     trains)."""
-    ck = cfg.checkpoint
-    return not ck.save and not ck.no_rolling_save and not cfg.debug.debug_rollout_only
+    checkpoint_cfg = cfg.checkpoint
+    return not checkpoint_cfg.save and not checkpoint_cfg.no_rolling_save and not cfg.debug.debug_rollout_only
 
 
 def rolling_dir(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path:
@@ -304,11 +304,11 @@ def _check_lora(rank: int, ckpt: Path) -> None:
 
 
 def check_pickles(ckpt: str | os.PathLike) -> None:
-    """Every pickle of a checkpoint of ours loads without running code (backends/safe_pickle.py): the trainer's
+    """Every pickle of a checkpoint of ours loads without running code (safe_pickle.py): the trainer's
     `*.pt` files (optimizer, RNG: torch's weights_only unpickler; tensor data is not read) and the megatron
     backend's `dist/.metadata` (the DCP allow-list). The backends load them the same way; this reports a bad file
     before any process starts. Raises CheckpointError naming the file and the class."""
-    from .backends.safe_pickle import UnsafeCheckpointError, load_torch_file, read_dcp_metadata
+    from .safe_pickle import UnsafeCheckpointError, load_torch_file, read_dcp_metadata
     t = trainer_dir(ckpt)
     try:
         for f in sorted(t.glob("*.pt")):

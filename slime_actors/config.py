@@ -42,6 +42,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .hack_thresholds import HackThresholds
 from .slime_compat import COMPAT
 
 ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
@@ -60,6 +61,13 @@ class ConfigError(ValueError):
     def prefixed(self, prefix: str) -> "ConfigError":
         """The same problems, each after `prefix` (e.g. the job file's name)."""
         return ConfigError([f"{prefix}{p}" for p in self.problems])
+
+
+class StartupError(RuntimeError):
+    """An actor cannot start, and starting it again will not change that (the message says why and what to do):
+    `--device cuda` where the process sees no GPU, say. The launcher's start-up rule (launch/startup.py) stops the job
+    on it instead of restarting the actor. It lives here, below the roles, so that an actor can raise it without
+    importing the launcher."""
 
 
 class Problems(list):
@@ -584,7 +592,7 @@ class MonitorSection:
     hack_alarms: str = flag("warn", "watch every training rollout for signs that the reward rises for the wrong "
                                     "reason (hack/* metrics): warn (a warning and a line in RUN_DIR/alarms.jsonl per "
                                     "tripped alarm), stop (the same, then the step finishes, a checkpoint is saved "
-                                    "to --save and the run ends), off (nothing is computed)",
+                                    "to --save, or the rolling RUN_DIR/ckpt without it, and the run ends), off (nothing is computed)",
                             choices=["warn", "stop", "off"], origin="own")
     hack_alarm_thresholds: str | None = flag(None, "NAME=VALUE[,NAME=VALUE...]: change the alarms' thresholds, e.g. "
                                                    "rewarded_truncated=0.7,min_samples=16 (names and defaults: "
@@ -662,6 +670,9 @@ class JobConfig:
     # the prompt files' rows as the launcher checked them, before the run directory exists: set name -> a
     # temporary file the head moves to RUN_DIR/prompts/ (launch/checks.py, launch/prepare.py); never in to_dict()
     checked_prompts: dict = field(default_factory=dict, repr=False, compare=False)
+    # --hack-alarm-thresholds parsed (hack_thresholds.HackThresholds), by `validate`: the one parse of the flag in a
+    # process; the buffer's alarm monitor takes it as it is. Never in to_dict() (the flag's text is)
+    hack_thresholds: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """Every field, flat (slime's names), JSON- and msgpack-able; the engine keys are not in it."""
@@ -1382,124 +1393,131 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
             if wrong:
                 where = cfg.sources.get(spec.name)
                 bad(f"{spec.option} {wrong}" + (f" ({where})" if where else ""))
-    run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
-    for name, value in (("--rollout-top-k", ro.rollout_top_k), ("--eval-top-k", ev.eval_top_k)):
+    run, rollout_cfg, train_cfg, eval_cfg = cfg.run, cfg.rollout, cfg.train, cfg.eval
+    algorithm_cfg, debug_cfg = cfg.algorithm, cfg.debug
+    try:
+        cfg.hack_thresholds = HackThresholds.parse(cfg.monitor.hack_alarm_thresholds)
+    except ValueError as exc:
+        bad(f"--hack-alarm-thresholds {cfg.monitor.hack_alarm_thresholds}: {exc}")
+    for name, value in (("--rollout-top-k", rollout_cfg.rollout_top_k), ("--eval-top-k", eval_cfg.eval_top_k)):
         if value == 0:
             bad(f"{name} must be -1 (off) or >= 1, got 0")
-    w = cfg.weights
-    if w.update_weight_transport is None:
-        w.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
-    if w.update_weight_transport == "nccl":
-        w.update_weight_transport = "distributed"
-    if (cfg.engine.colocate and run.device.startswith("cuda") and w.update_weight_transport == "distributed"
-            and not dbg.debug_train_only):
+    weights_cfg = cfg.weights
+    if weights_cfg.update_weight_transport is None:
+        weights_cfg.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
+    if weights_cfg.update_weight_transport == "nccl":
+        weights_cfg.update_weight_transport = "distributed"
+    if (cfg.engine.colocate and run.device.startswith("cuda") and weights_cfg.update_weight_transport == "distributed"
+            and not debug_cfg.debug_train_only):
         bad("--colocate puts each engine on a trainer rank's GPU, and --update-weight-transport distributed would "
             "join the two processes of that GPU in one NCCL group, which NCCL refuses ('Duplicate GPU detected'): "
             "leave the flag out (colocated, CUDA IPC, is the default with --colocate) or use disk")
-    if ro.over_sampling_batch_size is None:
-        ro.over_sampling_batch_size = ro.rollout_batch_size
-    if ro.over_sampling_batch_size < ro.rollout_batch_size:
-        bad(f"--over-sampling-batch-size ({ro.over_sampling_batch_size}) must be >= --rollout-batch-size "
-            f"({ro.rollout_batch_size})")
+    if rollout_cfg.over_sampling_batch_size is None:
+        rollout_cfg.over_sampling_batch_size = rollout_cfg.rollout_batch_size
+    if rollout_cfg.over_sampling_batch_size < rollout_cfg.rollout_batch_size:
+        bad(f"--over-sampling-batch-size ({rollout_cfg.over_sampling_batch_size}) must be >= --rollout-batch-size "
+            f"({rollout_cfg.rollout_batch_size})")
     _derive_num_rollout(cfg, check_files, bad, prompt_count)
     _derive_engines(cfg, bad)
     _validate_lora(cfg, bad)
-    eng = cfg.engine
-    if eng.rollout_engine == "local" and eng.rollout_num_gpus_per_engine > 1 and not eng.rollout_external_engine_addrs \
-            and not dbg.debug_train_only:
-        bad(f"--rollout-num-gpus-per-engine {eng.rollout_num_gpus_per_engine}: the local engine (--rollout-engine "
-            "local, the default) runs one model on one device; an engine over several GPUs is SGLang's: add "
-            "--rollout-engine sglang (or give 1)")
+    engine_cfg = cfg.engine
+    if engine_cfg.rollout_engine == "local" and engine_cfg.rollout_num_gpus_per_engine > 1 \
+            and not engine_cfg.rollout_external_engine_addrs and not debug_cfg.debug_train_only:
+        bad(f"--rollout-num-gpus-per-engine {engine_cfg.rollout_num_gpus_per_engine}: the local engine "
+            "(--rollout-engine local, the default) runs one model on one device; an engine over several GPUs is "
+            "SGLang's: add --rollout-engine sglang (or give 1)")
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
-                       ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", ro.env_kwargs)):
+                       ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", rollout_cfg.env_kwargs)):
         if text is not None:
             try:
                 json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
             except ConfigError as exc:
                 problems.merge(exc)
-    if ro.rollout_interaction_env_path:
+    if rollout_cfg.rollout_interaction_env_path:
         for other in ("custom_generate_function_path", "rollout_function_path"):
-            if getattr(ro, other):
+            if getattr(rollout_cfg, other):
                 bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
                     "generated: give one")
-    if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
+    if train_cfg.use_dynamic_batch_size and not train_cfg.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
-    if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \
-            and ro.n_samples_per_prompt == 1:
-        bad(f"--advantage-estimator {al.advantage_estimator} compares samples of a group: "
+    if algorithm_cfg.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \
+            and rollout_cfg.n_samples_per_prompt == 1:
+        bad(f"--advantage-estimator {algorithm_cfg.advantage_estimator} compares samples of a group: "
             "--n-samples-per-prompt must be >= 2")
-    if dbg.debug_rollout_only and dbg.debug_train_only:
+    if debug_cfg.debug_rollout_only and debug_cfg.debug_train_only:
         bad("--debug-rollout-only and --debug-train-only exclude each other")
-    if dbg.use_pytorch_profiler and not 0 <= dbg.profile_step_start < dbg.profile_step_end:
-        bad(f"--profile-step-start {dbg.profile_step_start} / --profile-step-end {dbg.profile_step_end}: need "
-            "0 <= start < end (the rollouts [start, end) are profiled)")
-    if dbg.memory_recorder != "torch":
-        bad(f"--memory-recorder {dbg.memory_recorder}: only torch's CUDA memory history is supported here")
-    if dbg.debug_train_only and not dbg.load_debug_rollout_data:
+    if debug_cfg.use_pytorch_profiler and not 0 <= debug_cfg.profile_step_start < debug_cfg.profile_step_end:
+        bad(f"--profile-step-start {debug_cfg.profile_step_start} / --profile-step-end {debug_cfg.profile_step_end}: "
+            "need 0 <= start < end (the rollouts [start, end) are profiled)")
+    if debug_cfg.memory_recorder != "torch":
+        bad(f"--memory-recorder {debug_cfg.memory_recorder}: only torch's CUDA memory history is supported here")
+    if debug_cfg.debug_train_only and not debug_cfg.load_debug_rollout_data:
         bad("--debug-train-only needs --load-debug-rollout-data")
-    if check_files and dbg.load_debug_rollout_data:  # the first rollout must be there (later ones: when loaded)
-        first = debug_rollout_path(dbg.load_debug_rollout_data, run.start_rollout_id or 0)
+    if check_files and debug_cfg.load_debug_rollout_data:  # the first rollout must be there (later ones: when loaded)
+        first = debug_rollout_path(debug_cfg.load_debug_rollout_data, run.start_rollout_id or 0)
         if not first.is_file():
-            bad(f"--load-debug-rollout-data {dbg.load_debug_rollout_data}: no saved rollout "
+            bad(f"--load-debug-rollout-data {debug_cfg.load_debug_rollout_data}: no saved rollout "
                 f"{run.start_rollout_id or 0} at {first} (--save-debug-rollout-data writes one file per rollout)")
-    if cfg.data.prompt_data is None and not dbg.load_debug_rollout_data:
+    if cfg.data.prompt_data is None and not debug_cfg.load_debug_rollout_data:
         bad("--prompt-data is required")
     if check_files and cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
         bad(f"--prompt-data {cfg.data.prompt_data} does not exist")
     if cfg.model.hf_checkpoint is None:
         bad("--hf-checkpoint is required (a Hugging Face model directory, tiny:digits, or smollm2:135m)")
-    total = ro.rollout_batch_size * ro.n_samples_per_prompt
-    if tr.global_batch_size is None:
-        tr.global_batch_size = total
-    if tr.global_batch_size >= 1 and total >= 1 and total % tr.global_batch_size:
+    total = rollout_cfg.rollout_batch_size * rollout_cfg.n_samples_per_prompt
+    if train_cfg.global_batch_size is None:
+        train_cfg.global_batch_size = total
+    if train_cfg.global_batch_size >= 1 and total >= 1 and total % train_cfg.global_batch_size:
         bad(f"rollout-batch-size x n-samples-per-prompt ({total}) must be a multiple of --global-batch-size "
-            f"({tr.global_batch_size})")
-    if tr.n_ranks >= 1 and ro.rollout_batch_size % tr.n_ranks:
-        bad(f"--rollout-batch-size ({ro.rollout_batch_size}) must be a multiple of the trainer ranks "
-            f"({tr.n_ranks}): each rank trains on whole prompt groups")
-    if tr.num_steps_per_rollout is None:
-        tr.num_steps_per_rollout = max(1, total // tr.global_batch_size) if tr.global_batch_size >= 1 else 1
-    if ev.eval_temperature is None:
-        ev.eval_temperature = 0.0
-    if ev.eval_max_response_len is None:
-        ev.eval_max_response_len = ro.rollout_max_response_len
-    if tr.critic_lr is None:
-        tr.critic_lr = tr.lr
-    if al.eps_clip_high is None:
-        al.eps_clip_high = al.eps_clip
-    if ev.eval_top_p is None:
-        ev.eval_top_p = ro.rollout_top_p
-    if ev.eval_top_k is None:
-        ev.eval_top_k = ro.rollout_top_k
-    if al.loss_type == "custom_loss" and not al.custom_loss_function_path:
+            f"({train_cfg.global_batch_size})")
+    if train_cfg.n_ranks >= 1 and rollout_cfg.rollout_batch_size % train_cfg.n_ranks:
+        bad(f"--rollout-batch-size ({rollout_cfg.rollout_batch_size}) must be a multiple of the trainer ranks "
+            f"({train_cfg.n_ranks}): each rank trains on whole prompt groups")
+    if train_cfg.num_steps_per_rollout is None:
+        train_cfg.num_steps_per_rollout = (max(1, total // train_cfg.global_batch_size)
+                                           if train_cfg.global_batch_size >= 1 else 1)
+    if eval_cfg.eval_temperature is None:
+        eval_cfg.eval_temperature = 0.0
+    if eval_cfg.eval_max_response_len is None:
+        eval_cfg.eval_max_response_len = rollout_cfg.rollout_max_response_len
+    if train_cfg.critic_lr is None:
+        train_cfg.critic_lr = train_cfg.lr
+    if algorithm_cfg.eps_clip_high is None:
+        algorithm_cfg.eps_clip_high = algorithm_cfg.eps_clip
+    if eval_cfg.eval_top_p is None:
+        eval_cfg.eval_top_p = rollout_cfg.rollout_top_p
+    if eval_cfg.eval_top_k is None:
+        eval_cfg.eval_top_k = rollout_cfg.rollout_top_k
+    if algorithm_cfg.loss_type == "custom_loss" and not algorithm_cfg.custom_loss_function_path:
         bad("--loss-type custom_loss needs --custom-loss-function-path")
-    if al.custom_loss_function_path and al.loss_type != "custom_loss":
+    if algorithm_cfg.custom_loss_function_path and algorithm_cfg.loss_type != "custom_loss":
         bad(f"--custom-loss-function-path is used with --loss-type custom_loss (as in slime); the job has "
-            f"--loss-type {al.loss_type}: add --loss-type custom_loss, or drop the path")
-    if al.advantage_estimator == "cispo" and al.eps_clip < 1.0 and not any("CISPO" in n for n in cfg.notes):
-        cfg.notes.append(f"--advantage-estimator cispo with --eps-clip {al.eps_clip}: the lower bound "
-                         f"{1.0 - al.eps_clip:g} of the truncated ratio is active; canonical CISPO is one-sided "
-                         "(--eps-clip 1.0, and a wide --eps-clip-high such as 4.0)")
-    if al.tis_clip_low > al.tis_clip:
-        bad(f"--tis-clip-low ({al.tis_clip_low}) must be <= --tis-clip ({al.tis_clip})")
-    rw = cfg.reward
-    if rw.rm_type is None and rw.custom_rm_path is None and rw.reward_actor_class is None:
+            f"--loss-type {algorithm_cfg.loss_type}: add --loss-type custom_loss, or drop the path")
+    if algorithm_cfg.advantage_estimator == "cispo" and algorithm_cfg.eps_clip < 1.0 \
+            and not any("CISPO" in n for n in cfg.notes):
+        cfg.notes.append(f"--advantage-estimator cispo with --eps-clip {algorithm_cfg.eps_clip}: the lower bound "
+                         f"{1.0 - algorithm_cfg.eps_clip:g} of the truncated ratio is active; canonical CISPO is "
+                         "one-sided (--eps-clip 1.0, and a wide --eps-clip-high such as 4.0)")
+    if algorithm_cfg.tis_clip_low > algorithm_cfg.tis_clip:
+        bad(f"--tis-clip-low ({algorithm_cfg.tis_clip_low}) must be <= --tis-clip ({algorithm_cfg.tis_clip})")
+    reward_cfg = cfg.reward
+    if reward_cfg.rm_type is None and reward_cfg.custom_rm_path is None and reward_cfg.reward_actor_class is None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
-    if rw.rm_type == "remote_rm" and not rw.rm_url:
+    if reward_cfg.rm_type == "remote_rm" and not reward_cfg.rm_url:
         bad("--rm-type remote_rm needs --rm-url")
     if cfg.engine.sglang_router_ip and not cfg.engine.sglang_router_port:
         bad("--sglang-router-ip needs --sglang-router-port")
     _validate_retriever(cfg.retriever, check_files, bad)
-    lg = cfg.logging
-    if lg.use_wandb and check_files:
+    logging_cfg = cfg.logging
+    if logging_cfg.use_wandb and check_files:
         import importlib.util
         if importlib.util.find_spec("wandb") is None:
             bad("--use-wandb needs the wandb package: pip install wandb (or drop --use-wandb; TensorBoard and "
                 "metrics.jsonl have every metric)")
     unused = [f"--{n.replace('_', '-')}" for n in ("wandb_project", "wandb_group", "wandb_team", "wandb_host",
                                                    "wandb_mode", "wandb_dir", "wandb_run_id")
-              if getattr(lg, n) is not None]
-    if unused and not lg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
+              if getattr(logging_cfg, n) is not None]
+    if unused and not logging_cfg.use_wandb and not any("without --use-wandb" in n for n in cfg.notes):
         cfg.notes.append(f"{', '.join(unused)} given without --use-wandb: W&B is off (add --use-wandb)")
 
 
@@ -1530,37 +1548,37 @@ MEGATRON_LORA_REFUSAL = (
 def _validate_lora(cfg: JobConfig, bad) -> None:
     """--lora-*: values, and what LoRA cannot be combined with (the module names are checked against the model by
     the launcher: launch/checks.check_lora_flags)."""
-    lo = cfg.lora
-    if lo.lora_rank < 0:
-        bad(f"--lora-rank must be >= 0 (0: full fine-tuning), got {lo.lora_rank}")
-    if lo.lora_rank == 0:
+    lora_cfg = cfg.lora
+    if lora_cfg.lora_rank < 0:
+        bad(f"--lora-rank must be >= 0 (0: full fine-tuning), got {lora_cfg.lora_rank}")
+    if lora_cfg.lora_rank == 0:
         given = [f"--{n.replace('_', '-')}" for n in ("lora_alpha", "lora_target_modules", "lora_exclude_modules")
-                 if getattr(lo, n) is not None] + (["--lora-dropout"] if lo.lora_dropout else []) \
-            + (["--lora-save-merged"] if lo.lora_save_merged else [])
+                 if getattr(lora_cfg, n) is not None] + (["--lora-dropout"] if lora_cfg.lora_dropout else []) \
+            + (["--lora-save-merged"] if lora_cfg.lora_save_merged else [])
         if given:
             bad(f"{', '.join(given)} given without --lora-rank: LoRA is off (give --lora-rank N, N > 0)")
         return
     if cfg.train.train_backend == "megatron":
         bad(MEGATRON_LORA_REFUSAL)
-    if lo.lora_alpha is None:
-        lo.lora_alpha = 2.0 * lo.lora_rank
-    if not lo.lora_alpha > 0:
-        bad(f"--lora-alpha must be > 0, got {lo.lora_alpha}")
-    if not 0.0 <= lo.lora_dropout < 1.0:
-        bad(f"--lora-dropout must be in [0, 1), got {lo.lora_dropout}")
-    if not lo.lora_target_modules:
-        lo.lora_target_modules = [LORA_ALL_LINEAR]
+    if lora_cfg.lora_alpha is None:
+        lora_cfg.lora_alpha = 2.0 * lora_cfg.lora_rank
+    if not lora_cfg.lora_alpha > 0:
+        bad(f"--lora-alpha must be > 0, got {lora_cfg.lora_alpha}")
+    if not 0.0 <= lora_cfg.lora_dropout < 1.0:
+        bad(f"--lora-dropout must be in [0, 1), got {lora_cfg.lora_dropout}")
+    if not lora_cfg.lora_target_modules:
+        lora_cfg.lora_target_modules = [LORA_ALL_LINEAR]
     import re
-    for flag_name, names in (("--lora-target-modules", lo.lora_target_modules),
-                             ("--lora-exclude-modules", lo.lora_exclude_modules or [])):
+    for flag_name, names in (("--lora-target-modules", lora_cfg.lora_target_modules),
+                             ("--lora-exclude-modules", lora_cfg.lora_exclude_modules or [])):
         odd = [n for n in names if n != LORA_ALL_LINEAR and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
         if odd:
             bad(f"{flag_name}: {odd[0]!r} is not a module name (the last part of a module's name, e.g. q_proj)")
-    if LORA_ALL_LINEAR in lo.lora_target_modules and len(lo.lora_target_modules) > 1:
+    if LORA_ALL_LINEAR in lora_cfg.lora_target_modules and len(lora_cfg.lora_target_modules) > 1:
         bad(f"--lora-target-modules: {LORA_ALL_LINEAR} means every linear layer; give it alone, or name modules")
-    if LORA_ALL_LINEAR in (lo.lora_exclude_modules or []):
+    if LORA_ALL_LINEAR in (lora_cfg.lora_exclude_modules or []):
         bad(f"--lora-exclude-modules {LORA_ALL_LINEAR} would leave no module to adapt")
-    if lo.lora_save_merged and not cfg.checkpoint.save_hf:
+    if lora_cfg.lora_save_merged and not cfg.checkpoint.save_hf:
         bad("--lora-save-merged writes next to --save-hf's export: give --save-hf too")
 
 
@@ -1635,12 +1653,12 @@ def count_prompt_rows(path: str, max_row_bytes: int | None = None) -> int:
 def _derive_engines(cfg: JobConfig, bad) -> None:
     """Engines = --rollout-num-gpus / --rollout-num-gpus-per-engine; without --rollout-num-gpus: the external
     engines given, else under --colocate the trainer's GPUs (slime's rule), else one engine."""
-    eng, tr = cfg.engine, cfg.train
-    per = eng.rollout_num_gpus_per_engine
+    engine_cfg, train_cfg = cfg.engine, cfg.train
+    per = engine_cfg.rollout_num_gpus_per_engine
     if per < 1:
         return   # (its range check reported it)
-    external = len(eng.rollout_external_engine_addrs or [])
-    gpus = eng.rollout_num_gpus
+    external = len(engine_cfg.rollout_external_engine_addrs or [])
+    gpus = engine_cfg.rollout_num_gpus
     if gpus is not None:
         if gpus < 0:
             return
@@ -1652,20 +1670,20 @@ def _derive_engines(cfg: JobConfig, bad) -> None:
             bad(f"--rollout-num-gpus ({gpus}) must be a multiple of --rollout-num-gpus-per-engine ({per})")
             return
         engines = gpus // per if gpus else external
-        if eng.rollout_num_engines is not None and eng.rollout_num_engines != engines:
-            bad(f"--rollout-num-engines {eng.rollout_num_engines} disagrees with --rollout-num-gpus {gpus} / "
+        if engine_cfg.rollout_num_engines is not None and engine_cfg.rollout_num_engines != engines:
+            bad(f"--rollout-num-engines {engine_cfg.rollout_num_engines} disagrees with --rollout-num-gpus {gpus} / "
                 f"--rollout-num-gpus-per-engine {per} = {engines} engines; give one of them")
-        eng.rollout_num_engines = engines
+        engine_cfg.rollout_num_engines = engines
         return
-    if eng.rollout_num_engines is None:
+    if engine_cfg.rollout_num_engines is None:
         if external:
-            eng.rollout_num_engines = external
-        elif eng.colocate:
-            trainer_gpus = tr.actor_num_nodes * tr.actor_num_gpus_per_node
-            eng.rollout_num_engines = max(1, trainer_gpus // per)
+            engine_cfg.rollout_num_engines = external
+        elif engine_cfg.colocate:
+            trainer_gpus = train_cfg.actor_num_nodes * train_cfg.actor_num_gpus_per_node
+            engine_cfg.rollout_num_engines = max(1, trainer_gpus // per)
         else:
-            eng.rollout_num_engines = 1
-    eng.rollout_num_gpus = eng.rollout_num_engines * per if not external else 0
+            engine_cfg.rollout_num_engines = 1
+    engine_cfg.rollout_num_gpus = engine_cfg.rollout_num_engines * per if not external else 0
 
 
 def debug_rollout_path(spec: str, k: int) -> Path:

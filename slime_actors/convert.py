@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from .backends.safe_pickle import UnsafeCheckpointError
+from .safe_pickle import UnsafeCheckpointError
 from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta, trainer_dir
 
 # Transformer Engine's fused names of the two per-layer norms (slime's default layer spec)

@@ -360,8 +360,8 @@ class EvalDatasets(Mapping):
     def from_config(cls, cfg: JobConfig, tokenizer, on_error: str = "raise") -> "EvalDatasets":
         """--eval-config's sets (each with its own keys), else --eval-prompt-data's, with --eval-input-key /
         --eval-label-key (default: --input-key / --label-key)."""
-        data, ev = cfg.data, cfg.eval
-        limit, why = prompt_token_limit(cfg, ev.eval_max_response_len or cfg.rollout.rollout_max_response_len)
+        data, eval_cfg = cfg.data, cfg.eval
+        limit, why = prompt_token_limit(cfg, eval_cfg.eval_max_response_len or cfg.rollout.rollout_max_response_len)
         out = cls(None)
         for es in eval_sets(cfg):
             keys = eval_row_keys(cfg, es)
@@ -425,9 +425,9 @@ def train_row_keys(cfg: JobConfig) -> RowKeys:
 def eval_row_keys(cfg: JobConfig, es) -> RowKeys:
     """Where a held-out set's rows keep their parts: the set's own keys (--eval-config), else --eval-input-key /
     --eval-label-key, else the training ones."""
-    data, ev = cfg.data, cfg.eval
-    return RowKeys(es.input_key or ev.eval_input_key or data.input_key,
-                   es.label_key or ev.eval_label_key or data.label_key, data.metadata_key, data.tool_key)
+    data, eval_cfg = cfg.data, cfg.eval
+    return RowKeys(es.input_key or eval_cfg.eval_input_key or data.input_key,
+                   es.label_key or eval_cfg.eval_label_key or data.label_key, data.metadata_key, data.tool_key)
 
 
 def checked_path(run_dir: str | os.PathLike, name: str) -> str:

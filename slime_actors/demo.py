@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from . import env as E
+from .env import DIRECTORY, RUN_DIR
 from .actors.base import Actor, handler
 from .actors.directory import Directory
 from .log import get_logger, setup_logging
@@ -47,7 +47,7 @@ class Client(Actor):
 def _serve(cls, index: int, env: dict) -> None:
     os.environ.update(env)
     import uvloop
-    setup_logging(env[E.RUN_DIR.name], f"{cls.role}/{index}", console=False)
+    setup_logging(env[RUN_DIR.name], f"{cls.role}/{index}", console=False)
 
     async def main():
         actor = cls(index)
@@ -77,7 +77,7 @@ def run_demo(run_dir: str, messages: int = 200) -> int:
         rt = RuntimeConfig(run_dir=run_dir, curve=True)
         directory = Directory(0)
         ep = await directory.start(rt)
-        env = {**rt.env(), E.DIRECTORY.name: ep}
+        env = {**rt.env(), DIRECTORY.name: ep}
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_serve, args=(cls, 0, env)) for cls in (Squarer, Summer)]
         for p in procs:

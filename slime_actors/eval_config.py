@@ -284,39 +284,41 @@ def grader_name(cfg: JobConfig, s: EvalSet) -> str:
         return f"{s.rm_type} (the set's own)"
     if s.custom_rm_path:
         return f"{s.custom_rm_path} (the set's own)"
-    rw = cfg.reward
-    if rw.reward_actor_class and not (rw.rm_type or rw.custom_rm_path):
-        return f"the training reward (--reward-actor-class {rw.reward_actor_class})"
-    if rw.custom_rm_path:
-        return f"the training reward (--custom-rm-path {rw.custom_rm_path})"
-    return f"the training reward (--rm-type {rw.rm_type})"
+    reward_cfg = cfg.reward
+    if reward_cfg.reward_actor_class and not (reward_cfg.rm_type or reward_cfg.custom_rm_path):
+        return f"the training reward (--reward-actor-class {reward_cfg.reward_actor_class})"
+    if reward_cfg.custom_rm_path:
+        return f"the training reward (--custom-rm-path {reward_cfg.custom_rm_path})"
+    return f"the training reward (--rm-type {reward_cfg.rm_type})"
 
 
 def check_eval_config(cfg: JobConfig) -> list[EvalSet] | None:
     """The head's check of --eval-config, before any process starts: every problem at once (ConfigError); then the
     sets go into --eval-prompt-data and the sampling defaults into their flags (a note says what changed). Returns
     the sets (None without --eval-config), so the launcher reads the file once."""
-    ev = cfg.eval
-    if not ev.eval_config:
+    eval_cfg = cfg.eval
+    if not eval_cfg.eval_config:
         return None
-    sets, sampling, problems = read_eval_config(ev.eval_config)
+    sets, sampling, problems = read_eval_config(eval_cfg.eval_config)
     from slime_actors.rewards.dispatch import BUILTIN_RMS
     for s in sets:
         if not os.path.exists(s.path):
-            problems.append(f"--eval-config {ev.eval_config}: set {s.name!r}: its prompt file {s.path} does not "
+            problems.append(f"--eval-config {eval_cfg.eval_config}: set {s.name!r}: its prompt file {s.path} does not "
                             "exist" + ("" if os.path.isabs(s.path) else
                                        " (neither next to the eval config nor in the working directory)"))
         if s.rm_type:
             rm = s.rm_type.strip()
             if rm not in BUILTIN_RMS and not (rm.startswith("boxed_") and rm[len("boxed_"):] in BUILTIN_RMS):
-                problems.append(f"--eval-config {ev.eval_config}: set {s.name!r}: unknown rm_type {rm!r} (built-ins: "
-                                f"{', '.join(sorted(BUILTIN_RMS))}, or boxed_<one of them>; or custom_rm_path)")
+                problems.append(f"--eval-config {eval_cfg.eval_config}: set {s.name!r}: unknown rm_type {rm!r} "
+                                f"(built-ins: {', '.join(sorted(BUILTIN_RMS))}, or boxed_<one of them>; or "
+                                "custom_rm_path)")
             elif rm == "remote_rm" and not cfg.reward.rm_url:
-                problems.append(f"--eval-config {ev.eval_config}: set {s.name!r}: rm_type remote_rm needs --rm-url")
+                problems.append(f"--eval-config {eval_cfg.eval_config}: set {s.name!r}: rm_type remote_rm needs "
+                                "--rm-url")
         if s.custom_rm_path:
             file, sep, _ = s.custom_rm_path.rpartition(":")
             if sep and file.endswith(".py") and not os.path.isfile(file):
-                problems.append(f"--eval-config {ev.eval_config}: set {s.name!r}: custom_rm_path names {file}, "
+                problems.append(f"--eval-config {eval_cfg.eval_config}: set {s.name!r}: custom_rm_path names {file}, "
                                 "which does not exist")
     wants = {"n_samples_per_eval_prompt": ("a whole number >= 1", lambda v: isinstance(v, int) and v >= 1),
              "max_response_len": ("a whole number >= 1", lambda v: isinstance(v, int) and v >= 1),
@@ -326,17 +328,17 @@ def check_eval_config(cfg: JobConfig) -> list[EvalSet] | None:
     for key, value in sampling.items():
         want, ok = wants[key]
         if isinstance(value, bool) or not ok(value):
-            problems.append(f"--eval-config {ev.eval_config}: {key} must be {want}, got {value!r}")
+            problems.append(f"--eval-config {eval_cfg.eval_config}: {key} must be {want}, got {value!r}")
     if problems:
         raise ConfigError("\n".join(problems))
-    if ev.eval_prompt_data:
-        cfg.notes.append(f"--eval-prompt-data is ignored: --eval-config {ev.eval_config} names the held-out sets "
+    if eval_cfg.eval_prompt_data:
+        cfg.notes.append(f"--eval-prompt-data is ignored: --eval-config {eval_cfg.eval_config} names the held-out sets "
                          "(as in slime)")
-    ev.eval_config = os.path.abspath(ev.eval_config)     # every actor reads the same file, wherever it runs
-    ev.eval_prompt_data = [x for s in sets for x in (s.name, os.path.abspath(s.path))]
+    eval_cfg.eval_config = os.path.abspath(eval_cfg.eval_config)     # every actor reads the same file, wherever it runs
+    eval_cfg.eval_prompt_data = [x for s in sets for x in (s.name, os.path.abspath(s.path))]
     for key, value in sampling.items():
         flag = SAMPLING[key]
-        if getattr(ev, flag) != value:
-            cfg.notes.append(f"--{flag.replace('_', '-')} {value} (from --eval-config {ev.eval_config} defaults)")
-        setattr(ev, flag, float(value) if key in ("temperature", "top_p") else value)
+        if getattr(eval_cfg, flag) != value:
+            cfg.notes.append(f"--{flag.replace('_', '-')} {value} (from --eval-config {eval_cfg.eval_config} defaults)")
+        setattr(eval_cfg, flag, float(value) if key in ("temperature", "top_p") else value)
     return sets

@@ -40,39 +40,40 @@ class MetricSinks:
 
     # ------------------------------------------------------------------------------------------ open / close
     def open(self, resume_at: int | None) -> None:
-        lg = self.cfg.logging
-        if lg.use_tensorboard:
+        logging_cfg = self.cfg.logging
+        if logging_cfg.use_tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_at)
             except Exception as exc:  # tensorboard missing: JSONL and the PNG still have everything
                 self.log.warning("tensorboard unavailable", error=repr(exc))
-        if lg.use_wandb:
+        if logging_cfg.use_wandb:
             self._open_wandb(resume_at)
 
     def _open_wandb(self, resume_at: int | None) -> None:
-        lg = self.cfg.logging
+        logging_cfg = self.cfg.logging
         try:
             import wandb
         except ImportError:
             raise RuntimeError("--use-wandb needs the wandb package (pip install wandb)") from None
-        wdir = Path(lg.wandb_dir) if lg.wandb_dir else self.run_dir / "wandb"
+        wdir = Path(logging_cfg.wandb_dir) if logging_cfg.wandb_dir else self.run_dir / "wandb"
         wdir.mkdir(parents=True, exist_ok=True)
         id_file = self.run_dir / "wandb" / "run_id"
-        run_id = lg.wandb_run_id
+        run_id = logging_cfg.wandb_run_id
         if run_id is None and resume_at is not None and id_file.exists():
             run_id = id_file.read_text().strip() or None   # a resumed run continues its W&B run
-        if lg.wandb_host:
-            os.environ["WANDB_BASE_URL"] = lg.wandb_host
+        if logging_cfg.wandb_host:
+            os.environ["WANDB_BASE_URL"] = logging_cfg.wandb_host
         name = None
-        if lg.wandb_group:
-            name = lg.wandb_group if lg.disable_wandb_random_suffix else \
-                f"{lg.wandb_group}_{''.join(random.choices(string.ascii_lowercase + string.digits, k=6))}"
-        kw: dict[str, Any] = dict(project=lg.wandb_project, group=lg.wandb_group, entity=lg.wandb_team, name=name,
+        if logging_cfg.wandb_group:
+            name = logging_cfg.wandb_group if logging_cfg.disable_wandb_random_suffix else \
+                f"{logging_cfg.wandb_group}_{''.join(random.choices(string.ascii_lowercase + string.digits, k=6))}"
+        kw: dict[str, Any] = dict(project=logging_cfg.wandb_project, group=logging_cfg.wandb_group,
+                                  entity=logging_cfg.wandb_team, name=name,
                                   dir=str(wdir), config=self.cfg.to_dict(), id=run_id,
                                   resume="allow" if run_id else None)
-        if lg.wandb_mode:
-            kw["mode"] = lg.wandb_mode
+        if logging_cfg.wandb_mode:
+            kw["mode"] = logging_cfg.wandb_mode
         try:   # wandb's own console lines would interleave with ours: the log line below says where the run is
             kw["settings"] = wandb.Settings(silent=True)
         except Exception:
@@ -88,8 +89,9 @@ class MetricSinks:
         if getattr(run, "id", None):
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(str(run.id))
-        self.log.info("wandb run", id=getattr(run, "id", None), mode=lg.wandb_mode or os.environ.get("WANDB_MODE")
-                      or "online", dir=str(wdir), url=getattr(run, "url", None))
+        self.log.info("wandb run", id=getattr(run, "id", None),
+                      mode=logging_cfg.wandb_mode or os.environ.get("WANDB_MODE") or "online", dir=str(wdir),
+                      url=getattr(run, "url", None))
 
     def close(self, curves_png: str | None = None) -> None:
         if self.tb is not None:
@@ -121,7 +123,7 @@ class MetricSinks:
 
     def samples(self, k: int, examples: list[dict]) -> None:
         if self.tb is not None:
-            from .samples import examples_markdown
+            from .sample_display import examples_markdown
             self.tb.add_text("rollout/samples", examples_markdown(k, examples), k)
         if self.wandb is not None:
             rows = [[k, e.get("which"), e.get("reward"), e.get("group_index"), _text(e.get("prompt")),

@@ -1,6 +1,6 @@
 """Profiling a job with slime's flags: the torch profiler on chosen trainer ranks and rollouts, CUDA memory history
 with a snapshot on OOM, and the engines' own profilers -- each file written under RUN_DIR/profiles/ so that
-`slime-actors trace export RUN` merges it with the messages (slime_actors/traces/profiles.py).
+`slime-actors trace export RUN` merges it with the messages (slime_actors/recorder/profiles.py).
 
     --use-pytorch-profiler --profile-step-start 10 --profile-step-end 12 --profile-ranks 0
         [--profile-target train_overall train_actor train_log_probs rollout]
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .log import get_logger
-from .traces.profiles import CLOCK_MARK, PROFILES
+from .recorder.profiles import CLOCK_MARK, PROFILES
 
 log = get_logger(component="profiler")
 TRAIN_TARGETS = ("train_overall", "train_actor", "train_log_probs")

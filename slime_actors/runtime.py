@@ -16,7 +16,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import env as E
+from .env import (ADVERTISE, CURVE, CURVE_PUBLIC, DIRECTORY, HEARTBEAT, HOST, LIVENESS, MALLOC_KEEP_MIB,
+                  MAX_CONCURRENCY, MAX_INFLIGHT, MAX_MESSAGE_BYTES, RECV_HWM, RUN_DIR, SEND_HWM, TRACE,
+                  TRACE_BATCH_LIMIT, TRACE_BODY_LIMIT, TRACE_KEEP_ARRAYS, TRACE_MAX_BYTES, TRANSPORT)
 from .config import JobConfig, default_of
 from .mailbox.mailbox import MailboxConfig
 from .mailbox.security import JobKeys
@@ -55,7 +57,7 @@ class RuntimeConfig:
 
     def env(self) -> dict[str, str]:
         """The environment that makes a child process see these settings (keys are passed separately)."""
-        out = {E.RUN_DIR.name: str(Path(self.run_dir).resolve())}
+        out = {RUN_DIR.name: str(Path(self.run_dir).resolve())}
         for var, attr in _ENV.items():
             value = getattr(self, attr)
             if attr != "run_dir" and value is not None:
@@ -71,12 +73,12 @@ class RuntimeConfig:
         """A launcher's settings: the environment's (addresses, mailbox limits), then the job's flags (run directory,
         CURVE, tracing, liveness, transport -- tcp whenever the job spans hosts)."""
         rt = cls.from_env(environ)
-        r = cfg.runtime
+        runtime_cfg = cfg.runtime
         rt.run_dir = str(Path(cfg.run.run_dir).resolve())
-        rt.curve, rt.trace, rt.trace_keep_arrays = r.curve, r.trace, r.trace_keep_arrays
-        rt.trace_max_bytes = r.trace_max_bytes
-        rt.transport = "tcp" if multi_host and r.transport == "ipc" else r.transport
-        rt.heartbeat_interval, rt.liveness = r.heartbeat_interval, r.heartbeat_liveness
+        rt.curve, rt.trace, rt.trace_keep_arrays = runtime_cfg.curve, runtime_cfg.trace, runtime_cfg.trace_keep_arrays
+        rt.trace_max_bytes = runtime_cfg.trace_max_bytes
+        rt.transport = "tcp" if multi_host and runtime_cfg.transport == "ipc" else runtime_cfg.transport
+        rt.heartbeat_interval, rt.liveness = runtime_cfg.heartbeat_interval, runtime_cfg.heartbeat_liveness
         return rt
 
     @property
@@ -129,14 +131,14 @@ class RuntimeConfig:
         return f"tcp://{host}:{port}"
 
 
-_ENV = {E.RUN_DIR: "run_dir", E.DIRECTORY: "directory", E.TRANSPORT: "transport", E.HOST: "host",
-        E.ADVERTISE: "advertise", E.CURVE: "curve", E.TRACE: "trace", E.TRACE_BODY_LIMIT: "trace_body_limit",
-        E.TRACE_KEEP_ARRAYS: "trace_keep_arrays", E.TRACE_BATCH_LIMIT: "trace_batch_limit",
-        E.TRACE_MAX_BYTES: "trace_max_bytes",
-        E.HEARTBEAT: "heartbeat_interval", E.LIVENESS: "liveness"}
-_MAILBOX_ENV = {E.MAX_MESSAGE_BYTES: "max_message_bytes", E.SEND_HWM: "send_hwm", E.RECV_HWM: "recv_hwm",
-                E.MAX_INFLIGHT: "max_inflight_asks", E.MAX_CONCURRENCY: "max_concurrency",
-                E.MALLOC_KEEP_MIB: "malloc_keep_mib"}
+_ENV = {RUN_DIR: "run_dir", DIRECTORY: "directory", TRANSPORT: "transport", HOST: "host",
+        ADVERTISE: "advertise", CURVE: "curve", TRACE: "trace", TRACE_BODY_LIMIT: "trace_body_limit",
+        TRACE_KEEP_ARRAYS: "trace_keep_arrays", TRACE_BATCH_LIMIT: "trace_batch_limit",
+        TRACE_MAX_BYTES: "trace_max_bytes",
+        HEARTBEAT: "heartbeat_interval", LIVENESS: "liveness"}
+_MAILBOX_ENV = {MAX_MESSAGE_BYTES: "max_message_bytes", SEND_HWM: "send_hwm", RECV_HWM: "recv_hwm",
+                MAX_INFLIGHT: "max_inflight_asks", MAX_CONCURRENCY: "max_concurrency",
+                MALLOC_KEEP_MIB: "malloc_keep_mib"}
 
 
 def _mailbox_from_env(environ) -> MailboxConfig:
@@ -159,7 +161,7 @@ def job_keys(curve: bool, run_dir: str | os.PathLike, create: bool) -> JobKeys |
         keys = JobKeys.load(run_dir)
     if keys is None:
         if not create:
-            raise RuntimeError(f"no CURVE keys: set {E.CURVE_PUBLIC.name}/SECRET (as the head has them) or share "
+            raise RuntimeError(f"no CURVE keys: set {CURVE_PUBLIC.name}/SECRET (as the head has them) or share "
                                f"{run_dir / 'keys'}")
         keys = JobKeys.create()
     keys.save(run_dir)

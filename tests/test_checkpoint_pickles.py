@@ -1,6 +1,6 @@
 """Loading a checkpoint never runs code from it (issue 27, item 1): DCP's `.metadata` is read through an
 allow-list of the classes torch.distributed.checkpoint and megatron-core store there, every other pickle a
-checkpoint holds through torch's weights_only unpickler (backends/safe_pickle.py). A hostile file -- its pickle
+checkpoint holds through torch's weights_only unpickler (safe_pickle.py). A hostile file -- its pickle
 calls `os.system` -- is refused with an error naming the class and the file, and the command never runs (the marker
 file it would create stays absent): through `slime-actors convert` (slime's iter_XXXXXXX/ layout and a bare
 torch_dist directory), `--load` of a checkpoint of ours, and the backends' own load paths."""
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_actors.backends.safe_pickle import (UnsafeCheckpointError, check_torch_dist, load_torch_file,
+from slime_actors.safe_pickle import (UnsafeCheckpointError, check_torch_dist, load_torch_file,
                                                read_dcp_metadata)
 
 BIN = Path(sys.executable).parent / "slime-actors"

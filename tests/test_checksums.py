@@ -15,7 +15,7 @@ from slime_actors.mailbox import RemoteError, codec
 from slime_actors.mailbox.checksums import ALGO, FORWARD_MIN
 from slime_actors.mailbox.errors import ProtocolError
 from slime_actors.runtime import RuntimeConfig
-from slime_actors.traces import writer
+from slime_actors.recorder import writer
 from slime_actors.traces.reader import TraceRun
 
 N = FORWARD_MIN // 4 * 4  # float32 elements: 4x the size that is remembered

@@ -1,4 +1,4 @@
-"""The trace record's C packer (slime_actors/traces/_fastrec.c) gives msgpack's bytes exactly, refuses what it cannot
+"""The trace record's C packer (slime_actors/recorder/_fastrec.c) gives msgpack's bytes exactly, refuses what it cannot
 pack, and the writer falls back to msgpack when it is not built."""
 
 import io
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime_actors.traces import writer
+from slime_actors.recorder import writer
 
 try:
-    from slime_actors.traces._fastrec import rec as C
+    from slime_actors.recorder._fastrec import rec as C
 except ImportError:  # not built: the writer's fallback is tested below either way
     C = None
 needs_c = pytest.mark.skipif(C is None, reason="the C extension is not built (no compiler at install time)")
@@ -25,7 +25,7 @@ def test_the_extension_is_built_where_a_compiler_is():
     """setup.py builds it as optional: an install that had a compiler and still lacks it is a broken build."""
     if shutil.which(sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc") is None:
         pytest.skip("no C compiler on this machine: the writer packs records with msgpack (tested below)")
-    assert C is not None, "slime_actors/traces/_fastrec.c was not built: run `pip install -e .` again and read its log"
+    assert C is not None, "slime_actors/recorder/_fastrec.c was not built: run `pip install -e .` again and read its log"
 
 
 # sizes at msgpack's encoding boundaries (fixint/uint8/16/32/64, bin8/16/32)

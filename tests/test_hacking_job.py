@@ -40,7 +40,7 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
     assert (c.monitor.hack_alarms, c.monitor.hack_alarm_thresholds, c.monitor.hack_alarms_ignore) == \
         ("warn", None, None)
     for flags, needle in ((["--hack-alarms", "loud"], "invalid choice: 'loud'"),
-                          (["--hack-alarms", "stop"], "--hack-alarms stop saves a checkpoint"),
+                          (["--hack-alarms", "stop", "--no-rolling-save"], "this job keeps none: give --save DIR"),
                           (["--hack-alarm-thresholds", "rewarded_truncatd=0.7"], "unknown name 'rewarded_truncatd'"),
                           (["--hack-alarm-thresholds", "rewarded_truncated=1.5"], "must be in [0, 1]"),
                           (["--hack-alarm-thresholds", "min_samples=two"], "min_samples='two' is not a whole"),
@@ -51,6 +51,39 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
     c = cfg("--hack-alarms", "stop", "--save", "ckpt", "--hack-alarm-thresholds", "rewarded_truncated=0.7",
             "--hack-alarms-ignore", "jump")
     assert c.monitor.hack_alarms == "stop" and c.monitor.hack_alarms_ignore == ["jump"]
+
+
+def test_the_thresholds_are_parsed_once_by_the_config_and_travel_typed():
+    """--hack-alarm-thresholds is parsed where the config checks its values (JobConfig.validate), into
+    cfg.hack_thresholds; a process that reads the job's config (job.json: the flag's text) gets the same typed
+    value, and the buffer's monitor is built from it. A bad value is the config's error, launcher or not."""
+    from slime_actors.config import JobConfig, parse_config
+    from slime_actors.hack_thresholds import HackThresholds
+    from slime_actors.monitor.alarms import make_monitor
+    c = cfg("--hack-alarm-thresholds", "rewarded_truncated=0.7,min_samples=16")
+    assert c.hack_thresholds == HackThresholds(rewarded_truncated=0.7, min_samples=16)
+    again = JobConfig.from_dict(c.to_dict())
+    assert again.hack_thresholds == c.hack_thresholds and "hack_thresholds" not in c.to_dict()
+    assert make_monitor(again).t is again.hack_thresholds
+    assert cfg().hack_thresholds == HackThresholds()
+    with pytest.raises(ConfigError, match="--hack-alarm-thresholds min_samples=0: .*min_samples must be a whole"):
+        parse_config(["--prompt-data", str(PROMPTS), "--hack-alarm-thresholds", "min_samples=0"])
+
+
+def test_hack_alarms_stop_without_save_uses_the_rolling_checkpoint(tmp_path):
+    """--hack-alarms stop needs somewhere to save the checkpoint it ends the run with: --save, or -- without it --
+    the rolling RUN_DIR/ckpt; refused when neither is there (--no-rolling-save, or RUN_DIR/ckpt holds other files)."""
+    from slime_actors.checkpoints import save_root
+    run = tmp_path / "run"
+    c = cfg("--hack-alarms", "stop", "--run-dir", str(run))
+    assert c.monitor.hack_alarms == "stop" and save_root(c) == run / "ckpt"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError) as exc:
+        cfg("--hack-alarms", "stop", "--run-dir", str(run))
+    assert "--hack-alarms stop saves a checkpoint when an alarm ends the run, to the rolling RUN_DIR/ckpt" \
+        in str(exc.value) and "notes.txt" in str(exc.value)
+    assert cfg("--hack-alarms", "stop", "--run-dir", str(run), "--save", str(tmp_path / "ckpt")).checkpoint.save
 
 
 def test_the_monitor_knows_which_rewards_compare_with_a_literal_label():
@@ -268,11 +301,14 @@ def test_a_reward_built_to_hack_trips_an_alarm_in_a_cpu_job(tmp_path):
 
 
 @pytest.mark.slow
-def test_hack_alarms_stop_ends_the_run_with_a_checkpoint_that_resumes(tmp_path):
+@pytest.mark.parametrize("rolling", [False, True], ids=["save", "rolling"])
+def test_hack_alarms_stop_ends_the_run_with_a_checkpoint_that_resumes(tmp_path, rolling):
     (tmp_path / "hack_rm.py").write_text(HACK_RM)
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     rm = ["--custom-rm-path", f"{tmp_path / 'hack_rm.py'}:reward", "--skip-eval-before-train"]
-    p = train(run, "--num-rollout", "3", *rm, "--hack-alarms", "stop", "--save", str(ckpt))
+    p = train(run, "--num-rollout", "3", *rm, "--hack-alarms", "stop", *([] if rolling else ["--save", str(ckpt)]))
+    if rolling:   # no --save: the checkpoint goes to the rolling RUN_DIR/ckpt
+        ckpt = run / "ckpt"
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "stopped" and result["steps"] == 1
     st = result["stopped"]

@@ -27,7 +27,7 @@ def load_text(tmp_path, text: str, name: str = "t.toml"):
 
 # ------------------------------------------------------------------------------------------------ topology files
 def test_examples_load_and_plan():
-    for path in sorted((ROOT / "launch").glob("*.toml")):
+    for path in sorted((ROOT / "examples" / "launch").glob("*.toml")):
         topo = load_topology(path)
         plan = topo.plan()
         assert plan, path
@@ -36,7 +36,7 @@ def test_examples_load_and_plan():
 
 
 def test_placement_gpus_cpus_colocation(tmp_path):
-    topo = load_topology(ROOT / "launch" / "colocated-1node.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "colocated-1node.toml")
     plan = {p.name: p for p in topo.plan()}
     assert [plan[f"trainer/{i}"].gpus for i in range(8)] == [[i] for i in range(8)]
     assert [plan[f"rollout/{i}"].gpus for i in range(8)] == [[i] for i in range(8)]   # shares trainer i's GPU
@@ -48,11 +48,11 @@ def test_placement_gpus_cpus_colocation(tmp_path):
     assert plan["trainer/2"].policy.group and plan["trainer/2"].policy.max_restarts == 3
     assert plan["rollout/0"].policy.max_restarts == 10 and not plan["rollout/0"].policy.group
 
-    topo = load_topology(ROOT / "launch" / "separate-1node.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "separate-1node.toml")
     plan = {p.name: p for p in topo.plan()}
     assert plan["trainer/3"].gpus == [3] and plan["rollout/1"].gpus == [6, 7]
 
-    topo = load_topology(ROOT / "launch" / "slurm-hetero.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "slurm-hetero.toml")
     plan = {p.name: p for p in topo.plan()}
     assert (plan["rollout/1"].node_group, plan["rollout/1"].node_index, plan["rollout/1"].gpus) == ("gen", 0, [4, 5, 6, 7])
     assert (plan["rollout/2"].node_index, plan["rollout/2"].gpus) == (1, [0, 1, 2, 3])
@@ -144,7 +144,7 @@ def test_topology_counts_override_flags_and_are_checked():
 
 
 def test_cli_dry_run_and_errors(tmp_path):
-    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "separate-1node.toml"), "--config", DIGITS,
+    p = subprocess.run([SLIME, "launch", str(ROOT / "examples" / "launch" / "separate-1node.toml"), "--config", DIGITS,
                         "--dry-run"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "rollout/1      gpu[0]       6,7" in p.stdout and "topology sets --actor-num-gpus-per-node 1 -> 4" in p.stderr
@@ -152,10 +152,10 @@ def test_cli_dry_run_and_errors(tmp_path):
     bad.write_text("[roles.buffer]\n[roles.trainer]\ncount = -1\n")
     p = subprocess.run([SLIME, "launch", str(bad), "--config", DIGITS], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "bad.toml:3: roles.trainer.count: must be an integer >= 0" in p.stderr
-    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "local.toml"), "--roles", "judge", "--dry-run"],
+    p = subprocess.run([SLIME, "launch", str(ROOT / "examples" / "launch" / "local.toml"), "--roles", "judge", "--dry-run"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no role 'judge'" in p.stderr
-    p = subprocess.run([SLIME, "launch", str(ROOT / "launch" / "local.toml"), "--num-rollout", "0"],
+    p = subprocess.run([SLIME, "launch", str(ROOT / "examples" / "launch" / "local.toml"), "--num-rollout", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--num-rollout must be >= 1" in p.stderr
 
@@ -301,12 +301,12 @@ class = "{JUDGE}"
 
 
 def test_four_gpu_disaggregated_topology_and_script(tmp_path):
-    """launch/disagg-4gpu.toml + launch/disagg_4gpu_smollm2.sh (the four-GPU run: Megatron TP 2 on GPUs 0-1, SGLang
+    """examples/launch/disagg-4gpu.toml + examples/launch/disagg_4gpu_smollm2.sh (the four-GPU run: Megatron TP 2 on GPUs 0-1, SGLang
     on 2 and 3): the plan, the torchrun rank map, and every flag of the script (CHECK_ONLY=1)."""
     import sys
 
     from slime_actors.launch.torchrun import role_map
-    topo = load_topology(ROOT / "launch" / "disagg-4gpu.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "disagg-4gpu.toml")
     plan = {p.name: p for p in topo.plan()}
     assert [plan[f"trainer/{i}"].gpus for i in (0, 1)] == [[0], [1]]
     assert [plan[f"rollout/{i}"].process_env()["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["2", "3"]
@@ -317,7 +317,7 @@ def test_four_gpu_disaggregated_topology_and_script(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")
     env = {**os.environ, "CHECK_ONLY": "1", "MODEL": str(tmp_path / "m"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(["bash", str(ROOT / "launch" / "disagg_4gpu_smollm2.sh")], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(ROOT / "examples" / "launch" / "disagg_4gpu_smollm2.sh")], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok: megatron 2 sglang ['--attention-backend', 'triton'"), r.stdout

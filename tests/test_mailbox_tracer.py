@@ -13,7 +13,7 @@ import numpy as np
 from slime_actors.mailbox import codec
 from slime_actors.mailbox.mailbox import Mailbox
 from slime_actors.mailbox.tracing import HotPathTracer, Tracer, fast_entries
-from slime_actors.traces.writer import TraceWriter
+from slime_actors.recorder.writer import TraceWriter
 
 MAILBOX_DIR = Path(__file__).resolve().parent.parent / "slime_actors" / "mailbox"
 ENV_PY = MAILBOX_DIR.parent / "env.py"   # the declared environment variables: below every layer, mailbox included

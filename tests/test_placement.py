@@ -165,7 +165,7 @@ def test_colocate_implies_the_colocated_transport_and_nccl_on_one_gpu_is_refused
 
 
 def test_a_topology_that_colocates_rollout_with_the_trainer_is_colocate():
-    topo = load_topology(ROOT / "launch" / "colocated-1node.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "colocated-1node.toml")
     cfg, changed = build_job_config(["--config", DIGITS, "--device", "cuda"], topo)
     assert cfg.engine.colocate and cfg.weights.update_weight_transport == "colocated"
     assert "--colocate False -> True" in changed
@@ -188,7 +188,7 @@ def _cli(*args, env=None, timeout=120):
 
 
 def test_launch_refuses_a_topology_that_needs_gpus_this_machine_lacks(tmp_path):
-    r = _cli("launch", str(ROOT / "launch" / "separate-1node.toml"), "--config", DIGITS, "--device", "cuda",
+    r = _cli("launch", str(ROOT / "examples" / "launch" / "separate-1node.toml"), "--config", DIGITS, "--device", "cuda",
              "--run-dir", str(tmp_path / "run"), env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("slime-actors launch: error: --device cuda but no GPU is "

@@ -1,4 +1,4 @@
-"""Profiling with slime's flags (slime_actors/profiler.py) and the merged timeline (`trace export`, traces/profiles.py).
+"""Profiling with slime's flags (slime_actors/profiler.py) and the merged timeline (`trace export`, recorder/profiles.py).
 
 One short profiled run of the digits job (module fixture): the trainer's update and the local engine's generation
 profiled for rollout 1 (--use-pytorch-profiler --profile-step-start 1 --profile-step-end 2 --profile-target

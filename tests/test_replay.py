@@ -106,7 +106,7 @@ def test_every_other_actor_of_the_run_replays_identically(recorded):
     assert rep.counts["inputs"] >= 10  # the directory's clock readings (heartbeats, liveness)
 
 
-RECORDINGS = ROOT / "traces"  # made by traces/record.sh; docs/debugging.md walks through them
+RECORDINGS = ROOT / "tests" / "data" / "recordings"  # made by tests/data/recordings/record.sh; docs/debugging.md walks through them
 
 
 def _same_on_any_machine(rep) -> None:
@@ -121,8 +121,8 @@ def _same_on_any_machine(rep) -> None:
 
 @pytest.mark.slow  # ~30 s: every actor of one recording, and the doc's replays
 def test_the_recordings_under_traces_replay_as_the_debugging_doc_says():
-    """Every actor of traces/small replays with today's code as it ran (a change to a message or to what an actor
-    computes makes this fail: then record them again, `bash traces/record.sh`, and update docs/debugging.md); the
+    """Every actor of tests/data/recordings/small replays with today's code as it ran (a change to a message or to what an actor
+    computes makes this fail: then record them again, `bash tests/data/recordings/record.sh`, and update docs/debugging.md); the
     doc's replays give what it shows. The recordings were made on another machine: the trainer's floats may differ
     in their last bits here, nothing else may."""
     for actor in TraceRun(RECORDINGS / "small").actors():

@@ -15,7 +15,8 @@ from slime_actors.config import debug_rollout_path, parse_config
 from slime_actors.log import console_write
 from slime_actors.models.tiny import make_tiny_model
 from slime_actors.runtime import RuntimeConfig
-from slime_actors.samples import format_examples, load_from_traces, pick_examples, prompt_text, report_markdown
+from slime_actors.sample_display import format_examples, pick_examples, prompt_text
+from slime_actors.samples import load_from_traces, report_markdown
 from slime_actors.types import Sample
 
 

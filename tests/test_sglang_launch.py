@@ -400,7 +400,7 @@ def test_launch_sglang_command_with_the_local_engine(prompts, tmp_path, no_sglan
 
 @pytest.mark.parametrize("script", ["sglang_qwen3_4b_grpo_disagg.sh", "sglang_qwen3_4b_grpo_colocated.sh"])
 def test_gpu_cluster_launch_scripts_parse(tmp_path, script, no_sglang):
-    """launch/sglang_qwen3_4b_grpo_*.sh: every flag parses and checks (CHECK_ONLY=1), with stand-in paths."""
+    """examples/launch/sglang_qwen3_4b_grpo_*.sh: every flag parses and checks (CHECK_ONLY=1), with stand-in paths."""
     import os
     import subprocess
     root = Path(__file__).resolve().parents[1]
@@ -411,6 +411,6 @@ def test_gpu_cluster_launch_scripts_parse(tmp_path, script, no_sglang):
     env = {**os.environ, "CHECK_ONLY": "1", "MODEL": str(tmp_path / "m"), "DATA": str(tmp_path / "d.jsonl"),
            "EVAL": str(tmp_path / "e.jsonl"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(root)}
-    r = subprocess.run(["bash", str(root / "launch" / script)], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(["bash", str(root / "examples" / "launch" / script)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("ok: sglang ["), r.stdout + r.stderr
     assert "--mem-fraction-static" in r.stdout

@@ -16,7 +16,7 @@ import pytest
 
 from test_launch_support import DIGITS, ROOT, SLIME
 
-HETERO = ROOT / "launch" / "slurm-hetero.toml"
+HETERO = ROOT / "examples" / "launch" / "slurm-hetero.toml"
 
 
 def sbatch_script(*args: str) -> subprocess.CompletedProcess:

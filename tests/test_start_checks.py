@@ -13,7 +13,7 @@ from slime_actors.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = str(ROOT / "examples" / "digits" / "config.toml")
-LOCAL_TOPOLOGY = str(ROOT / "launch" / "local.toml")
+LOCAL_TOPOLOGY = str(ROOT / "examples" / "launch" / "local.toml")
 
 
 def _train(argv, capsys) -> tuple[int, list[str]]:
@@ -125,7 +125,7 @@ def test_each_input_is_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(rows, "read_rows", counting("rows", rows.read_rows))
     monkeypatch.setattr(sglang_launch.LaunchFlags, "parse", classmethod(
         counting("sglang", sglang_launch.LaunchFlags.parse.__func__)))
-    topo = load_topology(ROOT / "launch" / "colocated-1node.toml")
+    topo = load_topology(ROOT / "examples" / "launch" / "colocated-1node.toml")
     plan = plan_job(["--config", DIGITS, "--device", "cuda", "--sglang-mem-fraction-static", "0.5", "--run-dir",
                      str(tmp_path / "run"), "--num-epoch", "1", "--num-rollout", "3"], topo, place=True, data=True,
                     keep_rows=True, gpus=GpuCount(8, "test"))

@@ -1,9 +1,9 @@
-"""`slime-actors trace ...` on the recorded runs checked in under traces/ (made by traces/record.sh), and on
+"""`slime-actors trace ...` on the recorded runs checked in under tests/data/recordings/ (made by tests/data/recordings/record.sh), and on
 corrupt, truncated and old-version trace files: every command answers with one clear line, never a traceback.
 
-traces/small       GRPO on the digits task, partial-credit reward, lr 3e-3, 3 steps
-traces/high-lr     the same job with lr 1.0 (the trainer diverges after its first update)
-traces/slow-reward a reward function that sleeps 0.2 s whenever the answer is 9, 2 steps
+tests/data/recordings/small       GRPO on the digits task, partial-credit reward, lr 3e-3, 3 steps
+tests/data/recordings/high-lr     the same job with lr 1.0 (the trainer diverges after its first update)
+tests/data/recordings/slow-reward a reward function that sleeps 0.2 s whenever the answer is 9, 2 steps
 """
 
 import gzip
@@ -23,7 +23,8 @@ from slime_actors.traces.query import steps
 from slime_actors.traces.reader import TraceRun
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL, HIGH_LR, SLOW = ROOT / "traces" / "small", ROOT / "traces" / "high-lr", ROOT / "traces" / "slow-reward"
+RECORDINGS = ROOT / "tests" / "data" / "recordings"   # made by tests/data/recordings/record.sh
+SMALL, HIGH_LR, SLOW = RECORDINGS / "small", RECORDINGS / "high-lr", RECORDINGS / "slow-reward"
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def cli(capsys):
 
 
 def test_recordings_are_small_and_readable():
-    total = sum(p.stat().st_size for p in (ROOT / "traces").rglob("*.trace.gz"))
+    total = sum(p.stat().st_size for p in RECORDINGS.rglob("*.trace.gz"))
     assert 0 < total < 400_000, total
     for d in (SMALL, HIGH_LR, SLOW):
         run = TraceRun(d)
@@ -421,7 +422,7 @@ def test_missing_run_and_console_script(tmp_path):
 def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
     """A file's header names the version of the records in it (older readers would misread newer records)."""
     from slime_actors.traces.reader import SUPPORTED
-    from slime_actors.traces.writer import TRACE_VERSION, TraceWriter
+    from slime_actors.recorder.writer import TRACE_VERSION, TraceWriter
     assert TRACE_VERSION == max(SUPPORTED) == 6
     w = TraceWriter(tmp_path / "a.trace", "reward/0")
     w.close()

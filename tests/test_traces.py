@@ -316,7 +316,7 @@ def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path
 
     from slime_actors.traces.compare import first_difference
     from slime_actors.traces.reader import read_file
-    from slime_actors.traces.writer import TraceWriter, digest
+    from slime_actors.recorder.writer import TraceWriter, digest
     w = TraceWriter(tmp_path / "a.trace", "x/0")
     w.close()
     assert read_file(tmp_path / "a.trace").meta["digest"] == "xxh3_64"
@@ -359,7 +359,7 @@ def test_a_closed_trace_ends_with_an_end_record_and_a_killed_one_does_not(tmp_pa
     import signal
 
     from slime_actors.traces.reader import read_file
-    from slime_actors.traces.writer import TraceWriter
+    from slime_actors.recorder.writer import TraceWriter
     w = TraceWriter(tmp_path / "x-0.1.trace", "x/0")
     w.record_input("clock", 1.5)
     w.close()
@@ -368,7 +368,7 @@ def test_a_closed_trace_ends_with_an_end_record_and_a_killed_one_does_not(tmp_pa
     assert [e.name for e in tf.events] == ["clock"]
     env = tf.meta["environment"]
     assert env["python"] and env["cpu"]["usable_cores"] >= 1 and "packages" in env
-    code = ("import os, signal, sys, time; from slime_actors.traces.writer import TraceWriter; "
+    code = ("import os, signal, sys, time; from slime_actors.recorder.writer import TraceWriter; "
             "w = TraceWriter(sys.argv[1], 'x/0'); w.record_input('clock', 2.5); w.flush(); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "y-0.2.trace")], timeout=120)
@@ -381,7 +381,7 @@ def test_a_bounded_trace_rotates_keeping_its_first_and_newest_segments(tmp_path)
     """--trace-max-bytes: segments of max/8 bytes; the first (the actor's start, which replay runs) and the newest
     are kept, 8 in all; each ends with an end record naming the next; readers say what was deleted."""
     from slime_actors.traces.reader import read_file
-    from slime_actors.traces.writer import SEGMENTS, TraceWriter
+    from slime_actors.recorder.writer import SEGMENTS, TraceWriter
     bound = SEGMENTS * 65536
     w = TraceWriter(tmp_path / "x-0.1.trace", "x/0", max_bytes=bound)
     n = 0

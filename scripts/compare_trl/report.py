@@ -201,7 +201,8 @@ def same_prompts(work: Path, ours: Run, trl: Run) -> tuple[int, list[str]]:
     if not trl.questions:
         return 0, []
     try:
-        from slime_actors.samples import load_from_traces, prompt_text
+        from slime_actors.sample_display import prompt_text
+        from slime_actors.samples import load_from_traces
         rollouts, _, _ = load_from_traces(work / ours.name)
     except Exception as exc:
         return 0, [f"{ours.name}: its trace could not be read ({type(exc).__name__}: {exc})"]

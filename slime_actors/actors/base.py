@@ -40,7 +40,7 @@ from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, MessageSpec, check_handler, spec_from_signature
 from ..role_handles import DirectoryHandle
 from ..runtime import RuntimeConfig
-from ..traces.writer import trace_file_name
+from ..recorder.writer import trace_file_name
 from . import schedule as _sched
 from .dispatch import Dispatch
 from .host import LOCAL, Host

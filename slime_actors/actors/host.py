@@ -11,7 +11,7 @@ import time as _time
 from typing import Any, Callable
 
 from ..mailbox.mailbox import Mailbox
-from ..traces.writer import TraceWriter
+from ..recorder.writer import TraceWriter
 from . import schedule as _schedule
 
 

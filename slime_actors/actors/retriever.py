@@ -44,16 +44,16 @@ class Retriever(Actor):
     async def on_start(self) -> None:
         from ..env import RETRIEVER_KEY
         from ..search.index import Bm25Index, default_cache_dir
-        r = self.cfg.retriever
-        if not r.retriever_corpus:
+        retriever_cfg = self.cfg.retriever
+        if not retriever_cfg.retriever_corpus:
             raise RuntimeError("the retriever role serves --retriever-corpus, and the job has none (with "
                                "--retriever-url the job uses a retriever started elsewhere: drop [roles.retriever])")
         self.key = RETRIEVER_KEY.get()
         if not self.key:
             raise RuntimeError(f"no retriever key ({RETRIEVER_KEY.name}): the launcher hands it to the job's "
                                "processes")
-        cache = r.retriever_cache_dir or default_cache_dir(self.runtime.run_dir)
-        self.bm25 = bm25 = await self.run_blocking(Bm25Index.open, r.retriever_corpus, cache)
+        cache = retriever_cfg.retriever_cache_dir or default_cache_dir(self.runtime.run_dir)
+        self.bm25 = bm25 = await self.run_blocking(Bm25Index.open, retriever_cfg.retriever_corpus, cache)
         # the server is this process's outside world: its start (and address) is a recorded input, replay starts none
         host, port = await self.recorded_async("server.start", self._start_server, bm25)
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"

@@ -1,5 +1,12 @@
-"""Reward actors: `RewardActor`, the base class of your own, `RewardWorker`, the built-in one, and
-`CodeRewardActor`, which grades programs in the sandbox (--rm-type code as an actor of its own).
+"""Reward actors. Which is which:
+
+* `RewardActor` -- the base class YOU subclass for a reward actor of your own (`--reward-actor-class`); it scores
+  nothing by itself.
+* `RewardWorker` -- the BUILT-IN reward actor the job starts when no `--reward-actor-class` is given (as many as
+  `--num-reward-workers`): it scores with the reward function of the flags (--rm-type, --custom-rm-path). Not a
+  base for your own: subclass `RewardActor`.
+* `CodeRewardActor` -- a ready-made `RewardActor`: grades programs in the sandbox (--rm-type code as an actor of
+  its own).
 
     class Judge(RewardActor):
         async def setup(self):                            # once, before the actor serves (load a model here)
@@ -58,7 +65,8 @@ NEW_FORM = ("    class MyJudge(RewardActor):\n"
 
 
 class RewardActor(Actor):
-    """Base class of a reward actor: define `score`, `score_batch` or `score_group` (module docstring)."""
+    """The base class of a reward actor of your own (`--reward-actor-class pkg.mod:YourClass`): define `score`,
+    `score_batch` or `score_group` (module docstring). The built-in one, used without that flag, is `RewardWorker`."""
 
     role = "reward"
 
@@ -269,8 +277,10 @@ def _check_scorers(cls: type) -> None:
 
 
 class RewardWorker(RewardActor):
-    """The built-in reward worker: scores with the configured reward function (--rm-type, --custom-rm-path,
-    --group-rm; slime_actors/rewards/dispatch.py)."""
+    """The built-in reward actor (role `reward`, started `--num-reward-workers` times when no
+    `--reward-actor-class` is given): scores with the configured reward function (--rm-type, --custom-rm-path,
+    --group-rm; slime_actors/rewards/dispatch.py). For a reward actor of your own subclass `RewardActor`, not this.
+    (Its name is recorded in every trace of a reward actor, so it stays.)"""
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)

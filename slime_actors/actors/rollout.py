@@ -67,13 +67,13 @@ class RolloutWorker(EngineSupervisor, Actor):
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
-        a = self.cfg
-        self._capacity = max(a.engine.rollout_concurrency, a.rollout.n_samples_per_prompt,
-                             a.eval.n_samples_per_eval_prompt)
+        cfg = self.cfg
+        self._capacity = max(cfg.engine.rollout_concurrency, cfg.rollout.n_samples_per_prompt,
+                             cfg.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
         # importing transformers takes seconds: do it off the loop so heartbeats keep going
-        self.tokenizer = await self.run_blocking(_load_tokenizer, a.model.hf_checkpoint)
+        self.tokenizer = await self.run_blocking(_load_tokenizer, cfg.model.hf_checkpoint)
         self.generation.load()
         await self._release_previous()
         await self._start_router()
@@ -112,13 +112,13 @@ class RolloutWorker(EngineSupervisor, Actor):
 
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
-        a = self.cfg
+        cfg = self.cfg
         poll_key, poll_seq = None, 0
         pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
-            free = (self._capacity - self._generating) // max(1, a.rollout.n_samples_per_prompt)
+            free = (self._capacity - self._generating) // max(1, cfg.rollout.n_samples_per_prompt)
             if free < 1:
                 await asyncio.sleep(0.01)
                 continue
@@ -182,14 +182,14 @@ class RolloutWorker(EngineSupervisor, Actor):
         """One score ask; while no reward worker answers at all (killed, restarting) keep trying for up to
         REWARD_WAIT_S seconds -- scoring is pure, so a retry is harmless -- instead of
         spending the group's attempts, which are for reward functions that fail."""
-        a = self.cfg
+        cfg = self.cfg
         wait = REWARD_WAIT_S
         t0 = None  # from the first failure (a recorded clock reading: replay takes the same turns)
         k = 0
         while True:
-            target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
+            target = who if k == 0 else f"reward/{(self.index + k) % max(1, cfg.reward.num_reward_workers)}"
             try:
-                return await RewardHandle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
+                return await RewardHandle(self, target).score([s.to_wire() for s in todo], group=cfg.reward.group_rm,
                                                         ask_timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
@@ -204,15 +204,15 @@ class RolloutWorker(EngineSupervisor, Actor):
                 await asyncio.sleep(min(2.0, 0.2 * k))
 
     async def _score(self, samples: list[Sample], kind: str) -> None:
-        a = self.cfg
+        cfg = self.cfg
         todo = [s for s in samples if s.status != FAILED]
-        if self.generation.env is not None and not (a.reward.group_rm and any(s.reward is None for s in todo)):
+        if self.generation.env is not None and not (cfg.reward.group_rm and any(s.reward is None for s in todo)):
             todo = [s for s in todo if s.reward is None]   # an environment's reward stands: no reward function
         last_errors: dict[int, str] = {}
         for attempt in range(3):
             if not todo:
                 return
-            who = f"reward/{(self.index + attempt) % max(1, a.reward.num_reward_workers)}"
+            who = f"reward/{(self.index + attempt) % max(1, cfg.reward.num_reward_workers)}"
             try:
                 res = await self._ask_reward(who, todo)
             except MailboxError as exc:
@@ -234,7 +234,7 @@ class RolloutWorker(EngineSupervisor, Actor):
                     failed.append(s)
             if failed and attempt < 2:
                 self.counters["reward_retries"] += 1
-            todo = failed if not a.reward.group_rm else (samples if failed else [])
+            todo = failed if not cfg.reward.group_rm else (samples if failed else [])
         for s in todo:  # still failing after retries: the group is recorded as failed (buffer keeps it)
             s.status = FAILED
             s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"

@@ -113,9 +113,9 @@ class EngineSupervisor(Actor):
         from ..backends.engine_client import EngineClient
         from ..backends.engine_process import launch_engine
         from ..backends.weight_sync import find_free_port as free_port
-        a = self.cfg
-        if a.engine.rollout_external_engine_addrs:
-            addrs = a.engine.rollout_external_engine_addrs
+        cfg = self.cfg
+        if cfg.engine.rollout_external_engine_addrs:
+            addrs = cfg.engine.rollout_external_engine_addrs
             url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
             self.engine = None
@@ -136,13 +136,13 @@ class EngineSupervisor(Actor):
                 module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
                 redact=self.keys.secrets))
             await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
-                                      a.engine.rollout_health_check_first_wait + 600)
+                                      cfg.engine.rollout_health_check_first_wait + 600)
             url = _http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
             await self.client.close()
-        client = EngineClient(url, keys=self.keys, max_concurrency=a.engine.rollout_concurrency)
+        client = EngineClient(url, keys=self.keys, max_concurrency=cfg.engine.rollout_concurrency)
         if self.router_url:  # generation goes through the router; control stays with this engine
             client.generate_base_url = self.router_url
         self.client = RecordedEngine(self, client)
@@ -222,20 +222,20 @@ class EngineSupervisor(Actor):
     async def _start_router(self) -> None:
         """--use-sglang-router: rollout/0 starts the router (unless --sglang-router-ip names one); every worker
         learns its URL and, once its engine is up, registers the engine there."""
-        a = self.cfg
-        if not a.engine.use_sglang_router:
+        cfg = self.cfg
+        if not cfg.engine.use_sglang_router:
             return
-        if a.engine.sglang_router_ip:
-            self.router_url = f"http://{a.engine.sglang_router_ip}:{a.engine.sglang_router_port}"
+        if cfg.engine.sglang_router_ip:
+            self.router_url = f"http://{cfg.engine.sglang_router_ip}:{cfg.engine.sglang_router_port}"
         elif self.index == 0:
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
             from ..backends.weight_sync import find_free_port as free_port
             # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
-            port = a.engine.sglang_router_port or self.recorded("router.port", free_port)
+            port = cfg.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
             host = self.runtime.node_address() if self._multi_host() else "127.0.0.1"
-            module, flags = router_command(a, host, port, prometheus_port=self.recorded("router.metrics_port",
+            module, flags = router_command(cfg, host, port, prometheus_port=self.recorded("router.metrics_port",
                                                                                         free_port), keys=self.keys)
             await self.recorded_async("router.check_flags", self.run_blocking, check_router_flags, flags)
             self.log.info("starting sglang-router", flags=self.keys.redact(" ".join(flags)))
@@ -279,10 +279,10 @@ class EngineSupervisor(Actor):
             await rc.close()
 
     async def _watch_engine(self) -> None:
-        a = self.cfg
-        await asyncio.sleep(a.engine.rollout_health_check_first_wait)
+        cfg = self.cfg
+        await asyncio.sleep(cfg.engine.rollout_health_check_first_wait)
         # clock readings that decide something are recorded inputs (self.monotonic()): replay takes the same turns
-        last_probe = last_router = self.monotonic() if a.engine.use_fault_tolerance or self.router_url else 0.0
+        last_probe = last_router = self.monotonic() if cfg.engine.use_fault_tolerance or self.router_url else 0.0
         while True:
             await asyncio.sleep(0.5)
             if self._restarting or self.client is None or not self.running:
@@ -291,8 +291,8 @@ class EngineSupervisor(Actor):
             code = self.engine.poll() if self.engine is not None else None
             if code is not None:
                 reason = f"engine process exited with code {code}"
-            elif a.engine.use_fault_tolerance \
-                    and self.monotonic() - last_probe >= a.engine.rollout_health_check_interval:
+            elif cfg.engine.use_fault_tolerance \
+                    and self.monotonic() - last_probe >= cfg.engine.rollout_health_check_interval:
                 last_probe = self.monotonic()
                 # a paused engine does not generate (SGLang reports it unhealthy after 20 s), and one that is
                 # loading weights answers /health_generate only when done: then only /health, which SGLang's HTTP
@@ -301,17 +301,17 @@ class EngineSupervisor(Actor):
                 quiet = self._engine_paused is not None or self._updating > 0
                 try:
                     if quiet:
-                        ok = await self.engine_client.health(timeout=a.engine.rollout_health_check_timeout)
+                        ok = await self.engine_client.health(timeout=cfg.engine.rollout_health_check_timeout)
                     else:
-                        ok = await self.engine_client.health_generate(timeout=a.engine.rollout_health_check_timeout)
+                        ok = await self.engine_client.health_generate(timeout=cfg.engine.rollout_health_check_timeout)
                 except RuntimeError:  # the client was closed under us (stopping or restarting)
                     continue
                 if not ok and not self._restarting:
                     if quiet:
-                        reason = (f"engine failed /health within {a.engine.rollout_health_check_timeout}s (while "
+                        reason = (f"engine failed /health within {cfg.engine.rollout_health_check_timeout}s (while "
                                   f"{'updating weights' if self._updating else 'paused'})")
                     elif self._engine_paused is None and self._updating == 0:
-                        reason = f"engine failed /health_generate within {a.engine.rollout_health_check_timeout}s"
+                        reason = f"engine failed /health_generate within {cfg.engine.rollout_health_check_timeout}s"
             if reason:
                 await self._recover(reason)
             elif self.router_url and self._engine_ok.is_set() and self.monotonic() - last_router > 10:
@@ -348,9 +348,9 @@ class EngineSupervisor(Actor):
             self._restarting = False
 
     async def _wait_external_healthy(self) -> None:
-        a = self.cfg
+        cfg = self.cfg
         delay = 1.0
-        while not await self.engine_client.health_generate(timeout=a.engine.rollout_health_check_timeout):
+        while not await self.engine_client.health_generate(timeout=cfg.engine.rollout_health_check_timeout):
             self.log.warning("external engine still unhealthy", url=self.engine_url)
             await asyncio.sleep(delay)
             delay = min(30.0, delay * 2)

@@ -131,16 +131,17 @@ class Generation:
     # ------------------------------------------------------------------------------------------ lifecycle
     def load(self) -> None:
         """The user's functions and environment (PluginError naming the flag when one cannot be loaded)."""
-        ro, w = self.cfg.rollout, self.w
-        if ro.custom_generate_function_path:
-            self.generate_fn = load_function(ro.custom_generate_function_path, flag=FLAG)
-            self.slime_generate = generate_style(self.generate_fn, ro.custom_generate_function_path) == "slime"
-        if ro.rollout_function_path:
-            self.group_fn = load_function(ro.rollout_function_path)
-        if ro.rollout_interaction_env_path:
+        rollout_cfg, w = self.cfg.rollout, self.w
+        if rollout_cfg.custom_generate_function_path:
+            self.generate_fn = load_function(rollout_cfg.custom_generate_function_path, flag=FLAG)
+            self.slime_generate = generate_style(self.generate_fn, rollout_cfg.custom_generate_function_path) == "slime"
+        if rollout_cfg.rollout_function_path:
+            self.group_fn = load_function(rollout_cfg.rollout_function_path)
+        if rollout_cfg.rollout_interaction_env_path:
             from ..environments.loading import load_env
-            self.env = load_env(ro.rollout_interaction_env_path, w.plugin_args, json.loads(ro.env_kwargs or "{}"))
-            self.env_calls = RecordedEnvCalls(w, self.env, ro.env_timeout)
+            self.env = load_env(rollout_cfg.rollout_interaction_env_path, w.plugin_args,
+                                json.loads(rollout_cfg.env_kwargs or "{}"))
+            self.env_calls = RecordedEnvCalls(w, self.env, rollout_cfg.env_timeout)
         from ..data import chat_template_kwargs
         self.chat = ChatTurns(w.tokenizer, chat_template_kwargs(self.cfg.data))
 
@@ -232,9 +233,9 @@ class Generation:
         return list(out)
 
     def _made_by(self) -> str:
-        ro = self.cfg.rollout
-        return (f"--rollout-function-path {ro.rollout_function_path}" if self.group_fn is not None else
-                f"{FLAG} {ro.custom_generate_function_path}" if self.generate_fn is not None else "generation")
+        rollout_cfg = self.cfg.rollout
+        return (f"--rollout-function-path {rollout_cfg.rollout_function_path}" if self.group_fn is not None else
+                f"{FLAG} {rollout_cfg.custom_generate_function_path}" if self.generate_fn is not None else "generation")
 
     async def sample(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
                      work_id: str = "") -> Sample:
@@ -252,18 +253,18 @@ class Generation:
         return ep.finish()
 
     async def _episode(self, sample: Sample, sp: dict, attempt: int, evaluation: bool, work_id: str) -> Sample:
-        ro, w = self.cfg.rollout, self.w
+        rollout_cfg, w = self.cfg.rollout, self.w
         assert self.env is not None and self.env_calls is not None and self.chat is not None  # (load(): an env)
         try:
             return await run_episode(self.env, sample, sp, self.handle, calls=self.env_calls, chat=self.chat,
-                                     episode_id=f"{work_id}:{sample.index}:{attempt}", max_turns=ro.max_turns,
+                                     episode_id=f"{work_id}:{sample.index}:{attempt}", max_turns=rollout_cfg.max_turns,
                                      evaluation=evaluation, seed=self.seed(sample, attempt))
         except EnvError as exc:   # the sample is finished as failed, with the error
             w.counters["env_errors"] += 1
             w.log.error("environment failed", error=str(exc), sample=sample.index, work_id=work_id,
-                        then="the job stops (--env-error stop)" if ro.env_error == "stop" else
+                        then="the job stops (--env-error stop)" if rollout_cfg.env_error == "stop" else
                         "the sample fails; its group is recorded as failed and replaced")
-            if ro.env_error == "stop":
+            if rollout_cfg.env_error == "stop":
                 await w.job_failed(f"{w.name}: {exc}")
             return sample
 

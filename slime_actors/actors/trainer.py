@@ -23,7 +23,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from .. import env as E
+from ..env import TRACE_BATCH_LIMIT, TRAINER_ADDR
 from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
 from ..mailbox.errors import MailboxError, RemoteError, transient
@@ -64,9 +64,9 @@ class TrainerRank(Actor):
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
-        a = self.cfg
+        cfg = self.cfg
         self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
-        self.world_size = a.train.n_ranks
+        self.world_size = cfg.train.n_ranks
         rdzv = await self._rendezvous()
         await self.run_blocking(self._init, rdzv)
         self.generation = rdzv.generation
@@ -96,26 +96,26 @@ class TrainerRank(Actor):
 
         import torch
         import torch.distributed as dist
-        a = self.cfg
+        cfg = self.cfg
         # every generator a rank's code may draw from (as Megatron's _set_random_seed): a run is reproducible, and
         # so is its checkpoint's RNG state (docs/reproducibility.md)
         import random
 
         import numpy as np
-        random.seed(a.run.seed + self.rank)
-        np.random.seed((a.run.seed + self.rank) % (1 << 32))
-        torch.manual_seed(a.run.seed + self.rank)
-        if a.run.device == "cuda":
+        random.seed(cfg.run.seed + self.rank)
+        np.random.seed((cfg.run.seed + self.rank) % (1 << 32))
+        torch.manual_seed(cfg.run.seed + self.rank)
+        if cfg.run.device == "cuda":
             gpus = torch.cuda.device_count()
             if gpus == 0:
-                from ..launch.startup import StartupError
+                from ..config import StartupError
                 cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
                 raise StartupError(f"--device cuda but trainer/{self.rank} sees no GPU (torch {torch.__version__}, "
                                    + ("CUDA_VISIBLE_DEVICES unset" if cvd is None else f"CUDA_VISIBLE_DEVICES={cvd!r}")
                                    + "): use --device cpu, or run where a GPU is visible")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", self.rank)) % gpus)
         if self.world_size > 1 and not dist.is_initialized():
-            backend = "nccl" if a.run.device == "cuda" else "gloo"
+            backend = "nccl" if cfg.run.device == "cuda" else "gloo"
             timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
             # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
             # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
@@ -126,28 +126,28 @@ class TrainerRank(Actor):
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timeout)
         backend_class: type[TrainingBackend]
-        if a.train.train_backend == "megatron":
+        if cfg.train.train_backend == "megatron":
             from ..backends.megatron_backend import MegatronBackend
             backend_class = MegatronBackend
         else:
             from ..backends.torch_backend import TorchBackend
             backend_class = TorchBackend
         from ..profiler import TrainProfiler
-        self.profiler = TrainProfiler(a.debug, self.rank, self.runtime.run_dir, self.name)
+        self.profiler = TrainProfiler(cfg.debug, self.rank, self.runtime.run_dir, self.name)
         self.profiler.start_memory_history()
-        self.backend = backend_class(a, self.rank, self.world_size)
+        self.backend = backend_class(cfg, self.rank, self.world_size)
         self.backend.init()
-        from ..traces import environment
+        from ..recorder import environment
         # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
         # what differs (docs/reproducibility.md)
         self.record_input(environment.INPUT_NAME, environment.torch_runtime())
         from ..backends.weight_sync import WeightPusher
-        self.weights = WeightPusher(a, self.backend, actor=self, run_blocking=self.run_blocking,
+        self.weights = WeightPusher(cfg, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
                                     sender_factory=self.host.weight_sender)  # (replay's needs no engines)
         ckpt = Path(rdzv.checkpoint) if rdzv.checkpoint else None  # the controller picks it
         if ckpt is not None:
-            self.backend.load(str(trainer_dir(ckpt)), load_optim=not a.checkpoint.no_save_optim)
+            self.backend.load(str(trainer_dir(ckpt)), load_optim=not cfg.checkpoint.no_save_optim)
             self.backend.weight_version = read_meta(ckpt).get("weight_version", 0)
             self.log.info("resumed from checkpoint", path=str(ckpt), weight_version=self.backend.weight_version)
 
@@ -214,7 +214,7 @@ class TrainerRank(Actor):
             self.record_input("get_batch", batch)
         else:
             self.record_input("get_batch", {"__omitted__": True, "size": size,
-                                            "why": f"over {E.TRACE_BATCH_LIMIT.name}"})
+                                            "why": f"over {TRACE_BATCH_LIMIT.name}"})
 
     @handler
     async def log_probs(self, samples: list) -> list:
@@ -256,7 +256,7 @@ class TrainerRank(Actor):
 
 def reachable_address(runtime) -> str:
     """The address other hosts reach this process at (for the trainer group's and the weight sync's stores)."""
-    given = E.TRAINER_ADDR.get()
+    given = TRAINER_ADDR.get()
     if given:
         return given
     if runtime is None or runtime.transport != "tcp":

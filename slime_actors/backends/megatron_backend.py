@@ -52,7 +52,7 @@ from ..log import get_logger
 from . import megatron_convert as mc
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
 from .listen import limit_collectives, tcp_store
-from .safe_pickle import check_torch_dist, load_torch_file
+from ..safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
 
@@ -206,19 +206,19 @@ class MegatronBackend(TrainingBackend):
         dist.init_process_group(backend, store=tcp_store("127.0.0.1", 0, 1, True), rank=0, world_size=1)
 
     def init(self) -> None:
-        cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
+        cfg, algorithm_cfg, train_cfg = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = training_device(self.cfg.run.device, self.rank)
         if self._device.type == "cpu" and not _megatron_runs_on_cpu():
             raise RuntimeError("--train-backend megatron needs a GPU (--device cuda): megatron-core has no CPU path. "
                                "On CPU use --train-backend torch; tests run megatron on CPU through "
                                "tests/megatron_cpu_shim.py")
-        self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
+        self.dtype = torch.bfloat16 if train_cfg.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         self.spec = mc.ArchSpec.from_hf(self.hf_path)
-        if alg.advantage_estimator == "ppo":
+        if algorithm_cfg.advantage_estimator == "ppo":
             raise NotImplementedError("--advantage-estimator ppo needs a critic; the megatron backend has none "
                                       "(use --train-backend torch)")
-        tp, pp = tr.tensor_model_parallel_size, tr.pipeline_model_parallel_size
+        tp, pp = train_cfg.tensor_model_parallel_size, train_cfg.pipeline_model_parallel_size
         self.spec.check_parallel(tp, pp)
         self._init_distributed()
         if dist.get_world_size() % (tp * pp):
@@ -252,13 +252,13 @@ class MegatronBackend(TrainingBackend):
 
         self.config = self._transformer_config()
         self.gpt, self.model = self._build(self.hf_path, trainable=True)
-        if alg.use_kl_loss or alg.kl_coef > 0:
+        if algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0:
             _, self.ref_model = self._build(cfg.model.ref_load or self.hf_path, trainable=False)
         self._build_optimizer()
         self._export_plan = self._make_export_plan()
         self.log.info("megatron backend ready", model=self.hf_path, arch=self.spec.model_type,
                       device=str(self._device), dtype=str(self.dtype), tp=tp, pp=pp, dp=self.data_parallel_size,
-                      distributed_optimizer=tr.use_distributed_optimizer, ref=self.ref_model is not None)
+                      distributed_optimizer=train_cfg.use_distributed_optimizer, ref=self.ref_model is not None)
 
     def _transformer_config(self, **over):
         import torch.nn.functional as F
@@ -341,13 +341,14 @@ class MegatronBackend(TrainingBackend):
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        tr = self.cfg.train
-        clip = tr.clip_grad
-        oc = OptimizerConfig(optimizer="adam", lr=tr.lr, min_lr=tr.lr, weight_decay=tr.weight_decay,
-                             adam_beta1=tr.adam_beta1, adam_beta2=tr.adam_beta2, adam_eps=1e-8,
+        train_cfg = self.cfg.train
+        clip = train_cfg.clip_grad
+        oc = OptimizerConfig(optimizer="adam", lr=train_cfg.lr, min_lr=train_cfg.lr,
+                             weight_decay=train_cfg.weight_decay,
+                             adam_beta1=train_cfg.adam_beta1, adam_beta2=train_cfg.adam_beta2, adam_eps=1e-8,
                              clip_grad=clip if clip > 0 else 1e30,  # Megatron computes the norm only when clipping
                              bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
-                             use_distributed_optimizer=tr.use_distributed_optimizer)
+                             use_distributed_optimizer=train_cfg.use_distributed_optimizer)
         self.optimizer = get_megatron_optimizer(oc, [self.model])
         self.config.no_sync_func = self.model.no_sync
         self.config.finalize_model_grads_func = finalize_model_grads

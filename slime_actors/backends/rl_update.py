@@ -218,9 +218,9 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     reduce = reduce or backend.reduce
     phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
-    alg = cfg.algorithm
-    validate_batch(batch, require_rollout_log_probs=alg.use_tis)
-    estimator = alg.advantage_estimator
+    algorithm_cfg = cfg.algorithm
+    validate_batch(batch, require_rollout_log_probs=algorithm_cfg.use_tis)
+    estimator = algorithm_cfg.advantage_estimator
     work = _prepare(batch)
     n = len(work["tokens"])
     masks = work["loss_masks"]
@@ -229,10 +229,10 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
 
     # 1. reference and old log-probs
-    kl_coef = alg.kl_coef
+    kl_coef = algorithm_cfg.kl_coef
     ref = None
     with phase("train_log_probs"):
-        if alg.use_kl_loss or kl_coef != 0:
+        if algorithm_cfg.use_kl_loss or kl_coef != 0:
             ref, _ = backend.compute_log_probs(work, model="ref")
             work["ref_log_probs"] = ref
         old, _ = backend.compute_log_probs(work, model="actor")
@@ -269,10 +269,11 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     # 3. rewards -> advantages / returns
     raw = torch.as_tensor([float(r) for r in work["rewards"]], dtype=torch.float32)
     rewards = normalize_group_rewards(raw, work.get("group_index"), estimator,
-                                      std_normalization=not alg.disable_grpo_std_normalization)
+                                      std_normalization=not algorithm_cfg.disable_grpo_std_normalization)
     advantages, returns = compute_advantages_and_returns(
         estimator, rewards, masks, log_probs=old, ref_log_probs=ref, values=values, kl_coef=kl_coef,
-        kl_type=alg.kl_loss_type, gamma=alg.gamma, lambd=alg.lambd, normalize_advantages=alg.normalize_advantages,
+        kl_type=algorithm_cfg.kl_loss_type, gamma=algorithm_cfg.gamma, lambd=algorithm_cfg.lambd,
+        normalize_advantages=algorithm_cfg.normalize_advantages,
         reduce=lambda t: reduce(t, "sum"))
     work["advantages"], work["returns"] = advantages, returns
 
@@ -291,8 +292,8 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
 
     # 4. optimizer steps
     num_steps = cfg.train.num_steps_per_rollout
-    names = policy_metric_names(alg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
-    custom = CustomLoss(cfg) if alg.loss_type == "custom_loss" else None
+    names = policy_metric_names(algorithm_cfg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
+    custom = CustomLoss(cfg) if algorithm_cfg.loss_type == "custom_loss" else None
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
     with phase("train_actor"):
@@ -318,10 +319,10 @@ def _optimizer_steps(backend: TrainingBackend, cfg: JobConfig, work, n, reduce, 
                      critic_norms) -> None:
     """--num-steps-per-rollout optimizer steps over the shard's mini-batches (the module docstring, 4.); fills
     step_sums, grad_norms and critic_norms; returns the metric names (a custom loss adds its own)."""
-    alg = cfg.algorithm
-    estimator = alg.advantage_estimator
+    algorithm_cfg = cfg.algorithm
+    estimator = algorithm_cfg.advantage_estimator
     num_steps = cfg.train.num_steps_per_rollout
-    per_token = alg.calculate_per_token_loss
+    per_token = algorithm_cfg.calculate_per_token_loss
     world = max(backend.data_parallel_size, 1)
 
     def rsum(*xs) -> list[float]:
@@ -337,12 +338,13 @@ def _optimizer_steps(backend: TrainingBackend, cfg: JobConfig, work, n, reduce, 
         count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
         mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
         micro = [select(step, idx) for idx in mbs]
-        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world, custom))
-        if custom is not None and len(names) == len(policy_metric_names(alg)) + (2 if estimator == "ppo" else 0):
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(algorithm_cfg, denom, world, custom))
+        if custom is not None and \
+                len(names) == len(policy_metric_names(algorithm_cfg)) + (2 if estimator == "ppo" else 0):
             names = _agree_custom_names(custom, names, reduce)
             step_sums.update({k: 0.0 for k in names if k not in step_sums})
         if estimator == "ppo":
-            local.update(backend.train_micro_batches(micro, make_value_loss_fn(alg, denom, world),
+            local.update(backend.train_micro_batches(micro, make_value_loss_fn(algorithm_cfg, denom, world),
                                                      train_critic=True))
             critic_norms.append(backend.optimizer_step(critic=True))
         grad_norms.append(backend.optimizer_step())

@@ -174,12 +174,13 @@ def engine_host(cfg: JobConfig, multi_host: bool = False, node_address: str | No
     -- its rollout worker, and a colocated trainer, share its host -- unless an sglang-router must reach it from
     another host (a job over several hosts, or a router at a non-local --sglang-router-ip): then `node_address`,
     this node's address as the job's topology advertises it. Never 0.0.0.0 unless asked for."""
-    eng = cfg.engine
-    given = flag_value(eng.sglang_args, "--host")
+    engine_cfg = cfg.engine
+    given = flag_value(engine_cfg.sglang_args, "--host")
     if given:
         return given
-    remote_router = bool(eng.sglang_router_ip) and not eng.sglang_router_ip.startswith(("127.", "localhost"))
-    if eng.use_sglang_router and (multi_host or remote_router):
+    remote_router = (bool(engine_cfg.sglang_router_ip)
+                     and not engine_cfg.sglang_router_ip.startswith(("127.", "localhost")))
+    if engine_cfg.use_sglang_router and (multi_host or remote_router):
         if not node_address:
             raise SGLangFlagError("the sglang-router is reached from other hosts but this node's address is unknown: "
                                   "set SLIME_ACTORS_ADVERTISE (or --sglang-host)")
@@ -224,11 +225,12 @@ def lora_engine_flags(cfg: JobConfig, passthrough: Sequence[str] = ()) -> list[s
     """With --lora-rank and --lora-sync adapter the engines serve the trainer's adapters: SGLang's --enable-lora
     --max-lora-rank R --lora-target-modules ... (the local engine takes the same flags), unless the job passes
     --sglang-enable-lora itself."""
-    lo = cfg.lora
-    if lo.lora_rank <= 0 or lo.lora_sync != "adapter" or flag_value(passthrough, "--enable-lora") is not None:
+    lora_cfg = cfg.lora
+    if (lora_cfg.lora_rank <= 0 or lora_cfg.lora_sync != "adapter"
+            or flag_value(passthrough, "--enable-lora") is not None):
         return []
-    targets = ["all" if t == "all-linear" else t for t in lo.lora_target_modules or ["all-linear"]]
-    return ["--enable-lora", "--max-lora-rank", str(lo.lora_rank), "--lora-target-modules", *targets]
+    targets = ["all" if t == "all-linear" else t for t in lora_cfg.lora_target_modules or ["all-linear"]]
+    return ["--enable-lora", "--max-lora-rank", str(lora_cfg.lora_rank), "--lora-target-modules", *targets]
 
 
 # -- validation -----------------------------------------------------------------------------------------------
@@ -319,22 +321,22 @@ def check_engine_flags(module: str, argv: Sequence[str]) -> str:
 def check_passthrough(cfg: JobConfig, flags: LaunchFlags | None = None) -> str:
     """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched); `flags`: the
     --sglang-* flags parsed (LaunchFlags.parse(cfg.engine.sglang_args))."""
-    eng = cfg.engine
-    flags = flags if flags is not None else LaunchFlags.parse(eng.sglang_args)
+    engine_cfg = cfg.engine
+    flags = flags if flags is not None else LaunchFlags.parse(engine_cfg.sglang_args)
     check_passthrough_owned(flags)
     workers = flags.value("--tokenizer-worker-num")
-    if workers not in (None, "", "1") and eng.engine_auth and not eng.rollout_external_engine_addrs:
+    if workers not in (None, "", "1") and engine_cfg.engine_auth and not engine_cfg.rollout_external_engine_addrs:
         raise SGLangFlagError(f"--sglang-tokenizer-worker-num {workers}: SGLang {RECORDED_SGLANG_VERSION} checks no "
                               "API key with more than one tokenizer worker (http_server.py adds its key middleware "
                               "only in single-tokenizer mode), so the engines would be open; drop the flag or turn "
                               "the keys off with --engine-auth false")
-    if eng.rollout_engine == "sglang" and not eng.rollout_external_engine_addrs:
+    if engine_cfg.rollout_engine == "sglang" and not engine_cfg.rollout_external_engine_addrs:
         module, argv = engine_command(cfg, 0, 30000, flags=flags)
         what = check_engine_flags(module, argv)
     else:
         _check_with_table(flags, sglang_flags.SERVER_FLAGS, f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
         what = "recorded table"
-    if eng.router_args or eng.use_sglang_router:
+    if engine_cfg.router_args or engine_cfg.use_sglang_router:
         router_command(cfg, "127.0.0.1", 30000, check=True)
     return what
 

@@ -47,9 +47,9 @@ from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
-from . import lora as L
+from . import lora
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
-from .safe_pickle import load_torch_file
+from ..safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
 
 MODEL_FILE = "model.safetensors"
@@ -171,9 +171,9 @@ class TorchBackend(TrainingBackend):
         return model.to(self.device).eval()
 
     def init(self) -> None:
-        cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
+        cfg, algorithm_cfg, train_cfg = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = training_device(self.cfg.run.device, self.rank)
-        self.dtype = torch.bfloat16 if tr.bf16 else torch.float32
+        self.dtype = torch.bfloat16 if train_cfg.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         actor = self._load_causal_lm(self.hf_path)
         hf_config = actor.config
@@ -184,13 +184,13 @@ class TorchBackend(TrainingBackend):
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
-        if (alg.use_kl_loss or alg.kl_coef > 0) and not (self.lora and not cfg.model.ref_load):
+        if (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0) and not (self.lora and not cfg.model.ref_load):
             ref = self._load_causal_lm(cfg.model.ref_load or self.hf_path)
             ref.requires_grad_(False)
             self.ref_model = ref
 
         critic = None
-        if alg.advantage_estimator == "ppo":
+        if algorithm_cfg.advantage_estimator == "ppo":
             from transformers import AutoModel
             backbone = AutoModel.from_pretrained(self.hf_path, dtype=self.dtype)
             with torch.random.fork_rng(devices=[]):   # the same value head on every rank, global RNG untouched
@@ -199,7 +199,7 @@ class TorchBackend(TrainingBackend):
             critic = critic.to(device=self.device, dtype=self.dtype).eval()
             self._raw_critic = critic
 
-        want = tr.torch_parallel
+        want = train_cfg.torch_parallel
         if _distributed() and self.world_size > 1:
             self.parallel = want
         if self.parallel == "ddp":
@@ -214,13 +214,13 @@ class TorchBackend(TrainingBackend):
                 critic = self._fully_shard(critic)
         self.model, self.critic = actor, critic
 
-        betas = (tr.adam_beta1, tr.adam_beta2)
-        self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=tr.lr,
-                                           betas=betas, weight_decay=tr.weight_decay, eps=1e-8)
+        betas = (train_cfg.adam_beta1, train_cfg.adam_beta2)
+        self.optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=train_cfg.lr,
+                                           betas=betas, weight_decay=train_cfg.weight_decay, eps=1e-8)
         if critic is not None:
             self.critic_optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad],
-                                                      lr=tr.critic_lr, betas=betas, weight_decay=tr.weight_decay,
-                                                      eps=1e-8)
+                                                      lr=train_cfg.critic_lr, betas=betas,
+                                                      weight_decay=train_cfg.weight_decay, eps=1e-8)
         self.log.info("torch backend ready", model=self.hf_path, device=str(self.device), dtype=str(self.dtype),
                       parallel=self.parallel, world_size=self.world_size, ref=self.ref_model is not None,
                       critic=critic is not None, lora=self.lora_summary() if self.lora else None)
@@ -229,16 +229,16 @@ class TorchBackend(TrainingBackend):
         """The actor as a peft model: adapters of --lora-rank on the --lora-target-modules (resolved against this
         model), the base frozen, in eval mode (dropout only where train_micro_batches switches it on)."""
         from peft import get_peft_model
-        lo = self.cfg.lora
+        lora_cfg = self.cfg.lora
         try:
-            self.lora_targets = L.resolve_targets(L.linear_module_names(model), list(lo.lora_target_modules or
-                                                                                     [L.ALL_LINEAR]),
-                                                  lo.lora_exclude_modules)
-        except L.LoraError as exc:
+            self.lora_targets = lora.resolve_targets(lora.linear_module_names(model),
+                                                     list(lora_cfg.lora_target_modules or [lora.ALL_LINEAR]),
+                                                     lora_cfg.lora_exclude_modules)
+        except lora.LoraError as exc:
             raise ValueError(str(exc)) from None
         with torch.random.fork_rng(devices=[]):   # the same adapter init on every rank, global RNG untouched
             torch.manual_seed(self.cfg.run.seed)
-            peft_model = get_peft_model(model, L.lora_config(lo, self.lora_targets))
+            peft_model = get_peft_model(model, lora.lora_config(lora_cfg, self.lora_targets))
         peft_model.eval()
         self._lora_dropouts = [m for n, m in peft_model.named_modules()
                                if ".lora_dropout." in n and isinstance(m, nn.Dropout)]
@@ -249,8 +249,8 @@ class TorchBackend(TrainingBackend):
         raw = self._raw_model
         trainable = sum(p.numel() for p in raw.parameters() if p.requires_grad)
         total = sum(p.numel() for p in raw.parameters())
-        lo = self.cfg.lora
-        return {"rank": lo.lora_rank, "alpha": lo.lora_alpha, "targets": self.lora_targets,
+        lora_cfg = self.cfg.lora
+        return {"rank": lora_cfg.lora_rank, "alpha": lora_cfg.lora_alpha, "targets": self.lora_targets,
                 "trainable_params": trainable, "total_params": total}
 
     def _fully_shard(self, module: nn.Module) -> nn.Module:
@@ -333,8 +333,8 @@ class TorchBackend(TrainingBackend):
             # DDP: run the plain module (no gradient hooks); FSDP2: the sharded module (it gathers its shards)
             net = self._raw_model if self.parallel != "fsdp" else self.model
         elif model == "ref":
-            alg = self.cfg.algorithm
-            if self.ref_model is None and not (self.lora and (alg.use_kl_loss or alg.kl_coef > 0)):
+            algorithm_cfg = self.cfg.algorithm
+            if self.ref_model is None and not (self.lora and (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0)):
                 raise ValueError("no reference model (enable --use-kl-loss or --kl-coef > 0)")
             # LoRA without --ref-load: the reference is the actor with its adapters switched off
             net = self.ref_model if self.ref_model is not None else (
@@ -499,8 +499,8 @@ class TorchBackend(TrainingBackend):
         else:
             sd = self._raw_model.state_dict()
         sd = {strip_wrapper_prefixes(k): v.detach() for k, v in sd.items()}
-        tied = {L._hf_name(t) for t in self.tied_names}
-        return {k: v for k, v in L.merged_weights(self._raw_model, sd) if k not in tied}
+        tied = {lora._hf_name(t) for t in self.tied_names}
+        return {k: v for k, v in lora.merged_weights(self._raw_model, sd) if k not in tied}
 
     def adapter_weights(self) -> dict[str, torch.Tensor]:
         """The adapters' tensors in PEFT's names (`base_model.model.<module>.lora_A.weight`), on the CPU: what
@@ -516,18 +516,18 @@ class TorchBackend(TrainingBackend):
         else:
             sd = self._raw_model.state_dict()
         sd = {strip_wrapper_prefixes(k): v for k, v in sd.items()}
-        return {k: v.detach().cpu() for k, v in L.to_peft_names(sd).items()}
+        return {k: v.detach().cpu() for k, v in lora.to_peft_names(sd).items()}
 
     def adapter_config(self) -> dict:
         """The adapters' adapter_config.json (PEFT's LoraConfig), naming --hf-checkpoint as the base."""
-        return L.adapter_config(self._raw_model, self.hf_path)
+        return lora.adapter_config(self._raw_model, self.hf_path)
 
     def _load_adapters(self, tensors: dict[str, torch.Tensor], where: str) -> None:
         """Set the adapters from PEFT-named tensors (every one of the model's, nothing else)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         try:
-            sd = L.from_peft_names(tensors)
-        except L.LoraError as exc:
+            sd = lora.from_peft_names(tensors)
+        except lora.LoraError as exc:
             raise ValueError(f"{where}: {exc}") from None
         want = {strip_wrapper_prefixes(k) for k in self._raw_model.state_dict()
                 if ".lora_A." in k or ".lora_B." in k}
@@ -557,12 +557,12 @@ class TorchBackend(TrainingBackend):
         if self.critic is not None:
             parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
         for module, raw, opt, mfile, ofile in parts:
-            lora = self.lora and raw is self._raw_model   # the actor's adapters only: the base is --hf-checkpoint
-            sd = self.adapter_weights() if lora else self._full_state_dict(module, raw)
+            adapters_only = self.lora and raw is self._raw_model   # the actor's adapters: the base is --hf-checkpoint
+            sd = self.adapter_weights() if adapters_only else self._full_state_dict(module, raw)
             osd = get_optimizer_state_dict(module, opt, options=opts) if save_optim else None
             if self.rank == 0:
-                if lora:
-                    L.write_adapter_dir(out / L.LORA_CKPT_DIR, sd, self.adapter_config())
+                if adapters_only:
+                    lora.write_adapter_dir(out / lora.LORA_CKPT_DIR, sd, self.adapter_config())
                 else:
                     save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / mfile),
                               metadata={"format": "pt"})
@@ -584,9 +584,9 @@ class TorchBackend(TrainingBackend):
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         src = Path(path)
-        adapters = src / L.LORA_CKPT_DIR
+        adapters = src / lora.LORA_CKPT_DIR
         if self.lora and not adapters.is_dir():
-            raise FileNotFoundError(f"{src}: no LoRA adapters ({L.LORA_CKPT_DIR}/) -- written without --lora-rank; "
+            raise FileNotFoundError(f"{src}: no LoRA adapters ({lora.LORA_CKPT_DIR}/) -- written without --lora-rank; "
                                     "a full fine-tuning checkpoint cannot be resumed as LoRA")
         if not self.lora and not (src / MODEL_FILE).exists():
             raise FileNotFoundError(f"{src}: no {MODEL_FILE} (not a checkpoint written by TorchBackend.save"
@@ -602,7 +602,7 @@ class TorchBackend(TrainingBackend):
             parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
         for module, raw, opt, mfile, ofile in parts:
             if self.lora and raw is self._raw_model:
-                self._load_adapters(load_file(str(adapters / L.ADAPTER_FILE)), str(adapters))
+                self._load_adapters(load_file(str(adapters / lora.ADAPTER_FILE)), str(adapters))
             else:
                 sd = load_file(str(src / mfile))
                 target = module if self.parallel == "fsdp" else raw
@@ -626,9 +626,9 @@ class TorchBackend(TrainingBackend):
     def _check_adapter_config(self, adapters: Path) -> None:
         """A checkpoint's adapters were made with this run's --lora-* flags (rank, alpha, targets)."""
         try:
-            saved = json.loads((adapters / L.ADAPTER_CONFIG).read_text())
+            saved = json.loads((adapters / lora.ADAPTER_CONFIG).read_text())
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{adapters}: no readable {L.ADAPTER_CONFIG}: {exc}") from None
+            raise ValueError(f"{adapters}: no readable {lora.ADAPTER_CONFIG}: {exc}") from None
         now = self.adapter_config()
         diff = [f"{k} {saved.get(k)!r} (this run: {now.get(k)!r})" for k in ("r", "lora_alpha", "target_modules")
                 if (sorted(saved.get(k) or []) if k == "target_modules" else saved.get(k))

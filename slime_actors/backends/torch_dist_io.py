@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .megatron_convert import LAYER_RE, ConversionError
-from .safe_pickle import safe_reader
+from ..safe_pickle import safe_reader
 
 CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
           "common_backend_version": 1}

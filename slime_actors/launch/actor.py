@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import env as E
+from ..env import CPUS, JOB
 from ..actors.base import Actor
 from ..config import ConfigError, JobConfig
 from ..retry import RetryPolicy, retry
@@ -35,14 +35,14 @@ from ..runtime import RuntimeConfig
 def load_job_config(path: str | None = None) -> JobConfig | None:
     """The job's typed config from its job file (SLIME_ACTORS_JOB); None when there is none. SystemExit naming the
     file (and the field) when it is missing or malformed."""
-    path = path or E.JOB.get()
+    path = path or JOB.get()
     if not path:
         return None
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise SystemExit(f"error: job file {path} ({E.JOB.name}) does not exist") from None
+        raise SystemExit(f"error: job file {path} ({JOB.name}) does not exist") from None
     except json.JSONDecodeError as exc:
         raise SystemExit(f"error: job file {path} is not valid JSON: {exc}") from None
     try:
@@ -55,12 +55,12 @@ def set_up_process(name: str, run_dir: str | None, *, console: bool = True):
     """What an actor process does first: pin itself to the topology's CPUs (SLIME_ACTORS_CPUS, set by its placement)
     and log to RUN_DIR/logs/NAME.jsonl (and the console). Returns the process's logger."""
     from ..log import get_logger, setup_logging
-    cpus = E.CPUS.get()
+    cpus = CPUS.get()
     if cpus:
         try:
             os.sched_setaffinity(0, [int(c) for c in cpus.split(",") if c.strip()])
         except (OSError, ValueError) as exc:
-            print(f"warning: {E.CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
+            print(f"warning: {CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(run_dir, name, console=console)
     return get_logger(actor=name)
 

@@ -95,12 +95,12 @@ def settle_reference(cfg: JobConfig) -> None:
     loaded (--use-kl-loss is turned off) and the job says so. Where it is needed, prepare.reference_problem says why it
     cannot be read and how to convert it."""
     from ..checkpoints import detect_layout
-    alg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not alg.use_kl_loss or alg.kl_coef != 0 or alg.kl_loss_coef != 0:
+    algorithm_cfg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef != 0 or algorithm_cfg.kl_loss_coef != 0:
         return
     lay = detect_layout(ref)
     if lay.kind != "hf":
-        alg.use_kl_loss = False
+        algorithm_cfg.use_kl_loss = False
         cfg.notes.append(f"--ref-load {ref} ({lay.detail}) is not loaded: with --kl-loss-coef 0 the KL term adds "
                          "nothing to the loss, so the job runs without a reference model (train/kl_loss is not "
                          "logged; to log it, convert the checkpoint: slime-actors convert "
@@ -117,8 +117,9 @@ def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:
         cfg.engine_user_keys = take_user_keys(cfg.engine)
     except EngineKeyError as exc:
         problems.add(str(exc))
-    eng = cfg.engine
-    if eng.sglang_args or eng.router_args or eng.rollout_engine == "sglang" or eng.use_sglang_router:
+    engine_cfg = cfg.engine
+    if (engine_cfg.sglang_args or engine_cfg.router_args or engine_cfg.rollout_engine == "sglang"
+            or engine_cfg.use_sglang_router):
         try:
             check_passthrough(cfg, flags)
         except SGLangFlagError as exc:
@@ -131,45 +132,48 @@ def check_lora_flags(cfg: JobConfig, problems: Problems) -> None:
     """--lora-target-modules / --lora-exclude-modules against the model's linear layers (built on the meta device
     from its config: nothing is read or allocated), all unknown names at once; the job then carries the resolved
     names (all-linear spelled out), so the trainer and the engines' --lora-target-modules agree."""
-    lo = cfg.lora
-    if lo.lora_rank <= 0 or not cfg.model.hf_checkpoint:
+    lora_cfg = cfg.lora
+    if lora_cfg.lora_rank <= 0 or not cfg.model.hf_checkpoint:
         return
     from ..backends.lora import SGLANG_LORA_TARGETS, LoraError, resolve_targets, spec_linear_names
     names = spec_linear_names(cfg.model.hf_checkpoint)
     if names is None:
         return   # no model to read: the path checks say so
     try:
-        lo.lora_target_modules = resolve_targets(names, list(lo.lora_target_modules or ["all-linear"]),
-                                                 lo.lora_exclude_modules)
+        lora_cfg.lora_target_modules = resolve_targets(names, list(lora_cfg.lora_target_modules or ["all-linear"]),
+                                                 lora_cfg.lora_exclude_modules)
     except LoraError as exc:
         problems.add(f"{exc} ({cfg.model.hf_checkpoint})")
         return
-    odd = [t for t in lo.lora_target_modules if t not in SGLANG_LORA_TARGETS]
-    if odd and lo.lora_sync == "adapter" and cfg.engine.rollout_engine == "sglang":
+    odd = [t for t in lora_cfg.lora_target_modules if t not in SGLANG_LORA_TARGETS]
+    if odd and lora_cfg.lora_sync == "adapter" and cfg.engine.rollout_engine == "sglang":
         problems.add(f"--lora-target-modules {' '.join(odd)}: SGLang serves no LoRA adapter on such modules (its "
                      f"--lora-target-modules: {' '.join(sorted(SGLANG_LORA_TARGETS))}); name others, or use "
                      "--lora-sync merged")
-    if lo.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
+    if lora_cfg.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
         cfg.notes.append("--lora-sync adapter with --rollout-external-engine-addrs: those engines must run with "
                          "--enable-lora --max-lora-rank >= --lora-rank, and read the adapter directories the rollout "
                          "workers write under RUN_DIR/lora (a shared file system); else use --lora-sync merged")
 
 
 def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
-    """The reward-hacking alarms' flags against the monitor's own names and thresholds."""
-    from ..monitor.hacking import ALARMS, HackThresholds
-    mon = cfg.monitor
-    try:
-        HackThresholds.parse(mon.hack_alarm_thresholds)
-    except ValueError as exc:
-        problems.add(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}")
-    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
+    """The reward-hacking alarms' flags against the monitor's own names, and where `stop` saves its checkpoint."""
+    from ..monitor.hacking import ALARMS
+    monitor_cfg = cfg.monitor   # (--hack-alarm-thresholds: the config parsed it, cfg.hack_thresholds)
+    unknown = [a for a in monitor_cfg.hack_alarms_ignore or [] if a not in ALARMS]
     if unknown:
         problems.add(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are "
                      f"{', '.join(ALARMS)}")
-    if mon.hack_alarms == "stop" and not cfg.checkpoint.save:
-        problems.add("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where "
-                     "checkpoints go)")
+    if monitor_cfg.hack_alarms == "stop" and not cfg.debug.debug_rollout_only:
+        # the checkpoint saved when an alarm ends the run goes to --save, else to the rolling RUN_DIR/ckpt
+        from ..checkpoints import rolling_conflict, save_root
+        if save_root(cfg) is None:
+            problems.add("--hack-alarms stop saves a checkpoint when an alarm ends the run, and with "
+                         "--no-rolling-save and no --save this job keeps none: give --save DIR, or drop "
+                         "--no-rolling-save (the rolling checkpoint RUN_DIR/ckpt takes it)")
+        elif conflict := rolling_conflict(cfg):
+            problems.add(f"--hack-alarms stop saves a checkpoint when an alarm ends the run, to the rolling "
+                         f"RUN_DIR/ckpt without --save, but {conflict}: give --save DIR")
 
 
 def check_job_paths(cfg: JobConfig, problems: Problems) -> None:

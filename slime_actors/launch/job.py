@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import env as E
+from ..env import JOB, JOIN_TIMEOUT
 from ..actors.base import Actor, handler
 from ..config import JobConfig
 from ..log import get_logger
@@ -164,7 +164,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     except ValueError as exc:  # the engine keys (checked before anything started)
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         return 2, None
-    launcher = _make_launcher(ctx, head.env({E.JOB.name: str(job_path), **ctx.extra_env}), head.run_dir)
+    launcher = _make_launcher(ctx, head.env({JOB.name: str(job_path), **ctx.extra_env}), head.run_dir)
     agent = NodeAgent(ctx.agent_index())
     agent.launcher = launcher
     await agent.start(head.rt)
@@ -246,7 +246,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
         await agent.start(rt)
         return agent
     # the head may not be up yet: keep knocking, a fresh agent each time, 1 s apart, for SLIME_ACTORS_JOIN_TIMEOUT
-    join_timeout = E.JOIN_TIMEOUT.get()
+    join_timeout = JOIN_TIMEOUT.get()
     errors = (MailboxError, RuntimeError, FileNotFoundError)
     policy = RetryPolicy(attempts=None, deadline=join_timeout, base=1.0, factor=1.0, max_delay=1.0, retry_on=errors,
                          retry_if=lambda exc: not stop.is_set())
@@ -258,7 +258,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
     setup_logging(str(run_dir), agent.name)
     await loop.run_in_executor(None, write_agent_job, cfg, job_path)
     keys = job_keys(cfg.runtime.curve, run_dir, create=False)
-    env = {**rt.env(), E.JOB.name: str(job_path), **ctx.extra_env}
+    env = {**rt.env(), JOB.name: str(job_path), **ctx.extra_env}
     if keys is not None:
         env.update(keys.env())
     try:  # the head made them before it took anyone in: from the environment or the shared RUN_DIR/keys

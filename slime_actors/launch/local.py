@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import env as E
+from ..env import CPUS, INCARNATION
 from ..log import console_write, get_logger
 from .startup import EXIT_PERMANENT, MAX_START_FAILURES, Cause, cause_from_output, read_report
 from .topology import RestartPolicy
@@ -222,10 +222,10 @@ class LocalLauncher:
     def start(self, ap: ActorProc) -> None:
         out_path = self.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
         out = open(out_path, "ab")
-        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1", E.INCARNATION.name: str(ap.incarnation)}
+        env = {**os.environ, **ap.env, "PYTHONUNBUFFERED": "1", INCARNATION.name: str(ap.incarnation)}
         cpus = ap.cpus
-        if cpus is None and E.CPUS.get(env):
-            cpus = [int(c) for c in E.CPUS.get(env).split(",") if c.strip()]
+        if cpus is None and CPUS.get(env):
+            cpus = [int(c) for c in CPUS.get(env).split(",") if c.strip()]
         ap.popen = subprocess.Popen([self.python, "-m", "slime_actors.launch.actor", ap.role, str(ap.index)],
                                     env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     start_new_session=True, preexec_fn=_child_setup(cpus))

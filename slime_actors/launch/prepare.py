@@ -37,12 +37,13 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
     ref_problem = reference_problem(cfg)
     if ref_problem:
         found.append(CheckpointError(ref_problem))
-    ck, dbg = cfg.checkpoint, cfg.debug
+    checkpoint_cfg, debug_cfg = cfg.checkpoint, cfg.debug
     attempt(check_nothing_inside, run_dir, {
-        "--save": ck.save, "--load": ck.load, "--save-hf": ck.save_hf, "--prompt-data": cfg.data.prompt_data,
+        "--save": checkpoint_cfg.save, "--load": checkpoint_cfg.load, "--save-hf": checkpoint_cfg.save_hf,
+        "--prompt-data": cfg.data.prompt_data,
         "--hf-checkpoint": cfg.model.hf_checkpoint, "--ref-load": ref_load,
-        "--save-debug-rollout-data": dbg.save_debug_rollout_data,
-        "--load-debug-rollout-data": dbg.load_debug_rollout_data})
+        "--save-debug-rollout-data": debug_cfg.save_debug_rollout_data,
+        "--load-debug-rollout-data": debug_cfg.load_debug_rollout_data})
     if problems is not None:
         problems.extend(str(e) for e in found if str(e) not in problems)
     elif found:
@@ -53,8 +54,8 @@ def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | Non
 def reference_problem(cfg: JobConfig) -> str | None:
     """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
     from ..checkpoints import detect_layout
-    alg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+    algorithm_cfg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0):
         return None
     lay = detect_layout(ref)
     if lay.kind == "hf":
@@ -62,7 +63,8 @@ def reference_problem(cfg: JobConfig) -> str | None:
     convert = (f" -- convert it: slime-actors convert {ref} OUT_DIR --hf-checkpoint MODEL_DIR"
                if lay.kind in ("megatron", "torch_dist") else "")
     return (f"--ref-load {ref}: {lay.detail}; expected a Hugging Face model directory (config.json and "
-            f"safetensors) for the reference model of --kl-loss-coef {alg.kl_loss_coef} / --kl-coef {alg.kl_coef}"
+            f"safetensors) for the reference model of --kl-loss-coef {algorithm_cfg.kl_loss_coef} / "
+            f"--kl-coef {algorithm_cfg.kl_coef}"
             f"{convert}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .. import env as E
+from ..env import ACTOR_CLASS
 from ..config import JobConfig
 
 ROLES: dict[str, str] = {
@@ -54,4 +54,4 @@ def job_class_for(role: str, cfg: JobConfig | None):
     """The class that plays `role` in a job: the job's own for it (--reward-actor-class), else the topology's
     (`class`, which the placement hands over as SLIME_ACTORS_ACTOR_CLASS), else the built-in one."""
     own = cfg.reward.reward_actor_class if cfg is not None and role == "reward" else None
-    return class_for(role, own or E.ACTOR_CLASS.get())
+    return class_for(role, own or ACTOR_CLASS.get())

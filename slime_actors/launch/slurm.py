@@ -24,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import env as E
+from ..env import CURVE_PUBLIC, CURVE_SECRET, HEAD_PORT, HOST, RETRIEVER_KEY, TRANSPORT
 from ..config import has_flag
 from .topology import Topology
 
@@ -117,10 +117,10 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
             off += g.count
     out.append(f"head=${{{_var(topo.head)}[0]}}   # first node of node group {topo.head!r}: the rendezvous")
     if port:
-        out.append(f"port=${{{E.HEAD_PORT.name}:-{int(port)}}}")
+        out.append(f"port=${{{HEAD_PORT.name}:-{int(port)}}}")
     else:
-        out.append(f"port=${{{E.HEAD_PORT.name}:-$(( 20000 + SLURM_JOB_ID % 20000 ))}}")
-    out.append(f"export {E.TRANSPORT.name}=tcp {E.HOST.name}=0.0.0.0")
+        out.append(f"port=${{{HEAD_PORT.name}:-$(( 20000 + SLURM_JOB_ID % 20000 ))}}")
+    out.append(f"export {TRANSPORT.name}=tcp {HOST.name}=0.0.0.0")
     if engine_keys:
         out.append("# the job's CURVE keys and engine HTTP keys, made once here, reach every step through the "
                    "environment")
@@ -224,10 +224,10 @@ def sbatch_main(argv: list[str]) -> int:
     if run_dir:  # the option wins over a --run-dir among the job flags
         job_argv = [a for i, a in enumerate(job_argv) if not (a.startswith("--run-dir=") or a == "--run-dir" or (
             i > 0 and job_argv[i - 1] == "--run-dir"))]
-    eng = cfg.engine
+    engine_cfg = cfg.engine
     sys.stdout.write(render(topo, job_argv, python=ns.python, workdir=ns.workdir, run_dir=run_dir, layout_name=lay,
                             port=ns.port, command_line=" ".join(shlex.quote(a) for a in argv),
-                            engine_keys=bool(eng.engine_auth and not eng.rollout_external_engine_addrs),
+                            engine_keys=bool(engine_cfg.engine_auth and not engine_cfg.rollout_external_engine_addrs),
                             retriever_key=bool(cfg.retriever.retriever_corpus)))
     return 0
 
@@ -245,14 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         from ..backends.engine_auth import EngineKeys
         from ..mailbox.security import JobKeys
         made = {}
-        if not (E.CURVE_PUBLIC.get() and E.CURVE_SECRET.get()):
+        if not (CURVE_PUBLIC.get() and CURVE_SECRET.get()):
             made.update(JobKeys.create().env())  # (keys given by the user are kept)
         if "--engine" in argv:
             given = EngineKeys.from_env() or EngineKeys()
             made.update({k: v for k, v in given.fill(EngineKeys.create()).env().items() if k not in os.environ})
-        if "--retriever" in argv and not E.RETRIEVER_KEY.get():
+        if "--retriever" in argv and not RETRIEVER_KEY.get():
             import secrets
-            made[E.RETRIEVER_KEY.name] = secrets.token_hex(32)   # the job's retriever key (search/keys.py)
+            made[RETRIEVER_KEY.name] = secrets.token_hex(32)   # the job's retriever key (search/keys.py)
         for k, v in made.items():
             print(f"export {k}={shlex.quote(v)}")
         return 0

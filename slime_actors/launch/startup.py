@@ -8,7 +8,7 @@ An actor process reports how its start went (slime_actors.launch.actor), in RUN_
 and exits with EXIT_PERMANENT (78, EX_CONFIG of sysexits.h) when the cause is one no restart can change: a bad flag
 or config value (ConfigError), an import error, a missing file or model, a model directory whose config.json is not
 JSON, `--device cuda` where there is no GPU, a GPU index that does not exist. Code that knows such a cause raises
-StartupError; for errors from other code (transformers, torch, an engine's output) `cause_of` reads the exception
+StartupError (config.py: the actors raise it too); for errors from other code (transformers, torch, an engine's output) `cause_of` reads the exception
 and `permanent` matches the message against what a restart cannot change.
 
 The supervisor (launch/local.py) applies the start-up rule to an actor that dies before it ever became ready:
@@ -26,12 +26,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import ConfigError, StartupError
+
 EXIT_PERMANENT = 78          # sysexits.h EX_CONFIG: never restarted
 MAX_START_FAILURES = 3       # start-up failures in a row (never ready in between) that stop the job, any causes
-
-
-class StartupError(RuntimeError):
-    """An actor cannot start, and starting it again will not change that (the message says why and what to do)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,6 @@ def cause_from_output(lines: list[str]) -> Cause | None:
 def cause_of(exc: BaseException) -> Cause:
     """The root cause of an exception an actor's start raised. An engine that did not start (EngineStartError)
     gives the cause its own output names."""
-    from ..config import ConfigError
     lines = [ln for ln in getattr(exc, "last_lines", None) or [] if ln.strip()]
     if lines and not getattr(exc, "timed_out", False):   # backends.engine_process.EngineStartError: the engine's own last words
         inner = cause_from_output(lines)

@@ -20,42 +20,46 @@ def start_lines(cfg: JobConfig, sglang_flags) -> list[str]:
     backends.sglang_launch.LaunchFlags). The first says what runs where; a second where it runs otherwise than a
     slime job by default (flags left at this project's defaults) and the flags to change that; then what the job
     ignores of the flags given."""
-    eng, tr, ro = cfg.engine, cfg.train, cfg.rollout
+    engine_cfg, train_cfg, rollout_cfg = cfg.engine, cfg.train, cfg.rollout
     device = cfg.run.device
-    ranks = tr.n_ranks
-    if tr.train_backend == "megatron":
-        dp = max(1, ranks // max(1, tr.tensor_model_parallel_size * tr.pipeline_model_parallel_size))
-        parallel = (f"megatron backend: {ranks} rank{'s' * (ranks != 1)} (tensor {tr.tensor_model_parallel_size} x "
-                    f"pipeline {tr.pipeline_model_parallel_size} x data {dp})")
+    ranks = train_cfg.n_ranks
+    if train_cfg.train_backend == "megatron":
+        dp = max(1, ranks // max(1, train_cfg.tensor_model_parallel_size * train_cfg.pipeline_model_parallel_size))
+        parallel = (f"megatron backend: {ranks} rank{'s' * (ranks != 1)} "
+                    f"(tensor {train_cfg.tensor_model_parallel_size} x "
+                    f"pipeline {train_cfg.pipeline_model_parallel_size} x data {dp})")
     else:
-        parallel = (f"torch backend: {ranks} rank{'s' * (ranks != 1)} ({tr.torch_parallel}"
+        parallel = (f"torch backend: {ranks} rank{'s' * (ranks != 1)} ({train_cfg.torch_parallel}"
                     f"{'' if device.startswith('cuda') else ', CPU processes'})")
     if cfg.debug.debug_train_only:
         engines = "no engines (--debug-train-only)"
-    elif eng.rollout_external_engine_addrs:
-        engines = f"{len(eng.rollout_external_engine_addrs)} external engine(s)"
+    elif engine_cfg.rollout_external_engine_addrs:
+        engines = f"{len(engine_cfg.rollout_external_engine_addrs)} external engine(s)"
     else:
-        n = eng.rollout_num_engines
-        engines = (f"{n} {'local' if eng.rollout_engine == 'local' else 'SGLang'} engine{'s' * (n != 1)}"
-                   + (f" of {eng.rollout_num_gpus_per_engine} GPUs" if eng.rollout_num_gpus_per_engine > 1 else "")
-                   + (" (colocated)" if eng.colocate else ""))
-    lines = [f"job: {device}; {engines}; {parallel}; {cfg.run.num_rollout} steps of {ro.rollout_batch_size} prompts "
-             f"x {ro.n_samples_per_prompt} samples"]
-    ours = {"device": device, "rollout_engine": eng.rollout_engine, "train_backend": tr.train_backend}
+        n = engine_cfg.rollout_num_engines
+        engines = (f"{n} {'local' if engine_cfg.rollout_engine == 'local' else 'SGLang'} engine{'s' * (n != 1)}"
+                   + (f" of {engine_cfg.rollout_num_gpus_per_engine} GPUs"
+                      if engine_cfg.rollout_num_gpus_per_engine > 1 else "")
+                   + (" (colocated)" if engine_cfg.colocate else ""))
+    lines = [f"job: {device}; {engines}; {parallel}; {cfg.run.num_rollout} steps of "
+             f"{rollout_cfg.rollout_batch_size} prompts x {rollout_cfg.n_samples_per_prompt} samples"]
+    ours = {"device": device, "rollout_engine": engine_cfg.rollout_engine, "train_backend": train_cfg.train_backend}
     differs = [(name, theirs, what) for name, theirs, what in SLIME_RUNS_ON
                if name not in cfg.given and ours[name] != theirs]
     if differs:
         lines.append("slime runs " + ", ".join(what for _, _, what in differs) + " by default; here: "
                      + " ".join(f"{FIELDS[n].option} {theirs}" for n, theirs, _ in differs)
                      + " (docs/flags.md lists every default that differs)")
-    if tr.train_backend == "torch" and (tr.tensor_model_parallel_size > 1 or tr.pipeline_model_parallel_size > 1):
-        lines.append(f"--tensor-model-parallel-size {tr.tensor_model_parallel_size} / "
-                     f"--pipeline-model-parallel-size {tr.pipeline_model_parallel_size} are the megatron backend's; "
-                     f"the torch backend ignores them ({tr.torch_parallel}: "
-                     + ("each rank holds the whole model" if tr.torch_parallel == "ddp" else "the model is sharded "
-                        "over the ranks") + ") -- --train-backend megatron for tensor/pipeline parallelism"
-                     + ("" if tr.torch_parallel == "fsdp" else ", or --torch-parallel fsdp to shard"))
-    if eng.rollout_engine == "local" and not eng.rollout_external_engine_addrs and eng.sglang_args:
+    if train_cfg.train_backend == "torch" and (train_cfg.tensor_model_parallel_size > 1
+                                               or train_cfg.pipeline_model_parallel_size > 1):
+        lines.append(f"--tensor-model-parallel-size {train_cfg.tensor_model_parallel_size} / "
+                     f"--pipeline-model-parallel-size {train_cfg.pipeline_model_parallel_size} are the megatron "
+                     f"backend's; the torch backend ignores them ({train_cfg.torch_parallel}: "
+                     + ("each rank holds the whole model" if train_cfg.torch_parallel == "ddp"
+                        else "the model is sharded over the ranks")
+                     + ") -- --train-backend megatron for tensor/pipeline parallelism"
+                     + ("" if train_cfg.torch_parallel == "fsdp" else ", or --torch-parallel fsdp to shard"))
+    if engine_cfg.rollout_engine == "local" and not engine_cfg.rollout_external_engine_addrs and engine_cfg.sglang_args:
         from ..backends.sglang_launch import local_engine_ignores
         ignored = local_engine_ignores(sglang_flags)
         if ignored:
@@ -82,7 +86,7 @@ def print_summary(result: dict, run_dir: Path) -> None:
         print(f"held-out reward [{name}]: before {b if b is None else f'{b:.3f}'} -> after "
               f"{a if a is None else f'{a:.3f}'} ({delta})" + (f"   graded by {grader}" if grader else ""))
     if result.get("samples"):
-        from ..samples import format_examples
+        from ..sample_display import format_examples
         last = result["samples"]
         print(format_examples(last["rollout_id"], last["examples"], kind="last rollout"))
     if result.get("stopped"):

@@ -1,6 +1,6 @@
 """Topology files: which actors run, how many, where (nodes, GPUs, CPUs), with what environment and restart policy.
 
-    topo = load_topology("launch/local.toml")          # TOML (YAML too, if PyYAML is installed)
+    topo = load_topology("examples/launch/local.toml")  # TOML (YAML too, if PyYAML is installed)
     plan = topo.plan()                                  # one Placement per actor process
     topo = default_topology(args)                       # what `slime-actors train` uses: derived from the flags
 
@@ -22,7 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .. import env as E
+from ..env import ACTOR_CLASS, CPUS, PLACED_GPUS
 from ..config import JobConfig
 
 HEAD_ROLES = ("directory", "controller")          # run in the head process (the launcher on the head node)
@@ -215,9 +215,9 @@ class Placement:
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
             # the process sees only these, renumbered from 0: an engine it starts begins at GPU 0 of them
-            env[E.PLACED_GPUS.name] = env["CUDA_VISIBLE_DEVICES"]
+            env[PLACED_GPUS.name] = env["CUDA_VISIBLE_DEVICES"]
         if self.cpus is not None:
-            env[E.CPUS.name] = ",".join(map(str, self.cpus))
+            env[CPUS.name] = ",".join(map(str, self.cpus))
         env["LOCAL_RANK"] = str(self.local_index) if self.role == "trainer" else env.get("LOCAL_RANK", "0")
         return env
 
@@ -298,7 +298,7 @@ class Topology:
                     cpus, free[:] = free[:r.cpus_per_actor], free[r.cpus_per_actor:]
                 env = {**self.env, **r.env}
                 if r.cls:
-                    env[E.ACTOR_CLASS.name] = r.cls  # the actor process builds its actor from this class
+                    env[ACTOR_CLASS.name] = r.cls  # the actor process builds its actor from this class
                 out.append(Placement(r.name, i, r.nodes, node, local, gpus, cpus, env, r.policy))
         rank = {name: i for i, name in enumerate(self.roles)}
         out.sort(key=lambda p: (rank[p.role], p.index))

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import env as E
+from ..env import ADVERTISE, HOST, JOIN_TIMEOUT, RETRIEVER_KEY, RUN_DIR, TRANSPORT
 from ..backends.listen import address_towards, tcp_store
 from ..config import JobConfig
 from ..log import get_logger
@@ -84,7 +84,7 @@ def _store(master: str, port: int, rank: int):
 
     from torch.distributed import TCPStore
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
-    kw = dict(wait_for_workers=False, timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
+    kw = dict(wait_for_workers=False, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT.get()))
     if rank == 0 and not agent:  # ours (not torchrun's agent store): its server on MASTER_ADDR alone
         return tcp_store(master, port, None, True, **kw)
     return TCPStore(master, port, is_master=False, **kw)
@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         print_notes(cfg, prog)
     role, index = roles[rank]
     # where this rank is reached: tcp across nodes, ipc on one node
-    if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
+    if nnodes > 1 or TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
         cfg.runtime.transport = "tcp"
         # (bound to this node's address towards MASTER_ADDR, not every interface: peers are told that one)
         here = address_towards(master, mport)
-        os.environ.setdefault(E.HOST.name, here)
-        os.environ.setdefault(E.ADVERTISE.name, here)
+        os.environ.setdefault(HOST.name, here)
+        os.environ.setdefault(ADVERTISE.name, here)
     plan = {(p.role, p.index): p for p in topo.plan()}
     if role != "head":
         for k, v in plan[(role, index)].process_env().items():
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[k] = v
     store = _store(master, mport, rank)
     prefix = f"slime-actors/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
-    os.environ[E.RUN_DIR.name] = str(Path(cfg.run.run_dir).resolve())  # what this rank starts inherits it
+    os.environ[RUN_DIR.name] = str(Path(cfg.run.run_dir).resolve())  # what this rank starts inherits it
     import uvloop
     if role == "head":
         return uvloop.run(_head(cfg, topo, store, prefix, _round(cfg.run.run_dir), prog))
@@ -227,12 +227,12 @@ async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog
             os.environ[ENV_PUBLIC], os.environ[ENV_SECRET] = rec["keys"][ENV_PUBLIC], rec["keys"][ENV_SECRET]
         os.environ.update(rec.get("engine_keys", {}))  # the engines' HTTP keys (what this rank starts inherits them)
         if rec.get("retriever_key"):
-            os.environ[E.RETRIEVER_KEY.name] = rec["retriever_key"]
+            os.environ[RETRIEVER_KEY.name] = rec["retriever_key"]
         rt = RuntimeConfig.for_job(cfg)   # (this rank's transport: tcp across nodes)
         rt.directory = rec["directory"]
         set_up_process(name, rt.run_dir)
         return job_class_for(role, job).for_job(index, job), rt
-    join = RetryPolicy(attempts=None, deadline=E.JOIN_TIMEOUT.get(), base=1.0, factor=1.0, max_delay=1.0,
+    join = RetryPolicy(attempts=None, deadline=JOIN_TIMEOUT.get(), base=1.0, factor=1.0, max_delay=1.0,
                        retry_on=(MailboxError,))
     try:
         sig = await serve(make, join=join)

@@ -1,7 +1,7 @@
 """What the mailbox needs of a tracer: tracing is a plug-in of the mailbox, not an import of it.
 
 A Mailbox is handed a tracer object (or None: untraced) and records through it every message it sends, receives or
-drops; it never imports the trace writer. `slime_actors.traces.writer.TraceWriter` implements both protocols below,
+drops; it never imports the trace writer. `slime_actors.recorder.writer.TraceWriter` implements both protocols below,
 and the trace format is its business (docs/trace-format.md). Anything with `record`, `body_limit` and `keep_arrays`
 will do -- a test's list of records, replay's stand-in.
 

@@ -39,21 +39,27 @@ def label_is_answer(cfg) -> bool:
     given = cfg.monitor.hack_alarm_label_answer
     if given is not None:
         return bool(given)
-    rw = cfg.reward
-    if rw.custom_rm_path or rw.reward_actor_class or not rw.rm_type:
+    reward_cfg = cfg.reward
+    if reward_cfg.custom_rm_path or reward_cfg.reward_actor_class or not reward_cfg.rm_type:
         return False
-    rm = rw.rm_type.strip()
+    rm = reward_cfg.rm_type.strip()
     return rm in LABEL_REWARDS or (rm.startswith("boxed_") and rm[len("boxed_"):] in LABEL_REWARDS)
 
 
 def make_monitor(cfg) -> AlarmMonitor | None:
     """The job's AlarmMonitor (its thresholds, response-length limit, reward kind and enabled alarms from the
     flags), or None with --hack-alarms off."""
-    mon = cfg.monitor
-    if mon.hack_alarms == "off":
+    monitor_cfg = cfg.monitor
+    if monitor_cfg.hack_alarms == "off":
         return None
-    ignore = set(mon.hack_alarms_ignore or ())
-    return AlarmMonitor(HackThresholds.parse(mon.hack_alarm_thresholds),
+    ignore = set(monitor_cfg.hack_alarms_ignore or ())
+    thresholds = cfg.hack_thresholds   # --hack-alarm-thresholds as the config parsed it (JobConfig.validate)
+    if thresholds is None:
+        if monitor_cfg.hack_alarm_thresholds:
+            raise ValueError("make_monitor: a job config that was not validated (JobConfig.validate parses "
+                             "--hack-alarm-thresholds)")
+        thresholds = HackThresholds()
+    return AlarmMonitor(thresholds,
                         max_response_len=cfg.rollout.rollout_max_response_len,
                         label_is_answer=label_is_answer(cfg),
                         alarms=[a for a in ALARMS if a not in ignore])

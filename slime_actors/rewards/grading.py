@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgpack
 
-from .. import env as E
+from ..env import GRADING_PARENT
 from ..config import default_of
 
 __all__ = ["GradingPool", "GradingError", "grading_pool", "grading_stats", "close_grading_pool", "DEFAULT_TIMEOUT",
@@ -61,7 +61,7 @@ class _Child:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])     # the directory that holds the slime_actors package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env[E.GRADING_PARENT.name] = str(os.getpid())
+        env[GRADING_PARENT.name] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, close_fds=True)
         self.fd = self.proc.stdout.fileno()
@@ -339,7 +339,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _child_main() -> int:
     import logging
-    _die_with_parent(E.GRADING_PARENT.get() or os.getppid())
+    _die_with_parent(GRADING_PARENT.get() or os.getppid())
     logging.disable(logging.CRITICAL)    # math-verify logs a warning for every timeout and parse failure
     out = os.fdopen(os.dup(1), "wb")     # frames go to the original stdout; a stray print goes to stderr
     os.dup2(2, 1)

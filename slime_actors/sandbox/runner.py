@@ -671,8 +671,8 @@ def remove_owned(uid: int) -> None:
 def hidden_paths(workdir: str, python: str) -> list[str]:
     """What a mount namespace hides when there is no landlock: the home directory, the run directory, this
     process's working directory -- except a directory holding the program's working directory or its Python."""
-    from .. import env as E
-    cands = [os.path.expanduser("~"), E.RUN_DIR.get() or "", os.getcwd(), "/root"]
+    from ..env import RUN_DIR
+    cands = [os.path.expanduser("~"), RUN_DIR.get() or "", os.getcwd(), "/root"]
     keep = [os.path.realpath(workdir), os.path.realpath(python)]
     out = []
     for c in cands:

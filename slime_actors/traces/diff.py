@@ -251,8 +251,8 @@ def _describe_key(key: tuple) -> str:
 
 def environment_note(a: TraceRun, b: TraceRun) -> str | None:
     """What differs between the environments the two runs' actors recorded (the floats' bits depend on them:
-    slime_actors/traces/environment.py), one line; None when nothing does or a run recorded none."""
-    from . import environment
+    slime_actors/recorder/environment.py), one line; None when nothing does or a run recorded none."""
+    from ..recorder import environment
     from .reader import recorded_environment
     diffs: dict[str, tuple] = {}
     for actor in sorted(set(a.actors()) & set(b.actors())):

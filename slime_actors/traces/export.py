@@ -13,7 +13,7 @@ Open the file in https://ui.perfetto.dev (or chrome://tracing). Layout:
 * an instant event per recorded input (engine answers, clock readings) and per dropped message;
 * with profiles (RUN_DIR/profiles, --use-pytorch-profiler): each process's torch profiler events -- CPU ops, ranges
   named after the message that caused them, GPU kernels, memory counters -- in lanes of its own on its actor's
-  track, on the same clock (slime_actors/traces/profiles.py).
+  track, on the same clock (slime_actors/recorder/profiles.py).
 
 Timestamps are microseconds since the run's first record (ts 0 = `trace show`'s +0 s).
 """
@@ -54,7 +54,7 @@ def _us(t_ns: int, t0: int) -> float:
 def build(run: TraceRun, *, heartbeats: bool = False, since: int | None = None, until: int | None = None,
           preview_chars: int = 300, profiles: bool | None = None) -> dict:
     """The trace-event document. `profiles`: merge the run's profiler traces (RUN_DIR/profiles: CPU ops, ranges,
-    GPU kernels, memory) onto the actors' tracks, clocks aligned (traces/profiles.py); None: when there are any."""
+    GPU kernels, memory) onto the actors' tracks, clocks aligned (recorder/profiles.py); None: when there are any."""
     t0 = run_start_ns(run)
     msgs = run.messages()
     actors = sorted(run.actors(), key=actor_sort_key)
@@ -157,7 +157,7 @@ def build(run: TraceRun, *, heartbeats: bool = False, since: int | None = None, 
                            "args": dict(e.extra or {})})
     other = {"run": str(run.root), "t0_unix_ns": t0, "actors": actors, "generator": "slime-actors trace export"}
     if profiles is not False:
-        from .profiles import load_profiles, trace_events
+        from ..recorder.profiles import load_profiles, trace_events
         profs, notes = load_profiles(Path(run.root), actors)
         if profiles and not profs and not notes:
             notes = [f"no profiles under {run.root} (record them with --use-pytorch-profiler)"]

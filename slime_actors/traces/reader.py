@@ -20,7 +20,7 @@ from typing import Any, Iterator, NamedTuple
 import msgpack
 
 from ..mailbox.codec import header_as_dict
-from .writer import TRACE_FORMAT, TRACE_VERSION
+from ..recorder.writer import TRACE_FORMAT, TRACE_VERSION
 
 SUPPORTED = (1, 2, 3, 4, 5, 6)  # docs/trace-format.md: what changed from one version to the next
 
@@ -252,7 +252,7 @@ EVENTS = ("send", "recv", "handled", "drop", "input")
 
 
 def recorded_environment(tf: TraceFile) -> dict | None:
-    """What decided the floats of the actor's computation (slime_actors/traces/environment.py): the header's
+    """What decided the floats of the actor's computation (slime_actors/recorder/environment.py): the header's
     `environment`, with what torch decided (the input `environment`, recorded by an actor that computes with torch)
     under "torch"; None for a recording made before environments were recorded."""
     env = tf.meta.get("environment")

@@ -58,10 +58,10 @@ from ..actors.schedule import RESUME, STEP, Stepper, region_of
 from ..config import FIELDS, ConfigError, JobConfig
 from ..log import get_logger
 from ..mailbox import codec
-from . import environment as _env
+from ..recorder import environment as _env
 from .compare import LOGIC, Difference, LeafDifference, leaf_differences, volatile_for_replay
 from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body, recorded_environment
-from .writer import digest
+from ..recorder.writer import digest
 
 log = get_logger(actor="replay")
 
@@ -852,7 +852,7 @@ class Report:
     floats: FloatSummary = field(default_factory=FloatSummary)
     rtol: float = 0.0
     atol: float = 0.0
-    # (key, recorded, here) where the recording's environment (traces/environment.py) differs from this
+    # (key, recorded, here) where the recording's environment (recorder/environment.py) differs from this
     # machine's; None: the recording holds none (made before it was recorded)
     environment: list | None = None
     cut: dict | None = None               # a recording cut short (its process killed): where, what it lost
@@ -954,7 +954,7 @@ class Harness:
         self.role = self.rec.meta.get("role") or actor.split("/", 1)[0]
         # the recording's checksums are checked with its own algorithm (files before "digest" hold CRC-32s)
         self.digest_algo = self.rec.meta.get("digest", "crc32")
-        from .writer import DIGESTS
+        from ..recorder.writer import DIGESTS
         if self.digest_algo not in DIGESTS:
             raise ReplayError(f"{actor}: the recording's checksums are {self.digest_algo!r}, which this version "
                               f"does not know (known: {', '.join(DIGESTS)})")

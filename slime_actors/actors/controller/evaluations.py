@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...eval_config import eval_sets, grader_name
-from ...samples import EVAL_DIR
+from ...sample_display import EVAL_DIR
 
 if TYPE_CHECKING:
     from .actor import Controller

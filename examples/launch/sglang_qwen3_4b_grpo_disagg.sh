@@ -3,13 +3,13 @@
 # (1 GPU each) on GPUs 4-7 behind an sglang-router; weights go by NCCL broadcast in flattened buckets after each step.
 # Checked against SGLang 0.5.15.post1 (docs/sglang.md). The flags are slime's names (scripts/run-qwen3-4B.sh).
 #
-#   MODEL=/root/Qwen3-4B DATA=/root/dapo-math-17k/dapo-math-17k.jsonl bash launch/sglang_qwen3_4b_grpo_disagg.sh
+#   MODEL=path/to/Qwen3-4B DATA=path/to/dapo-math-17k.jsonl EVAL=path/to/aime-2024.jsonl bash examples/launch/sglang_qwen3_4b_grpo_disagg.sh
 #   CHECK_ONLY=1 ...   parse and check every flag (--sglang-* against SGLang's ServerArgs when installed) and exit
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MODEL=${MODEL:-/root/Qwen3-4B}
-DATA=${DATA:-/root/dapo-math-17k/dapo-math-17k.jsonl}
-EVAL=${EVAL:-/root/aime-2024/aime-2024.jsonl}
+cd "$(dirname "$0")/../.."
+MODEL=${MODEL:?set MODEL: the Qwen3-4B directory (Hugging Face layout)}
+DATA=${DATA:?set DATA: the training prompts (dapo-math-17k.jsonl)}
+EVAL=${EVAL:?set EVAL: the held-out prompts (aime-2024.jsonl)}
 RUN=${RUN:-runs/qwen3-4b-grpo-disagg}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} PYTHONUNBUFFERED=1
 

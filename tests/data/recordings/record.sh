@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Re-make the recorded runs under traces/ (docs/debugging.md walks through them; tests/test_trace_cli.py and
-# tests/test_replay.py read them). Run from the repository root:  bash traces/record.sh [NAME...]
+# Re-make the recorded runs under tests/data/recordings/ (docs/debugging.md walks through them; tests/test_trace_cli.py and
+# tests/test_replay.py read them). Run from the repository root:  bash tests/data/recordings/record.sh [NAME...]
 # Each run is small (4 prompts x 4 samples per step, CPU, tiny model): ~30-60 s; only its trace files are kept,
 # gzip-compressed (~60 KB a run).
 # Flags are given on the command line (not in a config file) so the recorded paths stay relative to the
 # repository root and a replay finds them in any checkout.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
+OUT=tests/data/recordings
 BIN=${BIN:-.venv/bin/slime-actors}
 COMMON=(--hf-checkpoint tiny:digits --prompt-data examples/digits/train.jsonl --input-key input --label-key label
         --rollout-batch-size 4 --n-samples-per-prompt 4 --global-batch-size 16 --micro-batch-size 16
@@ -19,11 +20,11 @@ record() {  # NAME FLAGS...
   local run=runs/recordings/$name
   echo "== $name"
   "$BIN" train --run-dir "$run" "${COMMON[@]}" "$@"
-  rm -rf "traces/$name"
-  mkdir -p "traces/$name"
-  cp "$run"/traces/*.trace "traces/$name/"
-  gzip -9 -n "traces/$name"/*.trace   # the reader reads NAME.trace.gz as it is (docs/trace-format.md)
-  du -sh "traces/$name"
+  rm -rf "$OUT/$name"
+  mkdir -p "$OUT/$name"
+  cp "$run"/traces/*.trace "$OUT/$name/"
+  gzip -9 -n "$OUT/$name"/*.trace   # the reader reads NAME.trace.gz as it is (docs/trace-format.md)
+  du -sh "$OUT/$name"
 }
 
 want=("$@")
