@@ -1,14 +1,15 @@
-"""A debugging aid: the Python heap growth of chosen actors, written to the run directory while the job runs.
+"""A debugging aid: the heap growth of chosen actors, written to the run directory while the job runs.
 
-    SLIME_ACTORS_HEAPWATCH=buffer slime-actors train ...          # the buffer (a role, or a name: rollout/0)
-    SLIME_ACTORS_HEAPWATCH=buffer,controller SLIME_ACTORS_HEAPWATCH_EVERY=120 slime-actors train ...
+    SLIME_ACTORS_HEAPWATCH=buffer slime-actors train ... --heartbeat-liveness 120     # the buffer (a role, or a
+    SLIME_ACTORS_HEAPWATCH=buffer,rollout/0 SLIME_ACTORS_HEAPWATCH_EVERY=120 ...      # name: rollout/0)
 
 An actor it names starts tracemalloc (the stdlib's heap tracer, 8 frames) once it is started, takes a first
-snapshot after SLIME_ACTORS_HEAPWATCH_EVERY seconds (the warm-up: imports, first allocations), and then every as
-many seconds rewrites RUN_DIR/heapwatch/<role>-<index>.txt: the Python heap now against that first snapshot, the
-largest growths by allocation site (the traceback of each), and the asyncio tasks alive. tracemalloc slows the process
-(2-4x on the event loop) and costs memory of its own: for finding a leak, not for runs whose speed matters. It sees
-Python's allocations only: memory the allocator keeps after freeing (fragmentation) shows in RSS, not here.
+snapshot after SLIME_ACTORS_HEAPWATCH_EVERY seconds (the warm-up: first allocations), and then every as many seconds
+rewrites RUN_DIR/heapwatch/<role>-<index>.txt: the Python heap now against that first snapshot, the largest growths
+by allocation site (and the traceback of each), the process's RSS and what glibc's malloc holds (in use; freed but
+kept), and the asyncio tasks alive. tracemalloc slows the process (2-4x on its event loop) and the snapshot stalls
+the loop for a moment: raise --heartbeat-liveness so the actor is not declared down meanwhile. For finding a leak
+(docs/performance.md, *Long runs*: how the buffer's growth was found), not for runs whose speed matters.
 """
 
 from __future__ import annotations
