@@ -717,7 +717,8 @@ class BufferState:
                 "seconds": (r.finished or self.now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
                 "weight_version_min": min((s.weight_version for s in samples), default=-1),
-                "passrate": self._passrate(r) if self.settings.log_passrate and samples else {}}
+                "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained and r.released is None
+                else {}}
 
     def _passrate(self, r: Rollout) -> dict:
         """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""
