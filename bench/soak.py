@@ -1,4 +1,5 @@
-"""A long run of a job, watching every process for growth: resident memory, open files, threads and trace bytes.
+"""A long run of a job, watching every process for growth: resident memory (and its anonymous part), open files,
+threads and trace bytes.
 
     python bench/soak.py --minutes 60                       # the default job (examples/digits) for an hour
     python bench/soak.py --minutes 20 --out runs/soak       # shorter; the table, samples and plot under --out
@@ -36,11 +37,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METRICS = ("rss_mib", "open_files", "threads", "trace_mib")
+# anon_mib: the anonymous part of RSS (heap, arenas: what a leak grows). RSS also counts file-backed pages (the
+# shared libraries, torch's among them) that the kernel evicts when the machine runs short of memory and maps back
+# in later: on a machine shared with other work RSS then falls and rises by ~100 MiB with no change in the process
+METRICS = ("rss_mib", "anon_mib", "open_files", "threads", "trace_mib")
 
 
 def proc_stats(pid: int) -> dict | None:
-    """RSS (MiB), open file descriptors and threads of a process, from /proc; None if it is gone."""
+    """RSS and its anonymous part (MiB), open file descriptors and threads of a process, from /proc; None if it is
+    gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -50,6 +55,8 @@ def proc_stats(pid: int) -> dict | None:
     for line in status.splitlines():
         if line.startswith("VmRSS:"):
             out["rss_mib"] = int(line.split()[1]) / 1024
+        elif line.startswith("RssAnon:"):
+            out["anon_mib"] = int(line.split()[1]) / 1024
         elif line.startswith("Threads:"):
             out["threads"] = int(line.split()[1])
     return out
