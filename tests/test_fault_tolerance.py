@@ -46,7 +46,12 @@ def job_factory(tmp_path):
 
     def make(flags=(), trainers=1, steps=STEPS, **kw):
         topo = topology(tmp_path, trainers=trainers)
-        job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", str(steps), *flags], **kw)
+        # heartbeats: 10 s of silence before a peer is declared down, not FAST_FLAGS' 3 s -- these tests kill
+        # processes (their exit is seen at once by their agent) or stop an engine (the health check sees it); on a
+        # loaded machine 3 s took healthy trainers and buffers down at start-up, and the recovery that followed
+        # outlasted the tests' waits
+        job = Job(tmp_path, topo, [*FAST_FLAGS, "--heartbeat-liveness", "20", "--num-rollout", str(steps), *flags],
+                  **kw)
         jobs.append(job)
         return job.start()
     yield make
