@@ -1,8 +1,13 @@
-"""A long run of a job, watching every process for growth: resident memory, open files, threads and trace bytes.
+"""A long run of a job, watching every process for growth: resident memory (and its anonymous part), open files,
+threads and trace bytes.
 
     python bench/soak.py --minutes 60                       # the default job (examples/digits) for an hour
     python bench/soak.py --minutes 20 --out runs/soak       # shorter; the table, samples and plot under --out
     python bench/soak.py --config my_job.toml --minutes 600 -- --rollout-batch-size 32   # another job, its flags
+    python bench/soak.py --render runs/soak                 # the table and plot again from OUT/samples.jsonl (a
+                                                            # soak still running, or one stopped early)
+    python bench/soak.py --render runs/soak --steps 100:400 # only the samples of steps 100-400 (two soaks compared
+                                                            # over the same steps)
 
 It starts `slime-actors train` with --num-rollout large enough not to end on its own, samples every --every seconds
 each process of the job (the head -- controller, directory, agent --, the buffer, rollout workers, reward workers,
@@ -32,11 +37,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METRICS = ("rss_mib", "open_files", "threads", "trace_mib")
+# anon_mib: the anonymous part of RSS (heap, arenas: what a leak grows). RSS also counts file-backed pages (the
+# shared libraries, torch's among them) that the kernel evicts when the machine runs short of memory and maps back
+# in later: on a machine shared with other work RSS then falls and rises by ~100 MiB with no change in the process
+METRICS = ("rss_mib", "anon_mib", "open_files", "threads", "trace_mib")
 
 
 def proc_stats(pid: int) -> dict | None:
-    """RSS (MiB), open file descriptors and threads of a process, from /proc; None if it is gone."""
+    """RSS and its anonymous part (MiB), open file descriptors and threads of a process, from /proc; None if it is
+    gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -46,6 +55,8 @@ def proc_stats(pid: int) -> dict | None:
     for line in status.splitlines():
         if line.startswith("VmRSS:"):
             out["rss_mib"] = int(line.split()[1]) / 1024
+        elif line.startswith("RssAnon:"):
+            out["anon_mib"] = int(line.split()[1]) / 1024
         elif line.startswith("Threads:"):
             out["threads"] = int(line.split()[1])
     return out
@@ -165,14 +176,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     p.add_argument("--warmup", type=float, default=0.1, help="share of the steps left out of the table")
     p.add_argument("--out", default="runs/soak")
+    p.add_argument("--render", metavar="OUT", help="run nothing: the table and plot from OUT/samples.jsonl")
+    p.add_argument("--steps", metavar="FIRST:LAST", help="with --render: only the samples of these steps (the "
+                   "warm-up share is then left out of that window)")
     p.add_argument("extra", nargs="*", help="more flags for the job (after --)")
     a = p.parse_args(argv)
+    if a.steps and not a.render:
+        p.error("--steps goes with --render")
+    window = None
+    if a.steps:
+        try:
+            first, last = (int(x) for x in a.steps.split(":"))
+        except ValueError:
+            p.error(f"--steps must be FIRST:LAST (two whole numbers), got {a.steps!r}")
+        if not 0 <= first < last:
+            p.error(f"--steps: FIRST must be >= 0 and below LAST, got {a.steps!r}")
+        window = (first, last)
+    if a.render:
+        return render_saved(Path(a.render), a.warmup if window is None else 0.0, window)
     out = Path(a.out).resolve()
     run_dir = out / "run"
     out.mkdir(parents=True, exist_ok=True)
     bin_ = Path(sys.executable).parent / "slime-actors"
     cmd = [str(bin_), "train", "--config", a.config, "--run-dir", str(run_dir), "--num-rollout", "10000000",
            "--progress", "false", "--use-tensorboard", "false", "--log-level", "warning", *a.extra]
+    (out / "soak.json").write_text(json.dumps({"config": a.config, "extra": a.extra, "every": a.every,
+                                               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
     log = open(out / "job.log", "w")
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     samples: list[dict] = []
@@ -208,17 +237,52 @@ def main(argv: list[str] | None = None) -> int:
     if not samples:
         print(f"no samples: the job did not get going (see {out / 'job.log'})", file=sys.stderr)
         return 1
+    return report(out, samples, a.config, a.extra, a.warmup)
+
+
+def render_saved(out: Path, warmup: float, window: tuple[int, int] | None = None) -> int:
+    """--render: the table and plot of a soak from its OUT/samples.jsonl (and OUT/soak.json, what it ran), of the
+    steps in `window` only if given (then written as OUT/table-FIRST-LAST.md and OUT/soak-FIRST-LAST.png)."""
+    try:
+        samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        print(f"--render: cannot read {out / 'samples.jsonl'}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"--render: {out / 'samples.jsonl'} is not JSON lines: {exc}", file=sys.stderr)
+        return 1
+    if window is not None:
+        samples = [s for s in samples if window[0] <= s["step"] <= window[1]]
+    if not samples:
+        print(f"--render: no samples in {out / 'samples.jsonl'}" + (f" of steps {window[0]}-{window[1]}" if window
+                                                                    else ""), file=sys.stderr)
+        return 1
+    try:
+        meta = json.loads((out / "soak.json").read_text())
+    except (OSError, ValueError):
+        meta = {}   # (written by soaks since it existed)
+    return report(out, samples, meta.get("config", "examples/digits/config.toml"), meta.get("extra", []), warmup,
+                  window)
+
+
+def report(out: Path, samples: list[dict], config: str, extra: list[str], warmup: float,
+           window: tuple[int, int] | None = None) -> int:
     steps = samples[-1]["step"]
     minutes = samples[-1]["t"] / 60
-    head = (f"soak of `{' '.join(['slime-actors', 'train', '--config', a.config, *a.extra])}`: {minutes:.1f} min, "
+    head = (f"soak of `{' '.join(['slime-actors', 'train', '--config', config, *extra])}`: {minutes:.1f} min, "
             f"{steps} steps ({steps / max(minutes, 1e-9):.0f} a minute), {len(samples)} samples; table after the "
-            f"first {a.warmup:.0%} of the steps")
-    text = render(table(samples, a.warmup), head)
-    (out / "table.md").write_text(text + "\n")
+            f"first {warmup:.0%} of the steps")
+    if window is not None:
+        span = samples[-1]["t"] - samples[0]["t"]
+        head = (f"soak of `{' '.join(['slime-actors', 'train', '--config', config, *extra])}`, steps "
+                f"{samples[0]['step']}-{steps} only ({len(samples)} samples over {span / 60:.1f} min)")
+    tag = "" if window is None else f"-{window[0]}-{window[1]}"
+    text = render(table(samples, warmup), head)
+    (out / f"table{tag}.md").write_text(text + "\n")
     print(text)
     try:
-        plot(samples, out / "soak.png")
-        print(f"plot: {out / 'soak.png'}")
+        plot(samples, out / f"soak{tag}.png")
+        print(f"plot: {out / f'soak{tag}.png'}")
     except ImportError:
         print("(matplotlib not installed: no plot)")
     return 0

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .monitor.alarms import AlarmMonitor
 
 QUEUED, LEASED, DONE, FILTERED, GROUP_FAILED, TRAINED = "queued", "leased", "done", "filtered", "failed", "trained"
+RELEASED = "released"  # (accounting) a sample of an evaluation whose groups were released
 KINDS = ("train", "eval")
 STALE_REASON = "stale weight version; regenerated"
 PARTIAL_STATUSES = (ABORTED, PENDING, COMPLETED, TRUNCATED)   # what a returned partial sample may say it is
@@ -131,6 +132,9 @@ class Rollout:
     trained: bool = False
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    # an evaluation's samples once a later evaluation started (its results were read): released from memory, and
+    # their indices kept as runs [first, end) so the accounts still know where those samples went
+    released: list[list[int]] | None = None
 
 
 def encode_event(data: dict) -> dict:
@@ -330,6 +334,8 @@ class BufferState:
         key = f"{kind}:{rollout_id}"
         if kind == "eval":
             self.queue["eval"].clear()   # an earlier eval's unfinished groups are not needed any more
+            if key not in self.rollouts:
+                self._release_evals()
         if key not in self.rollouts:
             self.rollouts[key] = Rollout(rollout_id, kind, target, name, weight_version, started=self.now())
         self.active[kind] = rollout_id
@@ -417,6 +423,19 @@ class BufferState:
         self.hack_reports[rollout_id] = report
         if self.hack_monitor is not None and monitor is not None:
             self.hack_monitor.load_state_dict(monitor)
+
+    def _release_evals(self) -> None:
+        """Drop the groups of every finished evaluation (a new one starts: the controller has read their results,
+        eval_results, before starting it). Kept, they were the buffer's growth over a long run: a group per eval
+        prompt per evaluation, in memory and in every snapshot (bench/soak.py: the buffer's RSS grew ~100 MiB per
+        1,000 steps of the default job, its snapshot ~6 MB). The Rollout stays, its samples' indices as runs."""
+        for r in self.rollouts.values():
+            if r.kind != "eval" or not r.done or r.released is not None:
+                continue
+            gone = [wid for wid, g in self.groups.items() if g.kind == "eval" and g.rollout_id == r.rollout_id]
+            r.released = _runs(sorted(s.index for wid in gone for s in self.groups[wid].samples))
+            for wid in gone:
+                del self.groups[wid]
 
     def _complete(self, r: Rollout, work_id: str) -> None:
         r.completed.append(work_id)
@@ -692,7 +711,7 @@ class BufferState:
         """wait_rollout's reply for rollout `key` ("train:3", "eval:0")."""
         r = self.rollouts[key]
         samples = [s for wid in r.completed[: r.target] for s in self.groups[wid].samples] \
-            if not r.trained else []
+            if not r.trained and r.released is None else []
         rewards = [s.reward for s in samples if s.reward is not None]
         lengths = [s.response_length for s in samples]
         return {"complete": r.done, "rollout_id": r.rollout_id, "kind": r.kind, "groups": len(r.completed),
@@ -705,7 +724,8 @@ class BufferState:
                 "seconds": (r.finished or self.now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
                 "weight_version_min": min((s.weight_version for s in samples), default=-1),
-                "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained else {}}
+                "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained and r.released is None
+                else {}}
 
     def _passrate(self, r: Rollout) -> dict:
         """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""
@@ -716,6 +736,9 @@ class BufferState:
         r = self.rollouts.get(f"eval:{rollout_id}")
         if r is None:
             raise KeyError(f"no eval {rollout_id}")
+        if r.released is not None:
+            raise KeyError(f"eval {rollout_id}'s samples were released when a later evaluation started (read an "
+                           f"evaluation's results before starting the next)")
         return [{"index": s.index, "prompt": s.prompt, "response": s.response, "reward": s.reward,
                  "label": s.label} for wid in r.completed for s in self.groups[wid].samples]
 
@@ -741,6 +764,9 @@ class BufferState:
         # a sample never trained must still be somewhere: queued, leased, done (waiting for a rollout), filtered or
         # failed (recorded with its reason); one that is nowhere was lost
         where = {s.index: g.state for g in self.groups.values() for s in g.samples}
+        for r in self.rollouts.values():   # the samples of evaluations released from memory
+            for first, end in r.released or ():
+                where.update(dict.fromkeys(range(first, end), RELEASED))
         lost = [idx for idx, (_i, _s, trained) in self.accounts.items() if trained == 0 and idx not in where]
         by_state: dict[str, int] = {}
         for idx, (_i, _s, trained) in self.accounts.items():
@@ -761,7 +787,7 @@ class BufferState:
         """The whole record as plain data (a snapshot file, a checkpoint's buffer.msgpack)."""
         return {"groups": [g.record() for g in self.groups.values() if g.state != TRAINED],
                 "queue": {k: list(v) for k, v in self.queue.items()},
-                "rollouts": {k: dict(vars(r)) for k, r in self.rollouts.items()},
+                "rollouts": {k: _rollout_record(r) for k, r in self.rollouts.items()},
                 "accounts": self.accounts.snapshot(), "next_sample": self.next_sample, "next_group": self.next_group,
                 "carried": list(self.carried),
                 "weight_version": self.weight_version, "active": self.active,
@@ -843,6 +869,25 @@ class BufferState:
                   "epoch": self.epoch, "reason": reason}
         self.rollbacks.append({"time": self.now(), "token": token, "result": result})
         return result
+
+
+def _rollout_record(r: Rollout) -> dict:
+    """A Rollout as plain data (`released` only when set: snapshots of runs that released nothing are as before)."""
+    d = dict(vars(r))
+    if d["released"] is None:
+        del d["released"]
+    return d
+
+
+def _runs(indices: list[int]) -> list[list[int]]:
+    """Sorted sample indices as runs [first, end): [3, 4, 5, 9] -> [[3, 6], [9, 10]]."""
+    out: list[list[int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
 
 
 _APPLY: dict[str, Callable[..., None]] = {

@@ -103,5 +103,9 @@ TRAINER_ADDR = _var("TRAINER_ADDR", doc="the address trainer rank 0 offers for i
 WEIGHT_SYNC_ADDR = _var("WEIGHT_SYNC_ADDR", doc="the address trainer rank 0 offers engines for weight broadcasts")
 WEIGHT_SYNC_TIMEOUT = _var("WEIGHT_SYNC_TIMEOUT", float, 600.0, doc="seconds a weight update may take before it "
                                                                     "fails")
+HEAPWATCH = _var("HEAPWATCH", doc="actors (roles or names, comma-separated) whose Python heap growth is traced and "
+                                  "written to RUN_DIR/heapwatch/ (slime_actors/heapwatch.py; a debugging aid: slow)")
+HEAPWATCH_EVERY = _var("HEAPWATCH_EVERY", float, 60.0, doc="seconds between SLIME_ACTORS_HEAPWATCH's reports (the "
+                                                           "first is the baseline)")
 MODEL_CACHE = _var("MODEL_CACHE", doc="where built-in models (tiny:NAME, smollm2:135m) are made; default: RUN_DIR/../.models, "
                                       "or ~/.cache/slime-actors/models without a run directory (replay)")

@@ -337,6 +337,50 @@ def test_an_evaluation_is_over_when_every_prompt_has_an_outcome(tmp_path):
     assert list(st.queue["eval"]) == ["eval-6", "eval-7", "eval-8"]
 
 
+
+def test_a_new_evaluation_releases_the_samples_of_finished_ones(tmp_path):
+    """An evaluation's groups leave memory (and every later snapshot) when the next evaluation starts: kept, they
+    were the buffer's growth over a long run (bench/soak.py). The accounts still know where those samples went; the
+    log replays to the same state; an unfinished evaluation keeps its groups (a late submission still finds them)."""
+    log = []
+    st = make_state(tmp_path / "a", log=log)
+    start = copy.deepcopy(st.snapshot())
+    for eid in range(4):
+        st.start_rollout(eid, kind="eval", name="ev")
+        for g in st.take(W1, 5):
+            assert submit(st, W1, g, rewards=(1.0,))["accepted"]
+        assert st.rollouts[f"eval:{eid}"].done and len(st.eval_results(eid)) == 3
+        complete_rollout(st, eid)
+        assert st.mark_trained(eid)
+    # only the last evaluation's groups are held; the three before it are runs of sample indices
+    assert sorted(g.work_id for g in st.groups.values() if g.kind == "eval") == ["eval-18", "eval-19", "eval-20"]
+    assert [st.rollouts[f"eval:{e}"].released for e in range(4)] == [[[0, 3]], [[9, 12]], [[18, 21]], None]
+    with pytest.raises(KeyError, match="eval 0's samples were released when a later evaluation started"):
+        st.eval_results(0)
+    assert st.rollout_stats("eval:0")["samples"] == 0 and st.rollout_stats("eval:3")["samples"] == 3
+    acc = st.accounting()
+    assert acc["lost"] == 0 and acc["untrained_by_state"] == {"released": 9, "done": 3, "leased": 8}, acc
+    # a snapshot holds what memory holds, and restores to it; the log replays to the same state
+    snap = copy.deepcopy(st.snapshot())
+    assert [g["work_id"] for g in snap["groups"] if g["kind"] == "eval"] == ["eval-18", "eval-19", "eval-20"]
+    again = make_state(tmp_path / "b")
+    again.load(copy.deepcopy(snap))
+    assert again.snapshot() == snap and again.accounting()["lost"] == 0
+    replayed = make_state(tmp_path / "c")
+    replayed.load(start)
+    replayed.replay(log)
+    got = replayed.snapshot()
+    for k in ("handed_out", "submitted", "duplicates", "stale_requeued"):   # counted by the operations, not logged
+        got["stats"].pop(k)
+        snap["stats"].pop(k)
+    assert got == snap
+    # an evaluation still running when the next starts keeps its groups: one of them handed in late is accepted
+    st.start_rollout(4, kind="eval", name="ev")
+    late = st.take(W2, 1)[0]
+    st.start_rollout(5, kind="eval", name="ev")
+    assert st.rollouts["eval:4"].released is None and st.rollouts["eval:3"].released == [[27, 30]]
+    assert submit(st, W2, late, rewards=(1.0,))["accepted"]
+
 def test_start_rollout_refuses_bad_kinds_and_answers_a_repeat(tmp_path):
     st = make_state(tmp_path)
     with pytest.raises(ValueError, match="kind must be train or eval, got 'test'"):

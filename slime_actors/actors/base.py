@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
+from .. import heapwatch
 from ..config import JobConfig
 from ..log import get_logger
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
@@ -215,6 +216,8 @@ class Actor(Dispatch):
                 await self.on_start()
         finally:
             self.mailbox.pause_receiving(False)
+        if heapwatch.wanted(self.name, self.role) and runtime.run_dir:
+            self.spawn(heapwatch.watch(self.name, runtime.run_dir), name="heapwatch")
         self.log.info("actor started", endpoint=self.endpoint, pid=os.getpid(), console=False)
         return self.endpoint
 

@@ -220,6 +220,8 @@ class Buffer(Actor):
         reply = self.state.start_rollout(rollout_id, kind, weight_version, name)
         if reply.get("existing"):
             return reply
+        for key in [k for k, r in self.state.rollouts.items() if r.released is not None]:
+            self._rollout_events.pop(key, None)   # evaluations released by this start (one event per eval, kept)
         self._notify()
         if self.state.rollouts[f"{kind}:{rollout_id}"].done:
             self._wake_rollouts()
@@ -326,6 +328,7 @@ class Buffer(Actor):
     async def mark_trained(self, rollout_id: int) -> None:
         if not self.state.mark_trained(rollout_id):
             return
+        self._rollout_events.pop(f"train:{rollout_id}", None)  # (one per step, kept: the actor's growth otherwise)
         # the log is replayed on a restart; folding it into a new snapshot (packing the state, an fsync) costs
         # milliseconds a step, so it happens every COMPACT_EVERY trained rollouts, or once the log is large
         self._trained_since_compact += 1

@@ -29,6 +29,10 @@ async def run(ctl: Ctl) -> None:
 
     async def job(resume_at: int | None) -> None:
         start = await prepare(ctl) if resume_at is None else await ctl.group.rejoin(resume_at)
+        if not ctl.metrics.opened:
+            # the training group failed while the job prepared (a trainer declared down under load), before the
+            # metrics were opened: the restarted schedule records its steps all the same
+            await ctl.metrics.open(resume_at=start if ctl.checkpoints.latest is not None else None)
         ctl.metrics.progress_from(start)
         await schedule(ctl, start)
         if ctl.evaluations.final_due(start, end=ctl.metrics.end):

@@ -53,6 +53,11 @@ class Metrics:
         self._t_step = 0.0
         self._progress: _NoProgress = _NoProgress()
 
+    @property
+    def opened(self) -> bool:
+        """Whether `open` ran (a training group that fails while the job prepares restarts before it did)."""
+        return self._file is not None
+
     async def open(self, resume_at: int | None) -> None:
         """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
         continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
