@@ -22,7 +22,7 @@ import tracemalloc
 from collections import Counter
 from pathlib import Path
 
-from . import env as E
+from .env import HEAPWATCH, HEAPWATCH_EVERY
 
 FRAMES = 8
 TOP = 25
@@ -30,7 +30,7 @@ TOP = 25
 
 def wanted(name: str, role: str) -> bool:
     """Whether SLIME_ACTORS_HEAPWATCH names this actor (by role or by name)."""
-    raw = E.HEAPWATCH.get() or ""
+    raw = HEAPWATCH.get() or ""
     names = {n.strip() for n in raw.split(",") if n.strip()}
     return name in names or role in names
 
@@ -82,7 +82,7 @@ def tasks_alive() -> str:
 
 async def watch(name: str, run_dir: str) -> None:
     """Trace the heap of this process and rewrite its report every SLIME_ACTORS_HEAPWATCH_EVERY seconds."""
-    every = float(E.HEAPWATCH_EVERY.get())
+    every = float(HEAPWATCH_EVERY.get())
     out = Path(run_dir) / "heapwatch" / (name.replace("/", "-") + ".txt")
     out.parent.mkdir(parents=True, exist_ok=True)
     if not tracemalloc.is_tracing():

@@ -87,7 +87,8 @@ def layer(mod: str) -> str:
 # rooms of its own floor or below (docs/architecture.md, "Layers"). An import of a room above is an arrow back up.
 FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus"),
-    "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "config",
+    "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "heapwatch",
+                        "config",
                         "hack_thresholds",
                         "models"),
     "work": ("algo", "backends", "checkpoints", "safe_pickle", "run_dir", "data", "filters", "rewards", "sandbox",
