@@ -346,6 +346,12 @@ class TrainSection:
     micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)")
     use_dynamic_batch_size: bool = flag(False, "pack micro-batches up to --max-tokens-per-gpu tokens")
     max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch")
+    log_probs_max_tokens_per_gpu: int | None = flag(
+        None, "tokens per micro-batch of the no-grad passes (reference and old-policy log-probs, critic values), "
+              "packed by length; default: on a GPU as many as half its free memory holds, on CPU the training "
+              "micro-batches",
+        slime=(None, "slime's default is --max-tokens-per-gpu; a no-grad pass keeps no activations, so here it "
+                     "is sized to the GPU's free memory", "sized to the device", "--max-tokens-per-gpu"))
     num_steps_per_rollout: int | None = flag(
         None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)")
     bf16: bool = flag(False, "train in bfloat16 (fp32 master weights)", origin="megatron")
@@ -1044,6 +1050,9 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad(f"--eps-clip-c must be > 1.0, got {al.eps_clip_c}")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
+    for name in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
+        if getattr(tr, name) is not None and getattr(tr, name) < 1:
+            bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(tr, name)}")
     if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \
             and ro.n_samples_per_prompt < 2:
         bad(f"--advantage-estimator {al.advantage_estimator} compares samples of a group: "

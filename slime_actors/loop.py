@@ -40,19 +40,23 @@ async def run(ctl: Controller) -> None:
 
 async def prepare(ctl: Controller) -> int:
     """Wait for every actor, restore the checkpoint (if any), bring the engines to its weights, evaluate step 0."""
-    await ctl.wait_for_actors()
+    with ctl.startup.phase("actors up"):
+        await ctl.wait_for_actors()
     start, ckpt = ctl.cfg.run.start_rollout_id or 0, ctl.checkpoints.latest
     if ckpt is not None:
         start, ctl.version = ctl.checkpoints.restore()
         ctl.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=ctl.version)
     # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise)
     await ctl.checkpoints.rollback_buffer(start, "job start", token=ctl.start_token())
-    await ctl.group.ready()
+    with ctl.startup.phase("trainers ready"):
+        await ctl.group.ready()
     if not ctl.cfg.debug.debug_train_only:
-        await ctl.engines.sync_at_start()
+        with ctl.startup.phase("engines ready + first weight sync"):
+            await ctl.engines.sync_at_start()
     await ctl.metrics.open(resume_at=start if ckpt is not None else None)
     if first_eval_due(ctl.cfg, resumed=ckpt is not None):
-        await evaluate(ctl, start)
+        with ctl.startup.phase("evaluation before training"):
+            await evaluate(ctl, start)
     return start
 
 
@@ -63,14 +67,16 @@ async def train_sync(ctl: Controller, start: int) -> None:
     dbg = ctl.cfg.debug
     for k in range(start, ctl.cfg.run.num_rollout):
         step = ctl.begin_step(k)
-        stats, seconds = await (debug_data.load(ctl, k) if dbg.load_debug_rollout_data else generate(ctl, k))
-        await rollout_done(ctl, k, step, stats, seconds)
+        with ctl.startup.phase(f"rollout {k}"):
+            stats, seconds = await (debug_data.load(ctl, k) if dbg.load_debug_rollout_data else generate(ctl, k))
+            await rollout_done(ctl, k, step, stats, seconds)
         if dbg.debug_rollout_only:
             await ctl.buffer.mark_trained(k)                 # nothing trains on it: the rollout is done with
         else:
             if not dbg.load_debug_rollout_data:
                 await ctl.engines.end_rollout(k)             # what is still generating goes back to the buffer
             await train(ctl, k, step)
+        ctl.startup.first_step_done()                        # the start-up breakdown (controller_startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
         if ctl.metrics.stop_after(k):                        # --hack-alarms stop: an alarm tripped on rollout k
@@ -86,12 +92,14 @@ async def train_async(ctl: Controller, start: int) -> None:
     try:
         for k in range(start, n):
             step = ctl.begin_step(k)
-            stats, seconds = await (next_rollout or generate(ctl, k))
-            await rollout_done(ctl, k, step, stats, seconds)
+            with ctl.startup.phase(f"rollout {k}"):
+                stats, seconds = await (next_rollout or generate(ctl, k))
+                await rollout_done(ctl, k, step, stats, seconds)
             next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
             if next_rollout is None:
                 await ctl.engines.end_rollout(k)             # the last rollout: nothing follows it
             await train(ctl, k, step)                        # the engines pause only for the weight update
+            ctl.startup.first_step_done()
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
             if ctl.metrics.stop_after(k):
@@ -124,13 +132,13 @@ async def rollout_done(ctl: Controller, k: int, step: dict, stats: RolloutStats,
 async def train(ctl: Controller, k: int, step: dict) -> None:
     """Every trainer rank trains on its shard of rollout k; the buffer frees it; the engines get weights v+1."""
     ctl.phase = "train"
-    with timed(step, "time/train"):
+    with timed(step, "time/train"), ctl.startup.phase(f"train {k}"):
         results = await ctl.trainers.train(k, ask_timeout=3600)
     step.update({f"train/{key}": v for key, v in results[0].items()})
     await ctl.buffer.mark_trained(k)
     ctl.version += 1
     if not ctl.cfg.debug.debug_train_only:
-        with timed(step, "time/weight_sync"):
+        with timed(step, "time/weight_sync"), ctl.startup.phase(f"weight sync {k}"):
             info = await ctl.engines.sync(ctl.version)
         step["weight_sync/bytes"] = info.get("bytes", 0)
 

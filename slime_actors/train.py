@@ -20,8 +20,10 @@ def main(argv: list[str]) -> int:
     """`slime-actors train`: the same code path as `slime-actors launch`, with a topology derived from the flags
     (every role on this host; slime_actors.launch.topology.default_topology), placed on this machine's GPUs
     (launch/placement.py: checked before any process starts; one GPU colocates by itself)."""
+    from .launch import timeline
     try:
-        cfg, _, plan = build_placed_job_config(argv)
+        with timeline.phase("config"):
+            cfg, _, plan = build_placed_job_config(argv)
     except ConfigError as exc:
         print(f"slime-actors train: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ group, `status`.
 What it keeps: the job's config, the current weight version and rollout id, the phase (for `status` and for what a
 restarted engine may do), the evaluations so far. Its parts, one job each (the loop's docstring lists them):
 typed handles on the buffer and the trainer ranks (slime_actors/handles.py), the engines (controller_engines.py),
-the training group and its recovery (controller_recovery.py), checkpoints (controller_checkpoints.py), metrics,
+the training group and its recovery (controller_recovery.py), checkpoints (controller_checkpoints.py), the
+start-up breakdown printed after the first step (controller_startup.py), metrics,
 the hack alarms and the result (controller_metrics.py: JSONL, TensorBoard and W&B, RUN_DIR/alarms.jsonl; with
 --hack-alarms stop the run ends after the step whose rollout tripped an alarm, with a checkpoint).
 """
@@ -23,6 +24,7 @@ from .controller_checkpoints import Checkpoints
 from .controller_engines import Engines
 from .controller_metrics import Metrics
 from .controller_recovery import TrainingGroup
+from .controller_startup import StartupReport
 
 BUFFER_RETRY_FOR = 600.0  # seconds an ask to the buffer is retried while it restarts (its methods are idempotent)
 
@@ -47,6 +49,7 @@ class Controller(Actor):
         self.checkpoints = Checkpoints(self, resume_from_save)
         self.group = TrainingGroup(self)
         self.metrics = Metrics(self)
+        self.startup = StartupReport(self)
 
     @property
     def result(self) -> dict:

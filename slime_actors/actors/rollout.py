@@ -127,8 +127,20 @@ class RolloutWorker(Actor):
                              a.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
-        # importing transformers takes seconds: do it off the loop so heartbeats keep going
-        self.tokenizer = await self.run_blocking(_load_tokenizer, a.model.hf_checkpoint)
+        # importing transformers takes seconds: off the loop so heartbeats keep going, and while the engine starts
+        # (its start is the longest part of this worker's)
+        tokenizer = asyncio.ensure_future(self.run_blocking(_timed, "tokenizer", _load_tokenizer,
+                                                            a.model.hf_checkpoint))
+        try:
+            await self._start_up(tokenizer)
+        finally:
+            if not tokenizer.done():
+                tokenizer.cancel()
+            elif not tokenizer.cancelled():
+                tokenizer.exception()   # (retrieved: a failed start reports the engine's cause, not this one)
+
+    async def _start_up(self, tokenizer: asyncio.Future) -> None:
+        a = self.cfg
         from ..plugins import load_function
         if a.rollout.custom_generate_function_path:
             self.generate_fn = load_function(a.rollout.custom_generate_function_path,
@@ -136,9 +148,12 @@ class RolloutWorker(Actor):
             self.slime_generate = generate_style(self.generate_fn, a.rollout.custom_generate_function_path) == "slime"
         if a.rollout.rollout_function_path:
             self.group_fn = load_function(a.rollout.rollout_function_path)
-        await self._release_previous()
         await self._start_router()
-        await self._start_engine()
+        from ..launch import timeline
+        with timeline.phase("engine start"):   # (first: the buffer, asked next, may still be loading its prompts)
+            await self._start_engine()
+        await self._release_previous()
+        self.tokenizer = await tokenizer
         if self.slime_generate:
             await self._start_proxy()
         if a.retriever.enabled:
@@ -212,7 +227,7 @@ class RolloutWorker(Actor):
     async def _start_engine(self) -> None:
         from ..backends.engine_client import EngineClient
         from ..backends.engine_process import launch_engine
-        from ..backends.weight_sync import find_free_port as free_port
+        from ..backends.engine_process import find_free_port as free_port
         a = self.cfg
         if a.engine.rollout_external_engine_addrs:
             addrs = a.engine.rollout_external_engine_addrs
@@ -308,7 +323,7 @@ class RolloutWorker(Actor):
         elif self.index == 0:
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
-            from ..backends.weight_sync import find_free_port as free_port
+            from ..backends.engine_process import find_free_port as free_port
             # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
             port = a.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address
@@ -912,6 +927,12 @@ def _http_url(host: str, port: int) -> str:
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6
     return f"http://{host}:{int(port)}"
+
+
+def _timed(name: str, fn, *args):
+    from ..launch import timeline
+    with timeline.phase(name):
+        return fn(*args)
 
 
 def _load_tokenizer(path: str):

@@ -57,7 +57,9 @@ class TrainerRank(Actor):
         a = self.cfg
         self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
         self.world_size = a.train.n_ranks
-        rdzv = await self._rendezvous()
+        from ..launch import timeline
+        with timeline.phase("rendezvous"):
+            rdzv = await self._rendezvous()
         await self.run_blocking(self._init, rdzv)
         self.generation = rdzv.generation
         await self.controller.tell.trainer_ready(self.rank, self.generation,
@@ -84,8 +86,10 @@ class TrainerRank(Actor):
     def _init(self, rdzv: Joined) -> None:
         import datetime
 
-        import torch
-        import torch.distributed as dist
+        from ..launch import timeline
+        with timeline.phase("import torch"):
+            import torch
+            import torch.distributed as dist
         a = self.cfg
         torch.manual_seed(a.run.seed + self.rank)
         if a.run.device == "cuda":
@@ -111,7 +115,8 @@ class TrainerRank(Actor):
         else:
             from ..backends.torch_backend import TorchBackend as Backend
         self.backend = Backend(a, self.rank, self.world_size)
-        self.backend.init()
+        with timeline.phase("model load"):
+            self.backend.init()
         from ..backends.weight_sync import WeightPusher
         self.weights = WeightPusher(a, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,

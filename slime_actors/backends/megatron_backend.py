@@ -50,7 +50,7 @@ from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
 from . import megatron_convert as mc
-from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .batching import forward_micro_batches, pad_tokens, select, validate_batch
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
 
@@ -459,7 +459,7 @@ class MegatronBackend(TrainingBackend):
         if n == 0:
             return [], ([] if with_entropy else None)
         lengths = [len(t) for t in batch["tokens"]]
-        mbs = micro_batches_from_config(self.cfg.train, lengths)
+        mbs = forward_micro_batches(self.cfg.train, lengths)
         store = self._run(net, [select(batch, idx) for idx in mbs], forward_only=True, with_entropy=with_entropy)
         resp = [int(r) for r in batch["response_lengths"]]
         total = sum(resp)
