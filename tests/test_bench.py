@@ -124,3 +124,15 @@ def test_retriever_bench_prints_its_table():
     assert [(r[1], r[2]) for r in rows] == [("1", "1"), ("32", "1"), ("32", "8")], p.stdout
     assert all(float(r[4]) > 0 for r in rows)
     assert "share of a rollout: not measured" in p.stdout
+
+
+def test_sandbox_bench_prints_its_table():
+    """bench/sandbox.py, small: every row has both rates, the ratio and every program passed (sandbox and bare)."""
+    p = _run("bench/sandbox.py", "--programs", "6", "--concurrency", "1", "4", "--train-steps", "0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| stdio |", "| assert |"))]
+    assert [(r[0], r[1]) for r in rows] == [("stdio", "1"), ("stdio", "4"), ("assert", "1"), ("assert", "4")]
+    for r in rows:
+        assert all(re.fullmatch(r"[\d.]+", c) for c in (r[2], r[3], r[5], r[6])), r
+        assert re.fullmatch(r"[\d.]+x", r[4]) and r[7] == "6/6, 6/6", r
+    assert "sandbox layers:" in p.stdout

@@ -120,6 +120,12 @@ class Controller(Actor):
         self.engines.ready(worker, weight_version)
 
     @handler
+    def rollout_failed(self, worker: str, error: str) -> None:
+        """A rollout worker cannot go on (--env-error stop): the job ends with its error."""
+        self.log.error("a rollout worker stops the job", worker=worker, error=error)
+        self.stop_job(RuntimeError(error))
+
+    @handler
     def status(self) -> dict:
         history = self.metrics.history
         return {"phase": self.phase, "rollout_id": self.rollout_id, "weight_version": self.version,

@@ -77,10 +77,10 @@ class RetrieverLink:
         self.proxy = RetrieveProxy(self.post)
         # (recorded, as the generate proxy's start: a replay starts no proxy, the function's results are recorded)
         self.proxy_url = await self.worker.recorded_async("retriever.proxy.start", self.proxy.start)
-        w = self.worker
-        if w.slime_args is not None:
-            cfg = w.slime_args._cfg
-            w.slime_args = dataclasses.replace(
+        g = self.worker.generation
+        if g.slime_args is not None:
+            cfg = g.slime_args._cfg
+            g.slime_args = dataclasses.replace(
                 cfg, retriever=dataclasses.replace(cfg.retriever, retriever_url=self.proxy_url)).flat()
         return self.proxy_url
 

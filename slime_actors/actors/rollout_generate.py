@@ -1,0 +1,332 @@
+"""How a rollout worker generates its samples: the built-in single-turn path, an environment's episodes, the user's
+generate functions (this project's and slime's) and group functions. The per-sample bookkeeping is
+`slime_actors.environments.Episode`'s in every case (slime's functions fill the sample in themselves: `settle`
+completes and checks it).
+
+What the user names (`args`: the job's flags as slime passes them, a read-only flat view -- config.FlatArgs):
+  --rollout-interaction-env-path pkg.mod:Class  an environment (slime_actors.environments.Env): multi-turn episodes,
+      reset -> model turn -> step -> observation ..., every call recorded in the trace (docs/adding-an-environment.md)
+  --custom-generate-function-path pkg.mod.fn   async fn(args, sample, sampling_params[, evaluation]) -> Sample
+      slime's signature: the function POSTs SGLang's /generate body to http://{args.sglang_router_ip}:
+      {args.sglang_router_port}/generate itself. That address is a proxy of this worker
+      (backends/generate_proxy.py) forwarding to its engine with the job's key, recorded in the trace; with a
+      retriever (--retriever-corpus / --retriever-url) `args.retriever_url` is likewise this worker's loopback
+      /retrieve proxy (actors/rollout_retrieval.py; functions of the other style and environments call
+      engine.retrieve). The sample
+      takes slime's writes (`sample.tokens = ...`, `sample.response_length = n`, `Sample.Status.COMPLETED`); a
+      loss mask left empty becomes all ones, and the weight version is the engine's when the call began.
+  --custom-generate-function-path pkg.mod.fn   @engine_generate async fn(args, sample, sampling_params, engine)
+      this project's: `engine` is an EngineHandle (generate(), tokenizer, episode(sample, sampling_params) -> an
+      Episode that does the bookkeeping). Marked with @engine_generate (or, as before the mark existed, told apart
+      by its 4th parameter).
+  --rollout-function-path pkg.mod.fn           async fn(args, samples, sampling_params, engine) -> list[Sample]
+      called per group instead (e.g. generation that needs the whole group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import itertools
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgpack
+
+from ..environments.base import EnvError, maybe_await
+from ..environments.chat import ChatTurns
+from ..environments.episode import Episode, check_aligned, settle
+from ..environments.runner import EnvCalls, no_answer, run_episode
+from ..plugins import PluginError, load_function, positional_arity, takes_keyword
+from ..types import ABORTED, FAILED, TRUNCATED, Sample
+
+if TYPE_CHECKING:
+    from .rollout import RolloutWorker
+
+FLAG = "--custom-generate-function-path"
+
+
+class EngineHandle:
+    """What this project's generate and group functions get: the engine, the tokenizer, the bookkeeping."""
+
+    def __init__(self, generation: "Generation"):
+        self._g = generation
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._g.w.tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self._g.w.weight_version
+
+    async def generate(self, input_ids: list[int], sampling_params: dict) -> dict:
+        """One /generate call with log-probs. Returns {output_ids, logprobs, finish_reason, weight_version};
+        finish_reason is SGLang's finish_reason.type: "stop", "length" or "abort" (the engine was paused / aborted)."""
+        return await self._g.raw(input_ids, sampling_params)
+
+    async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
+        """Search-R1's {"result": [...]} from the job's retriever (--retriever-corpus or --retriever-url), recorded
+        (actors/rollout_retrieval.py); RetrieverError when it refuses or no replica answers."""
+        if self._g.w.retriever is None:
+            raise RuntimeError("this job has no retriever: give --retriever-corpus (or --retriever-url)")
+        return await self._g.w.retriever.retrieve(queries, topk, return_scores)
+
+    def episode(self, sample: Sample, sampling_params: dict) -> Episode:
+        """The bookkeeping of `sample`'s response: `await ep.generate(engine, sampling_params)`, `ep.add_observation
+        (ids)`, ..., `return ep.finish()` (environments/episode.py)."""
+        return Episode(sample, sampling_params["max_new_tokens"], self.tokenizer)
+
+
+def generate_style(fn, path: str) -> str:
+    """"engine" for this project's generate(args, sample, sampling_params, engine) -- marked @engine_generate, or
+    with a 4th parameter that is not slime's `evaluation` --, "slime" for slime's generate(args, sample,
+    sampling_params[, evaluation]); PluginError naming the path otherwise."""
+    mark = getattr(fn, "__slime_actors_generate__", None)   # @engine_generate
+    if mark in ("engine", "slime"):
+        return mark
+    required, most = positional_arity(fn)
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    if most is None or (most >= 4 and required <= 4 and names[3:4] != ["evaluation"]):
+        return "engine"
+    if required <= 3 <= most:
+        return "slime"
+    raise PluginError(f"{FLAG} {path}: expected async generate(args, sample, sampling_params) (slime's) or "
+                      "generate(args, sample, sampling_params, engine), got "
+                      f"{required} required of {most} positional parameters", kind="not_callable", path=path)
+
+
+def request_key(input_ids: list[int], sampling_params: dict) -> str:
+    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
+    return h.hexdigest()
+
+
+class Generation:
+    """The generate -> sample part of a rollout worker `w` (its engine: `w.client`, its supervisor's)."""
+
+    def __init__(self, worker: "RolloutWorker"):
+        self.w = worker
+        self.cfg = worker.cfg
+        self.generate_fn = None
+        self.slime_generate = False       # generate_fn has slime's signature (args, sample, sampling_params)
+        self.slime_args = None            # the flat view it gets: the router address is self.proxy's
+        self.proxy = None                 # GenerateProxy for slime-style generate functions
+        self.group_fn = None
+        self.env = None                   # the environment (--rollout-interaction-env-path)
+        self.env_calls: RecordedEnvCalls | None = None
+        self.chat: ChatTurns | None = None
+        self.handle = EngineHandle(self)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        """The user's functions and environment (PluginError naming the flag when one cannot be loaded)."""
+        ro, w = self.cfg.rollout, self.w
+        if ro.custom_generate_function_path:
+            self.generate_fn = load_function(ro.custom_generate_function_path, flag=FLAG)
+            self.slime_generate = generate_style(self.generate_fn, ro.custom_generate_function_path) == "slime"
+        if ro.rollout_function_path:
+            self.group_fn = load_function(ro.rollout_function_path)
+        if ro.rollout_interaction_env_path:
+            from ..environments.loading import load_env
+            self.env = load_env(ro.rollout_interaction_env_path, w.plugin_args, json.loads(ro.env_kwargs or "{}"))
+            self.env_calls = RecordedEnvCalls(w, self.env, ro.env_timeout)
+        from ..data import chat_template_kwargs
+        self.chat = ChatTurns(w.tokenizer, chat_template_kwargs(self.cfg.data))
+
+    async def start(self) -> None:
+        """Once the engine serves: slime's functions get their proxy, the job's retriever its link (and a proxy for
+        slime's functions), the environment its setup()."""
+        w = self.w
+        if self.slime_generate:
+            await self._start_proxy()
+        if self.cfg.retriever.enabled:
+            from .rollout_retrieval import RetrieverLink
+            w.retriever = RetrieverLink(w)
+            if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
+                await w.retriever.start_proxy()
+        if self.env is not None:
+            await self._env_lifecycle("setup", self.env.setup)
+            self.w.log.info("environment set up", env=self.cfg.rollout.rollout_interaction_env_path)
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.w.recorded_async("proxy.stop", self.proxy.stop)  # (as its start: not in a replay)
+        if self.env is not None:
+            try:
+                await self._env_lifecycle("teardown", self.env.teardown)
+            except EnvError as exc:
+                self.w.log.error("environment teardown failed", error=str(exc))
+        if self.w.retriever is not None:
+            await self.w.retriever.stop()
+
+    async def _env_lifecycle(self, what: str, fn: Callable) -> None:
+        """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
+        await self.w.recorded_async(f"env.{what}", self.env_calls.run, what, "", None, None, fn, ())
+
+    async def _start_proxy(self) -> None:
+        """slime-style generate functions reach the engine at args.sglang_router_ip/_port: this worker's proxy."""
+        import dataclasses
+
+        from ..backends.generate_proxy import GenerateProxy
+        w = self.w
+
+        async def forward(body: dict):
+            await w._engine_ok.wait()
+            return await w.client.generate_body(body)
+        self.proxy = GenerateProxy(forward)
+        # (recorded: a replay starts no proxy -- the function's results are recorded, _slime_style)
+        host, port = await w.recorded_async("proxy.start", self.proxy.start)
+        engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
+        self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
+        w.log.info("slime-style generate function: its engine address is this worker's proxy",
+                   url=f"http://{host}:{port}", function=self.cfg.rollout.custom_generate_function_path)
+
+    # ------------------------------------------------------------------------------------------ the engine
+    async def raw(self, input_ids: list[int], sampling_params: dict) -> dict:
+        """The one place the engine is asked to generate. Its answer is the nondeterministic input here: recorded
+        in the trace, served back on replay."""
+        await self.w._engine_ok.wait()
+        return await self.w.recorded_async("engine.generate", self._live, input_ids, sampling_params,
+                                           key=request_key(input_ids, sampling_params))
+
+    async def _live(self, input_ids: list[int], sampling_params: dict) -> dict:
+        from ..backends.engine_client import parse_generate_output
+        t0 = time.time()
+        resp = await self.w.client.generate(input_ids, sampling_params, return_logprob=True)
+        out = parse_generate_output(resp)
+        # `started`: when the request went out (the trace stamps the answer's arrival), for time-inside-generation
+        return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
+                "finish_reason": out.finish_type, "weight_version": out.weight_version, "started": t0}
+
+    def seed(self, sample: Sample, attempt: int) -> int:
+        h = hashlib.blake2b(f"{self.cfg.data.rollout_seed}:{sample.index}:{attempt}".encode(), digest_size=4)
+        return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+    # ------------------------------------------------------------------------------------------ generating
+    async def group(self, samples: list[Sample], sp: dict, attempt: int, kind: str, work_id: str) -> list[Sample]:
+        if self.group_fn is not None:
+            out = await self.group_fn(self.w.plugin_args, samples, sp, self.handle)
+        else:
+            out = await asyncio.gather(*(self.sample(s, sp, attempt, kind == "eval", work_id) for s in samples))
+        for s in out:   # what a user's function made must line up too: else the sample fails, saying why
+            if s.status not in (ABORTED, FAILED):
+                try:
+                    check_aligned(s)
+                except ValueError as exc:
+                    s.status, s.error = FAILED, f"{self._made_by()}: {exc}"
+                    self.w.log.error("a sample does not line up; it fails", error=s.error, work_id=work_id)
+        return list(out)
+
+    def _made_by(self) -> str:
+        ro = self.cfg.rollout
+        return (f"--rollout-function-path {ro.rollout_function_path}" if self.group_fn is not None else
+                f"{FLAG} {ro.custom_generate_function_path}" if self.generate_fn is not None else "generation")
+
+    async def sample(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
+                     work_id: str = "") -> Sample:
+        if self.env is not None:
+            return await self._episode(sample, sp, attempt, evaluation, work_id)
+        if self.generate_fn is not None and self.slime_generate:
+            return await self._slime_style(sample, sp, evaluation)
+        if self.generate_fn is not None:
+            return await self.generate_fn(self.w.plugin_args, sample, dict(sp), self.handle)
+        ep = Episode(sample, sp["max_new_tokens"], self.w.tokenizer, count_turns=False)
+        if ep.tokens_left == 0:
+            sample.status = TRUNCATED
+            return sample
+        await ep.generate(self.handle, dict(sp, sampling_seed=self.seed(sample, attempt)))
+        return ep.finish()
+
+    async def _episode(self, sample: Sample, sp: dict, attempt: int, evaluation: bool, work_id: str) -> Sample:
+        ro, w = self.cfg.rollout, self.w
+        try:
+            return await run_episode(self.env, sample, sp, self.handle, calls=self.env_calls, chat=self.chat,
+                                     episode_id=f"{work_id}:{sample.index}:{attempt}", max_turns=ro.max_turns,
+                                     evaluation=evaluation, seed=self.seed(sample, attempt))
+        except EnvError as exc:   # the sample is finished as failed, with the error
+            w.counters["env_errors"] += 1
+            w.log.error("environment failed", error=str(exc), sample=sample.index, work_id=work_id,
+                        then="the job stops (--env-error stop)" if ro.env_error == "stop" else
+                        "the sample fails; its group is recorded as failed and replaced")
+            if ro.env_error == "stop":
+                await w.job_failed(f"{w.name}: {exc}")
+            return sample
+
+    async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
+        """slime's generate(args, sample, sampling_params[, evaluation]); what it leaves unset is filled in as slime
+        would (`settle`)."""
+        w = self.w
+        version = w.weight_version
+        fn = self.generate_fn
+        kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
+        # The function reaches the engine over HTTP (this worker's proxy), which a replay cannot do: what it returns
+        # is a recorded input (keyed by the request), and a replay takes that instead of calling it again.
+        key = request_key(sample.prompt_tokens, {**sp, "index": sample.index, "evaluation": evaluation})
+        made = []
+
+        async def call() -> dict:
+            res = await fn(self.slime_args, sample, dict(sp), **kw)
+            if not isinstance(res, Sample):
+                raise TypeError(f"{FLAG} {self.cfg.rollout.custom_generate_function_path} returned "
+                                f"{type(res).__name__}, expected the Sample it was given")
+            made.append(res)
+            return res.to_wire()
+        wire = await w.recorded_async("generate_fn", call, key=key)
+        if made:
+            out = made[0]
+        else:  # replay: the sample as the function left it
+            out = sample
+            for name, value in Sample.from_wire(wire).__dict__.items():
+                setattr(out, name, value)
+        return settle(out, w.tokenizer, version, "custom generate function")
+
+
+class RecordedEnvCalls(EnvCalls):
+    """A rollout worker's environment calls: each one's answer (or error) is a recorded input of the worker's
+    trace, `env.<call>` keyed by episode and turn, and a replay serves it instead of calling the environment; each
+    tool call is recorded too (`env.tool`: name, arguments, result or error, seconds; for reading, not replayed)."""
+
+    def __init__(self, worker: "RolloutWorker", env: Any, timeout: float | None):
+        super().__init__(env, timeout)
+        self.worker = worker
+
+    async def call(self, what: str, key: str, ctx, sample: Sample, fn: Callable, args: tuple,
+                   check: Callable[[Any, str], Any] = no_answer) -> Any:
+        answer = await self.worker.recorded_async(f"env.{what}", self.run, what, key, ctx, sample, fn, args, check,
+                                                  key=key)
+        sample.metadata = answer["metadata"]
+        return answer["value"]
+
+    def tool_caller(self, key: str) -> Callable:
+        count = itertools.count()
+
+        async def tool(name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
+            call = {"tool": name, "args": _plain(list(args)), "kwargs": _plain(kwargs)}
+            at, t0 = f"{key}:{next(count)}", time.monotonic()
+            try:
+                result = await maybe_await(fn(*args, **kwargs))
+            except Exception as exc:
+                self.worker.record_input("env.tool", {**call, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                                                      "seconds": time.monotonic() - t0}, key=at)
+                raise
+            self.worker.record_input("env.tool", {**call, "result": _plain(result),
+                                                  "seconds": time.monotonic() - t0}, key=at)
+            return result
+        return tool
+
+
+def _plain(v: Any) -> Any:
+    """`v` when it can be recorded as it is, else its repr (cut at 2000 characters)."""
+    try:
+        msgpack.packb(v, use_bin_type=True)
+        return v
+    except (TypeError, ValueError, OverflowError):
+        return repr(v)[:2000]
