@@ -314,9 +314,9 @@ class TorchBackend(TrainingBackend):
         if self.device.type != "cuda":
             return None
         free, _ = torch.cuda.mem_get_info(self.device)
-        cfg = self._raw_model.config
-        vocab = int(getattr(cfg, "vocab_size", 0) or 0)
-        hidden = int(getattr(cfg, "hidden_size", 0) or 0)
+        hf = self._raw_model.config
+        vocab = int(getattr(hf, "vocab_size", 0) or 0)
+        hidden = int(getattr(hf, "hidden_size", 0) or 0)
         per_token = 3 * 4 * vocab + 16 * 4 * hidden
         return max(1, int(0.5 * free / max(per_token, 1)))
 

@@ -62,7 +62,7 @@ def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
         vocab, inter = int(c["vocab_size"]), int(c.get("intermediate_size") or 4 * hidden)
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
-    dtype = flag_value(cfg.engine.sglang_args, "--dtype") or ""
+    dtype = LaunchFlags.parse(cfg.engine.sglang_args).value("--dtype") or ""
     nbytes = 4 if dtype in ("float32", "float") or (cfg.engine.rollout_engine == "local" and not cfg.train.bf16) \
         else 2
     params = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2) + layers * (
