@@ -13,7 +13,8 @@ a rotating order each round (the machine's load moves between rounds; the median
                       micro-batch size x the mean sample length: the same tokens per micro-batch on average)
     + one ref pass    and the reference forward in one pass (--log-probs-max-tokens-per-gpu = the batch's tokens)
 
-Prints the seconds per update (median) and the forwards each mode ran.
+Prints the forwards each mode ran and, per update (median), the process's CPU seconds (one torch thread: what the
+update costs, which other work on a shared machine inflates far less than the wall time) and the wall seconds.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def config(model_dir: str, a, batch: dict, mode: str):
     return parse_config(flags)
 
 
-def run_mode(model_dir: str, a, batch: dict, mode: str) -> tuple[float, int]:
+def run_mode(model_dir: str, a, batch: dict, mode: str) -> tuple[float, float, int]:
     import torch
 
     from slime_actors.backends.rl_update import rl_update
@@ -86,9 +87,9 @@ def run_mode(model_dir: str, a, batch: dict, mode: str) -> tuple[float, int]:
         forwards[0] += 1
         return logits(*x, **k)
     b._logits = counted
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     rl_update(b, cfg, dict(batch), 0, old_from_training=False if mode == "before" else None)
-    return time.monotonic() - t0, forwards[0]
+    return time.process_time() - c0, time.monotonic() - t0, forwards[0]
 
 
 def main() -> None:
@@ -113,15 +114,17 @@ def main() -> None:
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     batch = make_batch(a.samples, vocab, seed=7)
     res: dict[str, list[float]] = {m: [] for m in MODES}
+    wall: dict[str, list[float]] = {m: [] for m in MODES}
     fwd: dict[str, int] = {}
     load0 = os.getloadavg()[0]
     for r in range(a.rounds):
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for m in order:
-            t, n = run_mode(model_dir, a, batch, m)
-            res[m].append(t)
+            c, t, n = run_mode(model_dir, a, batch, m)
+            res[m].append(c)
+            wall[m].append(t)
             fwd[m] = n
-            print(f"round {r} {m}: {t:.2f} s, {n} forwards", file=sys.stderr, flush=True)
+            print(f"round {r} {m}: {c:.2f} s CPU, {t:.2f} s wall, {n} forwards", file=sys.stderr, flush=True)
     load1 = os.getloadavg()[0]
     toks = sum(len(t) for t in batch["tokens"])
     print(f"# the trainer's update ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
@@ -131,12 +134,13 @@ def main() -> None:
     print(f"model {a.model}; {a.samples} samples, {toks} tokens ({sum(batch['response_lengths'])} response tokens); "
           f"micro-batches of {a.micro_batch}; KL loss (reference forward); one optimizer step")
     print()
-    print("| mode | forwards | seconds (median) | min | max | vs before |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| mode | forwards | CPU seconds (median) | min | max | CPU vs before | wall seconds (median) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     base = statistics.median(res["before"])
     for m in MODES:
         med = statistics.median(res[m])
-        print(f"| {m} | {fwd[m]} | {med:.2f} | {min(res[m]):.2f} | {max(res[m]):.2f} | {med / base:.2f} |")
+        print(f"| {m} | {fwd[m]} | {med:.2f} | {min(res[m]):.2f} | {max(res[m]):.2f} | {med / base:.2f} | "
+              f"{statistics.median(wall[m]):.2f} |")
 
 
 if __name__ == "__main__":
