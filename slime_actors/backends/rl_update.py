@@ -30,8 +30,10 @@ Metrics are global (summed contributions across ranks, or all-reduced sums and c
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -274,17 +276,21 @@ def _old_log_prob_metrics(old: list[torch.Tensor], rlp: list[torch.Tensor] | Non
 
 
 def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id: int,
-              reduce: Reduce | None = None, old_from_training: bool | None = None) -> dict[str, float]:
+              reduce: Reduce | None = None, phase: Callable[[str], Any] | None = None,
+              old_from_training: bool | None = None) -> dict[str, float]:
     """Train on this rank's shard of one rollout; returns scalar metrics, global across ranks (all-reduced; only
     ``train_time`` is this rank's).
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
     returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the
     default process group when initialised; a backend with its own ``reduce`` -- megatron's, over the data-parallel
-    group only -- supplies it). ``old_from_training``: None decides by `old_log_probs_from_training`; False
-    computes the old log-probs with a forward of their own even when on-policy (what the update did before; the
-    tests compare the two); True where the rule does not allow it is a ValueError."""
+    group only -- supplies it). ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and
+    the optimizer steps ("train_actor") -- the profiler's (slime_actors/profiler.py). ``old_from_training``: None
+    decides by `old_log_probs_from_training`; False computes the old log-probs with a forward of their own even
+    when on-policy (what the update did before; the tests compare the two); True where the rule does not allow it
+    is a ValueError."""
     reduce = reduce or getattr(backend, "reduce", None) or default_reduce
+    phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
     alg = cfg.algorithm
     validate_batch(batch, require_rollout_log_probs=alg.use_tis)
@@ -299,9 +305,6 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     # 1. reference and old log-probs (on-policy: the old ones come from the training forward, step 4)
     kl_coef = alg.kl_coef
     ref = None
-    if alg.use_kl_loss or kl_coef != 0:
-        ref, _ = backend.compute_log_probs(work, model="ref")
-        work["ref_log_probs"] = ref
     from_training = old_log_probs_from_training(cfg, backend)
     if old_from_training is not None:
         if old_from_training and not from_training:
@@ -309,11 +312,15 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
                              "pipeline stages")
         from_training = old_from_training
     old = None
-    if from_training:
-        work.pop("old_log_probs", None)   # (a batch trained on before carries its old ones: not these)
-    else:
-        old, _ = backend.compute_log_probs(work, model="actor")
-        work["old_log_probs"] = old
+    with phase("train_log_probs"):
+        if alg.use_kl_loss or kl_coef != 0:
+            ref, _ = backend.compute_log_probs(work, model="ref")
+            work["ref_log_probs"] = ref
+        if from_training:
+            work.pop("old_log_probs", None)   # (a batch trained on before carries its old ones: not these)
+        else:
+            old, _ = backend.compute_log_probs(work, model="actor")
+            work["old_log_probs"] = old
 
     metrics: dict[str, float] = {}
     if old is not None:
@@ -350,39 +357,17 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
 
     # 4. optimizer steps
     num_steps = cfg.train.num_steps_per_rollout
-    per_token = alg.calculate_per_token_loss
-    # gradients are averaged over the data-parallel replicas (all ranks, unless the backend is model-parallel)
-    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
     names = policy_metric_names(alg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
     custom = CustomLoss(cfg) if alg.loss_type == "custom_loss" else None
+    step_sums = {k: 0.0 for k in names}
+    grad_norms, critic_norms = [], []
     captured: dict[int, torch.Tensor] | None = None
     if from_training:
         captured = {}
         work[ROW] = list(range(n))
-    step_sums = {k: 0.0 for k in names}
-    grad_norms, critic_norms = [], []
-    for step_idx in mini_batch_indices(n, num_steps):
-        step = select(work, step_idx)
-        step_tokens = sum(float(m.sum()) for m in step["loss_masks"])
-        g_samples, g_tokens = rsum(len(step_idx), step_tokens)
-        denom = max(g_tokens if per_token else g_samples, 1.0)
-        lengths = [len(t) for t in step["tokens"]]
-        mbs = micro_batches_from_config(cfg.train, lengths)
-        count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
-        mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
-        micro = [select(step, idx) for idx in mbs]
-        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world, custom, captured))
-        if custom is not None and len(names) == len(policy_metric_names(alg)) + (2 if estimator == "ppo" else 0):
-            names = _agree_custom_names(custom, names, reduce)
-            step_sums.update({k: 0.0 for k in names if k not in step_sums})
-        if estimator == "ppo":
-            local.update(backend.train_micro_batches(micro, make_value_loss_fn(alg, denom, world),
-                                                     train_critic=True))
-            critic_norms.append(backend.optimizer_step(critic=True))
-        grad_norms.append(backend.optimizer_step())
-        glob = rsum(*[local.get(k, 0.0) for k in names])
-        for k, v in zip(names, glob):
-            step_sums[k] += v
+    with phase("train_actor"):
+        names = _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms,
+                                 captured)
     for k in names:
         metrics[k] = step_sums[k] / num_steps
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -405,3 +390,41 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
              **{k: round(v, 6) for k, v in metrics.items() if k in ("loss", "pg_loss", "grad_norm", "reward_mean",
                                                                   "train_rollout_logprob_abs_diff_max")})
     return metrics
+
+
+def _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms,
+                     captured=None) -> None:
+    """--num-steps-per-rollout optimizer steps over the shard's mini-batches (the module docstring, 4.); fills
+    step_sums, grad_norms and critic_norms; returns the metric names (a custom loss adds its own)."""
+    alg = cfg.algorithm
+    estimator = alg.advantage_estimator
+    num_steps = cfg.train.num_steps_per_rollout
+    per_token = alg.calculate_per_token_loss
+    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
+
+    def rsum(*xs) -> list[float]:
+        return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
+
+    for step_idx in mini_batch_indices(n, num_steps):
+        step = select(work, step_idx)
+        step_tokens = sum(float(m.sum()) for m in step["loss_masks"])
+        g_samples, g_tokens = rsum(len(step_idx), step_tokens)
+        denom = max(g_tokens if per_token else g_samples, 1.0)
+        lengths = [len(t) for t in step["tokens"]]
+        mbs = micro_batches_from_config(cfg.train, lengths)
+        count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
+        mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
+        micro = [select(step, idx) for idx in mbs]
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(alg, denom, world, custom, captured))
+        if custom is not None and len(names) == len(policy_metric_names(alg)) + (2 if estimator == "ppo" else 0):
+            names = _agree_custom_names(custom, names, reduce)
+            step_sums.update({k: 0.0 for k in names if k not in step_sums})
+        if estimator == "ppo":
+            local.update(backend.train_micro_batches(micro, make_value_loss_fn(alg, denom, world),
+                                                     train_critic=True))
+            critic_norms.append(backend.optimizer_step(critic=True))
+        grad_norms.append(backend.optimizer_step())
+        glob = rsum(*[local.get(k, 0.0) for k in names])
+        for k, v in zip(names, glob):
+            step_sums[k] += v
+    return names
