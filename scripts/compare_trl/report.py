@@ -400,8 +400,9 @@ def differences(job: dict) -> list[str]:
         "KL estimator: both k3 (exp(ref - logp) - (ref - logp) - 1); ours clamps it to [-10, 10] (low_var_kl).",
         "Advantage: (r - mean) / (std + eps), unbiased std on both; eps 1e-6 (ours) vs 1e-4 (TRL). A group with "
         "identical rewards gets 0 on both.",
-        "Old log-probs: on-policy on both (one optimizer step per rollout): ours computes them with the trainer "
-        "before the update, TRL uses the detached current ones (ratio 1 by construction).",
+        "Old log-probs: on-policy on both (one optimizer step per rollout): both use the training forward's own "
+        "log-probs, detached (ratio 1 by construction; ours before this project's issue 33 ran a forward of "
+        "their own).",
         "Response tokens: TRL counts the end-of-sequence token in a completion; ours counts what the engine "
         "returned. Generated tokens/s uses each side's own count.",
         "Held-out evaluation: ours by the rollout engine (greedy, the same batching as the rollout); TRL by our "
