@@ -1,9 +1,10 @@
 """The RL loop on one page, as slime's train.py and train_async.py: `train_sync`, and `train_async` (--async-train).
-The controller actor runs `run(ctl)`. `ctl.buffer` and `ctl.trainers` are typed handles (slime_actors/handles.py;
-`ctl.trainers.train(k)` asks every rank at once); the rest are the controller's parts, in actors/controller_*.py:
-`ctl.engines` (rollout workers: resume, pause, end a rollout, weight sync), `ctl.group` (controller_recovery.py:
-the trainer ranks' rendezvous, failure, restart), `ctl.checkpoints` (--save, --save-hf, resume), `ctl.metrics`
-(metrics.jsonl, curves, the result), `evaluate` (--eval-prompt-data), `debug_data` (--save/--load-debug-rollout-data).
+The controller actor runs `run(ctl)`; `ctl` is what surface.py declares: the config, the weight version and the
+phase, typed handles on the buffer and the trainer ranks (slime_actors/handles.py; `ctl.trainers.train(k)` asks
+every rank at once), and the controller's parts, one file each in this package: `ctl.engines` (rollout workers:
+resume, pause, end a rollout, weight sync), `ctl.group` (the trainer ranks' rendezvous, failure, restart),
+`ctl.checkpoints` (--save, --save-hf, resume), `ctl.evaluations` (--eval-prompt-data), `ctl.debug_data`
+(--save/--load-debug-rollout-data), `ctl.metrics` (metrics.jsonl, hack alarms, curves, the result).
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from .actors import controller_debug_data as debug_data
-from .actors.controller_eval import eval_due, evaluate, final_eval_due, first_eval_due
-from .actors.controller_metrics import timed
-from .messages import RolloutStats
+from ...messages import RolloutStats
+from .metrics import timed
 
 if TYPE_CHECKING:
-    from .actors.controller import Controller
+    from .surface import Ctl
 
 
-async def run(ctl: Controller) -> None:
+async def run(ctl: Ctl) -> None:
     """The job: start (or resume from a checkpoint), then the schedule. When a trainer rank dies the training group
     restarts from the last checkpoint and the schedule carries on from there (`ctl.group.supervise`)."""
     dbg = ctl.cfg.debug
@@ -32,13 +31,13 @@ async def run(ctl: Controller) -> None:
         start = await prepare(ctl) if resume_at is None else await ctl.group.rejoin(resume_at)
         ctl.metrics.progress_from(start)
         await schedule(ctl, start)
-        if final_eval_due(ctl.cfg, start, end=ctl.metrics.end):
-            await evaluate(ctl, ctl.metrics.end)
+        if ctl.evaluations.final_due(start, end=ctl.metrics.end):
+            await ctl.evaluations.run(ctl.metrics.end)
     await ctl.group.supervise(job)
     await ctl.metrics.finish(accounting=await ctl.buffer.accounting())
 
 
-async def prepare(ctl: Controller) -> int:
+async def prepare(ctl: Ctl) -> int:
     """Wait for every actor, restore the checkpoint (if any), bring the engines to its weights, evaluate step 0."""
     with ctl.startup.phase("actors up"):
         await ctl.wait_for_actors()
@@ -57,13 +56,13 @@ async def prepare(ctl: Controller) -> int:
         with ctl.startup.phase("engines ready + first weight sync"):
             await ctl.engines.sync_at_start()
     await ctl.metrics.open(resume_at=start if ckpt is not None else None)
-    if first_eval_due(ctl.cfg, resumed=ckpt is not None):
+    if ctl.evaluations.first_due(resumed=ckpt is not None):
         with ctl.startup.phase("evaluation before training"):
-            await evaluate(ctl, start)
+            await ctl.evaluations.run(start)
     return start
 
 
-async def train_sync(ctl: Controller, start: int) -> None:
+async def train_sync(ctl: Ctl, start: int) -> None:
     """slime's train.py. Step k: the engines generate rollout k and end it once it is complete (what is still
     generating goes back to the buffer); every trainer rank trains on its shard; weights v+1 go to every engine;
     evaluate and save when due."""
@@ -71,7 +70,7 @@ async def train_sync(ctl: Controller, start: int) -> None:
     for k in range(start, ctl.cfg.run.num_rollout):
         step = ctl.begin_step(k)
         with ctl.startup.phase(f"rollout {k}"):
-            stats, seconds = await (debug_data.load(ctl, k) if dbg.load_debug_rollout_data else generate(ctl, k))
+            stats, seconds = await (ctl.debug_data.load(k) if dbg.load_debug_rollout_data else generate(ctl, k))
             await rollout_done(ctl, k, step, stats, seconds)
         if dbg.debug_rollout_only:
             await ctl.buffer.mark_trained(k)                 # nothing trains on it: the rollout is done with
@@ -79,14 +78,14 @@ async def train_sync(ctl: Controller, start: int) -> None:
             if not dbg.load_debug_rollout_data:
                 await ctl.engines.end_rollout(k)             # what is still generating goes back to the buffer
             await train(ctl, k, step)
-        ctl.startup.first_step_done()                        # the start-up breakdown (controller_startup.py)
+        ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
         if ctl.metrics.stop_after(k):                        # --hack-alarms stop: an alarm tripped on rollout k
             break
 
 
-async def train_async(ctl: Controller, start: int) -> None:
+async def train_async(ctl: Ctl, start: int) -> None:
     """slime's train_async.py (--async-train): rollout k+1 starts as soon as rollout k is complete and is generated
     while the trainers train on k (samples at most --max-staleness weight versions old: the buffer regenerates older
     ones); the engines pause for the weight update only."""
@@ -112,7 +111,7 @@ async def train_async(ctl: Controller, start: int) -> None:
             next_rollout.cancel()
 
 
-async def generate(ctl: Controller, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:
+async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:
     """Rollout k, generated by the engines, and the seconds it took (`overlapped`: while the trainers train)."""
     t0 = time.monotonic()
     if not overlapped:
@@ -125,14 +124,14 @@ async def generate(ctl: Controller, k: int, overlapped: bool = False) -> tuple[R
     return stats, time.monotonic() - t0
 
 
-async def rollout_done(ctl: Controller, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
+async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
     """After each rollout: its statistics and hack alarms into the metrics, samples on the console; debug data."""
     await ctl.metrics.on_rollout_done(k, step, stats, seconds)
     if ctl.cfg.debug.save_debug_rollout_data:
-        await debug_data.save(ctl, k)
+        await ctl.debug_data.save(k)
 
 
-async def train(ctl: Controller, k: int, step: dict) -> None:
+async def train(ctl: Ctl, k: int, step: dict) -> None:
     """Every trainer rank trains on its shard of rollout k; the buffer frees it; the engines get weights v+1."""
     ctl.phase = "train"
     with timed(step, "time/train"), ctl.startup.phase(f"train {k}"):
@@ -146,13 +145,13 @@ async def train(ctl: Controller, k: int, step: dict) -> None:
         step["weight_sync/bytes"] = info.get("bytes", 0)
 
 
-async def evaluate_and_save(ctl: Controller, k: int, step: dict, engines_busy: bool = False) -> None:
+async def evaluate_and_save(ctl: Ctl, k: int, step: dict, engines_busy: bool = False) -> None:
     """After rollout k: evaluate every --eval-interval steps; save every --save-interval steps, at the end, to stop."""
     step["weight_version_after"] = ctl.version
-    if eval_due(ctl.cfg, k):
+    if ctl.evaluations.due(k):
         async with ctl.engines.paused(engines_busy):         # a rollout generating meanwhile waits for the eval
             with timed(step, "time/eval"):
-                results = await evaluate(ctl, k + 1)
+                results = await ctl.evaluations.run(k + 1)
         step.update({f"eval/{name}": r for name, r in results.items()})
     if ctl.checkpoints.save_due(k, stopping=bool(ctl.metrics.stopping)):
         step["time/save"] = await ctl.checkpoints.save(k)

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-from ..handles import Group, GroupFailed, Handle
+from ...handles import Group, GroupFailed, Handle
+
+if TYPE_CHECKING:
+    from .actor import Controller
 
 
 class Engines:
-    def __init__(self, ctl):
+    def __init__(self, ctl: Controller):
         self.ctl = ctl
         self.names = [f"rollout/{i}" for i in range(ctl.cfg.engine.rollout_num_engines)]
         self.workers = Group(Handle(ctl, name) for name in self.names)

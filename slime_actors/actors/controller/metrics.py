@@ -16,10 +16,14 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..log import CONSOLE, console_write, progress_line
-from ..messages import RolloutStats
-from ..monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
+from ...log import CONSOLE, console_write, progress_line
+from ...messages import RolloutStats
+from ...monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
+
+if TYPE_CHECKING:
+    from .actor import Controller
 
 
 @contextmanager
@@ -31,7 +35,7 @@ def timed(step: dict, key: str):
 
 
 class Metrics:
-    def __init__(self, ctl):
+    def __init__(self, ctl: Controller):
         self.ctl = ctl
         self.cfg = ctl.cfg
         self.path: Path | None = None
@@ -63,7 +67,7 @@ class Metrics:
             self.ctl.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
         self._rows_before_start = len(self.history)
         self._file = open(self.path, "a")
-        from ..metric_sinks import MetricSinks
+        from ...metric_sinks import MetricSinks
         sinks = MetricSinks(self.cfg, self.ctl.runtime.run_dir, self.ctl.log)
         await self.ctl.run_blocking(sinks.open, resume_at)   # wandb.init starts a service: off the loop
         self.sinks = sinks
@@ -137,7 +141,7 @@ class Metrics:
         --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
         if not examples:
             return
-        from ..samples import format_examples
+        from ...samples import format_examples
         self.last_examples = {"rollout_id": k, "examples": examples}
         every = self.cfg.logging.log_samples_interval
         if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):
@@ -151,8 +155,8 @@ class Metrics:
         return await self.ctl.run_blocking(self._finish, accounting)
 
     def _finish(self, accounting: dict | None) -> dict:
-        from ..plots import plot_run
-        ctl, evals = self.ctl, self.ctl.evals
+        from ...plots import plot_run
+        ctl, evals = self.ctl, self.ctl.evaluations.history
         if self._file is not None:
             self._file.close()
         png = plot_run(ctl.runtime.run_dir, self.history, evals)
@@ -160,7 +164,7 @@ class Metrics:
             self.sinks.close(png)
         first = {e["name"]: e["reward"] for e in evals if e["step"] == min(x["step"] for x in evals)} if evals else {}
         last = {e["name"]: e["reward"] for e in evals if e["step"] == max(x["step"] for x in evals)} if evals else {}
-        from ..eval_config import eval_sets, grader_name
+        from ...eval_config import eval_sets, grader_name
         graders = {s.name: grader_name(ctl.cfg, s) for s in eval_sets(ctl.cfg)} if evals else {}
         self.result = {"status": "stopped" if self.stopped else "done", "stopped": self.stopped,
                        "steps": len(self.history) - self._rows_before_start, "eval_before": first,

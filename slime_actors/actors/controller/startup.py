@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from .actor import Controller
 
 
 class StartupReport:
@@ -43,8 +43,8 @@ class StartupReport:
         self.done = True
         if self.ctl.replaying:   # (a replay writes nothing into the recorded run)
             return None
-        from ..launch import timeline
-        from ..log import console_write
+        from ...launch import timeline
+        from ...log import console_write
         try:
             out = timeline.breakdown(self.ctl.runtime.run_dir, timeline.snapshot(), self.steps, time.time())
             Path(self.ctl.runtime.run_dir, "startup.json").write_text(json.dumps(out, indent=1))

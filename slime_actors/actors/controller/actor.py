@@ -1,14 +1,14 @@
-"""The controller: the actor that runs the RL loop (slime_actors/loop.py: the synchronous and the asynchronous
-schedule on one page) and answers the messages about it -- engines reporting ready, trainer ranks joining their
-group, `status`.
+"""The controller: the actor that runs the RL loop (loop.py: the synchronous and the asynchronous schedule on one
+page) and answers the messages about it -- engines reporting ready, trainer ranks joining their group, `status`.
 
 What it keeps: the job's config, the current weight version and rollout id, the phase (for `status` and for what a
-restarted engine may do), the evaluations so far. Its parts, one job each (the loop's docstring lists them):
-typed handles on the buffer and the trainer ranks (slime_actors/handles.py), the engines (controller_engines.py),
-the training group and its recovery (controller_recovery.py), checkpoints (controller_checkpoints.py), the
-start-up breakdown printed after the first step (controller_startup.py), metrics,
-the hack alarms and the result (controller_metrics.py: JSONL, TensorBoard and W&B, RUN_DIR/alarms.jsonl; with
---hack-alarms stop the run ends after the step whose rollout tripped an alarm, with a checkpoint).
+restarted engine may do). What the loop may use of it is declared in surface.py (`Ctl`). Its parts, one file each in
+this package and each built as `Part(ctl)`: typed handles on the buffer and the trainer ranks
+(slime_actors/handles.py), the engines (engines.py), the training group and its recovery (training_group.py),
+checkpoints (checkpoints.py), evaluations (evaluations.py), the debug-data modes (debug_data.py), the start-up
+breakdown printed after the first step (startup.py), metrics, the hack
+alarms and the result (metrics.py: JSONL, TensorBoard and W&B, RUN_DIR/alarms.jsonl; with --hack-alarms stop the run
+ends after the step whose rollout tripped an alarm, with a checkpoint).
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import os
 
-from .. import loop
-from ..config import JobConfig
-from ..handles import Group, Handle
-from .base import DIRECTORY, Actor, handler
-from .controller_checkpoints import Checkpoints
-from .controller_engines import Engines
-from .controller_metrics import Metrics
-from .controller_recovery import TrainingGroup
-from .controller_startup import StartupReport
+from ...config import JobConfig
+from ...handles import Group, Handle
+from ..base import DIRECTORY, Actor, handler
+from . import loop
+from .checkpoints import Checkpoints
+from .debug_data import DebugData
+from .engines import Engines
+from .evaluations import Evaluations
+from .metrics import Metrics
+from .startup import StartupReport
+from .training_group import TrainingGroup
 
 BUFFER_RETRY_FOR = 600.0  # seconds an ask to the buffer is retried while it restarts (its methods are idempotent)
 
@@ -39,7 +41,6 @@ class Controller(Actor):
         self.version = 0                      # the policy's weight version (+1 per training step)
         self.rollout_id = 0                   # the step running
         self.phase = "starting"               # starting, sync, idle, rollout, train, eval, recovering, done
-        self.evals: list[dict] = []           # every evaluation so far: {step, name, reward, samples}
         self.done: asyncio.Future | None = None  # the job's result (or its error): the launcher waits on it
         # the other roles, as typed handles (slime_actors/handles.py), and the controller's parts
         self.directory = Handle(self, DIRECTORY)
@@ -48,6 +49,8 @@ class Controller(Actor):
         self.engines = Engines(self)
         self.checkpoints = Checkpoints(self, resume_from_save)
         self.group = TrainingGroup(self)
+        self.evaluations = Evaluations(self)
+        self.debug_data = DebugData(self)
         self.metrics = Metrics(self)
         self.startup = StartupReport(self)
 

@@ -14,14 +14,18 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_export_due, hf_export_path, iter_dir,
+from ...checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_export_due, hf_export_path, iter_dir,
                            latest_checkpoint, prune, read_meta, resolve_load, rolling, rolling_conflict, save_interval,
                            save_root)
 
+if TYPE_CHECKING:
+    from .actor import Controller
+
 
 class Checkpoints:
-    def __init__(self, ctl, resume_from_save: bool):
+    def __init__(self, ctl: Controller, resume_from_save: bool):
         self.ctl = ctl
         self.cfg = ctl.cfg
         self.resume_from_save = resume_from_save  # a restarted job (torchrun) resumes from the newest under --save
@@ -71,11 +75,11 @@ class Checkpoints:
         ctl, start = self.ctl, self.cfg.run.start_rollout_id or 0
         if self.latest is None:
             random.setstate(self._initial_rng)
-            ctl.evals = [e for e in ctl.evals if e["step"] <= start]
+            ctl.evaluations.history = [e for e in ctl.evaluations.history if e["step"] <= start]
             return start, 0
         meta = read_meta(self.latest)
         random.setstate(_tuple_state(meta["controller_rng"]))
-        ctl.evals = meta.get("evals", [])
+        ctl.evaluations.history = meta.get("evals", [])
         return meta["next_rollout_id"], meta["weight_version"]
 
     async def rollback_buffer(self, start: int, reason: str, token: str, timeout: float = 300.0) -> dict:
@@ -109,7 +113,7 @@ class Checkpoints:
         await asyncio.gather(ctl.trainers.save(str(path), save_optim=save_optim, ask_timeout=3600),
                              ctl.buffer.save(str(path), ask_timeout=600))
         meta = {"next_rollout_id": k + 1, "weight_version": ctl.version, "controller_rng": random.getstate(),
-                "evals": ctl.evals, "time": time.time()}
+                "evals": ctl.evaluations.history, "time": time.time()}
         self.latest = commit_checkpoint(root, k + 1, meta)  # what a restarted training group loads
         if self.rolling:
             prune(root, k + 1, ROLLING_KEEP)

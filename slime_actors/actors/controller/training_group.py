@@ -17,8 +17,12 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..handles import GroupFailed
+from ...handles import GroupFailed
+
+if TYPE_CHECKING:
+    from .actor import Controller
 
 MAX_GROUP_RESTARTS = 5  # training group restarts within 600 s before the job gives up
 
@@ -36,7 +40,7 @@ class Rendezvous:
 
 
 class TrainingGroup:
-    def __init__(self, ctl):
+    def __init__(self, ctl: Controller):
         self.ctl = ctl
         self.world = len(ctl.trainers)
         self.rdzv: Rendezvous | None = None
