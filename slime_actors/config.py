@@ -391,6 +391,13 @@ class AlgorithmSection:
     value_clip: float = flag(0.2, "ppo: clip range of the value loss", ge=0)
     calculate_per_token_loss: bool = flag(False, "reduce the loss per token instead of per sample")
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the reference model is loaded and run: a KL loss (its term, or with --kl-loss-coef 0 its
+        train/kl_loss metric, as slime logs it) or a KL penalty in the reward. Otherwise no reference model is
+        loaded and no reference forward runs."""
+        return self.use_kl_loss or self.kl_coef != 0
+
 
 @dataclass(slots=True)
 class TrainSection:

@@ -248,7 +248,7 @@ class MegatronBackend(TrainingBackend):
 
         self.config = self._transformer_config()
         self.gpt, self.model = self._build(self.hf_path, trainable=True)
-        if alg.use_kl_loss or alg.kl_coef > 0:
+        if alg.needs_reference:
             _, self.ref_model = self._build(cfg.model.ref_load or self.hf_path, trainable=False)
         self._build_optimizer()
         self._export_plan = self._make_export_plan()

@@ -313,7 +313,7 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         from_training = old_from_training
     old = None
     with phase("train_log_probs"):
-        if alg.use_kl_loss or kl_coef != 0:
+        if alg.needs_reference:
             ref, _ = backend.compute_log_probs(work, model="ref")
             work["ref_log_probs"] = ref
         if from_training:

@@ -184,7 +184,7 @@ class TorchBackend(TrainingBackend):
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
-        if (alg.use_kl_loss or alg.kl_coef > 0) and not (self.lora and not cfg.model.ref_load):
+        if alg.needs_reference and not (self.lora and not cfg.model.ref_load):
             ref = self._load_causal_lm(cfg.model.ref_load or self.hf_path)
             ref.requires_grad_(False)
             self.ref_model = ref
@@ -374,7 +374,7 @@ class TorchBackend(TrainingBackend):
             net = self._raw_model if self.parallel != "fsdp" else self.model
         elif model == "ref":
             alg = self.cfg.algorithm
-            if self.ref_model is None and not (self.lora and (alg.use_kl_loss or alg.kl_coef > 0)):
+            if self.ref_model is None and not (self.lora and alg.needs_reference):
                 raise ValueError("no reference model (enable --use-kl-loss or --kl-coef > 0)")
             # LoRA without --ref-load: the reference is the actor with its adapters switched off
             net = self.ref_model if self.ref_model is not None else (

@@ -54,7 +54,7 @@ def reference_problem(cfg: JobConfig) -> str | None:
     """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
     from ..checkpoints import detect_layout
     alg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+    if not ref or not alg.needs_reference:
         return None
     lay = detect_layout(ref)
     if lay.kind == "hf":
