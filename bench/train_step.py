@@ -1,6 +1,7 @@
 """The trainer's half of a step, before and after, side by side in one process: rl_update on one batch.
 
     .venv/bin/python bench/train_step.py [--model smollm2:135m] [--rounds 3] [--samples 32] [--micro-batch 16]
+    python3 bench/train_step.py --device cuda --samples 128 --micro-batch 16          # one GPU
 
 One GRPO batch like the CPU comparison's (prompts of ~40 tokens, responses of 4-64 tokens, a KL loss against the
 reference model, one optimizer step per rollout) is trained on by a fresh torch backend in each mode, the modes in
@@ -60,7 +61,7 @@ def config(model_dir: str, a, batch: dict, mode: str):
     flags = ["--prompt-data", str(prompts), "--hf-checkpoint", model_dir, "--rm-type", "exact_match",
              "--run-dir", str(tmp / "run"), "--rollout-batch-size", str(n // 4), "--n-samples-per-prompt", "4",
              "--global-batch-size", str(n), "--micro-batch-size", str(a.micro_batch), "--lr", "1e-5",
-             "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl", "--seed", "1"]
+             "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl", "--seed", "1", "--device", a.device]
     mean_len = sum(len(t) for t in batch["tokens"]) / n
     if mode in ("+ dynamic", "+ one ref pass"):
         flags += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(int(a.micro_batch * mean_len))]
@@ -98,6 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
