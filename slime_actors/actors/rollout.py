@@ -71,22 +71,15 @@ class RolloutWorker(EngineSupervisor, Actor):
                              a.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
-        # importing transformers takes seconds: off the loop so heartbeats keep going, and while the engine starts
-        # (its start is the longest part of this worker's; the buffer, asked next, may still be loading prompts)
-        tokenizer = asyncio.ensure_future(self.run_blocking(_timed, "tokenizer", _load_tokenizer,
-                                                            a.model.hf_checkpoint))
-        try:
-            await self._start_router()
-            from ..launch import timeline
-            with timeline.phase("engine start"):
-                await self._start_engine()
-            await self._release_previous()
-            self.tokenizer = await tokenizer
-        finally:
-            if not tokenizer.done():
-                tokenizer.cancel()
-            elif not tokenizer.cancelled():
-                tokenizer.exception()   # (retrieved: a failed start reports the engine's cause, not this one)
+        # importing transformers takes seconds: off the loop so heartbeats keep going. Not alongside the engine's
+        # start: the loop's own imports would wait on the import lock the tokenizer's thread holds (a silent actor,
+        # killed under load). Then the engine, before the buffer is asked anything (it may still be loading prompts)
+        self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer, a.model.hf_checkpoint)
+        await self._start_router()
+        from ..launch import timeline
+        with timeline.phase("engine start"):
+            await self._start_engine()
+        await self._release_previous()
         self.generation.load()
         await self.generation.start()
         self.spawn(self._pull_loop(), name="pull")
