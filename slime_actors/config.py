@@ -415,6 +415,13 @@ class AlgorithmSection:
     value_clip: float = flag(0.2, "ppo: clip range of the value loss", ge=0)
     calculate_per_token_loss: bool = flag(False, "reduce the loss per token instead of per sample")
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the reference model is loaded and run: a KL loss (its term, or with --kl-loss-coef 0 its
+        train/kl_loss metric, as slime logs it) or a KL penalty in the reward. Otherwise no reference model is
+        loaded and no reference forward runs."""
+        return self.use_kl_loss or self.kl_coef != 0
+
 
 @dataclass(slots=True)
 class TrainSection:
@@ -442,6 +449,12 @@ class TrainSection:
     micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)", ge=1)
     use_dynamic_batch_size: bool = flag(False, "pack micro-batches up to --max-tokens-per-gpu tokens")
     max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch", ge=1)
+    log_probs_max_tokens_per_gpu: int | None = flag(
+        None, "tokens per micro-batch of the no-grad passes (reference and old-policy log-probs, critic values), "
+              "packed by length; default: on a GPU as many as half its free memory holds, on CPU the training "
+              "micro-batches",
+        slime=(None, "slime's default is --max-tokens-per-gpu; a no-grad pass keeps no activations, so here it "
+                     "is sized to the GPU's free memory", "sized to the device", "--max-tokens-per-gpu"), ge=1)
     num_steps_per_rollout: int | None = flag(
         None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)", ge=1)
     bf16: bool = flag(False, "train in bfloat16 (fp32 master weights)", origin="megatron")

@@ -25,6 +25,7 @@ class GpuCount:
     count: int
     source: str              # where the number comes from
     detail: str = ""         # why there are none (a CPU build of torch, an empty CUDA_VISIBLE_DEVICES, ...)
+    memory_bytes: int | None = None   # the first GPU's memory (sizes a colocated engine's share), when known
 
     def describe(self) -> str:
         n = f"{self.count} GPU{'' if self.count == 1 else 's'} visible"
@@ -64,10 +65,19 @@ def count_gpus(environ: Mapping[str, str] | None = None,
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         source += f" with CUDA_VISIBLE_DEVICES={cvd!r}"
+    memory = _gpu_memory() if n and torch_count is None else None
     slurm = slurm_gpus(env)
     if slurm is not None and slurm[0] < n:
-        return GpuCount(slurm[0], f"{slurm[1]}; torch sees {n}", detail)
-    return GpuCount(n, source, detail)
+        return GpuCount(slurm[0], f"{slurm[1]}; torch sees {n}", detail, memory)
+    return GpuCount(n, source, detail, memory)
+
+
+def _gpu_memory() -> int | None:
+    try:
+        import torch
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:
+        return None
 
 
 def training_device(spec: str, rank: int):

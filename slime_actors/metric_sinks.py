@@ -43,8 +43,8 @@ class MetricSinks:
         logging_cfg = self.cfg.logging
         if logging_cfg.use_tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_at)
+                from .tb_writer import TensorBoardWriter   # (not torch's SummaryWriter: the head needs no torch)
+                self.tb = TensorBoardWriter(str(self.run_dir / "tensorboard"), purge_step=resume_at)
             except Exception as exc:  # tensorboard missing: JSONL and the PNG still have everything
                 self.log.warning("tensorboard unavailable", error=repr(exc))
         if logging_cfg.use_wandb:

@@ -257,15 +257,13 @@ SLIME_ACCEPTED: list[CompatFlag] = [
                note="a speed option (balances tokens over data-parallel ranks); each rank trains whole prompt groups "
                     "here"),
     CompatFlag("--balance-by-flops", "noop", origin="slime", note="a speed option of micro-batch packing"),
-    CompatFlag("--log-probs-max-tokens-per-gpu", "noop", int, origin="slime",
-               note="log-probs are computed in the training micro-batches (--max-tokens-per-gpu) here"),
     CompatFlag("--log-probs-chunk-size", "noop", int, origin="slime", note="a memory option"),
     CompatFlag("--recompute-loss-function", "noop", origin="slime", note="a memory option"),
     CompatFlag("--data-pad-size-multiplier", "noop", int, origin="slime", note="a speed option (padding)"),
     CompatFlag("--use-distributed-post", "noop", origin="slime", note="a speed option of slime's HTTP client"),
     CompatFlag("--async-save", "noop", origin="slime", note="checkpoints are written synchronously here"),
     CompatFlag("--keep-old-actor", "noop", origin="slime",
-               note="old log-probs are recomputed by the trainer before its update here"),
+               note="old log-probs are the trainer's before its update here (on-policy: its training forward's)"),
     CompatFlag("--offload", "noop", origin="slime",
                note="memory is not offloaded between phases here; with --colocate leave the trainer room with "
                     "--sglang-mem-fraction-static"),

@@ -27,8 +27,10 @@ def main(argv: list[str]) -> int:
     machine's GPUs (launch/placement.py: checked before any process starts; one GPU colocates by itself)."""
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
+    from . import startup_timeline as timeline
     try:
-        plan = plan_job(argv, place=True, data=True, paths=True, keep_rows=not dry_run)
+        with timeline.phase("config"):
+            plan = plan_job(argv, place=True, data=True, paths=True, keep_rows=not dry_run)
     except ConfigError as exc:
         print_errors(exc, PROG)
         return 2

@@ -235,6 +235,36 @@ def test_report_tables_ratios_and_plots_from_fixture_runs(tmp_path):
     assert "vLLM" in md and "## Held-out responses" in md
 
 
+def test_report_bound_row_and_process_memory(tmp_path):
+    """Issue 33: the step over its parts measured alone (alone.json from bench/step_split.py --alone; the goal is
+    1.3x) and the run's processes' own memory (proctree.json: PSS, so other users of the machine do not count)."""
+    work = fixture_work(tmp_path)
+    # parts alone of rollouts 1 and 2 (steps 2 and 3: 2 s and 6 s): 2 / (1.0 + 0.5), 6 / (3.0 + 1.0)
+    (work / "ours-local" / "alone.json").write_text(json.dumps(
+        {"rollout_ids": [1, 2], "generation": [1.0, 3.0], "train": [0.5, 1.0]}))
+    (work / "ours-local" / "proctree.json").write_text(json.dumps(
+        {"peak_pss_mib": 2048.0, "peak_split_mib": {"trainer/0": 1024.0, "engine": 512.0, "head": 512.0},
+         "roles": [{"name": "trainer/0", "cpu_s": 3.0}, {"name": "engine", "cpu_s": 2.0}]}))
+    (work / "trl" / "proctree.json").write_text(json.dumps({"peak_pss_mib": 1024.0, "peak_split_mib": {"head": 1024.0},
+                                                           "roles": [{"name": "head", "cpu_s": 4.0}]}))
+    out = tmp_path / "out"
+    report.build_report(work, out, ["ours-local", "trl"])
+    md = (out / "report.md").read_text()
+    assert table_row(md, "step / its parts alone") == [
+        "step / its parts alone (generation + update + weight sync; goal <= 1.3)", "1.42 (2 steps)", "", ""]
+    assert table_row(md, "peak memory of the run's processes") == [
+        "peak memory of the run's processes (GiB, host PSS)", "2.00", "1.00", "2.00 (TRL better)"]
+    assert "ours-local: host memory (PSS, MiB) of its processes at their peak: trainer/0 1024, engine 512, head 512" \
+        in md
+    # without the measurements the rows say so instead of inventing numbers
+    for f in ("alone.json", "proctree.json"):
+        (work / "ours-local" / f).unlink()
+    report.build_report(work, out, ["ours-local", "trl"])
+    md = (out / "report.md").read_text()
+    assert table_row(md, "step / its parts alone")[1] == "n/a"
+    assert table_row(md, "peak memory of the run's processes")[1:3] == ["n/a", "1.00"]
+
+
 def test_accuracy_at_time_takes_the_last_evaluation_reached():
     r = report.Run("x", "ours", "x", steps=[{"step": 1, "seconds": 4.0}, {"step": 2, "seconds": 4.0}],
                    evals=[{"step": 0, "accuracy": 0.1}, {"step": 2, "accuracy": 0.6}])

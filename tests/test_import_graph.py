@@ -86,14 +86,15 @@ def layer(mod: str) -> str:
 # The floors, bottom up: every room (a subpackage, or a module at the package's top) on one floor; a room imports
 # rooms of its own floor or below (docs/architecture.md, "Layers"). An import of a room above is an arrow back up.
 FLOORS: dict[str, tuple[str, ...]] = {
-    "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus"),
+    "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus",
+               "startup_timeline"),
     "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "heapwatch",
                         "config",
                         "hack_thresholds",
                         "models"),
     "work": ("algo", "backends", "checkpoints", "safe_pickle", "run_dir", "data", "filters", "rewards", "sandbox",
              "search", "environments", "monitor", "eval_config", "buffer_state", "sample_display", "metric_sinks",
-             "plots"),
+             "tb_writer", "plots"),
     "roles": ("actors",),
     "launch": ("launch", "train"),
     "tools": ("traces",),

@@ -206,3 +206,37 @@ def test_training_device_is_the_flag_and_refuses_cuda_without_it():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="--device cuda but no CUDA device is available"):
             training_device("cuda", 0)
+
+
+# -- the colocated engine's memory share, sized for the model (issue 33) ------------------------------------------
+
+def test_colocated_engine_share_is_sized_for_the_model(tmp_path):
+    """A 135M-parameter model on an H200 needs a few GiB, not 40 % of the GPU; the share grows with the requests in
+    flight and their length, stays between 0.05 and 0.4, and an explicit --sglang-mem-fraction-static wins. Without
+    the model's config.json or the GPU's memory the fixed 0.4 stays."""
+    import json
+
+    from slime_actors.launch.placement import model_memory
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({   # SmolLM2-135M's shape
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "intermediate_size": 1536, "tie_word_embeddings": True}))
+    h200 = GpuCount(1, "test", memory_bytes=141 << 30)
+
+    def share(*flags, gpus=h200):
+        cfg, _, plan = placed(gpus, "--hf-checkpoint", str(model), "--rollout-engine", "sglang", *flags)
+        assert flag_value(cfg.engine.sglang_args, "--mem-fraction-static") == plan.mem_fraction
+        return plan.mem_fraction
+    weights, per_token = model_memory(placed(h200, "--hf-checkpoint", str(model), "--rollout-engine", "sglang")[0])
+    assert 134e6 * 2 < weights < 136e6 * 2 and per_token == 2 * 30 * 3 * 64 * 2      # fp16 weights and KV
+    assert share() == "0.05"                                                         # the floor
+    assert share("--rollout-concurrency", "2048", "--rollout-max-response-len", "4096") == "0.40"   # the ceiling
+    mid = share("--rollout-concurrency", "512", "--rollout-max-response-len", "1024")
+    assert 0.05 < float(mid) < 0.4
+    need = (weights + per_token * 512 * (1024 + 1024)) * 1.5 + (1 << 30)
+    assert float(mid) - 0.01 < need / (141 << 30) <= float(mid)
+    assert share("--sglang-mem-fraction-static", "0.3") == "0.3"                      # the user's
+    assert share(gpus=GpuCount(1, "test")) == "0.4"                                  # GPU memory unknown
+    cfg, _, plan = placed(h200, "--hf-checkpoint", str(tmp_path), "--rollout-engine", "sglang")  # no config.json
+    assert plan.mem_fraction == "0.4" and model_memory(cfg) is None

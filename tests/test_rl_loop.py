@@ -48,6 +48,15 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
     assert (run / "curves.png").stat().st_size > 10_000
     assert any((run / "tensorboard").iterdir())
     assert len(list((run / "traces").glob("*.trace"))) >= 6
+    # where the time to the first step went (slime_actors/startup_timeline.py): every actor's start-up phases, the controller's
+    st = json.loads((run / "startup.json").read_text())
+    assert set(st["actors"]) == {"buffer/0", "reward/0", "rollout/0", "trainer/0"}
+    phases = {a: [p[0] for p in v["phases"]] for a, v in st["actors"].items()}
+    assert {"engine start", "tokenizer"} <= set(phases["rollout/0"])
+    assert {"import torch", "model load"} <= set(phases["trainer/0"])
+    steps = [p[0] for p in st["steps"]]
+    assert steps[:2] == ["actors up", "trainers ready"] and steps[-3:] == ["rollout 0", "train 0", "weight sync 0"]
+    assert 0 < st["actors"]["trainer/0"]["ready"] < st["total_s"] and st["steps"][-1][2] <= st["total_s"]
 
 
 @pytest.mark.slow

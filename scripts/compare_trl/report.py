@@ -59,6 +59,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     util: list[dict] = field(default_factory=list)
     questions: dict[int, list[str]] = field(default_factory=dict)   # step -> its prompts (TRL: its reward calls)
+    procs: dict = field(default_factory=dict)          # proctree.json: the run's processes' memory and CPU
+    alone: dict = field(default_factory=dict)          # alone.json: our steps' parts measured alone
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -117,7 +119,9 @@ def load_ours(run_dir: Path, name: str) -> Run:
         n = float(r.get("rollout/samples") or 0)
         run.steps.append({"step": r["rollout_id"] + 1, "seconds": hi - lo, "samples": n,
                           "gen_tokens": n * float(r.get("rollout/response_len_mean") or 0.0),
-                          "reward_mean": r.get("rollout/reward_mean"), "end": hi})
+                          "reward_mean": r.get("rollout/reward_mean"), "end": hi,
+                          "sync": float(r.get("time/weight_sync") or 0.0)})
+    run.alone = _read_optional(run_dir / "alone.json")
     run.evals = load_evals(run_dir)
     if not run.evals:  # no saved responses: the metrics' eval/heldout (no step 0 there)
         run.evals = [{"step": r["rollout_id"] + 1, "accuracy": float(r["eval/heldout"]), "n": None}
@@ -186,13 +190,39 @@ def load_trl(run_dir: Path, name: str) -> Run:
     return run
 
 
+def _read_optional(path: Path) -> dict:
+    """A JSON object the run may not have (an older run, a measurement that failed): {} then."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def load_run(work: Path, name: str) -> Run:
     d = work / name
     if not d.is_dir():
         run = Run(name, "trl" if name == "trl" else "ours", name)
         run.notes.append(f"{d}: no such run folder (the run did not start)")
         return run
-    return load_trl(d, name) if name == "trl" or (d / "trl_metrics.jsonl").exists() else load_ours(d, name)
+    run = load_trl(d, name) if name == "trl" or (d / "trl_metrics.jsonl").exists() else load_ours(d, name)
+    run.procs = _read_optional(d / "proctree.json")
+    return run
+
+
+def bound_ratio(run: Run) -> tuple[float | None, int]:
+    """Our steps against their irreducible parts measured alone (alone.json, bench/step_split.py --alone): per step
+    k, its time / (generating its batch alone + its RL update alone + its weight sync), the median over the steps
+    measured; and how many. The goal: at most 1.3."""
+    a = run.alone
+    ids, gen, train = a.get("rollout_ids") or [], a.get("generation") or [], a.get("train") or []
+    by_step = {s["step"]: s for s in run.steps}
+    ratios = []
+    for k, g, t in zip(ids, gen, train):
+        s = by_step.get(int(k) + 1)
+        if s is not None and g + t + s.get("sync", 0.0) > 0:
+            ratios.append(s["seconds"] / (g + t + s.get("sync", 0.0)))
+    return (statistics.median(ratios) if ratios else None), len(ratios)
 
 
 def same_prompts(work: Path, ours: Run, trl: Run) -> tuple[int, list[str]]:
@@ -267,6 +297,12 @@ def run_metrics(run: Run, job: dict) -> dict:
         m["util_mean_pct"] = m["peak_mem_gib"] = None
     if run.torch_peak_gib is not None:
         m["torch_peak_reserved_gib"] = run.torch_peak_gib
+    if run.procs.get("peak_pss_mib"):
+        m["proc_peak_pss_gib"] = float(run.procs["peak_pss_mib"]) / 1024.0
+        m["proc_peak_split_mib"] = run.procs.get("peak_split_mib", {})
+        m["proc_cpu_s"] = {r["name"]: r["cpu_s"] for r in run.procs.get("roles", [])}
+    if run.framework == "ours":
+        m["bound_ratio"], m["bound_steps"] = bound_ratio(run)
     if run.split:
         walls = [r["wall"] for r in run.split]
         tot = sum(walls)
@@ -284,6 +320,7 @@ def run_metrics(run: Run, job: dict) -> dict:
 
 # which way is better, for the ratio column: -1 lower is better, +1 higher is better, 0 neither
 DIRECTION = {"step_median_s": -1, "step_p90_s": -1, "samples_per_s": 1, "tokens_per_s": 1, "peak_mem_gib": -1,
+             "proc_peak_pss_gib": -1,
              "time_to_first_step_s": -1, "acc_equal_steps": 1, "acc_equal_time": 1, "util_mean_pct": 0,
              "train_seconds": -1}
 
@@ -364,8 +401,9 @@ def differences(job: dict) -> list[str]:
         "KL estimator: both k3 (exp(ref - logp) - (ref - logp) - 1); ours clamps it to [-10, 10] (low_var_kl).",
         "Advantage: (r - mean) / (std + eps), unbiased std on both; eps 1e-6 (ours) vs 1e-4 (TRL). A group with "
         "identical rewards gets 0 on both.",
-        "Old log-probs: on-policy on both (one optimizer step per rollout): ours computes them with the trainer "
-        "before the update, TRL uses the detached current ones (ratio 1 by construction).",
+        "Old log-probs: on-policy on both (one optimizer step per rollout): both use the training forward's own "
+        "log-probs, detached (ratio 1 by construction; ours before this project's issue 33 ran a forward of "
+        "their own).",
         "Response tokens: TRL counts the end-of-sequence token in a completion; ours counts what the engine "
         "returned. Generated tokens/s uses each side's own count.",
         "Held-out evaluation: ours by the rollout engine (greedy, the same batching as the rollout); TRL by our "
@@ -397,10 +435,15 @@ def _metric_rows(runs: list[Run], cmp: dict, job: dict) -> list[str]:
         ("samples/s", "samples_per_s", lambda m: _f(m["samples_per_s"], 1)),
         ("generated tokens/s", "tokens_per_s", lambda m: _f(m["tokens_per_s"], 0)),
         (mem_label, "peak_mem_gib", lambda m: _f(m["peak_mem_gib"])),
+        ("peak memory of the run's processes (GiB, host PSS)", "proc_peak_pss_gib",
+         lambda m: _f(m.get("proc_peak_pss_gib"))),
         (util_label, "util_mean_pct", lambda m: _f(m["util_mean_pct"], 0)),
         ("time to first step (s)", "time_to_first_step_s",
          lambda m: _f(m["time_to_first_step_s"], 1) + ("*" if m.get("time_to_first_step_note") else "")),
         ("training wall-clock, all steps (s)", "train_seconds", lambda m: _f(m["train_seconds"], 1)),
+        ("step / its parts alone (generation + update + weight sync; goal <= 1.3)", None,
+         lambda m: (_f(m.get("bound_ratio")) + (f" ({m['bound_steps']} steps)" if m.get("bound_steps") else "")
+                    if m.get("bound_ratio") is not None else ("n/a" if "bound_ratio" in m else ""))),
         ("held-out accuracy before training", None, lambda m: _f(m["accuracy_before"], 3)),
         (f"held-out accuracy at equal steps (step {es})", "acc_equal_steps", lambda m: _f(m["acc_equal_steps"], 3)),
         (f"held-out accuracy at equal wall-clock ({_f(et, 1)} s)", "acc_equal_time",
@@ -526,6 +569,11 @@ def render_markdown(runs: list[Run], cmp: dict, job: dict, work: Path, images: d
         if m.get("torch_peak_reserved_gib") is not None:
             L.append(f"\n{r.name}: torch's own peak reserved memory in its process: "
                      f"{_f(m['torch_peak_reserved_gib'])} GiB.")
+        if m.get("proc_peak_split_mib"):
+            split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(m["proc_peak_split_mib"].items(),
+                                                               key=lambda kv: -kv[1]))
+            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m.get("proc_cpu_s", {}).items(), key=lambda kv: -kv[1]))
+            L.append(f"\n{r.name}: host memory (PSS, MiB) of its processes at their peak: {split}; CPU seconds: {cpu}.")
     L += ["", "## Held-out accuracy per evaluation", ""]
     steps = sorted({e["step"] for r in runs for e in r.evals})
     L.append("| step | " + " | ".join(r.name for r in runs) + " |")

@@ -38,10 +38,10 @@ TASKS = ("mul1", "add2", "mul2x1", "word1", "word2", "word")
 ENGINES = ("local", "sglang")
 BACKENDS = ("torch", "megatron")
 # SGLang on one GPU beside the trainer: the flags scripts/sglang_gpu_check.py runs it with (triton attention, no
-# CUDA graphs: the image lacks flash-attention kernels), a fifth of the GPU for its KV cache
+# CUDA graphs: the image lacks flash-attention kernels); its memory share is sized for the model by the placement
+# (launch/placement.py sized_mem_fraction: weights + KV cache of the requests in flight), not a fixed fraction
 SGLANG_FLAGS = ("--sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-disable-cuda-graph "
-                "--sglang-mem-fraction-static 0.2 --sglang-skip-tokenizer-init --sglang-grammar-backend none "
-                "--sglang-skip-server-warmup")
+                "--sglang-skip-tokenizer-init --sglang-grammar-backend none --sglang-skip-server-warmup")
 
 
 class JobError(ValueError):
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--work", default="runs/compare_trl", help="run directories, data, logs")
     a("--out", default=os.environ.get("OUT") or None, help="where the report goes (default WORK/report)")
     a("--sample-interval", type=float, default=0.5, help="seconds between utilisation samples")
+    a("--no-alone", action="store_true", help="skip measuring our steps' parts alone (bench/step_split.py --alone: "
+                                              "the 1.3x bound row)")
+    a("--alone-timeout", type=float, default=600.0, help="seconds the parts-alone measurement may take per run")
     a("--report-only", action="store_true", help="rebuild the report from WORK; run nothing")
     return p
 
@@ -189,7 +192,8 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
            "--micro-batch-size", str(job["micro_batch"]), "--use-kl-loss", "--kl-loss-coef", str(job["kl"]),
            "--kl-loss-type", "low_var_kl", "--eps-clip", str(job["clip"]), "--adam-beta1", "0.9",
            "--adam-beta2", "0.98", "--clip-grad", "1.0", "--weight-decay", "0",
-           "--rollout-engine", engine, "--train-backend", backend, "--device", job["device"], "--progress", "false"]
+           "--rollout-engine", engine, "--train-backend", backend, "--device", job["device"], "--progress", "false",
+           "--save-debug-rollout-data", str(run_dir / "rollouts")]   # (for the parts alone: bench/step_split.py)
     if job["eval_every"]:
         cmd += ["--eval-interval", str(job["eval_every"])]
     if job["device"] == "cuda":
@@ -213,7 +217,9 @@ def trl_command(a: argparse.Namespace, job_file: Path, out: Path, t_launch: floa
 
 
 def run_one(name: str, cmd: list[str], log_path: Path, timeout: float, sampler, env: dict) -> dict:
-    """Run a command in its own process group with a time limit; returns what happened (for run_info.json)."""
+    """Run a command in its own process group with a time limit; returns what happened (for run_info.json). The
+    memory and CPU of its processes go to proctree.json beside the log (scripts/compare_trl/proctree.py)."""
+    from .proctree import ProcTree
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sampler.label = name
     say(f"{name}: starting (limit {timeout:.0f} s): {' '.join(shlex.quote(c) for c in cmd)}")
@@ -221,6 +227,7 @@ def run_one(name: str, cmd: list[str], log_path: Path, timeout: float, sampler, 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                 start_new_session=True)
+        tree = ProcTree(proc.pid, interval=sampler.interval).start()
         timed_out = False
         try:
             rc = proc.wait(timeout)
@@ -230,6 +237,8 @@ def run_one(name: str, cmd: list[str], log_path: Path, timeout: float, sampler, 
             _stop_group(proc)
             rc = proc.returncode
     t1 = time.time()
+    tree.stop()
+    (log_path.parent / "proctree.json").write_text(json.dumps(tree.summary(), indent=1))
     sampler.label = ""
     info = {"name": name, "command": cmd, "t_launch": t0, "t_end": t1, "rc": rc, "timed_out": timed_out,
             "seconds": t1 - t0, "log": str(log_path)}
@@ -237,6 +246,22 @@ def run_one(name: str, cmd: list[str], log_path: Path, timeout: float, sampler, 
     say(f"{name}: exit {rc} after {t1 - t0:.0f} s" + ("" if rc == 0 else "; last lines of its log:\n  "
                                                        + "\n  ".join(tail)))
     return info
+
+
+def measure_alone(a: argparse.Namespace, run_dir: Path, env: dict) -> None:
+    """Our run's irreducible parts, each alone on its own rollouts (bench/step_split.py --alone): RUN/alone.json,
+    which the report's 1.3x bound row reads. The first rollout is left out (warm-up)."""
+    cmd = [a.python, str(ROOT / "bench" / "step_split.py"), "--alone", str(run_dir), "--skip", "1"]
+    say(f"{run_dir.name}: its parts alone: {' '.join(shlex.quote(c) for c in cmd)}")
+    with open(run_dir / "alone.log", "w") as log:
+        try:
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=a.alone_timeout)
+            ok = p.returncode == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+    if not ok:
+        say(f"{run_dir.name}: the parts-alone measurement failed or passed {a.alone_timeout:.0f} s (see "
+            f"{run_dir / 'alone.log'}); the report leaves the bound row empty")
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -262,7 +287,8 @@ def pack_runs(work: Path, names: list[str], dest: Path) -> Path:
                 tar.add(work / rel, arcname=rel)
         for n in names:
             d = work / n
-            for rel in ("run_info.json", "console.log", "metrics.jsonl", "trl_metrics.jsonl", "evals", "logs"):
+            for rel in ("run_info.json", "console.log", "metrics.jsonl", "trl_metrics.jsonl", "evals", "logs",
+                        "proctree.json", "alone.json", "startup.json"):
                 if (d / rel).exists():
                     tar.add(d / rel, arcname=f"{n}/{rel}")
     return dest
@@ -316,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 info = run_one(name, cmd, d / "console.log", a.ours_timeout, sampler, env)
                 info.update({"framework": "ours", "engine": engine, "backend": backend})
                 (d / "run_info.json").write_text(json.dumps(info, indent=1))
+                if not a.no_alone and info["rc"] == 0:
+                    measure_alone(a, d, env)
                 time.sleep(2 * a.sample_interval)   # an idle sample or two between runs
             if not a.no_trl:
                 d = work / "trl"

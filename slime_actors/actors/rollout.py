@@ -72,12 +72,16 @@ class RolloutWorker(EngineSupervisor, Actor):
                              cfg.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
-        # importing transformers takes seconds: do it off the loop so heartbeats keep going
-        self.tokenizer = await self.run_blocking(_load_tokenizer, cfg.model.hf_checkpoint)
-        self.generation.load()
-        await self._release_previous()
+        # importing transformers takes seconds: off the loop so heartbeats keep going. Not alongside the engine's
+        # start: the loop's own imports would wait on the import lock the tokenizer's thread holds (a silent actor,
+        # killed under load). Then the engine, before the buffer is asked anything (it may still be loading prompts)
+        self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer, cfg.model.hf_checkpoint)
         await self._start_router()
-        await self._start_engine()
+        from .. import startup_timeline as timeline
+        with timeline.phase("engine start"):
+            await self._start_engine()
+        await self._release_previous()
+        self.generation.load()
         await self.generation.start()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")
@@ -277,3 +281,10 @@ class RolloutWorker(EngineSupervisor, Actor):
     def held_groups(self) -> list:
         """Work ids this worker holds (generating, scoring or handing in): the buffer reconciles after a restart."""
         return sorted(self._inflight)
+
+
+def _timed(name: str, fn, *args):
+    """fn(*args) as a phase of this process's start-up (slime_actors/startup_timeline.py)."""
+    from .. import startup_timeline as timeline
+    with timeline.phase(name):
+        return fn(*args)

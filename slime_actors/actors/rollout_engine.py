@@ -112,7 +112,7 @@ class EngineSupervisor(Actor):
     async def _start_engine(self) -> None:
         from ..backends.engine_client import EngineClient
         from ..backends.engine_process import launch_engine
-        from ..backends.weight_sync import find_free_port as free_port
+        from ..backends.engine_process import find_free_port as free_port
         cfg = self.cfg
         if cfg.engine.rollout_external_engine_addrs:
             addrs = cfg.engine.rollout_external_engine_addrs
@@ -230,7 +230,7 @@ class EngineSupervisor(Actor):
         elif self.index == 0:
             from ..backends.engine_process import launch_engine
             from ..backends.sglang_launch import check_router_flags, router_command
-            from ..backends.weight_sync import find_free_port as free_port
+            from ..backends.engine_process import find_free_port as free_port
             # (what the router's start-up gives is recorded, as the engine's: replay runs this with no router)
             port = cfg.engine.sglang_router_port or self.recorded("router.port", free_port)
             # rollout workers on other hosts send generation here: then it listens on this node's address

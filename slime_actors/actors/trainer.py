@@ -67,7 +67,9 @@ class TrainerRank(Actor):
         cfg = self.cfg
         self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
         self.world_size = cfg.train.n_ranks
-        rdzv = await self._rendezvous()
+        from .. import startup_timeline as timeline
+        with timeline.phase("rendezvous"):
+            rdzv = await self._rendezvous()
         await self.run_blocking(self._init, rdzv)
         self.generation = rdzv.generation
         await self.controller.tell.trainer_ready(self.rank, self.generation,
@@ -94,8 +96,10 @@ class TrainerRank(Actor):
     def _init(self, rdzv: Joined) -> None:
         import datetime
 
-        import torch
-        import torch.distributed as dist
+        from .. import startup_timeline as timeline
+        with timeline.phase("import torch"):
+            import torch
+            import torch.distributed as dist
         cfg = self.cfg
         # every generator a rank's code may draw from (as Megatron's _set_random_seed): a run is reproducible, and
         # so is its checkpoint's RNG state (docs/reproducibility.md)
@@ -136,7 +140,8 @@ class TrainerRank(Actor):
         self.profiler = TrainProfiler(cfg.debug, self.rank, self.runtime.run_dir, self.name)
         self.profiler.start_memory_history()
         self.backend = backend_class(cfg, self.rank, self.world_size)
-        self.backend.init()
+        with timeline.phase("model load"):
+            self.backend.init()
         from ..recorder import environment
         # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
         # what differs (docs/reproducibility.md)

@@ -152,6 +152,17 @@ def micro_batches_from_config(train: TrainSection, lengths: Sequence[int], min_c
                                dynamic=train.use_dynamic_batch_size, min_count=min_count)
 
 
+def forward_micro_batches(train: TrainSection, lengths: Sequence[int], min_count: int = 0,
+                          fits_tokens: int | None = None) -> list[list[int]]:
+    """Micro-batches of a no-grad pass (reference / old-policy log-probs, critic values): packed by length up to
+    --log-probs-max-tokens-per-gpu tokens, else up to `fits_tokens` (the backend's estimate of what its device
+    holds), else the training micro-batches. A no-grad forward keeps no activations, so it can take more at once."""
+    budget = train.log_probs_max_tokens_per_gpu or fits_tokens
+    if budget:
+        return micro_batch_indices(lengths, max_tokens=budget, dynamic=True, min_count=min_count)
+    return micro_batches_from_config(train, lengths, min_count=min_count)
+
+
 def pad_tokens(token_lists: Sequence[Sequence[int]], pad_id: int = 0, device: torch.device | str | None = None,
                pad_to_multiple_of: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad sequences into ``(input_ids [B, T], attention_mask [B, T], position_ids [B, T])``.

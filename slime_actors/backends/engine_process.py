@@ -28,6 +28,16 @@ from pathlib import Path
 
 from slime_actors.log import get_logger
 
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back, close). Here, not in weight_sync: the
+    processes that only start engines (rollout workers) need no torch."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
 log = get_logger(component="engine_process")
 
 LOCAL_ENGINE_MODULE = "slime_actors.backends.local_engine"
@@ -209,7 +219,6 @@ def launch_engine(module: str, args: Mapping | Sequence[str] | None = None, env:
     """Start `python -m <module> <flags>` and (by default) wait for /health. `args` is a flag dict or an argv list;
     --host defaults to 127.0.0.1 and --port to a free port. `env` entries are added to this process's env.
     `redact`: secrets never to show in logs (output lines, the command line)."""
-    from slime_actors.backends.weight_sync import find_free_port
     argv = flags_to_argv(args)
     host = _flag_value(argv, "--host")
     if host is None:

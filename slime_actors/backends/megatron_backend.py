@@ -50,7 +50,7 @@ from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
 from . import megatron_convert as mc
-from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .batching import forward_micro_batches, pad_tokens, select, validate_batch
 from .listen import limit_collectives, tcp_store
 from ..safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
@@ -252,7 +252,7 @@ class MegatronBackend(TrainingBackend):
 
         self.config = self._transformer_config()
         self.gpt, self.model = self._build(self.hf_path, trainable=True)
-        if algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0:
+        if algorithm_cfg.needs_reference:
             _, self.ref_model = self._build(cfg.model.ref_load or self.hf_path, trainable=False)
         self._build_optimizer()
         self._export_plan = self._make_export_plan()
@@ -466,7 +466,7 @@ class MegatronBackend(TrainingBackend):
         if n == 0:
             return [], ([] if with_entropy else None)
         lengths = [len(t) for t in batch["tokens"]]
-        mbs = micro_batches_from_config(self.cfg.train, lengths)
+        mbs = forward_micro_batches(self.cfg.train, lengths)
         store = self._run(net, [select(batch, idx) for idx in mbs], forward_only=True, with_entropy=with_entropy)
         resp = [int(r) for r in batch["response_lengths"]]
         total = sum(resp)

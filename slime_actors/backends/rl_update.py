@@ -6,7 +6,11 @@ On each rank, for its shard of the rollout (whole prompt groups):
 
 1. reference log-probs (--use-kl-loss or --kl-coef != 0) and the actor's old log-probs, before any update;
    their gap to the engine's rollout log-probs is reported (``train_rollout_logprob_abs_diff`` mean over
-   loss-masked tokens, ``..._max``);
+   loss-masked tokens, ``..._max``). On-policy -- one optimizer step per rollout and nothing before the update
+   needs them (`old_log_probs_from_training`) -- the old log-probs are not a forward of their own: they are the
+   training forward's, detached (the weights do not change until the step's end, so they are the same numbers to
+   floating-point tolerance; TRL's GRPOTrainer does the same when ``num_iterations == 1``), and the gap to the
+   rollout log-probs is measured on them;
 2. the critic's values (ppo);
 3. rewards post-processed per prompt group, then per-token advantages and returns
    (`slime_actors.algo.advantages`), whitening with statistics over all ranks' tokens;
@@ -106,10 +110,11 @@ class CustomLoss:
 
 
 def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: int,
-                        custom: CustomLoss | None = None) -> LossFn:
+                        custom: CustomLoss | None = None, captured: dict | None = None) -> LossFn:
     """The actor's loss for one micro-batch (see the module docstring). ``denominator``: the step's global sample
     count, or its global loss-masked token count with --calculate-per-token-loss. The micro-batch must carry
-    loss_masks, old_log_probs, advantages (tensors), and ref_log_probs / rollout_log_probs when used.
+    loss_masks, advantages (tensors), and ref_log_probs / rollout_log_probs when used; old_log_probs, or none
+    (on-policy: the forward's own log-probs, detached, which then go into ``captured[mb[ROW][j]]``).
     --loss-type sft_loss: the negative log-likelihood instead of the policy loss (entropy and KL terms as
     configured); custom_loss: `custom`'s function."""
     per_token = alg.calculate_per_token_loss
@@ -124,7 +129,15 @@ def make_policy_loss_fn(alg: AlgorithmSection, denominator: float, world_size: i
     def loss_fn(mb: dict, log_probs: list[torch.Tensor], entropies: list[torch.Tensor], values=None):
         dev = log_probs[0].device if log_probs else torch.device("cpu")
         masks = [m.to(dev) for m in mb["loss_masks"]]
-        old = [o.to(dev) for o in mb["old_log_probs"]]
+        if mb.get("old_log_probs") is None:
+            # on-policy (`old_log_probs_from_training`): the old policy is this forward's, detached
+            old = [lp.detach() for lp in log_probs]
+            if captured is not None:
+                for j, lp in zip(mb[ROW], old):
+                    captured[j] = lp.float().cpu()
+            mb = {**mb, "old_log_probs": old}
+        else:
+            old = [o.to(dev) for o in mb["old_log_probs"]]
 
         def red(x):
             return reduce_loss(x, masks, per_token, denominator)
@@ -196,6 +209,22 @@ def _agree_custom_names(custom: CustomLoss, names: list[str], reduce: Reduce) ->
     return names + extra
 
 
+ROW = "_row"   # a per-sample field of the shard's work copy: the sample's position in the shard
+
+
+def old_log_probs_from_training(cfg: JobConfig, backend: TrainingBackend | None = None) -> bool:
+    """Whether the old-policy log-probs come from the training forward itself (detached) instead of a forward of
+    their own: the rollout gets exactly one optimizer step (so every micro-batch runs on the weights the rollout is
+    scored against), the advantages do not need them beforehand (no --kl-coef reward penalty), and the backend's
+    loss runs on every rank that reports metrics (no pipeline stages). slime recomputes them unless told to use the
+    rollout's (--use-rollout-logprobs); TRL's GRPOTrainer skips the forward exactly when a generation feeds one
+    optimizer step (``gradient_accumulation_steps % (steps_per_generation * num_iterations) == 0``) -- the rule
+    here."""
+    if cfg.train.num_steps_per_rollout != 1 or cfg.algorithm.kl_coef != 0:
+        return False
+    return int(getattr(backend, "pp_size", 1) or 1) == 1
+
+
 def _prepare(batch: dict) -> dict:
     """A shallow copy with per-sample float tensors for masks and rollout log-probs."""
     work = dict(batch)
@@ -206,15 +235,49 @@ def _prepare(batch: dict) -> dict:
     return work
 
 
+def _old_log_prob_metrics(old: list[torch.Tensor], rlp: list[torch.Tensor] | None, ref: list[torch.Tensor] | None,
+                          masks: list[torch.Tensor], reduce: Reduce) -> dict[str, float]:
+    """The old log-probs' gap to the engine's rollout log-probs (``train_rollout_logprob_abs_diff``, mean over
+    loss-masked tokens, and ``..._max``) and the KL to the reference (``ref_kl``, k1), global across ranks."""
+    def rsum(*xs) -> list[float]:
+        return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
+
+    metrics: dict[str, float] = {}
+    diff_sum = diff_cnt = diff_max = 0.0
+    if rlp is not None:
+        for o, r, m in zip(old, rlp, masks):
+            if r.numel() and r.numel() == o.numel():
+                d = (o - r).abs() * m
+                diff_sum += float(d.sum())
+                diff_cnt += float(m.sum())
+                if d.numel():
+                    diff_max = max(diff_max, float(d.max()))
+    s, c = rsum(diff_sum, diff_cnt)
+    if c > 0:
+        metrics["train_rollout_logprob_abs_diff"] = s / c
+        metrics["train_rollout_logprob_abs_diff_max"] = float(reduce(torch.tensor([diff_max], dtype=torch.float64),
+                                                                     "max")[0])
+    if ref is not None:
+        ks = sum(float((compute_approx_kl(o, r, "k1") * m).sum()) for o, r, m in zip(old, ref, masks))
+        s, c = rsum(ks, sum(float(m.sum()) for m in masks))
+        metrics["ref_kl"] = s / max(c, 1.0)
+    return metrics
+
+
 def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id: int,
-              reduce: Reduce | None = None, phase: Callable[[str], Any] | None = None) -> dict[str, float]:
+              reduce: Reduce | None = None, phase: Callable[[str], Any] | None = None,
+              old_from_training: bool | None = None) -> dict[str, float]:
     """Train on this rank's shard of one rollout; returns scalar metrics, global across ranks (all-reduced; only
     ``train_time`` is this rank's).
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
     returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: the backend's
-    ``reduce`` -- an all-reduce over the default process group; megatron's, over the data-parallel group only). ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and
-    the optimizer steps ("train_actor") -- the profiler's (slime_actors/profiler.py)."""
+    ``reduce`` -- an all-reduce over the default process group; megatron's, over the data-parallel group only).
+    ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and the optimizer steps
+    ("train_actor") -- the profiler's (slime_actors/profiler.py). ``old_from_training``: None decides by
+    `old_log_probs_from_training`; False computes the old log-probs with a forward of their own even when on-policy
+    (what the update did before; the tests compare the two); True where the rule does not allow it is a
+    ValueError."""
     reduce = reduce or backend.reduce
     phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
@@ -228,37 +291,29 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     def rsum(*xs) -> list[float]:
         return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
 
-    # 1. reference and old log-probs
+    # 1. reference and old log-probs (on-policy: the old ones come from the training forward, step 4)
     kl_coef = algorithm_cfg.kl_coef
     ref = None
+    from_training = old_log_probs_from_training(cfg, backend)
+    if old_from_training is not None:
+        if old_from_training and not from_training:
+            raise ValueError("old_from_training=True needs one optimizer step per rollout, --kl-coef 0 and no "
+                             "pipeline stages")
+        from_training = old_from_training
+    old = None
     with phase("train_log_probs"):
-        if algorithm_cfg.use_kl_loss or kl_coef != 0:
+        if algorithm_cfg.needs_reference:
             ref, _ = backend.compute_log_probs(work, model="ref")
             work["ref_log_probs"] = ref
-        old, _ = backend.compute_log_probs(work, model="actor")
-    work["old_log_probs"] = old
+        if from_training:
+            work.pop("old_log_probs", None)   # (a batch trained on before carries its old ones: not these)
+        else:
+            old, _ = backend.compute_log_probs(work, model="actor")
+            work["old_log_probs"] = old
 
     metrics: dict[str, float] = {}
-    diff_sum = diff_cnt = 0.0
-    diff_max = 0.0
-    rlp = work.get("rollout_log_probs")
-    if rlp is not None:
-        for i in range(n):
-            if rlp[i].numel() and rlp[i].numel() == old[i].numel():
-                d = (old[i] - rlp[i]).abs() * masks[i]
-                diff_sum += float(d.sum())
-                diff_cnt += float(masks[i].sum())
-                if d.numel():
-                    diff_max = max(diff_max, float(d.max()))
-    s, c = rsum(diff_sum, diff_cnt)
-    if c > 0:
-        metrics["train_rollout_logprob_abs_diff"] = s / c
-        metrics["train_rollout_logprob_abs_diff_max"] = float(reduce(torch.tensor([diff_max], dtype=torch.float64),
-                                                                     "max")[0])
-    if ref is not None:
-        ks = sum(float((compute_approx_kl(o, r, "k1") * m).sum()) for o, r, m in zip(old, ref, masks))
-        s, c = rsum(ks, sum(float(m.sum()) for m in masks))
-        metrics["ref_kl"] = s / max(c, 1.0)
+    if old is not None:
+        metrics.update(_old_log_prob_metrics(old, work.get("rollout_log_probs"), ref, masks, reduce))
 
     # 2. values (ppo)
     values = None
@@ -296,14 +351,26 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     custom = CustomLoss(cfg) if algorithm_cfg.loss_type == "custom_loss" else None
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
+    captured: dict[int, torch.Tensor] | None = None
+    if from_training:
+        captured = {}
+        work[ROW] = list(range(n))
     with phase("train_actor"):
-        names = _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms)
+        names = _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms,
+                                 captured)
     for k in names:
         metrics[k] = step_sums[k] / num_steps
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     if critic_norms:
         metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
     metrics["num_steps"] = float(num_steps)
+    if captured is not None:
+        missing = [i for i in range(n) if i not in captured]
+        if missing:
+            raise RuntimeError(f"on-policy update: the training forward gave no log-probs for samples {missing[:5]}")
+        work["old_log_probs"] = [captured[i] for i in range(n)]
+        metrics.update(_old_log_prob_metrics(work["old_log_probs"], work.get("rollout_log_probs"), ref, masks,
+                                             reduce))
     metrics["train_time"] = time.monotonic() - t0
 
     for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
@@ -316,7 +383,7 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
 
 
 def _optimizer_steps(backend: TrainingBackend, cfg: JobConfig, work, n, reduce, names, custom, step_sums, grad_norms,
-                     critic_norms) -> None:
+                     critic_norms, captured=None) -> None:
     """--num-steps-per-rollout optimizer steps over the shard's mini-batches (the module docstring, 4.); fills
     step_sums, grad_norms and critic_norms; returns the metric names (a custom loss adds its own)."""
     algorithm_cfg = cfg.algorithm
@@ -338,7 +405,7 @@ def _optimizer_steps(backend: TrainingBackend, cfg: JobConfig, work, n, reduce, 
         count = int(reduce(torch.tensor([len(mbs)], dtype=torch.float64), "max")[0])
         mbs = micro_batches_from_config(cfg.train, lengths, min_count=count)
         micro = [select(step, idx) for idx in mbs]
-        local = backend.train_micro_batches(micro, make_policy_loss_fn(algorithm_cfg, denom, world, custom))
+        local = backend.train_micro_batches(micro, make_policy_loss_fn(algorithm_cfg, denom, world, custom, captured))
         if custom is not None and \
                 len(names) == len(policy_metric_names(algorithm_cfg)) + (2 if estimator == "ppo" else 0):
             names = _agree_custom_names(custom, names, reduce)

@@ -48,7 +48,7 @@ from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
 from . import lora
-from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .batching import forward_micro_batches, pad_tokens, select, validate_batch
 from ..safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
 
@@ -184,7 +184,7 @@ class TorchBackend(TrainingBackend):
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
-        if (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0) and not (self.lora and not cfg.model.ref_load):
+        if algorithm_cfg.needs_reference and not (self.lora and not cfg.model.ref_load):
             ref = self._load_causal_lm(cfg.model.ref_load or self.hf_path)
             ref.requires_grad_(False)
             self.ref_model = ref
@@ -297,12 +297,28 @@ class TorchBackend(TrainingBackend):
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _micro_batches(self, batch: dict, fsdp_module: bool) -> list[list[int]]:
+        """The micro-batches of a no-grad pass (batching.forward_micro_batches)."""
         lengths = [len(t) for t in batch["tokens"]]
-        mbs = micro_batches_from_config(self.cfg.train, lengths)
+        fits = self._forward_tokens_that_fit()
+        mbs = forward_micro_batches(self.cfg.train, lengths, fits_tokens=fits)
         if fsdp_module and self.parallel == "fsdp":
             # every rank must run the same number of forwards (each one all-gathers the shards)
-            mbs = micro_batches_from_config(self.cfg.train, lengths, min_count=self._all_max(len(mbs)))
+            mbs = forward_micro_batches(self.cfg.train, lengths, min_count=self._all_max(len(mbs)),
+                                        fits_tokens=fits)
         return mbs
+
+    def _forward_tokens_that_fit(self) -> int | None:
+        """On a GPU, the tokens a no-grad forward of half its free memory holds: per token the logits three times
+        (the model's, the fp32 copy, log-softmax) plus the hidden states' temporaries. None on CPU (the training
+        micro-batches: measured no faster packed larger, docs/performance.md)."""
+        if self.device.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(self.device)
+        hf = self._raw_model.config
+        vocab = int(getattr(hf, "vocab_size", 0) or 0)
+        hidden = int(getattr(hf, "hidden_size", 0) or 0)
+        per_token = 3 * 4 * vocab + 16 * 4 * hidden
+        return max(1, int(0.5 * free / max(per_token, 1)))
 
     def _inputs(self, tokens: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not tokens:
@@ -321,8 +337,32 @@ class TorchBackend(TrainingBackend):
     def _temperature(self) -> float:
         return self.cfg.rollout.rollout_temperature or 1.0   # greedy (0) rollouts: log-probs at 1
 
-    def _logits(self, model: nn.Module, ids, mask, pos) -> torch.Tensor:
+    def _logits(self, model: nn.Module, ids, mask, pos, keep: int = 0) -> torch.Tensor:
+        """The model's logits; with ``keep`` > 0 only those of the last ``keep`` positions (the responses': the
+        language-model head, a vocabulary-sized matmul per position, skips the prompts)."""
+        if keep > 0 and self._keeps_logits(model):
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                         logits_to_keep=keep).logits
         return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+
+    @staticmethod
+    def _keeps_logits(model: nn.Module) -> bool:
+        import inspect
+        raw = getattr(model, "module", model)
+        if hasattr(raw, "get_base_model"):   # a peft model passes the keyword on to the model it wraps
+            raw = raw.get_base_model()
+        try:
+            return "logits_to_keep" in inspect.signature(raw.forward).parameters
+        except (TypeError, ValueError):
+            return False
+
+    @staticmethod
+    def _keep(mb: dict, width: int) -> int:
+        """Positions from the first response-predicting one (the shortest prompt's last token) to the end."""
+        if not mb["tokens"]:
+            return 0
+        first = min(int(p) for p in mb["prompt_lengths"]) - 1
+        return max(1, width - first)
 
     # -- forward passes (no grad) ------------------------------------------------------------------------
     def compute_log_probs(self, batch: dict, model: str = "actor", with_entropy: bool = False
@@ -334,7 +374,7 @@ class TorchBackend(TrainingBackend):
             net = self._raw_model if self.parallel != "fsdp" else self.model
         elif model == "ref":
             algorithm_cfg = self.cfg.algorithm
-            if self.ref_model is None and not (self.lora and (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0)):
+            if self.ref_model is None and not (self.lora and algorithm_cfg.needs_reference):
                 raise ValueError("no reference model (enable --use-kl-loss or --kl-coef > 0)")
             # LoRA without --ref-load: the reference is the actor with its adapters switched off
             net = self.ref_model if self.ref_model is not None else (
@@ -351,9 +391,12 @@ class TorchBackend(TrainingBackend):
             for idx in mbs:
                 mb = select(batch, idx)
                 ids, mask, pos = self._inputs(mb["tokens"])
-                logits = self._logits(net, ids, mask, pos)
+                keep = self._keep(mb, ids.shape[1])
+                logits = self._logits(net, ids, mask, pos, keep)
+                off = ids.shape[1] - logits.shape[1]
                 for j, (s, e) in enumerate(self._response_slices(mb)):
-                    lp, ent = log_probs_and_entropy(logits[j, s:e], self._targets(mb, j), temp, with_entropy)
+                    lp, ent = log_probs_and_entropy(logits[j, s - off:e - off], self._targets(mb, j), temp,
+                                                    with_entropy)
                     out_lp[idx[j]] = lp.float().cpu()
                     if with_entropy:
                         out_ent[idx[j]] = ent.float().cpu()
@@ -433,13 +476,14 @@ class TorchBackend(TrainingBackend):
                     values = [values_full[j, s:e] for j, (s, e) in enumerate(self._response_slices(mb))]
                     loss, metrics = loss_fn(mb, [], [], values)
                 else:
-                    logits = self._logits(module, ids, mask, pos)
+                    logits = self._logits(module, ids, mask, pos, self._keep(mb, ids.shape[1]))
                     if not mb["tokens"]:
                         (logits.sum() * 0.0).backward()
                         continue
+                    off = ids.shape[1] - logits.shape[1]
                     lps, ents = [], []
                     for j, (s, e) in enumerate(self._response_slices(mb)):
-                        lg = logits[j, s:e]
+                        lg = logits[j, s - off:e - off]
                         lp, ent = log_probs_and_entropy(lg, self._targets(mb, j), temp, with_entropy=entropy_grad)
                         if not entropy_grad:
                             with torch.no_grad():

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from slime_actors.backends.engine_process import find_free_port  # noqa: F401 (weight_sync's users)
 from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
 from slime_actors.log import get_logger
 from slime_actors.role_handles import RolloutHandle
@@ -57,14 +58,6 @@ WEIGHT_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.j
 
 
 # -- small shared helpers ---------------------------------------------------------------------------------
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
 
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> "bfloat16": the form SGLang expects (it does getattr(torch, name))."""

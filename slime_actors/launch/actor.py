@@ -125,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PERMANENT
     # a job may play a role with the user's own class: --reward-actor-class pkg.mod:Class (see docs/adding-a-reward-actor.md)
     # or the topology's `class` for this role (SLIME_ACTORS_ACTOR_CLASS, set by the placement)
+    from .. import startup_timeline as timeline
     try:
-        cls = job_class_for(ns.role, job)
+        with timeline.phase("role's code"):
+            cls = job_class_for(ns.role, job)
     except Exception as exc:  # a bad class path, an import error in the user's module, a wrong role
         log.error("cannot build the actor", error=str(exc))
         print(f"{name}: {exc}", file=sys.stderr)

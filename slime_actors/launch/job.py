@@ -175,7 +175,9 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
     _install_signals(loop, stop, holder)
     expected = [p.name for p in ctx.topology.plan()]
     board = StatusBoard(head.run_dir, expected, _status_mode(ctx), ctx.topology.supervisor.get("status_interval", 1.0))
-    launcher.start_all()
+    from .. import startup_timeline as timeline
+    with timeline.phase("actors launched"):
+        launcher.start_all()
     n_nodes = sum(ng.count for ng in ctx.topology.nodes.values())
     log.info("job started", directory=dep, actors=len(expected), nodes=n_nodes, here=len(launcher.procs))
 
@@ -321,8 +323,10 @@ def run(ctx: JobContext) -> int:
     cfg = ctx.cfg
     t0 = time.monotonic()
     quiet_library_progress_bars()
+    from .. import startup_timeline as timeline
     try:
-        job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
+        with timeline.phase("run dir + model"):
+            job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
         from .checks import discard_checked
         discard_checked(cfg)

@@ -18,8 +18,11 @@ that machine wants. Anything larger is refused with the numbers.
 Colocation (`--colocate`, or a topology role `colocate = "trainer"`) means what it means in slime: weights go by
 CUDA IPC (`--update-weight-transport colocated`, the default then; NCCL between two processes of one GPU is refused
 by the config), and the engine gets a memory fraction that leaves the trainer room: `--mem-fraction-static`
-(COLOCATED_MEM_FRACTION unless `--sglang-mem-fraction-static` says otherwise) -- SGLang's static memory (weights
-and KV cache), the local engine's cap on its CUDA allocations.
+(unless `--sglang-mem-fraction-static` says otherwise) -- SGLang's static memory (weights and KV cache), which it
+reserves at start, the local engine's cap on its CUDA allocations. It is sized for the model (`sized_mem_fraction`:
+the engine's weights and a KV cache for every request in flight at its longest, with room to spare, as a share of
+the GPU, between MIN_MEM_FRACTION and COLOCATED_MEM_FRACTION) when the model's config.json and the GPU's memory
+are known here, else COLOCATED_MEM_FRACTION.
 """
 
 from __future__ import annotations
@@ -31,7 +34,57 @@ from ..config import ConfigError, JobConfig
 from ..gpus import GpuCount
 from .topology import Topology
 
-COLOCATED_MEM_FRACTION = "0.4"   # a colocated engine's share of its GPU's memory; the trainer keeps the rest
+COLOCATED_MEM_FRACTION = "0.4"   # a colocated engine's share of its GPU's memory at most; the trainer keeps the rest
+MIN_MEM_FRACTION = 0.05          # and at least (SGLang's workspace besides weights and KV cache)
+PROMPT_TOKENS_GUESS = 1024       # a request's prompt when --rollout-max-prompt-len does not bound it
+
+
+def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
+    """(bytes of the engine's weights, KV-cache bytes per token) from --hf-checkpoint's config.json (a directory, or
+    a built-in model already in the model cache); None when it is not readable here."""
+    import json
+    from pathlib import Path
+
+    from ..models.resolve import model_cache
+    spec = cfg.model.hf_checkpoint or ""
+    path = Path(spec)
+    if spec.startswith("smollm2:"):
+        path = model_cache(cfg.run.run_dir) / "smollm2-135m-instruct"
+    elif spec.startswith("tiny:"):
+        path = model_cache(cfg.run.run_dir) / f"tiny-{spec.split(':', 1)[1] or 'default'}"
+    try:
+        c = json.loads((path / "config.json").read_text())
+        c = c.get("text_config", c)
+        hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
+        heads = int(c["num_attention_heads"])
+        kv = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or hidden // heads)
+        vocab, inter = int(c["vocab_size"]), int(c.get("intermediate_size") or 4 * hidden)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    dtype = LaunchFlags.parse(cfg.engine.sglang_args).value("--dtype") or ""
+    nbytes = 4 if dtype in ("float32", "float") or (cfg.engine.rollout_engine == "local" and not cfg.train.bf16) \
+        else 2
+    params = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2) + layers * (
+        hidden * (heads * head_dim + 2 * kv * head_dim) + heads * head_dim * hidden + 3 * hidden * inter)
+    return params * nbytes, 2 * layers * kv * head_dim * nbytes
+
+
+def sized_mem_fraction(cfg: JobConfig, gpu_bytes: int | None) -> str:
+    """A colocated engine's --mem-fraction-static for this job: (weights + the KV cache of --rollout-concurrency
+    requests of --rollout-max-prompt-len (else PROMPT_TOKENS_GUESS) + the longer of the rollout's and the
+    evaluation's response tokens) x 1.5 + 1 GiB, over the GPU's memory, between MIN_MEM_FRACTION and
+    COLOCATED_MEM_FRACTION (two decimals, rounded up); COLOCATED_MEM_FRACTION when either is unknown."""
+    mem = model_memory(cfg)
+    if mem is None or not gpu_bytes:
+        return COLOCATED_MEM_FRACTION
+    weights, per_token = mem
+    rollout_cfg = cfg.rollout
+    response = max(rollout_cfg.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
+    tokens = cfg.engine.rollout_concurrency * ((cfg.data.rollout_max_prompt_len or PROMPT_TOKENS_GUESS) + response)
+    need = (weights + per_token * tokens) * 1.5 + (1 << 30)
+    frac = min(max(need / gpu_bytes, MIN_MEM_FRACTION), float(COLOCATED_MEM_FRACTION))
+    return f"{-(-frac * 100 // 1) / 100:.2f}"
 
 
 @dataclass
@@ -114,7 +167,7 @@ def plan_gpus(cfg: JobConfig, gpus: GpuCount, flags: LaunchFlags, topology: Topo
                           "the GPUs counted) or make the GPUs visible (CUDA_VISIBLE_DEVICES)")
     plan = GpuPlan(gpus, per_node, colocate=cfg.engine.colocate, by_itself=by_itself)
     if cfg.engine.colocate and _engines_here(cfg)[0]:
-        plan.mem_fraction = flags.value("--mem-fraction-static") or COLOCATED_MEM_FRACTION
+        plan.mem_fraction = flags.value("--mem-fraction-static") or sized_mem_fraction(cfg, gpus.memory_bytes)
     if topology_places_gpus(topology):
         return _check_topology(plan, topology)
     n_train = _trainer_gpus(cfg)

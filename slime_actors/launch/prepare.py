@@ -55,7 +55,7 @@ def reference_problem(cfg: JobConfig) -> str | None:
     """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
     from ..checkpoints import detect_layout
     algorithm_cfg, ref = cfg.algorithm, cfg.model.ref_load
-    if not ref or not (algorithm_cfg.use_kl_loss or algorithm_cfg.kl_coef > 0):
+    if not ref or not algorithm_cfg.needs_reference:
         return None
     lay = detect_layout(ref)
     if lay.kind == "hf":

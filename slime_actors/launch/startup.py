@@ -122,6 +122,11 @@ def write_report(run_dir: str | os.PathLike, name: str, state: str, cause: Cause
     """Record this process's start: "ready", or "failed" with its cause. Never raises (a report that cannot be
     written leaves the supervisor reading the actor's output instead)."""
     body: dict = {"pid": os.getpid(), "state": state}
+    if state == "ready":   # where its start-up went (slime_actors/startup_timeline.py: the controller's start-up breakdown)
+        import time
+
+        from .. import startup_timeline as timeline
+        body.update(ready_at=time.time(), times=timeline.snapshot())
     if cause is not None:
         body.update(cause=cause.text, permanent=cause.permanent)
     path = report_path(run_dir, name)

@@ -67,13 +67,13 @@ def make_tiny_model(path: str | os.PathLike, seed: int = 0, words: list[str] | N
     """Write a tiny random Llama and its tokenizer to `path` (idempotent for the same seed, words and config).
     `words`: the vocabulary after the specials (default WORDS; `words_of(name)` for tiny:NAME)."""
     words = WORDS if words is None else words
-    import torch
-    from transformers import LlamaForCausalLM
     path = Path(path)
     stamp = path / "slime_tiny.json"
     want = {"seed": seed, **config_overrides, "words": words}
     if stamp.exists() and json.loads(stamp.read_text()) == want:
-        return path
+        return path     # (before importing torch and transformers: seconds of every job's start-up)
+    import torch
+    from transformers import LlamaForCausalLM
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(words)
     cfg = tiny_config(len(tok), **config_overrides)

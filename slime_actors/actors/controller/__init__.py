@@ -12,6 +12,7 @@ class built from the controller, `Part(ctl)`):
     evaluations.py     Evaluations: when to evaluate, eval rollouts, their history and saved responses
     debug_data.py      DebugData: --save-debug-rollout-data / --load-debug-rollout-data
     metrics.py         Metrics: metrics.jsonl, TensorBoard/W&B, hack alarms, curves.png, the job's result
+    startup.py         StartupReport: where the time to the first step went, printed after it, RUN_DIR/startup.json
 """
 
 from .actor import Controller

@@ -5,7 +5,8 @@ What it keeps: the job's config, the current weight version and rollout id, the 
 restarted engine may do). What the loop may use of it is declared in surface.py (`Ctl`). Its parts, one file each in
 this package and each built as `Part(ctl)`: typed handles on the buffer and the trainer ranks
 (slime_actors/handles.py), the engines (engines.py), the training group and its recovery (training_group.py),
-checkpoints (checkpoints.py), evaluations (evaluations.py), the debug-data modes (debug_data.py), metrics, the hack
+checkpoints (checkpoints.py), evaluations (evaluations.py), the debug-data modes (debug_data.py), the start-up
+breakdown printed after the first step (startup.py), metrics, the hack
 alarms and the result (metrics.py: JSONL, TensorBoard and W&B, RUN_DIR/alarms.jsonl; with --hack-alarms stop the run
 ends after the step whose rollout tripped an alarm, with a checkpoint).
 """
@@ -23,6 +24,7 @@ from .debug_data import DebugData
 from .engines import Engines
 from .evaluations import Evaluations
 from .metrics import Metrics
+from .startup import StartupReport
 from .training_group import TrainingGroup
 
 BUFFER_RETRY_FOR = 600.0  # seconds an ask to the buffer is retried while it restarts (its methods are idempotent)
@@ -48,6 +50,7 @@ class Controller(Actor):
         self.evaluations = Evaluations(self)
         self.debug_data = DebugData(self)
         self.metrics = Metrics(self)
+        self.startup = StartupReport(self)
 
     @property
     def result(self) -> dict:

@@ -43,7 +43,8 @@ async def run(ctl: Ctl) -> None:
 
 async def prepare(ctl: Ctl) -> int:
     """Wait for every actor, restore the checkpoint (if any), bring the engines to its weights, evaluate step 0."""
-    await ctl.wait_for_actors()
+    with ctl.startup.phase("actors up"):
+        await ctl.wait_for_actors()
     start, ckpt = ctl.cfg.run.start_rollout_id or 0, ctl.checkpoints.latest
     if ckpt is not None:
         start, ctl.version = ctl.checkpoints.restore()
@@ -53,12 +54,15 @@ async def prepare(ctl: Ctl) -> int:
     if ckpt is not None:  # (the summary says where the job started, and what a restarted one trained again)
         ctl.checkpoints.started_from = {"checkpoint": str(ckpt), "rollout": start,
                                         "retrained": len(rb.get("trained_rollouts_discarded") or [])}
-    await ctl.group.ready()
+    with ctl.startup.phase("trainers ready"):
+        await ctl.group.ready()
     if not ctl.cfg.debug.debug_train_only:
-        await ctl.engines.sync_at_start()
+        with ctl.startup.phase("engines ready + first weight sync"):
+            await ctl.engines.sync_at_start()
     await ctl.metrics.open(resume_at=start if ckpt is not None else None)
     if ctl.evaluations.first_due(resumed=ckpt is not None):
-        await ctl.evaluations.run(start)
+        with ctl.startup.phase("evaluation before training"):
+            await ctl.evaluations.run(start)
     return start
 
 
@@ -69,14 +73,16 @@ async def train_sync(ctl: Ctl, start: int) -> None:
     debug_cfg = ctl.cfg.debug
     for k in range(start, ctl.cfg.run.n_rollouts):
         step = ctl.begin_step(k)
-        stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
-        await rollout_done(ctl, k, step, stats, seconds)
+        with ctl.startup.phase(f"rollout {k}"):
+            stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
+            await rollout_done(ctl, k, step, stats, seconds)
         if debug_cfg.debug_rollout_only:
             await ctl.buffer.mark_trained(k)                 # nothing trains on it: the rollout is done with
         else:
             if not debug_cfg.load_debug_rollout_data:
                 await ctl.engines.end_rollout(k)             # what is still generating goes back to the buffer
             await train(ctl, k, step)
+        ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
         if ctl.metrics.stop_after(k):                        # --hack-alarms stop: an alarm tripped on rollout k
@@ -92,12 +98,14 @@ async def train_async(ctl: Ctl, start: int) -> None:
     try:
         for k in range(start, n):
             step = ctl.begin_step(k)
-            stats, seconds = await (next_rollout or generate(ctl, k))
-            await rollout_done(ctl, k, step, stats, seconds)
+            with ctl.startup.phase(f"rollout {k}"):
+                stats, seconds = await (next_rollout or generate(ctl, k))
+                await rollout_done(ctl, k, step, stats, seconds)
             next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
             if next_rollout is None:
                 await ctl.engines.end_rollout(k)             # the last rollout: nothing follows it
             await train(ctl, k, step)                        # the engines pause only for the weight update
+            ctl.startup.first_step_done()
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
             if ctl.metrics.stop_after(k):
@@ -130,13 +138,13 @@ async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, second
 async def train(ctl: Ctl, k: int, step: dict) -> None:
     """Every trainer rank trains on its shard of rollout k; the buffer frees it; the engines get weights v+1."""
     ctl.phase = "train"
-    with timed(step, "time/train"):
+    with timed(step, "time/train"), ctl.startup.phase(f"train {k}"):
         results = await ctl.trainers.train(k, ask_timeout=3600)
     step.update({f"train/{key}": v for key, v in results[0].items()})
     await ctl.buffer.mark_trained(k)
     ctl.version += 1
     if not ctl.cfg.debug.debug_train_only:
-        with timed(step, "time/weight_sync"):
+        with timed(step, "time/weight_sync"), ctl.startup.phase(f"weight sync {k}"):
             info = await ctl.engines.sync(ctl.version)
         step["weight_sync/bytes"] = info.get("bytes", 0)
 

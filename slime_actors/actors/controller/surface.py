@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .engines import Engines
     from .evaluations import Evaluations
     from .metrics import Metrics
+    from .startup import StartupReport
     from .training_group import TrainingGroup
 
 
@@ -35,6 +36,7 @@ class Ctl(Protocol):
     evaluations: Evaluations
     debug_data: DebugData
     metrics: Metrics
+    startup: StartupReport
 
     # the steps of a job
     async def wait_for_actors(self, timeout: float = 900.0) -> None:
