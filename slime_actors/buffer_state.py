@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .episode_samples import episode_stats
 from .eval_config import EVAL_SET_KEY
 from .samples import pick_examples
 from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
@@ -604,7 +605,8 @@ class BufferState:
                 "seconds": (r.finished or self.now()) - r.started,
                 "weight_versions": sorted({s.weight_version for s in samples}),
                 "weight_version_min": min((s.weight_version for s in samples), default=-1),
-                "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained else {}}
+                "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained else {},
+                **episode_stats(samples)}   # env/NAME (environments' metrics), role/ROLE/... (several agents)
 
     def _passrate(self, r: Rollout) -> dict:
         """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""

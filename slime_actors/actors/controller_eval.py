@@ -31,6 +31,9 @@ async def evaluate(ctl, step: int) -> dict[str, float]:
         out[name] = st.reward_mean if st.reward_mean is not None else 0.0
         ctl.evals.append({"step": step, "name": name, "reward": out[name], "samples": st.samples})
         out.update({f"{name}-{key}": v for key, v in st.passrate.items()})  # eval/NAME-pass@k
+        # an environment's metrics (eval/NAME-searched, ...) and per-role figures
+        out.update({f"{name}-{key.partition('/')[2]}": v for key, v in st.numbers().items()
+                    if key.startswith(("env/", "role/"))})
         ctl.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st.samples,
                      graded_by=graders[name])
         if ctl.cfg.eval.save_eval_responses or ctl.cfg.logging.use_wandb:
