@@ -208,6 +208,10 @@ class EngineSection:
     rollout_num_gpus_per_engine: int = flag(1, "GPUs per engine (SGLang's --tp-size)")
     rollout_external_engine_addrs: list[str] | None = flag(
         None, "HOST:PORT of engines started elsewhere (one rollout worker attaches to each)")
+    frozen_engine_checkpoint: str | None = flag(
+        None, "a second engine per rollout worker serving this checkpoint (same tokenizer as --hf-checkpoint), "
+              "never updated: a role played by a fixed model (engine.frozen in generate functions; "
+              "docs/multi-agent.md)", origin="own")
     rollout_concurrency: int = flag(64, "HTTP requests in flight per engine", origin="own")
     engine_max_batch_size: int = flag(64, "sequences per batch of the engine (--max-running-requests)",
                                       origin="own")

@@ -18,6 +18,7 @@ import asyncio
 import os
 
 from ..config import JobConfig
+from ..episode_samples import episode_of
 from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
@@ -157,8 +158,10 @@ class RolloutWorker(EngineSupervisor, Actor):
             finally:
                 self._generating -= n
             if any(s.status == ABORTED for s in samples):
-                # (an environment's episode cannot be continued -- its state is gone --: it goes back unstarted)
-                await self._return(wid, None if self.generation.env is not None else samples, "aborted")
+                # (an environment's episode, or one that made several samples, cannot be continued -- its state is
+                # gone --: it goes back unstarted)
+                whole = self.generation.env is None and not any(episode_of(s) is not None for s in samples)
+                await self._return(wid, samples if whole else None, "aborted")
                 return
             await self._score(samples, group.kind)
             self.counters["groups"] += 1
@@ -205,8 +208,10 @@ class RolloutWorker(EngineSupervisor, Actor):
     async def _score(self, samples: list[Sample], kind: str) -> None:
         a = self.cfg
         todo = [s for s in samples if s.status != FAILED]
-        if self.generation.env is not None and not (a.reward.group_rm and any(s.reward is None for s in todo)):
-            todo = [s for s in todo if s.reward is None]   # an environment's reward stands: no reward function
+        own = self.generation.env is not None or any(episode_of(s) is not None for s in samples)
+        if own and not (a.reward.group_rm and any(s.reward is None for s in todo)):
+            # an environment's reward stands, and so do those an episode of several samples gave: no reward function
+            todo = [s for s in todo if s.reward is None]
         last_errors: dict[int, str] = {}
         for attempt in range(3):
             if not todo:

@@ -29,7 +29,9 @@ per evaluation as eval/SET-NAME): `searches`, `searched` (0/1), `recall` (the la
 retrieved documents are in `sample.metadata["search"]`.
 
 Options (--env-kwargs): max_searches (3), topk (the job's --retriever-topk), grading ("em" | "f1"), format_score,
-retrieval_score, final_format_score (0), doc_format ("search-r1": `Doc 1(Title: "T") text`, one a line; "text": the
+retrieval_score, final_format_score (0), closing_optional (false: see parse_action), empty_query ("invalid";
+"question": `<search> </search>` searches the sample's question as it is -- metadata["question"], else the prompt),
+doc_format ("search-r1": `Doc 1(Title: "T") text`, one a line; "text": the
 texts alone, joined by spaces), information (the observation's template, `{docs}` in it; Search-R1's
 "\\n\\n<information>{docs}</information>\\n\\n" by default), invalid_message (None), corpus (a jsonl corpus searched in
 this process instead of the job's retriever: for the harness and tests).
@@ -49,6 +51,7 @@ from typing import Any
 from .base import Env, EnvError, Step
 
 ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+OPEN_ACTION = re.compile(r"<(search|answer)>((?:(?!</?(?:search|answer)>).)*)$", re.DOTALL)
 TAGS = re.compile(r"</?(?:search|answer|information|think)>")
 SEARCH_R1_INFORMATION = "\n\n<information>{docs}</information>\n\n"
 SEARCH_R1_INVALID = ("\nMy previous action is invalid. If I want to search, I should put the query between <search> "
@@ -99,15 +102,27 @@ def found_in(text: str, golds: list[str]) -> bool:
     return any(f" {normalize_answer(g)} " in t for g in golds if normalize_answer(g))
 
 
-def parse_action(text: str) -> tuple[str | None, str, bool]:
+def parse_action(text: str, closing_optional: bool = False) -> tuple[str | None, str, bool]:
     """(action, content, well_formed) of one model turn: the first <search>/<answer> block; well formed when it is
-    the only thing in the turn (whitespace aside) and holds no other tag."""
+    the only thing in the turn (whitespace aside) and holds no other tag. `closing_optional`: a block left open at
+    the turn's end counts as closed there (for jobs whose turns end at a stop token: the tag itself, a digit)."""
     m = ACTION.search(text)
+    if m is None and closing_optional:
+        m = OPEN_ACTION.search(text)
     if m is None:
         return None, "", False
     content = m.group(2).strip()
     outside = (text[:m.start()] + text[m.end():]).strip()
     return m.group(1), content, not outside and not TAGS.search(m.group(2))
+
+
+def question_of(sample) -> str:
+    """The question a sample asks: metadata["question"] (the example worlds have it), else its prompt's text."""
+    q = sample.metadata.get("question") if isinstance(sample.metadata, dict) else None
+    if isinstance(q, str) and q:
+        return q
+    p = sample.prompt
+    return p if isinstance(p, str) else " ".join(str(m.get("content", "")) for m in p if isinstance(m, dict))
 
 
 def format_docs(docs: list[dict], doc_format: str) -> str:
@@ -127,7 +142,7 @@ class SearchEnv(Env):
     def __init__(self, args: Any = None, **kwargs: Any):
         super().__init__(args, **kwargs)
         known = {"max_searches", "topk", "grading", "format_score", "retrieval_score", "final_format_score",
-                 "doc_format", "information", "invalid_message", "corpus"}
+                 "doc_format", "information", "invalid_message", "corpus", "closing_optional", "empty_query"}
         problems = [f"unknown option {k!r}" for k in sorted(set(kwargs) - known)]
         self.max_searches = kwargs.get("max_searches", 3)
         self.topk = kwargs.get("topk")
@@ -137,6 +152,12 @@ class SearchEnv(Env):
         self.information = kwargs.get("information", SEARCH_R1_INFORMATION)
         self.invalid_message = kwargs.get("invalid_message")
         self.corpus = kwargs.get("corpus")
+        self.closing_optional = kwargs.get("closing_optional", False)
+        self.empty_query = kwargs.get("empty_query", "invalid")
+        if not isinstance(self.closing_optional, bool):
+            problems.append(f"closing_optional must be true or false, got {self.closing_optional!r}")
+        if self.empty_query not in ("invalid", "question"):
+            problems.append(f"empty_query must be 'invalid' or 'question', got {self.empty_query!r}")
         if not isinstance(self.max_searches, int) or isinstance(self.max_searches, bool) or self.max_searches < 0:
             problems.append(f"max_searches must be an integer >= 0, got {self.max_searches!r}")
         if self.topk is not None and (not isinstance(self.topk, int) or isinstance(self.topk, bool)
@@ -171,10 +192,12 @@ class SearchEnv(Env):
 
     async def step(self, sample, turn) -> Step:
         st = self.episode.state
-        action, content, well_formed = parse_action(turn.text)
+        action, content, well_formed = parse_action(turn.text, self.closing_optional)
         st["valid"] = st["valid"] and well_formed
         if action == "answer":
             return self._end(sample, content)
+        if action == "search" and not content and self.empty_query == "question":
+            content = question_of(sample)
         if action == "search" and content and not turn.last:
             if len(st["searches"]) >= self.max_searches:
                 st["limit"] = True
