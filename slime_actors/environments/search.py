@@ -21,7 +21,9 @@ and the documents it retrieved, so a model that writes its own `<information>` b
     (a string, a list of strings, or Search-R1's {"ground_truth": {"target": [...]}}); and, as Search-R1's
     qa_em_format, optional shaping (all 0 by default): `format_score` for a well-formed episode whose answer is
     wrong (plus `retrieval_score` when the label was in what it retrieved), `final_format_score` for an answer in an
-    ill-formed one; a right answer in an ill-formed episode gets 1 - `format_score`.
+    ill-formed one; a right answer in an ill-formed episode gets 1 - `format_score`. With `retrieval_any_format`
+    (not Search-R1's), a wrong answer after a search that retrieved the label gets `retrieval_score` whatever the
+    format.
 
 Per episode, `sample.metadata["metrics"]` (numbers; the buffer logs their means per rollout as rollout/env/NAME and
 per evaluation as eval/SET-NAME): `searches`, `searched` (0/1), `recall` (the label appears in the retrieved text:
@@ -142,7 +144,7 @@ class SearchEnv(Env):
     def __init__(self, args: Any = None, **kwargs: Any):
         super().__init__(args, **kwargs)
         known = {"max_searches", "topk", "grading", "format_score", "retrieval_score", "final_format_score",
-                 "doc_format", "information", "invalid_message", "corpus", "closing_optional", "empty_query"}
+                 "doc_format", "information", "invalid_message", "corpus", "closing_optional", "empty_query", "retrieval_any_format"}
         problems = [f"unknown option {k!r}" for k in sorted(set(kwargs) - known)]
         self.max_searches = kwargs.get("max_searches", 3)
         self.topk = kwargs.get("topk")
@@ -154,6 +156,9 @@ class SearchEnv(Env):
         self.corpus = kwargs.get("corpus")
         self.closing_optional = kwargs.get("closing_optional", False)
         self.empty_query = kwargs.get("empty_query", "invalid")
+        self.retrieval_any_format = kwargs.get("retrieval_any_format", False)
+        if not isinstance(self.retrieval_any_format, bool):
+            problems.append(f"retrieval_any_format must be true or false, got {self.retrieval_any_format!r}")
         if not isinstance(self.closing_optional, bool):
             problems.append(f"closing_optional must be true or false, got {self.closing_optional!r}")
         if self.empty_query not in ("invalid", "question"):
@@ -249,8 +254,10 @@ class SearchEnv(Env):
             reward = grade if valid else grade * (1.0 - fs)
         elif valid:
             reward = fs + (rs if recall else 0.0)
+        elif answered:
+            reward = ffs + (rs if recall and self.retrieval_any_format else 0.0)
         else:
-            reward = ffs if answered else 0.0
+            reward = 0.0
         n = len(st["searches"])
         metrics = {"searches": n, "searched": int(n > 0), "recall": int(recall), "answered": int(answered),
                    "correct": grade, "valid_format": int(valid), "search_limit_hit": int(st["limit"])}
