@@ -299,6 +299,8 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         metrics["response_len_mean"] = rl / ns
     metrics["num_samples"] = ns
     metrics["num_tokens"] = c
+    if groups is not None:   # (whole prompt groups per rank: the ranks' counts add up)
+        metrics["advantage_groups"] = rsum(float(len(set(groups))))[0]
 
     # 4. optimizer steps
     num_steps = cfg.train.num_steps_per_rollout
