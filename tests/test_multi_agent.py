@@ -118,3 +118,16 @@ def test_the_multi_agent_rollout_worker_replays_identically(which, request):
     for actor in ("rollout/0", "buffer/0"):
         rep = replay(str(run), actor)
         assert rep.identical, rep.render()
+
+
+@pytest.mark.parametrize("config", ["examples/multi_agent/config.toml", "examples/multi_agent/smollm2.toml"])
+def test_the_multi_agent_recipes_parse_and_name_a_loadable_function(config):
+    """The CPU example and the one-GPU SmolLM2 recipe (scripts/agents_gpu_run.sh multi_agent)."""
+    from slime_actors.actors.rollout_generate import generate_style
+    from slime_actors.config import parse_config
+    from slime_actors.plugins import load_function
+    cfg = parse_config(["--config", config])
+    path = cfg.rollout.custom_generate_function_path
+    assert generate_style(load_function(path), path) == "engine"
+    frozen = parse_config(["--config", config, "--frozen-engine-checkpoint", "tiny:digits"])
+    assert frozen.engine.frozen_engine_checkpoint == "tiny:digits"

@@ -150,3 +150,17 @@ def test_a_call_inside_a_recorded_call_is_not_recorded_again():
         await retrieval()                               # outside a recorded call: recorded
     asyncio.run(main())
     assert a.tracer.inputs == ["env.step", "clock.monotonic", "retriever.retrieve"]
+
+
+@pytest.mark.parametrize("config", ["examples/search/config.toml", "examples/search/smollm2.toml"])
+def test_the_search_recipes_parse_and_their_environment_builds(config):
+    """The CPU example and the one-GPU SmolLM2 recipe (scripts/agents_gpu_run.sh search): flags checked, files
+    found, the environment constructed from its [env_kwargs]."""
+    import json
+
+    from slime_actors.config import parse_config
+    from slime_actors.environments.loading import load_env
+    cfg = parse_config(["--config", config])
+    assert cfg.retriever.retriever_corpus.endswith("corpus.jsonl") and cfg.rollout.rollout_stop
+    env = load_env(cfg.rollout.rollout_interaction_env_path, cfg.flat(), json.loads(cfg.rollout.env_kwargs))
+    assert isinstance(env, SearchEnv) and env.max_searches >= 1

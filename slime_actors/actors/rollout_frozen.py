@@ -58,8 +58,8 @@ class FrozenEngine:
         from ..backends.weight_sync import find_free_port
         from .rollout_engine import RecordedEngine, RecordedProcess, _http_url
         w = self.w
-        if not w.replaying:
-            await w.run_blocking(self.check_tokenizer)
+        # (recorded, as every outcome of the worker's outside world: a replay takes the same steps without the files)
+        await w.recorded_async("frozen.check_tokenizer", w.run_blocking, self.check_tokenizer)
         port = w.recorded("frozen.port", find_free_port)
         cfg = dataclasses.replace(w.cfg, model=dataclasses.replace(w.cfg.model, hf_checkpoint=self.checkpoint))
         config = None
