@@ -94,6 +94,15 @@ def test_open_actions_and_the_question_as_query(tokenizer):
     assert parse_action("x <search> a </search>") == ("search", "a", False)
     s = run(tokenizer, ["<search>", "<answer> 5"], closing_optional=True, empty_query="question").sample
     assert s.reward == 1.0 and s.metadata["search"]["queries"] == ["zorvik age ?"]
+    # and a turn with no tag answers with its last word (the tiny job's turns stop at the answer's digit)
+    s = run(tokenizer, ["zorvik <search>", "age 5"], closing_optional=True, empty_query="question",
+            untagged="answer", retrieval_score=0.2, retrieval_any_format=True).sample
+    assert s.reward == 1.0 and s.metadata["search"]["answer"] == "5"
+    assert s.metadata["metrics"]["valid_format"] == 0                # (text before the tag, an untagged answer)
+    s = run(tokenizer, ["<search>", "3"], closing_optional=True, empty_query="question", untagged="answer",
+            retrieval_score=0.2, retrieval_any_format=True).sample
+    assert s.reward == pytest.approx(0.2)                            # wrong, after a search that found the answer
+    assert run(tokenizer, ["zorvik is 5"], untagged="invalid").sample.metadata["metrics"]["answered"] == 0
 
 
 def test_information_that_does_not_fit_ends_the_episode(tokenizer):

@@ -33,8 +33,8 @@ retrieved documents are in `sample.metadata["search"]`.
 Options (--env-kwargs): max_searches (3), topk (the job's --retriever-topk), grading ("em" | "f1"), format_score,
 retrieval_score, final_format_score (0), closing_optional (false: see parse_action), empty_query ("invalid";
 "question": `<search> </search>` searches the sample's question as it is -- metadata["question"], else the prompt),
-answer ("content": what the tag holds; "last_word": its last word -- a job whose answer turns end at the answer's
-one token), doc_format ("search-r1": `Doc 1(Title: "T") text`, one a line; "text": the
+untagged ("invalid"; "answer": a turn with no action tag answers with its last word -- the tiny setting, whose
+turns end at the answer's one token), doc_format ("search-r1": `Doc 1(Title: "T") text`, one a line; "text": the
 texts alone, joined by spaces), information (the observation's template, `{docs}` in it; Search-R1's
 "\\n\\n<information>{docs}</information>\\n\\n" by default), invalid_message (None), corpus (a jsonl corpus searched in
 this process instead of the job's retriever: for the harness and tests).
@@ -145,7 +145,7 @@ class SearchEnv(Env):
     def __init__(self, args: Any = None, **kwargs: Any):
         super().__init__(args, **kwargs)
         known = {"max_searches", "topk", "grading", "format_score", "retrieval_score", "final_format_score",
-                 "doc_format", "information", "invalid_message", "corpus", "closing_optional", "empty_query", "retrieval_any_format", "answer"}
+                 "doc_format", "information", "invalid_message", "corpus", "closing_optional", "empty_query", "retrieval_any_format", "untagged"}
         problems = [f"unknown option {k!r}" for k in sorted(set(kwargs) - known)]
         self.max_searches = kwargs.get("max_searches", 3)
         self.topk = kwargs.get("topk")
@@ -158,9 +158,9 @@ class SearchEnv(Env):
         self.closing_optional = kwargs.get("closing_optional", False)
         self.empty_query = kwargs.get("empty_query", "invalid")
         self.retrieval_any_format = kwargs.get("retrieval_any_format", False)
-        self.answer = kwargs.get("answer", "content")
-        if self.answer not in ("content", "last_word"):
-            problems.append(f"answer must be 'content' or 'last_word', got {self.answer!r}")
+        self.untagged = kwargs.get("untagged", "invalid")
+        if self.untagged not in ("invalid", "answer"):
+            problems.append(f"untagged must be 'invalid' or 'answer', got {self.untagged!r}")
         if not isinstance(self.retrieval_any_format, bool):
             problems.append(f"retrieval_any_format must be true or false, got {self.retrieval_any_format!r}")
         if not isinstance(self.closing_optional, bool):
@@ -203,8 +203,10 @@ class SearchEnv(Env):
         st = self.episode.state
         action, content, well_formed = parse_action(turn.text, self.closing_optional)
         st["valid"] = st["valid"] and well_formed
+        if action is None and self.untagged == "answer" and turn.text.split():
+            return self._end(sample, turn.text.split()[-1])     # (a turn that ended at its answer: the last word)
         if action == "answer":
-            return self._end(sample, content.split()[-1] if self.answer == "last_word" and content else content)
+            return self._end(sample, content)
         if action == "search" and not content and self.empty_query == "question":
             content = question_of(sample)
         if action == "search" and content and not turn.last:
