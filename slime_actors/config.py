@@ -11,7 +11,7 @@ Every flag is one field of one section below, its default and help text next to 
 name (slime's, where slime has the concept: `rollout_batch_size` is `--rollout-batch-size`), unique across sections.
 Adding a flag is adding one field:
 
-    max_staleness: int = flag(1, "async: newest weight version minus oldest used")
+    max_staleness: int = flag(1, "async: newest weight version minus oldest used", ge=0)
 
 A bool field defaulting to False is a switch (`--use-kl-loss`); one defaulting to True takes a value
 (`--trace false`). A `list[...]` field takes one or more values. `flag(..., choices=[...])` restricts the values.
@@ -33,6 +33,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import tomllib
 import types
 import typing
@@ -49,21 +50,49 @@ KL_TYPES = ["k1", "k2", "k3", "low_var_kl"]
 
 
 class ConfigError(ValueError):
-    """A bad flag, value, config file entry or job file field; the message names it."""
+    """Bad flags, values, config file entries or job file fields: `problems`, one line each, every one naming its
+    flag (or file and key). The checks run to the end, so one error reports every problem found."""
+
+    def __init__(self, problems: str | list[str]):
+        self.problems = [problems] if isinstance(problems, str) else [str(p) for p in problems]
+        super().__init__("\n".join(self.problems))
+
+    def prefixed(self, prefix: str) -> "ConfigError":
+        """The same problems, each after `prefix` (e.g. the job file's name)."""
+        return ConfigError([f"{prefix}{p}" for p in self.problems])
+
+
+class Problems(list):
+    """Problems found so far, in order; `add` one, `merge` a ConfigError's, `raise_if_any` at the end."""
+
+    def add(self, message: str) -> None:
+        if message not in self:
+            self.append(message)
+
+    def merge(self, exc: ConfigError) -> None:
+        for p in exc.problems:
+            self.add(p)
+
+    def raise_if_any(self) -> None:
+        if self:
+            raise ConfigError(list(self))
 
 
 def flag(default: Any = None, help: str | None = None, *, choices: list | None = None, path: bool = False,
-         top: bool = False, origin: str = "slime", slime: tuple[Any, str] | None = None) -> Any:
+         top: bool = False, origin: str = "slime", slime: tuple[Any, str] | None = None,
+         ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None) -> Any:
     """A field that is a command-line flag (and a TOML key). `path`: a relative value in a config file is taken
     relative to that file when such a file exists; `top`: listed before the groups in --help. `origin`: whose flag
     it is -- "slime" (slime's name and meaning), "megatron" (a Megatron-LM flag slime passes on) or "own" (this
     project's); `slime=(slime's default, why ours differs)` when the default differs from slime's, with two more
     strings when the defaults are derived (ours and slime's as docs/flags.md shows them). docs/flags.md lists
-    them; tests/test_flags.py checks them against slime's recorded parser."""
+    them; tests/test_flags.py checks them against slime's recorded parser. `ge` / `gt` / `le` / `lt`: the range of
+    a number (of each number of a list), checked at parse time with an error naming the flag."""
     if origin not in ("slime", "megatron", "own"):
         raise ValueError(f"origin {origin!r}")
+    bounds = tuple((op, v) for op, v in ((">=", ge), (">", gt), ("<=", le), ("<", lt)) if v is not None)
     return field(default=default, metadata={"help": help, "choices": choices, "path": path, "top": top, "cli": True,
-                                            "origin": origin, "slime": slime})
+                                            "origin": origin, "slime": slime, "bounds": bounds})
 
 
 def passthrough() -> Any:
@@ -87,12 +116,12 @@ class RunSection:
     num_rollout: int | None = flag(
         None, "training steps (rollout + train + weight sync each); default: from --num-epoch, else 10",
         slime=(None, "slime requires --num-rollout or --num-epoch; here a short run of 10 steps", "10",
-               "required"))
+               "required"), ge=1)
     num_epoch: int | None = flag(
         None, "passes over --prompt-data: --num-rollout = num-epoch x prompts // --rollout-batch-size "
-              "(ignored when --num-rollout is given, as in slime)")
+              "(ignored when --num-rollout is given, as in slime)", ge=1)
     start_rollout_id: int | None = flag(
-        None, "first rollout id (default: the one after the checkpoint --load names, else 0)")
+        None, "first rollout id (default: the one after the checkpoint --load names, else 0)", ge=0)
     async_train: bool = flag(False, "one-step-off: generate rollout k+1 while training on rollout k", origin="own")
     max_staleness: int = flag(1, "--async-train: newest weight version minus the oldest one a trained sample may "
                                  "come from (older samples are generated again)", origin="own")
@@ -109,8 +138,8 @@ class RuntimeSection:
     curve: bool = flag(True, "CurveZMQ keys per job: actors accept messages from this job's processes only "
                              "(docs/security.md)", origin="own")
     transport: str = flag("ipc", "ipc: one host; tcp: several hosts", choices=["ipc", "tcp"], origin="own")
-    heartbeat_interval: float = flag(1.0, "seconds between an actor's heartbeats to the directory", origin="own")
-    heartbeat_liveness: int = flag(5, "missed heartbeats before an actor is declared down", origin="own")
+    heartbeat_interval: float = flag(1.0, "seconds between an actor's heartbeats to the directory", origin="own", gt=0)
+    heartbeat_liveness: int = flag(5, "missed heartbeats before an actor is declared down", origin="own", ge=1)
 
 
 @dataclass(slots=True)
@@ -139,7 +168,13 @@ class DataSection:
         "{}", "JSON object of extra arguments to the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)")
     rollout_shuffle: bool = flag(False, "shuffle the prompts (each epoch, with --rollout-seed)")
     rollout_seed: int = flag(42, "seed of the prompt shuffle and of the engines' sampling")
-    rollout_max_prompt_len: int | None = flag(None, "drop prompts longer than this many tokens")
+    rollout_max_prompt_len: int | None = flag(
+        None, "drop prompts longer than this many tokens (counted, the first line numbers logged); default: the "
+              "model's context (config.json's max_position_embeddings, or --sglang-context-length) less "
+              "--rollout-max-response-len, since a longer prompt cannot be generated from", ge=1)
+    prompt_data_max_row_bytes: int = flag(
+        4 << 20, "a row (jsonl line, parquet row) of the prompt files larger than this is skipped unread and counted: "
+                 "memory stays bounded whatever a file holds (docs/security.md)", origin="own", ge=1)
 
 
 @dataclass(slots=True)
@@ -147,20 +182,20 @@ class RolloutSection:
     """What a rollout is: batch sizes, sampling, the user's generate/rollout/filter functions."""
     TITLE: typing.ClassVar[str] = "rollout"
     rollout_batch_size: int = flag(8, "prompts per training step (each gets --n-samples-per-prompt responses)",
-                                   slime=(None, "slime requires it; a small default suits the CPU examples"))
+                                   slime=(None, "slime requires it; a small default suits the CPU examples"), ge=1)
     n_samples_per_prompt: int = flag(8, "responses generated per prompt (a group)",
-                                     slime=(1, "the default estimator, grpo, compares the samples of a group"))
+                                     slime=(1, "the default estimator, grpo, compares the samples of a group"), ge=1)
     over_sampling_batch_size: int | None = flag(
         None, "prompt groups handed out per step (>= --rollout-batch-size; the extra absorbs filtering); default: "
-              "--rollout-batch-size")
+              "--rollout-batch-size", ge=1)
     rollout_max_response_len: int = flag(
         32, "most tokens generated per response",
-        slime=(None, "slime leaves it to the engine's default; a bound keeps the CPU examples short"))
-    rollout_temperature: float = flag(1.0, "sampling temperature of rollouts")
-    rollout_top_p: float = flag(1.0, "top-p of rollouts")
-    rollout_top_k: int = flag(-1, "top-k of rollouts (-1: off)")
+        slime=(None, "slime leaves it to the engine's default; a bound keeps the CPU examples short"), ge=1)
+    rollout_temperature: float = flag(1.0, "sampling temperature of rollouts", ge=0)
+    rollout_top_p: float = flag(1.0, "top-p of rollouts", gt=0, le=1)
+    rollout_top_k: int = flag(-1, "top-k of rollouts (-1: off)", ge=-1)
     rollout_stop: list[str] | None = flag(None, "strings that end a response (the engine stops at the first)")
-    rollout_stop_token_ids: list[int] | None = flag(None, "token ids that end a response")
+    rollout_stop_token_ids: list[int] | None = flag(None, "token ids that end a response", ge=0)
     partial_rollout: bool = flag(False, "keep aborted samples' partial responses and continue them next step")
     dynamic_sampling_filter_path: str | None = flag(
         None, "dotted path of fn(args, samples) -> bool keeping a group; built-in: "
@@ -177,7 +212,7 @@ class RolloutSection:
     max_turns: int | None = flag(
         None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
               "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
-              "(--rollout-max-response-len, across turns)", origin="own")
+              "(--rollout-max-response-len, across turns)", origin="own", ge=1)
     env_kwargs: str = flag(
         "{}", "JSON object of keyword arguments for the environment's constructor (a TOML config may give an "
               "[env_kwargs] table)", origin="own")
@@ -186,7 +221,7 @@ class RolloutSection:
                 "recorded as failed, counted in rollout/failed, and replaced by a new one) or stop the job",
         choices=["fail", "stop"], origin="own")
     env_timeout: float = flag(600.0, "seconds one environment call (reset, step, close) may take before it counts "
-                                     "as failed (--env-error)", origin="own")
+                                     "as failed (--env-error)", origin="own", gt=0)
     rollout_function_path: str | None = flag(
         None, "dotted path of async fn(args, samples, sampling_params, engine) -> samples, called per group instead "
               "of the built-in rollout",
@@ -202,23 +237,23 @@ class EngineSection:
                                         "sglang: SGLang servers", choices=["local", "sglang"], origin="own")
     rollout_num_gpus: int | None = flag(
         None, "GPUs for generation in all: --rollout-num-engines = rollout-num-gpus / --rollout-num-gpus-per-engine; "
-              "default: with --colocate the trainer's GPUs (as in slime), else one engine")
+              "default: with --colocate the trainer's GPUs (as in slime), else one engine", ge=0)
     rollout_num_engines: int | None = flag(
-        None, "rollout workers, one engine each (default: from --rollout-num-gpus)", origin="own")
-    rollout_num_gpus_per_engine: int = flag(1, "GPUs per engine (SGLang's --tp-size)")
+        None, "rollout workers, one engine each (default: from --rollout-num-gpus)", origin="own", ge=1)
+    rollout_num_gpus_per_engine: int = flag(1, "GPUs per engine (SGLang's --tp-size)", ge=1)
     rollout_external_engine_addrs: list[str] | None = flag(
         None, "HOST:PORT of engines started elsewhere (one rollout worker attaches to each)")
     frozen_engine_checkpoint: str | None = flag(
         None, "a second engine per rollout worker serving this checkpoint (same tokenizer as --hf-checkpoint), "
               "never updated: a role played by a fixed model (engine.frozen in generate functions; "
               "docs/multi-agent.md)", origin="own")
-    rollout_concurrency: int = flag(64, "HTTP requests in flight per engine", origin="own")
+    rollout_concurrency: int = flag(64, "HTTP requests in flight per engine", origin="own", ge=1)
     engine_max_batch_size: int = flag(64, "sequences per batch of the engine (--max-running-requests)",
-                                      origin="own")
+                                      origin="own", ge=1)
     use_fault_tolerance: bool = flag(False, "probe engines with /health_generate and restart ones that fail")
-    rollout_health_check_interval: float = flag(30.0, "--use-fault-tolerance: seconds between probes")
-    rollout_health_check_timeout: float = flag(30.0, "--use-fault-tolerance: seconds an engine has to answer")
-    rollout_health_check_first_wait: float = flag(0.0, "seconds after start before the first probe")
+    rollout_health_check_interval: float = flag(30.0, "--use-fault-tolerance: seconds between probes", gt=0)
+    rollout_health_check_timeout: float = flag(30.0, "--use-fault-tolerance: seconds an engine has to answer", gt=0)
+    rollout_health_check_first_wait: float = flag(0.0, "seconds after start before the first probe", ge=0)
     engine_auth: bool = flag(True, "engines require keys: an API key for generation, an admin key for weight "
                                    "updates, pauses, aborts and cache flushes (made per job unless given below; "
                                    "docs/security.md)", origin="own")
@@ -239,7 +274,7 @@ class EngineSection:
                                           "--sglang-router-ip is given); every --router-<flag> is passed on as "
                                           "--<flag>", origin="own")
     sglang_router_ip: str | None = flag(None, "an sglang-router someone else started")
-    sglang_router_port: int | None = flag(None, "its port, or the port to start one on")
+    sglang_router_port: int | None = flag(None, "its port, or the port to start one on", ge=1, le=65535)
     colocate: bool = flag(False, "engines share the trainer's GPUs (engine i starts at GPU i x "
                                  "rollout-num-gpus-per-engine); weights then go by CUDA IPC (the colocated "
                                  "transport) and a colocated engine gets --sglang-mem-fraction-static 0.4 unless "
@@ -249,7 +284,7 @@ class EngineSection:
                                                "machine: CUDA_VISIBLE_DEVICES, torch, Slurm)",
                                          slime=(8, "counted here, so a machine with fewer GPUs needs no flag (slime "
                                                    "asks for it under --colocate on fewer than 8)",
-                                                "counted", "`8`"))
+                                                "counted", "`8`"), ge=1)
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
 
@@ -266,16 +301,17 @@ class EvalSection:
                                          "(slime_actors/eval_config.py)", path=True)
     eval_input_key: str | None = flag(None, "the prompt's key in eval rows (default: --input-key)")
     eval_label_key: str | None = flag(None, "the label's key in eval rows (default: --label-key)")
-    eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last)")
-    n_samples_per_eval_prompt: int = flag(1, "responses per eval prompt")
+    eval_interval: int | None = flag(None, "evaluate every N rollouts (and before the first and after the last; "
+                                           "0: only then)", ge=0)
+    n_samples_per_eval_prompt: int = flag(1, "responses per eval prompt", ge=1)
     eval_temperature: float | None = flag(
         None, "default: greedy (0)",
         slime=(None, "slime samples evals at --rollout-temperature; a greedy eval is deterministic, so before/after "
-                     "numbers compare the weights, not the dice", "0 (greedy)", "--rollout-temperature"))
-    eval_top_p: float | None = flag(None, "top-p of evals (default: --rollout-top-p)")
-    eval_top_k: int | None = flag(None, "top-k of evals (default: --rollout-top-k)")
+                     "numbers compare the weights, not the dice", "0 (greedy)", "--rollout-temperature"), ge=0)
+    eval_top_p: float | None = flag(None, "top-p of evals (default: --rollout-top-p)", gt=0, le=1)
+    eval_top_k: int | None = flag(None, "top-k of evals (default: --rollout-top-k)", ge=-1)
     eval_max_response_len: int | None = flag(None, "most tokens per eval response (default: "
-                                                   "--rollout-max-response-len)")
+                                                   "--rollout-max-response-len)", ge=1)
     skip_eval_before_train: bool = flag(False, "no evaluation before the first step")
     save_eval_responses: bool = flag(True, "write every held-out evaluation's responses to "
                                            "RUN_DIR/evals/NAME_stepK.jsonl (`slime-actors samples RUN --eval` / "
@@ -287,28 +323,43 @@ class RewardSection:
     """How responses are scored."""
     TITLE: typing.ClassVar[str] = "reward"
     rm_type: str | None = flag(None, "built-in reward: math, boxed_math, dapo, deepscaler, boxed, exact_match, "
-                                     "exact_match_ci, f1, remote_rm, random (or boxed_<type>)")
+                                     "exact_match_ci, f1, remote_rm, random, code (or boxed_<type>)")
     custom_rm_path: str | None = flag(None, "dotted path (or file.py:fn) of async fn(args, sample) -> float")
     group_rm: bool = flag(False, "the reward function scores a whole group at once: fn(args, samples) -> list")
     rm_url: str | None = flag(None, "--rm-type remote_rm: the reward model's URL (POST, JSON)")
-    rm_timeout: float = flag(60.0, "--rm-type remote_rm: seconds per request attempt", origin="own")
+    rm_timeout: float = flag(60.0, "--rm-type remote_rm: seconds per request attempt", origin="own", gt=0)
     rm_max_attempts: int = flag(5, "--rm-type remote_rm: attempts per sample (connection errors, timeouts, 5xx, "
-                                   "408 and 429 are retried with backoff)", origin="own")
+                                   "408 and 429 are retried with backoff)", origin="own", ge=1)
     rm_headers: str | None = flag(
         None, "--rm-type remote_rm: JSON object of HTTP headers; ${NAME} in a value is read from the reward "
               "worker's environment (keep tokens out of job files: '{\"Authorization\": \"Bearer ${RM_TOKEN}\"}')",
         origin="own")
     reward_key: str | None = flag(None, "when the reward function returns a dict: the key of the reward in it "
                                         "(default: \"reward\")")
-    num_reward_workers: int = flag(1, "reward worker processes", origin="own")
+    num_reward_workers: int = flag(1, "reward worker processes", origin="own", ge=1)
     reward_actor_class: str | None = flag(None, "pkg.mod:Class of your own reward actor (role reward, handler "
                                                 "score); see docs/adding-a-reward-actor.md", origin="own")
-    reward_batch_size: int = flag(64, "samples a reward worker scores at once", origin="own")
+    reward_batch_size: int = flag(64, "samples a reward worker scores at once", origin="own", ge=1)
     math_grading_timeout: float = flag(5.0, "seconds math-verify may spend on one sample (math, boxed_math, "
                                             "deepscaler); past it the sample scores 0 and counts in "
-                                            "rollout/reward_timeouts", origin="own")
+                                            "rollout/reward_timeouts", origin="own", gt=0)
     math_grading_processes: int = flag(2, "math-verify processes per reward worker (each item's deadline is "
-                                          "enforced by killing its process)", origin="own")
+                                          "enforced by killing its process)", origin="own", ge=1)
+    code_partial_credit: bool = flag(False, "--rm-type code: the reward is the fraction of the sample's tests "
+                                            "that pass (default: 1 if all pass, else 0)", origin="own")
+    sandbox_timeout: float = flag(10.0, "--rm-type code: wall-clock seconds of one program run (the program with "
+                                        "its assert tests, or one stdin/stdout case); its CPU time limit too",
+                                  origin="own", gt=0)
+    sandbox_memory_mb: int = flag(1024, "--rm-type code: address space of each process of a program, MiB "
+                                        "(a Python program needs about 30)", origin="own", ge=64)
+    sandbox_concurrency: int | None = flag(None, "--rm-type code: programs one reward worker runs at once "
+                                                 "(default: its CPUs)", origin="own", ge=1)
+    sandbox_allow_network: bool = flag(False, "--rm-type code: run programs even where the sandbox cannot cut "
+                                              "the network (neither a network namespace nor seccomp); "
+                                              "docs/code-sandbox.md", origin="own")
+    sandbox_python: str | None = flag(None, "--rm-type code: the Python that runs programs in the sandbox "
+                                            "(default: /usr/bin/python3, which the sandbox's user can reach)",
+                                      origin="own")
 
 
 @dataclass(slots=True)
@@ -323,22 +374,22 @@ class AlgorithmSection:
     custom_loss_function_path: str | None = flag(
         None, "--loss-type custom_loss: dotted path (or file.py:fn) of fn(args, batch, log_probs, "
               "sum_of_sample_mean) -> (loss, metrics) (docs/flags.md)")
-    eps_clip: float = flag(0.2, "PPO clip range (cispo: the lower bound of the truncated ratio is 1 - eps-clip)")
-    eps_clip_high: float | None = flag(None, "upper clip range (default: --eps-clip)")
-    eps_clip_c: float | None = flag(None, "dual-clip constant (> 1)")
+    eps_clip: float = flag(0.2, "PPO clip range (cispo: the lower bound of the truncated ratio is 1 - eps-clip)", ge=0)
+    eps_clip_high: float | None = flag(None, "upper clip range (default: --eps-clip)", ge=0)
+    eps_clip_c: float | None = flag(None, "dual-clip constant (> 1)", gt=1)
     use_kl_loss: bool = flag(False, "add --kl-loss-coef x KL(actor || reference) to the loss")
-    kl_loss_coef: float = flag(0.0, "weight of the KL loss")
+    kl_loss_coef: float = flag(0.0, "weight of the KL loss", ge=0)
     kl_loss_type: str = flag("k1", "KL estimator of the KL loss", choices=KL_TYPES)
-    kl_coef: float = flag(0.0, "KL penalty folded into the reward (reinforce_plus_plus, ppo)")
+    kl_coef: float = flag(0.0, "KL penalty folded into the reward (reinforce_plus_plus, ppo)", ge=0)
     entropy_coef: float = flag(0.0, "weight of the entropy bonus")
     use_tis: bool = flag(False, "truncated importance sampling vs the rollout log-probs")
-    tis_clip: float = flag(2.0, "--use-tis: upper bound of the importance weight")
-    tis_clip_low: float = flag(0.0, "--use-tis: lower bound of the importance weight")
-    gamma: float = flag(1.0, "discount (ppo, reinforce_plus_plus)")
-    lambd: float = flag(1.0, "GAE lambda (ppo)")
+    tis_clip: float = flag(2.0, "--use-tis: upper bound of the importance weight", gt=0)
+    tis_clip_low: float = flag(0.0, "--use-tis: lower bound of the importance weight", ge=0)
+    gamma: float = flag(1.0, "discount (ppo, reinforce_plus_plus)", ge=0, le=1)
+    lambd: float = flag(1.0, "GAE lambda (ppo)", ge=0, le=1)
     normalize_advantages: bool = flag(False, "whiten the advantages over the rollout's tokens")
     disable_grpo_std_normalization: bool = flag(False, "grpo: subtract the group mean only (Dr. GRPO)")
-    value_clip: float = flag(0.2, "ppo: clip range of the value loss")
+    value_clip: float = flag(0.2, "ppo: clip range of the value loss", ge=0)
     calculate_per_token_loss: bool = flag(False, "reduce the loss per token instead of per sample")
 
 
@@ -350,30 +401,30 @@ class TrainSection:
                               choices=["torch", "megatron"],
                               slime=("megatron", "megatron-core needs GPUs; the torch backend runs anywhere (CI, "
                                                  "the CPU examples)"))
-    actor_num_nodes: int = flag(1, "nodes of trainer ranks")
+    actor_num_nodes: int = flag(1, "nodes of trainer ranks", ge=1)
     actor_num_gpus_per_node: int = flag(1, "trainer ranks per node (processes on CPU)",
-                                        slime=(8, "one GPU unless told; slime assumes a node of eight"))
+                                        slime=(8, "one GPU unless told; slime assumes a node of eight"), ge=1)
     torch_parallel: str = flag("ddp", "--train-backend torch: replicate (ddp) or shard (fsdp) the model",
                                choices=["ddp", "fsdp"], origin="own")
-    lr: float = flag(1e-6, "learning rate (constant)")
-    critic_lr: float | None = flag(None, "ppo: the critic's learning rate (default: --lr)", origin="own")
+    lr: float = flag(1e-6, "learning rate (constant)", ge=0)
+    critic_lr: float | None = flag(None, "ppo: the critic's learning rate (default: --lr)", origin="own", ge=0)
     weight_decay: float = flag(0.0, "AdamW weight decay", origin="megatron",
                                slime=(0.01, "Megatron's default; RL fine-tuning here decays nothing unless asked "
-                                            "(slime's scripts set 0.1)"))
-    adam_beta1: float = flag(0.9, "Adam's first-moment decay (beta1)", origin="megatron")
+                                            "(slime's scripts set 0.1)"), ge=0)
+    adam_beta1: float = flag(0.9, "Adam's first-moment decay (beta1)", origin="megatron", ge=0, lt=1)
     adam_beta2: float = flag(0.98, "Adam's second-moment decay (beta2)", origin="megatron",
-                             slime=(0.999, "Megatron's default; slime's scripts set 0.98"))
-    clip_grad: float = flag(1.0, "gradient norm clipping")
-    global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)")
-    micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)")
+                             slime=(0.999, "Megatron's default; slime's scripts set 0.98"), ge=0, lt=1)
+    clip_grad: float = flag(1.0, "gradient norm clipping", ge=0)
+    global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)", ge=1)
+    micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)", ge=1)
     use_dynamic_batch_size: bool = flag(False, "pack micro-batches up to --max-tokens-per-gpu tokens")
-    max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch")
+    max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch", ge=1)
     num_steps_per_rollout: int | None = flag(
-        None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)")
+        None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)", ge=1)
     bf16: bool = flag(False, "train in bfloat16 (fp32 master weights)", origin="megatron")
-    tensor_model_parallel_size: int = flag(1, "--train-backend megatron: tensor-parallel size", origin="megatron")
+    tensor_model_parallel_size: int = flag(1, "--train-backend megatron: tensor-parallel size", origin="megatron", ge=1)
     pipeline_model_parallel_size: int = flag(1, "--train-backend megatron: pipeline-parallel size",
-                                             origin="megatron")
+                                             origin="megatron", ge=1)
     use_distributed_optimizer: bool = flag(False, "--train-backend megatron: shard the optimizer state",
                                            origin="megatron")
 
@@ -381,6 +432,32 @@ class TrainSection:
     def n_ranks(self) -> int:
         """Trainer ranks of the job."""
         return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+
+@dataclass(slots=True)
+class LoraSection:
+    """LoRA: low-rank adapters on the frozen base model, trained through peft (torch backend; docs/lora.md). The
+    names follow verl's (lora_rank, lora_alpha, target_modules, exclude_modules) and slime's LoRA pull request."""
+    TITLE: typing.ClassVar[str] = "lora"
+    lora_rank: int = flag(0, "LoRA rank: > 0 trains adapters of this rank on the frozen base instead of every "
+                             "weight (--train-backend torch); 0: full fine-tuning", origin="own")
+    lora_alpha: float | None = flag(None, "LoRA scaling: the adapters' output is scaled by alpha / rank (default: "
+                                          "2 x --lora-rank)", origin="own")
+    lora_dropout: float = flag(0.0, "dropout on the adapters' input in training forwards (not in the log-prob "
+                                    "forwards, nor in the engines)", origin="own")
+    lora_target_modules: list[str] | None = flag(
+        None, "the modules that get adapters, by name (q_proj v_proj ...: the last part of the module's name); "
+              "all-linear: every linear layer but the output head (the default, as verl's)", origin="own")
+    lora_exclude_modules: list[str] | None = flag(None, "modules that get no adapter, by name (with all-linear, "
+                                                        "e.g. down_proj)", origin="own")
+    lora_sync: str = flag("adapter", "what the engines get after each step: adapter (the adapters alone, a few MB; "
+                                     "the local engine and SGLang are launched with --enable-lora and generate "
+                                     "with them) or merged (the full weights with the adapters merged in, by "
+                                     "--update-weight-transport: for engines without LoRA)",
+                          choices=["adapter", "merged"], origin="own")
+    lora_save_merged: bool = flag(False, "--save-hf writes a PEFT adapter directory; with this, also the base "
+                                         "model with the adapters merged in, a plain Hugging Face directory, at "
+                                         "SAVE_HF/merged", origin="own")
 
 
 @dataclass(slots=True)
@@ -395,7 +472,7 @@ class WeightsSection:
         slime=("nccl", "'distributed' is NCCL on GPU and gloo on CPU (slime's 'nccl' is accepted and means the "
                        "same); colocated engines get CUDA IPC, as slime's colocated mode does",
                "colocated with --colocate, else distributed", "nccl"))
-    update_weight_buffer_size: int = flag(512 << 20, "bytes per broadcast bucket")
+    update_weight_buffer_size: int = flag(512 << 20, "bytes per broadcast bucket", ge=1)
     update_weight_disk_dir: str | None = flag(None, "--update-weight-transport disk: where the weights are written "
                                                     "(default: RUN_DIR/weights)")
 
@@ -405,12 +482,15 @@ class CheckpointSection:
     """Checkpoints and exports."""
     TITLE: typing.ClassVar[str] = "checkpoints"
     save: str | None = flag(None, "checkpoint directory (iter_NNNNNNN/ per save)")
-    save_interval: int | None = flag(None, "save every N rollouts (and after the last)")
+    save_interval: int | None = flag(None, "save every N rollouts (and after the last)", ge=0)
     load: str | None = flag(None, "resume from this checkpoint directory (this project's or slime's torch_dist "
                                   "layout)", path=True)
     save_hf: str | None = flag(None, "write a Hugging Face model directory at every --save-interval; "
                                      "'{rollout_id}' in the path is formatted as in slime")
     no_save_optim: bool = flag(False, "checkpoints without the optimizer state (smaller; cannot resume training)")
+    no_rolling_save: bool = flag(False, "without --save, keep no rolling checkpoint in RUN_DIR/ckpt (by default the "
+                                        "newest one is kept there, every --save-interval rollouts, else every 5, "
+                                        "and after the last: a crash costs a few steps, not the run)", origin="own")
 
 
 @dataclass(slots=True)
@@ -422,7 +502,7 @@ class LoggingSection:
                                  slime=(False, "TensorBoard is this project's default viewer; metrics.jsonl and "
                                                "curves.png are always written"))
     log_samples_interval: int = flag(1, "print the best and the worst sample of one group every N rollouts (and the "
-                                        "last; 0: never); TensorBoard gets them every rollout", origin="own")
+                                        "last; 0: never); TensorBoard gets them every rollout", origin="own", ge=0)
     log_passrate: bool = flag(False, "log pass@k (k = 1, 2, 4, ... up to the group size; a sample passes with "
                                      "reward 1) of every rollout (passrate/pass@k) and eval (eval/NAME-pass@k)")
     log_level: str | None = flag(None, "console level: debug, info, warning, error (default: "
@@ -518,6 +598,7 @@ class JobConfig:
     reward: RewardSection = field(default_factory=RewardSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     train: TrainSection = field(default_factory=TrainSection)
+    lora: LoraSection = field(default_factory=LoraSection)
     weights: WeightsSection = field(default_factory=WeightsSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -533,6 +614,14 @@ class JobConfig:
     # environment the head gives the job's processes (--log-level, --wandb-key): never in to_dict(); applied by
     # the launcher (slime_actors.launch.job_config)
     process_env: dict = field(default_factory=dict, repr=False, compare=False)
+    # where a value came from when it was not the command line ("config file F: train.lr"), for the messages of
+    # the checks; never in to_dict()
+    sources: dict = field(default_factory=dict, repr=False, compare=False)
+    # the flags the user set (command line or config file), not defaults; never in to_dict()
+    given: set = field(default_factory=set, repr=False, compare=False)
+    # the prompt files' rows as the launcher checked them, before the run directory exists: set name -> a
+    # temporary file the head moves to RUN_DIR/prompts/ (launch/checks.py, launch/prepare.py); never in to_dict()
+    checked_prompts: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """Every field, flat (slime's names), JSON- and msgpack-able; the engine keys are not in it."""
@@ -550,16 +639,22 @@ class JobConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: expected a table of the job's flags, got {type(data).__name__}")
         values: dict[str, dict] = {name: {} for name in SECTIONS}
+        problems = Problems()
         for key, value in data.items():
             spec = FIELDS.get(key) if isinstance(key, str) else None
             if spec is None:
-                raise ConfigError(f"{source}: unknown field {key!r}{_suggest(str(key))}")
-            values[spec.section][key] = spec.check(value, source)
+                problems.add(f"{source}: unknown field {key!r}{_suggest(str(key))}")
+                continue
+            try:
+                values[spec.section][key] = spec.check(value, source)
+            except ConfigError as exc:
+                problems.merge(exc)
+        problems.raise_if_any()
         cfg = cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
         try:
             cfg.validate()
         except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            raise exc.prefixed(f"{source}: ") from None
         return cfg
 
     def flat(self) -> "FlatArgs":
@@ -569,7 +664,9 @@ class JobConfig:
     def validate(self, check_files: bool = False) -> "JobConfig":
         """Fill in the derived defaults and check the values (ConfigError naming the flag). Idempotent. With
         `check_files`, also the files the flags name (the head does this once, before anything is written)."""
-        _validate(self, check_files)
+        problems = Problems()
+        _validate(self, check_files, problems)
+        problems.raise_if_any()
         return self
 
 
@@ -594,6 +691,7 @@ class FieldSpec:
     cli: bool
     origin: str = "slime"         # "slime" | "megatron" | "own"
     slime: tuple | None = None    # (slime's default, why ours differs[, ours as shown, slime's as shown])
+    bounds: tuple = ()            # ((">=", 1), ...): the range of its numbers
 
     @property
     def option(self) -> str:
@@ -612,30 +710,66 @@ class FieldSpec:
             kind = f"one of {self.choices}"
         return kind + (" or null" if self.optional else "")
 
+    def typed(self, value: Any, optional: bool | None = None) -> tuple[bool, Any]:
+        """(whether `value` -- JSON / TOML data -- is of this field's type, the value as that type). No string
+        stands for a number or a bool: "2" is not an integer."""
+        if value is None:
+            return (self.optional if optional is None else optional), None
+        if self.is_list:
+            out = _scalars(self.base, value) if isinstance(value, (list, tuple)) else None
+            return (False, value) if out is None else (True, out)
+        ok, conv = _scalar(self.base, value)
+        return ok and not (self.choices and conv not in self.choices), conv
+
     def check(self, value: Any, source: str) -> Any:
         """`value` as this field's type, or ConfigError naming the field."""
-        def bad():
-            return ConfigError(f"{source}: field {self.name!r} ({self.option}) must be {self.describe()}, "
-                               f"got {value!r:.200}")
-
-        if value is None:
-            if self.optional:
-                return None
-            raise bad()
-        if self.is_list:
-            if not isinstance(value, (list, tuple)):
-                raise bad()
-            out = []
-            for v in value:
-                ok, conv = _scalar(self.base, v)
-                if not ok:
-                    raise bad()
-                out.append(conv)
-            return out
-        ok, conv = _scalar(self.base, value)
-        if not ok or (self.choices and conv not in self.choices):
-            raise bad()
+        ok, conv = self.typed(value)
+        if not ok:
+            raise ConfigError(f"{source}: field {self.name!r} ({self.option}) must be {self.describe()}, "
+                              f"got {value!r:.200}")
         return conv
+
+    def from_text(self, text: str) -> Any:
+        """A command-line value as this field's type; ValueError saying what was expected."""
+        if self.base is bool:
+            try:
+                return _bool(text)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(str(exc)) from None
+        try:
+            value = self.base(text)
+        except ValueError:
+            raise ValueError(f"expected {self.describe().replace(' or null', '')}, got {text!r}") from None
+        if self.base is float and value != value:   # nan passes float() and every range check
+            raise ValueError(f"expected a number, got {text!r}")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})")
+        return value
+
+    def out_of_range(self, value: Any) -> str | None:
+        """"must be >= 1, got 0" when a number of `value` is outside the field's range, else None."""
+        for v in (value if isinstance(value, list) else [value]):
+            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            for op, bound in self.bounds:
+                if not {">=": v >= bound, ">": v > bound, "<=": v <= bound, "<": v < bound}[op]:
+                    return f"must be {self.range_text()}, got {v}"
+        return None
+
+    def range_text(self) -> str:
+        """">= 1", "> 0 and <= 1", "" without a range."""
+        return " and ".join(f"{op} {b:g}" for op, b in self.bounds)
+
+
+def _scalars(base: type, values: Any) -> list | None:
+    """Each value as `base` (`_scalar`), or None when one is not."""
+    out = []
+    for v in values:
+        ok, conv = _scalar(base, v)
+        if not ok:
+            return None
+        out.append(conv)
+    return out
 
 
 def _scalar(base: type, v: Any) -> tuple[bool, Any]:
@@ -670,7 +804,7 @@ def _field_specs() -> dict[str, FieldSpec]:
             default = [] if f.default is MISSING else f.default
             out[f.name] = FieldSpec(section, f.name, base, is_list, optional, default, md.get("help"),
                                     md.get("choices"), md.get("path", False), md.get("top", False), md["cli"],
-                                    md.get("origin", "own"), md.get("slime"))
+                                    md.get("origin", "own"), md.get("slime"), md.get("bounds", ()))
     return out
 
 
@@ -860,6 +994,91 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reading_parser() -> argparse.ArgumentParser:
+    """The parser that reads a command line: the same options as `build_parser`, every value kept as the string
+    given (the types are checked after, every problem collected), nothing set that was not given."""
+    from .slime_compat import MEGATRON_FLAGS, SLIME_ACCEPTED
+    p = _Parser(prog="slime-actors train", add_help=False, argument_default=argparse.SUPPRESS)
+    for s in FIELDS.values():
+        if not s.cli:
+            continue
+        if s.switch:
+            p.add_argument(s.option, dest=s.name, action="store_true")
+        elif s.is_list:
+            p.add_argument(s.option, dest=s.name, nargs="+")
+        elif s.base is bool:   # a bool defaulting to True: `--flag` alone means true (slime's bare switch)
+            p.add_argument(s.option, dest=s.name, nargs="?", const="true")
+        else:
+            p.add_argument(s.option, dest=s.name)
+    for f in SLIME_ACCEPTED + MEGATRON_FLAGS:
+        if f.switch:
+            p.add_argument(f.name, dest=COMPAT_DEST + f.dest, action="store_const", const=True)
+        else:
+            p.add_argument(f.name, dest=COMPAT_DEST + f.dest, nargs=f.nargs)
+    return p
+
+
+_NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf$")
+
+
+def _negative_values_joined(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--lr -3e-3` as `--lr=-3e-3`: argparse takes a value that starts with '-' for a flag unless it looks like
+    an integer or a decimal, so a negative number in exponent form would otherwise be "expected one argument"."""
+    takes_one = {o for a in parser._actions for o in a.option_strings if a.nargs in (None, "?")}
+    out: list[str] = []
+    for tok in argv:
+        if out and _NEGATIVE.match(tok) and out[-1] in takes_one:
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
+def _read_command_line(argv: list[str], problems: Problems) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The flags given on the command line: (field name -> typed value, compat flag name -> typed value). Every
+    unknown flag and every value of the wrong type is a problem of its own."""
+    parser = _reading_parser()
+    try:
+        ns, extra = parser.parse_known_args(_negative_values_joined(argv, parser))
+    except ConfigError as exc:   # a flag without its value: argparse stops there
+        problems.merge(exc)
+        return {}, {}
+    flags = [t for t in extra if t.startswith("-")]
+    if extra and not flags:
+        problems.add(unknown_flag_message(extra, parser))
+    for f in flags:
+        problems.add(unknown_flag_message([f], parser))
+    values: dict[str, Any] = {}
+    compat: dict[str, Any] = {}
+    by_dest = {COMPAT_DEST + f.dest: f for f in COMPAT.values()}
+    for dest, raw in vars(ns).items():
+        flag = by_dest.get(dest)
+        try:
+            if flag is not None:
+                compat[flag.name] = raw if flag.switch else _compat_from_text(flag, raw)
+            else:
+                spec = FIELDS[dest]
+                if spec.switch:
+                    values[dest] = True
+                elif spec.is_list:
+                    values[dest] = [spec.from_text(v) for v in raw]
+                else:
+                    values[dest] = spec.from_text(raw)
+        except ValueError as exc:
+            problems.add(f"{flag.name if flag is not None else FIELDS[dest].option}: {exc}")
+    return values, compat
+
+
+def _compat_from_text(flag, raw: Any) -> Any:
+    def one(text: str) -> Any:
+        try:
+            return flag.type(text)
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(flag.type, flag.type.__name__)
+            raise ValueError(f"expected {kind}, got {text!r}") from None
+    return [one(v) for v in raw] if isinstance(raw, list) else one(raw)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the config file
 
@@ -873,15 +1092,32 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     return items
 
 
-def _config_to_argv(path: str) -> list[str]:
+@dataclass
+class _ConfigFile:
+    """What a --config file sets, typed: fields, compat flags, passthrough flags, and where each field was set."""
+    values: dict[str, Any] = field(default_factory=dict)
+    compat: dict[str, Any] = field(default_factory=dict)
+    sglang: list[str] = field(default_factory=list)
+    router: list[str] = field(default_factory=list)
+    keys: dict[str, str] = field(default_factory=dict)   # field name -> its dotted key in the file
+
+
+_TOML_KIND = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _read_config_file(path: str, problems: Problems) -> _ConfigFile:
+    """A TOML file's flags, each value checked against its flag's type (a string is never a number: `lr = "3e-3"`
+    is an error naming the file and the key); every problem goes to `problems`."""
+    out = _ConfigFile()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
-    argv: list[str] = []
+        problems.add(f"config file {path} does not exist")
+        return out
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        problems.add(f"config file {path}: {exc}")
+        return out
     base = Path(path).resolve().parent
 
     def near(v):  # a path relative to the config file, when there is such a file there
@@ -889,45 +1125,55 @@ def _config_to_argv(path: str) -> list[str]:
             return str(base / v)
         return v
 
+    def bad(dotted: str, what: str, value: Any) -> None:
+        problems.add(f"config file {path}: {dotted} must be {what}, got {value!r:.200}")
+
     for dotted, value in _flatten(data):
         key = dotted.rsplit(".", 1)[-1]
         if key in ("sglang", "router") and isinstance(value, dict):
             for k, v in value.items():
-                argv += _passthrough(f"--{key}-{k.replace('_', '-')}", v)
+                (out.sglang if key == "sglang" else out.router).extend(
+                    _passthrough(f"--{k.replace('_', '-')}", v))
             continue
         norm = key.replace("-", "_")
         spec = FIELDS.get(norm)
         option = "--" + norm.replace("_", "-")
         if (spec is None or not spec.cli) and option in COMPAT:
-            argv += _compat_argv(COMPAT[option], value, path, dotted)
+            flag = COMPAT[option]
+            ok, conv = _compat_typed(flag, value)
+            if not ok:
+                kind = _TOML_KIND[flag.type] if not flag.nargs else f"a list of {_TOML_KIND[flag.type]}s"
+                bad(dotted, kind.replace("true or falses", "booleans"), value)
+            elif conv is not False:   # `flag = false` for a switch: not given
+                out.compat[option] = conv
             continue
         if spec is None or not spec.cli or norm == "config":
-            raise ConfigError(f"config file {path}: unknown key {dotted!r} "
-                              f"({unknown_flag_message([option]).replace('unknown flag ', 'no flag ')})")
-        if spec.switch:
-            if not isinstance(value, bool):
-                raise ConfigError(f"config file {path}: {dotted} must be true or false, got {value!r}")
-            if value:
-                argv.append(spec.option)
+            problems.add(f"config file {path}: unknown key {dotted!r} "
+                         f"({unknown_flag_message([option]).replace('unknown flag ', 'no flag ')})")
+            continue
+        if norm in out.keys:
+            problems.add(f"config file {path}: {dotted} and {out.keys[norm]} both set {spec.option}")
             continue
         if norm == "env_kwargs" and isinstance(value, dict):   # a table: the JSON object the flag takes
             value = json.dumps(value)
-        if isinstance(value, list):
-            argv += [spec.option, *[str(near(v) if spec.path else v) for v in value]]
-        else:
-            value = near(value) if spec.path else value
-            argv += [spec.option, str(value).lower() if isinstance(value, bool) else str(value)]
-    return argv
+        ok, conv = spec.typed(value, optional=False)
+        if not ok:
+            bad(dotted, spec.describe().replace(" or null", ""), value)
+            continue
+        if spec.path:
+            conv = [near(v) for v in conv] if isinstance(conv, list) else near(conv)
+        out.values[norm] = conv
+        out.keys[norm] = dotted
+    return out
 
 
-def _compat_argv(flag, value, path: str, dotted: str) -> list[str]:
+def _compat_typed(flag, value: Any) -> tuple[bool, Any]:
     if flag.switch:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config file {path}: {dotted} must be true or false, got {value!r}")
-        return [flag.name] if value else []
-    if isinstance(value, list):
-        return [flag.name, *[str(v) for v in value]]
-    return [flag.name, str(value)]
+        return isinstance(value, bool), value
+    if isinstance(value, list) and not flag.nargs:
+        return False, value
+    out = _scalars(flag.type, value if isinstance(value, list) else [value])
+    return (False, value) if out is None else (True, out if flag.nargs else out[0])
 
 
 def _passthrough(flag: str, value) -> list[str]:
@@ -974,46 +1220,79 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str], list[str]]
 _EITHER_OR = (("rollout_num_gpus", "rollout_num_engines"), ("num_epoch", "num_rollout"))
 
 
-def parse_config(argv: list[str] | None = None) -> JobConfig:
-    """Flags and the --config file -> the validated JobConfig (ConfigError naming the flag, file or key). slime's
-    and Megatron's flags without a field are checked (slime_actors.slime_compat) and reported in `cfg.notes`."""
-    from .slime_compat import COMPAT, CompatError, check as check_compat
-    parser = build_parser()
+@dataclass
+class ReadFlags:
+    """A command line and its --config file, read once: the config as given (defaults for the rest; nothing
+    derived or checked beyond types), slime's / Megatron's flags given without a field, and what was wrong."""
+    cfg: "JobConfig"
+    compat: dict[str, Any]
+    problems: Problems
+    unreadable: set[str] = field(default_factory=set)   # fields whose given value could not be read
+
+
+def read_flags(argv: list[str] | None = None) -> ReadFlags:
+    """Read the flags and the --config file (each once). `--help` / `--version` print and exit, as argparse does."""
     argv = list(argv or [])
     ours, sglang, router = split_passthrough(argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=None)
-    known, _ = pre.parse_known_args(ours)
-    file_argv: list[str] = []
-    if known.config:
-        file_argv = _config_to_argv(known.config)
-        file_ours, file_sglang, file_router = split_passthrough(file_argv)
-        file_argv = file_ours
-        sglang = file_sglang + sglang
-        router = file_router + router
-    ns = vars(parser.parse_args(file_argv + ours))
+    if any(a in ("-h", "--help", "--version") for a in ours):
+        build_parser().parse_args([a for a in ours if a in ("-h", "--help", "--version")][:1])
+    problems = Problems()
+    configs = [a for a in ours if a == "--config" or a.startswith("--config=")]
+    if len(configs) > 1:
+        problems.add(f"--config is given {len(configs)} times: a job has one config file (the command line sets "
+                     "the rest, and wins over it)")
+    cli, cli_compat = _read_command_line(ours, problems)
+    file = _read_config_file(cli["config"], problems) if cli.get("config") else _ConfigFile()
+    values = {s.name: (list(s.default) if isinstance(s.default, list) else s.default)
+              for s in FIELDS.values() if s.cli}
+    values.update(file.values)
     for a, b in _EITHER_OR:   # the command line wins over the file across two flags that say the same thing
         for given, other in ((a, b), (b, a)):
-            opt, other_opt = FIELDS[given].option, FIELDS[other].option
-            if has_flag(ours, opt) and not has_flag(ours, other_opt) and has_flag(file_argv, other_opt):
-                ns[other] = FIELDS[other].default
-    values: dict[str, dict] = {name: {} for name in SECTIONS}
-    for spec in FIELDS.values():
-        if spec.cli:
-            values[spec.section][spec.name] = ns[spec.name]
-    given = {f.name: ns[COMPAT_DEST + f.dest] for f in COMPAT.values() if ns[COMPAT_DEST + f.dest] is not None}
-    for name, value in given.items():   # slime's other name of one of our flags: ours, unless ours is given too
+            if given in cli and other not in cli and other in file.values:
+                values[other] = FIELDS[other].default
+    values.update(cli)
+    merged = {**file.compat, **cli_compat}
+    compat = {name: merged[name] for name in COMPAT if name in merged}   # in the tables' order
+    for name, value in compat.items():   # slime's other name of one of our flags: ours, unless ours is given too
         flag = COMPAT[name]
-        if flag.kind == "alias" and not has_flag(file_argv + ours, FIELDS[flag.alias].option):
-            values[FIELDS[flag.alias].section][flag.alias] = value
-    cfg = JobConfig(**{name: SECTIONS[name](**kw) for name, kw in values.items()})
-    cfg.engine.sglang_args = sglang
-    cfg.engine.router_args = router
-    cfg.validate(check_files=True)
-    try:
-        compat = check_compat(given, cfg.model.hf_checkpoint)
-    except CompatError as exc:
-        raise ConfigError(str(exc)) from None
+        if flag.kind == "alias" and flag.alias not in cli and flag.alias not in file.values:
+            values[flag.alias] = value
+    by_section: dict[str, dict] = {name: {} for name in SECTIONS}
+    for name, value in values.items():
+        by_section[FIELDS[name].section][name] = value
+    cfg = JobConfig(**{name: SECTIONS[name](**kw) for name, kw in by_section.items()})
+    cfg.engine.sglang_args = file.sglang + sglang
+    cfg.engine.router_args = file.router + router
+    cfg.sources = {name: f"config file {cli['config']}: {key}" for name, key in file.keys.items() if name not in cli}
+    cfg.given = set(cli) | set(file.values)
+    unreadable = {s.name for s in FIELDS.values() if any(p.startswith(s.option + ":") for p in problems)}
+    return ReadFlags(cfg, compat, problems, unreadable)
+
+
+def finish_config(flags: ReadFlags, check_files: bool = True, prompt_count: int | None = None) -> "JobConfig":
+    """The config read by `read_flags`, completed: slime's function paths mapped to this project's, derived values,
+    every value's checks, slime's flags without a field (slime_actors.slime_compat: notes, or problems) and, with
+    `check_files`, the files the flags name and the function paths (found without running them). Raises one
+    ConfigError with every problem, its own and `flags.problems`. `prompt_count`: --prompt-data's prompts when the
+    caller has counted them (for --num-epoch)."""
+    from .plugins import check_function_path
+    from .slime_compat import FUNCTION_FLAGS, check as check_compat, map_function_paths
+    cfg, problems = flags.cfg, Problems(flags.problems)
+    found = Problems()
+    cfg.notes += map_function_paths(cfg, found)
+    _validate(cfg, check_files, found, prompt_count)
+    compat = check_compat(flags.compat, cfg.model.hf_checkpoint, cfg.train.train_backend)
+    found.extend(compat.errors)
+    for section, name, _ in FUNCTION_FLAGS if check_files else ():
+        path = getattr(getattr(cfg, section), name)
+        if path is not None and not path.startswith(("slime.", "slime_plugins.")):   # (slime's: said above)
+            why = check_function_path(path, FIELDS[name].option)
+            if why:
+                found.add(why)
+    for p in found:   # not again for a flag whose value could not be read (its default stood in for it)
+        if not any(FIELDS[n].option in p for n in flags.unreadable):
+            problems.add(p)
+    problems.raise_if_any()
     cfg.notes += compat.notes()
     cfg.process_env.update(compat.env)
     if cfg.logging.log_level:
@@ -1022,14 +1301,31 @@ def parse_config(argv: list[str] | None = None) -> JobConfig:
     return cfg
 
 
+def parse_config(argv: list[str] | None = None, *, check_files: bool = True) -> "JobConfig":
+    """Flags and the --config file -> the validated JobConfig. Every problem found is in the one ConfigError raised,
+    each naming the flag, file or key. slime's and Megatron's flags without a field are checked
+    (slime_actors.slime_compat) and reported in `cfg.notes`."""
+    return finish_config(read_flags(argv), check_files=check_files)
+
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # derived values and checks
 
-def _validate(cfg: JobConfig, check_files: bool) -> None:
-    def bad(msg):
-        raise ConfigError(msg)
-
+def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_count: int | None = None) -> None:
+    """Derived values filled in, every value checked; each problem found goes to `problems` (a check whose inputs
+    are already known to be bad is skipped, so one mistake is reported once)."""
+    bad = problems.add
+    for spec in FIELDS.values():   # the declared ranges (flag(..., ge=1))
+        if spec.bounds:
+            wrong = spec.out_of_range(getattr(getattr(cfg, spec.section), spec.name))
+            if wrong:
+                where = cfg.sources.get(spec.name)
+                bad(f"{spec.option} {wrong}" + (f" ({where})" if where else ""))
     run, ro, tr, ev, al, dbg = cfg.run, cfg.rollout, cfg.train, cfg.eval, cfg.algorithm, cfg.debug
+    for name, value in (("--rollout-top-k", ro.rollout_top_k), ("--eval-top-k", ev.eval_top_k)):
+        if value == 0:
+            bad(f"{name} must be -1 (off) or >= 1, got 0")
     w = cfg.weights
     if w.update_weight_transport is None:
         w.update_weight_transport = "colocated" if cfg.engine.colocate else "distributed"
@@ -1040,45 +1336,36 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         bad("--colocate puts each engine on a trainer rank's GPU, and --update-weight-transport distributed would "
             "join the two processes of that GPU in one NCCL group, which NCCL refuses ('Duplicate GPU detected'): "
             "leave the flag out (colocated, CUDA IPC, is the default with --colocate) or use disk")
-    if cfg.engine.num_gpus_per_node is not None and cfg.engine.num_gpus_per_node < 1:
-        bad(f"--num-gpus-per-node must be >= 1, got {cfg.engine.num_gpus_per_node}")
     if ro.over_sampling_batch_size is None:
         ro.over_sampling_batch_size = ro.rollout_batch_size
     if ro.over_sampling_batch_size < ro.rollout_batch_size:
         bad(f"--over-sampling-batch-size ({ro.over_sampling_batch_size}) must be >= --rollout-batch-size "
             f"({ro.rollout_batch_size})")
-    _derive_num_rollout(cfg, check_files, bad)
+    _derive_num_rollout(cfg, check_files, bad, prompt_count)
     _derive_engines(cfg, bad)
+    _validate_lora(cfg, bad)
+    eng = cfg.engine
+    if eng.rollout_engine == "local" and eng.rollout_num_gpus_per_engine > 1 and not eng.rollout_external_engine_addrs \
+            and not dbg.debug_train_only:
+        bad(f"--rollout-num-gpus-per-engine {eng.rollout_num_gpus_per_engine}: the local engine (--rollout-engine "
+            "local, the default) runs one model on one device; an engine over several GPUs is SGLang's: add "
+            "--rollout-engine sglang (or give 1)")
     for name, text in (("apply_chat_template_kwargs", cfg.data.apply_chat_template_kwargs),
                        ("rm_headers", cfg.reward.rm_headers), ("env_kwargs", ro.env_kwargs)):
         if text is not None:
-            json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
+            try:
+                json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
+            except ConfigError as exc:
+                problems.merge(exc)
     if ro.rollout_interaction_env_path:
         for other in ("custom_generate_function_path", "rollout_function_path"):
             if getattr(ro, other):
                 bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
                     "generated: give one")
-    if ro.max_turns is not None and ro.max_turns < 1:
-        bad(f"--max-turns must be >= 1, got {ro.max_turns}")
-    if not ro.env_timeout > 0:
-        bad(f"--env-timeout must be > 0 seconds, got {ro.env_timeout}")
-    for section, name in (("rollout", "rollout_batch_size"), ("rollout", "n_samples_per_prompt"),
-                          ("run", "num_rollout"), ("engine", "rollout_num_engines"),
-                          ("train", "actor_num_gpus_per_node"), ("train", "micro_batch_size"),
-                          ("rollout", "rollout_max_response_len"), ("reward", "math_grading_processes")):
-        value = getattr(getattr(cfg, section), name)
-        if value < 1:
-            bad(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if cfg.logging.log_samples_interval < 0:
-        bad(f"--log-samples-interval must be >= 0, got {cfg.logging.log_samples_interval}")
-    if not cfg.reward.math_grading_timeout > 0:
-        bad(f"--math-grading-timeout must be > 0 seconds, got {cfg.reward.math_grading_timeout}")
-    if al.eps_clip_c is not None and al.eps_clip_c <= 1.0:
-        bad(f"--eps-clip-c must be > 1.0, got {al.eps_clip_c}")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
     if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \
-            and ro.n_samples_per_prompt < 2:
+            and ro.n_samples_per_prompt == 1:
         bad(f"--advantage-estimator {al.advantage_estimator} compares samples of a group: "
             "--n-samples-per-prompt must be >= 2")
     if dbg.debug_rollout_only and dbg.debug_train_only:
@@ -1099,14 +1386,14 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
     total = ro.rollout_batch_size * ro.n_samples_per_prompt
     if tr.global_batch_size is None:
         tr.global_batch_size = total
-    if tr.global_batch_size < 1 or total % tr.global_batch_size:
+    if tr.global_batch_size >= 1 and total >= 1 and total % tr.global_batch_size:
         bad(f"rollout-batch-size x n-samples-per-prompt ({total}) must be a multiple of --global-batch-size "
             f"({tr.global_batch_size})")
-    if ro.rollout_batch_size % tr.n_ranks:
+    if tr.n_ranks >= 1 and ro.rollout_batch_size % tr.n_ranks:
         bad(f"--rollout-batch-size ({ro.rollout_batch_size}) must be a multiple of the trainer ranks "
             f"({tr.n_ranks}): each rank trains on whole prompt groups")
     if tr.num_steps_per_rollout is None:
-        tr.num_steps_per_rollout = total // tr.global_batch_size
+        tr.num_steps_per_rollout = max(1, total // tr.global_batch_size) if tr.global_batch_size >= 1 else 1
     if ev.eval_temperature is None:
         ev.eval_temperature = 0.0
     if ev.eval_max_response_len is None:
@@ -1128,6 +1415,8 @@ def _validate(cfg: JobConfig, check_files: bool) -> None:
         cfg.notes.append(f"--advantage-estimator cispo with --eps-clip {al.eps_clip}: the lower bound "
                          f"{1.0 - al.eps_clip:g} of the truncated ratio is active; canonical CISPO is one-sided "
                          "(--eps-clip 1.0, and a wide --eps-clip-high such as 4.0)")
+    if al.tis_clip_low > al.tis_clip:
+        bad(f"--tis-clip-low ({al.tis_clip_low}) must be <= --tis-clip ({al.tis_clip})")
     rw = cfg.reward
     if rw.rm_type is None and rw.custom_rm_path is None and rw.reward_actor_class is None:
         bad("choose a reward: --rm-type (math, boxed, exact_match, remote_rm, ...) or --custom-rm-path")
@@ -1165,6 +1454,51 @@ def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
         bad(f"--retriever-corpus {r.retriever_corpus} does not exist")
 
 
+LORA_ALL_LINEAR = "all-linear"
+MEGATRON_LORA_REFUSAL = (
+    "--lora-rank needs --train-backend torch: the megatron backend (megatron-core's GPTModel) has no LoRA -- "
+    "Megatron's LoRA training lives in Megatron-Bridge / NeMo, which this project does not use --, and adapters on its fused linear_qkv / linear_fc1 "
+    "layers would not be the q_proj / k_proj / v_proj / gate_proj / up_proj adapters that PEFT and SGLang load; "
+    "train LoRA with --train-backend torch (--torch-parallel fsdp shards the frozen base across GPUs)")
+
+
+def _validate_lora(cfg: JobConfig, bad) -> None:
+    """--lora-*: values, and what LoRA cannot be combined with (the module names are checked against the model by
+    the launcher: launch/checks.check_lora_flags)."""
+    lo = cfg.lora
+    if lo.lora_rank < 0:
+        bad(f"--lora-rank must be >= 0 (0: full fine-tuning), got {lo.lora_rank}")
+    if lo.lora_rank == 0:
+        given = [f"--{n.replace('_', '-')}" for n in ("lora_alpha", "lora_target_modules", "lora_exclude_modules")
+                 if getattr(lo, n) is not None] + (["--lora-dropout"] if lo.lora_dropout else []) \
+            + (["--lora-save-merged"] if lo.lora_save_merged else [])
+        if given:
+            bad(f"{', '.join(given)} given without --lora-rank: LoRA is off (give --lora-rank N, N > 0)")
+        return
+    if cfg.train.train_backend == "megatron":
+        bad(MEGATRON_LORA_REFUSAL)
+    if lo.lora_alpha is None:
+        lo.lora_alpha = 2.0 * lo.lora_rank
+    if not lo.lora_alpha > 0:
+        bad(f"--lora-alpha must be > 0, got {lo.lora_alpha}")
+    if not 0.0 <= lo.lora_dropout < 1.0:
+        bad(f"--lora-dropout must be in [0, 1), got {lo.lora_dropout}")
+    if not lo.lora_target_modules:
+        lo.lora_target_modules = [LORA_ALL_LINEAR]
+    import re
+    for flag_name, names in (("--lora-target-modules", lo.lora_target_modules),
+                             ("--lora-exclude-modules", lo.lora_exclude_modules or [])):
+        odd = [n for n in names if n != LORA_ALL_LINEAR and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        if odd:
+            bad(f"{flag_name}: {odd[0]!r} is not a module name (the last part of a module's name, e.g. q_proj)")
+    if LORA_ALL_LINEAR in lo.lora_target_modules and len(lo.lora_target_modules) > 1:
+        bad(f"--lora-target-modules: {LORA_ALL_LINEAR} means every linear layer; give it alone, or name modules")
+    if LORA_ALL_LINEAR in (lo.lora_exclude_modules or []):
+        bad(f"--lora-exclude-modules {LORA_ALL_LINEAR} would leave no module to adapt")
+    if lo.lora_save_merged and not cfg.checkpoint.save_hf:
+        bad("--lora-save-merged writes next to --save-hf's export: give --save-hf too")
+
+
 def json_object(text: str, flag: str, strings: bool = False) -> dict:
     """A flag's JSON object value (--apply-chat-template-kwargs, --rm-headers), or ConfigError naming the flag."""
     try:
@@ -1175,20 +1509,19 @@ def json_object(text: str, flag: str, strings: bool = False) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}: {text!r:.200}")
     if strings:
-        bad = [k for k, v in value.items() if not isinstance(v, str)]
-        if bad:
-            raise ConfigError(f"{flag}: header {bad[0]!r} must be a string, got {value[bad[0]]!r:.100}")
+        wrong = [k for k, v in value.items() if not isinstance(v, str)]
+        if wrong:
+            raise ConfigError(f"{flag}: header {wrong[0]!r} must be a string, got {value[wrong[0]]!r:.100}")
     return value
 
 
 DEFAULT_NUM_ROLLOUT = 10   # without --num-rollout and --num-epoch (slime requires one of them)
 
 
-def _derive_num_rollout(cfg: JobConfig, check_files: bool, bad) -> None:
-    """--num-rollout, else --num-epoch x prompts // --rollout-batch-size (slime's rule), else 10."""
+def _derive_num_rollout(cfg: JobConfig, check_files: bool, bad, prompt_count: int | None = None) -> None:
+    """--num-rollout, else --num-epoch x prompts // --rollout-batch-size (slime's rule), else 10. `prompt_count`:
+    the prompts of --prompt-data when the caller has counted them (the launcher's one pass over the file)."""
     run = cfg.run
-    if run.num_epoch is not None and run.num_epoch < 1:
-        bad(f"--num-epoch must be >= 1, got {run.num_epoch}")
     if run.num_rollout is not None:
         if run.num_epoch is not None and not any(n.startswith("--num-epoch") for n in cfg.notes):
             cfg.notes.append(f"--num-epoch {run.num_epoch} is ignored: --num-rollout {run.num_rollout} is given "
@@ -1197,26 +1530,39 @@ def _derive_num_rollout(cfg: JobConfig, check_files: bool, bad) -> None:
     if run.num_epoch is None:
         run.num_rollout = DEFAULT_NUM_ROLLOUT
         return
+    if run.num_epoch < 1:
+        return   # (its range check reported it)
     path = cfg.data.prompt_data
-    if not path or not (check_files or os.path.exists(path)):
-        bad("--num-epoch needs --prompt-data (the number of prompts sets --num-rollout); or give --num-rollout")
-    if not os.path.exists(path):
-        bad(f"--prompt-data {path} does not exist")
-    prompts = count_prompt_rows(path)
+    if prompt_count is None:
+        if not path or not (check_files or os.path.exists(path)):
+            bad("--num-epoch needs --prompt-data (the number of prompts sets --num-rollout); or give --num-rollout")
+            return
+        if not os.path.exists(path):
+            return   # (reported: --prompt-data does not exist)
+        try:
+            prompt_count = count_prompt_rows(path, cfg.data.prompt_data_max_row_bytes)
+        except ConfigError as exc:
+            bad(str(exc))
+            return
     per = cfg.rollout.rollout_batch_size
-    run.num_rollout = run.num_epoch * prompts // per
+    if per < 1:
+        return
+    run.num_rollout = run.num_epoch * prompt_count // per
     if run.num_rollout < 1:
-        bad(f"--num-epoch {run.num_epoch}: {prompts} prompts in {path} make no batch of --rollout-batch-size {per}")
-    cfg.notes.append(f"--num-epoch {run.num_epoch}: --num-rollout {run.num_rollout} ({run.num_epoch} x {prompts} "
-                     f"prompts // --rollout-batch-size {per}; prompts that --rollout-max-prompt-len drops are "
-                     "counted)")
+        bad(f"--num-epoch {run.num_epoch}: {prompt_count} prompts in {path} make no batch of --rollout-batch-size "
+            f"{per}")
+        run.num_rollout = None
+        return
+    cfg.notes.append(f"--num-epoch {run.num_epoch}: --num-rollout {run.num_rollout} ({run.num_epoch} x "
+                     f"{prompt_count} prompts // --rollout-batch-size {per}; prompts that --rollout-max-prompt-len "
+                     "drops are counted)")
 
 
-def count_prompt_rows(path: str) -> int:
-    """Rows of a prompt file that are JSON objects (what --num-epoch counts); DataError naming a bad file."""
+def count_prompt_rows(path: str, max_row_bytes: int | None = None) -> int:
+    """Rows of a prompt file that are JSON objects (what --num-epoch counts); ConfigError naming a bad file."""
     from .rows import read_rows
     try:
-        return sum(1 for _, obj, problem in read_rows(path) if problem is None and obj is not None)
+        return sum(1 for row in read_rows(path, max_row_bytes) if row.problem is None and row.obj is not None)
     except Exception as exc:  # an unreadable file: say which
         raise ConfigError(f"--prompt-data {path}: cannot count its prompts for --num-epoch: {exc}") from None
 
@@ -1227,17 +1573,19 @@ def _derive_engines(cfg: JobConfig, bad) -> None:
     eng, tr = cfg.engine, cfg.train
     per = eng.rollout_num_gpus_per_engine
     if per < 1:
-        bad(f"--rollout-num-gpus-per-engine must be >= 1, got {per}")
+        return   # (its range check reported it)
     external = len(eng.rollout_external_engine_addrs or [])
     gpus = eng.rollout_num_gpus
     if gpus is not None:
         if gpus < 0:
-            bad(f"--rollout-num-gpus must be >= 0, got {gpus}")
+            return
         if gpus == 0 and not external:
             bad("--rollout-num-gpus 0 starts no engine: give --rollout-external-engine-addrs (engines started "
                 "elsewhere), or a number of GPUs")
+            return
         if gpus % per:
             bad(f"--rollout-num-gpus ({gpus}) must be a multiple of --rollout-num-gpus-per-engine ({per})")
+            return
         engines = gpus // per if gpus else external
         if eng.rollout_num_engines is not None and eng.rollout_num_engines != engines:
             bad(f"--rollout-num-engines {eng.rollout_num_engines} disagrees with --rollout-num-gpus {gpus} / "

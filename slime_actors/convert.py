@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from .backends.safe_pickle import UnsafeCheckpointError
 from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta, trainer_dir
 
 # Transformer Engine's fused names of the two per-layer norms (slime's default layer spec)
@@ -119,6 +120,9 @@ def to_hf(ns) -> Path:
     hf = _hf_source(ns, meta)
     check_export_target(dst, hf)
     info = {"converted_from": str(src.resolve())}
+    if (t / "adapter").is_dir():   # the torch backend's LoRA adapters (backends/lora.py): merged into the base
+        return export_hf(_merged_adapter(t / "adapter", hf), dst, hf,
+                         {**info, "format": "torch backend LoRA checkpoint, merged into --hf-checkpoint"})
     if (t / "model.safetensors").is_file():  # the torch backend's state: HF names already
         from safetensors.torch import load_file
         sd = load_file(str(t / "model.safetensors"))
@@ -134,6 +138,24 @@ def to_hf(ns) -> Path:
         raise ConvertError(str(exc)) from None
     pairs = mcore_to_hf_tensors(spec, tensors)
     return export_hf(pairs, dst, hf, {**info, "format": "torch_dist"})
+
+
+def _merged_adapter(adapter: Path, hf: Path) -> list:
+    """The base model of `hf` with the LoRA adapter directory merged in (peft's merge_and_unload), HF names, tied
+    aliases left out."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .backends.lora import LoraError, check_adapter_dir
+    try:
+        check_adapter_dir(adapter)
+    except LoraError as exc:
+        raise ConvertError(str(exc)) from None
+    base = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    keep = {n for n, _ in model.named_parameters()}
+    return [(k, v) for k, v in model.state_dict().items() if k in keep]
 
 
 def _check_against_config(sd: dict, hf: Path) -> None:
@@ -218,7 +240,7 @@ def main(argv: list[str]) -> int:
         else:
             out = to_hf(ns)
             print(f"Hugging Face directory written: {out}")
-    except (ConvertError, CheckpointError) as exc:
+    except (ConvertError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"slime-actors convert: error: {exc}", file=sys.stderr)
         return 2
     return 0

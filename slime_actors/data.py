@@ -44,7 +44,8 @@ from typing import Any
 from slime_actors.config import DataSection, JobConfig, default_of, json_object
 from slime_actors.eval_config import eval_sets, parse_eval_prompt_data
 from slime_actors.log import get_logger
-from slime_actors.rows import DataError, _loc, _tname, read_rows
+from slime_actors.rows import (DEFAULT_MAX_ROW_BYTES, FIRST_SHOWN, DataError, RowKeys, RowProblem, _loc, _tname,
+                               check_row, first_places, read_checked, read_rows, source_stamp)
 from slime_actors.types import Sample
 
 __all__ = ["DataError", "Prompt", "PromptDataset", "EvalDatasets", "parse_eval_prompt_data", "read_rows",
@@ -52,10 +53,6 @@ __all__ = ["DataError", "Prompt", "PromptDataset", "EvalDatasets", "parse_eval_p
 
 MAX_LOGGED_ROW_WARNINGS = 10
 _TOKENIZE_CHUNK = 1024
-
-
-class _RowProblem(Exception):
-    pass
 
 
 @dataclass
@@ -96,7 +93,9 @@ class PromptDataset:
                  label_key: str | None = None, metadata_key: str | None = default_of("metadata_key"),
                  tool_key: str | None = None, apply_chat_template: bool = False, max_prompt_len: int | None = None,
                  shuffle: bool = False, seed: int = default_of("rollout_seed"), on_error: str = "raise",
-                 apply_chat_template_kwargs: dict | None = None, name: str | None = None):
+                 apply_chat_template_kwargs: dict | None = None, name: str | None = None,
+                 max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES, checked: str | None = None,
+                 max_prompt_len_why: str = "max_prompt_len"):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if (apply_chat_template or max_prompt_len is not None) and tokenizer is None:
@@ -108,10 +107,13 @@ class PromptDataset:
             tool_key
         self.apply_chat_template = apply_chat_template
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.max_prompt_len = max_prompt_len
+        self.max_prompt_len, self.max_prompt_len_why = max_prompt_len, max_prompt_len_why
+        self.max_row_bytes, self.checked, self.from_checked = max_row_bytes, checked, False
         self.shuffle, self.seed, self.on_error = shuffle, seed, on_error
         self.log = get_logger(component="data", dataset=self.name)
-        self.stats = {"rows": 0, "skipped": 0, "too_long": 0, "prompts": 0}
+        self.stats = {"rows": 0, "skipped": 0, "too_long": 0, "oversize": 0, "prompts": 0}
+        self.too_long_at: list[str] = []      # where the first prompts dropped for their length are
+        self.oversize_at: list[str] = []      # where the first rows larger than max_row_bytes are
         self.prompts: list[Prompt] = self._load()
         self.stats["prompts"] = len(self.prompts)
         self._epoch, self._offset = 0, 0
@@ -119,34 +121,67 @@ class PromptDataset:
         self._fingerprint: str | None = None
 
     @classmethod
-    def from_config(cls, data: DataSection, tokenizer, on_error: str = "raise") -> "PromptDataset":
+    def from_config(cls, cfg: JobConfig, tokenizer, on_error: str = "raise") -> "PromptDataset":
         """The training prompts: --prompt-data, --input-key, --label-key, --metadata-key, --tool-key,
-        --apply-chat-template (--apply-chat-template-kwargs), --rollout-max-prompt-len, --rollout-shuffle,
-        --rollout-seed."""
+        --apply-chat-template (--apply-chat-template-kwargs), --rollout-max-prompt-len (default: what the model's
+        context leaves after --rollout-max-response-len), --rollout-shuffle, --rollout-seed,
+        --prompt-data-max-row-bytes; the launcher's checked copy in RUN_DIR/checked-prompts/ when there is one."""
+        data = cfg.data
+        limit, why = prompt_token_limit(cfg, cfg.rollout.rollout_max_response_len, data.rollout_max_prompt_len)
         return cls(data.prompt_data, tokenizer, input_key=data.input_key, label_key=data.label_key,
                    metadata_key=data.metadata_key, tool_key=data.tool_key,
-                   apply_chat_template=data.apply_chat_template, max_prompt_len=data.rollout_max_prompt_len,
+                   apply_chat_template=data.apply_chat_template, max_prompt_len=limit, max_prompt_len_why=why,
                    shuffle=data.rollout_shuffle, seed=data.rollout_seed, on_error=on_error,
-                   apply_chat_template_kwargs=chat_template_kwargs(data))
+                   apply_chat_template_kwargs=chat_template_kwargs(data),
+                   max_row_bytes=data.prompt_data_max_row_bytes, checked=checked_path(cfg.run.run_dir, TRAIN_SET))
 
     # -------------------------------------------------------------------------------------------- loading
+    def _rows(self) -> Iterator[tuple[dict, Any, Any, dict] | tuple[dict, None, str, None]]:
+        """(where, prompt, label, metadata) of each good row, or (where, None, problem, None) of a malformed one:
+        from the launcher's checked copy when it stands for this file (the file was parsed once, before the job
+        started), else from the file itself."""
+        keys = RowKeys(self.input_key, self.label_key, self.metadata_key, self.tool_key)
+        if self.checked is not None:
+            rows = read_checked(self.checked, source_stamp(self.path, keys, self.max_row_bytes))
+            if rows is not None:
+                self.from_checked = True
+                yield from rows
+                return
+        for row in read_rows(self.path, self.max_row_bytes):
+            if row.oversize:
+                self.stats["oversize"] += 1
+                if len(self.oversize_at) < FIRST_SHOWN:
+                    self.oversize_at.append(_loc(self.path, **row.where))
+                continue
+            if row.problem is not None:
+                yield row.where, None, row.problem, None
+                continue
+            try:
+                yield (row.where, *check_row(row.obj, keys))
+            except RowProblem as exc:
+                yield row.where, None, str(exc), None
+
     def _load(self) -> list[Prompt]:
         pending: list[tuple[str, Any, Any, dict]] = []   # (source, prompt, label, metadata)
-        for where, obj, problem in read_rows(self.path):
+        for where, prompt, label, metadata in self._rows():
             self.stats["rows"] += 1
-            if problem is None:
+            if prompt is not None:
                 try:
-                    pending.append((_loc(self.path, **where), *self._row(obj)))
+                    pending.append((_loc(self.path, **where), self._render(prompt, metadata), label, metadata))
                     continue
-                except _RowProblem as exc:
-                    problem = str(exc)
-            self._bad_row(where, problem)
+                except RowProblem as exc:
+                    label = str(exc)
+            self._bad_row(where, label)
         if self.stats["skipped"] > MAX_LOGGED_ROW_WARNINGS:
             self.log.warning("skipped malformed rows", file=self.path, skipped=self.stats["skipped"],
                              logged=MAX_LOGGED_ROW_WARNINGS, rows=self.stats["rows"])
         elif self.stats["skipped"]:
             self.log.warning("skipped malformed rows", file=self.path, skipped=self.stats["skipped"],
                              rows=self.stats["rows"])
+        if self.stats["oversize"]:
+            self.log.warning("skipped rows larger than --prompt-data-max-row-bytes", file=self.path,
+                             count=self.stats["oversize"], max_row_bytes=self.max_row_bytes,
+                             rows=first_places(self.oversize_at, self.stats["oversize"]))
 
         tokens = self._tokenize([p for _, p, _, _ in pending])
         prompts: list[Prompt] = []
@@ -157,20 +192,26 @@ class PromptDataset:
                 toks = []
             elif self.max_prompt_len is not None and len(toks) > self.max_prompt_len:
                 self.stats["too_long"] += 1
+                if len(self.too_long_at) < FIRST_SHOWN:
+                    self.too_long_at.append(source)
                 continue
             prompts.append(Prompt(len(prompts), prompt, toks, label, metadata, source))
+        del pending, tokens
         if self.max_prompt_len is not None:
-            self.log.info("filtered long prompts", file=self.path, too_long=self.stats["too_long"],
-                          max_prompt_len=self.max_prompt_len, kept=len(prompts))
+            if self.stats["too_long"]:
+                self.log.warning(f"dropped {self.stats['too_long']} prompt(s) longer than {self.max_prompt_len} "
+                                 f"tokens ({self.max_prompt_len_why})", file=self.path,
+                                 first=first_places(self.too_long_at, self.stats["too_long"]), kept=len(prompts))
             if unfiltered_lists:
                 self.log.warning("message-list prompts are not length-filtered without --apply-chat-template",
                                  file=self.path, count=unfiltered_lists)
         if not prompts:
             raise DataError(f"no usable prompts ({self.stats['rows']} rows, {self.stats['skipped']} malformed and "
-                            f"skipped, {self.stats['too_long']} longer than max_prompt_len={self.max_prompt_len})",
-                            self.path)
+                            f"skipped, {self.stats['too_long']} longer than max_prompt_len={self.max_prompt_len}, "
+                            f"{self.stats['oversize']} larger than {self.max_row_bytes} bytes)", self.path)
         self.log.info("loaded prompts", file=self.path, prompts=len(prompts), rows=self.stats["rows"],
-                      skipped=self.stats["skipped"], too_long=self.stats["too_long"])
+                      skipped=self.stats["skipped"], too_long=self.stats["too_long"],
+                      oversize=self.stats["oversize"], checked_before_start=self.from_checked)
         return prompts
 
     def _bad_row(self, where: dict, problem: str) -> None:
@@ -180,67 +221,25 @@ class PromptDataset:
         if self.stats["skipped"] <= MAX_LOGGED_ROW_WARNINGS:
             self.log.warning("skipping malformed row", where=_loc(self.path, **where), problem=problem)
 
-    def _row(self, obj: dict) -> tuple[Any, Any, dict]:
-        key = self.input_key
-        if key not in obj:
-            keys = ", ".join(repr(k) for k in list(obj)[:10])
-            raise _RowProblem(f"missing input key {key!r} (row has {keys or 'no keys'})")
-        prompt = obj[key]
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise _RowProblem(f"empty prompt in {key!r}")
-        elif isinstance(prompt, (list, tuple)):
-            prompt = _check_messages(list(prompt), key)
-        else:
-            raise _RowProblem(f"{key!r} must be a string or a list of chat messages, got {_tname(prompt)}")
-
-        label = None
-        if self.label_key is not None:
-            if self.label_key not in obj:
-                raise _RowProblem(f"missing label key {self.label_key!r}")
-            label = obj[self.label_key]
-
-        metadata: dict = {}
-        if self.metadata_key is not None and obj.get(self.metadata_key) is not None:
-            m = obj[self.metadata_key]
-            if isinstance(m, str):
-                try:
-                    m = json.loads(m) if m.strip() else {}
-                except json.JSONDecodeError as exc:
-                    raise _RowProblem(f"metadata {self.metadata_key!r} is a string but not JSON ({exc.msg})") from None
-            if not isinstance(m, dict):
-                raise _RowProblem(f"metadata {self.metadata_key!r} must be an object, got {_tname(m)}")
-            metadata = m
-
-        tools = None
-        if self.tool_key is not None and obj.get(self.tool_key) is not None:
-            tools = obj[self.tool_key]
-            if isinstance(tools, str):
-                try:
-                    tools = json.loads(tools)
-                except json.JSONDecodeError as exc:
-                    raise _RowProblem(f"tools {self.tool_key!r} is a string but not JSON ({exc.msg})") from None
-            if not isinstance(tools, list):
-                raise _RowProblem(f"tools {self.tool_key!r} must be a list, got {_tname(tools)}")
-            metadata["tools"] = tools
-
-        if self.apply_chat_template:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            try:
-                kwargs = dict(self.apply_chat_template_kwargs)
-                if tools is not None:
-                    kwargs["tools"] = tools
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                          **kwargs)
-            except Exception as exc:
-                raise _RowProblem(f"chat template failed: {type(exc).__name__}: {exc}") from None
-            if not isinstance(text, str):   # some processors return a list for batched input
-                if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
-                    text = text[0]
-                else:
-                    raise _RowProblem(f"chat template returned {_tname(text)}, expected a string")
-            prompt = text
-        return prompt, label, metadata
+    def _render(self, prompt: Any, metadata: dict) -> Any:
+        """The prompt as the engine gets it: with --apply-chat-template the chat template's text (RowProblem when
+        the template fails), else the row's prompt."""
+        if not self.apply_chat_template:
+            return prompt
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        try:
+            kwargs = dict(self.apply_chat_template_kwargs)
+            if self.tool_key is not None and metadata.get("tools") is not None:
+                kwargs["tools"] = metadata["tools"]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        except Exception as exc:
+            raise RowProblem(f"chat template failed: {type(exc).__name__}: {exc}") from None
+        if not isinstance(text, str):   # some processors return a list for batched input
+            if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+                text = text[0]
+            else:
+                raise RowProblem(f"chat template returned {_tname(text)}, expected a string")
+        return text
 
     def _tokenize(self, prompts: list) -> list[list[int] | None]:
         out: list[list[int] | None] = [None] * len(prompts)
@@ -344,27 +343,11 @@ class PromptDataset:
         self._epoch, self._offset = epoch, offset   # (older states' next_group_index is not used)
 
 
-def _check_messages(messages: list, key: str) -> list:
-    if not messages:
-        raise _RowProblem(f"empty prompt in {key!r} (no messages)")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _RowProblem(f"{key!r} message {i} must be an object with 'role' and 'content', got {_tname(m)}")
-        if not isinstance(m.get("role"), str) or not m["role"]:
-            raise _RowProblem(f"{key!r} message {i} has no 'role' string")
-        if "content" not in m:
-            raise _RowProblem(f"{key!r} message {i} has no 'content'")
-        if m["content"] is not None and not isinstance(m["content"], (str, list)):
-            raise _RowProblem(f"{key!r} message {i} content must be a string or a list, got {_tname(m['content'])}")
-    if all(isinstance(m["content"], str) and not m["content"].strip() for m in messages):
-        raise _RowProblem(f"empty prompt in {key!r} (all messages are empty)")
-    return messages
-
-
 # ----------------------------------------------------------------------------------------------- eval sets
 
 class EvalDatasets(Mapping):
-    """The eval sets by name (insertion order): never shuffled, never length-filtered."""
+    """The eval sets by name (insertion order): never shuffled; from the job's config, only prompts longer than the
+    model's context can take (after --eval-max-response-len) are dropped."""
 
     def __init__(self, specs: list[tuple[str, str]] | list[str] | None, tokenizer=None, **dataset_kwargs):
         if specs and all(isinstance(s, str) for s in specs):
@@ -378,13 +361,16 @@ class EvalDatasets(Mapping):
         """--eval-config's sets (each with its own keys), else --eval-prompt-data's, with --eval-input-key /
         --eval-label-key (default: --input-key / --label-key)."""
         data, ev = cfg.data, cfg.eval
+        limit, why = prompt_token_limit(cfg, ev.eval_max_response_len or cfg.rollout.rollout_max_response_len)
         out = cls(None)
-        for s in eval_sets(cfg):
-            out.datasets[s.name] = PromptDataset(
-                s.path, tokenizer, name=s.name, input_key=s.input_key or ev.eval_input_key or data.input_key,
-                label_key=s.label_key or ev.eval_label_key or data.label_key, metadata_key=data.metadata_key,
-                tool_key=data.tool_key, apply_chat_template=data.apply_chat_template, on_error=on_error,
-                apply_chat_template_kwargs=chat_template_kwargs(data), shuffle=False)
+        for es in eval_sets(cfg):
+            keys = eval_row_keys(cfg, es)
+            out.datasets[es.name] = PromptDataset(
+                es.path, tokenizer, name=es.name, input_key=keys.input_key, label_key=keys.label_key,
+                metadata_key=keys.metadata_key, tool_key=keys.tool_key, apply_chat_template=data.apply_chat_template,
+                on_error=on_error, apply_chat_template_kwargs=chat_template_kwargs(data), shuffle=False,
+                max_prompt_len=limit, max_prompt_len_why=why, max_row_bytes=data.prompt_data_max_row_bytes,
+                checked=checked_path(cfg.run.run_dir, EVAL_SET + es.name))
         return out
 
     def __getitem__(self, name: str) -> PromptDataset:
@@ -423,5 +409,57 @@ def load_prompt_data(cfg: JobConfig, tokenizer=None, on_error: str = "raise"
     from --hf-checkpoint unless given."""
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg)
-    train = PromptDataset.from_config(cfg.data, tokenizer, on_error=on_error) if cfg.data.prompt_data else None
+    train = PromptDataset.from_config(cfg, tokenizer, on_error=on_error) if cfg.data.prompt_data else None
     return train, EvalDatasets.from_config(cfg, tokenizer, on_error=on_error)
+
+
+TRAIN_SET, EVAL_SET = "train", "eval-"   # names of the checked copies: train.msgpack, eval-NAME.msgpack
+
+
+def train_row_keys(cfg: JobConfig) -> RowKeys:
+    """Where the training rows keep their parts (--input-key, --label-key, --metadata-key, --tool-key)."""
+    data = cfg.data
+    return RowKeys(data.input_key, data.label_key, data.metadata_key, data.tool_key)
+
+
+def eval_row_keys(cfg: JobConfig, es) -> RowKeys:
+    """Where a held-out set's rows keep their parts: the set's own keys (--eval-config), else --eval-input-key /
+    --eval-label-key, else the training ones."""
+    data, ev = cfg.data, cfg.eval
+    return RowKeys(es.input_key or ev.eval_input_key or data.input_key,
+                   es.label_key or ev.eval_label_key or data.label_key, data.metadata_key, data.tool_key)
+
+
+def checked_path(run_dir: str | os.PathLike, name: str) -> str:
+    """Where the launcher leaves the checked rows of a prompt file for the buffer
+    (RUN_DIR/checked-prompts/NAME.msgpack)."""
+    return os.path.join(os.fspath(run_dir), "checked-prompts", f"{name}.msgpack")
+
+
+def prompt_token_limit(cfg: JobConfig, response_len: int, given: int | None = None) -> tuple[int | None, str]:
+    """(the most tokens a prompt may have, why): `given` (--rollout-max-prompt-len), else what the model's context
+    (--sglang-context-length, else config.json's max_position_embeddings) leaves after `response_len` tokens of
+    response -- a longer prompt cannot be generated from; (None, "") when the context is not known."""
+    if given is not None:
+        return given, "--rollout-max-prompt-len"
+    context, where = model_context(cfg)
+    if context is None:
+        return None, ""
+    return context - response_len, f"the model's context of {context} tokens ({where}) less {response_len} for " \
+                                   "the response; --rollout-max-prompt-len sets another bound"
+
+
+def model_context(cfg: JobConfig) -> tuple[int | None, str]:
+    """(the engines' context length in tokens, where it comes from), or (None, "") when it is not known here."""
+    from slime_actors.backends.sglang_launch import LaunchFlags
+    from slime_actors.slime_compat import hf_config
+    given = LaunchFlags.parse(cfg.engine.sglang_args).value("--context-length")
+    if given:
+        try:
+            return int(given), "--sglang-context-length"
+        except ValueError:
+            return None, ""
+    conf, path = hf_config(cfg.model.hf_checkpoint)
+    value = (conf or {}).get("max_position_embeddings") or ((conf or {}).get("text_config") or {}).get(
+        "max_position_embeddings")
+    return (int(value), f"max_position_embeddings in {path}") if isinstance(value, int) and value > 0 else (None, "")

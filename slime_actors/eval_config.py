@@ -292,12 +292,13 @@ def grader_name(cfg: JobConfig, s: EvalSet) -> str:
     return f"the training reward (--rm-type {rw.rm_type})"
 
 
-def check_eval_config(cfg: JobConfig) -> None:
+def check_eval_config(cfg: JobConfig) -> list[EvalSet] | None:
     """The head's check of --eval-config, before any process starts: every problem at once (ConfigError); then the
-    sets go into --eval-prompt-data and the sampling defaults into their flags (a note says what changed)."""
+    sets go into --eval-prompt-data and the sampling defaults into their flags (a note says what changed). Returns
+    the sets (None without --eval-config), so the launcher reads the file once."""
     ev = cfg.eval
     if not ev.eval_config:
-        return
+        return None
     sets, sampling, problems = read_eval_config(ev.eval_config)
     from slime_actors.rewards.dispatch import BUILTIN_RMS
     for s in sets:
@@ -338,3 +339,4 @@ def check_eval_config(cfg: JobConfig) -> None:
         if getattr(ev, flag) != value:
             cfg.notes.append(f"--{flag.replace('_', '-')} {value} (from --eval-config {ev.eval_config} defaults)")
         setattr(ev, flag, float(value) if key in ("temperature", "top_p") else value)
+    return sets

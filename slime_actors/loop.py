@@ -46,7 +46,10 @@ async def prepare(ctl: Controller) -> int:
         start, ctl.version = ctl.checkpoints.restore()
         ctl.log.info("resuming", checkpoint=str(ckpt), next_rollout=start, weight_version=ctl.version)
     # a restarted job (torchrun) finds the buffer ahead of the checkpoint: bring it back (a no-op otherwise)
-    await ctl.checkpoints.rollback_buffer(start, "job start", token=ctl.start_token())
+    rb = await ctl.checkpoints.rollback_buffer(start, "job start", token=ctl.start_token())
+    if ckpt is not None:  # (the summary says where the job started, and what a restarted one trained again)
+        ctl.checkpoints.started_from = {"checkpoint": str(ckpt), "rollout": start,
+                                        "retrained": len(rb.get("trained_rollouts_discarded") or [])}
     await ctl.group.ready()
     if not ctl.cfg.debug.debug_train_only:
         await ctl.engines.sync_at_start()

@@ -40,6 +40,9 @@ class MessageSpec:
     open: bool = False  # accepts fields beyond the declared ones (a handler taking **kwargs)
     required: frozenset = field(default=frozenset(), compare=False)
     returns: type | None = field(default=None, compare=False)  # the reply's type on the asker's side (handles.py)
+    # False: the handler does not read its arrays' bytes when replaying (a replay of a trace that kept only their
+    # checksums feeds zeros of their size; traces/replay.py)
+    replay_arrays: bool = field(default=True, compare=False)
 
     def check(self, body: Any) -> dict:
         """Return the body as keyword arguments, or raise BadRequest naming what is wrong."""
@@ -95,7 +98,7 @@ CATALOG: dict[tuple[str, str], MessageSpec] = {}
 
 
 def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool = False,
-            returns: type | None = None, **fields: Field | str) -> MessageSpec:
+            returns: type | None = None, replay_arrays: bool = True, **fields: Field | str) -> MessageSpec:
     """Declare a message. A field given as a string is a required field of that type; `"int?"` is optional.
     `returns`: a class with `from_wire(map)` that a typed handle (slime_actors/handles.py) turns the reply into; the
     wire still carries the map."""
@@ -106,7 +109,8 @@ def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool
         if f.type not in TYPES:
             raise ValueError(f"{role}.{method}: field {name} has unknown type {f.type!r}")
         fs[name] = f
-    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required), returns)
+    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required), returns,
+                       replay_arrays)
     CATALOG[(role, method)] = spec
     return spec
 
@@ -459,6 +463,9 @@ declare("rollout", "update_weights_from_distributed", "Have the engine receive o
 declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.", group_name="str")
 declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
         reply="engine answer", model_path="str", weight_version="int")
+declare("rollout", "load_lora_adapter", "--lora-sync adapter: the trainer's LoRA adapters (PEFT's tensor names, CPU "
+        "tensors) for `weight_version`; the worker writes them as an adapter directory and loads it into its engine.",
+        reply="{lora_name, loaded}", replay_arrays=False, weight_version="int", tensors="dict", config="dict")
 declare("rollout", "held_groups", "Work ids the worker holds (the buffer reconciles its leases after a restart).",
         reply="list")
 declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")

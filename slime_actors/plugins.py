@@ -219,3 +219,109 @@ def takes_keyword(fn: Callable, name: str) -> bool:
     p = params.get(name)
     return (p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or any(
         q.kind == q.VAR_KEYWORD for q in params.values())
+
+
+# -- before a job starts: the path checked without running any code --------------------------------------------
+
+def check_function_path(path: str, flag: str | None = None) -> str | None:
+    """Why `path` cannot name a function, found without importing anything (the launcher's check before any
+    process starts; the plug-in's own code runs only in the actor that uses it): a file or module that is not
+    there, a Python file that does not parse, a name its top level does not define. None when it looks loadable
+    (a module that defines `__getattr__` or star-imports may define any name: not judged here). Modules are
+    looked for where an actor process finds them: the current directory, then sys.path."""
+    import ast
+    w = _where(flag)
+    if not isinstance(path, str) or not path.strip():
+        return f"{w}expected a function path like 'pkg.module.fn' or 'file.py:fn', got {path!r}"
+    path = path.strip()
+    if ":" in path:
+        left, _, attr = path.rpartition(":")
+        if not left or not attr:
+            return f"{w}{path!r}: expected 'module:function' or 'file.py:function'"
+        if left.endswith(".py") or os.sep in left or "/" in left:
+            full = os.path.abspath(os.path.expanduser(left))
+            if not os.path.isfile(full):
+                return f"{w}cannot load {path!r}: file {full} not found"
+            return _check_source(full, attr.split(".")[0], path, w, ast)
+        origin, rest = _find_module(left), attr.split(".")
+        if origin is None:
+            return f"{w}cannot load {path!r}: module {left!r} not found (is its directory on PYTHONPATH?)"
+    else:
+        if path.endswith(".py"):
+            return f"{w}{path!r} names a file but no function: write '{path}:function_name'"
+        parts = path.split(".")
+        if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+            return f"{w}{path!r} is not a dotted path like 'pkg.module.function'"
+        origin, rest = None, []
+        for split in range(len(parts) - 1, 0, -1):
+            origin = _find_module(".".join(parts[:split]))
+            if origin is not None:
+                rest = parts[split:]
+                break
+        if origin is None:
+            return (f"{w}cannot load {path!r}: module {'.'.join(parts[:-1])!r} not found (is its directory on "
+                    "PYTHONPATH? a file can be named as 'path/to/file.py:function')")
+    if not origin.endswith(".py"):
+        return None   # a compiled or built-in module: not read here
+    return _check_source(origin, rest[0], path, w, ast)
+
+
+def _find_module(name: str) -> str | None:
+    """The file of module `name` (its package's __init__.py; "" for one with no file), or None when there is none
+    -- found by the import system's path finder, parents included, without importing anything."""
+    from importlib.machinery import PathFinder
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__file__", None) or ""
+    search: list[str] | None = [os.getcwd(), *sys.path]
+    spec = None
+    for part in name.split("."):
+        if not part.isidentifier() or search is None:
+            return None
+        spec = PathFinder.find_spec(part, search)
+        if spec is None:
+            if part == name and importlib.util.find_spec(part) is not None:   # a built-in module
+                return ""
+            return None
+        search = list(spec.submodule_search_locations) if spec.submodule_search_locations else None
+    return spec.origin or "" if spec is not None else None
+
+
+def _check_source(file: str, name: str, path: str, w: str, ast) -> str | None:
+    try:
+        with open(file, "rb") as f:
+            tree = ast.parse(f.read(), filename=file)
+    except SyntaxError as exc:
+        return f"{w}cannot load {path!r}: {file} line {exc.lineno}: {exc.msg}"
+    except (OSError, ValueError) as exc:
+        return f"{w}cannot load {path!r}: cannot read {file}: {exc}"
+    defined: set[str] = set()
+    todo = list(tree.body)
+    while todo:   # the module's top level, through if / try / with blocks (definitions made conditionally count)
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    return None   # star-imported names are not known without importing
+                defined.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.Assign):
+            defined.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for attr in ("body", "orelse", "finalbody"):
+                todo.extend(getattr(node, attr, []))
+            for h in getattr(node, "handlers", []):
+                todo.extend(h.body)
+    if name in defined or "__getattr__" in defined:
+        return None
+    if os.path.basename(file) == "__init__.py" and _find_module_in(os.path.dirname(file), name):
+        return None   # a submodule of the package
+    close = difflib.get_close_matches(name, sorted(defined), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"{w}cannot load {path!r}: {file} defines no {name!r}{hint}"
+
+
+def _find_module_in(directory: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(directory, name + ".py")) or os.path.isdir(os.path.join(directory, name))

@@ -13,6 +13,8 @@ checkpoint (--save), an HF export (--save-hf) or any other file a user put there
   RunDirError names them. One exception: a run directory of an earlier slime-actors version (its job.json is one
   this project wrote) is adopted and marked.
 * A new run (nothing to resume) into one of ours clears the previous run's live state and history (LIVE + HISTORY).
+* The rolling checkpoint of a job without --save (`ckpt/`, with its own marker; slime_actors/checkpoints.py) belongs
+  to its run: the next run clears it unless it resumes from it. A `ckpt/` without that marker is never touched.
 * A resumed run (--load found a checkpoint) clears only the live state (a new job never inherits a buffer log,
   sockets or keys) and moves the previous attempt's traces, logs and job files to `attempts/N/`; metrics.jsonl,
   TensorBoard events, recoveries.jsonl and curves.png stay and are continued (the controller appends).
@@ -26,9 +28,11 @@ import shutil
 import time
 from pathlib import Path
 
+from .checkpoints import ROLLING_DIR, ROLLING_MARKER
+
 MARKER = ".slime-actors-run"
 # the live state of a job: never carried into the next one
-LIVE_DIRS = ("buffer", "sockets", "weights", "keys")
+LIVE_DIRS = ("buffer", "sockets", "weights", "keys", "checked-prompts")
 LIVE_FILES = ("head.json", "status.json", "job.json", "result.json")
 LIVE_GLOBS = ("job-agent-*.json",)
 # what a run produced for people to read: continued by a resumed run, cleared by a new one
@@ -152,10 +156,12 @@ def join_run_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def prepare_run_dir(path: str | os.PathLike, resume: bool = False) -> Path:
+def prepare_run_dir(path: str | os.PathLike, resume: bool = False,
+                    resume_from: str | os.PathLike | None = None) -> Path:
     """Make `path` ready for a job (call it only once every other check passed): create and mark it, then clear
-    a previous run's live state -- and, unless resuming, its history. Raises RunDirError (nothing changed) for a
-    directory that is not ours."""
+    a previous run's live state -- and, unless resuming, its history; and the previous run's rolling checkpoint
+    (RUN_DIR/ckpt, when it carries the rolling marker) unless the job resumes from it (`resume_from`). Raises
+    RunDirError (nothing changed) for a directory that is not ours."""
     p = Path(path)
     state = inspect_run_dir(p)
     p.mkdir(parents=True, exist_ok=True)
@@ -163,6 +169,10 @@ def prepare_run_dir(path: str | os.PathLike, resume: bool = False) -> Path:
         _write_marker(p)
     if state == "new":
         return p
+    roll = p / ROLLING_DIR
+    if (roll / ROLLING_MARKER).is_file() and not (
+            resume_from is not None and roll.resolve() in Path(resume_from).resolve().parents):
+        _remove(roll)
     _clear(p, LIVE_DIRS + ("head.json", "status.json"), LIVE_GLOBS)
     if resume:
         _archive_attempt(p)

@@ -70,6 +70,8 @@ def _key(*names: str) -> Callable[[dict], Any]:
 
 
 def _head_dim(c: dict) -> Any:
+    if _key("kv_lora_rank")(c) is not None:   # multi-latent attention: Megatron's MLA has dims of its own
+        return None
     explicit = _key("head_dim")(c)
     if explicit is not None:
         return explicit
@@ -90,6 +92,35 @@ def _untied(c: dict) -> Any:
 def _swiglu(c: dict) -> Any:
     act = _key("hidden_act", "hidden_activation")(c)
     return None if act is None else act in ("silu", "swish")
+
+
+def _model_type_in(*types: str) -> Callable[[dict], Any]:
+    """A switch config.json implies by the model type alone (GLM4's extra layer norms, say)."""
+    def get(c: dict) -> Any:
+        mt = _key("model_type")(c)
+        return None if mt is None else mt in types
+    return get
+
+
+def _mla(c: dict) -> Any:
+    """Multi-latent attention: config.json has a kv_lora_rank (DeepSeek-V2/V3, Kimi-K2, Moonlight)."""
+    return _key("kv_lora_rank")(c) is not None if _key("model_type")(c) is not None else None
+
+
+def _rope_type(kind: str) -> Callable[[dict], Any]:
+    def get(c: dict) -> Any:
+        scaling = _key("rope_scaling")(c)
+        if _key("model_type")(c) is None:
+            return None
+        return isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == kind
+    return get
+
+
+def _rope(name: str) -> Callable[[dict], Any]:
+    def get(c: dict) -> Any:
+        scaling = _key("rope_scaling")(c)
+        return scaling.get(name) if isinstance(scaling, dict) else None
+    return get
 
 
 _NOOP_PARALLEL = "a memory/speed option of Megatron's tensor parallelism; the result is the same without it"
@@ -158,7 +189,7 @@ MEGATRON_FLAGS: list[CompatFlag] = [
     CompatFlag("--norm-epsilon", "arch", float, _ARCH, hf=_key("rms_norm_eps", "layer_norm_eps", "norm_epsilon")),
     CompatFlag("--rotary-base", "arch", float, _ARCH, hf=_key("rope_theta")),
     CompatFlag("--rotary-percent", "arch", float, _ARCH, hf=_key("partial_rotary_factor")),
-    CompatFlag("--rotary-scaling-factor", "arch", float, _ARCH),
+    CompatFlag("--rotary-scaling-factor", "arch", float, _ARCH, hf=_rope("factor")),
     CompatFlag("--swiglu", "arch", note=_ARCH, hf=_swiglu),
     CompatFlag("--untie-embeddings-and-output-weights", "arch", note=_ARCH, hf=_untied),
     CompatFlag("--disable-bias-linear", "arch", note=_ARCH),
@@ -180,10 +211,45 @@ MEGATRON_FLAGS: list[CompatFlag] = [
     CompatFlag("--moe-router-load-balancing-type", "arch", str, _ARCH),
     CompatFlag("--moe-router-enable-expert-bias", "arch", note=_ARCH),
     CompatFlag("--moe-router-bias-update-rate", "arch", float, _ARCH),
-    CompatFlag("--moe-router-topk-scaling-factor", "arch", float, _ARCH),
+    CompatFlag("--moe-router-topk-scaling-factor", "arch", float, _ARCH, hf=_key("routed_scaling_factor")),
     CompatFlag("--moe-aux-loss-coeff", "fixed", float, expect=0.0,
                note="no MoE auxiliary loss here (it would change the loss)"),
     CompatFlag("--spec", "arch", str, _ARCH + " (a Megatron layer spec module)", nargs="+"),
+    # -- model families (slime's scripts/models/*.sh): GLM4, Qwen3-MoE, DeepSeek-V3 / Kimi-K2 / Moonlight
+    CompatFlag("--post-self-attn-layernorm", "arch", note=_ARCH + " (GLM4's layer norm after attention)",
+               hf=_model_type_in("glm4", "glm")),
+    CompatFlag("--post-mlp-layernorm", "arch", note=_ARCH + " (GLM4's layer norm after the MLP)",
+               hf=_model_type_in("glm4", "glm")),
+    CompatFlag("--rotary-interleaved", "arch", note=_ARCH + " (GLM4's interleaved rotary embedding)",
+               hf=_model_type_in("glm4", "glm")),
+    CompatFlag("--moe-token-drop-policy", "noop", str,
+               note="MoE layers here are dropless (no expert capacity factor), so no token is dropped whatever the "
+                    "policy"),
+    CompatFlag("--multi-latent-attention", "arch", note=_ARCH + " (DeepSeek's multi-latent attention)", hf=_mla),
+    CompatFlag("--q-lora-rank", "arch", int, _ARCH, hf=_key("q_lora_rank")),
+    CompatFlag("--kv-lora-rank", "arch", int, _ARCH, hf=_key("kv_lora_rank")),
+    CompatFlag("--qk-head-dim", "arch", int, _ARCH, hf=_key("qk_nope_head_dim")),
+    CompatFlag("--qk-pos-emb-head-dim", "arch", int, _ARCH, hf=_key("qk_rope_head_dim")),
+    CompatFlag("--v-head-dim", "arch", int, _ARCH, hf=_key("v_head_dim")),
+    CompatFlag("--mscale", "arch", float, _ARCH + " (YaRN rope scaling)", hf=_rope("mscale")),
+    CompatFlag("--mscale-all-dim", "arch", float, _ARCH + " (YaRN rope scaling)", hf=_rope("mscale_all_dim")),
+    CompatFlag("--moe-router-group-topk", "arch", int, _ARCH + " (groups each token's experts come from)",
+               hf=_key("topk_group")),
+    CompatFlag("--moe-router-num-groups", "arch", int, _ARCH + " (expert groups of the router)", hf=_key("n_group")),
+    CompatFlag("--decoder-last-pipeline-num-layers", "noop", int,
+               note="how Megatron splits layers over pipeline stages; the result is the same"),
+    CompatFlag("--decoder-first-pipeline-num-layers", "noop", int,
+               note="how Megatron splits layers over pipeline stages; the result is the same"),
+    # -- more of slime's scripts/models/*.sh (Llama 3.x, Qwen3-Next)
+    CompatFlag("--use-rope-scaling", "arch", note=_ARCH + " (Llama 3's rope scaling)", hf=_rope_type("llama3")),
+    CompatFlag("--no-position-embedding", "arch", note=_ARCH + " (no learned position embeddings: rotary ones)"),
+    CompatFlag("--make-vocab-size-divisible-by", "noop", int,
+               note="Megatron's padding of the embedding; the model's vocabulary is config.json's"),
+    CompatFlag("--no-check-for-nan-in-loss-and-grad", "noop", note="a check of Megatron's; the result is the same"),
+    CompatFlag("--transformer-impl", "noop", str, note=_NOOP_KERNEL),
+    CompatFlag("--use-gated-attention", "arch", note=_ARCH),
+    CompatFlag("--attention-output-gate", "arch", note=_ARCH),
+    CompatFlag("--moe-shared-expert-gate", "arch", note=_ARCH),
 ]
 
 SLIME_ACCEPTED: list[CompatFlag] = [
@@ -323,6 +389,8 @@ class CompatResult:
     unchecked: list[str] = field(default_factory=list)
     hf_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)   # environment for the job's processes (secrets)
+    errors: list[str] = field(default_factory=list)     # flags whose value this project cannot honour
+    family: str | None = None                           # what is supported for the model's family (one line)
 
     def notes(self) -> list[str]:
         out = []
@@ -336,12 +404,58 @@ class CompatResult:
         if self.unchecked:
             where = "--hf-checkpoint's config.json" if self.hf_path else "--hf-checkpoint (no config.json to check)"
             out.append(f"model architecture comes from {where}; accepted unchecked: " + ", ".join(self.unchecked))
+        if self.family:
+            out.append(self.family)
         return out
 
 
-def check(values: dict[str, Any], hf_checkpoint: str | None) -> CompatResult:
+@dataclass(frozen=True)
+class Family:
+    """A model family of slime's scripts/models/*.sh whose flags go beyond a dense Llama-like model."""
+    name: str
+    model_types: tuple[str, ...]     # config.json model_type values of the family
+    flags: tuple[str, ...]           # the flags that name the family in a slime script
+    hf_class: str                    # what transformers runs it as (the torch backend, the local engine)
+    more: str = ""                   # what else is worth knowing
+
+
+FAMILIES = [
+    Family("GLM4", ("glm4", "glm"), ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved"),
+           "Glm4ForCausalLM"),
+    Family("Qwen3-MoE", ("qwen3_moe",), ("--moe-token-drop-policy",), "Qwen3MoeForCausalLM",
+           "every rank holds every expert (no expert parallelism, dropless routing)"),
+    Family("DeepSeek-V3 (multi-latent attention, MoE)", ("deepseek_v3", "deepseek_v2", "kimi_k2"),
+           ("--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+            "--v-head-dim", "--mscale", "--mscale-all-dim", "--moe-router-group-topk", "--moe-router-num-groups"),
+           "DeepseekV3ForCausalLM", "every rank holds every expert (no expert parallelism): a model of this size "
+           "needs memory no single GPU has"),
+]
+MEGATRON_MODEL_TYPES = ("llama", "qwen2", "qwen3")   # what the megatron backend converts (megatron_convert.py)
+
+
+def _family_note(values: dict[str, Any], cfg: dict | None, train_backend: str | None) -> tuple[str | None,
+                                                                                               str | None]:
+    """(a note saying what is supported for the model's family, an error when the backend cannot run it)."""
+    mt = _key("model_type")(cfg) if cfg is not None else None
+    fam = next((f for f in FAMILIES if mt in f.model_types), None) or \
+        next((f for f in FAMILIES if any(n in values for n in f.flags)), None)
+    error = None
+    if train_backend == "megatron" and mt is not None and mt not in MEGATRON_MODEL_TYPES:
+        error = (f"--train-backend megatron: the model is {mt!r} (config.json's model_type) and the megatron backend "
+                 f"converts dense {', '.join(MEGATRON_MODEL_TYPES)} models only; use --train-backend torch, which "
+                 "runs any model transformers has")
+    if fam is None:
+        return None, error
+    more = f"; {fam.more}" if fam.more else ""
+    return (f"model family {fam.name}: the torch backend and the local engine run it through transformers "
+            f"({fam.hf_class}); the megatron backend does not (dense {', '.join(MEGATRON_MODEL_TYPES)} only); "
+            f"SGLang serves it as SGLang does{more}"), error
+
+
+def check(values: dict[str, Any], hf_checkpoint: str | None, train_backend: str | None = None) -> CompatResult:
     """The compat flags given (`values`: flag name -> parsed value, only those given) against what this project
-    does: CompatError naming the first that would change the result; else what to tell the user."""
+    does and the model's config.json: `errors` names every one that would change the result; the rest become
+    notes for the user."""
     res = CompatResult()
     cfg, res.hf_path = hf_config(hf_checkpoint)
     for name, value in values.items():
@@ -356,21 +470,26 @@ def check(values: dict[str, Any], hf_checkpoint: str | None) -> CompatResult:
         elif flag.kind == "fixed":
             expect = flag.expect if isinstance(flag.expect, tuple) else (flag.expect,)
             if not any(_same(value, e) for e in expect):
-                raise CompatError(f"{shown}: not supported: {flag.note}")
-            res.fixed.append(shown)
+                res.errors.append(f"{shown}: not supported: {flag.note}")
+            else:
+                res.fixed.append(shown)
         else:  # arch
             implied = flag.hf(cfg) if (flag.hf is not None and cfg is not None) else None
             if implied is None:
                 res.unchecked.append(shown)
             elif flag.switch and value and not implied:
-                raise CompatError(f"{shown}: {res.hf_path} describes a model without it ({_hf_desc(flag, cfg)}); "
+                res.errors.append(f"{shown}: {res.hf_path} describes a model without it ({_hf_desc(flag, cfg)}); "
                                   "the model trained is the one config.json describes -- drop the flag or use "
                                   "the matching checkpoint")
             elif not flag.switch and not _same(value, implied):
-                raise CompatError(f"{shown}: {res.hf_path} says {implied} ({_hf_desc(flag, cfg)}); the model trained "
-                                  "is the one config.json describes -- fix the flag or use the matching checkpoint")
+                res.errors.append(f"{shown}: {res.hf_path} says {implied} ({_hf_desc(flag, cfg)}); the model "
+                                  "trained is the one config.json describes -- fix the flag or use the matching "
+                                  "checkpoint")
             else:
                 res.checked.append(shown)
+    res.family, error = _family_note(values, cfg, train_backend)
+    if error:
+        res.errors.append(error)
     return res
 
 
@@ -380,4 +499,68 @@ def _hf_desc(flag: CompatFlag, cfg: dict) -> str:
                                        f"num_attention_heads {cfg.get('num_attention_heads')}",
             "--untie-embeddings-and-output-weights": f"tie_word_embeddings {cfg.get('tie_word_embeddings')}",
             "--kv-channels": "head_dim (or hidden_size / num_attention_heads)",
-            }.get(flag.name, "config.json")
+            }.get(flag.name, f"model_type {cfg.get('model_type')!r}" if flag.name in _FAMILY_SWITCHES else
+                  "config.json")
+
+
+_FAMILY_SWITCHES = ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",
+                    "--multi-latent-attention")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# slime's function paths (the values of --rollout-function-path, --dynamic-sampling-filter-path, ... in its
+# scripts): mapped to this project's built-ins, or refused with the reason -- at parse time, not in an actor
+
+SLIME_FUNCTIONS: dict[str, str | None] = {   # slime's path -> this project's (None: the built-in; the flag unset)
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std":
+        "slime_actors.filters.check_reward_nonzero_std",
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback":
+        "slime_actors.filters.check_reward_nonzero_std_with_fallback",
+    "slime.rollout.sglang_rollout.generate_rollout": None,   # slime's default rollout: the built-in one here
+    "slime.rollout.sglang_rollout.generate": None,           # slime's default generate function: the built-in one
+    "slime.rollout.rm_hub.async_rm": None,                   # slime's reward dispatcher: --rm-type picks it here
+    "slime.rollout.rm_hub.batched_async_rm": None,
+}
+SLIME_FUNCTIONS_REFUSED: dict[str, str] = {
+    "slime.rollout.sft_rollout.generate_rollout":
+        "slime's SFT rollout (training on the dataset's own responses) is not implemented here; --loss-type "
+        "sft_loss trains on the engines' responses",
+    "slime.rollout.fully_async_rollout.generate_rollout_fully_async":
+        "slime's fully asynchronous rollout is not implemented here; --async-train generates the next rollout while "
+        "the trainer trains on this one",
+    "slime.rollout.on_policy_distillation.reward_func": "on-policy distillation is not implemented here",
+    "slime.rollout.on_policy_distillation.post_process_rewards": "on-policy distillation is not implemented here",
+    "slime.rollout.sleep_rollout.sleep": "slime's profiling stub has no counterpart here",
+}
+# (section, field, what this project offers instead) of each flag that names a function
+FUNCTION_FLAGS = (
+    ("rollout", "dynamic_sampling_filter_path", "slime_actors.filters.check_reward_nonzero_std (or "
+                                                "..._with_fallback)"),
+    ("rollout", "rollout_function_path", "leave the flag out: the built-in rollout"),
+    ("rollout", "custom_generate_function_path", "leave the flag out: the built-in generate"),
+    ("reward", "custom_rm_path", "--rm-type (math, deepscaler, dapo, f1, remote_rm, ...)"),
+    ("algorithm", "custom_loss_function_path", "--loss-type policy_loss or sft_loss"),
+    ("reward", "reward_actor_class", "leave the flag out: the built-in reward workers"),
+)
+
+
+def map_function_paths(job: Any, problems: list) -> list[str]:
+    """slime's function paths in the job's flags as this project's (in place); a slime path with no counterpart is
+    a problem naming the flag and why. Returns the notes (what was mapped)."""
+    notes = []
+    for section, name, instead in FUNCTION_FLAGS:
+        sec = getattr(job, section)
+        path = getattr(sec, name)
+        if not isinstance(path, str) or not path.startswith(("slime.", "slime_plugins.")):
+            continue
+        option = "--" + name.replace("_", "-")
+        if path in SLIME_FUNCTIONS:
+            ours = SLIME_FUNCTIONS[path]
+            setattr(sec, name, ours)
+            notes.append(f"{option} {path}: slime's function, here " + (ours or "the built-in one (the flag unset)"))
+        elif path in SLIME_FUNCTIONS_REFUSED:
+            problems.append(f"{option} {path}: {SLIME_FUNCTIONS_REFUSED[path]}")
+        else:
+            problems.append(f"{option} {path}: a module of slime, which slime-actors does not include (slime's "
+                            f"plug-ins take slime's objects); here: {instead}, or a function of your own")
+    return notes

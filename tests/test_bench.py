@@ -129,3 +129,15 @@ def test_retriever_bench_prints_its_table():
     assert share["episodes"] >= 128 and share["searching_episodes"] >= 1, share
     assert share["searches_s"] > 0 and 0 < share["mean_share_searching"] < 1, share
     assert "the retriever's share of a rollout" in p.stdout
+
+
+def test_sandbox_bench_prints_its_table():
+    """bench/sandbox.py, small: every row has both rates, the ratio and every program passed (sandbox and bare)."""
+    p = _run("bench/sandbox.py", "--programs", "6", "--concurrency", "1", "4", "--train-steps", "0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| stdio |", "| assert |"))]
+    assert [(r[0], r[1]) for r in rows] == [("stdio", "1"), ("stdio", "4"), ("assert", "1"), ("assert", "4")]
+    for r in rows:
+        assert all(re.fullmatch(r"[\d.]+", c) for c in (r[2], r[3], r[5], r[6])), r
+        assert re.fullmatch(r"[\d.]+x", r[4]) and r[7] == "6/6, 6/6", r
+    assert "sandbox layers:" in p.stdout

@@ -41,7 +41,7 @@ def test_jsonl_keys_tokens_and_metadata(tmp_path, tok):
         for r in rows[1:]:
             f.write(json.dumps(r) + "\n")
     ds = PromptDataset(path, tok, input_key="question", label_key="answer", metadata_key="meta")
-    assert len(ds) == 7 and ds.stats == {"rows": 7, "skipped": 0, "too_long": 0, "prompts": 7}
+    assert len(ds) == 7 and ds.stats == {"rows": 7, "skipped": 0, "too_long": 0, "oversize": 0, "prompts": 7}
     p = ds[0]
     assert p.prompt == "1 + 2 =" and p.label == "3" and p.metadata == {"id": 0}
     assert p.prompt_tokens == tok("1 + 2 =", add_special_tokens=False)["input_ids"] == [4, 13, 5, 16]
@@ -237,7 +237,7 @@ def test_skip_mode_counts_and_logs_at_most_ten(tmp_path, tok):
     with capture_logs() as logs:
         ds = PromptDataset(path, tok, on_error="skip")
     assert [p.prompt for p in ds.prompts] == ["1 + 1", "2 + 2"]
-    assert ds.stats == {"rows": 14, "skipped": 12, "too_long": 0, "prompts": 2}
+    assert ds.stats == {"rows": 14, "skipped": 12, "too_long": 0, "oversize": 0, "prompts": 2}
     per_row = [e for e in logs if e["event"] == "skipping malformed row"]
     summary = [e for e in logs if e["event"] == "skipped malformed rows"]
     assert len(per_row) == 10 and all(e["log_level"] == "warning" for e in per_row)
@@ -289,3 +289,93 @@ def test_from_config_and_eval_sets(tmp_path, tok):
     assert [p.index for p in evals["small"].all_prompts()] == [0, 1]
     with pytest.raises(KeyError, match="small"):
         evals["big"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bounded inputs (issue 27 item 3)
+
+MEASURE = r'''
+import json, resource, sys
+from slime_actors.rows import RowKeys, scan_rows
+from slime_actors.data import PromptDataset
+from transformers import AutoTokenizer
+path, model = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(model)
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+start = peak()
+scan = scan_rows(path, RowKeys("input", "label"))            # the launcher's pass
+ds = PromptDataset(path, tok, label_key="label")             # the buffer's, when it reads the file itself
+print(json.dumps({"growth": peak() - start, "good": scan.good, "oversize": scan.oversize, "n": len(ds),
+                  "ds_oversize": ds.oversize_at}))
+'''
+
+
+def test_a_50mb_row_costs_bounded_memory_and_is_counted_with_its_line(tmp_path):
+    """A single 50 MB row used to make the job's processes peak at 11 GiB: the row is now skipped unread (counted,
+    its line named), so reading the file costs a few MiB whatever the row holds. Measured in a fresh process, by
+    the growth of its peak resident memory across the two readers (the unbounded reader grows by 200+ MiB on this
+    file for the launcher's pass alone; the bound here is generous)."""
+    import subprocess
+    import sys
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        for i in range(5):
+            f.write(json.dumps({"input": f"{i} + 1 =", "label": str(i + 1)}) + "\n")
+        f.write(json.dumps({"input": "1 " * (25 << 20), "label": "1"}) + "\n")     # 50 MB
+        for i in range(5):
+            f.write(json.dumps({"input": f"{i} + 2 =", "label": str(i + 2)}) + "\n")
+    assert path.stat().st_size > 50 << 20
+    model = make_tiny_model(tmp_path / "tiny")
+    p = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(model)], capture_output=True, text=True,
+                       timeout=300, check=True)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["good"] == 10 and out["n"] == 10
+    assert out["oversize"] == [f"{path}:6"] and out["ds_oversize"] == [f"{path}:6"]
+    assert out["growth"] < 40 << 20, f"reading the file grew the process by {out['growth'] >> 20} MiB"
+
+
+def test_the_launcher_names_the_skipped_row_and_a_malformed_one_stops_the_job(tmp_path, capsys):
+    from slime_actors.train import main
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"input": "1 2 3 first =", "label": "1"}\n' + '{"input": "' + "1 " * 3_000_000 + '"}\n'
+                    '{"input": "4 5 6 first =", "label": "4"}\n')
+    flags = ["--prompt-data", str(path), "--hf-checkpoint", "tiny:digits", "--rm-type", "exact_match",
+             "--label-key", "label", "--run-dir", str(tmp_path / "run"), "--rollout-batch-size", "2",
+             "--prompt-data-max-row-bytes", "1000000", "--dry-run"]
+    assert main(flags) == 0
+    err = capsys.readouterr().err
+    assert (f"note: {path}: 1 row(s) of more than 1000000 bytes skipped unread (--prompt-data-max-row-bytes): "
+            f"{path}:2") in err
+    with open(path, "a") as f:
+        f.write('{"input": "7 8 9 first ="}\n')
+    assert main(flags) == 2
+    assert f"error: --prompt-data: {path}:4: missing label key 'label'" in capsys.readouterr().err
+
+
+def test_prompts_too_long_for_the_model_are_dropped_with_their_lines(tmp_path, tok):
+    """Without --rollout-max-prompt-len the bound is what the model's context leaves after the response (the tiny
+    model's 256 tokens here), as the engine would refuse a longer prompt; the count and the first lines are
+    logged."""
+    rows = [{"input": "1 + 1 ="}, {"input": " ".join(["1"] * 300)}, {"input": "2 + 2 ="},
+            {"input": " ".join(["2"] * 250)}]
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    cfg = parse_config(["--prompt-data", path, "--hf-checkpoint", str(make_tiny_model(tmp_path / "m")),
+                        "--rm-type", "math", "--rollout-max-response-len", "16"])
+    with capture_logs() as logs:
+        ds, _ = load_prompt_data(cfg, tok)
+    assert [p.prompt for p in ds.prompts] == ["1 + 1 =", "2 + 2 ="]
+    assert ds.stats["too_long"] == 2 and ds.too_long_at == [f"{path}:2", f"{path}:4"]
+    (dropped,) = [e for e in logs if e["event"].startswith("dropped 2 prompt(s) longer than 240 tokens")]
+    assert dropped["log_level"] == "warning" and dropped["first"] == f"{path}:2, {path}:4"
+    assert "the model's context of 256 tokens (max_position_embeddings" in dropped["event"]
+
+
+def test_an_oversize_parquet_row_is_counted_before_it_becomes_python(tmp_path, tok):
+    rows = [{"input": "1 + 1 =", "meta": {"k": "v"}}, {"input": "1 " * 5000, "meta": {"k": "v"}},
+            {"input": "2 + 2 =", "meta": {"k": "x" * 5000}}, {"input": "3 + 3 =", "meta": {"k": "v"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "o.parquet")
+    ds = PromptDataset(tmp_path / "o.parquet", tok, metadata_key="meta", max_row_bytes=4000)
+    assert [p.prompt for p in ds.prompts] == ["1 + 1 =", "3 + 3 ="]
+    assert ds.stats["oversize"] == 2 and ds.oversize_at == [f"{tmp_path / 'o.parquet'} row 1",
+                                                             f"{tmp_path / 'o.parquet'} row 2"]

@@ -107,3 +107,38 @@ def test_readme_starts_with_make_train_then_make_test():
 def test_readme_commands_reads_the_opening_lines(tmp_path, text, first_two):
     (tmp_path / "README.md").write_text(text)
     assert readme_commands(tmp_path / "README.md")[:2] == first_two
+
+
+def readme_convert_line(readme: Path) -> str:
+    """The README's `slime-actors convert` line of a checkpoint of `make train` (its comment cut off)."""
+    for line in readme.read_text().splitlines():
+        cmd = line.split("#", 1)[0].strip()
+        if cmd.startswith("slime-actors convert "):
+            return cmd
+    raise AssertionError(f"{readme} names no `slime-actors convert` command")
+
+
+@pytest.mark.slow
+def test_readme_convert_line_works_after_make_train(tmp_path):
+    """The README's commands in its order: `make train` (the digits job, shortened here), then its `slime-actors
+    convert runs/digits/ckpt out/hf` -- run as written, from the directory the job ran in -- gives a Hugging Face
+    directory transformers loads. It failed when a job without --save kept no checkpoint (issue 27)."""
+    import subprocess
+    import sys
+    import tomllib
+    line = readme_convert_line(ROOT / "README.md")
+    config = ROOT / "examples" / "digits" / "config.toml"
+    run_dir = tomllib.loads(config.read_text())["run_dir"]
+    assert line.split()[2].startswith(run_dir + "/"), (line, run_dir)  # the README names the job's own directory
+    bin_dir = Path(sys.executable).parent
+    p = subprocess.run([str(bin_dir / "slime-actors"), "train", "--config", str(config), "--num-rollout", "3",
+                        "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--global-batch-size", "32",
+                        "--micro-batch-size", "32", "--eval-interval", "0", "--skip-eval-before-train",
+                        "--progress", "false"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    argv = line.split()
+    p = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+    out = tmp_path / argv[-1]
+    assert AutoModelForCausalLM.from_pretrained(out) is not None

@@ -216,7 +216,9 @@ def _bodies(alt: Path) -> dict:
             "/update_weights_from_distributed": flat,
             "/destroy_weights_update_group": {"group_name": "g"},
             "/update_weights_from_tensor": {"serialized_named_tensors": ["AAAA"], "weight_version": "evil"},
-            "/update_weights_from_ipc": {**flat, "handle": {"kind": "shm", "path": "/dev/null"}}}
+            "/update_weights_from_ipc": {**flat, "handle": {"kind": "shm", "path": "/dev/null"}},
+            "/load_lora_adapter": {"lora_name": "evil", "lora_path": str(alt)},
+            "/unload_lora_adapter": {"lora_name": "evil"}}
 
 
 def test_requests_without_the_right_key_are_refused_and_change_nothing(keyed_engine):

@@ -56,8 +56,9 @@ def test_hack_alarm_flags_default_and_bad_values_are_named():
 def test_the_monitor_knows_which_rewards_compare_with_a_literal_label():
     assert label_is_answer(cfg()) and label_is_answer(cfg("--rm-type", "boxed_exact_match"))
     assert not label_is_answer(cfg("--rm-type", "f1"))
-    assert not label_is_answer(cfg("--custom-rm-path", "my_rm.py:reward"))
-    assert label_is_answer(cfg("--custom-rm-path", "my_rm.py:reward", "--hack-alarm-label-answer", "true"))
+    rm = f"{ROOT / 'examples' / 'debugging' / 'rewards.py'}:partial_credit"   # (a function path must name one)
+    assert not label_is_answer(cfg("--custom-rm-path", rm))
+    assert label_is_answer(cfg("--custom-rm-path", rm, "--hack-alarm-label-answer", "true"))
     assert not label_is_answer(cfg("--hack-alarm-label-answer", "false"))
 
 

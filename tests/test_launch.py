@@ -268,7 +268,7 @@ gpus_per_actor = 2
     # the engine of rollout/1 sees GPUs 2,3 as 0,1: it starts at 0, not at the node-wide 2
     # (without a placement, slime's node-wide rule: after the trainers' 2 GPUs, 2 per engine)
     cfg = parse_config(["--config", DIGITS, "--device", "cuda", "--rollout-num-gpus-per-engine", "2",
-                        "--num-gpus-per-node", "8", "--actor-num-gpus-per-node", "2"])
+                        "--num-gpus-per-node", "8", "--actor-num-gpus-per-node", "2", "--rollout-engine", "sglang"])
     assert base_gpu_id(cfg, 1, placed="") == 4
     assert base_gpu_id(cfg, 1, placed="2,3") == 0
 

@@ -13,7 +13,7 @@ from slime_actors.config import parse_config
 FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key", "label",
          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
          "--micro-batch-size", "16", "--num-rollout", "3", "--actor-num-gpus-per-node", "2",
-         "--rm-type", "exact_match", "--use-tensorboard", "false", "--progress", "false"]
+         "--rm-type", "exact_match", "--use-tensorboard", "false", "--progress", "false", "--no-rolling-save"]
 
 
 def _stats(rollout_id, kind="train"):
@@ -21,10 +21,10 @@ def _stats(rollout_id, kind="train"):
             "filtered": 0, "failed": 0, "reward_mean": 0.25, "examples": None, "seconds": 0.1}
 
 
-def _controller(tmp_path, *flags, stats=_stats) -> Controller:
+def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input": "1+1", "label": "2"}\n')
-    ctl = Controller(0, args=parse_config(FLAGS + ["--prompt-data", str(prompts), *flags]).to_dict())
+    ctl = Controller(0, args=parse_config(base + ["--prompt-data", str(prompts), *flags]).to_dict())
     ctl.runtime = SimpleNamespace(run_dir=str(tmp_path / "run"), down_after=1.0)
     ctl.sent = []
 
@@ -57,6 +57,19 @@ def _step(k: int, v: int) -> list[tuple]:
             ("buffer/0", "mark_trained", {"rollout_id": k})] + [
             (f"trainer/{r}", "sync_weights", {"weight_version": v + 1, "workers": ["rollout/0"], "rebuild": False})
             for r in (0, 1)]
+
+
+def test_without_save_the_rolling_checkpoint_is_saved_after_the_last_step(tmp_path):
+    """No --save (and rolling left on): after the last rollout every trainer rank and the buffer save into
+    RUN_DIR/ckpt/iter_0000003, which the controller commits."""
+    ctl = _controller(tmp_path, base=[f for f in FLAGS if f != "--no-rolling-save"])
+    asyncio.run(loop.train_sync(ctl, 0))
+    path = str(tmp_path / "run" / "ckpt" / "iter_0000003")
+    saves = [(to, m, b) for to, m, b in ctl.sent if m == "save"]
+    assert sorted(saves) == sorted([(f"trainer/{r}", "save", {"path": path, "save_optim": True}) for r in (0, 1)]
+                                   + [("buffer/0", "save", {"path": path})]), saves
+    assert (tmp_path / "run" / "ckpt" / "iter_0000003" / "meta.json").exists()
+    assert str(ctl.checkpoints.latest) == path
 
 
 def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):

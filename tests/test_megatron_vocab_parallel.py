@@ -48,7 +48,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 def test_vocab_parallel_log_probs_match_full_softmax(tmp_path, world):
     out = str(tmp_path / "r.pt")
     mp.start_processes(_rank, args=(world, find_free_port(), out), nprocs=world, start_method="spawn")
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     logits, target, g_lp, g_ent = _case()
     x = logits.clone().requires_grad_(True)
     lp = log_probs_from_logits(x, target)

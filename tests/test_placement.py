@@ -138,10 +138,10 @@ def test_two_gpus_place_trainer_and_engine_apart_with_nccl():
 
 def test_eight_gpus_colocated_and_disaggregated_as_slime_places_them():
     cfg, _, plan = placed(EIGHT, "--actor-num-gpus-per-node", "4", "--rollout-num-engines", "2",
-                          "--rollout-num-gpus-per-engine", "2")
+                          "--rollout-num-gpus-per-engine", "2", "--rollout-engine", "sglang")
     assert [g for _, g in plan.engines] == [[4, 5], [6, 7]] and [base_gpu_id(cfg, i, "") for i in (0, 1)] == [4, 6]
     cfg, _, plan = placed(EIGHT, "--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-engines", "4",
-                          "--rollout-num-gpus-per-engine", "2")
+                          "--rollout-num-gpus-per-engine", "2", "--rollout-engine", "sglang")
     assert [g for _, g in plan.engines] == [[0, 1], [2, 3], [4, 5], [6, 7]] and plan.mem_fraction == "0.4"
     assert cfg.weights.update_weight_transport == "colocated"
     assert plan.lines()[0].startswith("8 GPUs visible (test): trainer/0 on GPU 0; ") and plan.lines()[0].endswith(

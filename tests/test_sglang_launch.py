@@ -94,15 +94,20 @@ def test_engine_command_sglang(prompts, no_sglang):
 
 def test_engine_command_local_and_gpu_placement(prompts):
     a = args_for(prompts, "--device", "cuda", "--actor-num-gpus-per-node", "4", "--num-gpus-per-node", "8",
-                 "--rollout-num-gpus-per-engine", "2", "--engine-max-batch-size", "16")
+                 "--engine-max-batch-size", "16")
     module, argv = engine_command(a, 1, 30001)
     assert module == LOCAL_ENGINE_MODULE
-    # disaggregated: engine 1 starts after the trainer's 4 GPUs and engine 0's 2
-    assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "30001", "--tp-size", "2",
-                    "--random-seed", "8", "--weight-version", "0", "--base-gpu-id", "6", "--device", "cuda",
+    # disaggregated: engine 1 starts after the trainer's 4 GPUs and engine 0's 1
+    assert argv == ["--model-path", "/models/m", "--host", "127.0.0.1", "--port", "30001", "--tp-size", "1",
+                    "--random-seed", "8", "--weight-version", "0", "--base-gpu-id", "5", "--device", "cuda",
                     "--max-running-requests", "16"]
+    # engines of 2 GPUs (SGLang's: the local engine runs on one device): engine 1 after the trainer's 4 and engine 0's 2
+    a = args_for(prompts, "--device", "cuda", "--actor-num-gpus-per-node", "4", "--num-gpus-per-node", "8",
+                 "--rollout-num-gpus-per-engine", "2", "--rollout-engine", "sglang")
+    module, argv = engine_command(a, 1, 30001)
+    assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--base-gpu-id") + 1] == "6"
     a = args_for(prompts, "--device", "cuda", "--colocate", "--rollout-num-gpus-per-engine", "2", "--num-gpus-per-node",
-                 "8")
+                 "8", "--rollout-engine", "sglang")
     assert engine_command(a, 3, 1)[1][argv.index("--base-gpu-id") + 1] == "6"   # colocated: 3 x 2
     a = args_for(prompts, "--device", "cuda", "--sglang-base-gpu-id", "5")       # the user's choice wins
     argv = engine_command(a, 0, 1)[1]
@@ -235,6 +240,7 @@ class RouterArgs:
         parser.add_argument(f"--{prefix}disable-health-check", action="store_true")
         parser.add_argument(f"--{prefix}disable-circuit-breaker", action="store_true")
         parser.add_argument(f"--{prefix}prometheus-port", type=int)
+        parser.add_argument(f"--{prefix}prometheus-host", type=str)
 '''
 
 
@@ -289,7 +295,8 @@ def test_router_command(prompts, no_sglang):
     module, argv = router_command(a, "127.0.0.1", 3000, prometheus_port=3001)
     assert module == ROUTER_MODULE
     assert argv == ["--host", "127.0.0.1", "--port", "3000", "--disable-health-check", "--disable-circuit-breaker",
-                    "--prometheus-port", "3001", "--policy", "round_robin", "--balance-abs-threshold", "8"]
+                    "--prometheus-port", "3001", "--prometheus-host", "127.0.0.1", "--policy", "round_robin",
+                    "--balance-abs-threshold", "8"]
     assert {f for f, _ in split_flags(argv)} <= set(ROUTER["flags"])
     assert check_router_flags(argv).startswith("sglang-router 0.3.2 (recorded table")
     a = args_for(prompts, "--router-health-check-interval-secs", "5")  # their own health checks when asked for

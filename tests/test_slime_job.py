@@ -200,7 +200,9 @@ def _qwen_files(d: Path) -> None:
 
 
 def _tokens(script: str, d: Path) -> list[str]:
-    return script.format(D=d).split()
+    # slime's engines are SGLang's; here the default is the local engine, which runs no engine over 2 GPUs
+    # (--rollout-num-gpus-per-engine 2): the script asks for what the job summary tells it to
+    return script.format(D=d).split() + ["--rollout-engine", "sglang"]
 
 
 def test_slimes_qwen3_4b_script_through_the_parser(tmp_path):
@@ -327,3 +329,204 @@ def test_generate_proxy_forwards_generate_only(tmp_path):
     assert ok == (200, {"text": "x", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]]}})
     assert seen == [{"input_ids": [1, 2]}]
     assert bad == 400 and admin in (404, 405)   # control endpoints are not served
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a slime user's first run (issue 27 item 5): what the job will be, said at start; every mistake at once
+
+def _train(argv, capsys) -> tuple[int, list[str]]:
+    from slime_actors.train import main
+    code = main(argv)
+    return code, [ln.removeprefix("slime-actors train: ") for ln in capsys.readouterr().err.splitlines()]
+
+
+def test_the_script_says_what_the_job_will_be(tmp_path, capsys, nothing_starts):
+    _qwen_files(tmp_path)
+    filter_path = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+    code, lines = _train(_tokens(QWEN3_4B_SCRIPT, tmp_path) + [
+        "--dynamic-sampling-filter-path", filter_path, "--over-sampling-batch-size", "64",
+        "--run-dir", str(tmp_path / "run"), "--dry-run"], capsys)
+    assert code == 0, lines
+    summary = [ln for ln in lines if not ln.startswith("note: ")]
+    assert summary == [
+        "job: cpu; 4 SGLang engines of 2 GPUs (colocated); torch backend: 8 ranks (ddp, CPU processes); 3000 steps "
+        "of 32 prompts x 8 samples",
+        "slime runs CUDA, Megatron by default; here: --device cuda --train-backend megatron (docs/flags.md lists "
+        "every default that differs)",
+        "--tensor-model-parallel-size 2 / --pipeline-model-parallel-size 1 are the megatron backend's; the torch "
+        "backend ignores them (ddp: each rank holds the whole model) -- --train-backend megatron for tensor/pipeline "
+        "parallelism, or --torch-parallel fsdp to shard",
+        "dry run: every check passed; nothing was started"]
+    notes = "\n".join(lines)
+    assert f"note: --dynamic-sampling-filter-path {filter_path}: slime's function, here " \
+           "slime_actors.filters.check_reward_nonzero_std" in notes
+    # slime's scripts pass their torch_dist reference with --kl-loss-coef 0: not needed, not loaded, said so
+    assert f"note: --ref-load {tmp_path}/Qwen3-4B_torch_dist (is an empty directory) is not loaded: with " \
+           "--kl-loss-coef 0 the KL term adds nothing" in notes
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_script_with_several_mistakes_hears_of_them_all_at_once(tmp_path, capsys, nothing_starts):
+    """slime's defaults (SGLang engines) left out, slime's SFT rollout, a reward of slime's rm_hub, a layer count
+    that is not the model's and a KL weight that needs the torch_dist reference: one run names all five."""
+    _qwen_files(tmp_path)
+    argv = QWEN3_4B_SCRIPT.format(D=tmp_path).replace("--num-layers 36", "--num-layers 35").replace(
+        "--kl-loss-coef 0.00", "--kl-loss-coef 0.01").split()
+    code, lines = _train(argv + ["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout",
+                                 "--custom-rm-path", "slime.rollout.rm_hub.math_utils.grade_answer_verl",
+                                 "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2
+    assert lines[0] == "5 problems, nothing was started:"
+    errors = [ln.removeprefix("error: ") for ln in lines[1:]]
+    assert len(errors) == 5
+    assert errors[0].startswith("--rollout-function-path slime.rollout.sft_rollout.generate_rollout: slime's SFT "
+                                "rollout")
+    assert errors[1].startswith("--custom-rm-path slime.rollout.rm_hub.math_utils.grade_answer_verl: a module of "
+                                "slime, which slime-actors does not include")
+    assert errors[2].startswith("--rollout-num-gpus-per-engine 2: the local engine (--rollout-engine local, the "
+                                "default) runs one model on one device; an engine over several GPUs is SGLang's: add "
+                                "--rollout-engine sglang")
+    assert errors[3].startswith(f"--num-layers 35: {tmp_path}/Qwen3-4B/config.json says 36")
+    assert errors[4].startswith(f"--ref-load {tmp_path}/Qwen3-4B_torch_dist: is an empty directory; expected a "
+                                "Hugging Face model directory")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_default_jobs_summary_is_short_and_names_what_the_local_engine_ignores(tmp_path, capsys, nothing_starts):
+    config = str(ROOT / "examples" / "digits" / "config.toml")
+    code, lines = _train(["--config", config, "--run-dir", str(tmp_path / "r"), "--dry-run"], capsys)
+    assert code == 0 and lines == [
+        "job: cpu; 1 local engine; torch backend: 1 rank (ddp, CPU processes); 60 steps of 16 prompts x 8 samples",
+        "slime runs CUDA, SGLang engines, Megatron by default; here: --device cuda --rollout-engine sglang "
+        "--train-backend megatron (docs/flags.md lists every default that differs)",
+        "dry run: every check passed; nothing was started"]
+    code, lines = _train(["--config", config, "--run-dir", str(tmp_path / "r"), "--device", "cpu",
+                          "--sglang-cuda-graph-max-bs", "8", "--sglang-mem-fraction-static", "0.5",
+                          "--sglang-enable-torch-compile", "--dry-run"], capsys)
+    assert code == 0 and lines[1] == ("slime runs SGLang engines, Megatron by default; here: --rollout-engine sglang "
+                                      "--train-backend megatron (docs/flags.md lists every default that differs)")
+    assert lines[2] == ("the local engine ignores --sglang-cuda-graph-max-bs, --sglang-enable-torch-compile (SGLang's "
+                        "own settings; --rollout-engine sglang uses them)")
+
+
+# config.json of the families (the keys their Hugging Face configs have)
+GLM4_9B_CONFIG = {"architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "hidden_act": "silu",
+                  "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+                  "num_key_value_heads": 2, "head_dim": 128, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+                  "rope_theta": 10000.0, "vocab_size": 151552, "tie_word_embeddings": False, "attention_bias": True,
+                  "max_position_embeddings": 32768}
+QWEN3_30B_A3B_CONFIG = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+                        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                        "num_experts": 128, "num_experts_per_tok": 8, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+                        "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960}
+DEEPSEEK_V3_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_act": "silu",
+                      "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                      "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+                      "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+                      "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                      "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+                      "first_k_dense_replace": 3, "rms_norm_eps": 1e-06, "rope_theta": 10000, "vocab_size": 129280,
+                      "tie_word_embeddings": False, "max_position_embeddings": 163840,
+                      "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                       "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                       "type": "yarn"}}
+# MODEL_ARGS of slime's scripts/models/glm4-9B.sh, qwen3-30B-A3B.sh, deepseek-v3.sh (624b824a8), the layer
+# frequency written out as the scripts compute it
+GLM4_9B_ARGS = """--spec slime_plugins.models.glm4 get_glm_spec --swiglu --num-layers 40 --hidden-size 4096
+--ffn-hidden-size 13696 --num-attention-heads 32 --group-query-attention --num-query-groups 2
+--use-rotary-position-embeddings --disable-bias-linear --add-qkv-bias --normalization RMSNorm --norm-epsilon 1e-5
+--rotary-base 10000 --vocab-size 151552 --post-self-attn-layernorm --post-mlp-layernorm --rotary-interleaved
+--rotary-percent 0.5 --no-rope-fusion --untie-embeddings-and-output-weights"""
+QWEN3_30B_A3B_ARGS = """--disable-bias-linear --qk-layernorm --group-query-attention --num-attention-heads 32
+--num-query-groups 4 --kv-channels 128 --num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144 --normalization RMSNorm
+--position-embedding-type rope --norm-epsilon 1e-6 --rotary-percent 1.0 --swiglu --untie-embeddings-and-output-weights
+--vocab-size 151936 --rotary-base 1000000 --moe-ffn-hidden-size 768 --moe-router-score-function softmax
+--moe-token-dispatcher-type alltoall --moe-router-topk 8 --moe-layer-freq [1]*48 --num-experts 128 --moe-grouped-gemm
+--moe-token-drop-policy probs --moe-router-dtype fp32 --moe-permute-fusion --moe-aux-loss-coeff 0"""
+DEEPSEEK_V3_ARGS = """--disable-bias-linear --num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
+--num-attention-heads 128 --kv-channels 128 --normalization RMSNorm --position-embedding-type rope --norm-epsilon 1e-6
+--swiglu --untie-embeddings-and-output-weights --vocab-size 129280 --multi-latent-attention --q-lora-rank 1536
+--kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --qk-layernorm
+--rotary-scaling-factor 40 --rotary-base 10000 --mscale 1.0 --mscale-all-dim 1.0 --attention-softmax-in-fp32
+--no-rope-fusion --num-experts 256 --moe-layer-freq [0]*3+[1]*58 --moe-ffn-hidden-size 2048 --moe-router-topk 8
+--moe-shared-expert-intermediate-size 2048 --moe-router-pre-softmax --moe-router-score-function sigmoid
+--moe-router-enable-expert-bias --moe-router-load-balancing-type seq_aux_loss --moe-token-dispatcher-type alltoall
+--moe-aux-loss-coeff 0 --moe-router-bias-update-rate 0 --moe-router-group-topk 4 --moe-router-num-groups 8
+--moe-grouped-gemm --moe-router-topk-scaling-factor 2.5 --moe-router-dtype fp32 --moe-permute-fusion
+--decoder-last-pipeline-num-layers 13"""
+
+
+@pytest.mark.parametrize("family,config,args,checked,refuse", [
+    ("GLM4", GLM4_9B_CONFIG, GLM4_9B_ARGS,
+     "--post-self-attn-layernorm, --post-mlp-layernorm, --rotary-interleaved, --rotary-percent 0.5",
+     ("--num-query-groups 2", "--num-query-groups 4", "says 2")),
+    ("Qwen3-MoE", QWEN3_30B_A3B_CONFIG, QWEN3_30B_A3B_ARGS, "--num-experts 128, --moe-router-topk 8",
+     ("--moe-ffn-hidden-size 768", "--moe-ffn-hidden-size 512", "says 768")),
+    ("DeepSeek-V3", DEEPSEEK_V3_CONFIG, DEEPSEEK_V3_ARGS,
+     "--q-lora-rank 1536, --kv-lora-rank 512, --qk-head-dim 128, --qk-pos-emb-head-dim 64, --v-head-dim 128, "
+     "--mscale 1.0, --mscale-all-dim 1.0, --moe-router-group-topk 4, --moe-router-num-groups 8",
+     ("--moe-router-num-groups 8", "--moe-router-num-groups 4", "says 8")),
+])
+def test_slimes_model_families_are_accepted_and_checked(tmp_path, family, config, args, checked, refuse):
+    from slime_actors.config import ConfigError, parse_config
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    base = ["--config", str(ROOT / "examples" / "digits" / "config.toml"), "--hf-checkpoint", str(model)]
+    cfg = parse_config(base + args.split())
+    notes = "\n".join(cfg.notes)
+    (agree,) = [n for n in cfg.notes if "these agree with it: " in n]
+    assert set(checked.split(", ")) <= set(agree.split("these agree with it: ")[1].split(", ")), agree
+    assert f"model family {family}" in notes and "the torch backend and the local engine run it through transformers" \
+        in notes and "the megatron backend does not" in notes
+    wrong = args.replace(refuse[0], refuse[1])
+    with pytest.raises(ConfigError, match=f"{refuse[1]}: .*{refuse[2]}"):
+        parse_config(base + wrong.split())
+    with pytest.raises(ConfigError, match=f"--train-backend megatron: the model is '{config['model_type']}'"):
+        parse_config(base + args.split() + ["--train-backend", "megatron"])
+
+
+def test_a_family_flag_on_a_model_without_it_is_refused(tmp_path):
+    from slime_actors.config import ConfigError, parse_config
+    from test_flags import QWEN3_4B_CONFIG
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
+    with pytest.raises(ConfigError) as exc:
+        parse_config(["--config", str(ROOT / "examples" / "digits" / "config.toml"), "--hf-checkpoint",
+                      str(tmp_path), "--post-mlp-layernorm", "--multi-latent-attention"])
+    assert exc.value.problems == [
+        f"--post-mlp-layernorm: {tmp_path}/config.json describes a model without it (model_type 'qwen3'); the model "
+        "trained is the one config.json describes -- drop the flag or use the matching checkpoint",
+        f"--multi-latent-attention: {tmp_path}/config.json describes a model without it (model_type 'qwen3'); the "
+        "model trained is the one config.json describes -- drop the flag or use the matching checkpoint"]
+
+
+def test_function_paths_are_checked_at_parse_time(tmp_path):
+    """slime's paths map to the built-ins or are refused with the reason; a path of the user's that names nothing
+    is refused before the job starts (found without running the module)."""
+    from slime_actors.config import ConfigError, parse_config
+    base = ["--config", str(ROOT / "examples" / "digits" / "config.toml")]
+    cfg = parse_config(base + ["--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout",
+                               "--dynamic-sampling-filter-path", "slime.rollout.filter_hub.dynamic_sampling_filters."
+                               "check_reward_nonzero_std_with_fallback"])
+    assert cfg.rollout.rollout_function_path is None
+    assert cfg.rollout.dynamic_sampling_filter_path == "slime_actors.filters.check_reward_nonzero_std_with_fallback"
+    assert any(n.startswith("--rollout-function-path slime.rollout.sglang_rollout.generate_rollout: slime's "
+                            "function, here the built-in one") for n in cfg.notes)
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text("import math\n\nasync def score(args, sample):\n    return 1.0\n")
+    assert parse_config(base + ["--custom-rm-path", f"{rewards}:score"]).reward.custom_rm_path == f"{rewards}:score"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(base + ["--custom-rm-path", f"{rewards}:scor", "--dynamic-sampling-filter-path",
+                             "slime_actors.filters.no_such_filter", "--custom-generate-function-path",
+                             "no_such_package.gen.generate", "--rollout-function-path",
+                             "slime.rollout.fully_async_rollout.generate_rollout_fully_async"])
+    assert exc.value.problems == [
+        "--rollout-function-path slime.rollout.fully_async_rollout.generate_rollout_fully_async: slime's fully "
+        "asynchronous rollout is not implemented here; --async-train generates the next rollout while the trainer "
+        "trains on this one",
+        "--dynamic-sampling-filter-path: cannot load 'slime_actors.filters.no_such_filter': "
+        f"{ROOT}/slime_actors/filters.py defines no 'no_such_filter'; did you mean call_filter?",
+        "--custom-generate-function-path: cannot load 'no_such_package.gen.generate': module 'no_such_package.gen' "
+        "not found (is its directory on PYTHONPATH? a file can be named as 'path/to/file.py:function')",
+        f"--custom-rm-path: cannot load '{rewards}:scor': {rewards} defines no 'scor'; did you mean score?"]

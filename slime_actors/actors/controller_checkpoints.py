@@ -2,8 +2,10 @@
 
 A save after rollout k writes DIR/iter_{k+1:07d}: every trainer rank its model and optimizer, the buffer its state,
 and the controller meta.json (the next rollout id, the weight version, its RNG state, the evaluations so far), then
-latest_checkpointed_iteration.txt. `latest` is the checkpoint a (re)started training group loads: the one the job
-resumed from, then the last one saved; `restore` gives back what meta.json holds.
+latest_checkpointed_iteration.txt. DIR is --save, or -- without it -- the rolling RUN_DIR/ckpt, where only the
+newest checkpoint is kept (the older one goes once the new one is complete). `latest` is the checkpoint a
+(re)started training group loads: the one the job resumed from, then the last one saved; `restore` gives back what
+meta.json holds.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import random
 import time
 from pathlib import Path
 
-from ..checkpoints import (commit_checkpoint, hf_export_due, hf_export_path, iter_dir, latest_checkpoint, read_meta,
-                           resolve_load)
+from ..checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_export_due, hf_export_path, iter_dir,
+                           latest_checkpoint, prune, read_meta, resolve_load, rolling, rolling_conflict, save_interval,
+                           save_root)
 
 
 class Checkpoints:
@@ -23,11 +26,38 @@ class Checkpoints:
         self.cfg = ctl.cfg
         self.resume_from_save = resume_from_save  # a restarted job (torchrun) resumes from the newest under --save
         self.latest: Path | None = None
+        self.started_from: dict | None = None   # the checkpoint the job started from (loop.prepare), for the summary
         self._initial_rng = random.getstate()
+        self._root: tuple[Path | None, bool] | None = None
+
+    def _where(self) -> tuple[Path | None, bool]:
+        """(where checkpoints go, whether that is the rolling RUN_DIR/ckpt), decided once the runtime is known (the
+        run directory as this process reaches it)."""
+        if self._root is None:
+            cfg, rt = self.cfg, getattr(self.ctl, "runtime", None)
+            run_dir = getattr(rt, "run_dir", None) or cfg.run.run_dir
+            root, roll = save_root(cfg, run_dir), rolling(cfg)
+            if roll:
+                conflict = rolling_conflict(cfg, run_dir)
+                if conflict:  # never written into: it is not ours
+                    self.ctl.log.warning(f"no rolling checkpoint this run: {conflict}; give --save DIR to keep "
+                                         "checkpoints")
+                    root, roll = None, False
+            self._root = (root, roll)
+        return self._root
+
+    @property
+    def root(self) -> Path | None:
+        return self._where()[0]
+
+    @property
+    def rolling(self) -> bool:
+        return self._where()[1]
 
     def find(self) -> Path | None:
-        """The checkpoint the job starts from: the newest under --save for a restarted job, else --load's."""
-        save = self.cfg.checkpoint.save
+        """The checkpoint the job starts from: the newest under --save (or the rolling one) for a restarted job,
+        else --load's."""
+        save = self.root
         if self.resume_from_save and save:
             ckpt = latest_checkpoint(save)
             if ckpt is not None:
@@ -59,8 +89,8 @@ class Checkpoints:
 
     def save_due(self, k: int, stopping: bool = False) -> bool:
         """After rollout k: every --save-interval steps, after the last, and when the run stops (--hack-alarms stop)."""
-        every = self.cfg.checkpoint.save_interval
-        return bool(self.cfg.checkpoint.save) and (stopping or bool(every) and (
+        every = save_interval(self.cfg)
+        return self.root is not None and (stopping or bool(every) and (
             (k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout))
 
     def save_hf_due(self, k: int) -> bool:
@@ -69,7 +99,10 @@ class Checkpoints:
     async def save(self, k: int) -> float:
         """Checkpoint after rollout k; the seconds it took."""
         ctl, t0 = self.ctl, time.monotonic()
-        root = self.cfg.checkpoint.save
+        root = self.root
+        if self.rolling:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / ROLLING_MARKER).touch()
         path = iter_dir(root, k + 1)
         path.mkdir(parents=True, exist_ok=True)
         save_optim = not self.cfg.checkpoint.no_save_optim
@@ -78,7 +111,9 @@ class Checkpoints:
         meta = {"next_rollout_id": k + 1, "weight_version": ctl.version, "controller_rng": random.getstate(),
                 "evals": ctl.evals, "time": time.time()}
         self.latest = commit_checkpoint(root, k + 1, meta)  # what a restarted training group loads
-        ctl.log.info("checkpoint saved", path=str(path))
+        if self.rolling:
+            prune(root, k + 1, ROLLING_KEEP)
+        ctl.log.info("checkpoint saved", path=str(path), rolling=self.rolling)
         return time.monotonic() - t0
 
     async def save_hf(self, k: int) -> float:

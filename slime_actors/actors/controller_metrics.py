@@ -164,8 +164,11 @@ class Metrics:
         graders = {s.name: grader_name(ctl.cfg, s) for s in eval_sets(ctl.cfg)} if evals else {}
         self.result = {"status": "stopped" if self.stopped else "done", "stopped": self.stopped,
                        "steps": len(self.history) - self._rows_before_start, "eval_before": first,
-                       "eval_after": last, "eval_graders": graders, "plot": png, "samples": self.last_examples, "weight_version": ctl.version,
-                       "metrics": str(self.path), "recoveries": ctl.group.recoveries, "accounting": accounting}
+                       "eval_after": last, "eval_graders": graders, "plot": png, "samples": self.last_examples,
+                       "weight_version": ctl.version, "metrics": str(self.path), "recoveries": ctl.group.recoveries,
+                       "accounting": accounting,
+                       "checkpoint": str(ctl.checkpoints.latest) if ctl.checkpoints.latest else None,
+                       "rolling_checkpoint": ctl.checkpoints.rolling, "started_from": ctl.checkpoints.started_from}
         return self.result
 
 

@@ -1,4 +1,5 @@
-"""Reward actors: `RewardActor`, the base class of your own, and `RewardWorker`, the built-in one.
+"""Reward actors: `RewardActor`, the base class of your own, `RewardWorker`, the built-in one, and
+`CodeRewardActor`, which grades programs in the sandbox (--rm-type code as an actor of its own).
 
     class Judge(RewardActor):
         async def setup(self):                            # once, before the actor serves (load a model here)
@@ -286,10 +287,16 @@ class RewardWorker(RewardActor):
         if problem:
             self.log.warning("math grading processes did not start: labels that are plain numbers are graded, "
                              "others fail with this error", error=problem)
+        if (self.cfg.reward.rm_type or "") == "code" and not self.cfg.reward.custom_rm_path:
+            from ..rewards.code import code_runner
+            runner = code_runner(self.plugin_args)
+            self.log.info("sandbox ready", layers=runner.plan.describe(), concurrency=runner.concurrency)
 
     async def teardown(self) -> None:
+        from ..rewards.code import close_code_runners
         from ..rewards.grading import close_grading_pool
         close_grading_pool()
+        _log_cpu(self.log, close_code_runners())
 
     async def score_batch(self, samples: list[Sample]) -> list:
         return await self._dispatch(samples, group=False)
@@ -310,6 +317,56 @@ class RewardWorker(RewardActor):
     def timeout_log_fields(self) -> dict:
         # the math rules' deadline: a sample past it scores 0
         return {"timeout_s": self.cfg.reward.math_grading_timeout}
+
+
+class CodeRewardActor(RewardActor):
+    """Scores programs in the sandbox, as a reward actor of its own (scale out with more of them):
+
+        --reward-actor-class slime_actors.actors.reward:CodeRewardActor --num-reward-workers 4 --sandbox-concurrency 8
+
+    It grades exactly as `--rm-type code` (slime_actors/rewards/code.py: the response's program against the
+    sample's tests) with the job's --sandbox-* flags; on top it logs the sandbox's layers once ready, counts
+    programs, passes and timeouts, and answers `sandbox_stats` (runs, timeouts, errors, truncated outputs, the
+    layers in use). `--rm-type code` on the built-in workers needs no class; this one is for a job that wants
+    these counters, or code graded by other workers than its other rewards."""
+
+    async def setup(self) -> None:
+        from ..rewards.code import code_runner
+        self.runner = code_runner(self.cfg.flat())
+        runner = self.runner
+        plan = await self.run_blocking(lambda: runner.plan)      # probes the machine; SandboxUnavailable ends start
+        self.log.info("sandbox ready", layers=plan.describe(), concurrency=runner.concurrency,
+                      timeout_s=runner.limits.timeout, memory_mb=runner.limits.memory_mb)
+        self.counters.update({"programs": 0, "programs_passed": 0, "program_timeouts": 0})
+
+    async def teardown(self) -> None:
+        from ..rewards.code import close_code_runners
+        _log_cpu(self.log, close_code_runners())
+
+    async def score(self, sample: Sample) -> float:
+        from ..rewards.code import agrade_code, extract_program, parse_tests
+        tests = parse_tests(sample.label)
+        g = await agrade_code(extract_program(sample.response), tests, self.runner,
+                              partial=self.cfg.reward.code_partial_credit)
+        self.counters["programs"] += 1
+        self.counters["programs_passed"] += g.passed == g.total
+        self.counters["program_timeouts"] += g.timed_out
+        sample.metadata["code"] = {"passed": g.passed, "total": g.total, "result": g.result[:300]}
+        return g.score
+
+    @handler
+    def sandbox_stats(self) -> dict:
+        return {**self.runner.stats, "layers": self.runner.plan.describe(), "concurrency": self.runner.concurrency}
+
+
+def _log_cpu(log, sandbox: dict) -> None:
+    """The worker's CPU time when it stops: its own, and its children's (the grading processes and sandboxes it
+    has stopped, with every program they ran); bench/sandbox.py reads it."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    log.info("reward worker cpu", self_s=round(me.ru_utime + me.ru_stime, 3),
+             children_s=round(kids.ru_utime + kids.ru_stime, 3), programs=sandbox.get("runs", 0),
+             program_timeouts=sandbox.get("timeouts", 0), console=False)
 
 
 MATH_RULES = ("math", "boxed_math", "deepscaler")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 
 from ..environments.episode import int_version
@@ -40,6 +41,7 @@ class EngineSupervisor:
         self._updating = 0                # weight updates in progress (health probes wait)
         self._direct_update_restarts = 0  # engine_restarts when a colocated (direct) weight update began
         self._engine_caps: dict = {}
+        self._lora_loaded: list[str] = []  # --lora-sync adapter: the adapters the engine holds, oldest first
         self.keys = None                  # the engines' HTTP keys (engine_auth.EngineKeys), from the environment
 
     async def _stop_engine(self) -> None:
@@ -56,6 +58,15 @@ class EngineSupervisor:
     # ------------------------------------------------------------------------------------------ the engine
     def _multi_host(self) -> bool:
         return self.runtime is not None and self.runtime.transport == "tcp"
+
+    def _engine_env(self) -> dict[str, str]:
+        """The engine's environment: this process's, and on one host its gloo / NCCL groups (SGLang's own, the
+        weight-update group) listening on the loopback (backends/listen.py)."""
+        from ..backends.listen import collective_env
+        env = dict(os.environ)
+        if not self._multi_host():
+            env.update(collective_env("127.0.0.1", env))
+        return env
 
     def _engine_command(self, port: int) -> tuple[str, list[str]]:
         """(module, argv) of this worker's engine: backends/sglang_launch.py builds it for both engines. Its keys go
@@ -104,7 +115,7 @@ class EngineSupervisor:
                           checked_against=checked)
             # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
             self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
-                module, flags, env=dict(os.environ), log_path=log_path, wait=False, on_line=self._engine_line,
+                module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
                 redact=self.keys.secrets))
             await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
                                       a.engine.rollout_health_check_first_wait + 600)
@@ -118,7 +129,7 @@ class EngineSupervisor:
         if self.router_url:  # generation goes through the router; control stays with this engine
             getattr(self.client, "_client", self.client).generate_base_url = self.router_url
         self.engine_url = url
-        self._engine_paused, self._updating = None, 0
+        self._engine_paused, self._updating, self._lora_loaded = None, 0, []
         version = 0
         if self.engine is None:
             await self._check_external_keys(url)
@@ -392,6 +403,40 @@ class EngineSupervisor:
         await self._engine_ok.wait()
         return await self._update(weight_version, lambda: self.client.update_weights_from_disk(
             model_path, weight_version=str(weight_version), flush_cache=self._flush(True)))
+
+    @handler
+    async def load_lora_adapter(self, weight_version: int, tensors: dict, config: dict) -> dict:
+        """--lora-sync adapter (weight_sync.WeightPusher): the trainer's LoRA adapters for `weight_version`, written
+        as a PEFT adapter directory under RUN_DIR/lora/, loaded into the engine as "v<version>" and named by every
+        generation from then on; the engine's weight version moves with it. The adapter before stays loaded (a
+        request paused in place may still use it); older ones are unloaded."""
+        from ..backends.engine_client import EngineError
+        from ..backends.lora import write_adapter_dir
+        await self._engine_ok.wait()
+        name, loaded = f"v{weight_version}", self._lora_loaded
+        base = os.path.join(self.runtime.run_dir, "lora", self.name.replace("/", "-"))
+        # (a replay takes the same step without writing: the recording kept the tensors' checksums only)
+        await self.run_blocking(write_adapter_dir if not self.replaying else lambda *_: None,
+                                os.path.join(base, name), tensors, config)
+
+        async def call():
+            if name in loaded:   # a retried sync of this version
+                await self.client.unload_lora_adapter(name)
+                loaded.remove(name)
+            await self.client.load_lora_adapter(name, os.path.join(base, name))
+            loaded.append(name)
+            return await self.client.update_weight_version(str(weight_version))
+        await self._update(weight_version, call)
+        getattr(self.client, "_client", self.client).lora_path = name
+        while len(loaded) > 2:
+            old = loaded.pop(0)
+            try:
+                await self.client.unload_lora_adapter(old)
+            except EngineError as exc:
+                self.log.warning("could not unload an old LoRA adapter", adapter=old, error=str(exc))
+            if not self.replaying:
+                shutil.rmtree(os.path.join(base, old), ignore_errors=True)
+        return {"lora_name": name, "loaded": list(loaded)}
 
     @handler
     async def weight_update(self, active: bool, weight_version: int | None = None) -> dict:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from .. import env as E
+from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
 from ..handles import Handle
@@ -102,8 +103,10 @@ class TrainerRank(Actor):
             timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
             # our own store, hosted by trainer rank 0 (an init_method URL would, under torchrun, make every rank a
             # client of torchrun's agent store instead: TORCHELASTIC_USE_AGENT_STORE)
-            store = dist.TCPStore(rdzv.master_addr, rdzv.master_port, self.world_size,
-                                  is_master=self.rank == 0, timeout=timeout, wait_for_workers=False)
+            # (its server listens on the address rank 0 offered alone; gloo / NCCL on this rank's interface)
+            limit_collectives(reachable_address(self.runtime))
+            store = tcp_store(rdzv.master_addr, rdzv.master_port, self.world_size, is_master=self.rank == 0,
+                              timeout=timeout, wait_for_workers=False)
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timeout)
         if a.train.train_backend == "megatron":

@@ -61,6 +61,8 @@ def _server_message(body: Any, text: str) -> str:
             return err
         if "message" in body:
             return str(body["message"])
+        if body.get("error_message"):   # SGLang's LoRAUpdateOutput
+            return str(body["error_message"])
         if "detail" in body:
             return str(body["detail"])
     return (text or "").strip()[:2000] or "(empty body)"
@@ -145,6 +147,8 @@ class EngineClient:
         self.request_hook = None  # callable(method, path, json_body, params) -- used by the contract tests
         # where /generate goes: this engine, or an sglang-router in front of several (control stays here)
         self.generate_base_url: str | None = None
+        # the LoRA adapter (its name on the engine) every /generate uses unless its body names one; None: the base
+        self.lora_path: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------
     @property
@@ -239,13 +243,18 @@ class EngineClient:
                                 "return_logprob": return_logprob}
         if rid is not None:
             body["rid"] = rid
+        if self.lora_path is not None:
+            body["lora_path"] = self.lora_path
         body.update(extra)
         _, out = await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url)
         return out
 
     async def generate_body(self, body: dict, timeout: float | None = None) -> tuple[int, Any]:
         """POST /generate with `body` as given (SGLang's GenerateReqInput: input_ids or text, sampling_params,
-        ...): (status, answer). A 4xx answer is returned, not raised (backends/generate_proxy.py passes it on)."""
+        ...): (status, answer). A 4xx answer is returned, not raised (backends/generate_proxy.py passes it on).
+        The client's LoRA adapter goes in unless the body names one."""
+        if self.lora_path is not None and body.get("lora_path") is None:
+            body = {**body, "lora_path": self.lora_path}
         return await self._request("POST", "/generate", body, timeout=timeout, base_url=self.generate_base_url,
                                    ok_statuses=range(400, 500))
 
@@ -335,6 +344,17 @@ class EngineClient:
                 "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
                 "weight_version": weight_version}
         return await self._post_result("/update_weights_from_ipc", body, timeout)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False,
+                                timeout: float | None = None) -> dict:
+        """POST /load_lora_adapter: the PEFT adapter directory `lora_path` (on the engine's host) under `lora_name`
+        (SGLang needs --enable-lora). Answers SGLang's LoRAUpdateOutput: success, error_message, loaded_adapters."""
+        body = {"lora_name": lora_name, "lora_path": str(lora_path), "pinned": bool(pinned)}
+        return await self._post_result("/load_lora_adapter", body, timeout)
+
+    async def unload_lora_adapter(self, lora_name: str, timeout: float | None = None) -> dict:
+        """POST /unload_lora_adapter: the engine lets requests that use it finish, then drops it."""
+        return await self._post_result("/unload_lora_adapter", {"lora_name": lora_name}, timeout)
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> dict:
         return await self._post_result("/update_weight_version", {"new_version": new_version,

@@ -51,6 +51,8 @@ from ..gpus import training_device
 from ..log import get_logger
 from . import megatron_convert as mc
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .listen import limit_collectives, tcp_store
+from .safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
 
@@ -195,9 +197,9 @@ class MegatronBackend(TrainingBackend):
     def _init_distributed(self) -> None:
         if dist.is_initialized():
             return
-        from .weight_sync import find_free_port
         backend = "nccl" if self._device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+        limit_collectives("127.0.0.1")  # (one process: its store and collectives on the loopback)
+        dist.init_process_group(backend, store=tcp_store("127.0.0.1", 0, 1, True), rank=0, world_size=1)
 
     def init(self) -> None:
         cfg, alg, tr = self.cfg, self.cfg.algorithm, self.cfg.train
@@ -665,6 +667,7 @@ class MegatronBackend(TrainingBackend):
         meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).exists() else {}
         if load_optim and not meta.get("optim", True):
             raise FileNotFoundError(f"{src}: saved without the optimizer")
+        check_torch_dist(src / DIST_DIR)  # (megatron-core unpickles .metadata and its objects unrestricted)
         state = dist_checkpointing.load(self._sharded_state(load_optim, is_loading=True), str(src / DIST_DIR))
         with torch.no_grad():
             missing, unexpected = self.gpt.load_state_dict(state["model"], strict=False)
@@ -681,7 +684,7 @@ class MegatronBackend(TrainingBackend):
                 self.optimizer.reload_model_params()
         rng = src / f"rng_rank{self.rank}.pt"
         if rng.exists():
-            _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
+            _set_rng_state(load_torch_file(rng))
         self.weight_version = int(meta.get("weight_version", self.weight_version))
         self._barrier()
         self.log.info("loaded checkpoint", path=str(src), optim=load_optim, weight_version=self.weight_version)

@@ -40,6 +40,7 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from slime_actors.config import JobConfig
 from slime_actors.env import PLACED_GPUS
@@ -98,13 +99,39 @@ def split_flags(argv: Sequence[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+@dataclass(frozen=True)
+class LaunchFlags:
+    """Launch flags (the job's --sglang-* passthrough, as --<flag> [value ...]) parsed once: what the launcher's
+    checks, its GPU plan and the engine command ask of them.
+
+        flags = LaunchFlags.parse(cfg.engine.sglang_args)
+        flags.value("--base-gpu-id")        # the last value given, "" for a bare switch, None when absent
+    """
+    items: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> "LaunchFlags":
+        return cls(tuple((name, tuple(vals)) for name, vals in split_flags(argv)))
+
+    def value(self, *names: str) -> str | None:
+        val = None
+        for name, vals in self.items:
+            if name in names:
+                val = vals[0] if vals else ""
+        return val
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.items]
+
+    def with_flag(self, name: str, *values: str) -> "LaunchFlags":
+        """These flags and one more (what the launcher adds: a colocated engine's --mem-fraction-static)."""
+        return LaunchFlags(self.items + ((name, tuple(values)),))
+
+
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The (last) value of any of `names` in argv, or None."""
-    val = None
-    for name, vals in split_flags(argv):
-        if name in names:
-            val = vals[0] if vals else ""
-    return val
+    """The (last) value of any of `names` in argv, or None (one question of a command line: several questions
+    parse it once with LaunchFlags)."""
+    return LaunchFlags.parse(argv).value(*names)
 
 
 def _suggest(flag: str, known) -> str:
@@ -134,8 +161,9 @@ def base_gpu_id(cfg: JobConfig, index: int, placed: str | None = None) -> int | 
     return (start + index * min(per_engine, per_node)) % per_node
 
 
-def check_passthrough_owned(sglang_args: Sequence[str]) -> None:
-    for name, _ in split_flags(sglang_args):
+def check_passthrough_owned(sglang_args: Sequence[str] | LaunchFlags) -> None:
+    flags = sglang_args if isinstance(sglang_args, LaunchFlags) else LaunchFlags.parse(sglang_args)
+    for name in flags.names():
         if name in OWNED_FLAGS:
             raise SGLangFlagError(f"--sglang-{name[2:]} cannot be passed through: the rollout worker sets {name} "
                                   f"itself; use {OWNED_FLAGS[name]}")
@@ -160,31 +188,47 @@ def engine_host(cfg: JobConfig, multi_host: bool = False, node_address: str | No
 
 
 def engine_command(cfg: JobConfig, index: int, port: int, host: str | None = None,
-                   config: str | os.PathLike | None = None) -> tuple[str, list[str]]:
-    """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`). See the module
-    docstring for the flags."""
+                   config: str | os.PathLike | None = None, flags: LaunchFlags | None = None) -> tuple[str, list[str]]:
+    """(module, argv) of rollout worker `index`'s engine; `config`: its keys file (`--config`); `flags`: the
+    job's --sglang-* flags when the caller has parsed them. See the module docstring for the flags."""
     passthrough = list(cfg.engine.sglang_args)
-    check_passthrough_owned(passthrough)
+    flags = flags if flags is not None else LaunchFlags.parse(passthrough)
+    check_passthrough_owned(flags)
     module = SGLANG_MODULE if cfg.engine.rollout_engine == "sglang" else LOCAL_ENGINE_MODULE
-    pp = flag_value(passthrough, "--pp-size", "--pipeline-parallel-size")
-    pp = int(pp) if pp else 1
+    pp_text = flags.value("--pp-size", "--pipeline-parallel-size")
+    try:
+        pp = int(pp_text) if pp_text else 1
+    except ValueError:
+        raise SGLangFlagError(f"--sglang-pp-size must be an integer, got {pp_text!r}") from None
     gpus = cfg.engine.rollout_num_gpus_per_engine
     if pp < 1 or gpus % pp:
         raise SGLangFlagError(f"--rollout-num-gpus-per-engine ({gpus}) must be a multiple of --sglang-pp-size ({pp})")
+    given_host = flags.value("--host")
     if host is None:
-        host = flag_value(passthrough, "--host") or "127.0.0.1"
+        host = given_host or "127.0.0.1"
     argv = ["--model-path", str(cfg.model.hf_checkpoint), "--port", str(int(port)), "--tp-size", str(gpus // pp),
             "--random-seed", str(cfg.run.seed + index), "--weight-version", "0"]
-    if flag_value(passthrough, "--host") is None:
+    if given_host is None:
         argv[2:2] = ["--host", host]
     if config is not None:
         argv += ["--config", str(config)]
     gpu = base_gpu_id(cfg, index)
-    if gpu is not None and flag_value(passthrough, "--base-gpu-id") is None:
+    if gpu is not None and flags.value("--base-gpu-id") is None:
         argv += ["--base-gpu-id", str(gpu)]
     if module == LOCAL_ENGINE_MODULE:
         argv += ["--device", cfg.run.device, "--max-running-requests", str(cfg.engine.engine_max_batch_size)]
-    return module, argv + passthrough
+    return module, argv + lora_engine_flags(cfg, passthrough) + passthrough
+
+
+def lora_engine_flags(cfg: JobConfig, passthrough: Sequence[str] = ()) -> list[str]:
+    """With --lora-rank and --lora-sync adapter the engines serve the trainer's adapters: SGLang's --enable-lora
+    --max-lora-rank R --lora-target-modules ... (the local engine takes the same flags), unless the job passes
+    --sglang-enable-lora itself."""
+    lo = cfg.lora
+    if lo.lora_rank <= 0 or lo.lora_sync != "adapter" or flag_value(passthrough, "--enable-lora") is not None:
+        return []
+    targets = ["all" if t == "all-linear" else t for t in lo.lora_target_modules or ["all-linear"]]
+    return ["--enable-lora", "--max-lora-rank", str(lo.lora_rank), "--lora-target-modules", *targets]
 
 
 # -- validation -----------------------------------------------------------------------------------------------
@@ -215,8 +259,9 @@ def _check_with_parser(parser: argparse.ArgumentParser, argv: list[str], what: s
     return ns
 
 
-def _check_with_table(argv: list[str], table: dict, what: str) -> None:
-    for name, vals in split_flags(argv):
+def _check_with_table(argv: list[str] | LaunchFlags, table: dict, what: str) -> None:
+    items = argv.items if isinstance(argv, LaunchFlags) else split_flags(argv)
+    for name, vals in items:
         if name not in table:
             raise SGLangFlagError(f"{name} is not a launch flag of {what}{_suggest(name, table)}")
         nargs = table[name]
@@ -271,27 +316,35 @@ def check_engine_flags(module: str, argv: Sequence[str]) -> str:
     return "local engine"
 
 
-def check_passthrough(cfg: JobConfig) -> str:
-    """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched)."""
+def check_passthrough(cfg: JobConfig, flags: LaunchFlags | None = None) -> str:
+    """Config-time check of the job's --sglang-* and --router-* flags (no engine is launched); `flags`: the
+    --sglang-* flags parsed (LaunchFlags.parse(cfg.engine.sglang_args))."""
     eng = cfg.engine
-    sglang_args = list(eng.sglang_args)
-    check_passthrough_owned(sglang_args)
-    workers = flag_value(sglang_args, "--tokenizer-worker-num")
+    flags = flags if flags is not None else LaunchFlags.parse(eng.sglang_args)
+    check_passthrough_owned(flags)
+    workers = flags.value("--tokenizer-worker-num")
     if workers not in (None, "", "1") and eng.engine_auth and not eng.rollout_external_engine_addrs:
         raise SGLangFlagError(f"--sglang-tokenizer-worker-num {workers}: SGLang {RECORDED_SGLANG_VERSION} checks no "
                               "API key with more than one tokenizer worker (http_server.py adds its key middleware "
                               "only in single-tokenizer mode), so the engines would be open; drop the flag or turn "
                               "the keys off with --engine-auth false")
     if eng.rollout_engine == "sglang" and not eng.rollout_external_engine_addrs:
-        module, argv = engine_command(cfg, 0, 30000)
+        module, argv = engine_command(cfg, 0, 30000, flags=flags)
         what = check_engine_flags(module, argv)
     else:
-        _check_with_table(sglang_args, sglang_flags.SERVER_FLAGS,
-                          f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
+        _check_with_table(flags, sglang_flags.SERVER_FLAGS, f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
         what = "recorded table"
     if eng.router_args or eng.use_sglang_router:
         router_command(cfg, "127.0.0.1", 30000, check=True)
     return what
+
+
+def local_engine_ignores(flags: LaunchFlags) -> list[str]:
+    """The passthrough flags the local engine accepts but does nothing with (SGLang's CUDA graphs, kernels, cache
+    settings, ...), as the user wrote them (--sglang-<flag>)."""
+    from .local_engine.cli import honoured_flags
+    honoured = honoured_flags()
+    return [f"--sglang-{name[2:]}" for name in dict.fromkeys(flags.names()) if name not in honoured]
 
 
 # -- the router -----------------------------------------------------------------------------------------------
@@ -340,6 +393,8 @@ def router_command(cfg: JobConfig, host: str, port: int, prometheus_port: int | 
         argv.append("--disable-circuit-breaker")
     if prometheus_port is not None and "--prometheus-port" not in given:
         argv += ["--prometheus-port", str(int(prometheus_port))]
+    if "--prometheus-host" not in given:  # its metrics endpoint: this host only (--router-prometheus-host opens it)
+        argv += ["--prometheus-host", "127.0.0.1"]
     if keys is not None and keys.api_key:
         argv += ["--api-key", keys.api_key]
     if keys is not None and (keys.admin_key or keys.api_key):

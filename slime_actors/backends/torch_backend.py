@@ -13,14 +13,21 @@
   each decoder layer and the whole model (works on CPU/gloo and GPU/NCCL). Gradients are averaged across ranks,
   so loss functions scale by the world size (rl_update does).
 * Reference model (--use-kl-loss or --kl-coef > 0): --ref-load or the initial weights, frozen, a full replica on
-  every rank (forward only, no collectives).
+  every rank (forward only, no collectives). With LoRA and no --ref-load it is the actor with its adapters switched
+  off (peft's ``disable_adapter``): no second copy of the weights.
+* LoRA (--lora-rank > 0): peft adapters on the frozen base (`backends.lora`); only they train and the optimizer
+  holds only their state. ``named_weights`` are then the merged weights (base + scale x B @ A), ``adapter_weights``
+  the adapters alone (PEFT's names), what the engines get (--lora-sync). Adapter dropout is active in the training
+  forwards only.
 * Critic (--advantage-estimator ppo): the base model (``AutoModel``) plus a linear value head, own AdamW with
   --critic-lr. The value of response token t is read at the position that predicts t (as slime).
 * Log-probs: right-padded micro-batches (--micro-batch-size, or --use-dynamic-batch-size with
   --max-tokens-per-gpu), logits at --rollout-temperature by `slime_actors.algo.logprobs`.
 * Checkpoints (``save``/``load``): full (unsharded) model state in HF names as safetensors, the optimizer's full
   state dict keyed by parameter names, per-rank RNG states (torch, CUDA, numpy, python) and the weight version,
-  so a resumed run continues bit-identically and can change world size or ddp/fsdp.
+  so a resumed run continues bit-identically and can change world size or ddp/fsdp. With LoRA: the adapters
+  (PEFT's adapter_model.safetensors and adapter_config.json) and their optimizer state only; ``save_hf`` writes a
+  PEFT adapter directory (and, with --lora-save-merged, the merged model next to it).
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
+from . import lora as L
 from .batching import micro_batches_from_config, pad_tokens, select, validate_batch
+from .safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
 
 MODEL_FILE = "model.safetensors"
@@ -131,6 +140,9 @@ class TorchBackend(TrainingBackend):
         self.optimizer: torch.optim.Optimizer | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
+        self.lora = cfg.lora.lora_rank > 0        # the actor is a peft model with one adapter ("default")
+        self.lora_targets: list[str] = []
+        self._lora_dropouts: list[nn.Module] = []
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -167,10 +179,12 @@ class TorchBackend(TrainingBackend):
         hf_config = actor.config
         pad = getattr(hf_config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        if self.lora:
+            actor = self._with_lora(actor)
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
-        if alg.use_kl_loss or alg.kl_coef > 0:
+        if (alg.use_kl_loss or alg.kl_coef > 0) and not (self.lora and not cfg.model.ref_load):
             ref = self._load_causal_lm(cfg.model.ref_load or self.hf_path)
             ref.requires_grad_(False)
             self.ref_model = ref
@@ -209,7 +223,35 @@ class TorchBackend(TrainingBackend):
                                                       eps=1e-8)
         self.log.info("torch backend ready", model=self.hf_path, device=str(self.device), dtype=str(self.dtype),
                       parallel=self.parallel, world_size=self.world_size, ref=self.ref_model is not None,
-                      critic=critic is not None)
+                      critic=critic is not None, lora=self.lora_summary() if self.lora else None)
+
+    def _with_lora(self, model: nn.Module) -> nn.Module:
+        """The actor as a peft model: adapters of --lora-rank on the --lora-target-modules (resolved against this
+        model), the base frozen, in eval mode (dropout only where train_micro_batches switches it on)."""
+        from peft import get_peft_model
+        lo = self.cfg.lora
+        try:
+            self.lora_targets = L.resolve_targets(L.linear_module_names(model), list(lo.lora_target_modules or
+                                                                                     [L.ALL_LINEAR]),
+                                                  lo.lora_exclude_modules)
+        except L.LoraError as exc:
+            raise ValueError(str(exc)) from None
+        with torch.random.fork_rng(devices=[]):   # the same adapter init on every rank, global RNG untouched
+            torch.manual_seed(self.cfg.run.seed)
+            peft_model = get_peft_model(model, L.lora_config(lo, self.lora_targets))
+        peft_model.eval()
+        self._lora_dropouts = [m for n, m in peft_model.named_modules()
+                               if ".lora_dropout." in n and isinstance(m, nn.Dropout)]
+        return peft_model
+
+    def lora_summary(self) -> dict:
+        """Trainable and total parameters, and what the adapters are (for logs and bench/lora.py)."""
+        raw = self._raw_model
+        trainable = sum(p.numel() for p in raw.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in raw.parameters())
+        lo = self.cfg.lora
+        return {"rank": lo.lora_rank, "alpha": lo.lora_alpha, "targets": self.lora_targets,
+                "trainable_params": trainable, "total_params": total}
 
     def _fully_shard(self, module: nn.Module) -> nn.Module:
         try:
@@ -291,17 +333,21 @@ class TorchBackend(TrainingBackend):
             # DDP: run the plain module (no gradient hooks); FSDP2: the sharded module (it gathers its shards)
             net = self._raw_model if self.parallel != "fsdp" else self.model
         elif model == "ref":
-            if self.ref_model is None:
+            alg = self.cfg.algorithm
+            if self.ref_model is None and not (self.lora and (alg.use_kl_loss or alg.kl_coef > 0)):
                 raise ValueError("no reference model (enable --use-kl-loss or --kl-coef > 0)")
-            net = self.ref_model
+            # LoRA without --ref-load: the reference is the actor with its adapters switched off
+            net = self.ref_model if self.ref_model is not None else (
+                self._raw_model if self.parallel != "fsdp" else self.model)
         else:
             raise ValueError(f"model must be 'actor' or 'ref', got {model!r}")
+        adapters_off = model == "ref" and self.ref_model is None
         n = len(batch["tokens"])
         out_lp: list[torch.Tensor | None] = [None] * n
         out_ent: list[torch.Tensor | None] = [None] * n
         temp = self._temperature()
-        mbs = self._micro_batches(batch, fsdp_module=(model == "actor"))
-        with torch.no_grad():
+        mbs = self._micro_batches(batch, fsdp_module=(model == "actor" or adapters_off))
+        with torch.no_grad(), (self._raw_model.disable_adapter() if adapters_off else contextlib.nullcontext()):
             for idx in mbs:
                 mb = select(batch, idx)
                 ids, mask, pos = self._inputs(mb["tokens"])
@@ -357,6 +403,24 @@ class TorchBackend(TrainingBackend):
         temp = self._temperature()
         totals: dict[str, float] = {}
         last = len(micro_batches) - 1
+        with self._lora_dropout_on(not train_critic):
+            self._train_loop(micro_batches, loss_fn, train_critic, module, entropy_grad, temp, totals, last)
+        return totals
+
+    @contextlib.contextmanager
+    def _lora_dropout_on(self, on: bool):
+        """--lora-dropout acts in training forwards only: its modules train for the block (the models stay in eval
+        mode otherwise, so log-prob forwards and engines compute without it)."""
+        mods = self._lora_dropouts if on and self.cfg.lora.lora_dropout > 0 else []
+        for m in mods:
+            m.train()
+        try:
+            yield
+        finally:
+            for m in mods:
+                m.eval()
+
+    def _train_loop(self, micro_batches, loss_fn, train_critic, module, entropy_grad, temp, totals, last) -> None:
         for k, mb in enumerate(micro_batches):
             ctx = self._sync_context(module, k == last)
             with ctx:
@@ -388,7 +452,6 @@ class TorchBackend(TrainingBackend):
                 loss.backward()
             for key, v in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(v)
-        return totals
 
     def optimizer_step(self, critic: bool = False) -> float:
         self._require_init()
@@ -421,8 +484,58 @@ class TorchBackend(TrainingBackend):
         return {strip_wrapper_prefixes(k): v.detach() for k, v in sd.items() if strip_wrapper_prefixes(k) not in tied}
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in HF names; with LoRA the base with the adapters merged in (collective under FSDP)."""
         self._require_init()
+        if self.lora:
+            yield from self._merged_state().items()
+            return
         yield from self._full_state_dict(self.model, self._raw_model).items()
+
+    # -- LoRA adapters -----------------------------------------------------------------------------------------
+    def _merged_state(self) -> dict[str, torch.Tensor]:
+        if self.parallel == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        else:
+            sd = self._raw_model.state_dict()
+        sd = {strip_wrapper_prefixes(k): v.detach() for k, v in sd.items()}
+        tied = {L._hf_name(t) for t in self.tied_names}
+        return {k: v for k, v in L.merged_weights(self._raw_model, sd) if k not in tied}
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """The adapters' tensors in PEFT's names (`base_model.model.<module>.lora_A.weight`), on the CPU: what
+        --lora-sync adapter sends and checkpoints keep. A collective under FSDP (every rank calls it; the frozen
+        base is not gathered)."""
+        self._require_init()
+        if not self.lora:
+            raise ValueError("adapter_weights: this run trains no LoRA adapters (--lora-rank 0)")
+        if self.parallel == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                           ignore_frozen_params=True))
+        else:
+            sd = self._raw_model.state_dict()
+        sd = {strip_wrapper_prefixes(k): v for k, v in sd.items()}
+        return {k: v.detach().cpu() for k, v in L.to_peft_names(sd).items()}
+
+    def adapter_config(self) -> dict:
+        """The adapters' adapter_config.json (PEFT's LoraConfig), naming --hf-checkpoint as the base."""
+        return L.adapter_config(self._raw_model, self.hf_path)
+
+    def _load_adapters(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """Set the adapters from PEFT-named tensors (every one of the model's, nothing else)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        try:
+            sd = L.from_peft_names(tensors)
+        except L.LoraError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        want = {strip_wrapper_prefixes(k) for k in self._raw_model.state_dict()
+                if ".lora_A." in k or ".lora_B." in k}
+        if set(sd) != want:
+            raise ValueError(f"{where}: the adapters do not match this model's (missing {sorted(want - set(sd))[:4]}, "
+                             f"unexpected {sorted(set(sd) - want)[:4]})")
+        target = self.model if self.parallel == "fsdp" else self._raw_model
+        set_model_state_dict(target, sd, options=StateDictOptions(full_state_dict=True, strict=False))
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def _barrier(self):
@@ -444,17 +557,22 @@ class TorchBackend(TrainingBackend):
         if self.critic is not None:
             parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
         for module, raw, opt, mfile, ofile in parts:
-            sd = self._full_state_dict(module, raw)
+            lora = self.lora and raw is self._raw_model   # the actor's adapters only: the base is --hf-checkpoint
+            sd = self.adapter_weights() if lora else self._full_state_dict(module, raw)
             osd = get_optimizer_state_dict(module, opt, options=opts) if save_optim else None
             if self.rank == 0:
-                save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / mfile),
-                          metadata={"format": "pt"})
+                if lora:
+                    L.write_adapter_dir(out / L.LORA_CKPT_DIR, sd, self.adapter_config())
+                else:
+                    save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(out / mfile),
+                              metadata={"format": "pt"})
                 if osd is not None:
                     torch.save(_to_cpu(osd), out / ofile)
         torch.save(_rng_state(), out / f"rng_rank{self.rank}.pt")
         if self.rank == 0:
             meta = {"weight_version": self.weight_version, "world_size": self.world_size, "parallel": self.parallel,
-                    "critic": self.critic is not None, "optim": bool(save_optim), "hf_checkpoint": self.hf_path}
+                    "critic": self.critic is not None, "optim": bool(save_optim), "hf_checkpoint": self.hf_path,
+                    "lora": self.lora_summary() if self.lora else None}
             (out / META_FILE).write_text(json.dumps(meta, indent=1))
         self._barrier()
         self.log.info("saved checkpoint", path=str(out), optim=save_optim)
@@ -466,44 +584,78 @@ class TorchBackend(TrainingBackend):
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         src = Path(path)
-        if not (src / MODEL_FILE).exists():
-            raise FileNotFoundError(f"{src}: no {MODEL_FILE} (not a checkpoint written by TorchBackend.save)")
+        adapters = src / L.LORA_CKPT_DIR
+        if self.lora and not adapters.is_dir():
+            raise FileNotFoundError(f"{src}: no LoRA adapters ({L.LORA_CKPT_DIR}/) -- written without --lora-rank; "
+                                    "a full fine-tuning checkpoint cannot be resumed as LoRA")
+        if not self.lora and not (src / MODEL_FILE).exists():
+            raise FileNotFoundError(f"{src}: no {MODEL_FILE} (not a checkpoint written by TorchBackend.save"
+                                    + ("; it holds LoRA adapters: resume with the same --lora-* flags)"
+                                       if adapters.is_dir() else ")"))
         meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).exists() else {}
+        if self.lora:
+            self._check_adapter_config(adapters)
         parts = [(self.model, self._raw_model, self.optimizer, MODEL_FILE, OPTIM_FILE)]
         if self.critic is not None:
             if not (src / CRITIC_FILE).exists():
                 raise FileNotFoundError(f"{src}: no {CRITIC_FILE} but this run has a critic (ppo)")
             parts.append((self.critic, self._raw_critic, self.critic_optimizer, CRITIC_FILE, CRITIC_OPTIM_FILE))
         for module, raw, opt, mfile, ofile in parts:
-            sd = load_file(str(src / mfile))
-            target = module if self.parallel == "fsdp" else raw
-            res = set_model_state_dict(target, sd, options=StateDictOptions(full_state_dict=True, strict=False))
-            self._check_missing(raw, getattr(res, "missing_keys", []), getattr(res, "unexpected_keys", []),
-                                str(src / mfile))
+            if self.lora and raw is self._raw_model:
+                self._load_adapters(load_file(str(adapters / L.ADAPTER_FILE)), str(adapters))
+            else:
+                sd = load_file(str(src / mfile))
+                target = module if self.parallel == "fsdp" else raw
+                res = set_model_state_dict(target, sd, options=StateDictOptions(full_state_dict=True, strict=False))
+                self._check_missing(raw, getattr(res, "missing_keys", []), getattr(res, "unexpected_keys", []),
+                                    str(src / mfile))
             if load_optim:
                 if not (src / ofile).exists():
                     raise FileNotFoundError(f"{src}: no {ofile} (saved without the optimizer?)")
-                osd = torch.load(src / ofile, map_location="cpu", weights_only=True)
+                osd = load_torch_file(src / ofile)
                 set_optimizer_state_dict(module, opt, osd, options=StateDictOptions(full_state_dict=True))
         rng = src / f"rng_rank{self.rank}.pt"
         if not rng.exists():
             rng = src / "rng_rank0.pt"
         if rng.exists():
-            _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
+            _set_rng_state(load_torch_file(rng))
         self.weight_version = int(meta.get("weight_version", self.weight_version))
         self._barrier()
         self.log.info("loaded checkpoint", path=str(src), optim=load_optim, weight_version=self.weight_version)
 
+    def _check_adapter_config(self, adapters: Path) -> None:
+        """A checkpoint's adapters were made with this run's --lora-* flags (rank, alpha, targets)."""
+        try:
+            saved = json.loads((adapters / L.ADAPTER_CONFIG).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{adapters}: no readable {L.ADAPTER_CONFIG}: {exc}") from None
+        now = self.adapter_config()
+        diff = [f"{k} {saved.get(k)!r} (this run: {now.get(k)!r})" for k in ("r", "lora_alpha", "target_modules")
+                if (sorted(saved.get(k) or []) if k == "target_modules" else saved.get(k))
+                != (sorted(now.get(k) or []) if k == "target_modules" else now.get(k))]
+        if diff:
+            raise ValueError(f"{adapters}: the checkpoint's adapters were made with other LoRA settings: "
+                             f"{'; '.join(diff)}; resume with the flags it was written with")
+
     def save_hf(self, path: str, info: dict | None = None) -> None:
         """A Hugging Face directory (`hf_export.export_hf`): model safetensors in HF names, and config, generation
-        config and tokenizer files copied from --hf-checkpoint. Every rank must call it (FSDP gathers); rank 0
-        writes."""
+        config and tokenizer files copied from --hf-checkpoint. With LoRA: a PEFT adapter directory
+        (`hf_export.export_adapter`), and the merged model in its `merged/` with --lora-save-merged. Every rank must
+        call it (FSDP gathers); rank 0 writes."""
         self._require_init()
-        from .hf_export import export_hf
+        from .hf_export import export_adapter, export_hf
+        info = {"backend": "torch", "weight_version": self.weight_version, **(info or {})}
+        if self.lora:
+            tensors = self.adapter_weights()
+            merged = self._merged_state() if self.cfg.lora.lora_save_merged else None
+            if self.rank == 0:
+                export_adapter(tensors, self.adapter_config(), path, self.hf_path, info,
+                               merged=None if merged is None else merged.items())
+            self._barrier()
+            return
         sd = self._full_state_dict(self.model, self._raw_model)
         if self.rank == 0:
-            export_hf(sd.items(), path, self.hf_path, {"backend": "torch", "weight_version": self.weight_version,
-                                                       **(info or {})})
+            export_hf(sd.items(), path, self.hf_path, info)
         self._barrier()
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import warnings
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .megatron_convert import LAYER_RE, ConversionError
+from .safe_pickle import safe_reader
 
 CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
           "common_backend_version": 1}
@@ -34,35 +34,10 @@ _STACKED_RE = re.compile(r"^decoder\.layers\.(?!\d+\.)(.+)$")
 _NOT_WEIGHTS = ("optimizer.", "rng_state", "common_state", "rerun_state")
 
 
-class _TolerantUnpickler(pickle.Unpickler):
-    """DCP's .metadata may pickle megatron-core classes (planner data); without megatron-core installed, those
-    become placeholders -- the tensor metadata we need are torch classes."""
-
-    def find_class(self, module, name):
-        try:
-            return super().find_class(module, name)
-        except (ImportError, AttributeError):
-            if module.startswith(("megatron", "transformer_engine", "nvidia", "apex")):
-                return type(name, (), {"__init__": lambda self, *a, **k: None,
-                                       "__setstate__": lambda self, state: None})
-            raise
-
-
 def _reader(path: str | os.PathLike):
-    from torch.distributed.checkpoint import FileSystemReader
-
-    class Reader(FileSystemReader):
-        def read_metadata(self):
-            with open(os.path.join(str(self.path), ".metadata"), "rb") as f:
-                md = _TolerantUnpickler(f).load()
-            if getattr(md, "storage_meta", None) is None:
-                from torch.distributed.checkpoint.metadata import StorageMeta
-                md.storage_meta = StorageMeta()
-            md.storage_meta.load_id = self.load_id
-            if getattr(md, "planner_data", None) is None:
-                md.planner_data = {}
-            return md
-    return Reader(str(path))
+    """A DCP reader whose `.metadata` is unpickled through safe_pickle's allow-list (a checkpoint from elsewhere
+    runs no code); the tensor data torch reads with weights_only=True."""
+    return safe_reader(path)
 
 
 def is_torch_dist(path: str | os.PathLike) -> bool:

@@ -46,6 +46,8 @@ from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
 from slime_actors.handles import Handle
 from slime_actors.log import get_logger
 
+from .listen import address_towards, limit_collectives, tcp_store
+
 log = get_logger(component="weight_sync")
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default group_name
@@ -200,8 +202,10 @@ def init_weights_update_group(master_address: str, master_port: int, rank: int, 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world_size {world_size}")
     timeout = timedelta(seconds=timeout_s or WEIGHT_SYNC_TIMEOUT_S)
-    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout,
-                          wait_for_workers=False, multi_tenant=True)
+    # the store's server listens on master_address alone, this rank's gloo / NCCL on its interface towards it
+    limit_collectives(master_address if rank == 0 else address_towards(master_address, int(master_port)))
+    store = tcp_store(master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout,
+                      wait_for_workers=False, multi_tenant=True)
     store = PrefixStore(group_name, store)
     params = inspect.signature(_new_process_group_helper).parameters
     opts = {"backend_options": None} if "backend_options" in params else {"pg_options": None}
@@ -520,6 +524,11 @@ class WeightPusher:
       then per bucket the broadcast and each worker's `update_weights_from_distributed` at once.
     * colocated: per bucket, a post to each engine itself (SGLang: its serializer's CUDA IPC payload; the local
       engine: a handle of the flattened bucket), the workers holding their health probes meanwhile (`weight_update`).
+
+    With --lora-rank and --lora-sync adapter none of these: the adapters alone (PEFT's names, CPU tensors, a few MB)
+    go to each worker in one message (`load_lora_adapter`), which writes them as a PEFT adapter directory next to
+    its engine and loads it there (SGLang's /load_lora_adapter). With --lora-sync merged the transports above carry
+    the merged weights.
     """
 
     TRANSPORTS = ("disk", "distributed", "colocated")
@@ -539,10 +548,19 @@ class WeightPusher:
     async def take_part(self) -> bool:
         """A rank other than 0: take part in gathering the full weights when that is a collective (Megatron, FSDP);
         True when it did."""
-        if self.cfg.train.train_backend == "megatron" or getattr(self.backend, "parallel", "ddp") == "fsdp":
+        fsdp = getattr(self.backend, "parallel", "ddp") == "fsdp"
+        if self.adapters_only():
+            if fsdp:
+                await self.run_blocking(self.backend.adapter_weights)
+            return fsdp
+        if self.cfg.train.train_backend == "megatron" or fsdp:
             await self.run_blocking(lambda: [None for _ in self.backend.named_weights()])
             return True
         return False
+
+    def adapters_only(self) -> bool:
+        """--lora-rank with --lora-sync adapter: the engines get the LoRA adapters, not weights."""
+        return self.cfg.lora.lora_rank > 0 and self.cfg.lora.lora_sync == "adapter"
 
     async def push(self, version: int, workers: list, transport: str, rebuild: bool = False) -> dict:
         """Rank 0: send the current weights as `version` to `workers` by `transport`; `rebuild`: an engine of the
@@ -551,7 +569,10 @@ class WeightPusher:
         if rebuild:
             self.group_workers = ()
         t0 = time.monotonic()
-        if transport == "disk":
+        if self.adapters_only():
+            transport = "lora-adapter"
+            info = await self._adapters(version, workers)
+        elif transport == "disk":
             info = await self._disk(version, workers)
         elif transport == "distributed":
             info = await self._distributed(version, workers)
@@ -585,6 +606,15 @@ class WeightPusher:
                 shutil.rmtree(old, ignore_errors=True)
         self.disk_versions = [path]
         return {"bytes": int(nbytes), "buckets": 1}
+
+    async def _adapters(self, version: int, workers: list) -> dict:
+        """The LoRA adapters to every worker, which loads them into its engine (see the class docstring)."""
+        from .lora import nbytes
+        tensors = await self.run_blocking(self.backend.adapter_weights)
+        config = self.backend.adapter_config()
+        await asyncio.gather(*(self.worker(w).load_lora_adapter(version, tensors, config, ask_timeout=600)
+                               for w in workers))
+        return {"bytes": nbytes(tensors.values()), "buckets": 1, "tensors": len(tensors)}
 
     async def _ensure_group(self, workers: tuple) -> None:
         if self.sender is not None and self.group_workers == workers:

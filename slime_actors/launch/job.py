@@ -324,6 +324,8 @@ def run(ctx: JobContext) -> int:
     try:
         job_path = prepare_head(cfg, ctx.fresh) if ctx.is_head else prepare_agent(cfg, ctx.agent_index())
     except (FileNotFoundError, ValueError) as exc:
+        from .checks import discard_checked
+        discard_checked(cfg)
         print(f"{ctx.prog}: error: {exc}", file=sys.stderr)
         return 2
     if not ctx.is_head:
@@ -358,10 +360,11 @@ def parse_node(spec: str, topo: Topology) -> tuple[str, int]:
 def launch_main(argv: list[str]) -> int:
     """`slime-actors launch TOPOLOGY [launcher options] [job flags]`."""
     from ..config import ConfigError
-    from .job_config import build_job_config, build_placed_job_config, print_notes
+    from .job_config import plan_job, print_errors, print_notes
     from .topology import TopologyError, load_topology
+    prog = "slime-actors launch"
     p = argparse.ArgumentParser(
-        prog="slime-actors launch", add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
+        prog=prog, add_help=True, allow_abbrev=False,   # job flags must not become --node etc.
         description="Start a job's actors from a topology file and supervise them (docs/launch.md). Every option "
                     "not listed here is a job flag (see `slime-actors train --help`).")
     p.add_argument("topology", help="topology file (TOML, or YAML with PyYAML)")
@@ -373,22 +376,19 @@ def launch_main(argv: list[str]) -> int:
                         "controller); Slurm runs one srun step per role")
     p.add_argument("--status", choices=["auto", "line", "table", "changes", "off"], default="auto",
                    help="console status: a live line, a table every 10 s, a line per change, or nothing")
-    p.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything (flags, config and prompt files, paths, the GPU plan), print the "
+                        "placement plan and exit; nothing is started or written")
     ns, rest = p.parse_known_args(argv)
     try:
         topo = load_topology(ns.topology)
     except TopologyError as exc:
-        print(f"slime-actors launch: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
         node = parse_node(ns.node, topo) if ns.node else None
-        plan = None
-        if node is None and not ns.join and not ns.dry_run:  # every actor on this host: place them on its GPUs
-            cfg, changed, plan = build_placed_job_config(rest, topo)
-        else:
-            cfg, changed = build_job_config(rest, topo)
-    except (ConfigError, TopologyError, ValueError) as exc:
-        print(f"slime-actors launch: error: {exc}", file=sys.stderr)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if ns.join and not node:
         print("slime-actors launch: error: --join needs --node GROUP:INDEX (which node this is)", file=sys.stderr)
@@ -401,11 +401,6 @@ def launch_main(argv: list[str]) -> int:
         print("slime-actors launch: error: a multi-node head needs --head-port (its directory's tcp port)",
               file=sys.stderr)
         return 2
-    for c in changed:
-        print(f"slime-actors launch: topology sets {c}", file=sys.stderr)
-    for line in plan.lines() if plan is not None else ():
-        print(f"slime-actors launch: {line}", file=sys.stderr)
-    print_notes(cfg, "slime-actors launch")
     roles = None
     if ns.roles is not None:
         roles = [] if ns.roles.strip() in ("", "none") else [r.strip() for r in ns.roles.split(",") if r.strip()]
@@ -414,8 +409,22 @@ def launch_main(argv: list[str]) -> int:
             print(f"slime-actors launch: error: --roles {ns.roles}: no role {unknown[0]!r} in {topo.path} "
                   f"(roles: {', '.join(topo.roles)})", file=sys.stderr)
             return 2
+    here = node is None and not ns.join   # every actor on this host: place them on its GPUs
+    head = not ns.join
+    try:
+        plan = plan_job(rest, topo, place=here, data=head, paths=head, keep_rows=head and not ns.dry_run)
+    except ConfigError as exc:
+        print_errors(exc, prog)
+        return 2
+    cfg, changed = plan.cfg, plan.changed
+    for c in changed:
+        print(f"{prog}: topology sets {c}", file=sys.stderr)
+    print_notes(cfg, prog)
+    for line in plan.summary + (plan.gpus.lines() if plan.gpus is not None else []):
+        print(f"{prog}: {line}", file=sys.stderr)
     if ns.dry_run:
         print(topo.describe())
+        print(f"{prog}: dry run: every check passed; nothing was started")
         return 0
     ctx = JobContext(cfg, topo, node=node, join=ns.join, head_port=ns.head_port, status=ns.status, roles=roles)
     return run(ctx)

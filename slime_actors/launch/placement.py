@@ -1,6 +1,6 @@
 """Where a job's trainer ranks and engines go on this machine's GPUs, checked before any process starts.
 
-    plan = plan_gpus(cfg, count_gpus())        # GpuPlan, or ConfigError naming the numbers and the fix
+    plan = plan_gpus(cfg, count_gpus(), LaunchFlags.parse(cfg.engine.sglang_args))   # GpuPlan, or ConfigError
     print("\\n".join(plan.lines()))
 
 slime's placement, which `slime-actors train` uses (every role on this host): trainer rank r on GPU r; engine i on
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends.sglang_launch import flag_value
+from ..backends.sglang_launch import LaunchFlags
 from ..config import ConfigError, JobConfig
 from ..gpus import GpuCount
 from .topology import Topology
@@ -87,17 +87,21 @@ def topology_colocates(topology: Topology | None) -> bool:
     return r is not None and r.colocate == "trainer"
 
 
-def colocates_by_itself(cfg: JobConfig, gpus: GpuCount, topology: Topology | None = None) -> bool:
-    """One GPU, one trainer rank, one one-GPU engine, no placement of the user's: colocate (module docstring)."""
+def colocates_by_itself(cfg: JobConfig, gpus: GpuCount, flags: LaunchFlags, topology: Topology | None = None
+                        ) -> bool:
+    """One GPU, one trainer rank, one one-GPU engine, no placement of the user's: colocate (module docstring).
+    `flags`: the job's --sglang-* flags, parsed."""
     n_engines, per_engine = _engines_here(cfg)
     return (cfg.run.device.startswith("cuda") and gpus.count == 1 and not cfg.engine.colocate
             and cfg.engine.num_gpus_per_node is None and not topology_places_gpus(topology)
-            and flag_value(cfg.engine.sglang_args, "--base-gpu-id") is None
+            and flags.value("--base-gpu-id") is None
             and _trainer_gpus(cfg) == 1 and n_engines * per_engine == 1)
 
 
-def plan_gpus(cfg: JobConfig, gpus: GpuCount, topology: Topology | None = None, by_itself: bool = False) -> GpuPlan:
-    """The job's GPUs on this machine (`cfg.run.device` is cuda). ConfigError when the plan cannot fit."""
+def plan_gpus(cfg: JobConfig, gpus: GpuCount, flags: LaunchFlags, topology: Topology | None = None,
+              by_itself: bool = False) -> GpuPlan:
+    """The job's GPUs on this machine (`cfg.run.device` is cuda; `flags`: its --sglang-* flags, parsed).
+    ConfigError when the plan cannot fit."""
     if gpus.count < 1:
         raise ConfigError(f"--device {cfg.run.device} but no GPU is visible here ({gpus.source}"
                           f"{': ' + gpus.detail if gpus.detail else ''}): use --device cpu, or run where a GPU is "
@@ -110,13 +114,13 @@ def plan_gpus(cfg: JobConfig, gpus: GpuCount, topology: Topology | None = None, 
                           "the GPUs counted) or make the GPUs visible (CUDA_VISIBLE_DEVICES)")
     plan = GpuPlan(gpus, per_node, colocate=cfg.engine.colocate, by_itself=by_itself)
     if cfg.engine.colocate and _engines_here(cfg)[0]:
-        plan.mem_fraction = flag_value(cfg.engine.sglang_args, "--mem-fraction-static") or COLOCATED_MEM_FRACTION
+        plan.mem_fraction = flags.value("--mem-fraction-static") or COLOCATED_MEM_FRACTION
     if topology_places_gpus(topology):
         return _check_topology(plan, topology)
     n_train = _trainer_gpus(cfg)
     n_engines, per_engine = _engines_here(cfg)
     need_engines = n_engines * per_engine
-    base = flag_value(cfg.engine.sglang_args, "--base-gpu-id")
+    base = flags.value("--base-gpu-id")
     plan.trainer = [(f"trainer/{r}", [r]) for r in range(n_train)]
     if base is not None:  # the user places the engines: each from that GPU on
         b = int(base)

@@ -12,33 +12,58 @@ from pathlib import Path
 from ..config import JobConfig
 
 
-def check_paths(cfg: JobConfig) -> Path | None:
+def check_paths(cfg: JobConfig, problems: list[str] | None = None) -> Path | None:
     """Every path the job reads or writes, checked before anything is written (docs/fault-tolerance.md, "Run
     directories and checkpoints"): the run directory is new, ours, or holds none of the names a run clears; --load
     is a checkpoint of this layout (or --load = --save, still empty); --save is not another tool's checkpoint
     directory; --ref-load, when the reference model is used, is a Hugging Face directory; nothing lies where a run
-    clears its state. Returns the checkpoint to resume from (None: a new run). Raises RunDirError /
-    CheckpointError (ValueErrors)."""
-    from ..checkpoints import CheckpointError, check_save_root, detect_layout, resolve_load
+    clears its state. Returns the checkpoint to resume from (None: a new run). Every problem goes to `problems`
+    when given; else the first is raised (RunDirError / CheckpointError, ValueErrors)."""
+    from ..checkpoints import CheckpointError, check_save_root, resolve_load
     from ..run_dir import check_nothing_inside, inspect_run_dir
     run_dir, ref_load = cfg.run.run_dir, cfg.model.ref_load
-    inspect_run_dir(run_dir)
-    ckpt = resolve_load(cfg)
-    check_save_root(cfg)
-    if ref_load and (cfg.algorithm.use_kl_loss or cfg.algorithm.kl_coef > 0):
-        lay = detect_layout(ref_load)
-        if lay.kind != "hf":
-            raise CheckpointError(f"--ref-load {ref_load}: {lay.detail}; expected a Hugging Face model directory "
-                                  "(config.json and safetensors)" + (
-                                      f" -- convert it: slime-actors convert {ref_load} OUT_DIR "
-                                      "--hf-checkpoint MODEL_DIR" if lay.kind in ("megatron", "torch_dist") else ""))
+    found: list[ValueError] = []
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            found.append(exc)
+            return None
+
+    attempt(inspect_run_dir, run_dir)
+    ckpt = attempt(resolve_load, cfg)
+    attempt(check_save_root, cfg)
+    ref_problem = reference_problem(cfg)
+    if ref_problem:
+        found.append(CheckpointError(ref_problem))
     ck, dbg = cfg.checkpoint, cfg.debug
-    check_nothing_inside(run_dir, {
+    attempt(check_nothing_inside, run_dir, {
         "--save": ck.save, "--load": ck.load, "--save-hf": ck.save_hf, "--prompt-data": cfg.data.prompt_data,
         "--hf-checkpoint": cfg.model.hf_checkpoint, "--ref-load": ref_load,
         "--save-debug-rollout-data": dbg.save_debug_rollout_data,
         "--load-debug-rollout-data": dbg.load_debug_rollout_data})
+    if problems is not None:
+        problems.extend(str(e) for e in found if str(e) not in problems)
+    elif found:
+        raise found[0]
     return ckpt
+
+
+def reference_problem(cfg: JobConfig) -> str | None:
+    """Why the reference model the job needs (--use-kl-loss, --kl-coef) cannot be read from --ref-load."""
+    from ..checkpoints import detect_layout
+    alg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not (alg.use_kl_loss or alg.kl_coef > 0):
+        return None
+    lay = detect_layout(ref)
+    if lay.kind == "hf":
+        return None
+    convert = (f" -- convert it: slime-actors convert {ref} OUT_DIR --hf-checkpoint MODEL_DIR"
+               if lay.kind in ("megatron", "torch_dist") else "")
+    return (f"--ref-load {ref}: {lay.detail}; expected a Hugging Face model directory (config.json and "
+            f"safetensors) for the reference model of --kl-loss-coef {alg.kl_loss_coef} / --kl-coef {alg.kl_coef}"
+            f"{convert}")
 
 
 def write_job(cfg: JobConfig, path: Path) -> Path:
@@ -48,9 +73,9 @@ def write_job(cfg: JobConfig, path: Path) -> Path:
 
 
 def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
-    """Checks, run dir, resolved model, job file. Returns the job file's path. Every check comes before the first
-    write: a job that fails them has changed nothing (ValueError / FileNotFoundError with the cause). `fresh`:
-    clear the run directory's live state (False: a restarted head, which continues it)."""
+    """Checks, run dir, resolved model, the checked prompt rows, job file. Returns the job file's path. Every check
+    comes before the first write: a job that fails them has changed nothing (ValueError / FileNotFoundError with
+    the cause). `fresh`: clear the run directory's live state (False: a restarted head, which continues it)."""
     from ..checkpoints import check_hf_exports, read_meta
     from ..models import model_cache, resolve_checkpoint
     from ..run_dir import prepare_run_dir
@@ -67,9 +92,28 @@ def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
         cfg.engine.frozen_engine_checkpoint = resolve_checkpoint(cfg.engine.frozen_engine_checkpoint,
                                                                  model_cache(run_dir))
     if fresh:
-        prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None)
+        prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None, resume_from=ckpt)
     run_dir.mkdir(parents=True, exist_ok=True)
+    hand_over_checked_prompts(cfg, run_dir)
     return write_job(cfg, run_dir / "job.json").resolve()
+
+
+def hand_over_checked_prompts(cfg: JobConfig, run_dir: Path) -> None:
+    """The prompt files' rows as the launcher checked them (launch/checks.py) go to RUN_DIR/checked-prompts/, where the
+    buffer reads them instead of parsing the files again (slime_actors.data.checked_path)."""
+    import os
+    import shutil
+
+    from ..data import checked_path
+    for name, tmp in list(cfg.checked_prompts.items()):
+        dest = Path(checked_path(run_dir, name))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(tmp, dest)
+        try:
+            os.rmdir(os.path.dirname(tmp))
+        except OSError:
+            pass
+    cfg.checked_prompts.clear()
 
 
 def prepare_agent(cfg: JobConfig, agent_index: int) -> Path:

@@ -175,7 +175,7 @@ def render(topo: Topology, job_argv: list[str], *, python: str | None = None, wo
 
 def sbatch_main(argv: list[str]) -> int:
     from ..config import ConfigError
-    from .job_config import build_job_config
+    from .job_config import plan_job, print_errors
     from .topology import TopologyError, load_topology
     p = argparse.ArgumentParser(
         prog="slime-actors sbatch", allow_abbrev=False,   # a job flag must not be taken for --port, --python ...
@@ -207,8 +207,11 @@ def sbatch_main(argv: list[str]) -> int:
         if has_flag(job_argv, "--wandb-key"):
             raise ConfigError("--wandb-key would be written into the batch script: export WANDB_API_KEY before "
                               "sbatch (or `wandb login` on the nodes)")
-        cfg, _ = build_job_config(job_argv, topo)
-    except (ConfigError, TopologyError, ValueError) as exc:
+        cfg = plan_job(job_argv, topo, data=True).cfg   # the prompt files too: a bad row fails here, not queued
+    except ConfigError as exc:
+        print_errors(exc, "slime-actors sbatch")
+        return 2
+    except (TopologyError, ValueError) as exc:
         print(f"slime-actors sbatch: error: {exc}", file=sys.stderr)
         return 2
     lay = layout(topo, ns.layout)

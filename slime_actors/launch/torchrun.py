@@ -27,12 +27,12 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 from .. import env as E
+from ..backends.listen import address_towards, tcp_store
 from ..config import JobConfig
 from ..log import get_logger
 from ..retry import RetryPolicy
@@ -63,18 +63,6 @@ def _env_int(name: str) -> int:
     return int(v)
 
 
-def _route_address(master: str, port: int) -> str:
-    """This node's address on the interface that reaches MASTER_ADDR (no packet is sent)."""
-    if master in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((master, port))
-            return s.getsockname()[0]
-        except OSError:
-            return socket.gethostbyname(socket.gethostname())
-
-
 def _round(run_dir: str) -> int:
     """0 for a new job; n for its n-th restart. TORCHELASTIC_RESTART_COUNT alone does not tell: with c10d a node
     whose ranks did not fail restarts with the count unchanged, and the head may be on it. So the head also looks
@@ -96,13 +84,15 @@ def _store(master: str, port: int, rank: int):
 
     from torch.distributed import TCPStore
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
-    return TCPStore(master, port, is_master=(rank == 0 and not agent), wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
+    kw = dict(wait_for_workers=False, timeout=datetime.timedelta(seconds=E.JOIN_TIMEOUT.get()))
+    if rank == 0 and not agent:  # ours (not torchrun's agent store): its server on MASTER_ADDR alone
+        return tcp_store(master, port, None, True, **kw)
+    return TCPStore(master, port, is_master=False, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError
-    from .job_config import build_job_config, print_notes
+    from .job_config import plan_job, print_errors, print_notes
     from .topology import TopologyError, default_topology, load_topology
     argv = sys.argv[1:] if argv is None else argv
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -113,11 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     prog = "slime_actors.launch.torchrun"
     try:
         topo = load_topology(topo_path) if topo_path else None
-        cfg, _ = build_job_config(rest, topo)   # every rank: its role and placement; actors get the head's config
+        # every rank: its role and placement (actors get the head's config); the head (rank 0) also checks the
+        # prompt files and keeps their rows for the buffer
+        cfg = plan_job(rest, topo, data=rank == 0, keep_rows=rank == 0).cfg
         if topo is None:
             topo = default_topology(cfg)
         roles = role_map(topo, world)
-    except (ConfigError, TopologyError, ValueError) as exc:
+    except ConfigError as exc:
+        print_errors(exc, prog)
+        return 2
+    except (TopologyError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if rank == 0:
@@ -126,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     # where this rank is reached: tcp across nodes, ipc on one node
     if nnodes > 1 or E.TRANSPORT.get() == "tcp" or cfg.runtime.transport == "tcp":
         cfg.runtime.transport = "tcp"
-        os.environ.setdefault(E.HOST.name, "0.0.0.0")
-        os.environ.setdefault(E.ADVERTISE.name, _route_address(master, mport))
+        # (bound to this node's address towards MASTER_ADDR, not every interface: peers are told that one)
+        here = address_towards(master, mport)
+        os.environ.setdefault(E.HOST.name, here)
+        os.environ.setdefault(E.ADVERTISE.name, here)
     plan = {(p.role, p.index): p for p in topo.plan()}
     if role != "head":
         for k, v in plan[(role, index)].process_env().items():
@@ -156,6 +153,8 @@ async def _head(cfg: JobConfig, topo, store, prefix: str, restart: int, prog: st
     try:
         prepare_head(cfg, fresh)
     except (FileNotFoundError, ValueError) as exc:  # checked before anything was written
+        from .checks import discard_checked
+        discard_checked(cfg)
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(cfg.run.run_dir).resolve()

@@ -5,7 +5,8 @@ Which function (first match wins):
      `async def fn(args, sample) -> float` (or sync); with --group-rm `fn(args, samples) -> list[float]`.
   2. sample.metadata["rm_type"], when a row carries its own reward type (slime's convention).
   3. --rm-type: a built-in (BUILTIN_RMS: math, boxed_math, dapo, boxed, exact_match, exact_match_ci, f1,
-     deepscaler, remote_rm, random) or one added with `register_reward`. "boxed_<type>" scores the last \\boxed{}
+     deepscaler, remote_rm, random, code) or one added with `register_reward`. `code` runs the response's program
+     in the sandbox against the label's tests (slime_actors/rewards/code.py, docs/code-sandbox.md). "boxed_<type>" scores the last \\boxed{}
      of the response with <type> (e.g. boxed_f1). The math rules (math, boxed_math, deepscaler) grade the final
      answer (docs/adding-a-reward-actor.md); their math-verify work has a hard deadline (--math-grading-timeout)
      in any thread, and a sample that runs past it scores 0 and is marked metadata["reward_timed_out"].
@@ -35,6 +36,7 @@ from dataclasses import replace
 
 from slime_actors.plugins import PluginError, load_function
 from slime_actors.rewards import rules
+from slime_actors.rewards.code import code_reward
 from slime_actors.rewards.remote import remote_rm
 
 __all__ = ["RewardError", "RewardConfigError", "BUILTIN_RMS", "register_reward", "check_reward_args",
@@ -111,6 +113,7 @@ BUILTIN_RMS: dict[str, Callable] = {
     "deepscaler": _deepscaler,
     "remote_rm": remote_rm,
     "random": _random,
+    "code": code_reward,
 }
 
 
@@ -158,6 +161,13 @@ def check_reward_args(args) -> str:
     name, _, _ = _resolve(args)
     if name == "remote_rm" and not args.rm_url:
         raise RewardConfigError("--rm-type remote_rm needs --rm-url")
+    if name == "code":
+        from slime_actors.rewards.code import code_runner
+        from slime_actors.sandbox import SandboxUnavailable
+        try:
+            code_runner(args).plan      # probes the machine: refuses where the network cannot be cut
+        except SandboxUnavailable as exc:
+            raise RewardConfigError(f"--rm-type code: {exc}") from None
     return name
 
 

@@ -15,8 +15,6 @@ import sys
 
 from slime_actors.log import setup_logging
 
-from .server import serve
-
 # Every other launch flag of SGLang 0.5.15.post1 (the table recorded from its ServerArgs, sglang_flags.py) is accepted
 # and ignored -- CUDA graphs, radix cache, kernels, ... -- so one launch line serves both engines;
 # the ones given are logged at start-up. A flag SGLang does not have is an error, as it would be for SGLang.
@@ -51,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--log-level", default=None)
     p.add_argument("--log-dir", default=None, help="(local) write JSON logs under LOG_DIR/logs/")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters: /load_lora_adapter, /unload_lora_adapter, /generate's lora_path")
+    p.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank")
+    p.add_argument("--lora-target-modules", nargs="*", default=None,
+                   help="refuse adapters on other modules (all: any linear layer)")
     from slime_actors.backends.sglang_flags import SERVER_FLAGS
     ours = {o for a in p._actions for o in a.option_strings}
     for f, nargs in SERVER_FLAGS.items():
@@ -62,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument(f, dest=dest, nargs=nargs, default=None, help=argparse.SUPPRESS)
     return p
+
+
+def honoured_flags() -> set[str]:
+    """The launch flags the local engine acts on (every other flag of SGLang's it accepts and ignores)."""
+    return {o for a in build_parser()._actions if not a.dest.startswith("ignored__") for o in a.option_strings}
 
 
 def merge_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -121,6 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     f = args.mem_fraction_static
     if f is not None and not 0.0 < f <= 1.0:
         p.error(f"--mem-fraction-static {f}: must be a fraction in (0, 1]")
+    if args.max_lora_rank is not None and args.max_lora_rank < 1:
+        p.error(f"--max-lora-rank {args.max_lora_rank}: must be >= 1")
     for dest, flag in MULTI_DEVICE_FLAGS.items():
         if getattr(args, dest) != 1:
             p.error(f"{flag} {getattr(args, dest)}: the local engine runs one model replica on one device; "
@@ -132,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .server import serve
     args = parse_args(argv)
     setup_logging(run_dir=args.log_dir, name=f"local_engine-{args.port}", level=args.log_level)
     try:

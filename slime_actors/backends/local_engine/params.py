@@ -31,7 +31,7 @@ SAMPLING_UNSUPPORTED = ("min_p", "frequency_penalty", "presence_penalty", "repet
 # GenerateReqInput fields that change what SGLang computes and that this engine does not implement.
 GENERATE_UNSUPPORTED = {"input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
                         "top_logprobs_num": (None, 0), "token_ids_logprob": (None, []), "stream": False,
-                        "return_hidden_states": False, "return_routed_experts": False, "lora_path": None,
+                        "return_hidden_states": False, "return_routed_experts": False,
                         "custom_logit_processor": None, "session_params": None, "session_id": None,
                         "return_entropy": False, "positional_embed_overrides": None}
 
@@ -172,6 +172,7 @@ class GenerateItem:
     return_logprob: bool = False
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
+    lora_path: str | None = None   # the name of a loaded LoRA adapter (SGLang's field; None: the base model)
 
 
 def parse_generate(body: Any, *, vocab_size: int, context_len: int,
@@ -213,6 +214,10 @@ def parse_generate(body: Any, *, vocab_size: int, context_len: int,
     sp = body.get("sampling_params")
     _check(sp is None or isinstance(sp, dict) or (isinstance(sp, list) and all(isinstance(x, dict) for x in sp)),
            "sampling_params", "Input should be a valid dictionary or list")
+    lora = body.get("lora_path")
+    _check(lora is None or isinstance(lora, str) or (isinstance(lora, list) and all(x is None or isinstance(x, str)
+                                                                                   for x in lora)),
+           "lora_path", "Input should be a valid string or list of strings")
     lsl = body.get("logprob_start_len")
     _check(lsl is None or _is_int(lsl) or (isinstance(lsl, list) and all(_is_int(x) for x in lsl)),
            "logprob_start_len", "Input should be a valid integer")
@@ -245,6 +250,9 @@ def parse_generate(body: Any, *, vocab_size: int, context_len: int,
     if any(p.n != n for p in params):
         raise value_error("The parallel_sample_num should be the same for all samples in sample params.")
     rlp = per_item(body.get("return_logprob"), False)
+    loras = lora if isinstance(lora, list) else [lora] * bs
+    if len(loras) != bs:
+        raise value_error(f"expected {bs} values, got {len(loras)}")
     lsls = per_item(lsl, -1)
     if n > 1:
         single = False
@@ -282,7 +290,7 @@ def parse_generate(body: Any, *, vocab_size: int, context_len: int,
                                   f"{len(prompt)}. Please use a smaller logprob_start_len.")
             r_id = rids[k] if len(rids) > k else f"{rids[i]}_{j}"
             reqs.append(GenerateItem(rid=r_id, prompt_ids=list(prompt), params=p, return_logprob=bool(rlp[i]),
-                                     logprob_start_len=int(lsls[i]),
+                                     logprob_start_len=int(lsls[i]), lora_path=loras[i] or None,
                                      return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False))))
     if len({r.rid for r in reqs}) != len(reqs):
         raise value_error(f"Duplicate request IDs detected within the request: {[r.rid for r in reqs]}")
@@ -324,6 +332,9 @@ SCHEMAS = {
                                         "abort_all_requests": (_BOOL, False), "weight_version": (_OSTR, None),
                                         "disable_draft_model": (_OBOOL, None), "torch_empty_cache": (_BOOL, False)},
     "UpdateWeightVersionReqInput": {**_BASE, "new_version": (_STR, REQUIRED), "abort_all_requests": (_BOOL, True)},
+    "LoadLoRAAdapterReqInput": {**_BASE, "lora_name": (_STR, REQUIRED), "lora_path": (_STR, REQUIRED),
+                                "pinned": (_BOOL, False), "lora_id": (_OSTR, None)},
+    "UnloadLoRAAdapterReqInput": {**_BASE, "lora_name": (_STR, REQUIRED), "lora_id": (_OSTR, None)},
     # ours (not SGLang's): a colocated trainer's bucket by CUDA IPC / shared-memory handle (weight_sync.share_bucket)
     "UpdateWeightsFromIPCReqInput": {
         **_BASE, "names": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), REQUIRED),

@@ -79,6 +79,12 @@ class Engine:
         except (ValueError, ImportError):
             self.model = AutoModelForCausalLM.from_pretrained(args.model_path, attn_implementation="eager", **kw)
         self.model.to(self.device).eval()
+        self.lora_enabled = bool(getattr(args, "enable_lora", False))
+        self.adapters = None   # adapters.Adapters with --enable-lora: the model goes through it
+        if self.lora_enabled:
+            from .adapters import Adapters
+            self.adapters = Adapters(self.model, getattr(args, "max_lora_rank", None),
+                                     getattr(args, "lora_target_modules", None))
         self.config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.context_len = int(args.context_length or getattr(self.config, "max_position_embeddings", 0) or 4096)
@@ -245,7 +251,7 @@ class Engine:
         return out
 
     # -- model steps --
-    def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep):
+    def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs: list[Req]):
         from transformers import DynamicCache
         if cache is None:
             cache = DynamicCache()
@@ -253,11 +259,15 @@ class Engine:
             import inspect
             self._fwd_params = set(inspect.signature(self.model.forward).parameters)
         kw = {"cache" if "cache" in self._fwd_params else "past_key_values": cache}
+        model = self.model
+        if self.adapters is not None:   # each row with its own LoRA adapter (or none)
+            model = self.adapters.model()
+            kw.update(self.adapters.forward_kwargs([r.lora_path for r in reqs]))
         if "cache_position" in self._fwd_params:  # transformers < 5.2x wants it; later versions derive it
             past = attention_mask.shape[1] - input_ids.shape[1]
             kw["cache_position"] = torch.arange(past, past + input_ids.shape[1], device=self.device)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=logits_to_keep, **kw)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=logits_to_keep, **kw)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:
             new_cache = getattr(out, "past_key_values", None)
@@ -274,7 +284,7 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         want_input = [r.return_logprob and r.logprob_start_len >= 0 and not r.output_ids for r in reqs]
-        logits, cache = self._forward(ids, mask, pos, None, 0 if any(want_input) else 1)
+        logits, cache = self._forward(ids, mask, pos, None, 0 if any(want_input) else 1, reqs)
         for i, r in enumerate(reqs):
             if want_input[i]:
                 r.input_logprobs = self._input_logprobs(logits[i, L - len(seqs[i]):], seqs[i], r.logprob_start_len)
@@ -295,7 +305,7 @@ class Engine:
         ids = torch.tensor([[r.output_ids[-1]] for r in self.running], dtype=torch.long, device=self.device)
         pos = self.mask.sum(-1, keepdim=True)
         mask = torch.cat([self.mask, torch.ones((B, 1), dtype=self.mask.dtype, device=self.device)], dim=1)
-        logits, self.cache = self._forward(ids, mask, pos, self.cache, 1)
+        logits, self.cache = self._forward(ids, mask, pos, self.cache, 1, self.running)
         self.mask = mask
         self._sample_and_check(logits[:, -1, :], self.running)
 
@@ -510,9 +520,19 @@ class Engine:
     def resume(self) -> None:
         self.paused = False
 
+    def adapter_in_use(self, name: str) -> bool:
+        """Whether a request that is not finished runs (or waits) with the LoRA adapter `name`."""
+        return any(r.lora_path == name and r.finish is None for r in (*self.running, *self.waiting))
+
     def load_named_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
         params = dict(self.model.named_parameters(remove_duplicate=False))
         params.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        if self.adapters is not None and self.adapters.peft is not None:
+            # LoRA layers wrap the linear layers: "x.q_proj.weight" lives at "x.q_proj.base_layer.weight"
+            for name, _ in named:
+                mod, _, leaf = name.rpartition(".")
+                if name not in params and f"{mod}.base_layer.{leaf}" in params:
+                    params[name] = params[f"{mod}.base_layer.{leaf}"]
         unknown = [n for n, _ in named if n not in params]
         if unknown:
             raise ValueError(f"{len(unknown)} weight name(s) not in the model, e.g. {unknown[:4]}")

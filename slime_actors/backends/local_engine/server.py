@@ -41,6 +41,9 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_alive_since = time.time()
         self.refused = 0  # requests refused for a missing or wrong key
+        # LoRA adapters new requests may name (SGLang's LoRA registry): an adapter joins once loaded and leaves as
+        # its unload begins, so a request is never admitted with an adapter on its way out
+        self.lora_registry: set[str] = set()
 
     # -- plumbing --
     def make_app(self):
@@ -64,6 +67,8 @@ class Server:
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
         r.add_post("/update_weights_from_ipc", self.update_weights_from_ipc)
         r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_post("/load_lora_adapter", self.load_lora_adapter)
+        r.add_post("/unload_lora_adapter", self.unload_lora_adapter)
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
         r.add_get("/get_weight_version", self.get_weight_version)
@@ -150,6 +155,7 @@ class Server:
             return json_response({"error": {"message": "engine is shutting down"}}, 503)
         body = await self.body(request)
         reqs, single = self.parse_generate(body)
+        self.check_lora_paths(reqs)
         futs = []
         for r in reqs:
             fut = self.loop.create_future()
@@ -164,6 +170,57 @@ class Server:
             self.engine.command(lambda: [self.engine.abort(x, False) for x in rids], lambda *_: None)
             raise
         return json_response(outs[0] if single else outs)
+
+    def check_lora_paths(self, reqs: list[Req]) -> None:
+        """Every lora_path names a loaded adapter (SGLang's check, a 400 with its message)."""
+        from .params import value_error
+        wanted = {r.lora_path for r in reqs if r.lora_path}
+        if not wanted:
+            return
+        if self.engine.adapters is None:
+            raise value_error("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        missing = sorted(wanted - self.lora_registry)
+        if missing:
+            raise value_error(f"The following requested LoRA adapters are not loaded: {missing[0]}\n"
+                              f"Loaded adapters: {sorted(self.lora_registry)}.")
+
+    # -- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter: LoRAUpdateOutput answers) --
+    def _lora_answer(self, ok: bool, error: str | None, loaded: dict | None = None):
+        return json_response({"success": ok, "error_message": error, "loaded_adapters": loaded},
+                             200 if ok else 400)
+
+    async def load_lora_adapter(self, request):
+        b = validate_struct("LoadLoRAAdapterReqInput", await self.body(request))
+        e = self.engine
+        if e.adapters is None:
+            return self._lora_answer(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        try:
+            loaded = await self.run_on_scheduler(lambda: e.adapters.load(b["lora_name"], b["lora_path"],
+                                                                         b["pinned"]))
+        except Exception as err:  # a bad directory, a name in use, peft's refusal: the engine keeps serving
+            log.error("load_lora_adapter failed", name=b["lora_name"], path=b["lora_path"], error=repr(err))
+            return self._lora_answer(False, str(err))
+        self.lora_registry.add(b["lora_name"])
+        log.info("LoRA adapter loaded", name=b["lora_name"], path=b["lora_path"], loaded=sorted(loaded))
+        return self._lora_answer(True, None, loaded)
+
+    async def unload_lora_adapter(self, request):
+        b = validate_struct("UnloadLoRAAdapterReqInput", await self.body(request))
+        e, name = self.engine, b["lora_name"]
+        if e.adapters is None:
+            return self._lora_answer(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if name not in self.lora_registry:
+            return self._lora_answer(False, f"LoRA with name {name} does not exist. Loaded LoRAs: "
+                                            f"{sorted(self.lora_registry)}")
+        self.lora_registry.discard(name)   # no new request may use it; those that do finish first (as SGLang)
+        while await self.run_on_scheduler(lambda: e.adapter_in_use(name)):
+            await asyncio.sleep(0.02)
+        try:
+            loaded = await self.run_on_scheduler(lambda: e.adapters.unload(name))
+        except Exception as err:
+            return self._lora_answer(False, str(err))
+        log.info("LoRA adapter unloaded", name=name, loaded=sorted(loaded))
+        return self._lora_answer(True, None, loaded)
 
     # -- health --
     async def health(self, request):
@@ -417,6 +474,8 @@ class Server:
                               "port": a.port, "tp_size": 1, "dtype": a.dtype, "device": str(e.device),
                               "max_running_requests": e.max_running, "context_length": e.context_len,
                               "random_seed": a.random_seed, "weight_version": e.weight_version,
+                              "enable_lora": e.adapters is not None, "max_lora_rank": a.max_lora_rank,
+                              "lora_target_modules": a.lora_target_modules,
                               # SGLang answers its keys here, in clear; the local engine only whether it has them
                               "api_key": REDACTED if a.api_key else None,
                               "admin_api_key": REDACTED if a.admin_api_key else None,

@@ -1,0 +1,186 @@
+"""The checks of a job before any process starts, beyond the values of its flags (slime_actors.config does those):
+the prompt files, the reference model, the backends' flags, the monitor's, the paths. Each adds what it finds to
+one list of problems, so a job with five mistakes is told all five at once (launch/job_config.py runs them).
+
+    counts = check_prompt_files(cfg, problems, keep=True)   # each file streamed once; {"train": 1000, ...}
+    settle_reference(cfg)                                   # --ref-load a torch_dist checkpoint: needed or not
+    check_backends(cfg, problems, flags)                    # engine keys, --sglang-* / --router-*, LoRA, alarms
+    check_job_paths(cfg, problems)                          # run dir, --load, --save, --ref-load, --hf-checkpoint
+
+Prompt files (docs/security.md, "Inputs"): every row is read once, in bounded memory (slime_actors.rows), and
+checked: malformed rows (bad UTF-8, invalid JSON, no prompt, no label when --label-key is given, ...) are problems
+naming file:line -- the first ten of each file, and how many more; rows larger than --prompt-data-max-row-bytes are
+skipped unread and counted in a note. With `keep`, the rows checked are written as they are read to a temporary
+file per prompt file (`cfg.checked_prompts`), which the head moves to RUN_DIR/checked-prompts/ (launch/prepare.py)
+for the buffer: the file is parsed once per job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from ..config import JobConfig, Problems
+from ..data import EVAL_SET, TRAIN_SET, eval_row_keys, train_row_keys
+from ..rows import CheckedWriter, DataError, RowKeys, scan_rows, source_stamp
+
+
+def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False, held_out: list | None = None
+                       ) -> dict[str, int]:
+    """Stream --prompt-data and every held-out set's file once (`held_out`: --eval-config's sets, as
+    eval_config.check_eval_config returned them; None: --eval-prompt-data's); returns the usable prompts of each (by
+    set name: "train", "eval-NAME"). With `keep`, `cfg.checked_prompts` names a temporary file per set holding the
+    rows checked (`discard_checked` removes them)."""
+    from ..eval_config import EvalSet, parse_eval_prompt_data
+    data = cfg.data
+    sets: list[tuple[str, str, str, RowKeys]] = []   # (set name, flag, path, keys)
+    if data.prompt_data:
+        sets.append((TRAIN_SET, "--prompt-data", data.prompt_data, train_row_keys(cfg)))
+    from_file = held_out is not None   # (--eval-config's check said already which of its files are missing)
+    if held_out is None:
+        try:
+            held_out = [EvalSet(name, path) for name, path in parse_eval_prompt_data(cfg.eval.eval_prompt_data)]
+        except DataError as exc:
+            problems.add(str(exc))
+            held_out = []
+    where = "--eval-config set" if from_file else "--eval-prompt-data"
+    sets += [(EVAL_SET + es.name, f"{where} {es.name}", es.path, eval_row_keys(cfg, es)) for es in held_out]
+    cap = data.prompt_data_max_row_bytes
+    tmp = tempfile.mkdtemp(prefix="slime-actors-prompts-") if keep and sets else None
+    counts: dict[str, int] = {}
+    for name, flag, path, keys in sets:
+        if not os.path.isfile(path):
+            if name != TRAIN_SET and not from_file:   # (--prompt-data's own check says so)
+                problems.add(f"{flag}: {path} does not exist" if os.path.exists(path) is False else
+                             f"{flag}: {path} is not a file")
+            continue
+        writer = CheckedWriter(os.path.join(tmp, f"{name}.msgpack"), source_stamp(path, keys, cap)) if tmp else None
+        try:
+            scan = scan_rows(path, keys, cap, writer)
+        except DataError as exc:
+            problems.add(f"{flag}: {exc}")
+            if writer is not None:
+                writer.close(keep=False)
+            continue
+        if writer is not None:
+            writer.close(keep=not scan.bad)
+            if not scan.bad:
+                cfg.checked_prompts[name] = writer.path
+        for line in scan.error_lines():
+            problems.add(f"{flag}: {line}")
+        if not scan.good and not scan.bad:
+            problems.add(f"{flag}: {path} holds no prompt ({scan.rows} rows, {scan.n_oversize} larger than "
+                         f"--prompt-data-max-row-bytes {cap})")
+        note = scan.oversize_note(cap)
+        if note:
+            cfg.notes.append(note)
+        counts[name] = scan.good
+    if tmp and not cfg.checked_prompts:
+        os.rmdir(tmp)
+    return counts
+
+
+def discard_checked(cfg: JobConfig) -> None:
+    """Remove the temporary files of the rows checked (a dry run, or a job that does not start)."""
+    dirs = {os.path.dirname(p) for p in cfg.checked_prompts.values()}
+    cfg.checked_prompts.clear()
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def settle_reference(cfg: JobConfig) -> None:
+    """--ref-load that is not a Hugging Face directory (slime's scripts pass their torch_dist checkpoint) with
+    --use-kl-loss --kl-loss-coef 0 (slime's scripts again): the reference model changes nothing, so it is not
+    loaded (--use-kl-loss is turned off) and the job says so. Where it is needed, prepare.reference_problem says why it
+    cannot be read and how to convert it."""
+    from ..checkpoints import detect_layout
+    alg, ref = cfg.algorithm, cfg.model.ref_load
+    if not ref or not alg.use_kl_loss or alg.kl_coef != 0 or alg.kl_loss_coef != 0:
+        return
+    lay = detect_layout(ref)
+    if lay.kind != "hf":
+        alg.use_kl_loss = False
+        cfg.notes.append(f"--ref-load {ref} ({lay.detail}) is not loaded: with --kl-loss-coef 0 the KL term adds "
+                         "nothing to the loss, so the job runs without a reference model (train/kl_loss is not "
+                         "logged; to log it, convert the checkpoint: slime-actors convert "
+                         f"{ref} OUT_DIR --hf-checkpoint MODEL_DIR, and give --ref-load OUT_DIR)")
+
+
+def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:
+    """The engine keys (taken out of the config: `cfg.engine_user_keys`), the --sglang-* / --router-* passthrough
+    (`flags`: parsed once, backends.sglang_launch.LaunchFlags; checked against SGLang's parser or its recorded
+    table), the reward-hacking alarms' flags."""
+    from ..backends.engine_auth import EngineKeyError, take_user_keys
+    from ..backends.sglang_launch import SGLangFlagError, check_passthrough
+    try:
+        cfg.engine_user_keys = take_user_keys(cfg.engine)
+    except EngineKeyError as exc:
+        problems.add(str(exc))
+    eng = cfg.engine
+    if eng.sglang_args or eng.router_args or eng.rollout_engine == "sglang" or eng.use_sglang_router:
+        try:
+            check_passthrough(cfg, flags)
+        except SGLangFlagError as exc:
+            problems.add(str(exc))
+    check_lora_flags(cfg, problems)
+    check_monitor_flags(cfg, problems)
+
+
+def check_lora_flags(cfg: JobConfig, problems: Problems) -> None:
+    """--lora-target-modules / --lora-exclude-modules against the model's linear layers (built on the meta device
+    from its config: nothing is read or allocated), all unknown names at once; the job then carries the resolved
+    names (all-linear spelled out), so the trainer and the engines' --lora-target-modules agree."""
+    lo = cfg.lora
+    if lo.lora_rank <= 0 or not cfg.model.hf_checkpoint:
+        return
+    from ..backends.lora import SGLANG_LORA_TARGETS, LoraError, resolve_targets, spec_linear_names
+    names = spec_linear_names(cfg.model.hf_checkpoint)
+    if names is None:
+        return   # no model to read: the path checks say so
+    try:
+        lo.lora_target_modules = resolve_targets(names, list(lo.lora_target_modules or ["all-linear"]),
+                                                 lo.lora_exclude_modules)
+    except LoraError as exc:
+        problems.add(f"{exc} ({cfg.model.hf_checkpoint})")
+        return
+    odd = [t for t in lo.lora_target_modules if t not in SGLANG_LORA_TARGETS]
+    if odd and lo.lora_sync == "adapter" and cfg.engine.rollout_engine == "sglang":
+        problems.add(f"--lora-target-modules {' '.join(odd)}: SGLang serves no LoRA adapter on such modules (its "
+                     f"--lora-target-modules: {' '.join(sorted(SGLANG_LORA_TARGETS))}); name others, or use "
+                     "--lora-sync merged")
+    if lo.lora_sync == "adapter" and cfg.engine.rollout_external_engine_addrs:
+        cfg.notes.append("--lora-sync adapter with --rollout-external-engine-addrs: those engines must run with "
+                         "--enable-lora --max-lora-rank >= --lora-rank, and read the adapter directories the rollout "
+                         "workers write under RUN_DIR/lora (a shared file system); else use --lora-sync merged")
+
+
+def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
+    """The reward-hacking alarms' flags against the monitor's own names and thresholds."""
+    from ..monitor.hacking import ALARMS, HackThresholds
+    mon = cfg.monitor
+    try:
+        HackThresholds.parse(mon.hack_alarm_thresholds)
+    except ValueError as exc:
+        problems.add(f"--hack-alarm-thresholds {mon.hack_alarm_thresholds}: {exc}")
+    unknown = [a for a in mon.hack_alarms_ignore or [] if a not in ALARMS]
+    if unknown:
+        problems.add(f"--hack-alarms-ignore: unknown alarm(s) {', '.join(unknown)}; the alarms are "
+                     f"{', '.join(ALARMS)}")
+    if mon.hack_alarms == "stop" and not cfg.checkpoint.save:
+        problems.add("--hack-alarms stop saves a checkpoint when an alarm ends the run: give --save DIR (where "
+                     "checkpoints go)")
+
+
+def check_job_paths(cfg: JobConfig, problems: Problems) -> None:
+    """Every path the job reads or writes (launch/prepare.check_paths: run directory, --load, --save, --ref-load,
+    --save-hf) and the model --hf-checkpoint names -- read only, nothing written."""
+    from ..models import model_cache, resolve_checkpoint
+    from .prepare import check_paths
+    check_paths(cfg, problems)
+    spec = cfg.model.hf_checkpoint
+    if spec and not spec.startswith(("tiny:", "smollm2:")):
+        try:
+            resolve_checkpoint(spec, model_cache(cfg.run.run_dir))   # a directory with config.json (no download)
+        except (FileNotFoundError, ValueError) as exc:
+            problems.add(str(exc))
