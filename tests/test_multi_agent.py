@@ -131,3 +131,11 @@ def test_the_multi_agent_recipes_parse_and_name_a_loadable_function(config):
     assert generate_style(load_function(path), path) == "engine"
     frozen = parse_config(["--config", config, "--frozen-engine-checkpoint", "tiny:digits"])
     assert frozen.engine.frozen_engine_checkpoint == "tiny:digits"
+
+
+def test_a_frozen_checkpoint_that_is_not_there_is_named_before_anything_starts(tmp_path):
+    res = subprocess.run([str(BIN), "train", "--run-dir", str(tmp_path / "run"), *FLAGS, "--frozen-engine-checkpoint",
+                          str(tmp_path / "nowhere")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert f"--frozen-engine-checkpoint {tmp_path / 'nowhere'}: no such directory" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
