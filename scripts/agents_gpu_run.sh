@@ -21,14 +21,7 @@ OUT=${OUT:-runs/agents_gpu_out/$which${FROZEN:+_frozen}}
 RUN=${RUN_DIR:-runs/${which}_smollm2${FROZEN:+_frozen}}
 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-1500}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    || echo "warning: installing .whl/ into $SITE failed" >&2
-fi
-if [ -n "${SMOL_STAGE:-}" ]; then
-  bash scripts/install_smollm2_carry.sh "$SMOL_STAGE" "$SITE" || exit 1
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source scripts/gpu_site.sh   # the carried wheels and model into $SITE; PYTHONPATH
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 extra=()
 if [ -n "${FROZEN:-}" ]; then extra+=(--frozen-engine-checkpoint smollm2:135m); fi
