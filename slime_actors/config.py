@@ -209,6 +209,10 @@ class RolloutSection:
               "file.py:Class, a subclass of slime_actors.environments.Env (docs/adding-an-environment.md); or, as in "
               "slime's multi-turn examples (where this is a --custom-config-path key), a module with build_env",
         origin="own")
+    agent_function_path: str | None = flag(
+        None, "an agent written against a chat API: async fn(sample, base_url, api_key) -> reward | answer | None, "
+              "pkg.mod:fn or file.py:fn; it talks to this worker's OpenAI- and Anthropic-compatible endpoint "
+              "(a key per episode), its calls become the episode's samples (docs/agents.md)", origin="own")
     max_turns: int | None = flag(
         None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
               "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
@@ -1357,11 +1361,11 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
                 json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
             except ConfigError as exc:
                 problems.merge(exc)
-    if ro.rollout_interaction_env_path:
-        for other in ("custom_generate_function_path", "rollout_function_path"):
-            if getattr(ro, other):
-                bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
-                    "generated: give one")
+    ways = [w for w in ("rollout_interaction_env_path", "agent_function_path", "custom_generate_function_path",
+                        "rollout_function_path") if getattr(ro, w)]
+    if len(ways) > 1 and (ro.rollout_interaction_env_path or ro.agent_function_path):
+        bad(f"--{ways[0].replace('_', '-')} and --{ways[1].replace('_', '-')} both say how samples are generated: "
+            "give one")
     if tr.use_dynamic_batch_size and not tr.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
     if al.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \

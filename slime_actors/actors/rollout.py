@@ -160,7 +160,8 @@ class RolloutWorker(EngineSupervisor, Actor):
             if any(s.status == ABORTED for s in samples):
                 # (an environment's episode, or one that made several samples, cannot be continued -- its state is
                 # gone --: it goes back unstarted)
-                whole = self.generation.env is None and not any(episode_of(s) is not None for s in samples)
+                whole = self.generation.env is None and self.generation.agent_fn is None \
+                    and not any(episode_of(s) is not None for s in samples)
                 await self._return(wid, samples if whole else None, "aborted")
                 return
             await self._score(samples, group.kind)
@@ -208,9 +209,10 @@ class RolloutWorker(EngineSupervisor, Actor):
     async def _score(self, samples: list[Sample], kind: str) -> None:
         a = self.cfg
         todo = [s for s in samples if s.status != FAILED]
-        own = self.generation.env is not None or any(episode_of(s) is not None for s in samples)
+        g = self.generation
+        own = g.env is not None or g.agent_fn is not None or any(episode_of(s) is not None for s in samples)
         if own and not (a.reward.group_rm and any(s.reward is None for s in todo)):
-            # an environment's reward stands, and so do those an episode of several samples gave: no reward function
+            # an environment's or an agent's reward stands, and so do those an episode of several samples gave
             todo = [s for s in todo if s.reward is None]
         last_errors: dict[int, str] = {}
         for attempt in range(3):

@@ -41,7 +41,7 @@ from ..environments.episode import Episode, check_aligned, settle
 from ..environments.runner import EnvCalls, no_answer, run_episode
 from ..episode_samples import EPISODE_KEY
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
-from ..types import ABORTED, FAILED, TRUNCATED, Sample
+from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
@@ -146,6 +146,8 @@ class Generation:
         self.env_calls: RecordedEnvCalls | None = None
         self.chat: ChatTurns | None = None
         self.frozen = None                # FrozenEngine (actors/rollout_frozen.py) with --frozen-engine-checkpoint
+        self.agent_fn = None              # --agent-function-path: an agent written against a chat API
+        self.agents = None                # its endpoint, AgentProxy (actors/rollout_agents.py)
         self.handle = EngineHandle(self)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -157,6 +159,8 @@ class Generation:
             self.slime_generate = generate_style(self.generate_fn, ro.custom_generate_function_path) == "slime"
         if ro.rollout_function_path:
             self.group_fn = load_function(ro.rollout_function_path)
+        if ro.agent_function_path:
+            self.agent_fn = load_function(ro.agent_function_path, flag="--agent-function-path")
         if ro.rollout_interaction_env_path:
             from ..environments.loading import load_env
             self.env = load_env(ro.rollout_interaction_env_path, w.plugin_args, json.loads(ro.env_kwargs or "{}"))
@@ -175,6 +179,13 @@ class Generation:
             w.retriever = RetrieverLink(w)
             if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
                 await w.retriever.start_proxy()
+        if self.agent_fn is not None:
+            from .rollout_agents import AgentProxy
+            self.agents = AgentProxy(w)
+            # (recorded, as the other proxies' starts: a replay starts none -- the episodes are recorded whole)
+            url = await w.recorded_async("agents.proxy.start", self.agents.start)
+            w.log.info("agents' chat endpoint (OpenAI and Anthropic APIs)", url=url,
+                       agent=self.cfg.rollout.agent_function_path)
         if self.cfg.engine.frozen_engine_checkpoint:
             from .rollout_frozen import FrozenEngine
             self.frozen = FrozenEngine(w)
@@ -195,6 +206,8 @@ class Generation:
             await self.w.retriever.stop()
         if self.frozen is not None:
             await self.frozen.stop()
+        if self.agents is not None:
+            await self.w.recorded_async("agents.proxy.stop", self.agents.stop)
 
     async def _env_lifecycle(self, what: str, fn: Callable) -> None:
         """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
@@ -268,6 +281,8 @@ class Generation:
         agents' turns, say -- of which the first stands for `sample` (episode_result)."""
         if self.env is not None:
             return await self._episode(sample, sp, attempt, evaluation, work_id)
+        if self.agent_fn is not None:
+            return await self._agent_episode(sample, sp, attempt, work_id)
         if self.generate_fn is not None and self.slime_generate:
             return await self._slime_style(sample, sp, evaluation)
         if self.generate_fn is not None:
@@ -293,6 +308,50 @@ class Generation:
             if ro.env_error == "stop":
                 await w.job_failed(f"{w.name}: {exc}")
             return sample
+
+    async def _agent_episode(self, sample: Sample, sp: dict, attempt: int, work_id: str) -> Sample | list[Sample]:
+        """The user's agent on one episode (--agent-function-path), against this worker's chat endpoint with a key
+        of the episode's own; its calls become the episode's samples -- one per branch of its conversation
+        (agents/trajectory.py) --, rewarded by what the agent returned: a number is the reward; a string (or None:
+        the last call's text) is the answer the job's reward grades. The agent's run is a recorded input as a whole
+        (`agent.episode`): a replay serves its samples without running it. An agent that raises, times out
+        (--env-timeout) or makes no call fails the sample, saying why."""
+        from .rollout_agents import reward_of, run_agent
+        w, ro = self.w, self.cfg.rollout
+        episode = f"{work_id}:{sample.index}:{attempt}"
+
+        async def call() -> dict:
+            session = self.agents.open(episode, sp, self.seed(sample, attempt))
+            try:
+                result = await run_agent(self.agent_fn, sample, self.agents.url, session.key, ro.env_timeout)
+            finally:
+                self.agents.close(session)
+            reward, answer = reward_of(result)
+            made = session.trajectory.samples(sample, w.tokenizer)
+            if not made:
+                raise RuntimeError("the agent made no call of the chat API")
+            return {"samples": [s.to_wire() for s in made], "reward": reward,
+                    "answer": answer if answer is not None else session.texts[-1]}
+        try:
+            got = await w.recorded_async("agent.episode", call, key=episode)
+        except Exception as exc:   # the sample fails with the reason; its group is recorded as failed
+            w.counters["env_errors"] += 1
+            sample.status, sample.error = FAILED, f"--agent-function-path {ro.agent_function_path}: " + (
+                f"did not finish within {ro.env_timeout:g} s (--env-timeout)" if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}")
+            w.log.error("agent failed", error=sample.error, sample=sample.index, work_id=work_id)
+            return sample
+        samples = [Sample.from_wire(x) for x in got["samples"]]
+        reward = got["reward"]
+        if reward is None:   # the answer, graded by the job's reward (asked now: a replay asks it again)
+            probe = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt,
+                           label=sample.label, metadata=dict(sample.metadata), response=got["answer"],
+                           status=COMPLETED)
+            reward = (await self.handle.score([probe]))[0]
+        for s in samples:
+            s.reward = float(reward)
+            s.metadata["agent_answer"] = got["answer"]
+        return samples if len(samples) > 1 else samples[0]
 
     async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
         """slime's generate(args, sample, sampling_params[, evaluation]); what it leaves unset is filled in as slime
