@@ -18,6 +18,7 @@ from slime_actors.agents.trajectory import Trajectory
 from slime_actors.agents.wire import WireError, parse_anthropic, parse_openai
 from slime_actors.types import Sample
 
+pytestmark = pytest.mark.timeout(1200)   # (a job in a fixture: its time counts in the first test using it)
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "slime-actors"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timeout(1200)   # (a job in a fixture: its time counts in the first test using it)
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "slime-actors"
 PROMPTS, N = 4, 2
