@@ -135,6 +135,9 @@ class RuntimeSection:
     trace: bool = flag(True, "record every message in RUN_DIR/traces (docs/debugging.md)", origin="own")
     trace_keep_arrays: bool = flag(False, "record the bytes of arrays in messages too (by default: their shape, "
                                           "dtype and checksum)", origin="own")
+    trace_max_bytes: int = flag(1 << 30, "bytes of trace files each process keeps at most: they rotate in 8 "
+                                         "segments, the first (the actor's start, which replay runs) and the newest "
+                                         "kept; 0: no bound (docs/trace-format.md, Rotation)", origin="own")
     curve: bool = flag(True, "CurveZMQ keys per job: actors accept messages from this job's processes only "
                              "(docs/security.md)", origin="own")
     transport: str = flag("ipc", "ipc: one host; tcp: several hosts", choices=["ipc", "tcp"], origin="own")
@@ -539,6 +542,31 @@ class DebugSection:
     save_debug_rollout_data: str | None = flag(None, "save each rollout: a directory, or a path with {rollout_id}")
     load_debug_rollout_data: str | None = flag(None, "train on saved rollouts instead of generating (what "
                                                      "--save-debug-rollout-data wrote)", path=True)
+    # profiling (slime_actors/profiler.py; docs/debugging.md, "Profiles"): Megatron's flags and slime's
+    use_pytorch_profiler: bool = flag(False, "torch profiler traces of --profile-target on --profile-ranks for the "
+                                             "rollouts [--profile-step-start, --profile-step-end), in RUN_DIR/profiles",
+                                      origin="megatron")
+    profile_step_start: int = flag(10, "first rollout profiled", origin="megatron")
+    profile_step_end: int = flag(12, "first rollout past the profiled ones", origin="megatron")
+    profile_ranks: list[int] | None = flag(None, "trainer ranks profiled (default: 0)", origin="megatron")
+    profile_target: list[str] | None = flag(
+        None, "what is profiled: train_overall (the whole update), train_actor (its optimizer steps), train_log_probs "
+              "(its log-prob pass), rollout (each engine's generation, through SGLang's /start_profile; ours)",
+        choices=["train_overall", "train_actor", "train_log_probs", "rollout"],
+        slime=(["train_overall"], "null here means train_overall, slime's default (a list default cannot be a "
+                                  "dataclass default)"))
+    record_memory_history: bool = flag(False, "on a GPU: record the CUDA allocator's history on --profile-ranks; "
+                                              "a snapshot when it runs out of memory (and after "
+                                              "--memory-snapshot-num-steps)")
+    memory_snapshot_path: str = flag("snapshot.pickle", "the memory snapshot's file name (under RUN_DIR/profiles)",
+                                     origin="megatron")
+    memory_snapshot_dir: str | None = flag(None, "where memory snapshots go (default: RUN_DIR/profiles)",
+                                           slime=(".", "snapshots go with the run's other profiles, where `trace "
+                                                       "export` finds them"))
+    memory_snapshot_num_steps: int | None = flag(None, "dump the memory snapshot after this many rollouts (and stop "
+                                                       "recording)")
+    memory_recorder: str = flag("torch", "the memory recorder: torch (memray is not supported here)",
+                                choices=["torch", "memray"])
 
 
 @dataclass(slots=True)
@@ -1374,6 +1402,11 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
             "--n-samples-per-prompt must be >= 2")
     if dbg.debug_rollout_only and dbg.debug_train_only:
         bad("--debug-rollout-only and --debug-train-only exclude each other")
+    if dbg.use_pytorch_profiler and not 0 <= dbg.profile_step_start < dbg.profile_step_end:
+        bad(f"--profile-step-start {dbg.profile_step_start} / --profile-step-end {dbg.profile_step_end}: need "
+            "0 <= start < end (the rollouts [start, end) are profiled)")
+    if dbg.memory_recorder != "torch":
+        bad(f"--memory-recorder {dbg.memory_recorder}: only torch's CUDA memory history is supported here")
     if dbg.debug_train_only and not dbg.load_debug_rollout_data:
         bad("--debug-train-only needs --load-debug-rollout-data")
     if check_files and dbg.load_debug_rollout_data:  # the first rollout must be there (later ones: when loaded)

@@ -62,6 +62,8 @@ TRACE_BODY_LIMIT = _var("TRACE_BODY_LIMIT", int, doc="message bodies larger than
 TRACE_KEEP_ARRAYS = _var("TRACE_KEEP_ARRAYS", parse_flag, doc="1 to record array bytes too (--trace-keep-arrays)")
 TRACE_BATCH_LIMIT = _var("TRACE_BATCH_LIMIT", int, doc="a trainer records the batches it is given up to this many "
                                                        "bytes (for replay); default: 256 MiB")
+TRACE_MAX_BYTES = _var("TRACE_MAX_BYTES", int, doc="a process's trace files hold at most this many bytes, rotated "
+                                                   "(--trace-max-bytes; 0: no bound)")
 HEARTBEAT = _var("HEARTBEAT", float, doc="heartbeat interval in seconds (--heartbeat-interval)")
 LIVENESS = _var("LIVENESS", int, doc="missed heartbeats before a peer is declared down (--heartbeat-liveness)")
 MAX_MESSAGE_BYTES = _var("MAX_MESSAGE_BYTES", int, doc="mailbox limit: largest message (MailboxConfig)")

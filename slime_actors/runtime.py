@@ -2,7 +2,7 @@
 
 Every process of a job reads the same settings, normally from the environment its launcher set (`RuntimeConfig.env()`
 writes it, `RuntimeConfig.from_env()` reads it back; each variable is described in slime_actors.env): the run
-directory, the directory's endpoint, transport and addresses, CURVE, tracing (--trace, --trace-keep-arrays, the body
+directory, the directory's endpoint, transport and addresses, CURVE, tracing (--trace, --trace-keep-arrays, --trace-max-bytes, the body
 and batch limits), liveness (--heartbeat-interval, --heartbeat-liveness) and the mailbox limits (MailboxConfig).
 A launcher builds its own from the job's config (`RuntimeConfig.for_job`) and hands it on with `env()`.
 """
@@ -34,6 +34,7 @@ class RuntimeConfig:
     trace_body_limit: int = 65536
     trace_keep_arrays: bool = default_of("trace_keep_arrays")
     trace_batch_limit: int = 256 << 20   # bytes of batches a trainer records for replay
+    trace_max_bytes: int = default_of("trace_max_bytes")  # a process's trace files at most (0: unbounded)
     heartbeat_interval: float = default_of("heartbeat_interval")
     liveness: int = default_of("heartbeat_liveness")
     static_peers: dict[str, str] = field(default_factory=dict)
@@ -73,6 +74,7 @@ class RuntimeConfig:
         r = cfg.runtime
         rt.run_dir = str(Path(cfg.run.run_dir).resolve())
         rt.curve, rt.trace, rt.trace_keep_arrays = r.curve, r.trace, r.trace_keep_arrays
+        rt.trace_max_bytes = r.trace_max_bytes
         rt.transport = "tcp" if multi_host and r.transport == "ipc" else r.transport
         rt.heartbeat_interval, rt.liveness = r.heartbeat_interval, r.heartbeat_liveness
         return rt
@@ -130,6 +132,7 @@ class RuntimeConfig:
 _ENV = {E.RUN_DIR: "run_dir", E.DIRECTORY: "directory", E.TRANSPORT: "transport", E.HOST: "host",
         E.ADVERTISE: "advertise", E.CURVE: "curve", E.TRACE: "trace", E.TRACE_BODY_LIMIT: "trace_body_limit",
         E.TRACE_KEEP_ARRAYS: "trace_keep_arrays", E.TRACE_BATCH_LIMIT: "trace_batch_limit",
+        E.TRACE_MAX_BYTES: "trace_max_bytes",
         E.HEARTBEAT: "heartbeat_interval", E.LIVENESS: "liveness"}
 _MAILBOX_ENV = {E.MAX_MESSAGE_BYTES: "max_message_bytes", E.SEND_HWM: "send_hwm", E.RECV_HWM: "recv_hwm",
                 E.MAX_INFLIGHT: "max_inflight_asks", E.MAX_CONCURRENCY: "max_concurrency",

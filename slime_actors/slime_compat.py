@@ -328,8 +328,7 @@ _UNSUPPORTED_GROUPS: list[tuple[str, tuple[str, ...]]] = [
      "--save-debug-rollout-data)", (
         "--ci-test", "--ci-disable-kl-checker", "--ci-train-rollout-logprob-abs-diff-threshold", "--ci-save-grad-norm",
         "--ci-load-grad-norm", "--dump-details", "--save-debug-train-data", "--load-forge-rollout-data",
-        "--load-debug-rollout-data-subsample", "--check-weight-update-equal", "--memory-snapshot-dir",
-        "--memory-snapshot-num-steps", "--profile-target", "--memory-recorder", "--record-memory-history")),
+        "--load-debug-rollout-data-subsample", "--check-weight-update-equal")),
     ("delta / local-checkpoint weight updates are not implemented here (--update-weight-transport disk writes "
      "whole HF directories)", (
         "--update-weight-delta-encoding", "--update-weight-delta-checksum", "--update-weight-disk-keep-files",

@@ -120,7 +120,6 @@ def test_a_saved_rollout_that_is_not_one_is_named(saved, tmp_path):
     """A later rollout missing or corrupt stops the job with the file's name (checked by the controller)."""
     import asyncio
 
-    from slime_actors.actors import controller_debug_data as debug_data
     from slime_actors.actors.controller import Controller
 
     (tmp_path / "rollout_000000.msgpack").write_bytes(b"not msgpack at all")
@@ -132,6 +131,6 @@ def test_a_saved_rollout_that_is_not_one_is_named(saved, tmp_path):
         raise AssertionError("the buffer is not asked for a bad file")
     ctl.ask = no_buffer
     with pytest.raises(ValueError, match="rollout_000000.msgpack is not a saved rollout"):
-        asyncio.run(debug_data.load(ctl, 0))
+        asyncio.run(ctl.debug_data.load(0))
     with pytest.raises(FileNotFoundError, match="no saved rollout 1 at .*rollout_000001.msgpack"):
-        asyncio.run(debug_data.load(ctl, 1))
+        asyncio.run(ctl.debug_data.load(1))

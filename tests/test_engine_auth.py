@@ -218,7 +218,9 @@ def _bodies(alt: Path) -> dict:
             "/update_weights_from_tensor": {"serialized_named_tensors": ["AAAA"], "weight_version": "evil"},
             "/update_weights_from_ipc": {**flat, "handle": {"kind": "shm", "path": "/dev/null"}},
             "/load_lora_adapter": {"lora_name": "evil", "lora_path": str(alt)},
-            "/unload_lora_adapter": {"lora_name": "evil"}}
+            "/unload_lora_adapter": {"lora_name": "evil"},
+            "/start_profile": {"output_dir": str(alt / "evil-profiles"), "num_steps": 1},
+            "/stop_profile": {}}
 
 
 def test_requests_without_the_right_key_are_refused_and_change_nothing(keyed_engine):

@@ -23,7 +23,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "slime_actors"
 LOWER = ("mailbox", "algo", "backends")          # ... never import from:
 UPPER = ("actors", "launch", "traces")
-ROLE_MODULES = {"directory", "controller", "buffer", "rollout", "reward", "trainer"}   # actors/<role>.py
+ROLE_MODULES = {"directory", "controller", "buffer", "rollout", "reward", "trainer"}   # actors/<role>.py or <role>/
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -146,9 +146,16 @@ def config_reaches_out(graph) -> list[str]:
             if b.count(".") > 1 or layer(b) in (*LOWER, *UPPER)]
 
 
+def role_of(mod: str) -> str | None:
+    """slime_actors.actors.trainer -> trainer; slime_actors.actors.controller.engines -> controller (a role's
+    package); None for the actors' shared modules (base, host, ...)."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "actors" and parts[2] in ROLE_MODULES else None
+
+
 def roles_imported(graph) -> list[str]:
     return [f"{a} imports {b}" for a, ts in graph.items() for b in ts
-            if layer(a) == "actors" and layer(b) == "actors" and b.rsplit(".", 1)[-1] in ROLE_MODULES]
+            if layer(a) == "actors" and role_of(b) is not None and role_of(b) != role_of(a)]
 
 
 def launch_privates(graph) -> list[str]:

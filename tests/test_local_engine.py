@@ -554,3 +554,35 @@ def test_cuda_engine_and_nccl_weight_update(model_dirs, tmp_path):
     assert version == "g2" and after["meta_info"]["weight_version"] == "g2"
     got = [t[0] for t in after["meta_info"]["output_token_logprobs"]]
     assert max(abs(a - b) for a, b in zip(got, hf_logprobs(alt, PROMPTS[1], after["output_ids"], 0))) <= 1e-4
+
+
+def test_deterministic_inference_gives_a_request_the_same_bits_in_any_batch(model_dirs):
+    """--enable-deterministic-inference (SGLang's flag): a request's log-probs and tokens are the same bits alone, in a
+    batch with prompts of other lengths, and joining a batch that is already decoding (docs/reproducibility.md).
+    Driven step by step on the scheduler's own methods, so the batches are exactly these."""
+    from slime_actors.backends.local_engine.cli import parse_args
+    from slime_actors.backends.local_engine.params import SamplingParams
+    from slime_actors.backends.local_engine.scheduler import Engine, Req
+
+    eng = Engine(parse_args(["--model-path", str(model_dirs[0]), "--random-seed", "0", "--device", "cpu",
+                             "--enable-deterministic-inference"]))
+
+    def req(rid, prompt, n, seed):
+        r = Req(rid=rid, prompt_ids=list(prompt), return_logprob=True,
+                params=SamplingParams(max_new_tokens=n, temperature=0.9, sampling_seed=seed, ignore_eos=True))
+        r.generator = torch.Generator().manual_seed(seed)
+        return r
+
+    def run(*steps):
+        with torch.inference_mode():
+            for s in steps:
+                eng._prefill(s) if s != "decode" else eng._decode()
+            while eng.running:
+                eng._decode()
+
+    x = [req("x", PROMPTS[0], 6, 7) for _ in range(3)]
+    run([x[0]])                                                                   # alone
+    run([req("y", PROMPTS[3], 9, 3), x[1], req("z", PROMPTS[2], 3, 5)])           # among others, padded
+    run([req("y", PROMPTS[3], 9, 3)], "decode", "decode", [x[2]])                 # joining a decoding batch
+    assert x[0].output_ids == x[1].output_ids == x[2].output_ids and len(x[0].output_ids) == 6
+    assert x[0].logprobs == x[1].logprobs == x[2].logprobs  # bit for bit

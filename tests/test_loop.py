@@ -1,13 +1,13 @@
-"""The schedules of slime_actors/loop.py, run against a fake of every other actor (no processes): the messages the
-controller sends for each step, in order -- what the wire and the traces of a run show."""
+"""The schedules of slime_actors/actors/controller/loop.py, run against a fake of every other actor (no
+processes): the messages the controller sends for each step, in order -- what the wire and the traces of a run
+show."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
-from slime_actors import loop
-from slime_actors.actors.controller import Controller
+from slime_actors.actors.controller import Controller, loop
 from slime_actors.config import parse_config
 
 FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key", "label",
@@ -154,9 +154,8 @@ def test_hack_alarms_warn_goes_on_and_the_result_is_done(tmp_path):
 
 
 def test_an_evaluation_reports_pass_at_k_per_set(tmp_path):
-    from slime_actors.actors.controller_eval import evaluate
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text('{"input": "1+1", "label": "2"}\n')
     ctl = _controller(tmp_path, "--eval-prompt-data", "digits", str(prompts), stats=_alarm_on(-1))
-    out = asyncio.run(evaluate(ctl, 0))
+    out = asyncio.run(ctl.evaluations.run(0))
     assert out == {"digits": 0.25, "digits-pass@1": 0.25, "digits-pass@4": 0.5}

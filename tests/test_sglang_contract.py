@@ -73,10 +73,19 @@ def test_server_info_and_tensor_update_payloads(engine):
     assert not supports_flattened_bucket({"version": "0.5.9"}) and not supports_flattened_bucket({})
 
 
-def test_generation_through_a_router_and_its_worker_api(engine, monkeypatch):
+@pytest.fixture
+def fake_router(monkeypatch):
+    """The stand-in sglang_router importable for one test; its modules leave sys.modules afterwards, so later tests
+    (which check router flags against whatever sglang_router is importable) never see it."""
+    monkeypatch.syspath_prepend(str(FAKE_ROUTER))
+    yield FAKE_ROUTER
+    for name in [m for m in sys.modules if m.split(".")[0] == "sglang_router"]:
+        del sys.modules[name]
+
+
+def test_generation_through_a_router_and_its_worker_api(engine, fake_router):
     """RouterClient registers / lists / removes engines the way sglang-router 0.3.2 takes it, and an EngineClient with
     generate_base_url sends /generate to the router while control requests stay with its own engine."""
-    monkeypatch.syspath_prepend(str(FAKE_ROUTER))
     from sglang_router.launch_router import make_app
     from aiohttp import web
     router = CONTRACT["router"]
@@ -438,10 +447,9 @@ def test_engine_config_file_is_what_sglang_reads(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o600
 
 
-def test_router_in_front_takes_keys(engine, monkeypatch):
+def test_router_in_front_takes_keys(engine, fake_router):
     """The fake sglang-router with the job's keys (as sglang-router 0.3.2 takes them): generation without the API
     key and the worker registry without the admin key are refused; with them, requests reach the engine."""
-    monkeypatch.syspath_prepend(str(FAKE_ROUTER))
     from aiohttp import web
     from slime_actors.backends.engine_auth import EngineKeys
     from slime_actors.backends.sglang_launch import ROUTER_KEY_ID

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from slime_actors.config import ConfigError
 from slime_actors.algo.losses import compute_cispo_loss, compute_policy_loss
 from slime_actors.algo.passrate import pass_at_k
 from slime_actors.backends.rl_update import rl_update
@@ -127,10 +128,10 @@ def test_custom_loss_gets_slimes_arguments_and_trains_like_the_builtin(tmp_path,
                     **common)
     with pytest.raises(TypeError, match=r"my_loss.not_a_loss: expected \(scalar loss tensor, dict of metrics\)"):
         rl_update(backend_for(bad), bad, toy_batch(), 0)
-    missing = make_args(tmp_path / "d", tiny_dir, loss_type="custom_loss", custom_loss_function_path="my_loss.nope",
-                        **common)
-    with pytest.raises(ValueError, match="--custom-loss-function-path: cannot load 'my_loss.nope'"):
-        rl_update(backend_for(missing), missing, toy_batch(), 0)
+    # a path that names nothing is refused before any process starts, naming the flag and the file
+    with pytest.raises(ConfigError, match=r"--custom-loss-function-path: cannot load 'my_loss.nope': .*my_loss.py "
+                                          r"defines no 'nope'"):
+        make_args(tmp_path / "d", tiny_dir, loss_type="custom_loss", custom_loss_function_path="my_loss.nope", **common)
 
 
 # -- pass@k -------------------------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path
 
 
 def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
-    """The common case is written as one recv record with dur_ns appended (format version 4, and 5), and read back as
+    """The common case is written as one recv record with dur_ns appended (format version 4, and since), read back as
     a recv and an ok handled event dur_ns after it."""
     import glob
 
@@ -345,9 +345,62 @@ def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
     up = msgpack.Unpacker(open(path, "rb"), raw=False)
     meta = next(up)
     long_records = [r for r in up if len(r) == 9]
-    assert meta["version"] == 5 and long_records
+    assert meta["version"] == 6 and long_records
     assert all(r[0] == "recv" and r[8] >= 0 for r in long_records)
     handled = {e.id: e for e in read_file(path).events if e.ev == "handled"}
     for r in long_records:
         mid = msgpack.unpackb(r[2])[2]  # a version-2 header: the id is its third field
         assert handled[mid].t_ns == r[1] + r[8] and handled[mid].extra == {"outcome": "ok", "dur_ns": r[8]}
+
+
+def test_a_closed_trace_ends_with_an_end_record_and_a_killed_one_does_not(tmp_path):
+    """Version 6: the writer's close() writes an end record; a file without one was cut short (its process killed),
+    which replay needs to know (it stops at the cut). The header names the environment that decides the floats."""
+    import signal
+
+    from slime_actors.traces.reader import read_file
+    from slime_actors.traces.writer import TraceWriter
+    w = TraceWriter(tmp_path / "x-0.1.trace", "x/0")
+    w.record_input("clock", 1.5)
+    w.close()
+    tf = read_file(tmp_path / "x-0.1.trace")
+    assert tf.complete is True and tf.end["records"] == 1 and tf.end["lost"] == 0
+    assert [e.name for e in tf.events] == ["clock"]
+    env = tf.meta["environment"]
+    assert env["python"] and env["cpu"]["usable_cores"] >= 1 and "packages" in env
+    code = ("import os, signal, sys, time; from slime_actors.traces.writer import TraceWriter; "
+            "w = TraceWriter(sys.argv[1], 'x/0'); w.record_input('clock', 2.5); w.flush(); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "y-0.2.trace")], timeout=120)
+    assert res.returncode == -signal.SIGKILL
+    tf = read_file(tmp_path / "y-0.2.trace")
+    assert tf.complete is False and [e.name for e in tf.events] == ["clock"]
+
+
+def test_a_bounded_trace_rotates_keeping_its_first_and_newest_segments(tmp_path):
+    """--trace-max-bytes: segments of max/8 bytes; the first (the actor's start, which replay runs) and the newest
+    are kept, 8 in all; each ends with an end record naming the next; readers say what was deleted."""
+    from slime_actors.traces.reader import read_file
+    from slime_actors.traces.writer import SEGMENTS, TraceWriter
+    bound = SEGMENTS * 65536
+    w = TraceWriter(tmp_path / "x-0.1.trace", "x/0", max_bytes=bound)
+    n = 0
+    for _ in range(400):
+        for _ in range(100):
+            w.record_input("clock", n, key=f"{n:08d}")
+            n += 1
+        w.flush()  # (the writer thread's drain: a rotation happens after one)
+    w.close()
+    files = sorted(tmp_path.glob("x-0.1*.trace"), key=lambda p: read_file(p).segment)
+    segs = [read_file(p) for p in files]
+    assert len(files) == SEGMENTS and w.deleted > 0 and segs[0].segment == 0
+    assert [s.segment for s in segs[1:]] == list(range(segs[1].segment, segs[1].segment + SEGMENTS - 1))
+    assert sum(p.stat().st_size for p in files) <= bound + SEGMENTS * 8192  # (a drain's worth over, at most)
+    assert all(s.rotated for s in segs[:-1]) and segs[-1].complete
+    assert segs[0].end["rotated"] == "x-0.1.1.trace"
+    values = [e.body() for s in segs for e in s.events]
+    assert values[0] == 0 and values[-1] == n - 1  # the start and the end of the actor's life
+    assert values == sorted(values)
+    run = TraceRun(tmp_path)
+    assert any(f"trace segment(s) 1-{segs[1].segment - 1} were deleted by rotation" in p for p in run.problems), \
+        run.problems

@@ -164,7 +164,7 @@ class Actor(Dispatch):
                 "transport": runtime.transport, "max_concurrency": runtime.mailbox.max_concurrency,
                 "default_timeout": runtime.mailbox.default_timeout}}
             self.tracer = host.tracer(path, self.name, meta=meta, body_limit=runtime.trace_body_limit,
-                                      keep_arrays=runtime.trace_keep_arrays)
+                                      keep_arrays=runtime.trace_keep_arrays, max_bytes=runtime.trace_max_bytes)
         self.mailbox = host.mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
                                     config=runtime.mailbox, on_request=self._on_request, on_drop=self._on_drop)
         self._reply_nowait = self.mailbox.reply_nowait

@@ -31,8 +31,9 @@ class Host:
     def mailbox(self, name: str, **kw) -> Mailbox:
         return Mailbox(name, **kw)
 
-    def tracer(self, path: str, actor: str, *, meta: dict, body_limit: int, keep_arrays: bool):
-        return TraceWriter(path, actor, meta=meta, body_limit=body_limit, keep_arrays=keep_arrays)
+    def tracer(self, path: str, actor: str, *, meta: dict, body_limit: int, keep_arrays: bool, max_bytes: int = 0):
+        return TraceWriter(path, actor, meta=meta, body_limit=body_limit, keep_arrays=keep_arrays,
+                           max_bytes=max_bytes)
 
     def schedule(self, actor) -> _schedule.Schedule | None:
         """Record the actor's schedule into its trace (when its tracer has the hot-path entries)."""

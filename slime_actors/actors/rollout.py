@@ -276,6 +276,7 @@ class RolloutWorker(EngineSupervisor, Actor):
             deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
             while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)
+        await self._engine_profile(rollout_id + 1)
         return {"aborted": n, "returned": n - len(self._inflight)}
 
     @handler

@@ -143,6 +143,28 @@ class EngineSupervisor:
         self.weight_version = version
         self._engine_ok.set()
         await self.controller.tell.engine_ready(self.name, version)
+        if self.cfg.debug.profile_step_start == 0:
+            await self._engine_profile(0)  # --profile-target rollout from the first rollout
+
+    async def _engine_profile(self, rollout_id: int) -> None:
+        """--use-pytorch-profiler --profile-target rollout: as rollout `rollout_id` starts, start or stop the engine's
+        profiler through SGLang's endpoints (the local engine has them too); its traces go to
+        RUN_DIR/profiles/engine-<this worker>/ (slime_actors/profiler.py)."""
+        from ..backends.engine_client import EngineError
+        from ..profiler import engine_profile_window, profiles_dir
+        what = engine_profile_window(self.cfg.debug, rollout_id)
+        if what is None:
+            return
+        out = str(profiles_dir(self.runtime.run_dir).resolve() / f"engine-{self.name.replace('/', '-')}")
+        try:
+            if what == "start":
+                await self.recorded_async("engine.start_profile", self.client.start_profile, out)
+            else:
+                await self.recorded_async("engine.stop_profile", self.client.stop_profile)
+        except EngineError as exc:
+            self.log.warning("engine profiler", action=what, error=str(exc))
+        else:
+            self.log.info("engine profiler", action=what, rollout_id=rollout_id, output_dir=out)
 
     async def _check_external_keys(self, url: str) -> None:
         """An external engine that refuses our key (or our lack of one) is a configuration error: say so and stop,

@@ -27,6 +27,7 @@ from ..checkpoints import read_meta, trainer_dir
 from ..config import JobConfig
 from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError, transient
+from ..mailbox.mailbox import current_cause
 from ..messages import Joined, TrainBatch
 from ..retry import RetryPolicy, retry
 from .base import Actor, handler
@@ -51,6 +52,7 @@ class TrainerRank(Actor):
         self.world_size = 1
         self.weights = None  # backends.weight_sync.WeightPusher: rank 0 pushes weights, the others take part
         self.generation: int | None = None  # of the training group this rank joined
+        self.profiler = None  # slime_actors.profiler.TrainProfiler, made with the backend
         self.controller, self.buffer = Handle(self, "controller/0"), Handle(self, "buffer/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -88,6 +90,13 @@ class TrainerRank(Actor):
         import torch
         import torch.distributed as dist
         a = self.cfg
+        # every generator a rank's code may draw from (as Megatron's _set_random_seed): a run is reproducible, and
+        # so is its checkpoint's RNG state (docs/reproducibility.md)
+        import random
+
+        import numpy as np
+        random.seed(a.run.seed + self.rank)
+        np.random.seed((a.run.seed + self.rank) % (1 << 32))
         torch.manual_seed(a.run.seed + self.rank)
         if a.run.device == "cuda":
             gpus = torch.cuda.device_count()
@@ -113,8 +122,15 @@ class TrainerRank(Actor):
             from ..backends.megatron_backend import MegatronBackend as Backend
         else:
             from ..backends.torch_backend import TorchBackend as Backend
+        from ..profiler import TrainProfiler
+        self.profiler = TrainProfiler(a.debug, self.rank, self.runtime.run_dir, self.name)
+        self.profiler.start_memory_history()
         self.backend = Backend(a, self.rank, self.world_size)
         self.backend.init()
+        from ..traces import environment
+        # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
+        # what differs (docs/reproducibility.md)
+        self.record_input(environment.INPUT_NAME, environment.torch_runtime())
         from ..backends.weight_sync import WeightPusher
         self.weights = WeightPusher(a, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
@@ -149,10 +165,21 @@ class TrainerRank(Actor):
         batch = await self._get_batch(rollout_id)
         self._record_batch(batch.wire)
         t1 = time.monotonic()
-        metrics = await self.run_blocking(rl_update, self.backend, self.cfg, batch.wire, rollout_id)
+        cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
+        metrics = await self.run_blocking(self._update, rl_update, batch.wire, rollout_id,
+                                          cause[1] if cause else None)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
+        return metrics
+
+    def _update(self, rl_update, batch: dict, rollout_id: int, cause: str | None) -> dict:
+        """The RL update of one rollout, profiled as --use-pytorch-profiler asks (slime_actors/profiler.py)."""
+        prof = self.profiler
+        with prof.phase("train_overall", rollout_id, cause):
+            metrics = rl_update(self.backend, self.cfg, batch, rollout_id,
+                                phase=lambda target: prof.phase(target, rollout_id, cause))
+        prof.after_step(rollout_id)
         return metrics
 
     async def _get_batch(self, rollout_id: int) -> TrainBatch:

@@ -47,7 +47,7 @@ ADMIN_PATHS = frozenset({
     "/flush_cache", "/abort_request", "/pause_generation", "/continue_generation", "/update_weights_from_disk",
     "/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
     "/update_weights_from_tensor", "/update_weights_from_ipc", "/update_weight_version", "/load_lora_adapter",
-    "/unload_lora_adapter",
+    "/unload_lora_adapter", "/start_profile", "/stop_profile",
 })
 OPEN_PREFIXES = ("/health", "/metrics")
 # /server_info fields that hold secrets (SGLang returns its ServerArgs there, in clear)

@@ -279,6 +279,20 @@ class EngineClient:
         status, _ = await self._request("POST", "/flush_cache", expect="text", ok_statuses=(400,))
         return status == 200
 
+    async def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
+                            record_shapes: bool = True) -> None:
+        """SGLang's POST /start_profile: the engine's torch profiler, its traces written to `output_dir` (a path on
+        the engine's host) when /stop_profile comes, or after num_steps steps."""
+        body: dict[str, Any] = {"output_dir": output_dir, "record_shapes": record_shapes}
+        if num_steps is not None:
+            body["num_steps"] = num_steps
+        if activities is not None:
+            body["activities"] = activities
+        await self._request("POST", "/start_profile", body, expect="text")
+
+    async def stop_profile(self) -> None:
+        await self._request("POST", "/stop_profile", {}, expect="text")
+
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
         """Abort requests whose rid starts with `rid` (SGLang matches by prefix), or all of them."""
         await self._request("POST", "/abort_request", {"rid": rid or "", "abort_all": bool(abort_all)},

@@ -26,8 +26,10 @@ Metrics are global (summed contributions across ranks, or all-reduced sums and c
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -217,15 +219,17 @@ def _prepare(batch: dict) -> dict:
 
 
 def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id: int,
-              reduce: Reduce | None = None) -> dict[str, float]:
+              reduce: Reduce | None = None, phase: Callable[[str], Any] | None = None) -> dict[str, float]:
     """Train on this rank's shard of one rollout; returns scalar metrics, global across ranks (all-reduced; only
     ``train_time`` is this rank's).
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
     returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the
     default process group when initialised; a backend with its own ``reduce`` -- megatron's, over the data-parallel
-    group only -- supplies it)."""
+    group only -- supplies it). ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and
+    the optimizer steps ("train_actor") -- the profiler's (slime_actors/profiler.py)."""
     reduce = reduce or getattr(backend, "reduce", None) or default_reduce
+    phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
     alg = cfg.algorithm
     validate_batch(batch, require_rollout_log_probs=alg.use_tis)
@@ -240,10 +244,11 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     # 1. reference and old log-probs
     kl_coef = alg.kl_coef
     ref = None
-    if alg.use_kl_loss or kl_coef != 0:
-        ref, _ = backend.compute_log_probs(work, model="ref")
-        work["ref_log_probs"] = ref
-    old, _ = backend.compute_log_probs(work, model="actor")
+    with phase("train_log_probs"):
+        if alg.use_kl_loss or kl_coef != 0:
+            ref, _ = backend.compute_log_probs(work, model="ref")
+            work["ref_log_probs"] = ref
+        old, _ = backend.compute_log_probs(work, model="actor")
     work["old_log_probs"] = old
 
     metrics: dict[str, float] = {}
@@ -304,13 +309,41 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
 
     # 4. optimizer steps
     num_steps = cfg.train.num_steps_per_rollout
-    per_token = alg.calculate_per_token_loss
-    # gradients are averaged over the data-parallel replicas (all ranks, unless the backend is model-parallel)
-    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
     names = policy_metric_names(alg) + (["value_loss", "value_clipfrac"] if estimator == "ppo" else [])
     custom = CustomLoss(cfg) if alg.loss_type == "custom_loss" else None
     step_sums = {k: 0.0 for k in names}
     grad_norms, critic_norms = [], []
+    with phase("train_actor"):
+        names = _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms)
+    for k in names:
+        metrics[k] = step_sums[k] / num_steps
+    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if critic_norms:
+        metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
+    metrics["num_steps"] = float(num_steps)
+    metrics["train_time"] = time.monotonic() - t0
+
+    for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
+        if key in work:
+            batch[key] = work[key]
+    log.info("rl_update", rollout_id=rollout_id, rank=getattr(backend, "rank", 0),
+             **{k: round(v, 6) for k, v in metrics.items() if k in ("loss", "pg_loss", "grad_norm", "reward_mean",
+                                                                  "train_rollout_logprob_abs_diff_max")})
+    return metrics
+
+
+def _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms) -> None:
+    """--num-steps-per-rollout optimizer steps over the shard's mini-batches (the module docstring, 4.); fills
+    step_sums, grad_norms and critic_norms; returns the metric names (a custom loss adds its own)."""
+    alg = cfg.algorithm
+    estimator = alg.advantage_estimator
+    num_steps = cfg.train.num_steps_per_rollout
+    per_token = alg.calculate_per_token_loss
+    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
+
+    def rsum(*xs) -> list[float]:
+        return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()
+
     for step_idx in mini_batch_indices(n, num_steps):
         step = select(work, step_idx)
         step_tokens = sum(float(m.sum()) for m in step["loss_masks"])
@@ -333,18 +366,4 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         glob = rsum(*[local.get(k, 0.0) for k in names])
         for k, v in zip(names, glob):
             step_sums[k] += v
-    for k in names:
-        metrics[k] = step_sums[k] / num_steps
-    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    if critic_norms:
-        metrics["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
-    metrics["num_steps"] = float(num_steps)
-    metrics["train_time"] = time.monotonic() - t0
-
-    for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
-        if key in work:
-            batch[key] = work[key]
-    log.info("rl_update", rollout_id=rollout_id, rank=getattr(backend, "rank", 0),
-             **{k: round(v, 6) for k, v in metrics.items() if k in ("loss", "pg_loss", "grad_norm", "reward_mean",
-                                                                  "train_rollout_logprob_abs_diff_max")})
-    return metrics
+    return names

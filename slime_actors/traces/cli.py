@@ -5,15 +5,16 @@
                                     [--id ID] [--events E,..] [--drops] [--full] [--no-body] [--limit N] [--json]
     slime-actors trace chain    RUN MSG_ID [--bodies]
     slime-actors trace diff     RUN_A RUN_B [--rtol R] [--atol A] [--include-method M] [--all]
-    slime-actors trace export   RUN -o run.json [--step K | --since T --until T] [--heartbeats]
+    slime-actors trace export   RUN -o run.json [--step K | --since T --until T] [--heartbeats] [--profiles]
     slime-actors trace timeline RUN --step K -o step.png
     slime-actors replay         RUN --actor ROLE/INDEX [--pid PID] [--set KEY=VALUE] [--path-map OLD=NEW] [--rtol R]
                                     [--json]
 
 RUN is a run directory, its traces/ folder, or one .trace file. Times (--since/--until) are seconds from the run's
-start, as `trace show` prints them (+12.5s), or Unix seconds. Exit codes: 0 fine (replay: identical; diff: no
-divergence), 1 a difference was found, 2 bad input (a missing or corrupt trace file is named with the byte offset and
-what was expected there).
+start, as `trace show` prints them (+12.5s), or Unix seconds. Exit codes: 0 fine (replay: bit-identical, or only
+floats differ and all within --rtol/--atol; diff: no divergence), 1 a difference was found (replay: a logic
+difference -- a message, a field that is not a float, an outcome), 2 bad input (a missing or corrupt trace file is
+named with the byte offset and what was expected there), 3 replay: only floats differ, some beyond --rtol/--atol.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import argparse
 import json
 import sys
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT, EXIT_FLOATS = 0, 1, 2, 3
 
 
 def _err(msg: str) -> int:
@@ -184,12 +185,21 @@ def cmd_export(args) -> int:
     from .export import export
     run = _open(args.run, args.skip_bad)
     since, until, label = _window(run, args)
-    data = export(run, args.output, heartbeats=args.heartbeats, since=since, until=until)
+    data = export(run, args.output, heartbeats=args.heartbeats, since=since, until=until, profiles=args.profiles)
     ev = data["traceEvents"]
-    n_slices = sum(1 for e in ev if e["ph"] == "X")
+    n_slices = sum(1 for e in ev if e["ph"] == "X" and not str(e.get("cat", "")).startswith("profile."))
     n_flows = sum(1 for e in ev if e["ph"] == "s")
-    print(f"wrote {args.output}: {len(data['otherData']['actors'])} actor track(s), {n_slices} slices, "
-          f"{n_flows} message arrows{label}; open it in https://ui.perfetto.dev")
+    other = data["otherData"]
+    profs = other.get("profiles") or []
+    extra = ""
+    if profs:
+        n_prof = sum(1 for e in ev if str(e.get("cat", "")).startswith("profile."))
+        extra = (f", {len(profs)} profile(s) merged ({n_prof} profiler events; clocks aligned by "
+                 f"{', '.join(sorted({p['aligned_by'] for p in profs}))})")
+    for n in other.get("profile_notes") or ():
+        print(f"note: {n}", file=sys.stderr)
+    print(f"wrote {args.output}: {len(other['actors'])} actor track(s), {n_slices} slices, "
+          f"{n_flows} message arrows{label}{extra}; open it in https://ui.perfetto.dev")
     return EXIT_OK
 
 
@@ -219,9 +229,18 @@ def cmd_replay(args) -> int:
                     path_map=parse_path_maps(args.path_map), rtol=args.rtol, atol=args.atol, timeout=args.timeout,
                     allow_network=args.allow_network)
     if args.json:
-        print(json.dumps({"actor": report.actor, "identical": report.identical, "stopped": report.stopped,
+        fl = report.floats
+        print(json.dumps({"actor": report.actor, "verdict": report.verdict, "identical": report.identical,
+                          "within_tolerance": report.within_tolerance, "stopped": report.stopped,
                           "counts": report.counts, "notes": report.notes, "steps": report.steps,
-                          "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "message": f.message,
+                          "floats": {"values": fl.values, "messages": fl.messages, "beyond_tolerance": fl.beyond,
+                                     "max_rel": fl.max_rel, "max_at": _plain(fl.max_at),
+                                     "arrays_by_checksum": fl.arrays_by_checksum},
+                          "environment": None if report.environment is None else
+                          [{"key": k, "recorded": _plain(a), "here": _plain(b)} for k, a, b in report.environment],
+                          "cut": report.cut,
+                          "differences": [{"t": (f.t_ns - report.t0) / 1e9, "what": f.what, "kind": f.kind,
+                                           "message": f.message,
                                            "recorded_id": f.rec_id, "answers": f.answers,
                                            "field": f.diff.path if f.diff else None,
                                            "recorded": _plain(f.diff.a) if f.diff else None,
@@ -231,6 +250,8 @@ def cmd_replay(args) -> int:
         print(report.render(show=args.show))
     if report.stopped:
         return EXIT_BAD_INPUT
+    if report.verdict == "floats":
+        return EXIT_OK if report.within_tolerance else EXIT_FLOATS
     return EXIT_OK if report.identical else EXIT_DIFFERENT
 
 
@@ -307,6 +328,9 @@ def add_trace_commands(sub) -> None:
     s.add_argument("-o", "--output", required=True)
     window(s)
     s.add_argument("--heartbeats", action="store_true", help="include heartbeats")
+    s.add_argument("--profiles", action=argparse.BooleanOptionalAction, default=None,
+                   help="merge RUN/profiles (torch profiler traces: --use-pytorch-profiler) onto the actors' tracks, "
+                        "clocks aligned (default: when there are any)")
     s.set_defaults(fn=_guarded(cmd_export))
 
     s = tsub.add_parser("timeline", help="a PNG of one step: actors x time, handlers as bars, messages as arrows")
@@ -328,7 +352,7 @@ def add_replay_command(sub) -> None:
                    help="change a recorded job flag first (VALUE as JSON, else a string): what if...?")
     r.add_argument("--path-map", action="append", default=[], metavar="OLD=NEW",
                    help="read recorded paths starting with OLD under NEW (a run recorded elsewhere)")
-    r.add_argument("--rtol", type=float, default=None, help="float tolerance (default 0; trainer 1e-4)")
+    r.add_argument("--rtol", type=float, default=None, help="float tolerance for the exit code (default 0; trainer 1e-4); any float that differs at all is reported")
     r.add_argument("--atol", type=float, default=None, help="(default 0; trainer 1e-6)")
     r.add_argument("--timeout", type=float, default=600.0, help="real seconds before giving up")
     r.add_argument("--allow-network", action="store_true", help="let the actor open connections (not replayed)")

@@ -141,3 +141,130 @@ def _full_array_diff(a, b, path, rtol, atol) -> Difference | None:
         i = tuple(int(j) for j in np.argwhere(bad)[0])
         return Difference(f"{path}{list(i)}", x[i].item(), y[i].item())
     return None
+
+
+# ---------------------------------------------------------------------------------------------- float vs logic
+FLOAT, FLOAT_ARRAY, LOGIC = "float", "float-array", "logic"
+
+
+@dataclass
+class LeafDifference:
+    """One place where two bodies differ at all (no tolerance): `kind` FLOAT (two numbers, one of them a float),
+    FLOAT_ARRAY (a float array: its values, or -- recorded by checksum -- only its checksum), or LOGIC (anything
+    else: an int, a string, a shape, a key or a list element that is there on one side only)."""
+
+    path: str
+    a: Any
+    b: Any
+    kind: str
+    rel: float | None = None   # FLOAT / a float array kept in full: the largest |a-b| / max(|a|, |b|)
+    abs: float | None = None   # ... and the largest |a-b|
+
+    def within(self, rtol: float, atol: float) -> bool:
+        """Within |a-b| <= atol + rtol*|b| (a float array recorded by checksum only: not known to be)."""
+        if self.kind == FLOAT:
+            return _close(float(self.a), float(self.b), rtol, atol)
+        if self.kind == FLOAT_ARRAY and self.abs is not None:
+            return self.within_arrays(rtol, atol)
+        return False
+
+    def within_arrays(self, rtol: float, atol: float) -> bool:
+        import numpy as np
+        return bool(np.allclose(np.asarray(self.a), np.asarray(self.b), rtol=rtol, atol=atol, equal_nan=True))
+
+
+def _close(fa: float, fb: float, rtol: float, atol: float) -> bool:
+    if math.isnan(fa) and math.isnan(fb):
+        return True
+    return fa == fb or abs(fa - fb) <= atol + rtol * abs(fb)
+
+
+def _rel(fa: float, fb: float) -> float:
+    if math.isnan(fa) or math.isnan(fb) or math.isinf(fa) or math.isinf(fb):
+        return math.inf
+    d = abs(fa - fb)
+    return d / max(abs(fa), abs(fb)) if d else 0.0
+
+
+def leaf_differences(a: Any, b: Any, *, volatile: frozenset = VOLATILE_DIFF, path: str = "",
+                     limit: int = 10_000) -> list[LeafDifference]:
+    """Every place (depth first, keys in a's order; at most `limit`) where `a` and `b` are not bit-identical."""
+    out: list[LeafDifference] = []
+    _leaves(a, b, volatile, path, out, limit)
+    return out
+
+
+def _leaves(a, b, volatile, path, out, limit) -> None:
+    if len(out) >= limit:
+        return
+    if isinstance(a, dict) and isinstance(b, dict):
+        if _is_array(a) or _is_array(b):
+            d = _array_diff(a, b, path)
+            if d is not None:
+                same_form = _is_array(a) and _is_array(b) and a.get("__array__") == b.get("__array__") and \
+                    a.get("shape") == b.get("shape")
+                kind = FLOAT_ARRAY if same_form and _float_dtype(a.get("__array__")) else LOGIC
+                out.append(LeafDifference(d.path, d.a, d.b, kind))
+            return
+        for k in a:
+            if _skip(k, volatile):
+                continue
+            p = f"{path}.{k}" if path else str(k)
+            if k not in b:
+                out.append(LeafDifference(p, a[k], "<missing>", LOGIC))
+            else:
+                _leaves(a[k], b[k], volatile, p, out, limit)
+        for k in b:
+            if k not in a and not _skip(k, volatile):
+                out.append(LeafDifference(f"{path}.{k}" if path else str(k), "<missing>", b[k], LOGIC))
+        return
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _leaves(x, y, volatile, f"{path}[{i}]", out, limit)
+        if len(a) != len(b):
+            out.append(LeafDifference(f"{path}.length" if path else "length", len(a), len(b), LOGIC))
+        return
+    if _num(a) and _num(b) and not isinstance(a, bool) and not isinstance(b, bool) and \
+            (isinstance(a, float) or isinstance(b, float)):
+        fa, fb = float(a), float(b)
+        if fa == fb or (math.isnan(fa) and math.isnan(fb)):
+            return
+        out.append(LeafDifference(path, a, b, FLOAT, _rel(fa, fb), abs(fa - fb)))
+        return
+    if hasattr(a, "shape") or hasattr(b, "shape"):  # arrays kept in full (--trace-keep-arrays)
+        _full_array_leaves(a, b, path, out)
+        return
+    if type(a) is not type(b) or a != b:
+        out.append(LeafDifference(path, a, b, LOGIC))
+
+
+def _float_dtype(dtype) -> bool:
+    s = str(dtype or "")
+    return "float" in s or s in ("f2", "f4", "f8", "<f2", "<f4", "<f8", "bf16", "half", "double")
+
+
+def _full_array_leaves(a, b, path, out) -> None:
+    import numpy as np
+    try:
+        x, y = np.asarray(a), np.asarray(b)
+    except Exception:
+        out.append(LeafDifference(path, a, b, LOGIC))
+        return
+    if x.shape != y.shape or x.dtype != y.dtype:
+        out.append(LeafDifference(path + ".shape", f"{x.dtype}{list(x.shape)}", f"{y.dtype}{list(y.shape)}", LOGIC))
+        return
+    if x.dtype.kind in "fc":
+        xf, yf = x.astype(np.float64), y.astype(np.float64)
+        same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
+        if same.all():
+            return
+        d = np.abs(xf - yf)
+        scale = np.maximum(np.abs(xf), np.abs(yf))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(same, 0.0, np.where(scale > 0, d / scale, np.inf))
+        out.append(LeafDifference(path, x, y, FLOAT_ARRAY, float(np.nanmax(rel)), float(np.nanmax(np.where(same, 0, d)))))
+        return
+    bad = x != y
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        out.append(LeafDifference(f"{path}{list(i)}", x[i].item(), y[i].item(), LOGIC))

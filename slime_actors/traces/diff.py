@@ -32,7 +32,8 @@ IGNORED_INPUTS = frozenset(("clock", "clock.monotonic", "start_token", "pid", "e
                             "engine.poll", "engine.wait_healthy", "engine.health", "engine.health_generate",
                             "router.port", "router.metrics_port", "router.launch", "router.poll",
                             "router.wait_healthy", "router.has_worker", "router.add_worker", "router.remove_worker",
-                            "engine.abort_request"))  # (how many requests were still running: the timing's)
+                            "engine.abort_request",  # (how many requests were still running: the timing's)
+                            "environment"))  # the machine's (compared on its own: environment_note)
 # run-specific config values (paths, ports) that are not part of "the same config"
 CONFIG_IGNORED = frozenset(("run_dir", "save", "load", "hf_checkpoint", "save_debug_rollout_data",
                             "load_debug_rollout_data", "update_weight_disk_dir", "progress", "config"))
@@ -248,6 +249,26 @@ def _describe_key(key: tuple) -> str:
     return f"{frm} -> {to} {kind} {method}" + (f" ({fields})" if fields else "")
 
 
+def environment_note(a: TraceRun, b: TraceRun) -> str | None:
+    """What differs between the environments the two runs' actors recorded (the floats' bits depend on them:
+    slime_actors/traces/environment.py), one line; None when nothing does or a run recorded none."""
+    from . import environment
+    from .reader import recorded_environment
+    diffs: dict[str, tuple] = {}
+    for actor in sorted(set(a.actors()) & set(b.actors())):
+        fa = next((f for f in a.files if f.meta.get("actor") == actor), None)
+        fb = next((f for f in b.files if f.meta.get("actor") == actor), None)
+        ea, eb = recorded_environment(fa), recorded_environment(fb)
+        if ea is None or eb is None:
+            continue
+        for k, x, y in environment.differences(ea, eb):
+            diffs.setdefault(k, (k, x, y))
+    if not diffs:
+        return None
+    return ("environments differ (floats may differ in their last bits for that alone): "
+            + environment.describe(list(diffs.values())))
+
+
 def render(a: TraceRun, b: TraceRun, *, rtol: float = 1e-5, atol: float = 1e-8, ignore: frozenset = IGNORED_METHODS,
            show: int = 5) -> tuple[str, bool]:
     """The report, and whether the runs diverged."""
@@ -259,6 +280,9 @@ def render(a: TraceRun, b: TraceRun, *, rtol: float = 1e-5, atol: float = 1e-8, 
     if cfg:
         lines.append("config differs (so the runs are expected to part ways): "
                      + ", ".join(f"{k}: {va!r} -> {vb!r}" for k, va, vb in cfg[:20]))
+    env = environment_note(a, b)
+    if env:
+        lines.append(env)
     only_a = sorted(set(a.actors()) - set(b.actors()))
     only_b = sorted(set(b.actors()) - set(a.actors()))
     if only_a or only_b:

@@ -10,7 +10,10 @@ Open the file in https://ui.perfetto.dev (or chrome://tracing). Layout:
   slice per tell ("tell rollout/0.resume");
 * arrows (flow events "s" -> "f", bound to the enclosing slices with "bp": "e") from each ask or tell to the
   handler that received it, and from the handler back to the ask its reply answered;
-* an instant event per recorded input (engine answers, clock readings) and per dropped message.
+* an instant event per recorded input (engine answers, clock readings) and per dropped message;
+* with profiles (RUN_DIR/profiles, --use-pytorch-profiler): each process's torch profiler events -- CPU ops, ranges
+  named after the message that caused them, GPU kernels, memory counters -- in lanes of its own on its actor's
+  track, on the same clock (slime_actors/traces/profiles.py).
 
 Timestamps are microseconds since the run's first record (ts 0 = `trace show`'s +0 s).
 """
@@ -49,7 +52,9 @@ def _us(t_ns: int, t0: int) -> float:
 
 
 def build(run: TraceRun, *, heartbeats: bool = False, since: int | None = None, until: int | None = None,
-          preview_chars: int = 300) -> dict:
+          preview_chars: int = 300, profiles: bool | None = None) -> dict:
+    """The trace-event document. `profiles`: merge the run's profiler traces (RUN_DIR/profiles: CPU ops, ranges,
+    GPU kernels, memory) onto the actors' tracks, clocks aligned (traces/profiles.py); None: when there are any."""
     t0 = run_start_ns(run)
     msgs = run.messages()
     actors = sorted(run.actors(), key=actor_sort_key)
@@ -150,9 +155,28 @@ def build(run: TraceRun, *, heartbeats: bool = False, since: int | None = None, 
             name = f"input {e.name}" if e.ev == "input" else "drop"
             events.append({"ph": "i", "s": "t", "name": name, "cat": e.ev, "pid": p, "tid": 0, "ts": _us(e.t_ns, t0),
                            "args": dict(e.extra or {})})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"run": str(run.root), "t0_unix_ns": t0, "actors": actors,
-                          "generator": "slime-actors trace export"}}
+    other = {"run": str(run.root), "t0_unix_ns": t0, "actors": actors, "generator": "slime-actors trace export"}
+    if profiles is not False:
+        from .profiles import load_profiles, trace_events
+        profs, notes = load_profiles(Path(run.root), actors)
+        if profiles and not profs and not notes:
+            notes = [f"no profiles under {run.root} (record them with --use-pytorch-profiler)"]
+        if since is not None or until is not None:
+            profs = [p for p in profs if _overlaps(p, since, until)]
+        events += trace_events(profs, pid_of, lambda ns: round((ns - t0) / 1000.0, 3))
+        other["profiles"] = [{"file": str(p.path), "actor": p.actor, "aligned_by": p.aligned_by,
+                              "uncertainty_us": round(p.uncertainty_ns / 1000, 3)} for p in profs]
+        if notes:
+            other["profile_notes"] = notes
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _overlaps(prof, since: int | None, until: int | None) -> bool:
+    ts = [float(e["ts"]) for e in prof.events if "ts" in e and e.get("ph") in ("X", "i", "I")]
+    if not ts:
+        return False
+    lo, hi = prof.wall_ns(min(ts)), prof.wall_ns(max(ts))
+    return (since is None or hi >= since) and (until is None or lo <= until)
 
 
 def _assign_lanes(slices: list[Slice]) -> None:

@@ -22,7 +22,7 @@ import msgpack
 from ..mailbox.codec import header_as_dict
 from .writer import TRACE_FORMAT, TRACE_VERSION
 
-SUPPORTED = (1, 2, 3, 4, 5)  # docs/trace-format.md: what changed from one version to the next
+SUPPORTED = (1, 2, 3, 4, 5, 6)  # docs/trace-format.md: what changed from one version to the next
 
 
 class TraceFormatError(ValueError):
@@ -117,6 +117,28 @@ class TraceFile:
     truncated: bool = False
     truncated_at: int = 0
     schedule: list[Step] = field(default_factory=list)  # the actor's schedule, in file order (version 5)
+    end: dict | None = None  # the `end` record's extra (version 6): the writer closed the file; None: cut short
+
+    @property
+    def segment(self) -> int:
+        """Which file of its process this is: 0, or k >= 1 for the k-th after a rotation (version 6)."""
+        s = self.meta.get("segment", 0)
+        return s if type(s) is int and s >= 0 else 0
+
+    @property
+    def rotated(self) -> bool:
+        """The writer went on in the next segment (--trace-max-bytes)."""
+        return self.end is not None and "rotated" in self.end
+
+    @property
+    def complete(self) -> bool | None:
+        """True: it ends where the actor stopped (an `end` record, not a rotation); False: it was cut short -- its
+        process killed (no `end` record) or rotated into a next segment; None: a file written before version 6,
+        which cannot tell (replay then looks for the actor's stop in its schedule)."""
+        if self.end is not None:
+            return not self.rotated
+        version = self.meta.get("version")
+        return False if type(version) is int and version >= 6 else None
 
 
 def read_file(path: str | os.PathLike) -> TraceFile:
@@ -155,6 +177,7 @@ def read_file(path: str | os.PathLike) -> TraceFile:
     actor = meta.get("actor", "?")
     events: list[Event] = []
     schedule: list[Step] = []
+    end = None
     truncated = False
     offset = 0
     while True:
@@ -174,6 +197,13 @@ def read_file(path: str | os.PathLike) -> TraceFile:
                                                  "body_hash, arrays, extra] (a recv may add dur_ns), "
                                                  f"got {str(rec)[:120]}")
         ev, t, hraw, body, size, bhash, arrays, extra = rec[:8]
+        if ev == END:  # version 6: the writer closed the file (the last record)
+            if len(rec) != 8 or hraw is not None or body is not None or not isinstance(extra, (dict, type(None))):
+                raise TraceFormatError(path, offset, "expected an end record [end, time_ns, nil, nil, 0, nil, nil, "
+                                                     f"extra map], got {str(rec)[:120]}")
+            end = dict(extra or {})
+            end["t_ns"] = t
+            continue
         if ev in SCHEDULE_EVENTS:  # the actor's schedule: [event, t, call name or b"", task name, size, nil...]
             if len(rec) != 8 or not isinstance(hraw, bytes) or not isinstance(body, bytes) or \
                     (ev == "step") != (hraw == b""):
@@ -215,11 +245,32 @@ def read_file(path: str | os.PathLike) -> TraceFile:
             events.append(Event(actor, "handled", th, header, None, 0, None, None, handled, str(path), offset))
             continue
         events.append(Event(actor, ev, t, header, body, size, bhash, arrays, extra, str(path), offset))
-    return TraceFile(path, meta, events, truncated, offset if truncated else 0, schedule)
+    return TraceFile(path, meta, events, truncated, offset if truncated else 0, schedule, end)
 
 
 EVENTS = ("send", "recv", "handled", "drop", "input")
+
+
+def recorded_environment(tf: TraceFile) -> dict | None:
+    """What decided the floats of the actor's computation (slime_actors/traces/environment.py): the header's
+    `environment`, with what torch decided (the input `environment`, recorded by an actor that computes with torch)
+    under "torch"; None for a recording made before environments were recorded."""
+    env = tf.meta.get("environment")
+    if not isinstance(env, dict):
+        return None
+    env = dict(env)
+    for e in tf.events:
+        if e.ev == "input" and e.name == "environment":
+            try:
+                value = e.body()
+            except TraceFormatError:
+                break
+            if isinstance(value, dict):
+                env["torch"] = value
+            break
+    return env
 SCHEDULE_EVENTS = ("step", "resume")  # kept apart from the events: TraceFile.schedule
+END = "end"  # version 6: the last record of a file its writer closed (TraceFile.end)
 _HEADER_KEYS = ("id", "kind", "from", "to", "method")
 
 
@@ -326,6 +377,22 @@ class TraceRun:
             self.files.append(tf)
         if not self.files:
             raise TraceFormatError(self.root, 0, "no readable trace file: " + "; ".join(self.problems))
+        # a process's files in the order written: its first, then the segments after rotations
+        self.files.sort(key=lambda f: (str(f.meta.get("actor", "?")), _int(f.meta.get("started_ns")),
+                                       _int(f.meta.get("pid")), f.segment))
+        self._gaps()
+
+    def _gaps(self) -> None:
+        """Note the segments a rotation deleted (--trace-max-bytes): what lies between the kept files is gone."""
+        by_proc: dict[tuple, list[int]] = {}
+        for f in self.files:
+            by_proc.setdefault((f.meta.get("actor"), f.meta.get("pid"), f.meta.get("started_ns")), []).append(
+                f.segment)
+        for (actor, pid, _), segs in by_proc.items():
+            missing = sorted(set(range(max(segs) + 1)) - set(segs))
+            if missing:
+                self.problems.append(f"{actor} (pid {pid}): trace segment(s) {_ranges(missing)} were deleted by "
+                                     "rotation (--trace-max-bytes); what they held is not here")
 
     def actors(self) -> list[str]:
         return sorted({f.meta.get("actor", "?") for f in self.files})
@@ -370,3 +437,18 @@ class TraceRun:
             if f.meta.get("actor") == actor:
                 return f.meta
         raise KeyError(f"no trace file for actor {actor!r} in {self.root} (actors: {', '.join(self.actors())})")
+
+
+def _int(v) -> int:
+    return v if type(v) is int else 0
+
+
+def _ranges(xs: list[int]) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)

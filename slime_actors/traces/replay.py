@@ -57,8 +57,9 @@ from ..actors.host import Host
 from ..actors.schedule import RESUME, STEP, Stepper, region_of
 from ..log import get_logger
 from ..mailbox import codec
-from .compare import Difference, first_difference, volatile_for_replay
-from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body
+from . import environment as _env
+from .compare import LOGIC, Difference, LeafDifference, leaf_differences, volatile_for_replay
+from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body, recorded_environment
 from .writer import digest
 
 log = get_logger(actor="replay")
@@ -117,7 +118,8 @@ class Recording:
 
 
 def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recording:
-    files = [f for f in run.files if f.meta.get("actor") == actor]
+    # a process's first file (segment 0): the actor's start, which replay needs; later segments are not replayed
+    files = [f for f in run.files if f.meta.get("actor") == actor and f.segment == 0]
     if not files:
         raise ReplayError(f"no trace file for {actor!r} in {run.root} (actors: {', '.join(run.actors())})")
     files.sort(key=lambda f: f.meta.get("started_ns", 0))
@@ -382,7 +384,7 @@ class ReplaySchedule:
         if nxt is not None and (nxt.kind == STEP or (recorded is None and nxt.call != call)):
             return NOW
         if nxt is None:
-            if self.h.rec_stopped:  # the recording has no further step of this task, though it runs to the stop
+            if self.h.rec_complete:  # the recording has no further step of this task, though it runs to the end
                 self.give_up(None, f"task {st.id} returned from {call} in {_caller()}, a step the recording does "
                                    "not have (the actor's code differs from the recorded run's)")
                 return FREE
@@ -442,7 +444,7 @@ class ReplaySchedule:
             self.h.clock.advance(self.h.vt(it.t_ns))
             try:
                 self.h.deliver(it.event)
-            except ReplayGap:
+            except (ReplayGap, ReplayOver):  # (over: a cut recording's last message, whose inputs were lost)
                 self._over()
                 return
 
@@ -526,6 +528,8 @@ class Out:
     vt: float
     id: str
     matched: Event | None = None
+    after_end: bool = False  # sent once every recorded event had been replayed (what lies past the recording)
+    at_cut: bool = False     # sent by a task the recording holds no further step of, in a recording cut short
 
 
 class ReplayTracer:
@@ -748,7 +752,7 @@ class ReplayHost(Host):
     def mailbox(self, name: str, **kw) -> "ReplayMailbox":
         return ReplayMailbox(name, harness=self.h, **kw)
 
-    def tracer(self, path, actor, *, meta, body_limit, keep_arrays) -> "ReplayTracer":
+    def tracer(self, path, actor, *, meta, body_limit, keep_arrays, max_bytes=0) -> "ReplayTracer":
         return ReplayTracer(self.h)
 
     def schedule(self, actor):
@@ -790,10 +794,11 @@ class Finding:
     diff: Difference | None = None
     rec_id: str | None = None    # the recorded message that differs
     answers: str | None = None   # for a reply: the id of the request it answers
+    kind: str = "logic"          # "float": only float values of the message differ (beyond --rtol/--atol)
 
     def render(self, t0: int) -> str:
         when = f"+{(self.t_ns - t0) / 1e9:.6f}s"
-        line = f"{when}  {self.message}"
+        line = f"{when}  {self.message}" + ("  [floats only]" if self.kind == "float" else "")
         if self.diff is not None:
             line += f"\n    {self.diff.path or 'body'}: recorded {_short(self.diff.a)}, replayed {_short(self.diff.b)}"
         return line
@@ -805,17 +810,73 @@ def _short(v) -> str:
 
 
 @dataclass
+class FloatSummary:
+    """The float-level differences of a replay: values that differ while everything else (structure, ints, strings,
+    outcomes, the schedule) is the same -- what another CPU, another BLAS or another thread count makes of the same
+    computation."""
+
+    values: int = 0                       # float values (and float arrays) that differ
+    messages: int = 0                     # messages holding them
+    beyond: int = 0                       # values outside --rtol/--atol
+    max_rel: float = 0.0                  # the largest |a-b| / max(|a|,|b|)
+    max_at: tuple | None = None           # (message, field, recorded, replayed) where it is
+    first_beyond: tuple | None = None     # (message, field, recorded, replayed): the first outside the tolerance
+    arrays_by_checksum: int = 0           # float arrays recorded by checksum only: they differ, by how much unknown
+
+    def add(self, message: str, diffs: list[LeafDifference], rtol: float, atol: float) -> None:
+        self.messages += 1
+        for d in diffs:
+            self.values += 1
+            if d.rel is None:
+                self.arrays_by_checksum += 1
+            elif d.rel > self.max_rel or self.max_at is None:
+                self.max_rel, self.max_at = d.rel, (message, d.path, d.a, d.b)
+            if not d.within(rtol, atol):
+                self.beyond += 1
+                if self.first_beyond is None:
+                    self.first_beyond = (message, d.path, d.a, d.b)
+
+
+@dataclass
 class Report:
     actor: str
     file: str
     actor_class: str
-    identical: bool
-    findings: list[Finding]
+    identical: bool                       # bit for bit: every compared value, every outcome, the schedule
+    findings: list[Finding]               # logic differences (what is not a float-level difference), in time order
     stopped: str | None                   # why the replay could not go on (a gap), if it could not
     counts: dict
     notes: list[str]
     t0: int
     steps: list[dict] = field(default_factory=list)   # trainer: recorded vs replayed metrics per train reply
+    floats: FloatSummary = field(default_factory=FloatSummary)
+    rtol: float = 0.0
+    atol: float = 0.0
+    # (key, recorded, here) where the recording's environment (traces/environment.py) differs from this
+    # machine's; None: the recording holds none (made before it was recorded)
+    environment: list | None = None
+    cut: dict | None = None               # a recording cut short (its process killed): where, what it lost
+
+    @property
+    def logic(self) -> list[Finding]:
+        """The differences that are not float values: a message, a field of another type, an outcome, the
+        schedule."""
+        return [f for f in self.findings if f.kind != "float"]
+
+    @property
+    def verdict(self) -> str:
+        """identical (bit for bit) | floats (nothing but float values differ: another CPU, BLAS, thread count -- or a
+        changed computation; magnitudes in `floats`) | different (a logic difference) | stopped (a gap)."""
+        if self.stopped:
+            return "stopped"
+        if self.logic:
+            return "different"
+        return "floats" if self.floats.values else "identical"
+
+    @property
+    def within_tolerance(self) -> bool:
+        """No logic difference, and every float within --rtol/--atol (true of an identical replay too)."""
+        return self.verdict in ("identical", "floats") and not self.findings and not self.floats.arrays_by_checksum
 
     def render(self, show: int = 5) -> str:
         c = self.counts
@@ -838,16 +899,49 @@ class Report:
             lines.append(f"replay stopped: {self.stopped}")
         if self.findings:
             f0 = self.findings[0]
-            lines.append("first difference:")
+            lines.append("first difference" + (" (nothing but floats differs)" if not self.logic else "") + ":")
             lines.append("  " + f0.render(self.t0).replace("\n", "\n  "))
             for f in self.findings[1:show]:
                 lines.append("then:")
                 lines.append("  " + f.render(self.t0).replace("\n", "\n  "))
             lines.append(f"{len(self.findings)} difference(s) in all")
-        elif not self.stopped:
+        if self.floats.values:
+            lines += self._render_floats()
+        elif not self.stopped and not self.findings:
             lines.append(f"identical: {c['compared']} outbound message(s) and {c['outcomes']} outcome(s) match the "
-                         "recording")
+                         "recording bit for bit")
         return "\n".join(lines)
+
+    def _render_floats(self) -> list[str]:
+        fl, c = self.floats, self.counts
+        head = ("floats only: every message, field and outcome matches the recording except" if not self.logic
+                else "also:")
+        out = [f"{head} {fl.values} float value(s) in {fl.messages} message(s) (not bit-identical)"]
+        if fl.max_at is not None:
+            msg, path, a, b = fl.max_at
+            out.append(f"  largest relative difference {fl.max_rel:.3g}: {msg}\n      {path}: recorded {_short(a)}, "
+                       f"replayed {_short(b)}")
+        if fl.arrays_by_checksum:
+            out.append(f"  {fl.arrays_by_checksum} float array(s) differ by checksum (recorded without their bytes: "
+                       "--trace-keep-arrays measures them)")
+        tol = f"--rtol {self.rtol:g} --atol {self.atol:g}"
+        if fl.beyond:
+            msg, path, a, b = fl.first_beyond
+            out.append(f"  {fl.beyond} of them beyond {tol}; the first: {msg}\n      {path}: recorded {_short(a)}, "
+                       f"replayed {_short(b)}")
+        elif not fl.arrays_by_checksum:
+            out.append(f"  all within {tol}")
+        if self.environment is None:
+            out.append("  environment: the recording holds none (made before slime-actors recorded it), so which of "
+                       "the machine, its libraries or its threads made the floats differ cannot be told")
+        elif self.environment:
+            out.append(f"  environment: the recording's differs from this machine's: {_env.describe(self.environment)}"
+                       " (docs/reproducibility.md: what decides the bits)")
+        else:
+            out.append("  environment: the recording's is this machine's (libraries, CPU, threads): the floats differ "
+                       "because the computation does (a --set, changed code), or by what the environment does not "
+                       "fix (docs/reproducibility.md)")
+        return out
 
 
 class Harness:
@@ -880,16 +974,33 @@ class Harness:
             which = (f"replaying pid {pid}'s" if pid is not None else "replaying the first (--pid picks another)")
             self.notes.append(f"{actor} has {len(self.rec.other_files)} more trace file(s) (restarts): "
                               f"{', '.join(self.rec.other_files)}; {which}")
-        # the recording runs to the actor's stop (else its process was killed: it ends wherever the kill cut it)
-        self.rec_stopped = any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method == "_stop")
-                               for it in self.rec.items)
-        if self.rec.items and not self.rec_stopped:
-            self.notes.append("the recording ends without the actor being stopped (its process was killed?): the "
-                              "replay runs what it holds")
+        # the recording runs to the actor's end (its writer closed it); else it was cut: its process killed, or the
+        # file rotated into a next segment -- and the replay stops where it ends (what lies past it is not compared)
+        tf = self.rec.file
+        stopped = any(it.task == _schedule.STOPPED or (it.event is not None and it.event.method == "_stop")
+                      for it in self.rec.items)
+        complete = tf.complete
+        self.rec_complete = stopped if complete is None else complete   # (before version 6: its stop recorded)
+        self.rec_cut = not self.rec_complete
+        self.cut: dict | None = None
+        if tf.rotated:
+            later = [f for f in run.files if f.meta.get("actor") == actor and f.meta.get("pid") == tf.meta.get("pid")
+                     and f.segment > 0]
+            self.cut = {"why": "rotated", "t_ns": tf.end.get("t_ns"), "later_segments": len(later)}
+            self.notes.append(f"the recording continues in {len(later)} later segment(s) kept after a rotation "
+                              "(--trace-max-bytes): replay runs the first, up to its end, and stops there")
+        # a recording of version 5 or later cut before its first step ended holds an empty schedule: follow it
+        version = tf.meta.get("version")
+        self.follow = bool(self.rec.items) or (self.rec_cut and type(version) is int and version >= 5)
+        if self.cut is None and self.follow and self.rec_cut:
+            self.cut = self._cut_loss(run)
+            how = "the trace has no end record" if complete is False else "its schedule holds no stop"
+            self.notes.append(f"the recording ends without the actor being stopped (its process was killed: {how}): "
+                              "the replay runs what it holds and stops where it ends" + self._render_loss())
         if self.rec.drops:
             self.notes.append(f"the recording dropped {self.rec.drops} undecodable message(s); replay cannot "
                               "feed those")
-        if not self.rec.items:
+        if not self.follow:
             self.notes.append("the recording holds no schedule (recorded before trace version 5): the actor's "
                               "concurrent tasks run in the order the replay's timing gives, which may differ from "
                               "the run's")
@@ -910,6 +1021,7 @@ class Harness:
         self._used_inputs: set[int] = set()
         self._unmatched: dict[tuple, list[Event]] = {}
         self._replies_by_re: dict[str, Event] = {}
+        self._own_ids = {e.id for e in self.rec.outbound}
         for e in self.rec.outbound:
             if e.kind in ("reply", "error"):
                 self._replies_by_re[e.header.get("re", "")] = e
@@ -923,6 +1035,42 @@ class Harness:
         self.config: dict = {}
         self.fwd_map: list[tuple[str, str]] = []  # recorded path prefix -> replay path prefix
         self.actor = None
+
+    def _cut_loss(self, run: TraceRun) -> dict:
+        """What a killed actor sent that its trace lost (the writer's last batch): the messages its peers' traces
+        received from this process (ids of its prefix) that its own holds no send record of."""
+        tf = self.rec.file
+        end = max([e.t_ns for e in tf.events] + [st.t_ns for st in tf.schedule] + [self.rec.t0])
+        sent = {e.id for e in tf.events if e.ev == "send"}
+        prefixes = {i[:8] for i in sent if isinstance(i, str) and len(i) > 8}
+        lost: dict[str, int] = {}
+        times = []
+        if prefixes:
+            for f in run.files:
+                if f is tf:
+                    continue
+                for e in f.events:
+                    h = e.header
+                    if e.ev != "recv" or h is None or h.get("from") != self.rec.actor:
+                        continue
+                    mid = h.get("id", "")
+                    if mid[:8] in prefixes and mid not in sent:
+                        key = f"{h.get('to')}.{h.get('method')}" if h.get("kind") in ("tell", "ask") \
+                            else f"{h.get('kind')} to {h.get('method')}"
+                        lost[key] = lost.get(key, 0) + 1
+                        times.append(e.t_ns)
+        return {"why": "killed", "t_ns": end, "lost_sends": sum(lost.values()), "lost_by_method": lost,
+                "lost_within_ms": round((max(times) - end) / 1e6, 3) if times else 0.0}
+
+    def _render_loss(self) -> str:
+        c = self.cut or {}
+        n = c.get("lost_sends", 0)
+        if not n:
+            return "; its peers' traces hold no message from it that its own lacks"
+        what = ", ".join(f"{k} x{v}" for k, v in sorted(c["lost_by_method"].items()))
+        return (f"; {n} message(s) its peers received from it are not in its trace ({what}): sent in its last "
+                f"{c['lost_within_ms']:g} ms, whose records the trace writer had not yet written (it writes every "
+                "50 ms) when the process died")
 
     # ---------------------------------------------------------------------------------------- building the actor
     def _actor_class(self):
@@ -1044,6 +1192,12 @@ class Harness:
         if not q and self.final_stop_vt is not None:
             # stopping after the recording ended: what the actor does now was never recorded (nor is it compared)
             raise ReplayOver(f"{self.rec.actor} read input {name!r} while replay stopped it, after the recording")
+        if not q and self.rec_cut and (self.sched is None or self.sched.head >= len(self.sched.items)) and \
+                any(e.name == name for e in self.rec.inputs):
+            # a recording cut short (a kill) with nothing left to follow: this reading's record was lost with the
+            # process, or was never taken -- the replay has reached the cut; nothing from here on is compared
+            self.recording_over()
+            raise ReplayOver(f"{self.rec.actor} read input {name!r} past the end of its cut recording")
         if not q:
             if not any(e.name == name for e in self.rec.inputs):
                 raise self.gap(f"the actor read input {name!r}, and the recording holds none: it was recorded "
@@ -1126,6 +1280,12 @@ class Harness:
                                                  self._back))[0]
         out = Out(kind, to, method, decoded, digest(raw, algo), parent if kind in ("tell", "ask") else None, re,
                   self.loop.time(), f"replay-{len(self.outs) + 1}")
+        out.after_end = self.final_stop_vt is not None
+        if self.rec_cut and self.sched is not None and not out.after_end:
+            # a cut recording (its process killed): the task's last recorded step made this call, and what the call
+            # sent may have left after the cut (an ask waits for its peer's address inside the call)
+            st = _schedule.current()
+            out.at_cut = st is not None and not self.sched.next_of.get(st.id)
         self.outs.append(out)
         if kind in ("reply", "error"):
             out.matched = self._replies_by_re.pop(re or "", None)
@@ -1142,7 +1302,7 @@ class Harness:
         if not cands:
             return None
         want = body_ident(out.body)
-        pick = 0
+        pick = None if out.after_end and want else 0
         if want:
             for i, e in enumerate(cands):
                 try:
@@ -1151,7 +1311,8 @@ class Harness:
                         break
                 except TraceFormatError:
                     continue
-        return cands.pop(pick)
+        # (what the replay sends past the recording's end stands only for a recorded request about the same thing)
+        return None if pick is None else cands.pop(pick)
 
     # ---------------------------------------------------------------------------------------- delivering
     def deliver(self, ev: Event) -> None:
@@ -1206,7 +1367,8 @@ class Harness:
             await self.sleep_until(self.rec.end)
         # the recorded actor ended here: let what is still running finish the way it does on stop
         if start_task.done() and start_task.exception() is None:
-            self.final_stop_vt = self.loop.time()
+            if self.final_stop_vt is None:  # (a recording followed to its end set it there already)
+                self.final_stop_vt = self.loop.time()
             await self.actor.stop("replay over")
         else:
             start_task.cancel()
@@ -1228,13 +1390,15 @@ class Harness:
                            heartbeat_interval=float(recorded.get("heartbeat_interval", 3600.0)),
                            liveness=int(recorded.get("liveness", 5)),
                            transport=recorded.get("transport", "ipc"), mailbox=mb)
-        if self.rec.items:
+        if self.follow:
             self.sched = ReplaySchedule(self, self.rec.items)
             self.clock.schedule = self.sched
         start_task = self.loop.create_task(self.actor.start(rt, endpoint="replay://", host=ReplayHost(self)))
         await self.drive(start_task)
         if start_task.done() and not start_task.cancelled() and start_task.exception() is not None:
             exc = start_task.exception()
+            if isinstance(exc, ReplayOver) and self.rec_cut:
+                return  # the recording was cut while the actor was starting: it ends there
             if isinstance(exc, ReplayError):
                 raise exc
             raise ReplayError(f"{self.rec.actor} could not start from its recorded configuration: "
@@ -1291,14 +1455,23 @@ class Harness:
 
     def _report(self) -> Report:
         findings: list[Finding] = []
+        fsum = FloatSummary()
         matched = {id(o.matched): o for o in self.outs if o.matched is not None}
         end_vt = self.loop.time() if self.loop else 0.0
         compared = 0
+        inbound_ids = {ev.id for ev in self.rec.inbound}
         for e in self.rec.outbound:
             o = matched.get(id(e))
             if o is None:
                 if self.stopped and self.vt(e.t_ns) > end_vt:
                     continue  # after the replay stopped: not a difference
+                if self.rec_cut and self.rec.items and e.offset > self.rec.items[-1].offset:
+                    continue  # sent in a step whose own record the cut lost: the replay stops before it
+                cause = e.header.get("re") if e.kind in ("reply", "error") else e.header.get("parent")
+                if self.rec_cut and cause and cause not in inbound_ids and cause not in self._own_ids:
+                    # sent while handling a request whose record the cut lost (a synchronous handler's request is
+                    # written after its reply): the replay never received it
+                    continue
                 findings.append(Finding(e.t_ns, "missing", f"{self._describe(e)} was not sent by the replay",
                                         rec_id=e.id))
                 continue
@@ -1318,17 +1491,32 @@ class Harness:
             except TraceFormatError as exc:
                 findings.append(Finding(e.t_ns, "differs", f"{self._describe(e)}: {exc}", rec_id=e.id))
                 continue
-            d = first_difference(rb, o.body, rtol=self.rtol, atol=self.atol, volatile=self.volatile)
-            if d is not None:
-                findings.append(Finding(e.t_ns, "differs", self._describe(e), d, e.id, e.header.get("re")))
-        lost = 0
+            leaves = leaf_differences(rb, o.body, volatile=self.volatile)
+            if leaves:
+                logic = [x for x in leaves if x.kind == LOGIC]
+                floats = [x for x in leaves if x.kind != LOGIC]
+                if floats:
+                    fsum.add(self._describe(e), floats, self.rtol, self.atol)
+                if logic:
+                    d = logic[0]
+                    findings.append(Finding(e.t_ns, "differs", self._describe(e), Difference(d.path, d.a, d.b), e.id,
+                                            e.header.get("re")))
+                else:
+                    beyond = [d for d in floats if not d.within(self.rtol, self.atol)]
+                    if beyond:
+                        d = beyond[0]
+                        findings.append(Finding(e.t_ns, "differs", self._describe(e), Difference(d.path, d.a, d.b),
+                                                e.id, e.header.get("re"), kind="float"))
+        lost = at_cut = 0
         for o in self.outs:
             if o.matched is None:
                 if o.kind in ("reply", "error") and o.re in self.rec.handled and self.sched is not None:
                     lost += 1  # its handler ended in the recording, but no reply went out: the asker was gone
                     continue
-                if self.final_stop_vt is not None and o.vt >= self.final_stop_vt and \
-                        (o.kind == "error" or self.sched is not None):
+                if o.at_cut:
+                    at_cut += 1
+                    continue
+                if o.after_end and (o.kind == "error" or self.sched is not None):
                     # after the recording ended (every recorded step replayed), or the error reply of a handler the
                     # final stop cancelled: the recording does not have it
                     continue
@@ -1355,6 +1543,9 @@ class Harness:
                                         f"{ev.header.get('from')} (recorded id {ev.id})",
                                         Difference("outcome", f"{ro} {why_r}".strip(), f"{po} {why_p}".strip()),
                                         ev.id))
+        if at_cut:
+            self.notes.append(f"{at_cut} message(s) the replay sent from the last recorded step of their task are not "
+                              "in the recording, which was cut there: not compared")
         if lost:
             self.notes.append(f"{lost} repl(y/ies) the recording could not deliver (the asker was gone) were not "
                               "compared")
@@ -1371,8 +1562,11 @@ class Harness:
         steps = self._train_steps() if self.role == "trainer" else []
         counts = {"inbound": self.fed, "replies": self.served_replies, "inputs": self.served_inputs,
                   "compared": compared, "outcomes": outcomes}
+        recorded_env = recorded_environment(self.rec.file)
+        env_diffs = None if recorded_env is None else _env.differences(recorded_env, _env.here())
         return Report(self.rec.actor, str(self.rec.file.path), str(self.rec.meta.get("actor_class")),
-                      not findings and not self.stopped, findings, self.stopped, counts, self.notes, t0, steps)
+                      not findings and not self.stopped and not fsum.values, findings, self.stopped, counts,
+                      self.notes, t0, steps, fsum, self.rtol, self.atol, env_diffs, self.cut)
 
     def _train_steps(self) -> list[dict]:
         out = []

@@ -37,6 +37,8 @@ from typing import Any
 import msgpack
 import xxhash
 
+from . import environment
+
 try:  # the record queue in C (setup.py builds it; optional): the same bytes as msgpack's, ~4x faster
     from ._fastrec import Recorder as _CRecorder
 except ImportError:
@@ -52,12 +54,21 @@ TRACE_FORMAT = "slime-actors-trace"
 # 5: the actor's schedule: a record for each step of each of its tasks, in the order the steps ran: [step, time_ns,
 #    b"", task name, ...], or [resume, time_ns, the external call's name, task name, ...] for a step that began inside
 #    an external call (slime_actors/actors/schedule.py).
+# 6: an `end` record closes a file its writer closed ([end, time_ns, nil, nil, 0, nil, nil, {records, lost}], or
+#    {rotated: next file} when the writer went on in a next segment): a file without one was cut short (its process
+#    killed). Files rotate at a size bound (--trace-max-bytes): the header's `segment` numbers them.
 #    Readers read every older version too (docs/trace-format.md, *Versions*).
-TRACE_VERSION = 5
+TRACE_VERSION = 6
 
 # events
 SEND, RECV, HANDLED, DROP, INPUT = "send", "recv", "handled", "drop", "input"
 STEP, RESUME = "step", "resume"  # the schedule (schedule.py)
+END = "end"  # the file's last record, written by close() or a rotation (version 6)
+
+# A process's trace is bounded by its writer's max_bytes (--trace-max-bytes) when that is > 0: the file rotates into
+# segments of max_bytes / SEGMENTS bytes, of which the first (the actor's start: what replay needs) and the newest
+# ones are kept, SEGMENTS in all.
+SEGMENTS = 8
 
 
 # The checksum of bodies over the limit and of array frames, named in each file's header ("digest"): XXH3-64,
@@ -114,8 +125,18 @@ class PyRecorder:
         return len(self._q)
 
 
-def trace_file_name(actor: str, pid: int | None = None) -> str:
-    return f"{actor.replace('/', '-')}.{pid or os.getpid()}.trace"
+def trace_file_name(actor: str, pid: int | None = None, segment: int = 0) -> str:
+    """<role>-<index>.<pid>.trace, and <role>-<index>.<pid>.<k>.trace for the k-th segment after a rotation."""
+    seg = f".{segment}" if segment else ""
+    return f"{actor.replace('/', '-')}.{pid or os.getpid()}{seg}.trace"
+
+
+def segment_path(first: Path, segment: int) -> Path:
+    """The path of segment `segment` of the trace whose first file is `first`."""
+    if not segment:
+        return first
+    stem = first.name[:-len(".trace")] if first.name.endswith(".trace") else first.name
+    return first.with_name(f"{stem}.{segment}.trace")
 
 
 class TraceWriter:
@@ -124,8 +145,8 @@ class TraceWriter:
     loop's thread)."""
 
     def __init__(self, path: str | os.PathLike, actor: str, *, meta: dict | None = None, body_limit: int = 65536,
-                 keep_arrays: bool = False, flush_interval: float = 0.05):
-        self.path = Path(path)
+                 keep_arrays: bool = False, flush_interval: float = 0.05, max_bytes: int = 0):
+        self.path = Path(path)  # the first file; after a rotation, self.current is where records go
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.actor = actor
         self.body_limit = body_limit
@@ -133,6 +154,15 @@ class TraceWriter:
         self.flush_interval = flush_interval
         self.records = 0
         self.lost = 0  # records that could not be written
+        # the size bound (0: none): segments of segment_bytes, the first and the newest kept (SEGMENTS in all)
+        self.max_bytes = max(0, int(max_bytes))
+        self.segment_bytes = max(self.max_bytes // SEGMENTS, 1 << 16) if self.max_bytes else 0
+        self.segment = 0
+        self.current = self.path
+        self.written = 0          # bytes in the current segment
+        self.total_written = 0    # bytes written over the writer's life (deleted segments included)
+        self.deleted = 0          # segments a rotation deleted
+        self._kept: list[Path] = [self.path]
         # The hot path's entries (the mailbox and the actor's dispatch use them; see record()), the queue's own
         # methods, and the event loop thread's own Packer (a Packer is not thread-safe: nothing else may call `pack`).
         # rec(ev, t, header, body[, dur]) queues, packed, the record of a message without arrays whose header and
@@ -147,14 +177,16 @@ class TraceWriter:
         self.append = self._rq.put
         self.rec = self._rq.rec
         self._file = open(self.path, "ab", buffering=1 << 20)
-        self._packer = msgpack.Packer(use_bin_type=True)
+        self._packer = msgpack.Packer(use_bin_type=True)  # the writer thread's (and close's, under the lock)
         self._drain_lock = threading.Lock()  # close() may drain while the thread does
         head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "actor": actor, "pid": os.getpid(),
                 "host": socket.gethostname(), "started_ns": time.time_ns(), "body_limit": body_limit,
-                "keep_arrays": keep_arrays, "digest": DIGEST}
+                "keep_arrays": keep_arrays, "digest": DIGEST, "environment": environment.machine()}
+        if self.max_bytes:
+            head["max_bytes"] = self.max_bytes
         head.update(meta or {})
-        self._file.write(self._packer.pack(head))
-        self._file.flush()
+        self._head = head
+        self._write_head()
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"trace-writer:{actor}", daemon=True)
@@ -205,8 +237,52 @@ class TraceWriter:
                     self._file.writelines(chunks)
                     self._file.flush()
                     self.records += n
+                    size = sum(len(c) for c in chunks)
+                    self.written += size
+                    self.total_written += size
                 except (OSError, ValueError):
                     self.lost += n  # disk full or closed: tracing must never take the actor down
+                    return
+                if self.segment_bytes and self.written >= self.segment_bytes:
+                    self._rotate()
+
+    def _write_head(self) -> None:
+        data = self._packer.pack(self._head)
+        self._file.write(data)
+        self._file.flush()
+        self.written = len(data)
+        self.total_written += len(data)
+
+    def _end_record(self, extra: dict) -> bytes:
+        return self._packer.pack([END, time.time_ns(), None, None, 0, None, None, extra])
+
+    def _rotate(self) -> None:
+        """Close the current segment with an end record naming the next, go on in the next (same header, its
+        `segment` number), and delete the oldest segment but the first beyond SEGMENTS kept. Writer thread (or
+        close), under the drain lock."""
+        nxt = segment_path(self.path, self.segment + 1)
+        try:
+            self._file.write(self._end_record({"rotated": nxt.name, "records": self.records}))
+            self._file.close()
+            self._file = open(nxt, "ab", buffering=1 << 20)
+        except OSError:
+            self.segment_bytes = 0  # cannot rotate (disk full?): stop trying; records are counted as lost
+            return
+        self.segment += 1
+        self.current = nxt
+        self._head = dict(self._head, segment=self.segment, previous=self._kept[-1].name)
+        try:
+            self._write_head()
+        except OSError:
+            pass
+        self._kept.append(nxt)
+        while len(self._kept) > SEGMENTS:
+            old = self._kept.pop(1)  # the first segment stays: the actor's start, which replay runs
+            try:
+                old.unlink()
+            except OSError:
+                pass
+            self.deleted += 1
 
     def _drain_mixed(self, items: list, chunks: list) -> None:
         """Packs what the hot path left unpacked, in order, onto chunks; a record that cannot be packed is counted
@@ -275,16 +351,19 @@ class TraceWriter:
         self._drain()
 
     def close(self) -> None:
+        """Write what is queued and the end record (a file without one was cut short: its process killed)."""
         if self._closed:
             return
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=5)
         self._drain()
-        try:
-            self._file.close()
-        except OSError:
-            pass
+        with self._drain_lock:
+            try:
+                self._file.write(self._end_record({"records": self.records, "lost": self.lost}))
+                self._file.close()
+            except (OSError, ValueError):
+                pass
 
 
 def _plain(obj):

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a GPU: the most of its memory this engine allocates (torch's per-process memory fraction; "
                         "SGLang's flag sizes its weights and KV cache) -- a colocated engine leaves the trainer room")
     p.add_argument("--random-seed", type=int, default=None)
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="a request's numbers do not depend on the requests batched with it (each runs alone in "
+                        "every step: slower; docs/reproducibility.md)")
     p.add_argument("--max-running-requests", "--max-batch-size", dest="max_running_requests", type=int, default=64)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--weight-version", default="default")

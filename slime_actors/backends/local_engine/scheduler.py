@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import json
 import os
 import random
 import re
@@ -23,6 +25,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -90,6 +93,8 @@ class Engine:
         self.context_len = int(args.context_length or getattr(self.config, "max_position_embeddings", 0) or 4096)
         self.eos_ids = self._eos_ids()
         self.max_running = int(args.max_running_requests or 64)
+        # SGLang's --enable-deterministic-inference: a request's numbers do not depend on the batch it ran in
+        self.deterministic = bool(getattr(args, "enable_deterministic_inference", False))
         self.weight_version = args.weight_version
 
         self.cv = threading.Condition()
@@ -108,6 +113,7 @@ class Engine:
         self.receivers: dict[str, Any] = {}  # group name -> weight_sync.BucketReceiver (flattened buckets)
         self.groups_lock = threading.Lock()
         self._fwd_params: set | None = None
+        self.profile: dict | None = None  # the torch profiler while /start_profile runs it
         self.thread = threading.Thread(target=self._loop, name="local-engine-scheduler", daemon=True)
 
     # -- setup helpers --
@@ -178,7 +184,7 @@ class Engine:
                         self.cv.wait(timeout=0.5)
                         continue
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), self._profiled(admit):
                         if admit:
                             self._prefill(admit)
                         else:
@@ -205,6 +211,61 @@ class Engine:
                 for fn, _, _, on_done in self.commands:
                     on_done(None, RuntimeError("engine shutting down"))
                 self.commands.clear()
+
+    # -- profiling: SGLang's /start_profile and /stop_profile (server.py); scheduler thread --
+    def start_profile(self, output_dir: str, num_steps: int | None, activities: list[str] | None,
+                      record_shapes: bool, with_stack: bool, prefix: str | None) -> str | None:
+        """Start the torch profiler on this thread (it records the thread that starts it); None, or why not."""
+        if self.profile is not None:
+            return "Profiling is already in progress. Call /stop_profile first."
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        from slime_actors.profiler import mark_clock
+        acts = [ProfilerActivity.CPU]
+        if self.device.type == "cuda" and (activities is None or "GPU" in activities):
+            acts.append(ProfilerActivity.CUDA)
+        prof = profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack,
+                       profile_memory=activities is not None and "MEM" in activities)
+        prof.start()
+        profile_id = f"{time.time():.6f}"
+        self.profile = {"prof": prof, "dir": output_dir, "id": profile_id, "left": num_steps, "prefix": prefix,
+                        "clock": mark_clock(record_function), "steps": 0}
+        log.info("profiling", output_dir=output_dir, num_steps=num_steps, profile_id=profile_id)
+        return None
+
+    def stop_profile(self) -> str | None:
+        """Stop the profiler and write <output_dir>/[<prefix>-]<profile id>-TP-0.trace.json.gz (SGLang's name) and
+        the clock marker's wall-clock time beside it (.clock.json); None, or why not."""
+        if self.profile is None:
+            return "Profiling is not in progress. Call /start_profile first."
+        p, self.profile = self.profile, None
+        p["prof"].stop()
+        d = Path(p["dir"])
+        d.mkdir(parents=True, exist_ok=True)
+        stem = (f"{p['prefix']}-" if p["prefix"] else "") + f"{p['id']}-TP-0"
+        p["prof"].export_chrome_trace(str(d / f"{stem}.trace.json.gz"))
+        (d / f"{stem}.clock.json").write_text(json.dumps({"pid": os.getpid(), "engine": "local", "clock": p["clock"],
+                                                          "steps": p["steps"],
+                                                          "trace": f"{stem}.trace.json.gz"}))
+        log.info("profile written", path=str(d / f"{stem}.trace.json.gz"), steps=p["steps"])
+        return None
+
+    @contextlib.contextmanager
+    def _profiled(self, admit: list):
+        """A step inside the profiler: a range named prefill or decode, with the step number and the rids."""
+        if self.profile is None:
+            yield
+            return
+        from torch.profiler import record_function
+        rows = admit or self.running
+        rids = ",".join(r.rid for r in rows[:16]) + (",..." if len(rows) > 16 else "")
+        with record_function(f"{'prefill' if admit else 'decode'} step {self.steps} [{len(rows)}] rids={rids}"):
+            yield
+        self.profile["steps"] += 1
+        if self.profile["left"] is not None:
+            self.profile["left"] -= 1
+            if self.profile["left"] <= 0:
+                self.stop_profile()
 
     def _blocked_by_barrier(self) -> int | None:
         """The lowest barrier seq of a pending idle-command (requests after it wait), or None."""
@@ -252,6 +313,42 @@ class Engine:
 
     # -- model steps --
     def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs: list[Req]):
+        if self.deterministic and input_ids.shape[0] > 1:
+            return self._forward_rows(input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs)
+        return self._forward_batch(input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs)
+
+    def _forward_rows(self, input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs: list[Req]):
+        """--enable-deterministic-inference: every row of the batch runs alone, on its own tokens only (no left
+        padding from the other rows), so a request's logits and cache are the same bits whatever ran beside it.
+        Without it, the shapes of a batch -- which requests arrived together, how long the longest is -- decide
+        which kernel blocking the matmuls and attention use, and so the last bits of every request's log-probs
+        (docs/reproducibility.md). The rows' results are padded back into the batch's layout."""
+        B, L = input_ids.shape
+        T = attention_mask.shape[1]
+        past_T = T - L
+        kv = self._kv(cache) if cache is not None else None
+        logits_rows, kv_rows = [], []
+        for i in range(B):
+            m = attention_mask[i]
+            n_new = int(m[past_T:].sum())
+            n_past = int(m[:past_T].sum()) if past_T else 0
+            ids = input_ids[i:i + 1, L - n_new:]
+            pos = position_ids[i:i + 1, L - n_new:]
+            mask = torch.ones((1, n_past + n_new), dtype=attention_mask.dtype, device=attention_mask.device)
+            row_cache = None
+            if kv is not None and n_past:
+                row_cache = self._cache_from([(k[i:i + 1, :, past_T - n_past:past_T],
+                                               v[i:i + 1, :, past_T - n_past:past_T]) for k, v in kv])
+            logits, new = self._forward_batch(ids, mask, pos, row_cache, logits_to_keep, reqs[i:i + 1])
+            keep = L if logits_to_keep == 0 else min(logits_to_keep, L)
+            logits_rows.append(_lpad(logits, keep - logits.shape[1], 1))
+            kv_rows.append([(_lpad(k, T - k.shape[2], 2), _lpad(v, T - v.shape[2], 2)) for k, v in self._kv(new)])
+        logits = torch.cat(logits_rows)
+        layers = [(torch.cat([r[j][0] for r in kv_rows]), torch.cat([r[j][1] for r in kv_rows]))
+                  for j in range(len(kv_rows[0]))]
+        return logits, self._cache_from(layers)
+
+    def _forward_batch(self, input_ids, attention_mask, position_ids, cache, logits_to_keep, reqs: list[Req]):
         from transformers import DynamicCache
         if cache is None:
             cache = DynamicCache()
@@ -328,17 +425,10 @@ class Engine:
         old, new = self._kv(self.cache), self._kv(cache)
         T = max(self.mask.shape[1], mask.shape[1])
 
-        def lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-            if n == 0:
-                return t
-            shape = list(t.shape)
-            shape[dim] = n
-            return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
         a, b = T - self.mask.shape[1], T - mask.shape[1]
-        kv = [(torch.cat([lpad(ko, a, 2), lpad(kn, b, 2)]), torch.cat([lpad(vo, a, 2), lpad(vn, b, 2)]))
+        kv = [(torch.cat([_lpad(ko, a, 2), _lpad(kn, b, 2)]), torch.cat([_lpad(vo, a, 2), _lpad(vn, b, 2)]))
               for (ko, vo), (kn, vn) in zip(old, new)]
-        self.mask = torch.cat([lpad(self.mask, a, 1), lpad(mask, b, 1)])
+        self.mask = torch.cat([_lpad(self.mask, a, 1), _lpad(mask, b, 1)])
         self.cache = self._cache_from(kv)
         self.running = self.running + list(reqs)
 
@@ -570,3 +660,11 @@ def resolve_dtype(name: str) -> torch.dtype:
     return {"auto": torch.float32, "float": torch.float32, "float32": torch.float32, "half": torch.float16,
             "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
+
+def _lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """`t` with `n` zeros in front along `dim`."""
+    if n <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)

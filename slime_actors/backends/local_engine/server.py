@@ -58,6 +58,9 @@ class Server:
         r.add_get("/flush_cache", self.flush_cache)
         r.add_post("/flush_cache", self.flush_cache)
         r.add_post("/abort_request", self.abort_request)
+        for path, fn in (("/start_profile", self.start_profile), ("/stop_profile", self.stop_profile)):
+            r.add_get(path, fn)
+            r.add_post(path, fn)
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
@@ -257,6 +260,35 @@ class Server:
             return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                      "running or waiting requests, the operation will not be performed.)\n")
         return web.Response(status=400, text="Cache not flushed because there are pending requests.\n")
+
+    async def start_profile(self, request):
+        """SGLang's /start_profile (ProfileReqInput): the torch profiler on the scheduler thread, for num_steps
+        steps or until /stop_profile; traces go to output_dir (default $SGLANG_TORCH_PROFILER_DIR, else /tmp)."""
+        from aiohttp import web
+        raw = await request.read()
+        try:
+            b = json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise validation_error(f"JSON decode error: {e}") from None
+        if not isinstance(b, dict):
+            raise validation_error("body: Input should be a valid dictionary")
+        unknown = sorted(set(b) - PROFILE_FIELDS)
+        if unknown:
+            raise validation_error(f"Unexpected keyword argument {unknown[0]!r} in ProfileReqInput")
+        out = b.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        err = await self.run_on_scheduler(lambda: self.engine.start_profile(
+            str(out), b.get("num_steps"), b.get("activities"), bool(b.get("record_shapes")),
+            bool(b.get("with_stack")), b.get("profile_prefix")))
+        if err:
+            return web.Response(status=400, text=err + "\n")
+        return web.Response(text="Start profiling.\n")
+
+    async def stop_profile(self, request):
+        from aiohttp import web
+        err = await self.run_on_scheduler(self.engine.stop_profile)
+        if err:
+            return web.Response(status=400, text=err + "\n")
+        return web.Response(text="Stop profiling. This will take some time.\n")
 
     async def abort_request(self, request):
         from aiohttp import web
@@ -510,3 +542,7 @@ async def serve(args: argparse.Namespace) -> None:
     await asyncio.to_thread(engine.stop)  # in-flight requests come back aborted, then the HTTP side closes
     await runner.cleanup()
 
+
+# SGLang 0.5.15.post1's ProfileReqInput fields (io_struct.py)
+PROFILE_FIELDS = frozenset(("output_dir", "start_step", "num_steps", "activities", "profile_by_stage", "with_stack",
+                            "record_shapes", "merge_profiles", "profile_prefix", "profile_stages", "rid"))

@@ -19,6 +19,7 @@ class RouterArgs:
         parser.add_argument(f"--{prefix}disable-health-check", action="store_true")
         parser.add_argument(f"--{prefix}disable-circuit-breaker", action="store_true")
         parser.add_argument(f"--{prefix}prometheus-port", type=int, default=29000)
+        parser.add_argument(f"--{prefix}prometheus-host", type=str, default="0.0.0.0")
         parser.add_argument(f"--{prefix}log-level", type=str, default="info")
         parser.add_argument(f"--{prefix}api-key", type=str, default=None)
         parser.add_argument(f"--{prefix}control-plane-api-keys", type=str, nargs="*", default=[])

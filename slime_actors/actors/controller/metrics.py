@@ -1,0 +1,224 @@
+"""What the controller writes about a run, step by step: metrics.jsonl (one row per training step), TensorBoard and
+W&B (slime_actors/metric_sinks.py), a log line and the progress footer, the best and the worst sample of each rollout
+on the console, and at the end curves.png (slime_actors/plots.py) and the job's result (status done or stopped).
+
+`on_rollout_done` runs after every rollout (generated or loaded) with its statistics: the place for anything that
+watches rollouts (it may ask other actors: it is awaited before the trainers train on the rollout). The buffer's
+reward-hacking monitor reports there (stats.hack): its hack/* metrics go into the step's row, each tripped alarm into
+RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop `stopping` says why the run ends after this step
+(the loop saves a checkpoint and asks `stop_after(k)`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...log import CONSOLE, console_write, progress_line
+from ...messages import RolloutStats
+from ...monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
+
+if TYPE_CHECKING:
+    from .actor import Controller
+
+
+@contextmanager
+def timed(step: dict, key: str):
+    """`with timed(step, "time/train"): ...` -- the seconds the block took, into the step's row."""
+    t0 = time.monotonic()
+    yield
+    step[key] = time.monotonic() - t0
+
+
+class Metrics:
+    def __init__(self, ctl: Controller):
+        self.ctl = ctl
+        self.cfg = ctl.cfg
+        self.path: Path | None = None
+        self.history: list[dict] = []        # the run's rows (a resumed run: the rows before it too)
+        self.first_step = 0                   # the rollout id this (re)start of the schedule began at
+        self.last_examples: dict | None = None  # the last rollout's best and worst sample (printed at the end)
+        self.result: dict = {}
+        self.stopping: str | None = None      # --hack-alarms stop: why the run ends after the step running
+        self.stopped: dict | None = None      # why the run ended before --num-rollout
+        self._file = None
+        self.sinks = None                     # TensorBoard and W&B (slime_actors.metric_sinks)
+        self._rows_before_start = 0           # rows of the run before this job resumed it
+        self._t_step = 0.0
+        self._progress = _no_progress
+
+    async def open(self, resume_at: int | None) -> None:
+        """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
+        continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
+        spans the whole run), later rows -- trained again now -- are dropped, and TensorBoard hides its events
+        from that step on (purge_step)."""
+        self.path = Path(self.ctl.runtime.run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_at is not None:
+            self.history = rows_before(self.path, resume_at) + self.history
+            trim_alarms(self.ctl.runtime.run_dir, before=resume_at)
+            tmp = self.path.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            os.replace(tmp, self.path)
+            self.ctl.log.info("continuing the run's metrics", rows_kept=len(self.history), from_rollout=resume_at)
+        self._rows_before_start = len(self.history)
+        self._file = open(self.path, "a")
+        from ...metric_sinks import MetricSinks
+        sinks = MetricSinks(self.cfg, self.ctl.runtime.run_dir, self.ctl.log)
+        await self.ctl.run_blocking(sinks.open, resume_at)   # wandb.init starts a service: off the loop
+        self.sinks = sinks
+
+    def progress_from(self, start: int) -> None:
+        """The schedule (re)starts at rollout `start`: a progress footer from there (--progress)."""
+        self.first_step = start
+        self._progress = _progress(self.cfg.run, start)
+
+    def drop_from(self, rollout_id: int) -> None:
+        """The training group restarted from a checkpoint: the rows from `rollout_id` on are trained again."""
+        self.history = [h for h in self.history if h["rollout_id"] < rollout_id]
+        if self.path is not None:   # (the run's files are open: a recovery before `open` has no alarms to trim)
+            trim_alarms(self.path.parent, before=rollout_id)
+
+    def begin(self, k: int, version: int) -> dict:
+        """Step k's row, filled in as the step runs and written by `record`."""
+        self._t_step = time.monotonic()
+        self.stopping = None
+        return {"rollout_id": k, "weight_version": version}
+
+    async def on_rollout_done(self, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
+        """Rollout k is complete (`seconds`: how long it took to generate; 0 when loaded from a file)."""
+        step.update({f"rollout/{key}": v for key, v in stats.numbers().items()})
+        step.update({f"passrate/{key}": v for key, v in stats.passrate.items()})  # --log-passrate
+        step["time/rollout"] = seconds
+        self._show_samples(k, stats.examples)
+        self._hack_alarms(k, stats, step)
+
+    def _hack_alarms(self, k: int, stats: RolloutStats, step: dict) -> None:
+        """The buffer's hacking report on rollout k: hack/* metrics into the step, each tripped alarm into
+        RUN_DIR/alarms.jsonl and a warning; with --hack-alarms stop and an alarm tripped, why the run stops."""
+        metrics, tripped = record_hack_alarms(self.ctl.runtime.run_dir, k, stats.hack, self.ctl.log)
+        step.update(metrics)
+        if tripped and self.cfg.monitor.hack_alarms == "stop":
+            self.stopping = stop_reason(k, tripped)
+
+    def stop_after(self, k: int) -> bool:
+        """Whether the run ends after step k (--hack-alarms stop, an alarm tripped on rollout k): why, in `stopped`
+        (the status and the result), with the checkpoint saved after it."""
+        if not self.stopping:
+            return False
+        ckpt = self.ctl.checkpoints.latest
+        self.stopped = {"reason": self.stopping, "rollout_id": k, "steps_left": self.cfg.run.num_rollout - k - 1,
+                        "checkpoint": str(ckpt) if ckpt else None}
+        self.ctl.log.warning("run stopped by a hack alarm", reason=self.stopping, checkpoint=self.stopped["checkpoint"])
+        self._progress.close()
+        return True
+
+    @property
+    def end(self) -> int:
+        """The rollout id the run ends before: --num-rollout, or the one after a --hack-alarms stop."""
+        return self.stopped["rollout_id"] + 1 if self.stopped else self.cfg.run.num_rollout
+
+    def record(self, step: dict) -> None:
+        step["time/step"] = time.monotonic() - self._t_step
+        step["time"] = time.time()
+        self.history.append(step)
+        self._file.write(json.dumps(step) + "\n")
+        self._file.flush()
+        if self.sinks is not None:
+            self.sinks.scalars(step)
+        self.ctl.log.info("step", rollout_id=step["rollout_id"], reward=_r(step.get("rollout/reward_mean")),
+                          loss=_r(step.get("train/loss")),
+                          logprob_diff=_r(step.get("train/train_rollout_logprob_abs_diff_max")),
+                          seconds=_r(step.get("time/step")), version=step.get("weight_version_after"))
+        self._progress(step)
+
+    def _show_samples(self, k: int, examples: list | None) -> None:
+        """The best and the worst sample of one group (the buffer picks them): on the console every
+        --log-samples-interval rollouts and after the last, as TensorBoard text every rollout, in the result."""
+        if not examples:
+            return
+        from ...samples import format_examples
+        self.last_examples = {"rollout_id": k, "examples": examples}
+        every = self.cfg.logging.log_samples_interval
+        if every and (k % every == 0 or k + 1 == self.cfg.run.num_rollout):
+            console_write(format_examples(k, examples))
+        if self.sinks is not None:
+            self.sinks.samples(k, examples)
+
+    async def finish(self, accounting: dict | None) -> dict:
+        """Close the files, draw curves.png, and put together the job's result (off the loop: the plot, closing
+        TensorBoard and W&B)."""
+        return await self.ctl.run_blocking(self._finish, accounting)
+
+    def _finish(self, accounting: dict | None) -> dict:
+        from ...plots import plot_run
+        ctl, evals = self.ctl, self.ctl.evaluations.history
+        if self._file is not None:
+            self._file.close()
+        png = plot_run(ctl.runtime.run_dir, self.history, evals)
+        if self.sinks is not None:
+            self.sinks.close(png)
+        first = {e["name"]: e["reward"] for e in evals if e["step"] == min(x["step"] for x in evals)} if evals else {}
+        last = {e["name"]: e["reward"] for e in evals if e["step"] == max(x["step"] for x in evals)} if evals else {}
+        from ...eval_config import eval_sets, grader_name
+        graders = {s.name: grader_name(ctl.cfg, s) for s in eval_sets(ctl.cfg)} if evals else {}
+        self.result = {"status": "stopped" if self.stopped else "done", "stopped": self.stopped,
+                       "steps": len(self.history) - self._rows_before_start, "eval_before": first,
+                       "eval_after": last, "eval_graders": graders, "plot": png, "samples": self.last_examples,
+                       "weight_version": ctl.version, "metrics": str(self.path), "recoveries": ctl.group.recoveries,
+                       "accounting": accounting,
+                       "checkpoint": str(ctl.checkpoints.latest) if ctl.checkpoints.latest else None,
+                       "rolling_checkpoint": ctl.checkpoints.rolling, "started_from": ctl.checkpoints.started_from}
+        return self.result
+
+
+def _r(v):
+    return None if v is None else round(float(v), 4)
+
+
+def rows_before(path: Path, rollout_id: int) -> list[dict]:
+    """metrics.jsonl rows of the rollouts before `rollout_id` (a torn last line, from a crash, is skipped)."""
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("rollout_id"), int) and row["rollout_id"] < rollout_id:
+            rows.append(row)
+    return rows
+
+
+def _no_progress(step: dict) -> None:
+    return None
+
+
+_no_progress.close = lambda: None
+
+
+def _progress(run, start: int):
+    """The progress bar: a part of the console's footer (log.CONSOLE), on a terminal only (--progress). Its
+    `close()` takes it off (a run that ends early: --hack-alarms stop)."""
+    if not run.progress or not CONSOLE.interactive:
+        return _no_progress
+    t0 = time.monotonic()
+    CONSOLE.footer("progress", progress_line("rl steps", start, run.num_rollout, None))
+    last_eval: dict = {}
+
+    def update(step: dict) -> None:
+        done = step["rollout_id"] + 1
+        last_eval.update({k[5:]: _r(v) for k, v in step.items() if k.startswith("eval/") and "-pass@" not in k})
+        extra = {"reward": _r(step.get("rollout/reward_mean")), **{f"eval {k}": v for k, v in last_eval.items()}}
+        rate = (time.monotonic() - t0) / max(done - start, 1)
+        CONSOLE.footer("progress", None if done >= run.num_rollout else
+                       progress_line("rl steps", done, run.num_rollout, rate, extra))
+    update.close = lambda: CONSOLE.footer("progress", None)
+    return update
