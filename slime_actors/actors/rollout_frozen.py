@@ -20,6 +20,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from .rollout_engine import request_key
+
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
 
@@ -94,7 +96,6 @@ class FrozenEngine:
     async def generate(self, input_ids: list[int], sampling_params: dict) -> dict:
         """One /generate call of the frozen model with log-probs, recorded: {output_ids, logprobs, finish_reason,
         weight_version}."""
-        from .rollout_generate import request_key
         await self._alive()
         return await self.w.recorded_async("frozen.generate", self._live, list(input_ids), dict(sampling_params),
                                            key=request_key(input_ids, sampling_params))

@@ -42,6 +42,7 @@ from ..environments.runner import EnvCalls, no_answer, run_episode
 from ..episode_samples import EPISODE_KEY
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
 from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+from .rollout_engine import request_key
 
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
@@ -122,13 +123,6 @@ def generate_style(fn, path: str) -> str:
     raise PluginError(f"{FLAG} {path}: expected async generate(args, sample, sampling_params) (slime's) or "
                       "generate(args, sample, sampling_params, engine), got "
                       f"{required} required of {most} positional parameters", kind="not_callable", path=path)
-
-
-def request_key(input_ids: list[int], sampling_params: dict) -> str:
-    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
-    return h.hexdigest()
 
 
 class Generation:
