@@ -1,8 +1,9 @@
 """The retriever as a role of a running job (slime-actors launch, the digits task, a generate function that searches
 before it answers): a replica placed by the topology, reached with the job's key through the rollout worker's
 recorded client, killed mid-run: its launcher restarts it, the searches in flight wait and are sent again to the
-restarted one (at its new port), the job completes every step exactly once, and the rollout worker replays
-identically -- its retrievals are recorded inputs. (Failover between replicas: tests/test_retriever.py.)"""
+restarted one (at its new port; the worker counts them, retriever_retries), the job completes every step exactly
+once, and the rollout worker replays identically -- its retrievals are recorded inputs. (Failover between replicas:
+tests/test_retriever.py; a search that no replica answers in time fails its episode: tests/test_search_env.py.)"""
 
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ def test_a_killed_retriever_replica_is_restarted_and_the_job_goes_on(tmp_path):
         assert after["url"] != before["url"]          # a new process, a new port: callers asked again
         # (every sample searches, and the rollout of step at_kill + 2 began after the restart: the new one served)
         assert after["requests"] > 0, after
+        # the searches that met the dead replica were sent again, and counted: the worker's first try went to the
+        # old port (refused), the next to the restarted one
+        stats = job.ask("rollout/0", "_stats")
+        assert stats["retriever_retries"] >= 1 and stats["retriever_requests"] > stats["retriever_retries"], stats
         res = finish(job, STEPS, timeout=240)
         assert res["steps"] == STEPS
         # the key file exists and is private; an unkeyed request to a replica is refused

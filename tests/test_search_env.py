@@ -129,6 +129,30 @@ def test_without_a_retriever_the_episode_fails_saying_what_to_give(tokenizer):
         h.run_sync("zorvik age ?", ScriptedModel(tokenizer, ["<search> zorvik age </search>"]), label="5")
 
 
+def test_a_search_no_replica_answers_fails_the_episode_naming_the_retriever(tokenizer):
+    """A retriever down past the client's deadline (killed and not back): the search raises RetrieverError, the
+    episode fails with EnvError naming it -- a rollout worker then fails the sample, counts it (env_errors) and has
+    its group generated again (--env-error skip), as for any environment failure."""
+    from slime_actors.backends.weight_sync import find_free_port
+    from slime_actors.environments.base import EnvError
+    from slime_actors.search.client import RetrieverPool
+
+    dead = f"http://127.0.0.1:{find_free_port('127.0.0.1')}"     # nothing listens there
+    pool = RetrieverPool([lambda: dead], deadline=0.2)
+
+    class Engine(ScriptedModel):
+        async def retrieve(self, queries, topk=None, return_scores=True):
+            return await pool.retrieve(queries, topk, return_scores)
+
+    h = EnvHarness(SearchEnv, tokenizer, max_response_len=24, env_kwargs={"topk": 1})
+    try:
+        with pytest.raises(EnvError, match=r"step.*RetrieverError: no retriever replica answered within 0.2s"):
+            h.run_sync("zorvik age ?", Engine(tokenizer, ["<search> zorvik age </search>"]), label="5")
+    finally:
+        asyncio.run(pool.close())
+    assert pool.counters["failed"] == 1
+
+
 def test_a_call_inside_a_recorded_call_is_not_recorded_again():
     """An environment step's retrieval (its tries, the clock its retries read) runs inside the recorded step: only
     the step's answer is recorded, so a replay -- which serves that answer without running the step -- has no
