@@ -132,7 +132,7 @@ def test_without_a_retriever_the_episode_fails_saying_what_to_give(tokenizer):
 def test_a_search_no_replica_answers_fails_the_episode_naming_the_retriever(tokenizer):
     """A retriever down past the client's deadline (killed and not back): the search raises RetrieverError, the
     episode fails with EnvError naming it -- a rollout worker then fails the sample, counts it (env_errors) and has
-    its group generated again (--env-error skip), as for any environment failure."""
+    its group generated again (--env-error fail, the default), as for any environment failure."""
     from slime_actors.backends.weight_sync import find_free_port
     from slime_actors.environments.base import EnvError
     from slime_actors.search.client import RetrieverPool
