@@ -142,14 +142,22 @@ def _tools(v: Any, anthropic: bool) -> list[dict] | None:
     return out or None
 
 
+def _messages(body: dict, anthropic: bool) -> list:
+    """The body's messages: a non-empty list of at most MAX_MESSAGES (each API's wording of the refusal)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise WireError("messages: must be a non-empty list" if anthropic else "messages must be a non-empty list",
+                        param="messages")
+    if len(msgs) > MAX_MESSAGES:
+        raise WireError(f"messages: at most {MAX_MESSAGES}" if anthropic else f"at most {MAX_MESSAGES} messages",
+                        param="messages")
+    return msgs
+
+
 def parse_openai(body: Any) -> ChatRequest:
     """A Chat Completions body, checked."""
     common = _common(body, "POST /v1/chat/completions")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise WireError("messages must be a non-empty list", param="messages")
-    if len(msgs) > MAX_MESSAGES:
-        raise WireError(f"at most {MAX_MESSAGES} messages", param="messages")
+    msgs = _messages(body, anthropic=False)
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -171,11 +179,7 @@ def parse_openai(body: Any) -> ChatRequest:
 def parse_anthropic(body: Any) -> ChatRequest:
     """A Messages body, checked (max_tokens is required, as Anthropic's API has it)."""
     common = _common(body, "POST /v1/messages")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise WireError("messages: must be a non-empty list", param="messages")
-    if len(msgs) > MAX_MESSAGES:
-        raise WireError(f"messages: at most {MAX_MESSAGES}", param="messages")
+    msgs = _messages(body, anthropic=True)
     out = []
     system = body.get("system")
     if system is not None:
