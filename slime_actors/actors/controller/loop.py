@@ -28,7 +28,12 @@ async def run(ctl: Ctl) -> None:
     schedule = train_async if overlap else train_sync
 
     async def job(resume_at: int | None) -> None:
-        start = await prepare(ctl) if resume_at is None else await ctl.group.rejoin(resume_at)
+        if resume_at is None:
+            start = await prepare(ctl)
+        else:
+            start = await ctl.group.rejoin(resume_at)
+            if not ctl.metrics.opened:   # the group failed in `prepare`, before it opened them (a loaded machine)
+                await ctl.metrics.open(resume_at=start if ctl.checkpoints.latest is not None else None)
         ctl.metrics.progress_from(start)
         await schedule(ctl, start)
         if ctl.evaluations.final_due(start, end=ctl.metrics.end):

@@ -51,6 +51,11 @@ class Metrics:
         self._t_step = 0.0
         self._progress = _no_progress
 
+    @property
+    def opened(self) -> bool:
+        """Whether `open` ran (metrics.jsonl is open for the rows)."""
+        return self._file is not None
+
     async def open(self, resume_at: int | None) -> None:
         """A new run starts metrics.jsonl and TensorBoard afresh (the run directory was cleared); a resumed run
         continues them: the rows of the rollouts before the checkpoint stay (in the history too, so curves.png
