@@ -37,4 +37,4 @@ demo: $(STAMP)
 	$(BIN)/slime-actors demo
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build slime_actors/traces/_fastrec.*.so
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache build slime_actors/traces/_fastrec.*.so

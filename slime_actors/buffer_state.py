@@ -34,11 +34,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .episode_samples import check_role, episode_of, episode_stats
 from .eval_config import EVAL_SET_KEY
 from .samples import pick_examples
 from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
+
+if TYPE_CHECKING:
+    from .monitor.alarms import AlarmMonitor
 
 QUEUED, LEASED, DONE, FILTERED, GROUP_FAILED, TRAINED = "queued", "leased", "done", "filtered", "failed", "trained"
 KINDS = ("train", "eval")
@@ -213,7 +217,7 @@ class Accounts:
     def snapshot(self) -> dict:
         """Plain data: the arrays' bytes (little-endian), and which indices were issued."""
         import sys
-        out = {"v": 2}
+        out: dict[str, int | bytes] = {"v": 2}
         for name, c in zip(("leased", "submitted", "trained"), self.counts):
             c2 = c
             if sys.byteorder != "little":
@@ -256,7 +260,7 @@ class BufferState:
 
     def __init__(self, settings: BufferSettings, dataset=None, eval_sets: Mapping | None = None, *,
                  clock: Callable[[], float] = time.time, keep_group: Callable[[list[Sample]], bool] | None = None,
-                 monitor_factory: Callable[[], object] | None = None,
+                 monitor_factory: Callable[[], AlarmMonitor | None] | None = None,
                  on_event: Callable[[str, dict], None] | None = None):
         self.settings = settings
         self.dataset = dataset
@@ -317,10 +321,12 @@ class BufferState:
         return n
 
     def _emit(self, ev: str, **data) -> None:
-        encoded = encode_event(data) if self.on_event is not None else None   # before apply changes anything
+        if self.on_event is None:
+            self.apply(ev, data)
+            return
+        encoded = encode_event(data)   # before apply changes anything
         self.apply(ev, data)
-        if self.on_event is not None:
-            self.on_event(ev, encoded)
+        self.on_event(ev, encoded)
 
     def _on_start(self, rollout_id: int, kind: str, target: int, name: str, weight_version: int) -> None:
         key = f"{kind}:{rollout_id}"
@@ -433,7 +439,7 @@ class BufferState:
         """Count carried-over done groups toward the active train rollout, or regenerate stale ones."""
         rid = self.active["train"]
         r = self.rollouts.get(f"train:{rid}")
-        if r is None or r.done:
+        if rid is None or r is None or r.done:
             return
         while self.carried and not r.done:
             wid = self.carried.popleft()
@@ -510,7 +516,7 @@ class BufferState:
     def take(self, worker: str, max_groups: int) -> list[dict]:
         """Lease up to `max_groups` queued groups to `worker` (eval first), making new training groups to replace
         filtered and failed ones; the groups as the worker gets them."""
-        out = []
+        out: list[dict] = []
         for kind in ("eval", "train"):
             rid = self.active[kind]
             if rid is None or self.rollouts[f"{kind}:{rid}"].done:
@@ -611,7 +617,7 @@ class BufferState:
         if g is None or g.state != LEASED or g.worker != worker:
             return {"requeued": False, "reason": f"{work_id} is not leased to {worker}"}
         keep = bool(self.settings.partial_rollout and samples)
-        if keep:
+        if keep and samples is not None:
             self._check_samples(g, samples, finished=False)
             for s in samples:
                 if s.status not in PARTIAL_STATUSES:
@@ -708,7 +714,7 @@ class BufferState:
         if self.hack_monitor is None:
             return
         fresh = self.monitor_factory()
-        if monitor is not None:
+        if monitor is not None and fresh is not None:
             try:
                 fresh.load_state_dict(monitor)
             except ValueError as exc:

@@ -37,7 +37,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,14 @@ class RunSection:
     max_staleness: int = flag(1, "--async-train: newest weight version minus the oldest one a trained sample may "
                                  "come from (older samples are generated again)", origin="own")
     progress: bool = flag(True, "a progress bar on the console (only when it is a terminal)", origin="own")
+
+    @property
+    def n_rollouts(self) -> int:
+        """Training steps of the job: --num-rollout as `validate()` settled it (from --num-epoch, else the
+        default)."""
+        if self.num_rollout is None:
+            raise ConfigError("--num-rollout: not settled (the job config was not validated)")
+        return self.num_rollout
 
 
 @dataclass(slots=True)
@@ -294,6 +302,14 @@ class EngineSection:
                                                 "counted", "`8`"), ge=1)
     sglang_args: list[str] = passthrough()   # every --sglang-<flag> [value ...] as --<flag> [value ...]
     router_args: list[str] = passthrough()   # every --router-<flag> [value ...] as --<flag> [value ...]
+
+    @property
+    def n_engines(self) -> int:
+        """Rollout workers of the job: --rollout-num-engines as `validate()` settled it (from --rollout-num-gpus,
+        the external engines or the trainer's GPUs)."""
+        if self.rollout_num_engines is None:
+            raise ConfigError("--rollout-num-engines: not settled (the job config was not validated)")
+        return self.rollout_num_engines
 
 
 @dataclass(slots=True)
@@ -688,6 +704,26 @@ class JobConfig:
         except ConfigError as exc:
             raise exc.prefixed(f"{source}: ") from None
         return cfg
+
+    def set(self, name: str, value: Any, source: str = "set") -> None:
+        """Set the flag of slime's name `name` to `value`, checked as its field's type; ConfigError naming `source`
+        and the flag when there is no such flag or the value is not of its type. (`validate()` then checks the
+        values together.)"""
+        spec = FIELDS.get(name)
+        if spec is None:
+            raise ConfigError(f"{source}: the job has no flag {name!r}{_suggest(name)}")
+        setattr(getattr(self, spec.section), spec.name, spec.check(value, source))
+
+    def map_strings(self, fn: Callable[[str], str]) -> None:
+        """Every str value (and the str items of a list value) of every flag replaced by `fn(value)` (replay's path
+        mapping)."""
+        for spec in FIELDS.values():
+            section = getattr(self, spec.section)
+            v = getattr(section, spec.name)
+            if isinstance(v, str):
+                setattr(section, spec.name, fn(v))
+            elif isinstance(v, list):
+                setattr(section, spec.name, [fn(x) if isinstance(x, str) else x for x in v])
 
     def flat(self) -> "FlatArgs":
         """slime's `args` for user plug-ins: a read-only view, `args.<flag name>`."""

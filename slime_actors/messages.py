@@ -1,18 +1,35 @@
-"""Every message type of the project, declared in one place: role, method, the fields its body carries, its reply.
+"""Every message type of the project, declared in one place: per role, each method with the fields its body
+carries and its reply -- written as Python signatures, one type language for both.
 
-A handler of a built-in role must match its declaration (checked when the class is defined), and every request is
-checked against it before the handler runs: a missing field, an unknown field or a field of the wrong type gets an
-`error` reply that names it. Actors of roles not declared here (a user's own reward actor, say) get a declaration
-derived from their handlers' signatures.
+    @role("buffer")
+    class BufferMessages(Protocol):
+        @message(reply="{groups: [group]}")                    # the reply as docs/wire-format.md shows it
+        def get_work(self, worker: str, max_groups: int, wait: float | None = None) -> Work:
+            \"\"\"A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.\"\"\"
 
-`python -m slime_actors.messages` prints the catalog (docs/wire-format.md embeds it).
+A parameter is a field of the body (a default, always None, makes it optional: a body may leave it out or send
+nil); the return annotation is the reply's type on the asker's side (a reply type below; None: no reply). A field's
+type on the wire follows its annotation: int, float, str, bool, bytes, list[...], dict[...], Array, or Any.
+
+What uses the declarations:
+* a handler of a built-in role must match its declaration (checked when the class is defined), and every request is
+  checked against it before the handler runs: a missing field, an unknown field or a field of the wrong type gets an
+  `error` reply that names it (actors/dispatch.py). Actors of roles not declared here (a user's own reward actor)
+  get a declaration derived from their handlers' signatures;
+* the typed handles callers hold (`BufferHandle`, `TrainerGroup`, ...) are generated from them into
+  slime_actors/role_handles.py (`python -m slime_actors.handles`; tests/test_handles.py fails when it is stale): a
+  type checker and an editor see each message's fields and reply there;
+* `python -m slime_actors.messages` prints the catalog (docs/wire-format.md embeds it; tests/test_wire_doc.py).
 """
 
 from __future__ import annotations
 
 import inspect
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import UnionType
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import numpy as np
 
@@ -23,11 +40,14 @@ class BadRequest(ValueError):
     """A request body that does not match its declaration."""
 
 
+class ReplyError(ValueError):
+    """A reply that lacks what its declared type needs."""
+
+
 @dataclass(frozen=True)
 class Field:
-    type: str = "any"
+    type: str = "any"      # its type on the wire (TYPES), from the annotation
     required: bool = True
-    doc: str = ""
 
 
 @dataclass(frozen=True)
@@ -39,10 +59,15 @@ class MessageSpec:
     reply: str = ""
     open: bool = False  # accepts fields beyond the declared ones (a handler taking **kwargs)
     required: frozenset = field(default=frozenset(), compare=False)
-    returns: type | None = field(default=None, compare=False)  # the reply's type on the asker's side (handles.py)
+    # the reply as the asker gets it: the wire's value checked (and turned into the declared type's value)
+    read_reply: Callable[[Any], Any] | None = field(default=None, compare=False)
     # False: the handler does not read its arrays' bytes when replaying (a replay of a trace that kept only their
     # checksums feeds zeros of their size; traces/replay.py)
     replay_arrays: bool = field(default=True, compare=False)
+    # the declaration's source text (slime_actors/role_handles.py is generated from it): (field, annotation) in
+    # declared order, and the reply's annotation
+    annotations: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    returns: str = field(default="None", compare=False)
 
     def check(self, body: Any) -> dict:
         """Return the body as keyword arguments, or raise BadRequest naming what is wrong."""
@@ -94,23 +119,95 @@ def _is_array(val) -> bool:
     return torch is not None and isinstance(val, torch.Tensor)
 
 
+# an array field: a numpy array or a torch tensor (or a list); on the wire, ext type 1 (docs/wire-format.md)
+Array = Any
+_WIRE_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "bytes": "bytes", "list": "list",
+               "dict": "dict", "Array": "array"}
+
+
+def wire_type(annotation: Any) -> str:
+    """A field's type on the wire (TYPES) from its annotation -- the source text (`"int | None"`,
+    `"list[SampleMap]"`) or the evaluated type; `X | None` is X (optional), anything else unknown is "any"."""
+    if annotation is inspect.Parameter.empty:
+        return "any"
+    text = annotation if isinstance(annotation, str) else (
+        annotation.__name__ if isinstance(annotation, type) else str(annotation))
+    parts = [p for p in _top_level(text, "|") if p not in ("None", "NoneType")]
+    if len(parts) != 1:
+        return "any"
+    base = parts[0].split("[", 1)[0].strip().rsplit(".", 1)[-1]
+    return _WIRE_TYPES.get(base, "any")
+
+
+def _top_level(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside brackets, each part stripped."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == sep and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur.strip()]
+
+
 CATALOG: dict[tuple[str, str], MessageSpec] = {}
 
 
-def declare(role: str, method: str, doc: str, reply: str = "nothing", open: bool = False,
-            returns: type | None = None, replay_arrays: bool = True, **fields: Field | str) -> MessageSpec:
-    """Declare a message. A field given as a string is a required field of that type; `"int?"` is optional.
-    `returns`: a class with `from_wire(map)` that a typed handle (slime_actors/handles.py) turns the reply into; the
-    wire still carries the map."""
+def message(*, reply: str, replay_arrays: bool = True):
+    """Mark a declaration whose message has a reply: `reply` says what it holds, as docs/wire-format.md shows it
+    (a declaration without this decorator has none: its return annotation is None)."""
+    def mark(fn):
+        fn._reply, fn._replay_arrays = reply, replay_arrays
+        return fn
+    return mark
+
+
+def role(name: str):
+    """Class decorator: every method of the class declares a message that actors of role `name` take ("*": every
+    actor)."""
+    def register(cls):
+        for method, fn in vars(cls).items():
+            if inspect.isfunction(fn) and not method.startswith("__"):
+                declare(name, method, fn)
+        return cls
+    return register
+
+
+def declare(role: str, method: str, fn: Callable) -> MessageSpec:
+    """Declare message `role.method` from a signature (see the module's docstring) and add it to CATALOG."""
+    where = f"{role}.{method}"
     fs: dict[str, Field] = {}
-    for name, f in fields.items():
-        if isinstance(f, str):
-            f = Field(f.rstrip("?"), not f.endswith("?"))
-        if f.type not in TYPES:
-            raise ValueError(f"{role}.{method}: field {name} has unknown type {f.type!r}")
-        fs[name] = f
-    spec = MessageSpec(role, method, fs, doc, reply, open, frozenset(n for n, f in fs.items() if f.required), returns,
-                       replay_arrays)
+    anns: list[tuple[str, str]] = []
+    open_ = False
+    for p in list(inspect.signature(fn).parameters.values())[1:]:  # (after self)
+        if p.kind is p.VAR_KEYWORD:
+            open_ = True
+            continue
+        if p.kind is not p.POSITIONAL_OR_KEYWORD:
+            raise TypeError(f"{where}: field {p.name!r} must be a plain parameter (fields are sent by name)")
+        if p.annotation is p.empty:
+            raise TypeError(f"{where}: field {p.name!r} has no type annotation")
+        if p.default is not p.empty and p.default is not None:
+            raise TypeError(f"{where}: optional field {p.name!r} must default to None (left out: not sent)")
+        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", str(p.annotation))
+        fs[p.name] = Field(wire_type(ann), p.default is p.empty)
+        if fs[p.name].type not in TYPES:
+            raise ValueError(f"{where}: field {p.name} has unknown type {fs[p.name].type!r}")
+        anns.append((p.name, ann))
+    returns = fn.__annotations__.get("return", "None")
+    returns = returns if isinstance(returns, str) else getattr(returns, "__name__", str(returns))
+    reply = getattr(fn, "_reply", None)
+    if reply is None and returns != "None":
+        raise TypeError(f"{where}: a message with a reply ({returns}) says what it holds: @message(reply=...)")
+    hints = typing.get_type_hints(fn)
+    doc = " ".join((inspect.getdoc(fn) or "").split())
+    spec = MessageSpec(role, method, fs, doc, reply or "nothing", open_, frozenset(n for n, f in fs.items()
+                                                                                   if f.required),
+                       reply_reader(hints.get("return"), where), getattr(fn, "_replay_arrays", True), tuple(anns),
+                       returns)
     CATALOG[(role, method)] = spec
     return spec
 
@@ -126,10 +223,7 @@ def spec_from_signature(role: str, method: str, fn) -> MessageSpec:
         if p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY):
             raise TypeError(f"handler {role}.{method}: fields are passed by name; *args or positional-only "
                             f"parameter {p.name!r} cannot receive one")
-        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "any")
-        typ = {"int": "int", "float": "float", "str": "str", "bool": "bool", "bytes": "bytes", "list": "list",
-               "dict": "dict"}.get(str(ann).split("[")[0].split("|")[0].strip(), "any")
-        fs[p.name] = Field(typ, p.default is p.empty)
+        fs[p.name] = Field(wire_type(p.annotation), p.default is p.empty)
     doc = (inspect.getdoc(fn) or "").split("\n")[0]
     return MessageSpec(role, method, fs, doc, "", open_, frozenset(n for n, f in fs.items() if f.required))
 
@@ -149,37 +243,6 @@ def check_handler(spec: MessageSpec, fn) -> None:
                             "but the parameter has no default")
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Every actor
-declare("*", "_ping", "Liveness and identity check.", reply="{name, role, index, pid, host, uptime}")
-declare("*", "_stats", "Mailbox and handler counters.", reply="map of counters")
-declare("*", "_stop", "Ask the actor to stop after answering.", reply="{stopping: true}",
-        reason=Field("str", False, "why, for the log"))
-declare("*", "_peer_down", "Directory notice: a peer missed its heartbeats or deregistered.",
-        name=Field("str", True), reason=Field("str", False))
-declare("*", "_peer_up", "Directory notice: a peer (re)registered, possibly at a new endpoint.",
-        name=Field("str", True), endpoint=Field("str", True))
-
-# Directory: name -> endpoint, heartbeats, liveness notices
-declare("directory", "register", "Register an actor's endpoint; notifies watchers with _peer_up.",
-        reply="{ok: true, heartbeat_interval, liveness}",
-        name="str", endpoint="str", pid="int?", host="str?", meta="dict?")
-declare("directory", "deregister", "Remove an actor that stops cleanly (no _peer_down for it).", name="str")
-declare("directory", "lookup", "Endpoint of a name; waits up to `wait` seconds for it to register.",
-        reply="endpoint string", name="str", wait="float?")
-declare("directory", "list", "Every registered actor with its endpoint, pid, host, liveness.",
-        reply="{name: {endpoint, pid, host, alive, last_seen}}")
-declare("directory", "watch", "Subscribe `name` to _peer_down/_peer_up notices.", name="str")
-
-# Node agents (slime_actors/launch/job.py: one per node of a multi-node job; the head's stops the others)
-declare("agent", "processes", "The processes this node's launcher started and supervises.",
-        reply="{name: {pid, alive, restarts, exit_codes}}")
-declare("agent", "node_failed", "Another node's agent gave up (restart intensity exceeded): the head stops the job.",
-        node="str", reason="str")
-declare("agent", "stop_node", "Stop this node's processes and its agent (the job ended, or failed elsewhere).",
-        reply="{stopping: true, processes}", reason="str?")
-
-
 def catalog_markdown() -> str:
     """The catalog as a Markdown table (docs/wire-format.md)."""
     rows = ["| role | method | fields (`?` optional) | reply | what |", "|---|---|---|---|---|"]
@@ -190,20 +253,74 @@ def catalog_markdown() -> str:
     return "\n".join(rows)
 
 
-
 # ------------------------------------------------------------------------------------------------------------------
-# Replies with a type on the asker's side (the wire carries the map; a typed handle hands back the type)
+# Reading a reply as its declared type
 
-class ReplyError(ValueError):
-    """A reply that lacks what its declared type needs."""
-
-
-def _needs(where: str, reply: Any, need: tuple[str, ...], what: str = "its type needs") -> dict:
+def _needs(where: str, reply: Any, need: tuple[str, ...] | frozenset, what: str = "its type needs") -> dict:
     """`reply` if it is a map holding every key of `need`, else a ReplyError naming what came and what is missing."""
     if not isinstance(reply, dict) or not all(k in reply for k in need):
         have = sorted(reply) if isinstance(reply, dict) else type(reply).__name__
-        raise ReplyError(f"{where} replied {have}; {what} {', '.join(need)}")
+        raise ReplyError(f"{where} replied {have}; {what} {', '.join(sorted(need))}")
     return reply
+
+
+def typed_dict_keys(td: type) -> frozenset[str]:
+    """The keys a TypedDict requires (read from the annotations' text: `NotRequired[...]` is not required, nor is a
+    key of a class declared total=False)."""
+    need: set[str] = set()
+    for klass in reversed(td.__mro__):
+        anns = klass.__dict__.get("__annotations__", {})
+        total = klass.__dict__.get("__total__", True)
+        for k, ann in anns.items():
+            text = ann if isinstance(ann, str) else getattr(ann, "__forward_arg__", None) or repr(ann)
+            if total and not text.replace("typing.", "").startswith("NotRequired["):
+                need.add(k)
+            else:
+                need.discard(k)
+    return frozenset(need)
+
+
+def reply_reader(t: Any, where: str) -> Callable[[Any], Any] | None:
+    """How a handle reads a reply of declared type `t`: a class with `from_wire` makes its value from the map; a
+    TypedDict's keys, a list's or a map's containers and a str's or a number's type are checked (the value itself is
+    handed on); None: nothing to read (no reply, Any)."""
+    if t is None or t is type(None) or t is Any:
+        return None
+    if hasattr(t, "from_wire"):
+        return t.from_wire
+    if typing.is_typeddict(t):
+        keys = typed_dict_keys(t)
+        return lambda r: _needs(where, r, keys)
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is list or origin is dict:
+        inner = reply_reader(args[-1], where) if args and typing.is_typeddict(args[-1]) else None
+
+        def read(r: Any) -> Any:
+            if not isinstance(r, origin):
+                raise ReplyError(f"{where} replied {type(r).__name__}; its type needs a {origin.__name__}")
+            if inner is not None:
+                for x in (r.values() if isinstance(r, dict) else r):
+                    inner(x)
+            return r
+        return read
+    if t in (str, int, float, bool):
+        def scalar(r: Any) -> Any:
+            if not isinstance(r, t if t is not float else (int, float)) or (t is not bool and isinstance(r, bool)):
+                raise ReplyError(f"{where} replied {type(r).__name__}; its type needs a {t.__name__}")
+            return r
+        return scalar
+    if origin in (typing.Union, UnionType):
+        return None
+    raise TypeError(f"{where}: a reply of type {t!r} cannot be read (a class with from_wire, a TypedDict, a list, a "
+                    "dict, str, int, float, bool)")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Reply types (the wire carries the map; a typed handle hands back the type)
+
+SampleMap = dict[str, Any]            # one sample on the wire: Sample.to_wire() (slime_actors/types.py)
+GroupMap = dict[str, Any]             # one group on the wire (see "The RL loop" below)
+EngineAnswer = dict[str, Any]         # the engine's own JSON answer (SGLang's native API)
 
 
 @dataclass(frozen=True)
@@ -393,113 +510,418 @@ class RetrieverAddress:
         return cls(r["url"], int(r["docs"]), r["corpus_sha256"])
 
 
+# Replies that stay maps where they are used (logged, written to a file, put in the job's result): TypedDicts, their
+# keys checked when the reply arrives
+
+class Ping(TypedDict):
+    """_ping's reply."""
+    name: str
+    role: str
+    index: int
+    pid: int
+    host: str
+    uptime: float
+
+
+class Stopping(TypedDict):
+    """_stop's reply."""
+    stopping: bool
+
+
+class Registered(TypedDict):
+    """directory.register's reply: the heartbeat settings the actor follows."""
+    ok: bool
+    heartbeat_interval: float
+    liveness: int
+
+
+class PeerEntry(TypedDict):
+    """One actor in directory.list's reply (`last_seen`: seconds ago; `incarnation`: its restarts)."""
+    endpoint: str
+    pid: int
+    host: str
+    alive: bool
+    last_seen: float
+    incarnation: NotRequired[int]
+
+
+class ProcessEntry(TypedDict):
+    """One process in agent.processes's reply."""
+    pid: int | None
+    alive: bool
+    restarts: int
+    exit_codes: list[int | None]
+
+
+class NodeStopping(TypedDict):
+    """agent.stop_node's reply."""
+    stopping: bool
+    processes: int
+
+
+class Status(TypedDict):
+    """controller.status's reply: where the loop is."""
+    phase: str
+    rollout_id: int
+    weight_version: int
+    engines: dict[str, int]
+    last: dict[str, Any] | None
+    steps: int
+    num_rollout: int
+    trainer_generation: int | None
+    recoveries: list[dict[str, Any]]
+    stopped: Any
+
+
+class RolloutStarted(TypedDict):
+    """buffer.start_rollout's reply: the rollout's groups (`new_groups` made now; `existing`: it was started
+    before)."""
+    groups: int
+    rollout_id: int
+    kind: str
+    new_groups: NotRequired[int]
+    existing: NotRequired[bool]
+
+
+class Accounting(TypedDict):
+    """buffer.accounting's reply: per sample index, trained once, more than once, or not (and where it is); what
+    rollbacks discarded. The job's result carries it."""
+    issued: int
+    trained_once: int
+    trained_more: int
+    untrained: int
+    duplicated: list[int]
+    trained_rollouts: list[int]
+    pending_groups: list[str]
+    stats: dict[str, Any]
+    expected_trained: int
+    lost: int
+    lost_samples: list[int]
+    untrained_by_state: dict[str, int]
+    discarded: dict[str, int]
+    rollbacks: list[dict[str, Any]]
+    epoch: int
+
+
+class RolledBack(TypedDict):
+    """buffer.rollback's reply: whether the buffer went back to the snapshot (else the `reason` it did not); the
+    trainings that went into the weights thrown away."""
+    rolled_back: bool
+    reason: NotRequired[str]
+    to: NotRequired[str]
+    if_ahead_of: NotRequired[int]
+    trained_rollouts_discarded: NotRequired[list[int]]
+    samples_discarded: NotRequired[int]
+    epoch: NotRequired[int]
+
+
+class EvalResponse(TypedDict):
+    """One sample in buffer.eval_results's reply."""
+    index: int
+    prompt: Any
+    response: str
+    reward: float | None
+    label: Any
+
+
+class RolloutLoaded(TypedDict):
+    """buffer.load_rollout's reply."""
+    groups: int
+
+
+class Paused(TypedDict):
+    """rollout.pause's reply: generations still in flight, and how the engine paused."""
+    in_flight: int
+    mode: str | None
+
+
+class RolloutEnded(TypedDict):
+    """rollout.end_rollout's reply: generations aborted, and how many of those went back to the buffer."""
+    aborted: int
+    returned: int
+
+
+class AdapterLoaded(TypedDict):
+    """rollout.load_lora_adapter's reply."""
+    lora_name: str
+    loaded: bool
+
+
+class Killed(TypedDict):
+    """rollout.kill_engine's reply."""
+    pid: int
+
+
+class GroupLeft(TypedDict):
+    """trainer.abort_group's reply: whether the rank left (False: the group was not its own)."""
+    left: bool
+
+
+class WeightsSynced(TypedDict, total=False):
+    """trainer.sync_weights's reply: rank 0's account of the push (seconds, bytes, buckets, transport, and what the
+    transport adds); another rank's says only that it took part."""
+    seconds: float
+    bytes: int
+    buckets: int
+    transport: str
+    rank: int
+    participated: bool
+
+
+TrainMetrics = dict[str, float]      # trainer.train's reply: the RL update's metrics (loss, kl, time/..., ...)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Every actor
+
+@role("*")
+class ActorMessages(Protocol):
+    @message(reply="{name, role, index, pid, host, uptime}")
+    def _ping(self) -> Ping:
+        """Liveness and identity check."""
+
+    @message(reply="map of counters")
+    def _stats(self) -> dict[str, int]:
+        """Mailbox and handler counters."""
+
+    @message(reply="{stopping: true}")
+    def _stop(self, reason: str | None = None) -> Stopping:   # reason: why, for the log
+        """Ask the actor to stop after answering."""
+
+    def _peer_down(self, name: str, reason: str | None = None) -> None:
+        """Directory notice: a peer missed its heartbeats or deregistered."""
+
+    def _peer_up(self, name: str, endpoint: str) -> None:
+        """Directory notice: a peer (re)registered, possibly at a new endpoint."""
+
+
+# Directory: name -> endpoint, heartbeats, liveness notices
+@role("directory")
+class DirectoryMessages(Protocol):
+    @message(reply="{ok: true, heartbeat_interval, liveness}")
+    def register(self, name: str, endpoint: str, pid: int | None = None, host: str | None = None,
+                 meta: dict[str, Any] | None = None) -> Registered:
+        """Register an actor's endpoint; notifies watchers with _peer_up."""
+
+    def deregister(self, name: str) -> None:
+        """Remove an actor that stops cleanly (no _peer_down for it)."""
+
+    @message(reply="endpoint string")
+    def lookup(self, name: str, wait: float | None = None) -> str:
+        """Endpoint of a name; waits up to `wait` seconds for it to register."""
+
+    @message(reply="{name: {endpoint, pid, host, alive, last_seen}}")
+    def list(self) -> dict[str, PeerEntry]:
+        """Every registered actor with its endpoint, pid, host, liveness."""
+
+    def watch(self, name: str) -> None:
+        """Subscribe `name` to _peer_down/_peer_up notices."""
+
+
+# Node agents (slime_actors/launch/job.py: one per node of a multi-node job; the head's stops the others)
+@role("agent")
+class AgentMessages(Protocol):
+    @message(reply="{name: {pid, alive, restarts, exit_codes}}")
+    def processes(self) -> dict[str, ProcessEntry]:
+        """The processes this node's launcher started and supervises."""
+
+    def node_failed(self, node: str, reason: str) -> None:
+        """Another node's agent gave up (restart intensity exceeded): the head stops the job."""
+
+    @message(reply="{stopping: true, processes}")
+    def stop_node(self, reason: str | None = None) -> NodeStopping:
+        """Stop this node's processes and its agent (the job ended, or failed elsewhere)."""
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The RL loop (docs/architecture.md). A "group" on the wire: {work_id, rollout_id, kind ("train"|"eval"),
 # group_index, sampling_params, samples: [Sample.to_wire()...]}.
 
-# controller
-declare("controller", "engine_ready", "A rollout worker's engine is (re)started and serving at `weight_version`.",
-        worker="str", weight_version="int")
-declare("controller", "rollout_failed", "A rollout worker cannot go on (an environment failed under --env-error stop): "
-        "the job ends with `error`.", worker="str", error="str")
-declare("controller", "status", "Where the loop is: rollout id, weight version, phase, metrics of the last step.",
-        reply="map")
-declare("controller", "trainer_join", "A trainer rank joins the training group (rank 0 offers the store's address and "
-        "port); answered once every rank of this generation joined.",
-        reply="{master_addr, master_port, generation, checkpoint}", returns=Joined,
-        rank="int", world_size="int", addr="str", port="int", pid="int")
-declare("controller", "trainer_ready", "A trainer rank of `generation` has its process group and its checkpoint.",
-        rank="int", generation="int", weight_version="int?")
+@role("controller")
+class ControllerMessages(Protocol):
+    def engine_ready(self, worker: str, weight_version: int) -> None:
+        """A rollout worker's engine is (re)started and serving at `weight_version`."""
 
-# buffer
-declare("buffer", "start_rollout", "Prepare the prompt groups of a rollout (train) or an evaluation (eval).",
-        reply="{groups, rollout_id, kind}", rollout_id="int", kind="str?", weight_version="int?", name="str?")
-declare("buffer", "get_work", "A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.",
-        reply="{groups: [group]}", returns=Work, worker="str", max_groups="int", wait="float?")
-declare("buffer", "submit", "A rollout worker hands back a finished, scored group (completed or failed).",
-        reply="{accepted, reason?, outcome?}", returns=Submitted, worker="str", work_id="str", samples="list")
-declare("buffer", "return_work", "A rollout worker gives back work it could not finish (abort, engine restart).",
-        reply="{requeued, partial?, reason?}", returns=Returned, worker="str", work_id="str", samples="list?",
-        reason="str?")
-declare("buffer", "release_worker", "Re-issue every group leased to a worker (it died or its engine restarted).",
-        reply="{requeued}", returns=Released, worker="str", reason="str?")
-declare("buffer", "wait_rollout",
-        "Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: "
-        "the reward-hacking monitor's report, unless --hack-alarms off).",
-        reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}", returns=RolloutStats,
-        rollout_id="int", kind="str?", timeout="float?")
-declare("buffer", "get_batch", "A trainer rank pulls its shard (whole groups) of a completed rollout.",
-        reply="batch map (slime_actors.types.batch_from_samples)", returns=TrainBatch, rollout_id="int", rank="int",
-        world_size="int")
-declare("buffer", "mark_trained", "Record that a rollout's samples were trained on (accounting, then freed).",
-        rollout_id="int")
-declare("buffer", "accounting", "Per sample index: times handed out, submitted, trained; lost/duplicated checks.",
-        reply="map")
-declare("buffer", "save", "Write the buffer state (dataset position, queued and partial groups) to `path`.",
-        path="str")
-declare("buffer", "rollback", "Back to a checkpoint's snapshot (the training group restarted from it) when the buffer "
-        "holds rollouts from `if_ahead_of` on; discarded trainings are accounted. Idempotent per `token`.",
-        reply="{rolled_back, trained_rollouts_discarded, samples_discarded, epoch, ...}", path="str?",
-        if_ahead_of="int?", reason="str?", token="str?")
-declare("buffer", "eval_results", "Per-sample results of a finished eval (prompt, response, reward, label).",
-        reply="list", rollout_id="int")
-declare("buffer", "dump_rollout", "All samples of a completed rollout (for --save-debug-rollout-data).",
-        reply="list", rollout_id="int")
-declare("buffer", "load_rollout", "Insert samples as a completed rollout (for --load-debug-rollout-data).",
-        reply="{groups}", rollout_id="int", samples="list")
+    def rollout_failed(self, worker: str, error: str) -> None:
+        """A rollout worker cannot go on (an environment failed under --env-error stop): the job ends with
+        `error`."""
 
-# rollout
-declare("rollout", "resume", "Start (or continue) pulling work at `weight_version`.", weight_version="int")
-declare("rollout", "pause", "Stop pulling new work and pause the engine (/pause_generation, --pause-generation-mode; "
-        "abort=true: mode abort).", reply="{in_flight, mode}", abort="bool?")
-declare("rollout", "end_rollout", "The rollout is complete: abort what is in flight and return it to the buffer.",
-        reply="{aborted, returned}", rollout_id="int")
-declare("rollout", "init_weights_group", "Have the engine join the trainer's weight-broadcast group.",
-        reply="engine answer", master_address="str", master_port="int", rank_offset="int", world_size="int",
-        group_name="str", backend="str")
-declare("rollout", "update_weights_from_distributed", "Have the engine receive one bucket by broadcast.",
-        reply="engine answer", names="list", dtypes="list", shapes="list", group_name="str",
-        weight_version="int", flush_cache="bool?", load_format="str?")
-declare("rollout", "destroy_weights_group", "Leave the weight-broadcast group.", group_name="str")
-declare("rollout", "update_weights_from_disk", "Have the engine load weights from an HF directory.",
-        reply="engine answer", model_path="str", weight_version="int")
-declare("rollout", "load_lora_adapter", "--lora-sync adapter: the trainer's LoRA adapters (PEFT's tensor names, CPU "
-        "tensors) for `weight_version`; the worker writes them as an adapter directory and loads it into its engine.",
-        reply="{lora_name, loaded}", replay_arrays=False, weight_version="int", tensors="dict", config="dict")
-declare("rollout", "held_groups", "Work ids the worker holds (the buffer reconciles its leases after a restart).",
-        reply="list")
-declare("rollout", "engine_info", "The engine's URL, weight version, health and counters.", reply="map")
-declare("rollout", "weight_update", "The trainer updates the engine directly (colocated tensors): hold health probes "
-        "while active; then the version it holds.", reply="{engine_url, paused, flush_cache, tp_size}",
-        returns=DirectUpdate, active="bool", weight_version="int?")
-declare("rollout", "router_url", "rollout/0: the URL of the sglang-router it started (waits until it is up).",
-        reply="{url}", returns=RouterUrl)
-declare("rollout", "kill_engine", "Kill the engine process (fault-injection and tests); the worker restarts it.",
-        reply="{pid}", hang="bool?")
+    @message(reply="{phase, rollout_id, weight_version, engines, last, steps, num_rollout, ...}")
+    def status(self) -> Status:
+        """Where the loop is: rollout id, weight version, phase, metrics of the last step."""
 
-# reward
-declare("reward", "score", "Score samples; per-sample rewards and errors (a failing function loses nothing).",
-        reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}", returns=Scores, samples="list",
-        group="bool?")
+    @message(reply="{master_addr, master_port, generation, checkpoint}")
+    def trainer_join(self, rank: int, world_size: int, addr: str, port: int, pid: int) -> Joined:
+        """A trainer rank joins the training group (rank 0 offers the store's address and port); answered once
+        every rank of this generation joined."""
 
-# retriever
-declare("retriever", "address", "Where this replica serves Search-R1's POST /retrieve (a restarted one: a new port), "
-        "with its corpus and counters.", reply="{url, docs, corpus_sha256, requests, queries}", returns=RetrieverAddress)
+    def trainer_ready(self, rank: int, generation: int, weight_version: int | None = None) -> None:
+        """A trainer rank of `generation` has its process group and its checkpoint."""
 
-# trainer
-declare("trainer", "train", "Pull this rank's shard of the rollout and run the RL update on it.",
-        reply="metrics map", rollout_id="int")
-declare("trainer", "sync_weights", "Rank 0: push the current weights to the rollout workers.",
-        reply="{seconds, bytes, buckets, transport}", weight_version="int", workers="list",
-        transport="str?", rebuild="bool?")
-declare("trainer", "save", "Save this rank's model/optimizer/RNG state under `path`.", path="str",
-        save_optim="bool?")
-declare("trainer", "abort_group", "Leave the training group of `generation` (broken: a rank died); the rank exits with "
-        "code 75 and its supervisor restarts it.", reply="{left}", generation="int", reason="str?")
-declare("trainer", "save_hf", "Every rank: export the policy as a Hugging Face directory at `path` (rank 0 writes; "
-        "--save-hf after `rollout_id`).", path="str", rollout_id="int?")
-declare("trainer", "log_probs", "Log-probs of given samples under the current actor (checks and tests).",
-        reply="list of lists", samples="list")
+
+@role("buffer")
+class BufferMessages(Protocol):
+    @message(reply="{groups, rollout_id, kind}")
+    def start_rollout(self, rollout_id: int, kind: str | None = None, weight_version: int | None = None,
+                      name: str | None = None) -> RolloutStarted:
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval)."""
+
+    @message(reply="{groups: [group]}")
+    def get_work(self, worker: str, max_groups: int, wait: float | None = None) -> Work:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some."""
+
+    @message(reply="{accepted, reason?, outcome?}")
+    def submit(self, worker: str, work_id: str, samples: list[SampleMap]) -> Submitted:
+        """A rollout worker hands back a finished, scored group (completed or failed)."""
+
+    @message(reply="{requeued, partial?, reason?}")
+    def return_work(self, worker: str, work_id: str, samples: list[SampleMap] | None = None,
+                    reason: str | None = None) -> Returned:
+        """A rollout worker gives back work it could not finish (abort, engine restart)."""
+
+    @message(reply="{requeued}")
+    def release_worker(self, worker: str, reason: str | None = None) -> Released:
+        """Re-issue every group leased to a worker (it died or its engine restarted)."""
+
+    @message(reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}")
+    def wait_rollout(self, rollout_id: int, kind: str | None = None, timeout: float | None = None) -> RolloutStats:
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack:
+        the reward-hacking monitor's report, unless --hack-alarms off)."""
+
+    @message(reply="batch map (slime_actors.types.batch_from_samples)")
+    def get_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout."""
+
+    def mark_trained(self, rollout_id: int) -> None:
+        """Record that a rollout's samples were trained on (accounting, then freed)."""
+
+    @message(reply="{issued, trained_once, trained_more, untrained, lost, duplicated, ...}")
+    def accounting(self) -> Accounting:
+        """Per sample index: times handed out, submitted, trained; lost/duplicated checks."""
+
+    def save(self, path: str) -> None:
+        """Write the buffer state (dataset position, queued and partial groups) to `path`."""
+
+    @message(reply="{rolled_back, trained_rollouts_discarded, samples_discarded, epoch, ...}")
+    def rollback(self, path: str | None = None, if_ahead_of: int | None = None, reason: str | None = None,
+                 token: str | None = None) -> RolledBack:
+        """Back to a checkpoint's snapshot (the training group restarted from it) when the buffer holds rollouts
+        from `if_ahead_of` on; discarded trainings are accounted. Idempotent per `token`."""
+
+    @message(reply="list")
+    def eval_results(self, rollout_id: int) -> list[EvalResponse]:
+        """Per-sample results of a finished eval (prompt, response, reward, label)."""
+
+    @message(reply="list")
+    def dump_rollout(self, rollout_id: int) -> list[SampleMap]:
+        """All samples of a completed rollout (for --save-debug-rollout-data)."""
+
+    @message(reply="{groups}")
+    def load_rollout(self, rollout_id: int, samples: list[SampleMap]) -> RolloutLoaded:
+        """Insert samples as a completed rollout (for --load-debug-rollout-data)."""
+
+
+@role("rollout")
+class RolloutMessages(Protocol):
+    def resume(self, weight_version: int) -> None:
+        """Start (or continue) pulling work at `weight_version`."""
+
+    @message(reply="{in_flight, mode}")
+    def pause(self, abort: bool | None = None) -> Paused:
+        """Stop pulling new work and pause the engine (/pause_generation, --pause-generation-mode; abort=true: mode
+        abort)."""
+
+    @message(reply="{aborted, returned}")
+    def end_rollout(self, rollout_id: int) -> RolloutEnded:
+        """The rollout is complete: abort what is in flight and return it to the buffer."""
+
+    @message(reply="engine answer")
+    def init_weights_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                           group_name: str, backend: str) -> EngineAnswer:
+        """Have the engine join the trainer's weight-broadcast group."""
+
+    @message(reply="engine answer")
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str, weight_version: int, flush_cache: bool | None = None,
+                                        load_format: str | None = None) -> EngineAnswer:
+        """Have the engine receive one bucket by broadcast."""
+
+    def destroy_weights_group(self, group_name: str) -> None:
+        """Leave the weight-broadcast group."""
+
+    @message(reply="engine answer")
+    def update_weights_from_disk(self, model_path: str, weight_version: int) -> EngineAnswer:
+        """Have the engine load weights from an HF directory."""
+
+    @message(reply="{lora_name, loaded}", replay_arrays=False)
+    def load_lora_adapter(self, weight_version: int, tensors: dict[str, Array], config: dict[str, Any]
+                          ) -> AdapterLoaded:
+        """--lora-sync adapter: the trainer's LoRA adapters (PEFT's tensor names, CPU tensors) for `weight_version`;
+        the worker writes them as an adapter directory and loads it into its engine."""
+
+    @message(reply="list")
+    def held_groups(self) -> list[str]:
+        """Work ids the worker holds (the buffer reconciles its leases after a restart)."""
+
+    @message(reply="map")
+    def engine_info(self) -> dict[str, Any]:
+        """The engine's URL, weight version, health and counters."""
+
+    @message(reply="{engine_url, paused, flush_cache, tp_size}")
+    def weight_update(self, active: bool, weight_version: int | None = None) -> DirectUpdate:
+        """The trainer updates the engine directly (colocated tensors): hold health probes while active; then the
+        version it holds."""
+
+    @message(reply="{url}")
+    def router_url(self) -> RouterUrl:
+        """rollout/0: the URL of the sglang-router it started (waits until it is up)."""
+
+    @message(reply="{pid}")
+    def kill_engine(self, hang: bool | None = None) -> Killed:
+        """Kill the engine process (fault-injection and tests); the worker restarts it."""
+
+
+@role("reward")
+class RewardMessages(Protocol):
+    @message(reply="{rewards: [float|None], errors: [str|None], timed_out?: [bool]}")
+    def score(self, samples: list[SampleMap], group: bool | None = None) -> Scores:
+        """Score samples; per-sample rewards and errors (a failing function loses nothing)."""
+
+
+@role("retriever")
+class RetrieverMessages(Protocol):
+    @message(reply="{url, docs, corpus_sha256, requests, queries}")
+    def address(self) -> RetrieverAddress:
+        """Where this replica serves Search-R1's POST /retrieve (a restarted one: a new port), with its corpus
+        and counters."""
+
+
+@role("trainer")
+class TrainerMessages(Protocol):
+    @message(reply="metrics map")
+    def train(self, rollout_id: int) -> TrainMetrics:
+        """Pull this rank's shard of the rollout and run the RL update on it."""
+
+    @message(reply="{seconds, bytes, buckets, transport}")
+    def sync_weights(self, weight_version: int, workers: list[str], transport: str | None = None,
+                     rebuild: bool | None = None) -> WeightsSynced:
+        """Rank 0: push the current weights to the rollout workers."""
+
+    def save(self, path: str, save_optim: bool | None = None) -> None:
+        """Save this rank's model/optimizer/RNG state under `path`."""
+
+    @message(reply="{left}")
+    def abort_group(self, generation: int, reason: str | None = None) -> GroupLeft:
+        """Leave the training group of `generation` (broken: a rank died); the rank exits with code 75 and its
+        supervisor restarts it."""
+
+    def save_hf(self, path: str, rollout_id: int | None = None) -> None:
+        """Every rank: export the policy as a Hugging Face directory at `path` (rank 0 writes; --save-hf after
+        `rollout_id`)."""
+
+    @message(reply="list of lists")
+    def log_probs(self, samples: list[SampleMap]) -> list[list[float]]:
+        """Log-probs of given samples under the current actor (checks and tests)."""
 
 
 if __name__ == "__main__":  # after every declaration above: the whole catalog (docs/wire-format.md)

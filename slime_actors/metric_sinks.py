@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import string
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ class MetricSinks:
                      _text(e.get("response")), _text(e.get("label")), e.get("finish_reason")] for e in examples]
             self.wandb.log({"rollout/samples": self._wb.Table(columns=SAMPLE_COLUMNS, data=rows), "rollout_id": k})
 
-    def eval_responses(self, name: str, step: int, rows: list[dict]) -> None:
+    def eval_responses(self, name: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         if self.wandb is None or not rows:
             return
         cols = ["index", "prompt", "response", "label", "reward"]

@@ -21,6 +21,18 @@ def _stats(rollout_id, kind="train"):
             "filtered": 0, "failed": 0, "reward_mean": 0.25, "examples": None, "seconds": 0.1}
 
 
+# the other asks' replies, as the actors answer them (their declared types: a reply lacking a key is a ReplyError)
+ACCOUNTING = {"issued": 0, "trained_once": 0, "trained_more": 0, "untrained": 0, "duplicated": [], "trained_rollouts": [],
+              "pending_groups": [], "stats": {}, "expected_trained": 0, "lost": 0, "lost_samples": [],
+              "untrained_by_state": {}, "discarded": {}, "rollbacks": [], "epoch": 0}
+REPLIES = {"start_rollout": lambda b: {"groups": 4, "rollout_id": b["rollout_id"], "kind": b.get("kind", "train")},
+           "rollback": lambda b: {"rolled_back": False, "reason": "not ahead"},
+           "pause": lambda b: {"in_flight": 0, "mode": None},
+           "end_rollout": lambda b: {"aborted": 0, "returned": 0},
+           "accounting": lambda b: dict(ACCOUNTING),
+           "eval_results": lambda b: []}
+
+
 def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input": "1+1", "label": "2"}\n')
@@ -37,7 +49,8 @@ def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
             return {"loss": 0.5}
         if method == "sync_weights":
             return {"bytes": 10}
-        return {}
+        reply = REPLIES.get(method)
+        return reply(body or {}) if reply else None
 
     async def tell(to, method, body=None):
         ctl.sent.append((to, method, body))

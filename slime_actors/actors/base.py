@@ -30,17 +30,18 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
-from ..handles import Handle
+from ..config import JobConfig
 from ..log import get_logger
 from ..mailbox.errors import MailboxError, PeerDown, UnknownPeer
 from ..mailbox.mailbox import Mailbox
 from ..mailbox.tracing import fast_entries
 from ..messages import CATALOG, MessageSpec, check_handler, spec_from_signature
+from ..role_handles import DirectoryHandle
 from ..runtime import RuntimeConfig
-from ..traces.writer import TraceWriter, trace_file_name
+from ..traces.writer import trace_file_name
 from . import schedule as _sched
 from .dispatch import Dispatch
 from .host import LOCAL, Host
@@ -80,10 +81,19 @@ IN_RECORDED_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("slime_a
 
 
 class Actor(Dispatch):
-    """Base class of every actor. Subclasses set `role` and declare handlers with @handler."""
+    """Base class of every actor. Subclasses set `role` and declare handlers with @handler.
+
+    The job's config: `job`, a JobConfig, when the caller has it typed (the launcher, which read and checked the job
+    file; `Actor.for_job` builds an actor so), else `args`, its flat dict (a test's; what a recording holds), read
+    here once into `self.cfg` (ConfigError naming the field when it is malformed). `args` is also what the trace
+    records and what an actor class of a user's may read itself (docs/adding-a-reward-actor.md). Without either,
+    `self.cfg` holds the defaults -- unless the class sets `needs_job` (the roles of a training job)."""
 
     role: ClassVar[str] = "actor"
+    needs_job: ClassVar[bool] = False
     _handlers: ClassVar[dict[str, _Handler]] = {}
+    endpoint: str          # where its mailbox is bound (start())
+    _stopped: asyncio.Event
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -101,22 +111,32 @@ class Actor(Dispatch):
                 handlers[method] = _Handler(fn, spec)
         cls._handlers = handlers
 
-    def __init__(self, index: int = 0, **config: Any):
+    def __init__(self, index: int = 0, args: Mapping[str, Any] | None = None, *, job: JobConfig | None = None,
+                 **config: Any):
         self.index = index
         self.name = f"{self.role}/{index}"
-        self.config = config
+        if job is not None:
+            self.cfg = job
+        elif args is not None:
+            self.cfg = JobConfig.from_dict(args, source=f"{self.name}'s job config")
+        elif self.needs_job:
+            raise ValueError(f"{self.name}: a {type(self).__name__} needs the job's config (job= or args=)")
+        else:
+            self.cfg = JobConfig()
+        if args is None and job is not None:
+            args = job.to_dict()
+        # what the trace records to build the actor again (replay): the flat job config in "args"
+        self.config = config if args is None else {"args": args, **config}
         self.log = get_logger(actor=self.name)
-        self.runtime: RuntimeConfig | None = None
+        # (self.runtime, self.mailbox: set by start())
         self.host: Host = LOCAL  # mailbox, recorder, clock, schedule, threads: Actor.start(host=...)
-        self.mailbox: Mailbox | None = None
-        self.tracer: TraceWriter | None = None
+        self.tracer: Any = None  # the trace writer (TraceWriter; under replay its stand-in), once started traced
         self._schedule: _sched.Schedule | None = None  # the order its tasks run in, recorded with its trace
         self._clock_time = time.time  # the host's clock (deadlines)
         self.started_at = time.time()
         self.counters = {"handled": 0, "failed": 0, "bad_requests": 0, "unknown_method": 0, "expired": 0}
         self._busy = 0
         self._tasks: set[asyncio.Task] = set()
-        self._stopped: asyncio.Event | None = None
         self._idem: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._idem_max = 4096
         self._running = False
@@ -124,6 +144,12 @@ class Actor(Dispatch):
         self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
         self._trec = None  # ... and its queue of packed records (TraceWriter.rec)
         self._tlimit = -1
+
+    @classmethod
+    def for_job(cls, index: int, job: JobConfig, **config: Any) -> Actor:
+        """An actor of this class for the job: its typed config, and its flat form for an actor class that reads
+        `args` itself (and for the trace)."""
+        return cls(index, args=job.to_dict(), job=job, **config)
 
     # ------------------------------------------------------------------------------------------ hooks
     async def on_start(self) -> None:
@@ -330,10 +356,10 @@ class Actor(Dispatch):
         self.record_input(name, value, key)
         return value
 
-    def _directory(self) -> Handle:
+    def _directory(self) -> DirectoryHandle:
         """The directory, asked through this actor's mailbox itself (registration, lookups: the runtime's own
         messages, sent before the actor's handlers run and while a peer is being resolved)."""
-        return Handle(self.mailbox, DIRECTORY)
+        return DirectoryHandle(self.mailbox, DIRECTORY)
 
     async def _resolve(self, name: str) -> str:
         if name in self.runtime.static_peers:
@@ -413,7 +439,7 @@ def raised(exc: BaseException) -> dict:
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}:{cls.__qualname__}"
     attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))} \
         if hasattr(exc, "__dict__") else {}
-    out = {"__raised__": name, "message": str(exc)[:2000]}
+    out: dict[str, Any] = {"__raised__": name, "message": str(exc)[:2000]}
     if attrs:
         out["attrs"] = attrs
     return out

@@ -32,14 +32,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import BinaryIO
 from pathlib import Path
 
 import msgpack
 
 from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout
-from ..config import JobConfig
-from ..handles import Handle
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
+from ..role_handles import RolloutHandle
 from ..types import Sample
 from .base import Actor, handler
 
@@ -50,19 +50,19 @@ COMPACT_LOG_BYTES = 8 << 20
 
 class Buffer(Actor):
     role = "buffer"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.plugin_args = self.cfg.flat()   # what the dynamic sampling filter gets (slime's `args`)
         # the record (buffer_state.py); its prompts and filter arrive in on_start
         self.state = BufferState(BufferSettings.from_config(self.cfg), clock=self._now,
                                  monitor_factory=lambda: make_monitor(self.cfg), on_event=self._append)
-        self._changed: asyncio.Condition | None = None
+        self._changed = asyncio.Condition()   # the record changed: wakes get_work's waiters
         self._rollout_events: dict[str, asyncio.Event] = {}
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
         self._trained_since_compact = 0
-        self._hack_lock: asyncio.Lock | None = None
+        self._hack_lock = asyncio.Lock()
 
     @property
     def hack_monitor(self):
@@ -71,13 +71,12 @@ class Buffer(Actor):
 
     # ------------------------------------------------------------------------------------------ start-up
     async def on_start(self) -> None:
-        self._changed = asyncio.Condition()
         from ..data import load_prompt_data
         self.state.dataset, self.state.eval_sets = await self.run_blocking(load_prompt_data, self.cfg)
         if self.cfg.rollout.dynamic_sampling_filter_path:
             from ..filters import DynamicFilter
             keep = DynamicFilter(self.cfg.rollout.dynamic_sampling_filter_path)
-            self.state.keep_group = lambda samples: keep(self.plugin_args, samples)
+            self.state.keep_group = lambda samples: bool(keep(self.plugin_args, samples))
         self.state_dir = Path(self.runtime.run_dir) / "buffer"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restored = self._restore()
@@ -99,7 +98,8 @@ class Buffer(Actor):
         them."""
         for worker, wids in self.state.held_leases().items():
             try:
-                has = set(await Handle(self, worker).held_groups(ask_timeout=max(10.0, self.runtime.down_after * 2)))
+                worker_handle = RolloutHandle(self, worker)
+                has = set(await worker_handle.held_groups(ask_timeout=max(10.0, self.runtime.down_after * 2)))
             except Exception as exc:
                 self.log.warning("worker did not say what it holds; its leases stay", worker=worker,
                                  error=str(exc))
@@ -155,9 +155,9 @@ class Buffer(Actor):
         self._write_snapshot(self.state_dir / "snapshot.msgpack")
         if self._log_file is not None:
             self._log_file.close()
-        self._log_file = open(self.state_dir / "log.msgpack", "wb")
-        self._log_file.write(msgpack.packb(["gen", time.time(), {"gen": self.state.log_gen}], use_bin_type=True))
-        self._log_file.flush()
+        self._log_file = log = open(self.state_dir / "log.msgpack", "wb")
+        log.write(msgpack.packb(["gen", time.time(), {"gen": self.state.log_gen}], use_bin_type=True))
+        log.flush()
 
     def _restore(self) -> str:
         """Rebuild state: checkpoint (--load), else this run's snapshot + log, else fresh."""
@@ -205,7 +205,7 @@ class Buffer(Actor):
         async def wake():
             async with self._changed:
                 self._changed.notify_all()
-        if self._changed is not None:
+        if self.running:   # (not before the buffer started: no one waits yet)
             self.spawn(wake(), name="notify")
 
     def _wake_rollouts(self) -> None:
@@ -296,8 +296,6 @@ class Buffer(Actor):
         """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
         rollout's text takes a while) and kept until the rollout is trained; None once it is trained and the
         report is gone. Every scored sample counts: the groups trained on and the ones the filter dropped."""
-        if self._hack_lock is None:
-            self._hack_lock = asyncio.Lock()
         async with self._hack_lock:
             st = self.state
             if r.rollout_id in st.hack_reports or r.trained:
@@ -306,6 +304,8 @@ class Buffer(Actor):
             # observed on a copy: a snapshot taken meanwhile (save, compaction) reads a state that is whole
             monitor, epoch = st.hack_monitor, st.epoch
             work = make_monitor(self.cfg)
+            if monitor is None or work is None:   # (--hack-alarms off: not asked)
+                return None
             work.load_state_dict(monitor.state_dict())
             try:
                 report = report_wire(await self.run_blocking(work.observe, r.rollout_id, samples))

@@ -11,20 +11,48 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..mailbox import codec
 from ..mailbox.codec import ProtocolError
 from ..mailbox.errors import MailboxError
-from ..mailbox.mailbox import Inbound, current_cause, unpack_error
+from ..mailbox.mailbox import Inbound, Mailbox, current_cause, unpack_error
 from ..messages import BadRequest
 from . import schedule as _sched
+
+if TYPE_CHECKING:
+    from ..runtime import RuntimeConfig
 
 _time_ns = time.time_ns
 
 
 class Dispatch:
     """The receiving half of Actor: `_on_request` is the mailbox's callback for every request and heartbeat."""
+
+    # what it uses of the actor (actors/base.py sets them up; the mailbox and the runtime in Actor.start)
+    name: str
+    role: ClassVar[str]
+    log: Any
+    mailbox: Mailbox
+    runtime: RuntimeConfig
+    tracer: Any
+    counters: dict[str, int]
+    _handlers: ClassVar[dict[str, Any]]
+    _clock_time: Callable[[], float]
+    _idem: OrderedDict[tuple[str, str], Any]
+    _idem_max: int
+    _busy: int
+    _schedule: _sched.Schedule | None
+    _tasks: set[asyncio.Task]
+    _tlimit: int
+    _trace: Any
+    _tpack: Any
+    _trec: Any
+    _reply_nowait: Callable[..., Any]
+    spawn: Callable[..., asyncio.Task]
+    on_heartbeat: Callable[[dict], None]
 
     async def on_failure(self, exc: BaseException, header: dict) -> None:
         """Called when a handler raises. The asker (if any) already got an error reply."""

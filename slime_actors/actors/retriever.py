@@ -16,8 +16,13 @@ from __future__ import annotations
 import asyncio
 import os
 
-from ..config import JobConfig
+from typing import TYPE_CHECKING
+
 from .base import Actor, handler
+
+if TYPE_CHECKING:
+    from ..search.index import Bm25Index
+    from ..search.server import RetrieverServer
 
 PROBE_S = 5.0
 PROBE_TIMEOUT_S = 10.0
@@ -27,13 +32,13 @@ EXIT_UNHEALTHY = 70
 
 class Retriever(Actor):
     role = "retriever"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
-        self.server = None
-        self.bm25 = None
-        self.url: str | None = None
+        self.server: RetrieverServer | None = None
+        self.bm25: Bm25Index | None = None   # (on_start)
+        self.url = ""
         self.counters.update({"probes_failed": 0})
 
     async def on_start(self) -> None:
@@ -48,21 +53,21 @@ class Retriever(Actor):
             raise RuntimeError(f"no retriever key ({RETRIEVER_KEY.name}): the launcher hands it to the job's "
                                "processes")
         cache = r.retriever_cache_dir or default_cache_dir(self.runtime.run_dir)
-        self.bm25 = await self.run_blocking(Bm25Index.open, r.retriever_corpus, cache)
+        self.bm25 = bm25 = await self.run_blocking(Bm25Index.open, r.retriever_corpus, cache)
         # the server is this process's outside world: its start (and address) is a recorded input, replay starts none
-        host, port = await self.recorded_async("server.start", self._start_server)
+        host, port = await self.recorded_async("server.start", self._start_server, bm25)
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        self.log.info("retriever serving", url=self.url, docs=len(self.bm25.docs), cached_index=self.bm25.cached)
+        self.log.info("retriever serving", url=self.url, docs=len(bm25.docs), cached_index=bm25.cached)
         if not self.replaying:
             self.spawn(self._probe(), name="probe")
 
-    async def _start_server(self) -> tuple[str, int]:
+    async def _start_server(self, bm25: Bm25Index) -> list:
+        """[host, port] it serves at (a list: as the recording holds it)."""
         from ..search.server import RetrieverServer
-        multi = self.runtime is not None and self.runtime.transport == "tcp"
-        host = self.runtime.node_address() if multi else "127.0.0.1"
-        self.server = RetrieverServer(self.bm25, api_key=self.key, host=host,
-                                      default_topk=self.cfg.retriever.retriever_topk)
-        return list(await self.server.start())
+        host = self.runtime.node_address() if self.runtime.transport == "tcp" else "127.0.0.1"
+        self.server = server = RetrieverServer(bm25, api_key=self.key, host=host,
+                                               default_topk=self.cfg.retriever.retriever_topk)
+        return list(await server.start())
 
     async def on_stop(self) -> None:
         if self.server is not None:
@@ -72,6 +77,7 @@ class Retriever(Actor):
         """Search over HTTP, as a caller would; exit when the server stops answering (module docstring)."""
         import aiohttp
         failures = 0
+        assert self.bm25 is not None  # (started)
         body = {"queries": [self.bm25.docs[0].title or "probe"], "topk": 1, "return_scores": False}
         headers = {"Authorization": f"Bearer {self.key}"}
         async with aiohttp.ClientSession() as session:
@@ -95,6 +101,8 @@ class Retriever(Actor):
     @handler
     def address(self) -> dict:
         """Where this replica serves: {url, docs, corpus_sha256, requests, queries}."""
-        s = self.server.counters if self.server is not None else {}
-        return {"url": self.url, "docs": len(self.bm25.docs), "corpus_sha256": self.bm25.corpus_sha,
+        s: dict[str, int] = self.server.counters if self.server is not None else {}
+        bm25 = self.bm25
+        assert bm25 is not None  # (requests wait until on_start has finished)
+        return {"url": self.url, "docs": len(bm25.docs), "corpus_sha256": bm25.corpus_sha,
                 "requests": s.get("requests", 0), "queries": s.get("queries", 0)}

@@ -71,9 +71,6 @@ class RewardActor(Actor):
         if not any(_overrides(type(self), m) for m in SCORERS):
             raise TypeError(f"{type(self).__name__} does not score: a RewardActor defines one of "
                             f"{', '.join(SCORERS)}, e.g.\n{NEW_FORM}")
-        # the job's flags, typed; defaults when built without a job (a unit test's actor)
-        self.cfg = (JobConfig.from_dict(config["args"], source=f"{self.name}'s job config") if "args" in config
-                    else JobConfig())
         self.counters.update({"scored": 0, "reward_errors": 0, "reward_timeouts": 0})
         # held-out sets with a reward of their own (--eval-config): their samples are graded with it, not by you
         self.eval_graders = {name: grader_config(self.cfg, s) for name, s in own_graders(self.cfg).items()}

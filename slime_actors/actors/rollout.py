@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
-from ..config import JobConfig
 from ..episode_samples import episode_of
-from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
+from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..types import ABORTED, FAILED, Sample
 from .base import Actor, handler
 from .rollout_engine import EngineSupervisor, _load_tokenizer
 from .rollout_generate import EngineHandle, Generation, generate_style, request_key
+
+if TYPE_CHECKING:
+    from .rollout_retrieval import RetrieverLink
 
 __all__ = ["RolloutWorker", "EngineHandle", "generate_style", "request_key", "submit_key"]
 
@@ -48,26 +51,24 @@ def submit_key(work_id: str, lease: int, first: Sample) -> str:
 
 class RolloutWorker(EngineSupervisor, Actor):
     role = "rollout"
+    needs_job = True
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
         self.plugin_args = self.cfg.flat()   # what custom generate / rollout functions get (slime's `args`)
         self._init_engine_state()
         self.tokenizer = None
         self.generation = Generation(self)
-        self.retriever = None             # RetrieverLink (actors/rollout_retrieval.py) when the job has a retriever
+        self.retriever: RetrieverLink | None = None  # (actors/rollout_retrieval.py) when the job has a retriever
         self._inflight: dict[str, asyncio.Task] = {}
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
-        self.buffer, self.controller = Handle(self, "buffer/0"), Handle(self, "controller/0")
+        self.buffer, self.controller = BufferHandle(self, "buffer/0"), ControllerHandle(self, "controller/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
         a = self.cfg
-        self._resumed = asyncio.Event()
-        self._engine_ok = asyncio.Event()
         self._capacity = max(a.engine.rollout_concurrency, a.rollout.n_samples_per_prompt,
                              a.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
@@ -192,7 +193,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, a.reward.num_reward_workers)}"
             try:
-                return await Handle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
+                return await RewardHandle(self, target).score([s.to_wire() for s in todo], group=a.reward.group_rm,
                                                         ask_timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
@@ -272,7 +273,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._resumed.clear()
         n = len(self._inflight)
         if n:
-            await self.client.abort_request(abort_all=True)
+            await self.engine_client.abort_request(abort_all=True)
             deadline = self.monotonic() + 60  # recorded clock readings: replay takes the same turns
             while self._inflight and self.monotonic() < deadline:
                 await asyncio.sleep(0.01)

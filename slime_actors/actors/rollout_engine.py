@@ -15,10 +15,16 @@ import os
 import shutil
 import time
 
+from typing import TYPE_CHECKING, Any
+
+from ..backends.engine_auth import EngineKeys
 from ..environments.episode import int_version
-from ..handles import Handle
 from ..mailbox.errors import MailboxError
+from ..role_handles import BufferHandle, ControllerHandle, RolloutHandle
 from .base import Actor, handler
+
+if TYPE_CHECKING:
+    from ..backends.engine_client import EngineClient
 
 
 def request_key(input_ids: list[int], sampling_params: dict) -> str:
@@ -28,21 +34,26 @@ def request_key(input_ids: list[int], sampling_params: dict) -> str:
     return h.hexdigest()
 
 
-class EngineSupervisor:
-    """The engine half of a rollout worker (a mixin of RolloutWorker, an Actor): its state is set by
+class EngineSupervisor(Actor):
+    """The engine half of a rollout worker (RolloutWorker derives from it): its state is set by
     `_init_engine_state`, its handlers are the worker's."""
+
+    # the worker's (actors/rollout.py), used here
+    buffer: BufferHandle
+    controller: ControllerHandle
+    _inflight: dict[str, asyncio.Task]
 
     def _init_engine_state(self) -> None:
         self.weight_version = -1          # version the engine holds; -1 until the controller says
-        self.engine = None                # EngineProcess
-        self.client = None                # EngineClient
-        self._resumed: asyncio.Event | None = None
-        self._engine_ok: asyncio.Event | None = None
+        self.engine: RecordedProcess | None = None  # the engine process it started (None: an external engine)
+        self.client: RecordedEngine | None = None   # the engine's client (engine_client: once it has one)
+        self._resumed = asyncio.Event()   # the controller said resume (cleared by pause, end_rollout)
+        self._engine_ok = asyncio.Event()  # the engine serves at the controller's weights
         self._restarting = False
         self.engine_restarts = 0
-        self.engine_url = None            # the engine itself (control endpoints); generation may go via a router
-        self.router = None                # EngineProcess of the sglang-router this worker started (rollout/0)
-        self.router_url = None
+        self.engine_url: str | None = None  # the engine itself (control endpoints); generation may go via a router
+        self.router: RecordedProcess | None = None  # the sglang-router this worker started (rollout/0)
+        self.router_url: str | None = None
         self._router_ready = asyncio.Event()
         self._engine_paused: str | None = None  # the /pause_generation mode the engine is paused in
         self._pause_lock = asyncio.Lock()  # pause/resume run in arrival order
@@ -50,7 +61,14 @@ class EngineSupervisor:
         self._direct_update_restarts = 0  # engine_restarts when a colocated (direct) weight update began
         self._engine_caps: dict = {}
         self._lora_loaded: list[str] = []  # --lora-sync adapter: the adapters the engine holds, oldest first
-        self.keys = None                  # the engines' HTTP keys (engine_auth.EngineKeys), from the environment
+        self.keys = EngineKeys()          # the engines' HTTP keys, from the environment (on_start); none: no auth
+
+    @property
+    def engine_client(self) -> RecordedEngine:
+        """The engine's client; a RuntimeError before there is one (the engine has not started)."""
+        if self.client is None:
+            raise RuntimeError(f"{self.name}: its engine has not started")
+        return self.client
 
     async def _stop_engine(self) -> None:
         """The worker stops: forget the router, close the client, stop the engine and the router it started."""
@@ -132,10 +150,10 @@ class EngineSupervisor:
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
             await self.client.close()
-        self.client = RecordedEngine(self, EngineClient(url, keys=self.keys,
-                                                        max_concurrency=a.engine.rollout_concurrency))
+        client = EngineClient(url, keys=self.keys, max_concurrency=a.engine.rollout_concurrency)
         if self.router_url:  # generation goes through the router; control stays with this engine
-            getattr(self.client, "_client", self.client).generate_base_url = self.router_url
+            client.generate_base_url = self.router_url
+        self.client = RecordedEngine(self, client)
         self.engine_url = url
         self._engine_paused, self._updating, self._lora_loaded = None, 0, []
         version = 0
@@ -166,9 +184,9 @@ class EngineSupervisor:
         out = str(profiles_dir(self.runtime.run_dir).resolve() / f"engine-{self.name.replace('/', '-')}")
         try:
             if what == "start":
-                await self.recorded_async("engine.start_profile", self.client.start_profile, out)
+                await self.recorded_async("engine.start_profile", self.engine_client.start_profile, out)
             else:
-                await self.recorded_async("engine.stop_profile", self.client.stop_profile)
+                await self.recorded_async("engine.stop_profile", self.engine_client.stop_profile)
         except EngineError as exc:
             self.log.warning("engine profiler", action=what, error=str(exc))
         else:
@@ -179,7 +197,7 @@ class EngineSupervisor:
         instead of failing every request."""
         from ..backends.engine_client import EngineError
         try:
-            await self.client.get_model_info()
+            await self.engine_client.get_model_info()
         except EngineError as exc:
             if exc.status in (401, 403):
                 raise RuntimeError(f"external engine {url} refuses this job's requests (HTTP {exc.status}): give its "
@@ -191,7 +209,7 @@ class EngineSupervisor:
         the --hf-checkpoint ones) is 0, a number is that version, anything else -1 (the controller re-syncs it)."""
         from ..backends.engine_client import EngineError
         try:
-            v = await self.client.get_weight_version()
+            v = await self.engine_client.get_weight_version()
         except EngineError as exc:
             self.log.warning("external engine: no weight version", error=str(exc))
             return -1
@@ -200,7 +218,7 @@ class EngineSupervisor:
     async def _capabilities(self) -> dict:
         from ..backends.engine_client import EngineError, supports_flattened_bucket
         try:
-            info = await self.client.get_server_info()
+            info = await self.engine_client.get_server_info()
         except EngineError as exc:
             self.log.warning("engine has no /server_info; assuming per-tensor weight broadcasts", error=str(exc))
             return {"flattened_bucket": False, "tp_size": 1, "version": None}
@@ -237,7 +255,7 @@ class EngineSupervisor:
         else:
             while self.router_url is None:
                 try:
-                    self.router_url = (await Handle(self, "rollout/0").router_url(ask_timeout=600)).url
+                    self.router_url = (await RolloutHandle(self, "rollout/0").router_url(ask_timeout=600)).url
                 except MailboxError as exc:
                     self.log.warning("waiting for rollout/0's router", error=str(exc))
                     await asyncio.sleep(1.0)
@@ -291,9 +309,9 @@ class EngineSupervisor:
                 quiet = self._engine_paused is not None or self._updating > 0
                 try:
                     if quiet:
-                        ok = await self.client.health(timeout=a.engine.rollout_health_check_timeout)
+                        ok = await self.engine_client.health(timeout=a.engine.rollout_health_check_timeout)
                     else:
-                        ok = await self.client.health_generate(timeout=a.engine.rollout_health_check_timeout)
+                        ok = await self.engine_client.health_generate(timeout=a.engine.rollout_health_check_timeout)
                 except RuntimeError:  # the client was closed under us (stopping or restarting)
                     continue
                 if not ok and not self._restarting:
@@ -340,7 +358,7 @@ class EngineSupervisor:
     async def _wait_external_healthy(self) -> None:
         a = self.cfg
         delay = 1.0
-        while not await self.client.health_generate(timeout=a.engine.rollout_health_check_timeout):
+        while not await self.engine_client.health_generate(timeout=a.engine.rollout_health_check_timeout):
             self.log.warning("external engine still unhealthy", url=self.engine_url)
             await asyncio.sleep(delay)
             delay = min(30.0, delay * 2)
@@ -355,7 +373,7 @@ class EngineSupervisor:
                                  asked=weight_version, engine=self.weight_version)
                 return
             if self._engine_paused is not None and self._engine_ok.is_set():
-                await self.client.continue_generation()
+                await self.engine_client.continue_generation()
                 self.log.info("engine continued", paused_mode=self._engine_paused)
             self._engine_paused = None
             self._resumed.set()
@@ -370,7 +388,7 @@ class EngineSupervisor:
             n = len(self._inflight)
             mode = "abort" if abort else self.cfg.engine.pause_generation_mode
             if self._engine_paused is None and self._engine_ok.is_set():
-                await self.client.pause_generation(mode)
+                await self.engine_client.pause_generation(mode)
                 self._engine_paused = mode
                 self.log.info("engine paused", mode=mode, in_flight=n)
             return {"in_flight": n, "mode": self._engine_paused or mode}
@@ -381,8 +399,8 @@ class EngineSupervisor:
         await self._engine_ok.wait()
         self._updating += 1
         try:
-            res = await self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
-                                                              group_name, backend)
+            res = await self.engine_client.init_weights_update_group(master_address, master_port, rank_offset,
+                                                                     world_size, group_name, backend)
         finally:
             self._updating -= 1
         # the trainer sends flattened buckets only when every engine of the group takes them
@@ -420,18 +438,18 @@ class EngineSupervisor:
     async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
                                               weight_version: int, flush_cache: bool = True,
                                               load_format: str | None = None) -> dict:
-        return await self._update(weight_version, lambda: self.client.update_weights_from_distributed(
+        return await self._update(weight_version, lambda: self.engine_client.update_weights_from_distributed(
             names, dtypes, shapes, group_name, weight_version=str(weight_version), flush_cache=self._flush(flush_cache),
             load_format=load_format))
 
     @handler
     async def destroy_weights_group(self, group_name: str) -> None:
-        await self.client.destroy_weights_update_group(group_name)
+        await self.engine_client.destroy_weights_update_group(group_name)
 
     @handler
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> dict:
         await self._engine_ok.wait()
-        return await self._update(weight_version, lambda: self.client.update_weights_from_disk(
+        return await self._update(weight_version, lambda: self.engine_client.update_weights_from_disk(
             model_path, weight_version=str(weight_version), flush_cache=self._flush(True)))
 
     @handler
@@ -451,17 +469,17 @@ class EngineSupervisor:
 
         async def call():
             if name in loaded:   # a retried sync of this version
-                await self.client.unload_lora_adapter(name)
+                await self.engine_client.unload_lora_adapter(name)
                 loaded.remove(name)
-            await self.client.load_lora_adapter(name, os.path.join(base, name))
+            await self.engine_client.load_lora_adapter(name, os.path.join(base, name))
             loaded.append(name)
-            return await self.client.update_weight_version(str(weight_version))
+            return await self.engine_client.update_weight_version(str(weight_version))
         await self._update(weight_version, call)
-        getattr(self.client, "_client", self.client).lora_path = name
+        self.engine_client.unwrapped.lora_path = name
         while len(loaded) > 2:
             old = loaded.pop(0)
             try:
-                await self.client.unload_lora_adapter(old)
+                await self.engine_client.unload_lora_adapter(old)
             except EngineError as exc:
                 self.log.warning("could not unload an old LoRA adapter", adapter=old, error=str(exc))
             if not self.replaying:
@@ -514,8 +532,13 @@ class RecordedEngine:
 
     _LOCAL = frozenset(("generate",))
 
-    def __init__(self, actor: Actor, client, prefix: str = "engine"):
+    def __init__(self, actor: Actor, client: Any, prefix: str = "engine"):
         self._actor, self._client, self._prefix = actor, client, prefix
+
+    @property
+    def unwrapped(self) -> Any:
+        """The client itself (EngineClient, RouterClient; a test's stand-in)."""
+        return self._client
 
     def __getattr__(self, name: str):
         fn = getattr(self._client, name)
@@ -533,7 +556,8 @@ class RecordedProcess:
     process (waits, stops and signals then do nothing)."""
 
     def __init__(self, actor: Actor, name: str, launch):
-        self._actor, self._name, self._proc = actor, name, None
+        self._actor, self._name = actor, name
+        self._proc: Any = None   # the EngineProcess (backends/engine_process.py); None under replay
 
         def start() -> dict:
             self._proc = launch()
@@ -542,7 +566,8 @@ class RecordedProcess:
         self.pid, self.host = info["pid"], info["host"]
 
     def poll(self) -> int | None:
-        return self._actor.recorded(f"{self._name}.poll", lambda: self._proc.poll())
+        proc = self._proc   # (under replay None: the recorded answer is served, the lambda not called)
+        return self._actor.recorded(f"{self._name}.poll", lambda: proc.poll() if proc is not None else None)
 
     def wait_healthy(self, timeout: float) -> None:
         if self._proc is not None:

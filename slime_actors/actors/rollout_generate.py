@@ -45,6 +45,9 @@ from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
 from .rollout_engine import request_key
 
 if TYPE_CHECKING:
+    from ..backends.generate_proxy import GenerateProxy
+    from ..config import FlatArgs
+    from ..environments.base import Env
     from .rollout import RolloutWorker
 
 FLAG = "--custom-generate-function-path"
@@ -131,12 +134,12 @@ class Generation:
     def __init__(self, worker: "RolloutWorker"):
         self.w = worker
         self.cfg = worker.cfg
-        self.generate_fn = None
+        self.generate_fn: Callable[..., Any] | None = None
         self.slime_generate = False       # generate_fn has slime's signature (args, sample, sampling_params)
-        self.slime_args = None            # the flat view it gets: the router address is self.proxy's
-        self.proxy = None                 # GenerateProxy for slime-style generate functions
-        self.group_fn = None
-        self.env = None                   # the environment (--rollout-interaction-env-path)
+        self.slime_args: FlatArgs | None = None  # the flat view it gets: the router address is self.proxy's
+        self.proxy: GenerateProxy | None = None  # for slime-style generate functions
+        self.group_fn: Callable[..., Any] | None = None
+        self.env: Env | None = None       # the environment (--rollout-interaction-env-path)
         self.env_calls: RecordedEnvCalls | None = None
         self.chat: ChatTurns | None = None
         self.frozen = None                # FrozenEngine (actors/rollout_frozen.py) with --frozen-engine-checkpoint
@@ -170,9 +173,9 @@ class Generation:
             await self._start_proxy()
         if self.cfg.retriever.enabled:
             from .rollout_retrieval import RetrieverLink
-            w.retriever = RetrieverLink(w)
+            w.retriever = link = RetrieverLink(w)
             if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
-                await w.retriever.start_proxy()
+                await link.start_proxy()
         if self.agent_fn is not None:
             from .rollout_agents import AgentProxy
             self.agents = AgentProxy(w)
@@ -205,6 +208,7 @@ class Generation:
 
     async def _env_lifecycle(self, what: str, fn: Callable) -> None:
         """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
+        assert self.env_calls is not None  # (made with the environment)
         await self.w.recorded_async(f"env.{what}", self.env_calls.run, what, "", None, None, fn, ())
 
     async def _start_proxy(self) -> None:
@@ -216,10 +220,10 @@ class Generation:
 
         async def forward(body: dict):
             await w._engine_ok.wait()
-            return await w.client.generate_body(body)
-        self.proxy = GenerateProxy(forward)
+            return await w.engine_client.generate_body(body)
+        self.proxy = proxy = GenerateProxy(forward)
         # (recorded: a replay starts no proxy -- the function's results are recorded, _slime_style)
-        host, port = await w.recorded_async("proxy.start", self.proxy.start)
+        host, port = await w.recorded_async("proxy.start", proxy.start)
         engine = dataclasses.replace(self.cfg.engine, sglang_router_ip=host, sglang_router_port=port)
         self.slime_args = dataclasses.replace(self.cfg, engine=engine).flat()
         w.log.info("slime-style generate function: its engine address is this worker's proxy",
@@ -236,8 +240,10 @@ class Generation:
     async def _live(self, input_ids: list[int], sampling_params: dict) -> dict:
         from ..backends.engine_client import parse_generate_output
         t0 = time.time()
-        resp = await self.w.client.generate(input_ids, sampling_params, return_logprob=True)
+        resp = await self.w.engine_client.generate(input_ids, sampling_params, return_logprob=True)
         out = parse_generate_output(resp)
+        if out.logprobs is None:
+            raise RuntimeError("the engine's /generate answer has no output_token_logprobs (asked for them)")
         # `started`: when the request went out (the trace stamps the answer's arrival), for time-inside-generation
         return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs),
                 "finish_reason": out.finish_type, "weight_version": out.weight_version, "started": t0}
@@ -290,6 +296,7 @@ class Generation:
 
     async def _episode(self, sample: Sample, sp: dict, attempt: int, evaluation: bool, work_id: str) -> Sample:
         ro, w = self.cfg.rollout, self.w
+        assert self.env is not None and self.env_calls is not None and self.chat is not None  # (load(): an env)
         try:
             return await run_episode(self.env, sample, sp, self.handle, calls=self.env_calls, chat=self.chat,
                                      episode_id=f"{work_id}:{sample.index}:{attempt}", max_turns=ro.max_turns,
@@ -353,6 +360,7 @@ class Generation:
         w = self.w
         version = w.weight_version
         fn = self.generate_fn
+        assert fn is not None  # (load(): a slime-style function)
         kw = {"evaluation": evaluation} if takes_keyword(fn, "evaluation") else {}
         # The function reaches the engine over HTTP (this worker's proxy), which a replay cannot do: what it returns
         # is a recorded input (keyed by the request), and a replay takes that instead of calling it again.

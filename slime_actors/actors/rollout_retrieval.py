@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
-from ..handles import Handle
 from ..mailbox.errors import MailboxError
+from ..role_handles import RetrieverHandle
 
 POOL_DEADLINE_S = 120.0   # how long one call keeps trying (a replica's restart takes seconds)
 
@@ -37,8 +38,10 @@ class RetrieverLink:
         from ..search.client import RetrieverPool
         self.worker = worker
         r = worker.cfg.retriever
+        resolvers: list[Callable[[], Any]]
         if r.retriever_url:
-            resolvers = [lambda url=r.retriever_url: url]
+            url = r.retriever_url
+            resolvers = [lambda: url]
         else:
             resolvers = [self._resolver(i) for i in range(r.retriever_num_replicas)]
         self.topk = r.retriever_topk
@@ -52,7 +55,7 @@ class RetrieverLink:
     def _resolver(self, i: int):
         async def resolve() -> str:
             try:
-                return (await Handle(self.worker, f"retriever/{i}").address(ask_timeout=10)).url
+                return (await RetrieverHandle(self.worker, f"retriever/{i}").address(ask_timeout=10)).url
             except MailboxError as exc:   # not up (yet, again): the pool sets this replica aside for a moment
                 raise RuntimeError(f"retriever/{i} is not reachable: {exc}") from None
         return resolve

@@ -238,12 +238,12 @@ def install(loop: asyncio.AbstractEventLoop) -> None:
     current = loop.get_task_factory()
     if getattr(current, "_slime_schedule", False):
         return
-    if current is None:
-        factory = _factory  # (called as factory(loop, coro[, context=...]))
-    else:
-        def factory(loop, coro, context=None):
+    factory: Callable[..., Any] = _factory  # (called as factory(loop, coro[, context=...]))
+    if current is not None:
+        def chained(loop, coro, context=None):
             return _factory(loop, coro, context, current)
-    factory._slime_schedule = True
+        factory = chained
+    setattr(factory, "_slime_schedule", True)  # (a mark on the function: installed)
     loop.set_task_factory(factory)
 
 

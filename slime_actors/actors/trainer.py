@@ -21,16 +21,22 @@ import os
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .. import env as E
 from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
-from ..config import JobConfig
-from ..handles import Handle
 from ..mailbox.errors import MailboxError, RemoteError, transient
 from ..mailbox.mailbox import current_cause
 from ..messages import Joined, TrainBatch
 from ..retry import RetryPolicy, retry
+from ..role_handles import BufferHandle, ControllerHandle
 from .base import Actor, handler
+
+if TYPE_CHECKING:   # (importing torch takes seconds: the backends are imported when the rank starts)
+    from ..backends.training import TrainingBackend
+    from ..backends.weight_sync import WeightPusher
+    from ..profiler import TrainProfiler
 
 GROUP_TIMEOUT_S = 1800.0  # the training group's collectives and store (torch.distributed timeout)
 # asks worth repeating while their peer restarts (mailbox.errors.transient): the join (the head may not be up yet;
@@ -43,17 +49,18 @@ BATCH_RETRY = RetryPolicy(attempts=None, deadline=600, base=0.4, factor=2.0, max
 
 class TrainerRank(Actor):
     role = "trainer"
+    needs_job = True
+    backend: TrainingBackend   # (on_start)
+    profiler: TrainProfiler    # (on_start, with the backend)
 
     def __init__(self, index: int = 0, **config):
         super().__init__(index, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
-        self.backend = None
+        # (self.backend: the training backend, and self.profiler, made with it: on_start)
         self.rank = index
         self.world_size = 1
-        self.weights = None  # backends.weight_sync.WeightPusher: rank 0 pushes weights, the others take part
+        self.weights: WeightPusher | None = None  # rank 0 pushes weights, the others take part (on_start)
         self.generation: int | None = None  # of the training group this rank joined
-        self.profiler = None  # slime_actors.profiler.TrainProfiler, made with the backend
-        self.controller, self.buffer = Handle(self, "controller/0"), Handle(self, "buffer/0")
+        self.controller, self.buffer = ControllerHandle(self, "controller/0"), BufferHandle(self, "buffer/0")
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -118,14 +125,17 @@ class TrainerRank(Actor):
                               timeout=timeout, wait_for_workers=False)
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timeout)
+        backend_class: type[TrainingBackend]
         if a.train.train_backend == "megatron":
-            from ..backends.megatron_backend import MegatronBackend as Backend
+            from ..backends.megatron_backend import MegatronBackend
+            backend_class = MegatronBackend
         else:
-            from ..backends.torch_backend import TorchBackend as Backend
+            from ..backends.torch_backend import TorchBackend
+            backend_class = TorchBackend
         from ..profiler import TrainProfiler
         self.profiler = TrainProfiler(a.debug, self.rank, self.runtime.run_dir, self.name)
         self.profiler.start_memory_history()
-        self.backend = Backend(a, self.rank, self.world_size)
+        self.backend = backend_class(a, self.rank, self.world_size)
         self.backend.init()
         from ..traces import environment
         # what decides the bits of its floats (threads, kernels, BLAS), with its trace: a replay elsewhere names
@@ -185,8 +195,7 @@ class TrainerRank(Actor):
     async def _get_batch(self, rollout_id: int) -> TrainBatch:
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
         # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
-        rank = getattr(self.backend, "data_parallel_rank", self.rank)
-        world_size = getattr(self.backend, "data_parallel_size", self.world_size)
+        rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
         return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
@@ -218,14 +227,17 @@ class TrainerRank(Actor):
     @handler
     async def sync_weights(self, weight_version: int, workers: list, transport: str | None = None,
                            rebuild: bool = False) -> dict:
+        weights = self.weights
+        if weights is None:
+            raise RuntimeError(f"{self.name}: no weights to sync, its backend has not started")
         if self.rank != 0:
             # the controller asks every rank: gathering full weights is a collective under FSDP (and Megatron
             # model parallelism), so the other ranks take part and rank 0 sends
-            participated = await self.weights.take_part()
+            participated = await weights.take_part()
             self.backend.weight_version = weight_version
             return {"rank": self.rank, "participated": participated}
-        info = await self.weights.push(weight_version, workers, transport or self.cfg.weights.update_weight_transport,
-                                       rebuild=rebuild)
+        info = await weights.push(weight_version, workers, transport or self.cfg.weights.update_weight_transport,
+                                  rebuild=rebuild)
         self.backend.weight_version = weight_version
         self.log.info("weights synced", **{k: info[k] for k in ("seconds", "bytes", "buckets", "transport")},
                       workers=len(workers), version=weight_version)

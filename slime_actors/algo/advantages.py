@@ -81,7 +81,9 @@ def grpo_returns(rewards: torch.Tensor, response_lengths: Sequence[int]) -> list
 def discounted_returns(token_rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     """``G_t = r_t + gamma * G_{t+1}`` along the last dimension."""
     out = torch.zeros_like(token_rewards)
-    running = torch.zeros_like(token_rewards[..., 0]) if token_rewards.shape[-1] else None
+    if not token_rewards.shape[-1]:
+        return out
+    running = torch.zeros_like(token_rewards[..., 0])
     for t in range(token_rewards.shape[-1] - 1, -1, -1):
         running = token_rewards[..., t] + gamma * running
         out[..., t] = running

@@ -176,6 +176,10 @@ class MegatronBackend(TrainingBackend):
         self.tp_size = self.pp_size = self.data_parallel_size = 1
         self.tp_rank = self.pp_rank = self.data_parallel_rank = 0
         self._masks: dict[int, torch.Tensor] = {}
+        # _local_views' HF tensors that are views of the parameters, and the parameters' storage they were made for
+        self._view_params: list[torch.Tensor] | None = None
+        self._views: list = []
+        self._views_key: tuple | None = None
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -564,10 +568,10 @@ class MegatronBackend(TrainingBackend):
         """One rank holds the whole model (tp = pp = 1): HF tensors that are views of a parameter (most: whole
         tensors, gate/up halves) are made once and reused while the parameters keep their storage; the rest
         (q/k/v, which de-interleave the fused QKV weight: copies) are converted at each call."""
-        if getattr(self, "_view_params", None) is None:
+        if self._view_params is None:
             self._view_params = list(self.gpt.parameters())  # (walking the module tree each time costs ms)
         ptrs = tuple(p.data_ptr() for p in self._view_params)
-        if getattr(self, "_views_key", None) != ptrs:
+        if self._views_key != ptrs:
             offset = self._layer_offset(self.gpt)
             named = {mc.to_global_name(n, offset): p for n, p in self.gpt.named_parameters()}
             plan = []

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..algo.advantages import compute_advantages_and_returns, normalize_group_rewards
 from ..algo.kl import compute_approx_kl
@@ -49,16 +48,6 @@ from .training import LossFn, TrainingBackend
 Reduce = Callable[..., torch.Tensor]
 
 log = get_logger(component="rl_update")
-
-
-def default_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """All-reduce across the default process group when torch.distributed is initialised, else identity."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return t
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    x = t.detach().to(dev).clone()
-    dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
-    return x.to(t.device)
 
 
 def _cat(xs, device=None) -> torch.Tensor:
@@ -224,11 +213,10 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     ``train_time`` is this rank's).
 
     ``batch`` gains per-sample tensors: old_log_probs, ref_log_probs (if used), values (ppo), advantages,
-    returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: all-reduce over the
-    default process group when initialised; a backend with its own ``reduce`` -- megatron's, over the data-parallel
-    group only -- supplies it). ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and
+    returns. ``reduce(tensor, op="sum"|"max")`` reduces across the training ranks (default: the backend's
+    ``reduce`` -- an all-reduce over the default process group; megatron's, over the data-parallel group only). ``phase(name)``: a context manager around the log-prob pass ("train_log_probs") and
     the optimizer steps ("train_actor") -- the profiler's (slime_actors/profiler.py)."""
-    reduce = reduce or getattr(backend, "reduce", None) or default_reduce
+    reduce = reduce or backend.reduce
     phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
     alg = cfg.algorithm
@@ -326,20 +314,21 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
         if key in work:
             batch[key] = work[key]
-    log.info("rl_update", rollout_id=rollout_id, rank=getattr(backend, "rank", 0),
+    log.info("rl_update", rollout_id=rollout_id, rank=backend.rank,
              **{k: round(v, 6) for k, v in metrics.items() if k in ("loss", "pg_loss", "grad_norm", "reward_mean",
                                                                   "train_rollout_logprob_abs_diff_max")})
     return metrics
 
 
-def _optimizer_steps(backend, cfg, work, n, reduce, names, custom, step_sums, grad_norms, critic_norms) -> None:
+def _optimizer_steps(backend: TrainingBackend, cfg: JobConfig, work, n, reduce, names, custom, step_sums, grad_norms,
+                     critic_norms) -> None:
     """--num-steps-per-rollout optimizer steps over the shard's mini-batches (the module docstring, 4.); fills
     step_sums, grad_norms and critic_norms; returns the metric names (a custom loss adds its own)."""
     alg = cfg.algorithm
     estimator = alg.advantage_estimator
     num_steps = cfg.train.num_steps_per_rollout
     per_token = alg.calculate_per_token_loss
-    world = int(getattr(backend, "data_parallel_size", None) or getattr(backend, "world_size", 1) or 1)
+    world = max(backend.data_parallel_size, 1)
 
     def rsum(*xs) -> list[float]:
         return reduce(torch.tensor([float(x) for x in xs], dtype=torch.float64), "sum").tolist()

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+
 import torch
+import torch.distributed as dist
 
 from ..config import JobConfig
 
@@ -26,11 +28,27 @@ LossFn = Callable[[dict, list[torch.Tensor], list[torch.Tensor], list[torch.Tens
 
 
 class TrainingBackend(ABC):
-    """One rank of the training group."""
+    """One rank of the training group: what the trainer actor, the RL update and the weight sync use of it."""
 
     def __init__(self, cfg: JobConfig, rank: int, world_size: int):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.weight_version = 0  # bumped by the trainer after each update that engines receive
+        # the rank's data-parallel replica and their number: which shard of a rollout it trains on (the ranks of one
+        # Megatron tensor/pipeline group train on the same one); a backend without model parallelism: its rank
+        self.data_parallel_rank, self.data_parallel_size = rank, world_size
+        # how the replicas share the model: "none" (one rank), "ddp", "fsdp" (gathering the full weights is then a
+        # collective every rank takes part in, as under Megatron's model parallelism)
+        self.parallel = "none"
+
+    def reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """`t` reduced ("sum" or "max") across the data-parallel replicas (the RL update's statistics): an all-reduce
+        over the default process group when torch.distributed is initialised, else `t`."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return t
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        x = t.detach().to(dev).clone()
+        dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        return x.to(t.device)
 
     # -- set-up ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -92,3 +110,13 @@ class TrainingBackend(ABC):
         """Export the actor as a Hugging Face directory (`hf_export.export_hf`; `info` goes into its marker).
         Every rank calls it; rank 0 writes."""
         raise NotImplementedError
+
+    # -- LoRA (--lora-rank; the torch backend's, docs/lora.md) ---------------------------------------------------
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters' tensors in PEFT's names, on the CPU (--lora-sync adapter: what the engines load).
+        Under FSDP gathering them is a collective: every rank calls it."""
+        raise NotImplementedError(f"{type(self).__name__} has no LoRA adapters (--lora-rank: the torch backend)")
+
+    def adapter_config(self) -> dict:
+        """The adapters' PEFT config (adapter_config.json's content)."""
+        raise NotImplementedError(f"{type(self).__name__} has no LoRA adapters (--lora-rank: the torch backend)")

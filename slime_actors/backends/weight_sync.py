@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from slime_actors.env import WEIGHT_SYNC_ADDR, WEIGHT_SYNC_TIMEOUT
-from slime_actors.handles import Handle
 from slime_actors.log import get_logger
+from slime_actors.role_handles import RolloutHandle
 
 from .listen import address_towards, limit_collectives, tcp_store
 
@@ -548,7 +548,7 @@ class WeightPusher:
     async def take_part(self) -> bool:
         """A rank other than 0: take part in gathering the full weights when that is a collective (Megatron, FSDP);
         True when it did."""
-        fsdp = getattr(self.backend, "parallel", "ddp") == "fsdp"
+        fsdp = self.backend.parallel == "fsdp"
         if self.adapters_only():
             if fsdp:
                 await self.run_blocking(self.backend.adapter_weights)
@@ -562,7 +562,7 @@ class WeightPusher:
         """--lora-rank with --lora-sync adapter: the engines get the LoRA adapters, not weights."""
         return self.cfg.lora.lora_rank > 0 and self.cfg.lora.lora_sync == "adapter"
 
-    async def push(self, version: int, workers: list, transport: str, rebuild: bool = False) -> dict:
+    async def push(self, version: int, workers: list, transport: str | None, rebuild: bool = False) -> dict:
         """Rank 0: send the current weights as `version` to `workers` by `transport`; `rebuild`: an engine of the
         group restarted (the broadcast group it was in is gone with it). Returns bytes, buckets, seconds, transport,
         weight_version (and the transport's own fields)."""
@@ -588,9 +588,9 @@ class WeightPusher:
         if self.sender is not None:
             self.sender.close()
 
-    def worker(self, name: str) -> Handle:
+    def worker(self, name: str) -> RolloutHandle:
         """A rollout worker (`rollout/i`), to ask."""
-        return Handle(self.actor, name)
+        return RolloutHandle(self.actor, name)
 
     async def _disk(self, version: int, workers: list) -> dict:
         base = Path(self.cfg.weights.update_weight_disk_dir or os.path.join(self.run_dir, "weights"))

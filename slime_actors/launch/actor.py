@@ -132,10 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         write_report(rt.run_dir, name, "failed", Cause(f"cannot build the actor: {exc}", True))
         return EXIT_PERMANENT
-    config = {"args": job.to_dict()} if job is not None else {}
-
     async def make():
-        return cls(ns.index, **config), rt
+        return (cls.for_job(ns.index, job) if job is not None else cls(ns.index)), rt
 
     async def run() -> int:
         try:

@@ -93,7 +93,7 @@ class Head:
 
     async def start_controller(self, **kwargs) -> None:
         from ..actors.controller import Controller
-        self.controller = Controller(0, args=self.cfg.to_dict(), **kwargs)
+        self.controller = Controller.for_job(0, self.cfg, **kwargs)
         await self.controller.start(self.rt)
 
     def listing(self) -> dict:

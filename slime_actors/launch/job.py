@@ -29,10 +29,10 @@ from pathlib import Path
 from .. import env as E
 from ..actors.base import Actor, handler
 from ..config import JobConfig
-from ..handles import Handle
 from ..log import get_logger
 from ..mailbox.errors import MailboxError
 from ..retry import RetryPolicy, retry
+from ..role_handles import AgentHandle
 from ..runtime import RuntimeConfig, job_keys
 from ..search.keys import key_env
 from .head import Head, StatusBoard, engine_keys, report, retriever_key
@@ -208,7 +208,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
         others = [n for n in head.listing() if n.startswith("agent/") and n != agent.name]
         for other in others:
             try:
-                await Handle(agent, other).stop_node(reason=failure or "the job ended", ask_timeout=5)
+                await AgentHandle(agent, other).stop_node(reason=failure or "the job ended", ask_timeout=5)
             except MailboxError:
                 pass
         await loop.run_in_executor(None, launcher.stop_all)
@@ -296,7 +296,7 @@ async def run_agent(ctx: JobContext, job_path: Path) -> int:
             launcher.check(listing)
             if launcher.failure:
                 try:
-                    await Handle(agent, head_agent).node_failed(agent.name, launcher.failure, ask_timeout=10)
+                    await AgentHandle(agent, head_agent).node_failed(agent.name, launcher.failure, ask_timeout=10)
                 except MailboxError:
                     pass
                 print(f"{ctx.prog}: {agent.name}: {launcher.failure}", file=sys.stderr)

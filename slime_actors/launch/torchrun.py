@@ -231,7 +231,7 @@ async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog
         rt = RuntimeConfig.for_job(cfg)   # (this rank's transport: tcp across nodes)
         rt.directory = rec["directory"]
         set_up_process(name, rt.run_dir)
-        return job_class_for(role, job)(index, args=job.to_dict()), rt
+        return job_class_for(role, job).for_job(index, job), rt
     join = RetryPolicy(attempts=None, deadline=E.JOIN_TIMEOUT.get(), base=1.0, factor=1.0, max_delay=1.0,
                        retry_on=(MailboxError,))
     try:

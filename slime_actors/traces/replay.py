@@ -55,6 +55,7 @@ import msgpack
 from ..actors import schedule as _schedule
 from ..actors.host import Host
 from ..actors.schedule import RESUME, STEP, Stepper, region_of
+from ..config import FIELDS, ConfigError, JobConfig
 from ..log import get_logger
 from ..mailbox import codec
 from . import environment as _env
@@ -70,7 +71,6 @@ PLUMBING = frozenset(("register", "watch", "deregister", "lookup"))  # the mailb
 # that call's answer whole and does not make the asks inside it -- a recorded one the replay did not send is no
 # difference
 ADDRESS_ASKS = frozenset(("address",))
-OUTPUT_PATH_ARGS = ("save", "save_hf", "update_weight_disk_dir", "save_debug_rollout_data")
 
 
 # flags that changed what a job does by default when they came: a recording made before one existed (its config lacks
@@ -1090,52 +1090,60 @@ class Harness:
             raise ReplayError(f"cannot load the recorded actor class {target!r}: {exc}") from None
 
     def _build_config(self) -> dict:
+        """The actor's recorded config, its job config read through JobConfig (as the actor read it) and edited
+        there for the replay: flags the recording predates, the --set overrides, W&B off, the paths mapped to the
+        replay's directory. `args` becomes the edited JobConfig (`Actor.for_job` builds the actor from it)."""
         cfg = self.rec.meta.get("config")
         if not isinstance(cfg, dict):
             raise ReplayError(f"{self.rec.file.path}: the trace header has no actor config")
         cfg = json.loads(json.dumps(cfg))  # a private copy
         args = cfg.get("args")
-        if isinstance(args, dict):
+        if args is None:
+            if self.overrides:
+                raise ReplayError("--set: this actor's recorded config has no job flags")
+            return cfg
+        try:
+            job = JobConfig.from_dict(args, source=f"{self.rec.file.path}: the recorded job config")
             for k, v in BEFORE_FLAG.items():  # recorded before the flag existed: it behaves as it did then
-                args.setdefault(k, v)
-            for k, v in self.overrides.items():
                 if k not in args:
+                    job.set(k, v, "a flag the recording predates")
+            for k, v in self.overrides.items():
+                if k not in FIELDS:
                     raise ReplayError(f"--set {k}: the recorded job has no flag {k!r}")
-                args[k] = v
-            if args.get("actor_num_nodes", 1) * args.get("actor_num_gpus_per_node", 1) > 1 and self.role == "trainer":
-                raise ReplayError("replaying one rank of a multi-rank trainer group is not supported: its "
-                                  "collectives (gradient all-reduce) need the other ranks")
-            self._map_paths(args)
-        elif self.overrides:
-            raise ReplayError("--set: this actor's recorded config has no job flags")
+                job.set(k, v, f"--set {k}")
+            job.validate()
+        except ConfigError as exc:
+            raise ReplayError(str(exc)) from None
+        if job.train.n_ranks > 1 and self.role == "trainer":
+            raise ReplayError("replaying one rank of a multi-rank trainer group is not supported: its "
+                              "collectives (gradient all-reduce) need the other ranks")
+        self._map_paths(job)
+        cfg["args"] = job
         return cfg
 
-    def _map_paths(self, args: dict) -> None:
-        if args.get("use_wandb"):   # a replay must not log into the run's W&B project (nor reach its server)
-            args["use_wandb"] = False
+    def _map_paths(self, job: JobConfig) -> None:
+        if job.logging.use_wandb:   # a replay must not log into the run's W&B project (nor reach its server)
+            job.logging.use_wandb = False
             self.notes.append("--use-wandb turned off: a replay logs to no W&B run")
         for old, new in self.user_map:
             self.fwd_map.append((old, new))
-        run_dir = args.get("run_dir")
-        if isinstance(run_dir, str) and run_dir:
-            self.fwd_map.append((str(Path(run_dir)), str(self.workdir / "run")))
-        for k in OUTPUT_PATH_ARGS:
-            v = args.get(k)
-            if isinstance(v, str) and v:
+        if job.run.run_dir:
+            self.fwd_map.append((str(Path(job.run.run_dir)), str(self.workdir / "run")))
+        outputs = {"save": job.checkpoint.save, "save_hf": job.checkpoint.save_hf,
+                   "update_weight_disk_dir": job.weights.update_weight_disk_dir,
+                   "save_debug_rollout_data": job.debug.save_debug_rollout_data}
+        for k, v in outputs.items():
+            if v:
                 base = os.path.dirname(v) if "{" in v else v
                 if base:
                     self.fwd_map.append((base, str(self.workdir / f"out-{k}")))
-        ckpt = args.get("hf_checkpoint")
-        if isinstance(ckpt, str) and ckpt and not Path(self._fwd(ckpt)).exists():
+        ckpt = job.model.hf_checkpoint
+        if ckpt and not Path(self._fwd(ckpt)).exists():
             made = _remake_checkpoint(ckpt)
             if made is not None:
                 self.fwd_map.append((ckpt, made))
                 self.notes.append(f"hf_checkpoint {ckpt} is not here: made it again at {made}")
-        for k, v in list(args.items()):
-            if isinstance(v, str):
-                args[k] = self._fwd(v)
-            elif isinstance(v, list):
-                args[k] = [self._fwd(x) if isinstance(x, str) else x for x in v]
+        job.map_strings(self._fwd)
 
     def _fwd(self, s: str) -> str:
         return _map_prefix(s, self.fwd_map)
@@ -1383,7 +1391,9 @@ class Harness:
         from ..mailbox.mailbox import MailboxConfig
         cls = self._actor_class()
         self.config = self._build_config()
-        self.actor = cls(self.index, **self.config)
+        config = dict(self.config)
+        job = config.pop("args", None)
+        self.actor = cls.for_job(self.index, job, **config) if job is not None else cls(self.index, **config)
         (self.workdir / "run").mkdir(parents=True, exist_ok=True)
         recorded = self.rec.meta.get("runtime") if isinstance(self.rec.meta.get("runtime"), dict) else {}
         mb = MailboxConfig(**{k: recorded[k] for k in ("max_concurrency", "default_timeout") if k in recorded})

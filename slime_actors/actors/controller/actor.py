@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from ...config import JobConfig
-from ...handles import Group, Handle
+from ...role_handles import BufferHandle, DirectoryHandle, TrainerGroup, TrainerHandle
 from ..base import DIRECTORY, Actor, handler
 from . import loop
 from .checkpoints import Checkpoints
@@ -34,16 +33,15 @@ class Controller(Actor):
 
     def __init__(self, index: int = 0, resume_from_save: bool = False, **config):
         """`resume_from_save`: a restarted job (torchrun) resumes from the newest checkpoint under --save."""
-        super().__init__(index, resume_from_save=resume_from_save, **config)
-        self.cfg = JobConfig.from_dict(config["args"])
+        super().__init__(index, resume_from_save=resume_from_save, **config)   # (self.cfg: the job's config)
         self.version = 0                      # the policy's weight version (+1 per training step)
         self.rollout_id = 0                   # the step running
         self.phase = "starting"               # starting, sync, idle, rollout, train, eval, recovering, done
-        self.done: asyncio.Future | None = None  # the job's result (or its error): the launcher waits on it
+        self.done: asyncio.Future[dict] | None = None  # the job's result (or its error): the launcher waits on it
         # the other roles, as typed handles (slime_actors/handles.py), and the controller's parts
-        self.directory = Handle(self, DIRECTORY)
-        self.buffer = Handle(self, "buffer/0", retry_for=BUFFER_RETRY_FOR, log=self.log)
-        self.trainers = Group(Handle(self, f"trainer/{r}") for r in range(self.cfg.train.n_ranks))
+        self.directory = DirectoryHandle(self, DIRECTORY)
+        self.buffer = BufferHandle(self, "buffer/0", retry_for=BUFFER_RETRY_FOR, log=self.log)
+        self.trainers = TrainerGroup(TrainerHandle(self, f"trainer/{r}") for r in range(self.cfg.train.n_ranks))
         self.engines = Engines(self)
         self.checkpoints = Checkpoints(self, resume_from_save)
         self.group = TrainingGroup(self)
@@ -65,7 +63,7 @@ class Controller(Actor):
         try:
             await loop.run(self)
             self.phase = "done"
-            if not self.done.done():
+            if self.done is not None and not self.done.done():
                 self.done.set_result(self.result)
         except Exception as exc:
             self.log.error("training loop failed", error=repr(exc))
@@ -83,7 +81,7 @@ class Controller(Actor):
 
     def stop_job(self, exc: BaseException) -> None:
         """End the job with this error (the launcher waits on `done`)."""
-        if not self.done.done():
+        if self.done is not None and not self.done.done():
             self.done.set_exception(exc)
 
     async def wait_for_actors(self, timeout: float = 900.0) -> None:
@@ -95,7 +93,7 @@ class Controller(Actor):
         t0 = None
         while True:
             listing = await self.directory.list(ask_timeout=30)
-            missing = [n for n in names if not listing.get(n, {}).get("alive")]
+            missing = [n for n in names if not (n in listing and listing[n].get("alive"))]
             if not missing:
                 return
             if t0 is None:  # (recorded clock readings: a replay takes the same turns)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...messages import RolledBack
+
 from ...checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_export_due, hf_export_path, iter_dir,
                            latest_checkpoint, prune, read_meta, resolve_load, rolling, rolling_conflict, save_interval,
                            save_root)
@@ -82,7 +84,7 @@ class Checkpoints:
         ctl.evaluations.history = meta.get("evals", [])
         return meta["next_rollout_id"], meta["weight_version"]
 
-    async def rollback_buffer(self, start: int, reason: str, token: str, timeout: float = 300.0) -> dict:
+    async def rollback_buffer(self, start: int, reason: str, token: str, timeout: float = 300.0) -> RolledBack:
         """Bring the buffer back to `latest` when it holds rollouts from `start` on (idempotent per `token`)."""
         rb = await self.ctl.buffer.rollback(path=str(self.latest) if self.latest else None, if_ahead_of=start,
                                             reason=reason, token=token, ask_timeout=timeout)
@@ -94,8 +96,8 @@ class Checkpoints:
     def save_due(self, k: int, stopping: bool = False) -> bool:
         """After rollout k: every --save-interval steps, after the last, and when the run stops (--hack-alarms stop)."""
         every = save_interval(self.cfg)
-        return self.root is not None and (stopping or bool(every) and (
-            (k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout))
+        return self.root is not None and (stopping or bool(every and (
+            (k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout)))
 
     def save_hf_due(self, k: int) -> bool:
         return bool(self.cfg.checkpoint.save_hf) and not self.cfg.debug.debug_rollout_only and hf_export_due(self.cfg, k)
@@ -104,6 +106,8 @@ class Checkpoints:
         """Checkpoint after rollout k; the seconds it took."""
         ctl, t0 = self.ctl, time.monotonic()
         root = self.root
+        if root is None:
+            raise RuntimeError("no checkpoint directory: --save, or the rolling one (save_due said no)")
         if self.rolling:
             root.mkdir(parents=True, exist_ok=True)
             (root / ROLLING_MARKER).touch()
@@ -123,7 +127,10 @@ class Checkpoints:
     async def save_hf(self, k: int) -> float:
         """--save-hf after rollout k: every trainer rank takes part (gathering), rank 0 writes the directory."""
         t0 = time.monotonic()
-        path = hf_export_path(self.cfg.checkpoint.save_hf, k)
+        spec = self.cfg.checkpoint.save_hf
+        if not spec:
+            raise RuntimeError("--save-hf is not given (save_hf_due said no)")
+        path = hf_export_path(spec, k)
         await self.ctl.trainers.save_hf(str(path), rollout_id=k, ask_timeout=3600)
         self.ctl.log.info("HF model saved", path=str(path), rollout_id=k, weight_version=self.ctl.version)
         return time.monotonic() - t0

@@ -23,8 +23,11 @@ class DebugData:
 
     async def save(self, k: int) -> None:
         """Rollout k's samples, as the buffer holds them, to --save-debug-rollout-data."""
+        spec = self.cfg.save_debug_rollout_data
+        if not spec:
+            raise RuntimeError("--save-debug-rollout-data is not given")
         samples = await self.ctl.buffer.dump_rollout(k)
-        path = debug_rollout_path(self.cfg.save_debug_rollout_data, k)
+        path = debug_rollout_path(spec, k)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(msgpack.packb({"rollout_id": k, "samples": samples}, use_bin_type=True))
@@ -34,7 +37,10 @@ class DebugData:
     async def load(self, k: int) -> tuple[RolloutStats, float]:
         """Rollout k from --load-debug-rollout-data (what --save-debug-rollout-data wrote), handed to the buffer as
         a complete rollout: its statistics, and 0 seconds of generation (no engine involved)."""
-        path = debug_rollout_path(self.cfg.load_debug_rollout_data, k)
+        spec = self.cfg.load_debug_rollout_data
+        if not spec:
+            raise RuntimeError("--load-debug-rollout-data is not given")
+        path = debug_rollout_path(spec, k)
         if not path.exists():
             raise FileNotFoundError(f"--load-debug-rollout-data: no saved rollout {k} at {path} (it is written by "
                                     "--save-debug-rollout-data, one file per rollout id)")

@@ -13,7 +13,9 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from ...handles import Group, GroupFailed, Handle
+from ...handles import GroupFailed
+from ...messages import WeightsSynced
+from ...role_handles import RolloutGroup, RolloutHandle
 
 if TYPE_CHECKING:
     from .actor import Controller
@@ -22,8 +24,8 @@ if TYPE_CHECKING:
 class Engines:
     def __init__(self, ctl: Controller):
         self.ctl = ctl
-        self.names = [f"rollout/{i}" for i in range(ctl.cfg.engine.rollout_num_engines)]
-        self.workers = Group(Handle(ctl, name) for name in self.names)
+        self.names = [f"rollout/{i}" for i in range(ctl.cfg.engine.n_engines)]
+        self.workers = RolloutGroup(RolloutHandle(ctl, name) for name in self.names)
         self.versions: dict[str, int] = {}     # the weight version each engine holds (-1: to be synced)
         self._fresh: set[str] = set()           # engines (re)started since their last weight sync
         self._lock = asyncio.Lock()             # one weight sync at a time
@@ -72,7 +74,7 @@ class Engines:
                     self.versions[w] = ctl.version
         ctl.phase = "idle"
 
-    async def sync(self, version: int) -> dict:
+    async def sync(self, version: int) -> WeightsSynced:
         """Weights `version` to every engine (paused for it in --async-train, where they generate meanwhile); what
         trainer rank 0 reports of the transfer."""
         async with self._lock:
@@ -97,7 +99,7 @@ class Engines:
                 await self.resume()
             return info
 
-    async def _push(self, version: int, workers: list[str]) -> dict:
+    async def _push(self, version: int, workers: list[str]) -> WeightsSynced:
         """Every trainer rank takes part (gathering weights is a collective under FSDP/Megatron); rank 0 sends."""
         rebuild = bool(self._fresh & set(workers))
         replies = await self.ctl.trainers.sync_weights(version, workers, rebuild=rebuild, ask_timeout=1800)
@@ -143,4 +145,4 @@ class Engines:
             ctl.stop_job(RuntimeError(f"could not re-sync the restarted engine of {worker}"))
             return
         if ctl.phase in ("rollout", "eval"):
-            await Handle(ctl, worker).tell.resume(weight_version=ctl.version)
+            await RolloutHandle(ctl, worker).tell.resume(weight_version=ctl.version)

@@ -68,7 +68,7 @@ async def train_sync(ctl: Ctl, start: int) -> None:
     generating goes back to the buffer); every trainer rank trains on its shard; weights v+1 go to every engine;
     evaluate and save when due."""
     dbg = ctl.cfg.debug
-    for k in range(start, ctl.cfg.run.num_rollout):
+    for k in range(start, ctl.cfg.run.n_rollouts):
         step = ctl.begin_step(k)
         stats, seconds = await (ctl.debug_data.load(k) if dbg.load_debug_rollout_data else generate(ctl, k))
         await rollout_done(ctl, k, step, stats, seconds)
@@ -88,7 +88,7 @@ async def train_async(ctl: Ctl, start: int) -> None:
     """slime's train_async.py (--async-train): rollout k+1 starts as soon as rollout k is complete and is generated
     while the trainers train on k (samples at most --max-staleness weight versions old: the buffer regenerates older
     ones); the engines pause for the weight update only."""
-    n = ctl.cfg.run.num_rollout
+    n = ctl.cfg.run.n_rollouts
     next_rollout: asyncio.Future | None = None
     try:
         for k in range(start, n):

@@ -16,13 +16,15 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ...log import CONSOLE, console_write, progress_line
-from ...messages import RolloutStats
+from ...messages import Accounting, RolloutStats
 from ...monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
 
 if TYPE_CHECKING:
+    from ...config import RunSection
+    from ...metric_sinks import MetricSinks
     from .actor import Controller
 
 
@@ -45,11 +47,11 @@ class Metrics:
         self.result: dict = {}
         self.stopping: str | None = None      # --hack-alarms stop: why the run ends after the step running
         self.stopped: dict | None = None      # why the run ended before --num-rollout
-        self._file = None
-        self.sinks = None                     # TensorBoard and W&B (slime_actors.metric_sinks)
+        self._file: IO[str] | None = None
+        self.sinks: MetricSinks | None = None                    # TensorBoard and W&B (slime_actors.metric_sinks)
         self._rows_before_start = 0           # rows of the run before this job resumed it
         self._t_step = 0.0
-        self._progress = _no_progress
+        self._progress: _NoProgress = _NoProgress()
 
     @property
     def opened(self) -> bool:
@@ -116,7 +118,7 @@ class Metrics:
         if not self.stopping:
             return False
         ckpt = self.ctl.checkpoints.latest
-        self.stopped = {"reason": self.stopping, "rollout_id": k, "steps_left": self.cfg.run.num_rollout - k - 1,
+        self.stopped = {"reason": self.stopping, "rollout_id": k, "steps_left": self.cfg.run.n_rollouts - k - 1,
                         "checkpoint": str(ckpt) if ckpt else None}
         self.ctl.log.warning("run stopped by a hack alarm", reason=self.stopping, checkpoint=self.stopped["checkpoint"])
         self._progress.close()
@@ -125,12 +127,14 @@ class Metrics:
     @property
     def end(self) -> int:
         """The rollout id the run ends before: --num-rollout, or the one after a --hack-alarms stop."""
-        return self.stopped["rollout_id"] + 1 if self.stopped else self.cfg.run.num_rollout
+        return self.stopped["rollout_id"] + 1 if self.stopped else self.cfg.run.n_rollouts
 
     def record(self, step: dict) -> None:
         step["time/step"] = time.monotonic() - self._t_step
         step["time"] = time.time()
         self.history.append(step)
+        if self._file is None:
+            raise RuntimeError("metrics: a step recorded before open()")
         self._file.write(json.dumps(step) + "\n")
         self._file.flush()
         if self.sinks is not None:
@@ -154,12 +158,12 @@ class Metrics:
         if self.sinks is not None:
             self.sinks.samples(k, examples)
 
-    async def finish(self, accounting: dict | None) -> dict:
+    async def finish(self, accounting: Accounting | None) -> dict:
         """Close the files, draw curves.png, and put together the job's result (off the loop: the plot, closing
         TensorBoard and W&B)."""
         return await self.ctl.run_blocking(self._finish, accounting)
 
-    def _finish(self, accounting: dict | None) -> dict:
+    def _finish(self, accounting: Accounting | None) -> dict:
         from ...plots import plot_run
         ctl, evals = self.ctl, self.ctl.evaluations.history
         if self._file is not None:
@@ -187,7 +191,7 @@ def _r(v):
 
 def rows_before(path: Path, rollout_id: int) -> list[dict]:
     """metrics.jsonl rows of the rollouts before `rollout_id` (a torn last line, from a crash, is skipped)."""
-    rows = []
+    rows: list[dict] = []
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -202,28 +206,39 @@ def rows_before(path: Path, rollout_id: int) -> list[dict]:
     return rows
 
 
-def _no_progress(step: dict) -> None:
-    return None
+class _NoProgress:
+    """No progress footer (--no-progress, or not a terminal)."""
+
+    def __call__(self, step: dict) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
-_no_progress.close = lambda: None
+class _ProgressFooter(_NoProgress):
+    """The progress bar: a part of the console's footer (log.CONSOLE), updated with each step's row. `close()`
+    takes it off (a run that ends early: --hack-alarms stop)."""
 
+    def __init__(self, run: RunSection, start: int):
+        self.total, self.start, self.t0 = run.n_rollouts, start, time.monotonic()
+        self.last_eval: dict = {}
+        CONSOLE.footer("progress", progress_line("rl steps", start, self.total, None))
 
-def _progress(run, start: int):
-    """The progress bar: a part of the console's footer (log.CONSOLE), on a terminal only (--progress). Its
-    `close()` takes it off (a run that ends early: --hack-alarms stop)."""
-    if not run.progress or not CONSOLE.interactive:
-        return _no_progress
-    t0 = time.monotonic()
-    CONSOLE.footer("progress", progress_line("rl steps", start, run.num_rollout, None))
-    last_eval: dict = {}
-
-    def update(step: dict) -> None:
+    def __call__(self, step: dict) -> None:
         done = step["rollout_id"] + 1
-        last_eval.update({k[5:]: _r(v) for k, v in step.items() if k.startswith("eval/") and "-pass@" not in k})
-        extra = {"reward": _r(step.get("rollout/reward_mean")), **{f"eval {k}": v for k, v in last_eval.items()}}
-        rate = (time.monotonic() - t0) / max(done - start, 1)
-        CONSOLE.footer("progress", None if done >= run.num_rollout else
-                       progress_line("rl steps", done, run.num_rollout, rate, extra))
-    update.close = lambda: CONSOLE.footer("progress", None)
-    return update
+        self.last_eval.update({k[5:]: _r(v) for k, v in step.items() if k.startswith("eval/") and "-pass@" not in k})
+        extra = {"reward": _r(step.get("rollout/reward_mean")), **{f"eval {k}": v for k, v in self.last_eval.items()}}
+        rate = (time.monotonic() - self.t0) / max(done - self.start, 1)
+        CONSOLE.footer("progress", None if done >= self.total else
+                       progress_line("rl steps", done, self.total, rate, extra))
+
+    def close(self) -> None:
+        CONSOLE.footer("progress", None)
+
+
+def _progress(run: RunSection, start: int) -> _NoProgress:
+    """The progress footer, on a terminal only (--progress)."""
+    if not run.progress or not CONSOLE.interactive:
+        return _NoProgress()
+    return _ProgressFooter(run, start)

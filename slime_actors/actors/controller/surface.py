@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ...config import JobConfig
-    from ...handles import Group, Handle
+    from ...role_handles import BufferHandle, TrainerGroup
     from .checkpoints import Checkpoints
     from .debug_data import DebugData
     from .engines import Engines
@@ -26,8 +26,8 @@ class Ctl(Protocol):
     version: int
     phase: str
     # the other roles (slime_actors/handles.py): the buffer, and every trainer rank at once
-    buffer: Handle
-    trainers: Group
+    buffer: BufferHandle
+    trainers: TrainerGroup
     # the parts (one file each)
     engines: Engines
     group: TrainingGroup

@@ -17,7 +17,8 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from ...handles import GroupFailed
 
@@ -33,7 +34,7 @@ class Rendezvous:
     def __init__(self, generation: int, world: int):
         self.generation, self.world = generation, world
         self.joined: dict[int, dict] = {}
-        self.formed = asyncio.get_running_loop().create_future()
+        self.formed: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
         self.ready: set[int] = set()
         self.all_ready = asyncio.Event()
         self.broken = False
@@ -45,8 +46,22 @@ class TrainingGroup:
         self.world = len(ctl.trainers)
         self.rdzv: Rendezvous | None = None
         self.recoveries: list[dict] = []
-        self._fail: asyncio.Future | None = None      # set (to the reason) when the current generation failed
+        self._fail: asyncio.Future[str] | None = None  # set (to the reason) when the current generation failed
         self._failed_generation: int | None = None
+
+    @property
+    def current(self) -> Rendezvous:
+        """The current generation (`start` opens generation 0)."""
+        if self.rdzv is None:
+            raise RuntimeError("the training group is not started")
+        return self.rdzv
+
+    @property
+    def failing(self) -> asyncio.Future[str]:
+        """Set to the reason when the current generation fails (a new one after each restart)."""
+        if self._fail is None:
+            raise RuntimeError("the training group is not started")
+        return self._fail
 
     def start(self) -> None:
         """Open generation 0 (in the event loop)."""
@@ -59,7 +74,7 @@ class TrainingGroup:
         if world_size != self.world or not 0 <= rank < world_size:
             raise ValueError(f"trainer rank {rank} of world size {world_size} does not fit this job's "
                              f"{self.world} trainer rank(s)")
-        rd = self.rdzv
+        rd = self.current
         if rd.formed.done():  # a member joins again: it restarted, so the group it was part of is broken
             self.failed(f"trainer/{rank} restarted (pid {pid}) and joined again")
             rd = self.next_generation()
@@ -74,7 +89,7 @@ class TrainingGroup:
         return await asyncio.shield(rd.formed)
 
     def ready_rank(self, rank: int, generation: int) -> None:
-        rd = self.rdzv
+        rd = self.current
         if generation != rd.generation:
             return
         rd.ready.add(rank)
@@ -83,7 +98,7 @@ class TrainingGroup:
 
     async def ready(self, timeout: float = 1800.0) -> None:
         """Wait until every rank of the current generation has its process group and its checkpoint."""
-        rd = self.rdzv
+        rd = self.current
         try:
             await asyncio.wait_for(rd.all_ready.wait(), timeout)
         except asyncio.TimeoutError:
@@ -92,10 +107,11 @@ class TrainingGroup:
                                f"(generation {rd.generation})") from None
 
     def next_generation(self) -> Rendezvous:
-        if not self.rdzv.formed.done():
-            return self.rdzv
-        self.rdzv.broken = True
-        self.rdzv = Rendezvous(self.rdzv.generation + 1, self.world)
+        rd = self.current
+        if not rd.formed.done():
+            return rd
+        rd.broken = True
+        self.rdzv = Rendezvous(rd.generation + 1, self.world)
         return self.rdzv
 
     @property
@@ -105,7 +121,7 @@ class TrainingGroup:
 
     def failed(self, reason: str) -> None:
         """The current generation is broken (a rank died, or restarted): `supervise` restarts the group."""
-        rd = self.rdzv
+        rd = self.current
         if rd.broken or not rd.formed.done():
             return
         self.ctl.log.error("training group failed", generation=rd.generation, reason=reason)
@@ -114,14 +130,15 @@ class TrainingGroup:
             self._fail.set_result(reason)
 
     # ------------------------------------------------------------------------------------------ supervision
-    async def supervise(self, job) -> None:
+    async def supervise(self, job: Callable[[int | None], Awaitable[None]]) -> None:
         """`await job(None)`; whenever the training group fails meanwhile, stop it, restart the group from the last
         checkpoint and `await job(rollout id to carry on from)` instead. Other errors end the job."""
         resume_at: int | None = None
         while True:
-            task = asyncio.ensure_future(job(resume_at))
-            await asyncio.wait({task, self._fail}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done() and not self._fail.done():
+            task: asyncio.Future[Any] = asyncio.ensure_future(job(resume_at))
+            fail = self.failing
+            await asyncio.wait([task, fail], return_when=asyncio.FIRST_COMPLETED)
+            if task.done() and not fail.done():
                 exc = task.exception()
                 if exc is None:
                     return
@@ -129,7 +146,7 @@ class TrainingGroup:
                 if reason is None:
                     raise exc
             else:
-                reason = self._fail.result()
+                reason = fail.result()
                 task.cancel()
                 try:
                     await task
@@ -147,7 +164,7 @@ class TrainingGroup:
             self.failed(str(exc))
             return str(exc)
         try:
-            return await asyncio.wait_for(asyncio.shield(self._fail), 2 * self.ctl.runtime.down_after + 5)
+            return await asyncio.wait_for(asyncio.shield(self.failing), 2 * self.ctl.runtime.down_after + 5)
         except asyncio.TimeoutError:
             return None
 
@@ -155,7 +172,7 @@ class TrainingGroup:
         """Restart the training group from the last checkpoint; returns the rollout id to carry on from."""
         ctl, t0 = self.ctl, time.monotonic()
         # (a rank that restarted may have opened the next generation already: tell the failed one to leave)
-        failed = self._failed_generation if self._failed_generation is not None else self.rdzv.generation
+        failed = self._failed_generation if self._failed_generation is not None else self.current.generation
         self._failed_generation = None
         now = ctl.wall_time()  # (a recorded clock reading: it decides whether the job gives up)
         rec = {"time": now, "reason": reason, "failed_at_rollout": ctl.rollout_id, "failed_generation": failed}
@@ -164,7 +181,7 @@ class TrainingGroup:
             raise RuntimeError(f"the training group failed {len(window) + 1} times within 600 s (limit "
                                f"{MAX_GROUP_RESTARTS}); last: {reason}")
         ctl.phase = "recovering"
-        if self.rdzv.generation == failed:
+        if self.current.generation == failed:
             self.next_generation()  # the restarted ranks rendezvous in a new generation
         # else a restarted rank has opened the next generation already (trainer_join), and its ranks may have formed
         # it and be loading the checkpoint: opening yet another would leave them, and this wait, in different ones
@@ -195,7 +212,7 @@ class TrainingGroup:
         if not self.ctl.cfg.debug.debug_train_only:
             await self.ctl.engines.sync_at_start()
         rec["resumed_seconds"] = round(time.monotonic() - t0 + rec["prepare_seconds"], 3)
-        self.ctl.log.info("training group restarted", generation=self.rdzv.generation, resume_from=start,
+        self.ctl.log.info("training group restarted", generation=self.current.generation, resume_from=start,
                           seconds=rec["resumed_seconds"])
         return start
 
