@@ -179,7 +179,7 @@ class RolloutWorker(EngineSupervisor, Actor):
             self._inflight.pop(wid, None)
 
     async def _generate(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
-                        work_id: str = "") -> Sample:
+                        work_id: str = "") -> Sample | list[Sample]:
         return await self.generation.sample(sample, sp, attempt, evaluation, work_id)
 
     async def _ask_reward(self, who: str, todo: list[Sample]) -> Scores:

@@ -144,6 +144,7 @@ class AgentProxy:
         from ..environments.chat import ChatTemplateError
         g = self.w.generation
         t0 = time.monotonic()
+        assert g.chat is not None
         try:
             _, ids = g.chat.prompt_ids(req.messages, req.tools)
         except ChatTemplateError as exc:
@@ -156,7 +157,7 @@ class AgentProxy:
         out = await g.raw(ids, sp)
         if not session.open:   # the episode ended while this call ran: nothing is recorded into it
             raise WireError("the episode this key belongs to has ended", 401, kind="authentication_error")
-        tok = self.w.tokenizer
+        tok: Any = self.w.tokenizer
         text = tok.decode(out["output_ids"], skip_special_tokens=True)
         from ..environments.episode import int_version
         session.trajectory.add(ids, out["output_ids"], out["logprobs"], out["finish_reason"],

@@ -18,9 +18,9 @@ import asyncio
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .rollout_engine import request_key
+from .rollout_engine import RecordedEngine, RecordedProcess, request_key
 
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
@@ -30,8 +30,8 @@ class FrozenEngine:
     def __init__(self, worker: "RolloutWorker"):
         self.w = worker
         self.checkpoint = worker.cfg.engine.frozen_engine_checkpoint
-        self.proc = None
-        self.client = None
+        self.proc: RecordedProcess | None = None
+        self.client: RecordedEngine | None = None
         self.url: str | None = None
         self.restarts = 0
         self._lock = asyncio.Lock()
@@ -48,9 +48,10 @@ class FrozenEngine:
         """The frozen model must read and write the policy's tokens: the same vocabulary, or RuntimeError."""
         from transformers import AutoTokenizer
         theirs = AutoTokenizer.from_pretrained(self.checkpoint).get_vocab()
-        if theirs != self.w.tokenizer.get_vocab():
+        ours: Any = self.w.tokenizer
+        if theirs != ours.get_vocab():
             raise RuntimeError(f"--frozen-engine-checkpoint {self.checkpoint}: its tokenizer's vocabulary differs from "
-                               f"--hf-checkpoint's ({len(theirs)} vs {len(self.w.tokenizer.get_vocab())} tokens); the "
+                               f"--hf-checkpoint's ({len(theirs)} vs {len(ours.get_vocab())} tokens); the "
                                "agents exchange tokens, so both models need the same tokenizer")
 
     async def start(self) -> None:
@@ -58,7 +59,7 @@ class FrozenEngine:
         from ..backends.engine_process import launch_engine
         from ..backends.sglang_launch import engine_command
         from ..backends.weight_sync import find_free_port
-        from .rollout_engine import RecordedEngine, RecordedProcess, _http_url
+        from .rollout_engine import _http_url
         w = self.w
         # (recorded, as every outcome of the worker's outside world: a replay takes the same steps without the files)
         await w.recorded_async("frozen.check_tokenizer", w.run_blocking, self.check_tokenizer)
@@ -102,9 +103,10 @@ class FrozenEngine:
 
     async def _live(self, input_ids: list[int], sampling_params: dict) -> dict:
         from ..backends.engine_client import parse_generate_output
+        assert self.client is not None, "the frozen engine was not started"
         resp = await self.client.generate(input_ids, sampling_params, return_logprob=True)
         out = parse_generate_output(resp)
-        return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs), "finish_reason": out.finish_type,
+        return {"output_ids": list(out.output_ids), "logprobs": list(out.logprobs or []), "finish_reason": out.finish_type,
                 "weight_version": out.weight_version}
 
     async def stop(self) -> None:

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from ..config import FlatArgs
     from ..environments.base import Env
     from .rollout import RolloutWorker
+    from .rollout_agents import AgentProxy
+    from .rollout_frozen import FrozenEngine
 
 FLAG = "--custom-generate-function-path"
 
@@ -142,9 +144,9 @@ class Generation:
         self.env: Env | None = None       # the environment (--rollout-interaction-env-path)
         self.env_calls: RecordedEnvCalls | None = None
         self.chat: ChatTurns | None = None
-        self.frozen = None                # FrozenEngine (actors/rollout_frozen.py) with --frozen-engine-checkpoint
-        self.agent_fn = None              # --agent-function-path: an agent written against a chat API
-        self.agents = None                # its endpoint, AgentProxy (actors/rollout_agents.py)
+        self.frozen: FrozenEngine | None = None  # FrozenEngine (actors/rollout_frozen.py) with --frozen-engine-checkpoint
+        self.agent_fn: Callable[..., Any] | None = None  # --agent-function-path: an agent written against a chat API
+        self.agents: AgentProxy | None = None  # its endpoint, AgentProxy (actors/rollout_agents.py)
         self.handle = EngineHandle(self)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -321,12 +323,15 @@ class Generation:
         w, ro = self.w, self.cfg.rollout
         episode = f"{work_id}:{sample.index}:{attempt}"
 
+        agents = self.agents
+        assert agents is not None
+
         async def call() -> dict:
-            session = self.agents.open(episode, sp, self.seed(sample, attempt))
+            session = agents.open(episode, sp, self.seed(sample, attempt))
             try:
-                result = await run_agent(self.agent_fn, sample, self.agents.url, session.key, ro.env_timeout)
+                result = await run_agent(self.agent_fn, sample, str(agents.url), session.key, ro.env_timeout)
             finally:
-                self.agents.close(session)
+                agents.close(session)
             reward, answer = reward_of(result)
             made = session.trajectory.samples(sample, w.tokenizer)
             if not made:
@@ -354,7 +359,7 @@ class Generation:
             s.metadata["agent_answer"] = got["answer"]
         return samples if len(samples) > 1 else samples[0]
 
-    async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
+    async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample | list[Sample]:
         """slime's generate(args, sample, sampling_params[, evaluation]); what it leaves unset is filled in as slime
         would (`settle`)."""
         w = self.w
