@@ -26,14 +26,7 @@ case "$EXAMPLE" in
 esac
 RUN=${RUN_DIR:-runs/$EXAMPLE}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    || echo "warning: installing .whl/ into $SITE failed" >&2
-fi
-if [ -n "${SMOL_STAGE:-}" ]; then
-  bash scripts/install_smollm2_carry.sh "$SMOL_STAGE" "$SITE" || exit 1
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source scripts/gpu_site.sh   # the carried wheels and model into $SITE; PYTHONPATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 t0=$(date +%s)

@@ -15,7 +15,9 @@ The events and their fields are the buffer log's format on disk (old logs must s
     start      rollout_id, kind, target, name, weight_version
     new_group  group (a Group record), dataset_state (the training prompts' position after it, or None)
     lease      work_id, worker
-    submit     work_id, samples, outcome (done | filtered | failed), error
+    submit     work_id, samples, outcome (done | filtered | failed), error    (samples: the group's own, then those
+               its episodes added -- metadata["episode_of"] -- numbered by the submission; logs from before them
+               hold none)
     requeue    work_id, samples (partial responses kept, or None), keep_partial
     trained    rollout_id
     hack       rollout_id, report, monitor (the hacking monitor's state after it)
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .episode_samples import check_role, episode_of, episode_stats
 from .eval_config import EVAL_SET_KEY
 from .sample_display import pick_examples
 from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
@@ -352,7 +355,8 @@ class BufferState:
         self.next_group = max(self.next_group, group.group_index + 1)
         for s in group.samples:
             self.next_sample = max(self.next_sample, s.index + 1)
-            self.accounts.issue(s.index)
+            if episode_of(s) is None:   # (a loaded rollout's group may hold samples its episodes added)
+                self.accounts.issue(s.index)
         if dataset_state is not None and self.dataset is not None and group.kind == "train":
             self.dataset.load_state_dict(dataset_state)
 
@@ -370,14 +374,19 @@ class BufferState:
             for s in g.samples:
                 s.rollout_id = rid
         for s in g.samples:
-            self.accounts.add(s.index, LEASES)
+            if episode_of(s) is None:
+                self.accounts.add(s.index, LEASES)
 
     def _on_submit(self, work_id: str, samples: list[Sample], outcome: str, error: str | None) -> None:
         g = self.groups[work_id]
         g.samples = list(samples)
         g.state, g.error = outcome, error
         for s in g.samples:
-            self.accounts.add(s.index, SUBMITS)
+            if episode_of(s) is None:
+                self.accounts.add(s.index, SUBMITS)
+            else:   # added by an episode: numbered by the submission (it was never issued, so not accounted)
+                self.next_sample = max(self.next_sample, s.index + 1)
+                self.stats["episode_samples"] = self.stats.get("episode_samples", 0) + 1   # (once any)
         r = self.rollouts.get(f"{g.kind}:{g.rollout_id}")
         if r is None:
             return
@@ -400,6 +409,7 @@ class BufferState:
         if samples is not None and keep_partial:
             g.samples = list(samples)
         else:
+            g.samples = [s for s in g.samples if episode_of(s) is None]   # its episodes' additions go with them
             for s in g.samples:
                 s.reset_response()
         g.state, g.worker = QUEUED, None
@@ -416,7 +426,10 @@ class BufferState:
                 continue
             g.state = TRAINED
             for s in g.samples:
-                self.accounts.add(s.index, TRAINS)
+                if episode_of(s) is None:
+                    self.accounts.add(s.index, TRAINS)
+                else:
+                    self.stats["episode_samples_trained"] = self.stats.get("episode_samples_trained", 0) + 1
             del self.groups[wid]   # trained samples are not kept in memory
 
     def _on_hack(self, rollout_id: int, report: dict, monitor: dict | None) -> None:
@@ -545,18 +558,39 @@ class BufferState:
         return bool(versions) and min(versions) < self.weight_version - self.settings.staleness_limit
 
     def _check_samples(self, g: Group, samples: list[Sample], finished: bool = True) -> None:
-        """The group's own samples, in order (and, `finished`, one loss-mask entry and log-prob per token)."""
-        if len(samples) != len(g.samples):
-            raise ValueError(f"{g.work_id}: expected {len(g.samples)} samples, got {len(samples)}")
-        for old, new in zip(g.samples, samples):
+        """The group's own samples, in order (and, `finished`, one loss-mask entry and log-prob per token); the
+        samples its episodes added (episode_samples.py) after them, each naming one of them."""
+        own = [s for s in samples if episode_of(s) is None]
+        issued = [s for s in g.samples if episode_of(s) is None]
+        if len(own) != len(issued):
+            raise ValueError(f"{g.work_id}: expected {len(issued)} samples, got {len(own)}")
+        for old, new in zip(issued, own):
             if old.index != new.index:
                 raise ValueError(f"{g.work_id}: sample index {new.index} does not belong to this group "
                                  f"(expected {old.index})")
+        mine = {s.index for s in issued}
+        for new in samples:
+            origin = episode_of(new)
+            if origin is not None and (not finished or origin not in mine):
+                raise ValueError(f"{g.work_id}: a sample added by an episode names sample {origin}, which is not "
+                                 "one of this group's" if finished else
+                                 f"{g.work_id}: a returned group holds only its own samples (one added by an "
+                                 f"episode of sample {origin} came back)")
             if finished and (len(new.loss_mask) != len(new.response_tokens)
                              or len(new.rollout_log_probs) != len(new.response_tokens)):
                 raise ValueError(f"{g.work_id}: sample {new.index} has {len(new.response_tokens)} response tokens "
                                  f"but {len(new.loss_mask)} loss-mask entries and {len(new.rollout_log_probs)} "
                                  "log-probs")
+            problem = check_role(new)
+            if problem:
+                raise ValueError(f"{g.work_id}: {problem}")
+
+    def _number_added(self, samples: list[Sample]) -> None:
+        """The samples episodes added get their indices here (the buffer numbers every sample), group's order."""
+        n = self.next_sample
+        for s in samples:
+            if episode_of(s) is not None:
+                s.index, n = n, n + 1
 
     def submit(self, worker: str, work_id: str, samples: list[Sample]) -> dict:
         """A worker hands in a group: refused (not leased to it; `duplicates`), regenerated (stale: the reply's
@@ -589,6 +623,7 @@ class BufferState:
                 "work_id": work_id, "worker": worker, "versions": sorted({s.weight_version for s in samples}),
                 "current": self.weight_version}))
             return {"accepted": False, "reason": STALE_REASON}
+        self._number_added(samples)
         self._emit("submit", work_id=work_id, samples=samples, outcome=outcome, error=error)
         self.stats["submitted"] += 1
         if outcome == GROUP_FAILED:
@@ -725,7 +760,8 @@ class BufferState:
                 "weight_versions": sorted({s.weight_version for s in samples}),
                 "weight_version_min": min((s.weight_version for s in samples), default=-1),
                 "passrate": self._passrate(r) if self.settings.log_passrate and not r.trained and r.released is None
-                else {}}
+                else {},
+                **episode_stats(samples)}   # env/NAME (environments' metrics), role/ROLE/... (several agents)
 
     def _passrate(self, r: Rollout) -> dict:
         """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""

@@ -228,6 +228,10 @@ class RolloutSection:
               "file.py:Class, a subclass of slime_actors.environments.Env (docs/adding-an-environment.md); or, as in "
               "slime's multi-turn examples (where this is a --custom-config-path key), a module with build_env",
         origin="own")
+    agent_function_path: str | None = flag(
+        None, "an agent written against a chat API: async fn(sample, base_url, api_key) -> reward | answer | None, "
+              "pkg.mod:fn or file.py:fn; it talks to this worker's OpenAI- and Anthropic-compatible endpoint "
+              "(a key per episode), its calls become the episode's samples (docs/agents.md)", origin="own")
     max_turns: int | None = flag(
         None, "most model turns per episode of --rollout-interaction-env-path (slime's custom-config key max_turns, "
               "verl's max_assistant_turns); default: the environment's own max_turns, else only the token budget "
@@ -262,6 +266,10 @@ class EngineSection:
     rollout_num_gpus_per_engine: int = flag(1, "GPUs per engine (SGLang's --tp-size)", ge=1)
     rollout_external_engine_addrs: list[str] | None = flag(
         None, "HOST:PORT of engines started elsewhere (one rollout worker attaches to each)")
+    frozen_engine_checkpoint: str | None = flag(
+        None, "a second engine per rollout worker serving this checkpoint (same tokenizer as --hf-checkpoint), "
+              "never updated: a role played by a fixed model (engine.frozen in generate functions; "
+              "docs/multi-agent.md)", origin="own")
     rollout_concurrency: int = flag(64, "HTTP requests in flight per engine", origin="own", ge=1)
     engine_max_batch_size: int = flag(64, "sequences per batch of the engine (--max-running-requests)",
                                       origin="own", ge=1)
@@ -1446,11 +1454,11 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
                 json_object(text, "--" + name.replace("_", "-"), strings=name == "rm_headers")
             except ConfigError as exc:
                 problems.merge(exc)
-    if rollout_cfg.rollout_interaction_env_path:
-        for other in ("custom_generate_function_path", "rollout_function_path"):
-            if getattr(rollout_cfg, other):
-                bad(f"--rollout-interaction-env-path and --{other.replace('_', '-')} both say how samples are "
-                    "generated: give one")
+    ways = [w for w in ("rollout_interaction_env_path", "agent_function_path", "custom_generate_function_path",
+                        "rollout_function_path") if getattr(rollout_cfg, w)]
+    if len(ways) > 1 and (rollout_cfg.rollout_interaction_env_path or rollout_cfg.agent_function_path):
+        bad(f"--{ways[0].replace('_', '-')} and --{ways[1].replace('_', '-')} both say how samples are generated: "
+            "give one")
     if train_cfg.use_dynamic_batch_size and not train_cfg.max_tokens_per_gpu:
         bad("--use-dynamic-batch-size needs --max-tokens-per-gpu")
     if algorithm_cfg.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline") \

@@ -109,8 +109,11 @@ def _plain_copy(v):
 
 
 def batch_from_samples(samples: list[Sample]) -> dict:
-    """The trainer's view of a list of samples: parallel lists, one entry per sample (docs/architecture.md)."""
-    return {
+    """The trainer's view of a list of samples: parallel lists, one entry per sample (docs/architecture.md); with
+    `roles` (each sample's metadata["role"], "" for none) when any sample has one: advantages are then normalized
+    per (group, role) -- episode_samples.advantage_groups."""
+    roles = [r if isinstance(r := (s.metadata or {}).get("role"), str) else "" for s in samples]
+    return ({"roles": roles} if any(roles) else {}) | {
         "sample_index": [s.index for s in samples],
         "group_index": [s.group_index for s in samples],
         "tokens": [s.tokens for s in samples],

@@ -3,6 +3,7 @@ refuse bad options with a message naming what is allowed. No figure is checked a
 are shared and noisy, and targets belong to the benchmarks' own output (docs/performance.md)."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -118,12 +119,16 @@ def test_array_tells_bench_prints_its_table():
 
 
 def test_retriever_bench_prints_its_table():
-    p = _run("bench/retriever.py", "--seconds", "0.5", "--people", "60")
+    p = _run("bench/retriever.py", "--seconds", "0.5", "--people", "60", "--share-rollouts", "1", timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith("| 60 |")]
     assert [(r[1], r[2]) for r in rows] == [("1", "1"), ("32", "1"), ("32", "8")], p.stdout
     assert all(float(r[4]) > 0 for r in rows)
-    assert "share of a rollout: not measured" in p.stdout
+    # the search job's row: its episodes searched (some), and the searches took a share of their time
+    share = json.loads(p.stderr.strip().splitlines()[-1])["share"]
+    assert share["episodes"] >= 128 and share["searching_episodes"] >= 1, share
+    assert share["searches_s"] > 0 and 0 < share["mean_share_searching"] < 1, share
+    assert "the retriever's share of a rollout" in p.stdout
 
 
 def test_sandbox_bench_prints_its_table():

@@ -1,11 +1,13 @@
 """The retriever as a role of a running job (slime-actors launch, the digits task, a generate function that searches
 before it answers): a replica placed by the topology, reached with the job's key through the rollout worker's
 recorded client, killed mid-run: its launcher restarts it, the searches in flight wait and are sent again to the
-restarted one (at its new port), the job completes every step exactly once, and the rollout worker replays
-identically -- its retrievals are recorded inputs. (Failover between replicas: tests/test_retriever.py.)"""
+restarted one (at its new port; the worker logs and counts them), the job completes every step exactly
+once, and the rollout worker replays identically -- its retrievals are recorded inputs. (Failover between replicas:
+tests/test_retriever.py; a search that no replica answers in time fails its episode: tests/test_search_env.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -25,10 +27,12 @@ from slime_actors.types import COMPLETED, TRUNCATED
 
 
 async def generate(args, sample, sampling_params, engine):
-    """Search first (the job's retriever, recorded), then answer with one generation call."""
-    found = await engine.retrieve(["zorvik age"], topk=1)
+    """Search first (the job's retriever, recorded), then answer with one generation call. Each sample's requests
+    are its own (the query and the seed name it): a replay serves recorded answers by request, and concurrent
+    requests alike in every field could be served each other's."""
+    found = await engine.retrieve([f"zorvik age {sample.index}"], topk=1)
     doc = found["result"][0][0]["document"]
-    out = await engine.generate(sample.prompt_tokens, dict(sampling_params))
+    out = await engine.generate(sample.prompt_tokens, dict(sampling_params, sampling_seed=sample.index))
     sample.response_tokens = list(out["output_ids"])
     sample.loss_mask = [1] * len(out["output_ids"])
     sample.rollout_log_probs = list(out["logprobs"])
@@ -74,6 +78,12 @@ def test_a_killed_retriever_replica_is_restarted_and_the_job_goes_on(tmp_path):
         assert after["url"] != before["url"]          # a new process, a new port: callers asked again
         # (every sample searches, and the rollout of step at_kill + 2 began after the restart: the new one served)
         assert after["requests"] > 0, after
+        # the searches that met the dead replica were sent again: the worker's first try went to the old port
+        # (refused), the next to the restarted one. (Its count, retriever_retries, is in the worker's _stats; asking
+        # it here would be a message the replay below must answer alike, and a mailbox's counts are not.)
+        log = (job.run_dir / "logs" / "rollout-0.jsonl").read_text().splitlines()
+        events = [json.loads(x).get("event") for x in log if x.startswith("{")]
+        assert "retrieval failed; trying again" in events
         res = finish(job, STEPS, timeout=240)
         assert res["steps"] == STEPS
         # the key file exists and is private; an unkeyed request to a replica is refused

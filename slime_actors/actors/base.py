@@ -24,6 +24,7 @@ is the receiving half, actors/dispatch.py.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import os
 import socket
@@ -70,6 +71,14 @@ class _Handler:
     def __init__(self, fn, spec: MessageSpec):
         self.fn, self.spec = fn, spec
         self.is_async = inspect.iscoroutinefunction(fn)
+
+
+# True while a recorded call (`Actor.recorded_async`) runs in this task (and in the tasks it starts): what it calls
+# that is itself recorded -- an environment step's retrieval, its engine calls, the clock its retries read -- is
+# not recorded again. A replay serves the outer call's answer without running it, so inner inputs would never be
+# taken, and unkeyed ones (clock readings) would be served to the wrong readers.
+IN_RECORDED_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("slime_actors_in_recorded_call",
+                                                                        default=False)
 
 
 class Actor(Dispatch):
@@ -312,7 +321,10 @@ class Actor(Dispatch):
 
     def recorded(self, name: str, fn, *args, key: str | None = None) -> Any:
         """`fn(*args)`, recorded in the trace as a nondeterministic input (a clock reading, a random draw); under
-        replay, the recorded value instead (fn is not called)."""
+        replay, the recorded value instead (fn is not called). Inside another recorded call (`recorded_async`) it is
+        only called: the outer call's answer is what a replay serves (see IN_RECORDED_CALL)."""
+        if IN_RECORDED_CALL.get():
+            return fn(*args)
         if self.tracer is not None and self.replaying:
             return self.tracer.replay_input(name, key)
         value = fn(*args)
@@ -330,14 +342,20 @@ class Actor(Dispatch):
 
     async def recorded_async(self, name: str, fn, *args, key: str | None = None, **kwargs) -> Any:
         """`await fn(*args, **kwargs)` as a recorded input (an engine's answer); under replay the recorded answer,
-        delivered at the time it was recorded (slime_actors/traces/replay.py)."""
+        delivered at the time it was recorded (slime_actors/traces/replay.py). Inside another recorded call it is
+        only awaited (see IN_RECORDED_CALL)."""
+        if IN_RECORDED_CALL.get():
+            return await fn(*args, **kwargs)
         if self.tracer is not None and self.replaying:
             return await self.tracer.replay_input_async(name, key)
+        token = IN_RECORDED_CALL.set(True)
         try:
             value = await fn(*args, **kwargs)
         except Exception as exc:  # a failure is an input too: replay raises it again
             self.record_input(name, raised(exc), key)
             raise
+        finally:
+            IN_RECORDED_CALL.reset(token)
         self.record_input(name, value, key)
         return value
 

@@ -18,6 +18,7 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
+from ..episode_samples import episode_of
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
@@ -162,8 +163,11 @@ class RolloutWorker(EngineSupervisor, Actor):
             finally:
                 self._generating -= n
             if any(s.status == ABORTED for s in samples):
-                # (an environment's episode cannot be continued -- its state is gone --: it goes back unstarted)
-                await self._return(wid, None if self.generation.env is not None else samples, "aborted")
+                # (an environment's episode, or one that made several samples, cannot be continued -- its state is
+                # gone --: it goes back unstarted)
+                whole = self.generation.env is None and self.generation.agent_fn is None \
+                    and not any(episode_of(s) is not None for s in samples)
+                await self._return(wid, samples if whole else None, "aborted")
                 return
             await self._score(samples, group.kind)
             self.counters["groups"] += 1
@@ -179,7 +183,7 @@ class RolloutWorker(EngineSupervisor, Actor):
             self._inflight.pop(wid, None)
 
     async def _generate(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
-                        work_id: str = "") -> Sample:
+                        work_id: str = "") -> Sample | list[Sample]:
         return await self.generation.sample(sample, sp, attempt, evaluation, work_id)
 
     async def _ask_reward(self, who: str, todo: list[Sample]) -> Scores:
@@ -210,8 +214,11 @@ class RolloutWorker(EngineSupervisor, Actor):
     async def _score(self, samples: list[Sample], kind: str) -> None:
         cfg = self.cfg
         todo = [s for s in samples if s.status != FAILED]
-        if self.generation.env is not None and not (cfg.reward.group_rm and any(s.reward is None for s in todo)):
-            todo = [s for s in todo if s.reward is None]   # an environment's reward stands: no reward function
+        generation = self.generation
+        own = generation.env is not None or generation.agent_fn is not None or any(episode_of(s) is not None for s in samples)
+        if own and not (cfg.reward.group_rm and any(s.reward is None for s in todo)):
+            # an environment's or an agent's reward stands, and so do those an episode of several samples gave
+            todo = [s for s in todo if s.reward is None]
         last_errors: dict[int, str] = {}
         for attempt in range(3):
             if not todo:

@@ -10,6 +10,7 @@ worker's trace (`RecordedProcess`, `RecordedEngine`), so `slime-actors replay` r
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import time
@@ -24,6 +25,13 @@ from .base import Actor, handler
 
 if TYPE_CHECKING:
     from ..backends.engine_client import EngineClient
+
+
+def request_key(input_ids: list[int], sampling_params: dict) -> str:
+    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
+    return h.hexdigest()
 
 
 class EngineSupervisor(Actor):

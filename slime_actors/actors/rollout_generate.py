@@ -39,14 +39,18 @@ from ..environments.base import EnvError, maybe_await
 from ..environments.chat import ChatTurns
 from ..environments.episode import Episode, check_aligned, settle
 from ..environments.runner import EnvCalls, no_answer, run_episode
+from ..episode_samples import EPISODE_KEY
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
-from ..types import ABORTED, FAILED, TRUNCATED, Sample
+from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
+from .rollout_engine import request_key
 
 if TYPE_CHECKING:
     from ..backends.generate_proxy import GenerateProxy
     from ..config import FlatArgs
     from ..environments.base import Env
     from .rollout import RolloutWorker
+    from .rollout_agents import AgentProxy
+    from .rollout_frozen import FrozenEngine
 
 FLAG = "--custom-generate-function-path"
 
@@ -70,6 +74,14 @@ class EngineHandle:
         finish_reason is SGLang's finish_reason.type: "stop", "length" or "abort" (the engine was paused / aborted)."""
         return await self._g.raw(input_ids, sampling_params)
 
+    @property
+    def frozen(self) -> Any:
+        """The worker's second engine (--frozen-engine-checkpoint), never updated: `await engine.frozen.generate(
+        input_ids, sampling_params)` for a role a fixed model plays (actors/rollout_frozen.py)."""
+        if self._g.frozen is None:
+            raise RuntimeError("this job has no frozen engine: give --frozen-engine-checkpoint")
+        return self._g.frozen
+
     async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
         """Search-R1's {"result": [...]} from the job's retriever (--retriever-corpus or --retriever-url), recorded
         (actors/rollout_retrieval.py); RetrieverError when it refuses or no replica answers."""
@@ -81,6 +93,19 @@ class EngineHandle:
         """The bookkeeping of `sample`'s response: `await ep.generate(engine, sampling_params)`, `ep.add_observation
         (ids)`, ..., `return ep.finish()` (environments/episode.py)."""
         return Episode(sample, sampling_params["max_new_tokens"], self.tokenizer)
+
+    async def score(self, samples: list[Sample]) -> list[float]:
+        """The job's reward (--rm-type, --custom-rm-path, a reward actor) of each sample's response, asked of a
+        reward worker now -- for an episode that shapes its agents' rewards from an outcome (docs/multi-agent.md).
+        RuntimeError naming the sample when one cannot be scored."""
+        w = self._g.w
+        res = await w._ask_reward(f"reward/{w.index % max(1, w.cfg.reward.num_reward_workers)}", list(samples))
+        out = []
+        for s, r, e in zip(samples, res.rewards, res.errors):
+            if e is not None or r is None:
+                raise RuntimeError(f"sample {s.index}: the reward function failed: {e or 'no reward'}")
+            out.append(float(r))
+        return out
 
 
 def generate_style(fn, path: str) -> str:
@@ -105,13 +130,6 @@ def generate_style(fn, path: str) -> str:
                       f"{required} required of {most} positional parameters", kind="not_callable", path=path)
 
 
-def request_key(input_ids: list[int], sampling_params: dict) -> str:
-    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
-    return h.hexdigest()
-
-
 class Generation:
     """The generate -> sample part of a rollout worker `w` (its engine: `w.client`, its supervisor's)."""
 
@@ -126,6 +144,9 @@ class Generation:
         self.env: Env | None = None       # the environment (--rollout-interaction-env-path)
         self.env_calls: RecordedEnvCalls | None = None
         self.chat: ChatTurns | None = None
+        self.frozen: FrozenEngine | None = None  # FrozenEngine (actors/rollout_frozen.py) with --frozen-engine-checkpoint
+        self.agent_fn: Callable[..., Any] | None = None  # --agent-function-path: an agent written against a chat API
+        self.agents: AgentProxy | None = None  # its endpoint, AgentProxy (actors/rollout_agents.py)
         self.handle = EngineHandle(self)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -137,6 +158,8 @@ class Generation:
             self.slime_generate = generate_style(self.generate_fn, rollout_cfg.custom_generate_function_path) == "slime"
         if rollout_cfg.rollout_function_path:
             self.group_fn = load_function(rollout_cfg.rollout_function_path)
+        if rollout_cfg.agent_function_path:
+            self.agent_fn = load_function(rollout_cfg.agent_function_path, flag="--agent-function-path")
         if rollout_cfg.rollout_interaction_env_path:
             from ..environments.loading import load_env
             self.env = load_env(rollout_cfg.rollout_interaction_env_path, w.plugin_args,
@@ -156,6 +179,17 @@ class Generation:
             w.retriever = link = RetrieverLink(w)
             if self.slime_generate:   # one URL for the function: args.retriever_url is this worker's proxy
                 await link.start_proxy()
+        if self.agent_fn is not None:
+            from .rollout_agents import AgentProxy
+            self.agents = AgentProxy(w)
+            # (recorded, as the other proxies' starts: a replay starts none -- the episodes are recorded whole)
+            url = await w.recorded_async("agents.proxy.start", self.agents.start)
+            w.log.info("agents' chat endpoint (OpenAI and Anthropic APIs)", url=url,
+                       agent=self.cfg.rollout.agent_function_path)
+        if self.cfg.engine.frozen_engine_checkpoint:
+            from .rollout_frozen import FrozenEngine
+            self.frozen = FrozenEngine(w)
+            await self.frozen.start()
         if self.env is not None:
             await self._env_lifecycle("setup", self.env.setup)
             self.w.log.info("environment set up", env=self.cfg.rollout.rollout_interaction_env_path)
@@ -170,6 +204,10 @@ class Generation:
                 self.w.log.error("environment teardown failed", error=str(exc))
         if self.w.retriever is not None:
             await self.w.retriever.stop()
+        if self.frozen is not None:
+            await self.frozen.stop()
+        if self.agents is not None:
+            await self.w.recorded_async("agents.proxy.stop", self.agents.stop)
 
     async def _env_lifecycle(self, what: str, fn: Callable) -> None:
         """The environment's setup / teardown, recorded: a replay serves the outcome instead of running it."""
@@ -219,10 +257,13 @@ class Generation:
 
     # ------------------------------------------------------------------------------------------ generating
     async def group(self, samples: list[Sample], sp: dict, attempt: int, kind: str, work_id: str) -> list[Sample]:
+        """The group's samples, generated: its own, then those its episodes added (episode_samples.py)."""
         if self.group_fn is not None:
             out = await self.group_fn(self.w.plugin_args, samples, sp, self.handle)
         else:
-            out = await asyncio.gather(*(self.sample(s, sp, attempt, kind == "eval", work_id) for s in samples))
+            made = await asyncio.gather(*(self.sample(s, sp, attempt, kind == "eval", work_id) for s in samples))
+            episodes = [episode_result(s, m, self._made_by()) for s, m in zip(samples, made)]
+            out = [e[0] for e in episodes] + [x for e in episodes for x in e[1:]]
         for s in out:   # what a user's function made must line up too: else the sample fails, saying why
             if s.status not in (ABORTED, FAILED):
                 try:
@@ -238,9 +279,13 @@ class Generation:
                 f"{FLAG} {rollout_cfg.custom_generate_function_path}" if self.generate_fn is not None else "generation")
 
     async def sample(self, sample: Sample, sp: dict, attempt: int, evaluation: bool = False,
-                     work_id: str = "") -> Sample:
+                     work_id: str = "") -> Sample | list[Sample]:
+        """The episode of `sample`: the sample, or (a generate function's choice) a list of samples -- several
+        agents' turns, say -- of which the first stands for `sample` (episode_result)."""
         if self.env is not None:
             return await self._episode(sample, sp, attempt, evaluation, work_id)
+        if self.agent_fn is not None:
+            return await self._agent_episode(sample, sp, attempt, work_id)
         if self.generate_fn is not None and self.slime_generate:
             return await self._slime_style(sample, sp, evaluation)
         if self.generate_fn is not None:
@@ -268,7 +313,54 @@ class Generation:
                 await w.job_failed(f"{w.name}: {exc}")
             return sample
 
-    async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample:
+    async def _agent_episode(self, sample: Sample, sp: dict, attempt: int, work_id: str) -> Sample | list[Sample]:
+        """The user's agent on one episode (--agent-function-path), against this worker's chat endpoint with a key
+        of the episode's own; its calls become the episode's samples -- one per branch of its conversation
+        (agents/trajectory.py) --, rewarded by what the agent returned: a number is the reward; a string (or None:
+        the last call's text) is the answer the job's reward grades. The agent's run is a recorded input as a whole
+        (`agent.episode`): a replay serves its samples without running it. An agent that raises, times out
+        (--env-timeout) or makes no call fails the sample, saying why."""
+        from .rollout_agents import reward_of, run_agent
+        w, ro = self.w, self.cfg.rollout
+        episode = f"{work_id}:{sample.index}:{attempt}"
+
+        agents = self.agents
+        assert agents is not None
+
+        async def call() -> dict:
+            session = agents.open(episode, sp, self.seed(sample, attempt))
+            try:
+                result = await run_agent(self.agent_fn, sample, str(agents.url), session.key, ro.env_timeout)
+            finally:
+                agents.close(session)
+            reward, answer = reward_of(result)
+            made = session.trajectory.samples(sample, w.tokenizer)
+            if not made:
+                raise RuntimeError("the agent made no call of the chat API")
+            return {"samples": [s.to_wire() for s in made], "reward": reward,
+                    "answer": answer if answer is not None else session.texts[-1]}
+        try:
+            got = await w.recorded_async("agent.episode", call, key=episode)
+        except Exception as exc:   # the sample fails with the reason; its group is recorded as failed
+            w.counters["env_errors"] += 1
+            sample.status, sample.error = FAILED, f"--agent-function-path {ro.agent_function_path}: " + (
+                f"did not finish within {ro.env_timeout:g} s (--env-timeout)" if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}")
+            w.log.error("agent failed", error=sample.error, sample=sample.index, work_id=work_id)
+            return sample
+        samples = [Sample.from_wire(x) for x in got["samples"]]
+        reward = got["reward"]
+        if reward is None:   # the answer, graded by the job's reward (asked now: a replay asks it again)
+            probe = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt,
+                           label=sample.label, metadata=dict(sample.metadata), response=got["answer"],
+                           status=COMPLETED)
+            reward = (await self.handle.score([probe]))[0]
+        for s in samples:
+            s.reward = float(reward)
+            s.metadata["agent_answer"] = got["answer"]
+        return samples if len(samples) > 1 else samples[0]
+
+    async def _slime_style(self, sample: Sample, sp: dict, evaluation: bool) -> Sample | list[Sample]:
         """slime's generate(args, sample, sampling_params[, evaluation]); what it leaves unset is filled in as slime
         would (`settle`)."""
         w = self.w
@@ -281,21 +373,45 @@ class Generation:
         key = request_key(sample.prompt_tokens, {**sp, "index": sample.index, "evaluation": evaluation})
         made = []
 
-        async def call() -> dict:
+        async def call() -> dict | list:
             res = await fn(self.slime_args, sample, dict(sp), **kw)
-            if not isinstance(res, Sample):
+            many = isinstance(res, (list, tuple)) and bool(res) and all(isinstance(x, Sample) for x in res)
+            if not isinstance(res, Sample) and not many:
                 raise TypeError(f"{FLAG} {self.cfg.rollout.custom_generate_function_path} returned "
-                                f"{type(res).__name__}, expected the Sample it was given")
+                                f"{type(res).__name__}, expected the Sample it was given (or a list of Samples)")
             made.append(res)
-            return res.to_wire()
+            return [x.to_wire() for x in res] if many else res.to_wire()
         wire = await w.recorded_async("generate_fn", call, key=key)
         if made:
             out = made[0]
+        elif isinstance(wire, list):   # replay: the samples the function returned
+            out = [Sample.from_wire(x) for x in wire]
         else:  # replay: the sample as the function left it
             out = sample
             for name, value in Sample.from_wire(wire).__dict__.items():
                 setattr(out, name, value)
+        if isinstance(out, (list, tuple)):
+            return [settle(x, w.tokenizer, version, "custom generate function") for x in out]
         return settle(out, w.tokenizer, version, "custom generate function")
+
+
+def episode_result(origin: Sample, made: Any, who: str) -> list[Sample]:
+    """An episode's samples (episode_samples.py): the first stands for `origin` -- its index, group and rollout --,
+    the others are added to the group (`metadata["episode_of"]` = origin's index; the buffer numbers them).
+    TypeError naming `who` for anything else than a Sample or a non-empty list of distinct Samples."""
+    if isinstance(made, Sample):
+        return [made]
+    if not isinstance(made, (list, tuple)) or not made or not all(isinstance(x, Sample) for x in made) \
+            or len({id(x) for x in made}) != len(made):
+        raise TypeError(f"{who}: returned {type(made).__name__}; expected a Sample, or a non-empty list of distinct "
+                        "Samples (the episode's, the first standing for the sample it was given)")
+    first, rest = made[0], list(made[1:])
+    first.index, first.group_index, first.rollout_id = origin.index, origin.group_index, origin.rollout_id
+    first.metadata = {k: v for k, v in first.metadata.items() if k != EPISODE_KEY}
+    for x in rest:
+        x.index, x.group_index, x.rollout_id = -1, origin.group_index, origin.rollout_id
+        x.metadata = {**x.metadata, EPISODE_KEY: origin.index}
+    return [first, *rest]
 
 
 class RecordedEnvCalls(EnvCalls):

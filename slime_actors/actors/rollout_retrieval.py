@@ -64,14 +64,25 @@ class RetrieverLink:
         # keyed by the body alone: a replay's try of it may go to the replica at another port
         return await self.worker.recorded_async("retriever.retrieve", fn, url, data, key=body_key(data))
 
+    def _count(self) -> None:
+        """The pool's counts in the worker's (`_stats`): retriever_requests, retriever_retries (tries after the
+        first: a replica down, restarting, answering 5xx), retriever_failed (calls no replica answered in time)."""
+        self.worker.counters.update({f"retriever_{k}": v for k, v in self.pool.counters.items()})
+
     async def post(self, body: Any) -> tuple[int, Any]:
         """(status, answer) of a /retrieve body, as the retriever gave it (every try recorded)."""
-        return await self.pool.post(body)
+        try:
+            return await self.pool.post(body)
+        finally:
+            self._count()
 
     async def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> dict:
         """Search-R1's answer for `queries` (topk: --retriever-topk unless given); RetrieverError when refused or
         no replica answers (every try recorded: a replay serves the answers back)."""
-        return await self.pool.retrieve(list(queries), topk or self.topk, return_scores)
+        try:
+            return await self.pool.retrieve(list(queries), topk or self.topk, return_scores)
+        finally:
+            self._count()
 
     async def start_proxy(self) -> str:
         """A /retrieve on the worker's loopback for slime-style generate functions (which call one URL with no key):

@@ -43,6 +43,7 @@ from ..algo.losses import (compute_cispo_loss, compute_policy_loss, compute_valu
                            sft_loss)
 from ..algo.tis import tis_weights
 from ..config import AlgorithmSection, JobConfig
+from ..episode_samples import advantage_groups
 from ..log import get_logger
 from .batching import micro_batches_from_config, mini_batch_indices, select, validate_batch
 from .training import LossFn, TrainingBackend
@@ -323,7 +324,10 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
 
     # 3. rewards -> advantages / returns
     raw = torch.as_tensor([float(r) for r in work["rewards"]], dtype=torch.float32)
-    rewards = normalize_group_rewards(raw, work.get("group_index"), estimator,
+    groups = work.get("group_index")   # per (prompt group, role) when the samples have roles (multi-agent)
+    if groups is not None and work.get("roles"):
+        groups = advantage_groups(list(groups), list(work["roles"]))
+    rewards = normalize_group_rewards(raw, groups, estimator,
                                       std_normalization=not algorithm_cfg.disable_grpo_std_normalization)
     advantages, returns = compute_advantages_and_returns(
         estimator, rewards, masks, log_probs=old, ref_log_probs=ref, values=values, kl_coef=kl_coef,
@@ -344,6 +348,8 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         metrics["response_len_mean"] = rl / ns
     metrics["num_samples"] = ns
     metrics["num_tokens"] = c
+    if groups is not None:   # (whole prompt groups per rank: the ranks' counts add up)
+        metrics["advantage_groups"] = rsum(float(len(set(groups))))[0]
 
     # 4. optimizer steps
     num_steps = cfg.train.num_steps_per_rollout

@@ -182,9 +182,10 @@ def check_job_paths(cfg: JobConfig, problems: Problems) -> None:
     from ..models import model_cache, resolve_checkpoint
     from .prepare import check_paths
     check_paths(cfg, problems)
-    spec = cfg.model.hf_checkpoint
-    if spec and not spec.startswith(("tiny:", "smollm2:")):
-        try:
-            resolve_checkpoint(spec, model_cache(cfg.run.run_dir))   # a directory with config.json (no download)
-        except (FileNotFoundError, ValueError) as exc:
-            problems.add(str(exc))
+    for flag, spec in (("--hf-checkpoint", cfg.model.hf_checkpoint),
+                       ("--frozen-engine-checkpoint", cfg.engine.frozen_engine_checkpoint)):
+        if spec and not spec.startswith(("tiny:", "smollm2:")):
+            try:
+                resolve_checkpoint(spec, model_cache(cfg.run.run_dir))   # a directory with config.json (no download)
+            except (FileNotFoundError, ValueError) as exc:
+                problems.add(str(exc).replace("--hf-checkpoint", flag))

@@ -90,6 +90,9 @@ def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
     check_hf_exports(cfg, None if spec.startswith(("tiny:", "smollm2:")) else spec, start)
     cfg.model.hf_checkpoint = resolve_checkpoint(spec, model_cache(run_dir))
     check_hf_exports(cfg, cfg.model.hf_checkpoint, start)
+    if cfg.engine.frozen_engine_checkpoint:   # (a tiny:/smollm2: spec made in the cache as --hf-checkpoint's)
+        cfg.engine.frozen_engine_checkpoint = resolve_checkpoint(cfg.engine.frozen_engine_checkpoint,
+                                                                 model_cache(run_dir))
     if fresh:
         prepare_run_dir(cfg.run.run_dir, resume=ckpt is not None, resume_from=ckpt)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,4 +132,7 @@ def write_agent_job(cfg: JobConfig, path: Path) -> None:
     """A node agent's job file, once the head has made the model: the same config, the model resolved here."""
     from ..models import model_cache, resolve_checkpoint
     cfg.model.hf_checkpoint = resolve_checkpoint(cfg.model.hf_checkpoint, model_cache(cfg.run.run_dir))
+    if cfg.engine.frozen_engine_checkpoint:
+        cfg.engine.frozen_engine_checkpoint = resolve_checkpoint(cfg.engine.frozen_engine_checkpoint,
+                                                                 model_cache(cfg.run.run_dir))
     write_job(cfg, path)

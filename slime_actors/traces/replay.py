@@ -66,6 +66,11 @@ from ..recorder.writer import digest
 log = get_logger(actor="replay")
 
 PLUMBING = frozenset(("register", "watch", "deregister", "lookup"))  # the mailbox's own asks to the directory
+# asks for where a role serves (a retriever replica's URL): routing, like the directory's lookups. The retriever
+# client asks them lazily, so often from inside a recorded call (an environment's step that searches); a replay serves
+# that call's answer whole and does not make the asks inside it -- a recorded one the replay did not send is no
+# difference
+ADDRESS_ASKS = frozenset(("address",))
 
 
 # flags that changed what a job does by default when they came: a recording made before one existed (its config lacks
@@ -1477,6 +1482,8 @@ class Harness:
                     continue  # after the replay stopped: not a difference
                 if self.rec_cut and self.rec.items and e.offset > self.rec.items[-1].offset:
                     continue  # sent in a step whose own record the cut lost: the replay stops before it
+                if e.kind == "ask" and e.header.get("method") in ADDRESS_ASKS:
+                    continue  # (routing, asked inside a recorded call the replay serves whole)
                 cause = e.header.get("re") if e.kind in ("reply", "error") else e.header.get("parent")
                 if self.rec_cut and cause and cause not in inbound_ids and cause not in self._own_ids:
                     # sent while handling a request whose record the cut lost (a synchronous handler's request is

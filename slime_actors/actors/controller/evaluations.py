@@ -62,6 +62,9 @@ class Evaluations:
             out[name] = st.reward_mean if st.reward_mean is not None else 0.0
             self.history.append({"step": step, "name": name, "reward": out[name], "samples": st.samples})
             out.update({f"{name}-{key}": v for key, v in st.passrate.items()})  # eval/NAME-pass@k
+            # an environment's metrics (eval/NAME-searched, ...) and per-role figures
+            out.update({f"{name}-{key.partition('/')[2]}": v for key, v in st.numbers().items()
+                        if key.startswith(("env/", "role/"))})
             ctl.log.info("eval", step=step, set=name, reward=round(out[name], 4), samples=st.samples,
                          graded_by=graders[name])
             if self.cfg.eval.save_eval_responses or self.cfg.logging.use_wandb:
