@@ -321,7 +321,7 @@ class Generation:
         (`agent.episode`): a replay serves its samples without running it. An agent that raises, times out
         (--env-timeout) or makes no call fails the sample, saying why."""
         from .rollout_agents import reward_of, run_agent
-        w, ro = self.w, self.cfg.rollout
+        w, rollout_cfg = self.w, self.cfg.rollout
         episode = f"{work_id}:{sample.index}:{attempt}"
 
         agents = self.agents
@@ -330,7 +330,7 @@ class Generation:
         async def call() -> dict:
             session = agents.open(episode, sp, self.seed(sample, attempt))
             try:
-                result = await run_agent(self.agent_fn, sample, str(agents.url), session.key, ro.env_timeout)
+                result = await run_agent(self.agent_fn, sample, str(agents.url), session.key, rollout_cfg.env_timeout)
             finally:
                 agents.close(session)
             reward, answer = reward_of(result)
@@ -343,8 +343,8 @@ class Generation:
             got = await w.recorded_async("agent.episode", call, key=episode)
         except Exception as exc:   # the sample fails with the reason; its group is recorded as failed
             w.counters["env_errors"] += 1
-            sample.status, sample.error = FAILED, f"--agent-function-path {ro.agent_function_path}: " + (
-                f"did not finish within {ro.env_timeout:g} s (--env-timeout)" if isinstance(exc, TimeoutError)
+            sample.status, sample.error = FAILED, f"--agent-function-path {rollout_cfg.agent_function_path}: " + (
+                f"did not finish within {rollout_cfg.env_timeout:g} s (--env-timeout)" if isinstance(exc, TimeoutError)
                 else f"{type(exc).__name__}: {exc}")
             w.log.error("agent failed", error=sample.error, sample=sample.index, work_id=work_id)
             return sample
