@@ -1,47 +1,41 @@
 """A rollout worker's engine, supervised: its start (the local engine or SGLang, or an external one), the
 sglang-router, the watch that restarts an engine whose process exits or (with --use-fault-tolerance) fails
-`/health_generate`, the engine's pauses, and its weight updates. `EngineSupervisor` is the part of `RolloutWorker`
-(actors/rollout.py) that does this; generation (actors/rollout_generate.py) reaches the engine through `self.client`.
+`/health_generate`. `EngineSupervisor` is the part of `RolloutWorker` (actors/rollout.py) that does this; it
+derives from `EngineWeights` (actors/rollout_weights.py: pauses and weight updates), and generation
+(actors/rollout_generate.py) reaches the engine through `self.client`.
 
 What an engine tells the worker -- its port and pid at launch, its exit codes, its answers -- is recorded in the
-worker's trace (`RecordedProcess`, `RecordedEngine`), so `slime-actors replay` runs this same code with no engine.
+worker's trace (`RecordedProcess`, `RecordedEngine`: actors/recorded_engine.py), so `slime-actors replay` runs this
+same code with no engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import shutil
 import time
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..backends.engine_auth import EngineKeys
 from ..environments.episode import int_version
 from ..mailbox.errors import MailboxError
 from ..role_handles import BufferHandle, ControllerHandle, RolloutHandle
-from .base import Actor, handler
+from .base import handler
+from .recorded_engine import RecordedEngine, RecordedProcess, http_url
+from .rollout_weights import EngineWeights
 
 if TYPE_CHECKING:
     from ..backends.engine_client import EngineClient
 
 
-def request_key(input_ids: list[int], sampling_params: dict) -> str:
-    """Which request an engine answer belongs to (answers to concurrent requests come back in any order)."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(repr((list(input_ids), sorted(sampling_params.items()))).encode())
-    return h.hexdigest()
-
-
-class EngineSupervisor(Actor):
+class EngineSupervisor(EngineWeights):
     """The engine half of a rollout worker (RolloutWorker derives from it): its state is set by
     `_init_engine_state`, its handlers are the worker's."""
 
     # the worker's (actors/rollout.py), used here
     buffer: BufferHandle
     controller: ControllerHandle
-    _inflight: dict[str, asyncio.Task]
 
     def _init_engine_state(self) -> None:
         self.weight_version = -1          # version the engine holds; -1 until the controller says
@@ -62,13 +56,6 @@ class EngineSupervisor(Actor):
         self._engine_caps: dict = {}
         self._lora_loaded: list[str] = []  # --lora-sync adapter: the adapters the engine holds, oldest first
         self.keys = EngineKeys()          # the engines' HTTP keys, from the environment (on_start); none: no auth
-
-    @property
-    def engine_client(self) -> RecordedEngine:
-        """The engine's client; a RuntimeError before there is one (the engine has not started)."""
-        if self.client is None:
-            raise RuntimeError(f"{self.name}: its engine has not started")
-        return self.client
 
     async def _stop_engine(self) -> None:
         """The worker stops: forget the router, close the client, stop the engine and the router it started."""
@@ -145,7 +132,7 @@ class EngineSupervisor(Actor):
                 redact=self.keys.secrets))
             await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
                                       cfg.engine.rollout_health_check_first_wait + 600)
-            url = _http_url(self.engine.host, port)
+            url = http_url(self.engine.host, port)
             self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
                           seconds=round(time.monotonic() - t0, 1))
         if self.client is not None:
@@ -251,7 +238,7 @@ class EngineSupervisor(Actor):
                 module, flags, env=dict(os.environ), wait=False, on_line=self._engine_line,
                 log_path=os.path.join(self.runtime.run_dir, "logs", "sglang-router.log"), redact=self.keys.secrets))
             await self.recorded_async("router.wait_healthy", self.run_blocking, self.router.wait_healthy, 300)
-            self.router_url = _http_url(host, port)
+            self.router_url = http_url(host, port)
         else:
             while self.router_url is None:
                 try:
@@ -365,143 +352,6 @@ class EngineSupervisor(Actor):
 
     # ------------------------------------------------------------------------------------------ handlers
     @handler
-    async def resume(self, weight_version: int) -> None:
-        async with self._pause_lock:
-            if weight_version != self.weight_version:
-                # a restarted engine serves only once it holds the current weights (the controller re-syncs it)
-                self.log.warning("not resuming: the engine does not hold the weight version asked for",
-                                 asked=weight_version, engine=self.weight_version)
-                return
-            if self._engine_paused is not None and self._engine_ok.is_set():
-                await self.engine_client.continue_generation()
-                self.log.info("engine continued", paused_mode=self._engine_paused)
-            self._engine_paused = None
-            self._resumed.set()
-
-    @handler
-    async def pause(self, abort: bool = False) -> dict:
-        """Stop pulling and pause the engine (/pause_generation) in --pause-generation-mode (abort=True: abort).
-        abort: in-flight requests come back aborted and their groups go back to the buffer (partial responses kept
-        under --partial-rollout); retract / in_place: they wait in the engine and finish after resume."""
-        async with self._pause_lock:
-            self._resumed.clear()
-            n = len(self._inflight)
-            mode = "abort" if abort else self.cfg.engine.pause_generation_mode
-            if self._engine_paused is None and self._engine_ok.is_set():
-                await self.engine_client.pause_generation(mode)
-                self._engine_paused = mode
-                self.log.info("engine paused", mode=mode, in_flight=n)
-            return {"in_flight": n, "mode": self._engine_paused or mode}
-
-    @handler
-    async def init_weights_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                 group_name: str, backend: str) -> dict:
-        await self._engine_ok.wait()
-        self._updating += 1
-        try:
-            res = await self.engine_client.init_weights_update_group(master_address, master_port, rank_offset,
-                                                                     world_size, group_name, backend)
-        finally:
-            self._updating -= 1
-        # the trainer sends flattened buckets only when every engine of the group takes them
-        return {**res, "flattened_bucket": bool(self._engine_caps.get("flattened_bucket"))}
-
-    def _flush(self, flush_cache: bool) -> bool:
-        """SGLang asserts that the cache flush after a weight update succeeds, which it cannot while requests wait
-        in an engine paused with retract / in_place: no flush then (their prefix cache entries stay)."""
-        return bool(flush_cache) and self._engine_paused not in ("retract", "in_place")
-
-    async def _update(self, weight_version: int, call) -> dict:
-        """Run one weight-update call to the engine. If the engine was restarted meanwhile (it hung, or died, during
-        the update), the answer -- even a success from the old process -- says nothing about the engine now
-        serving, which holds its launch weights: the update fails, and the controller re-syncs the new one."""
-        restarts = self.engine_restarts
-        if self._restarting:
-            raise RuntimeError(f"{self.name}: the engine is restarting; weight version {weight_version} not loaded")
-        self._updating += 1
-        try:
-            res = await call()
-        finally:
-            self._updating = max(0, self._updating - 1)
-        self._loaded(weight_version, restarts)
-        return res
-
-    def _loaded(self, weight_version: int, restarts_at_start: int) -> None:
-        """An update that began at `restarts_at_start` finished: the engine holds `weight_version` -- unless it was
-        restarted since (the new one holds its launch weights), which fails the update."""
-        if self.engine_restarts != restarts_at_start or self._restarting:
-            raise RuntimeError(f"{self.name}: the engine was restarted during the update to weight version "
-                               f"{weight_version}; the new engine does not hold it")
-        self.weight_version = weight_version
-
-    @handler
-    async def update_weights_from_distributed(self, names: list, dtypes: list, shapes: list, group_name: str,
-                                              weight_version: int, flush_cache: bool = True,
-                                              load_format: str | None = None) -> dict:
-        return await self._update(weight_version, lambda: self.engine_client.update_weights_from_distributed(
-            names, dtypes, shapes, group_name, weight_version=str(weight_version), flush_cache=self._flush(flush_cache),
-            load_format=load_format))
-
-    @handler
-    async def destroy_weights_group(self, group_name: str) -> None:
-        await self.engine_client.destroy_weights_update_group(group_name)
-
-    @handler
-    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> dict:
-        await self._engine_ok.wait()
-        return await self._update(weight_version, lambda: self.engine_client.update_weights_from_disk(
-            model_path, weight_version=str(weight_version), flush_cache=self._flush(True)))
-
-    @handler
-    async def load_lora_adapter(self, weight_version: int, tensors: dict, config: dict) -> dict:
-        """--lora-sync adapter (weight_sync.WeightPusher): the trainer's LoRA adapters for `weight_version`, written
-        as a PEFT adapter directory under RUN_DIR/lora/, loaded into the engine as "v<version>" and named by every
-        generation from then on; the engine's weight version moves with it. The adapter before stays loaded (a
-        request paused in place may still use it); older ones are unloaded."""
-        from ..backends.engine_client import EngineError
-        from ..backends.lora import write_adapter_dir
-        await self._engine_ok.wait()
-        name, loaded = f"v{weight_version}", self._lora_loaded
-        base = os.path.join(self.runtime.run_dir, "lora", self.name.replace("/", "-"))
-        # (a replay takes the same step without writing: the recording kept the tensors' checksums only)
-        await self.run_blocking(write_adapter_dir if not self.replaying else lambda *_: None,
-                                os.path.join(base, name), tensors, config)
-
-        async def call():
-            if name in loaded:   # a retried sync of this version
-                await self.engine_client.unload_lora_adapter(name)
-                loaded.remove(name)
-            await self.engine_client.load_lora_adapter(name, os.path.join(base, name))
-            loaded.append(name)
-            return await self.engine_client.update_weight_version(str(weight_version))
-        await self._update(weight_version, call)
-        self.engine_client.unwrapped.lora_path = name
-        while len(loaded) > 2:
-            old = loaded.pop(0)
-            try:
-                await self.engine_client.unload_lora_adapter(old)
-            except EngineError as exc:
-                self.log.warning("could not unload an old LoRA adapter", adapter=old, error=str(exc))
-            if not self.replaying:
-                shutil.rmtree(os.path.join(base, old), ignore_errors=True)
-        return {"lora_name": name, "loaded": list(loaded)}
-
-    @handler
-    async def weight_update(self, active: bool, weight_version: int | None = None) -> dict:
-        """The trainer updates this engine directly (/update_weights_from_tensor, colocated): hold health probes
-        while `active`; at the end, the version the engine now holds."""
-        if active:
-            await self._engine_ok.wait()
-            self._updating += 1
-            self._direct_update_restarts = self.engine_restarts
-        else:
-            self._updating = max(0, self._updating - 1)
-            if weight_version is not None:
-                self._loaded(weight_version, self._direct_update_restarts)
-        return {"engine_url": self.engine_url, "paused": self._engine_paused,
-                "flush_cache": self._flush(True), "tp_size": int(self._engine_caps.get("tp_size", 1))}
-
-    @handler
     async def router_url(self) -> dict:
         """rollout/0: the URL of the sglang-router it started (waits until it is up)."""
         await self._router_ready.wait()
@@ -523,72 +373,6 @@ class EngineSupervisor(Actor):
             raise RuntimeError("this worker attaches to an external engine; nothing to kill")
         self.engine.signal(signal.SIGSTOP if hang else signal.SIGKILL)
         return {"pid": self.engine.pid}
-
-
-class RecordedEngine:
-    """The engine client (or the router's) as the worker uses it: the answers of its calls (weights, aborts, health,
-    close; not generate, which `Generation.raw` (rollout_generate.py) records parsed) are recorded in the trace as `<prefix>.<method>`, and
-    under replay served from it."""
-
-    _LOCAL = frozenset(("generate",))
-
-    def __init__(self, actor: Actor, client: Any, prefix: str = "engine"):
-        self._actor, self._client, self._prefix = actor, client, prefix
-
-    @property
-    def unwrapped(self) -> Any:
-        """The client itself (EngineClient, RouterClient; a test's stand-in)."""
-        return self._client
-
-    def __getattr__(self, name: str):
-        fn = getattr(self._client, name)
-        if name in self._LOCAL or not asyncio.iscoroutinefunction(fn):
-            return fn
-
-        async def call(*args, **kwargs):
-            return await self._actor.recorded_async(f"{self._prefix}.{name}", fn, *args, **kwargs)
-        return call
-
-
-class RecordedProcess:
-    """A process the worker started (its engine), as the worker sees it: what it learns of the process -- its pid
-    and host at launch, its exit code when polled -- is a recorded input, so replay runs the same code with no
-    process (waits, stops and signals then do nothing)."""
-
-    def __init__(self, actor: Actor, name: str, launch):
-        self._actor, self._name = actor, name
-        self._proc: Any = None   # the EngineProcess (backends/engine_process.py); None under replay
-
-        def start() -> dict:
-            self._proc = launch()
-            return {"pid": self._proc.pid, "host": self._proc.host}
-        info = actor.recorded(f"{name}.launch", start)
-        self.pid, self.host = info["pid"], info["host"]
-
-    def poll(self) -> int | None:
-        proc = self._proc   # (under replay None: the recorded answer is served, the lambda not called)
-        return self._actor.recorded(f"{self._name}.poll", lambda: proc.poll() if proc is not None else None)
-
-    def wait_healthy(self, timeout: float) -> None:
-        if self._proc is not None:
-            self._proc.wait_healthy(timeout)
-
-    def stop(self, *args) -> None:
-        if self._proc is not None:
-            self._proc.stop(*args)
-
-    def signal(self, sig: int) -> None:
-        if self._proc is not None:
-            os.kill(self._proc.pid, sig)
-
-
-def _http_url(host: str, port: int) -> str:
-    """The URL a server listening on `host` is reached at from this host (a wildcard: the loopback)."""
-    if host in ("0.0.0.0", "", "*", "::", "[::]"):
-        host = "127.0.0.1"
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6
-    return f"http://{host}:{int(port)}"
 
 
 def _load_tokenizer(path: str):

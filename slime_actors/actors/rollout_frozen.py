@@ -20,7 +20,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from .rollout_engine import RecordedEngine, RecordedProcess, request_key
+from .recorded_engine import RecordedEngine, RecordedProcess, request_key
 
 if TYPE_CHECKING:
     from .rollout import RolloutWorker
@@ -59,7 +59,7 @@ class FrozenEngine:
         from ..backends.engine_process import launch_engine
         from ..backends.sglang_launch import engine_command
         from ..backends.weight_sync import find_free_port
-        from .rollout_engine import _http_url
+        from .recorded_engine import http_url
         w = self.w
         # (recorded, as every outcome of the worker's outside world: a replay takes the same steps without the files)
         await w.recorded_async("frozen.check_tokenizer", w.run_blocking, self.check_tokenizer)
@@ -78,7 +78,7 @@ class FrozenEngine:
             redact=w.keys.secrets))
         await w.recorded_async("frozen.wait_healthy", w.run_blocking, self.proc.wait_healthy,
                                w.cfg.engine.rollout_health_check_first_wait + 600)
-        self.url = _http_url("127.0.0.1", port)
+        self.url = http_url("127.0.0.1", port)
         if self.client is not None:
             await self.client.close()
         self.client = RecordedEngine(w, EngineClient(self.url, keys=w.keys,

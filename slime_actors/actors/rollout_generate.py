@@ -42,7 +42,7 @@ from ..environments.runner import EnvCalls, no_answer, run_episode
 from ..episode_samples import EPISODE_KEY
 from ..plugins import PluginError, load_function, positional_arity, takes_keyword
 from ..types import ABORTED, COMPLETED, FAILED, TRUNCATED, Sample
-from .rollout_engine import request_key
+from .recorded_engine import request_key
 
 if TYPE_CHECKING:
     from ..backends.generate_proxy import GenerateProxy
