@@ -75,14 +75,15 @@ class RolloutWorker(EngineSupervisor, Actor):
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
         # importing transformers takes seconds: off the loop so heartbeats keep going. Not alongside the engine's
         # start: the loop's own imports would wait on the import lock the tokenizer's thread holds (a silent actor,
-        # killed under load). Then the engine, before the buffer is asked anything (it may still be loading prompts)
+        # killed under load). (The order below is what the recordings under tests/data/recordings replay: starting
+        # the engine before asking the buffer would change the recorded schedule; record them again with it.)
         self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer, cfg.model.hf_checkpoint)
+        self.generation.load()
+        await self._release_previous()
         await self._start_router()
         from .. import startup_timeline as timeline
         with timeline.phase("engine start"):
             await self._start_engine()
-        await self._release_previous()
-        self.generation.load()
         await self.generation.start()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")

@@ -325,7 +325,8 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     # 3. rewards -> advantages / returns
     raw = torch.as_tensor([float(r) for r in work["rewards"]], dtype=torch.float32)
     groups = work.get("group_index")   # per (prompt group, role) when the samples have roles (multi-agent)
-    if groups is not None and work.get("roles"):
+    has_roles = any(work.get("roles") or ())
+    if groups is not None and has_roles:
         groups = advantage_groups(list(groups), list(work["roles"]))
     rewards = normalize_group_rewards(raw, groups, estimator,
                                       std_normalization=not algorithm_cfg.disable_grpo_std_normalization)
@@ -348,7 +349,7 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
         metrics["response_len_mean"] = rl / ns
     metrics["num_samples"] = ns
     metrics["num_tokens"] = c
-    if groups is not None:   # (whole prompt groups per rank: the ranks' counts add up)
+    if groups is not None and has_roles:   # several agents (whole prompt groups per rank: the counts add up)
         metrics["advantage_groups"] = rsum(float(len(set(groups))))[0]
 
     # 4. optimizer steps
