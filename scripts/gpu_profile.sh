@@ -10,16 +10,20 @@
 # ask sits inside that ask's handling (to 1 ms), and --record-memory-history wrote a snapshot (on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-BIN=${BIN:-$(dirname "$PY")/slime-actors}
+# .venv's Python where `make install` made one, else python3 (a GPU machine: source scripts/gpu_site.sh first)
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+PY=$PYTHON
+cli() { "$PY" -m slime_actors.cli "$@"; }
 CONFIG=${CONFIG:-examples/smollm2_arith/config.toml}
 RUN=${RUN:-runs/gpu_profile}
 DEVICE=${DEVICE:-cuda}
 rm -rf "$RUN"
-"$BIN" train --config "$CONFIG" --run-dir "$RUN" --device "$DEVICE" --num-rollout 3 --eval-interval 0 \
+cli train --config "$CONFIG" --run-dir "$RUN" --device "$DEVICE" --num-rollout 3 --eval-interval 0 \
   --progress false --use-pytorch-profiler --profile-step-start 1 --profile-step-end 2 \
   --profile-target train_overall rollout --record-memory-history --memory-snapshot-num-steps 2 "$@"
-"$BIN" trace export "$RUN" -o "$RUN/timeline.json"
+cli trace export "$RUN" -o "$RUN/timeline.json"
 "$PY" - "$RUN" "$DEVICE" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -40,7 +44,7 @@ engine = [e for e in ev if e.get("cat") == "profile.user_annotation" and e["name
 print(f"engine steps on the timeline: {len(engine)}")
 ok = inside and (device == "cpu" or (kernels and snaps))
 print("OK" if ok else "FAILED")
-(run / "window.txt").write_text(f"{(r['ts'] - 50_000) / 1e6} {(r['ts'] + r['dur'] + 50_000) / 1e6}")
+(run / "window.txt").write_text(f"{(r['ts'] - 50_000) / 1e6} {(r['ts'] + r['dur'] + 50_000) / 1e6}\n")
 sys.exit(0 if ok else 1)
 EOF
 read -r SINCE UNTIL < "$RUN/window.txt"

@@ -19,7 +19,9 @@ from test_launch_support import FAST_FLAGS, ROOT, Job, topology
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs Linux /proc")]
 
-STEPS = 6
+# enough steps that the job is still running two steps after the restart: on a fast machine a step of this job takes
+# ~0.1 s once the restarted replica answers (with 6 steps, CI's run finished before the test looked again)
+STEPS = 20
 CORPUS = str(ROOT / "examples" / "search" / "tiny" / "corpus.jsonl")
 
 GENERATE = '''
@@ -69,10 +71,10 @@ def test_a_killed_retriever_replica_is_restarted_and_the_job_goes_on(tmp_path):
         before = job.ask("retriever/0", "address")
         assert before["docs"] == 128 and before["url"].startswith("http://127.0.0.1:")
         pid = job.pid("retriever/0")
+        at_kill = job.controller()["steps"]     # counted before the kill: the steps after it run fast
         os.kill(pid, signal.SIGKILL)
         new_incarnation(job, "retriever/0", pid)
         job.wait_for(lambda: not alive(pid), 30, "the killed replica to be gone")
-        at_kill = job.controller()["steps"]
         job.wait_step(at_kill + 2, timeout=180)
         after = job.ask("retriever/0", "address")
         assert after["url"] != before["url"]          # a new process, a new port: callers asked again
