@@ -123,8 +123,8 @@ def _same_on_any_machine(rep) -> None:
 def test_the_recordings_under_traces_replay_as_the_debugging_doc_says():
     """Every actor of tests/data/recordings/small replays with today's code as it ran (a change to a message or to what an actor
     computes makes this fail: then record them again, `bash tests/data/recordings/record.sh`, and update docs/debugging.md); the
-    doc's replays give what it shows. The recordings were made on another machine: the trainer's floats may differ
-    in their last bits here, nothing else may."""
+    doc's replays give what it shows. The recordings may have been made on another machine than this one: the
+    trainer's floats may differ in their last bits here, nothing else may."""
     for actor in TraceRun(RECORDINGS / "small").actors():
         rep = _replay(RECORDINGS / "small", actor)
         _same_on_any_machine(rep)
