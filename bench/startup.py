@@ -90,6 +90,12 @@ def main() -> None:
                           text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip())
+    # the built-in model both jobs use is made once, here: each job finds it beside its run directory (RUN_DIR/../
+    # .models) instead of the first job of the first round paying for it
+    import tomllib
+
+    from slime_actors.models.resolve import model_cache, resolve_checkpoint
+    resolve_checkpoint(tomllib.loads(CONFIG.read_text())["hf_checkpoint"], model_cache(work / "run"))
     modes = ["bare", "before", "after"]
     res: dict[str, list[dict]] = {m: [] for m in modes}
     load0 = os.getloadavg()
