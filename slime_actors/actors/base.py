@@ -186,11 +186,12 @@ class Actor(Dispatch):
         self._stopped = asyncio.Event()
         if runtime.trace:
             path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
-            # what replay needs of the runtime to run the actor as it ran (its timers, its limits)
+            # what replay needs of the runtime to run the actor as it ran (its timers, its limits, the run directory
+            # as this process reached it: the launcher resolves --run-dir, and paths made from it go into messages)
             meta = {**self.trace_meta(), "runtime": {
                 "heartbeat_interval": runtime.heartbeat_interval, "liveness": runtime.liveness,
                 "transport": runtime.transport, "max_concurrency": runtime.mailbox.max_concurrency,
-                "default_timeout": runtime.mailbox.default_timeout}}
+                "default_timeout": runtime.mailbox.default_timeout, "run_dir": str(runtime.run_dir or "")}}
             self.tracer = host.tracer(path, self.name, meta=meta, body_limit=runtime.trace_body_limit,
                                       keep_arrays=runtime.trace_keep_arrays, max_bytes=runtime.trace_max_bytes)
         self.mailbox = host.mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
