@@ -366,16 +366,22 @@ def test_idempotent_retries_are_answered_from_cache(loop_thread, run_dir):
     assert Counter.n == 2
 
 
+def _watched_peer(loop_thread, run_dir, cls):
+    """A directory with fast heartbeats (0.2 s, down after 3 missed), `cls`/1 in a child process and a Client that
+    hears the directory's peer-down/up notices."""
+    rt = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3)
+    dep = loop_thread.call(Directory(0).start(rt))
+    rt2 = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3, directory=dep)
+    p = spawn_actor(cls, 1, rt2)
+    c = Client(0)
+    loop_thread.call(c.start(rt2))
+    return rt, p, c
+
+
 def test_a_quiet_window_keeps_a_silent_peer_up_until_it_is_closed_or_runs_out(loop_thread, run_dir):
     """Actor.expect_silence: a process about to hold its interpreter (the profiler's export) is not declared down
     inside the window it asked for; once the window is closed (0) or has run out, silence is noticed as before."""
-    rt = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3)
-    d = Directory(0)
-    dep = loop_thread.call(d.start(rt))
-    rt2 = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3, directory=dep)
-    p = spawn_actor(Quiet, 1, rt2)
-    c = Client(0)
-    loop_thread.call(c.start(rt2))
+    rt, p, c = _watched_peer(loop_thread, run_dir, Quiet)
     try:
         assert loop_thread.call(c.ask("quiet/1", "hush", {"seconds": 60.0}, timeout=30))
         os.kill(p.pid, signal.SIGSTOP)  # silent as a C++ call that keeps the GIL: 5x the liveness
@@ -420,13 +426,7 @@ def test_a_quiet_window_is_bounded_and_a_malformed_one_ignored(loop_thread, run_
 
 
 def test_heartbeats_detect_a_silent_peer(loop_thread, run_dir):
-    rt = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3)
-    d = Directory(0)
-    dep = loop_thread.call(d.start(rt))
-    rt2 = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3, directory=dep)
-    p = spawn_actor(Echo, 1, rt2)
-    c = Client(0)
-    loop_thread.call(c.start(rt2))
+    rt, p, c = _watched_peer(loop_thread, run_dir, Echo)
     try:
         assert loop_thread.call(c.ask("echo/1", "echo", {"x": 1})) == 1
         pending = asyncio.run_coroutine_threadsafe(c.ask("echo/1", "sleep", {"seconds": 0.5}, timeout=30),
