@@ -7,8 +7,9 @@ program on this machine pays), the one-step digits job (`slime-actors train --co
 --num-rollout 1`) on the code of REF (default: main; extracted with `git archive` into a temporary directory and
 put first on PYTHONPATH, so the same virtual environment runs it), and the same job on this working tree. For each
 job: the wall time of the whole command, the time from its launch to the end of its first step (the first row of
-metrics.jsonl, less the evaluation after it), and CPU seconds per process (user + system, from /proc). Ratios to
-the bare import are taken per round (the machine's load moves between rounds) and their median is shown.
+metrics.jsonl, less the evaluation after it), CPU seconds per process (user + system, from /proc) and the job's own
+start-up breakdown (RUN_DIR/startup.json). Ratios to the bare import are taken per round (the machine's load moves
+between rounds) and their median is shown.
 
 Prints a Markdown table (docs/performance.md has the numbers and the command).
 """
@@ -62,8 +63,10 @@ def run_job(tree: Path | None, run_dir: Path, steps: int, extra: list[str]) -> d
     first = rows[0]
     first_end = float(first["time"]) - float(first.get("time/eval", 0.0))
     summary = pt.summary()
+    startup = run_dir / "startup.json"   # the job's own breakdown (slime_actors/startup_timeline.py)
     return {"wall": wall, "first_step": first_end - t0, "cpu": {r["name"]: r["cpu_s"] for r in summary["roles"]},
-            "peak_pss_mib": summary["peak_pss_mib"]}
+            "peak_pss_mib": summary["peak_pss_mib"],
+            "startup": json.loads(startup.read_text()) if startup.is_file() else None}
 
 
 def run_bare() -> dict:
@@ -87,6 +90,12 @@ def main() -> None:
                           text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip())
+    # the built-in model both jobs use is made once, here: each job finds it beside its run directory (RUN_DIR/../
+    # .models) instead of the first job of the first round paying for it
+    import tomllib
+
+    from slime_actors.models.resolve import model_cache, resolve_checkpoint
+    resolve_checkpoint(tomllib.loads(CONFIG.read_text())["hf_checkpoint"], model_cache(work / "run"))
     modes = ["bare", "before", "after"]
     res: dict[str, list[dict]] = {m: [] for m in modes}
     load0 = os.getloadavg()
@@ -124,6 +133,17 @@ def main() -> None:
         cells = [med(x["cpu"].get(n, 0.0) for x in res[m]) for n in names]
         print(f"| {m} | " + " | ".join(f"{c:.1f}" for c in cells)
               + f" | {med(sum(x['cpu'].values()) for x in res[m]):.1f} |")
+    from slime_actors.startup_timeline import format_breakdown
+    print()
+    print("Each job's start-up breakdown (RUN_DIR/startup.json, as the job prints it), round by round:")
+    print()
+    print("```")
+    for r in range(a.rounds):
+        for m in ("before", "after"):
+            b = res[m][r]["startup"]
+            print(f"round {r}, {m}:")
+            print("\n".join(format_breakdown(b)) if b else "  (no startup.json: the code predates it)")
+    print("```")
 
 
 if __name__ == "__main__":

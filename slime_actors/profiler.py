@@ -30,12 +30,21 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .log import get_logger
 from .recorder.profiles import CLOCK_MARK, PROFILES
 
 log = get_logger(component="profiler")
+# how long a rank may be silent while the profiler stops and exports, and while a memory snapshot is written: C++
+# calls that keep the GIL, so the rank's heartbeats stop (a GPU step's trace took longer than the 5 s liveness on one
+# H100 and the trainer was declared down); the window closes as soon as the work is done
+EXPORT_QUIET_S = 300.0
+SNAPSHOT_QUIET_S = 600.0
+
+
+def _no_quiet(seconds: float, why: str) -> None:
+    """Without an actor (a bench, a test of the profiler alone) there is no liveness to keep."""
 TRAIN_TARGETS = ("train_overall", "train_actor", "train_log_probs")
 TARGETS = TRAIN_TARGETS + ("rollout",)
 
@@ -65,7 +74,8 @@ class TrainProfiler:
     CUDA memory history. `phase(target, rollout_id, cause)` wraps a part of the update; it costs an attribute test
     when profiling is off."""
 
-    def __init__(self, debug: Any, rank: int, run_dir: str | os.PathLike, actor: str):
+    def __init__(self, debug: Any, rank: int, run_dir: str | os.PathLike, actor: str,
+                 quiet: Callable[[float, str], None] = _no_quiet):
         self.enabled = bool(debug.use_pytorch_profiler) and rank in (debug.profile_ranks or [0])
         self.memory = bool(debug.record_memory_history) and rank in (debug.profile_ranks or [0])
         self.start, self.end = int(debug.profile_step_start), int(debug.profile_step_end)
@@ -76,6 +86,7 @@ class TrainProfiler:
         self.snapshot_dir = Path(debug.memory_snapshot_dir) if debug.memory_snapshot_dir else self.dir
         self.snapshot_steps = debug.memory_snapshot_num_steps
         self._open = None  # the profiler session open now (torch.profiler.profile)
+        self._quiet = quiet  # Actor.expect_silence: the directory's quiet window around work that keeps the GIL
         self.written: list[Path] = []
 
     # ------------------------------------------------------------------------------------------ torch profiler
@@ -99,8 +110,12 @@ class TrainProfiler:
                 yield
         finally:
             self._open = None
-            prof.stop()
-            self._export(prof, clock, target, rollout_id, cause)
+            self._quiet(EXPORT_QUIET_S, f"torch profiler: stop and export ({target}, rollout {rollout_id})")
+            try:
+                prof.stop()
+                self._export(prof, clock, target, rollout_id, cause)
+            finally:
+                self._quiet(0.0, "torch profiler: exported")
 
     def _start(self):
         import torch
@@ -150,11 +165,14 @@ class TrainProfiler:
         import torch
         path = self.snapshot_path(when)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._quiet(SNAPSHOT_QUIET_S, f"CUDA memory snapshot ({when})")
         try:
             torch.cuda.memory._dump_snapshot(str(path))
         except Exception as exc:  # noqa: BLE001 -- a failed dump is reported, the job goes on
             log.error("could not write the memory snapshot", path=str(path), error=repr(exc))
             return None
+        finally:
+            self._quiet(0.0, "CUDA memory snapshot written")
         log.warning("CUDA memory snapshot written", path=str(path), when=when)
         return path
 

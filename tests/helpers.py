@@ -75,6 +75,17 @@ class Echo(Actor):
         raise ValueError(text)
 
 
+class Quiet(Echo):
+    """An Echo that asks the directory for a quiet window from a worker thread, as the trainer's profiler does before
+    its export (Actor.expect_silence)."""
+    role = "quiet"
+
+    @handler
+    async def hush(self, seconds: float) -> bool:
+        await self.run_blocking(self.expect_silence, seconds, "a test's window")
+        return True
+
+
 class Slow(Actor):
     """Handles `work` slowly, one at a time (max_concurrency is set low by the test)."""
 

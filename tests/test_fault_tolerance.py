@@ -102,6 +102,14 @@ def test_kill_rollout_worker(job_factory):
     t_next = time.monotonic() - t_kill
     finish(job)
     report("rollout worker (SIGKILL)", worker_back_s=back, next_step_s=t_next)
+    # the restarted worker had the buffer re-issue its previous process's groups before it asked for work (it
+    # starts its engine first; the release goes out meanwhile, the pull loop only after it)
+    from slime_actors.traces.reader import TraceRun
+    restarted = [f for f in TraceRun(job.run_dir).files
+                 if f.meta.get("actor") == "rollout/0" and f.meta["pid"] != pid]
+    asks = [e.method for f in restarted for e in f.events if e.ev == "send" and e.kind == "ask"]
+    assert "release_worker" in asks and "get_work" in asks, asks
+    assert asks.index("release_worker") < asks.index("get_work"), asks
     # both incarnations replay as they ran: the killed one up to where its recording was cut (mid-rollout), the
     # restarted one from its start to the end of the job (issue 22)
     from slime_actors.traces.replay import replay

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from helpers import Echo, Slow, spawn_actor, wait_for
+from helpers import Echo, Quiet, Slow, spawn_actor, wait_for
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.directory import Directory
 from slime_actors.mailbox import AskTimeout, JobKeys, MessageTooLarge, PeerDown, RemoteError, codec
@@ -364,6 +364,59 @@ def test_idempotent_retries_are_answered_from_cache(loop_thread, run_dir):
 
     assert loop_thread.call(go()) == (1, 1, 1, 2)
     assert Counter.n == 2
+
+
+def test_a_quiet_window_keeps_a_silent_peer_up_until_it_is_closed_or_runs_out(loop_thread, run_dir):
+    """Actor.expect_silence: a process about to hold its interpreter (the profiler's export) is not declared down
+    inside the window it asked for; once the window is closed (0) or has run out, silence is noticed as before."""
+    rt = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3)
+    d = Directory(0)
+    dep = loop_thread.call(d.start(rt))
+    rt2 = RuntimeConfig(run_dir=run_dir, curve=False, heartbeat_interval=0.2, liveness=3, directory=dep)
+    p = spawn_actor(Quiet, 1, rt2)
+    c = Client(0)
+    loop_thread.call(c.start(rt2))
+    try:
+        assert loop_thread.call(c.ask("quiet/1", "hush", {"seconds": 60.0}, timeout=30))
+        os.kill(p.pid, signal.SIGSTOP)  # silent as a C++ call that keeps the GIL: 5x the liveness
+        time.sleep(5 * rt.down_after)
+        assert not c.down
+        assert loop_thread.call(c.ask("directory/0", "list"))["quiet/1"]["alive"]
+        os.kill(p.pid, signal.SIGCONT)
+        # closed: the next silence is a peer down again
+        assert loop_thread.call(c.ask("quiet/1", "hush", {"seconds": 0.0}, timeout=30))
+        os.kill(p.pid, signal.SIGSTOP)
+        assert wait_for(lambda: c.down, 10), "a silent peer whose window was closed was never declared down"
+        assert c.down[0][1] == "quiet/1"
+        os.kill(p.pid, signal.SIGCONT)
+        assert wait_for(lambda: c.up, 10)
+        # a window left open runs out by itself
+        c.down.clear()
+        assert loop_thread.call(c.ask("quiet/1", "hush", {"seconds": 1.0}, timeout=30))
+        os.kill(p.pid, signal.SIGSTOP)
+        assert wait_for(lambda: c.down, 10), "a silent peer was kept up past its window"
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.kill()
+        p.join()
+
+
+def test_a_quiet_window_is_bounded_and_a_malformed_one_ignored(loop_thread, run_dir):
+    from slime_actors.actors.directory import QUIET_MAX_S
+    d = Directory(0)
+    loop_thread.call(d.start(RuntimeConfig(run_dir=run_dir, curve=False)))
+    d.entries["x/0"] = {"endpoint": "ipc://x", "pid": 1, "host": "", "meta": {}, "alive": True, "last_seen": 0.0,
+                        "registered": 0.0, "incarnation": 0}
+    body, _, _ = codec.encode_body({"pid": 1, "quiet_for": 1e9, "why": "forever"})
+    loop_thread.loop.call_soon_threadsafe(d.on_heartbeat, {"from": "x/0"}, body)
+    assert wait_for(lambda: "quiet_until" in d.entries["x/0"], 5)
+    e = d.entries["x/0"]
+    assert e["quiet_until"] - e["last_seen"] == pytest.approx(QUIET_MAX_S)
+    until, seen = e["quiet_until"], e["last_seen"]
+    bad, _, _ = codec.encode_body({"pid": 1, "quiet_for": "soon"})
+    loop_thread.loop.call_soon_threadsafe(d.on_heartbeat, {"from": "x/0"}, bad)
+    assert wait_for(lambda: e["last_seen"] > seen, 5)   # the heartbeat still counts ...
+    assert e["quiet_until"] == until                    # ... its window is not obeyed
 
 
 def test_heartbeats_detect_a_silent_peer(loop_thread, run_dir):

@@ -152,6 +152,29 @@ def test_only_the_chosen_ranks_targets_and_rollouts_are_profiled(tmp_path):
     assert not other_rank.written and not (tmp_path / "r1").exists()
 
 
+def test_the_profilers_export_and_a_snapshot_are_announced_as_quiet_windows(tmp_path, monkeypatch):
+    """The profiler's stop + export and a memory snapshot keep the GIL (on one H100 a step's export outlasted the 5 s
+    liveness and the trainer was declared down): each is wrapped in a quiet window that is closed when it is done,
+    also when it fails."""
+    import torch
+
+    from slime_actors.profiler import EXPORT_QUIET_S, SNAPSHOT_QUIET_S, TrainProfiler
+    said: list = []
+    p = TrainProfiler(_debug(), 0, tmp_path, "trainer/0", quiet=lambda s, why: said.append((s, why)))
+    x = torch.randn(8, 8)
+    with p.phase("train_overall", 0, "m1"):   # not a profiled rollout: nothing to say
+        x @ x
+    assert said == []
+    with p.phase("train_overall", 1, "m1"):
+        x @ x
+    assert [s for s, _ in said] == [EXPORT_QUIET_S, 0.0] and "rollout 1" in said[0][1]
+    assert len(p.written) == 1
+    said.clear()
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: (_ for _ in ()).throw(RuntimeError("x")))
+    assert p.dump_memory_snapshot("oom") is None   # failed, reported; the window still closed
+    assert [s for s, _ in said] == [SNAPSHOT_QUIET_S, 0.0]
+
+
 def test_memory_history_snapshots_on_oom(tmp_path, monkeypatch):
     """On a GPU, --record-memory-history records the allocator's history and an OOM writes the snapshot (the GPU
     run itself: scripts/gpu_profile.sh); here the CUDA calls are stand-ins that record what they were asked."""

@@ -204,6 +204,25 @@ def test_diff_of_a_run_with_itself_and_with_a_changed_copy(cli, tmp_path):
     assert f"B: id {target['re']}" in first and target["re"]
 
 
+def test_diff_takes_the_two_run_directories_as_one(cli, tmp_path):
+    """Two runs of one config write to two run directories, and the controller's checkpoint asks name them as its
+    process reached them (the launcher resolves a relative --run-dir; the trace header's runtime says where): that
+    is no divergence."""
+    reached = TraceRun(SMALL).meta("controller/0")["runtime"]["run_dir"]
+    assert reached.endswith("small")
+    elsewhere = reached[:-len("small")] + "again"   # (the same length: msgpack's string sizes stay right)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    named = 0
+    for path in SMALL.glob("*.trace.gz"):
+        data = gzip.decompress(path.read_bytes())
+        named += data.count(reached.encode())
+        (copy / path.name).write_bytes(gzip.compress(data.replace(reached.encode(), elsewhere.encode())))
+    assert named > 7  # every header, and the save asks' paths
+    rc, out, _ = cli("trace", "diff", SMALL, copy, "--atol", "1e-6")
+    assert rc == 0 and "no divergence" in out, out
+
+
 def test_diff_finds_where_the_high_learning_rate_run_parts_ways(cli):
     # (--atol 1e-6: the trainer's step-0 log-prob gap to the engine may differ by a float32 ulp, ~1e-8, between two
     # processes; that is not where the runs part ways)

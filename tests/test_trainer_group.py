@@ -24,8 +24,11 @@ def _controller(tmp_path) -> Controller:
     async def tell(to, method, body=None, **kw):
         ctl.told.append((to, method, body))
 
+    ctl.asked = []
+
     async def ask(to, method, body=None, **kw):
         assert (to, method) in (("buffer/0", "rollback"), ("rollout/0", "end_rollout")), (to, method)
+        ctl.asked.append((to, method, body))
         # (as the actors answer: a typed handle checks the reply's keys)
         return {"rolled_back": True} if method == "rollback" else {"aborted": 0, "returned": 0}
 
@@ -84,3 +87,23 @@ def test_a_rank_declared_down_gets_a_new_generation_to_join(tmp_path):
             ctl.trainer_ready(rank=r, generation=1)
         await asyncio.wait_for(ctl.group.ready(), 1)
     asyncio.run(main())
+
+
+def test_a_restarted_controller_rolls_the_buffer_back_under_a_token_of_its_own(tmp_path):
+    """A restarted controller counts recoveries and generations from 0 again; the buffer answers a rollback whose
+    token it ran last from its record instead of running it. So the first recovery of each controller process must
+    ask under a token of its own, or a second incarnation's recovery could be taken for the first one's and the
+    buffer not rolled back."""
+    async def recovery_token(started_at: float) -> str:
+        ctl = _controller(tmp_path)
+        ctl.started_at = started_at
+        ctl.group.start()
+        await _form(ctl, (100, 101))
+        await ctl.on_peer_down("trainer/1", "missed heartbeats")
+        await ctl.group.restart(ctl.group.failure)
+        [token] = [body["token"] for to, method, body in ctl.asked if method == "rollback"]
+        return token
+
+    first, second = asyncio.run(recovery_token(1.0)), asyncio.run(recovery_token(2.0))
+    assert first.startswith("recovery-0-0") and second.startswith("recovery-0-0")
+    assert first != second

@@ -141,6 +141,7 @@ class Actor(Dispatch):
         self._idem: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._idem_max = 4096
         self._running = False
+        self._loop: asyncio.AbstractEventLoop | None = None   # (start: the loop the actor runs on)
         self._trace = None  # the trace writer's queue append, once started with tracing on
         self._tpack = None  # ... and its packer for records of bytes (the event loop thread's own)
         self._trec = None  # ... and its queue of packed records (TraceWriter.rec)
@@ -185,11 +186,12 @@ class Actor(Dispatch):
         self._stopped = asyncio.Event()
         if runtime.trace:
             path = os.path.join(runtime.run_dir, "traces", trace_file_name(self.name))
-            # what replay needs of the runtime to run the actor as it ran (its timers, its limits)
+            # what replay needs of the runtime to run the actor as it ran (its timers, its limits, the run directory
+            # as this process reached it: the launcher resolves --run-dir, and paths made from it go into messages)
             meta = {**self.trace_meta(), "runtime": {
                 "heartbeat_interval": runtime.heartbeat_interval, "liveness": runtime.liveness,
                 "transport": runtime.transport, "max_concurrency": runtime.mailbox.max_concurrency,
-                "default_timeout": runtime.mailbox.default_timeout}}
+                "default_timeout": runtime.mailbox.default_timeout, "run_dir": str(runtime.run_dir or "")}}
             self.tracer = host.tracer(path, self.name, meta=meta, body_limit=runtime.trace_body_limit,
                                       keep_arrays=runtime.trace_keep_arrays, max_bytes=runtime.trace_max_bytes)
         self.mailbox = host.mailbox(self.name, resolver=self._resolve, keys=runtime.keys(), tracer=self.tracer,
@@ -211,6 +213,7 @@ class Actor(Dispatch):
         for name, ep in runtime.static_peers.items():
             self.mailbox.connect(name, ep)
         self._running = True
+        self._loop = asyncio.get_running_loop()
         if runtime.directory and self.name != DIRECTORY:
             self.mailbox.connect(DIRECTORY, runtime.directory)
             directory = self._directory()
@@ -385,8 +388,32 @@ class Actor(Dispatch):
                 self.log.warning("heartbeat not sent", error=str(exc))
             await asyncio.sleep(interval)
 
-    def on_heartbeat(self, header: dict) -> None:
+    def on_heartbeat(self, header: dict, body: bytes = b"") -> None:
         """Heartbeats are for the directory; other actors ignore them."""
+
+    def expect_silence(self, seconds: float, why: str) -> None:
+        """Say before work that holds this process's interpreter for longer than the liveness allows (the torch
+        profiler's stop and export, a CUDA memory snapshot: C++ calls that keep the GIL, so the heartbeat task cannot
+        run): the directory does not declare this actor down for `seconds` (at most directory.QUIET_MAX_S), and 0
+        ends the window. Sent as a heartbeat (not traced as a request; a replay, which has no directory, sends
+        nothing). From a run_blocking thread it waits up to 5 s for the heartbeat to be sent; from the event loop it
+        is sent soon after."""
+        loop = self._loop
+        if not self.runtime.directory or self.name == DIRECTORY or not self._running or loop is None:
+            return
+        body = {"pid": os.getpid(), "quiet_for": float(seconds), "why": why}
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            with _sched.untracked():   # the runtime's own message, not a task of the actor's schedule
+                self.spawn(self.mailbox.heartbeat(DIRECTORY, body), name="quiet")
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.mailbox.heartbeat(DIRECTORY, body), loop).result(timeout=5)
+        except Exception as exc:  # noqa: BLE001 -- the work goes on; the directory may then declare it down
+            self.log.warning("quiet window not announced", seconds=seconds, why=why, error=repr(exc))
 
     # ------------------------------------------------------------------------------------------ built-ins
     @handler

@@ -63,6 +63,9 @@ class Buffer(Actor):
         self._log_file: BinaryIO | None = None
         self._trained_since_compact = 0
         self._hack_lock = asyncio.Lock()
+        # rollbacks run one at a time; a repeat of one still running (its token) waits for that one's reply
+        self._rollback_lock = asyncio.Lock()
+        self._rollbacks_running: dict[str, asyncio.Future[dict]] = {}
 
     @property
     def hack_monitor(self):
@@ -360,7 +363,37 @@ class Buffer(Actor):
         """Bring the buffer back to a checkpoint's snapshot (`path`, an iter_N directory; None: the run's start)
         when it holds rollouts from `if_ahead_of` on -- the training group restarted from that checkpoint, so the
         weights that trained those rollouts are gone. Their samples are handed out and trained again, exactly once
-        by the restored weights; `accounting` reports the discarded trainings. Idempotent per `token`."""
+        by the restored weights; `accounting` reports the discarded trainings.
+
+        Idempotent per `token`: the controller asks again with the same token when a reply does not come (one lost
+        on a link that reconnected). A repeat that arrives while the first is still running waits for it and gets
+        its reply (or its error); one that arrives after it is answered from the record (`rollback_answer`).
+        Rollbacks with different tokens run one after the other."""
+        running = self._rollbacks_running.get(token) if token else None
+        if running is not None:
+            self.log.info("rollback asked again while it runs; answering with its reply", token=token)
+            return await asyncio.shield(running)
+        done: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+        if token:
+            self._rollbacks_running[token] = done
+        try:
+            async with self._rollback_lock:
+                result = await self._rollback(path, if_ahead_of, reason, token)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # (retrieved: no repeat may be waiting)
+            raise
+        else:
+            done.set_result(result)
+        finally:
+            if self._rollbacks_running.get(token) is done:
+                del self._rollbacks_running[token]
+        return result
+
+    async def _rollback(self, path: str | None, if_ahead_of: int, reason: str, token: str) -> dict:
         answer = self.state.rollback_answer(if_ahead_of, bool(path), token)
         if answer is not None:
             return answer

@@ -3,7 +3,9 @@
 Every process registers its actor here at start-up (`register`), then sends a heartbeat every interval. An actor
 whose heartbeats stop for `liveness × interval` seconds is declared down, and every watcher gets `_peer_down`; when
 it registers again (a restart), watchers get `_peer_up` with its new endpoint. Lookups of a name that has not
-registered yet wait for it (up to the asker's `wait`), so processes may start in any order.
+registered yet wait for it (up to the asker's `wait`), so processes may start in any order. An actor about to
+block its own process for longer than that (the torch profiler's export, a CUDA memory snapshot) first sends a
+heartbeat that asks for a quiet window (Actor.expect_silence; at most QUIET_MAX_S), in which it is not declared down.
 
 The launcher (or rank 0 under torchrun, or the first node under Slurm) hosts it as `directory/0`. Its clock readings
 are recorded inputs (Actor.monotonic, Actor.wall_time), so a replay of it sees the liveness the run saw.
@@ -14,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ..mailbox import codec
 from .base import Actor, handler
+
+QUIET_MAX_S = 900.0   # the longest window an actor may be silent in by asking (a CUDA memory snapshot of a big job)
 
 
 class Directory(Actor):
@@ -89,17 +94,33 @@ class Directory(Actor):
     def watch(self, name: str) -> None:
         self.watchers.add(name)
 
-    def on_heartbeat(self, header: dict) -> None:
+    def on_heartbeat(self, header: dict, body: bytes = b"") -> None:
         entry = self.entries.get(header["from"])
         if entry is None:
             return
-        entry["last_seen"] = self.monotonic()
+        entry["last_seen"] = now = self.monotonic()
+        if b"quiet_for" in body:   # Actor.expect_silence: a window in which it may miss heartbeats
+            self._quiet(header["from"], entry, body, now)
         if not entry["alive"]:
             entry["alive"] = True
             self.events.append((self.wall_time(), header["from"], "up"))
             self.log.info("peer back", name=header["from"])
             self.spawn(self._notify("_peer_up", {"name": header["from"], "endpoint": entry["endpoint"]},
                                     skip=header["from"]), name="notify")
+
+    def _quiet(self, name: str, entry: dict, body: bytes, now: float) -> None:
+        """`name` is about to run work that holds its interpreter (the torch profiler's export, a CUDA memory
+        snapshot), so its heartbeat task cannot run: it is not declared down for `quiet_for` seconds (at most
+        QUIET_MAX_S; 0 ends the window). Past the window the usual liveness applies again."""
+        try:
+            ask = codec.decode_body(body, [])
+            granted = min(max(0.0, float(ask["quiet_for"])), QUIET_MAX_S)
+        except Exception as exc:  # noqa: BLE001 -- a malformed heartbeat is reported, not obeyed
+            self.log.warning("malformed quiet window ignored", name=name, error=repr(exc))
+            return
+        entry["quiet_until"] = now + granted
+        if granted:
+            self.log.info("peer quiet", name=name, seconds=granted, why=str(ask.get("why", ""))[:200], console=False)
 
     async def _resolve(self, name: str) -> str:
         entry = self.entries.get(name)
@@ -121,7 +142,7 @@ class Directory(Actor):
             await asyncio.sleep(interval / 2)
             now = self.monotonic()
             for name, e in list(self.entries.items()):
-                if e["alive"] and now - e["last_seen"] > limit:
+                if e["alive"] and now - e["last_seen"] > limit and now >= e.get("quiet_until", 0.0):
                     e["alive"] = False
                     self.events.append((self.wall_time(), name, "down"))
                     self.log.warning("peer down", name=name, silent_for=round(now - e["last_seen"], 2))

@@ -52,7 +52,7 @@ class Dispatch:
     _trec: Any
     _reply_nowait: Callable[..., Any]
     spawn: Callable[..., asyncio.Task]
-    on_heartbeat: Callable[[dict], None]
+    on_heartbeat: Callable[[dict, bytes], None]
 
     async def on_failure(self, exc: BaseException, header: dict) -> None:
         """Called when a handler raises. The asker (if any) already got an error reply."""
@@ -68,7 +68,7 @@ class Dispatch:
         if kind == "hb":
             if inbound.t_ns:
                 self._trace_recv(inbound)
-            self.on_heartbeat(h)
+            self.on_heartbeat(h, inbound.body_bytes)
             return
         method = h["method"]
         hd = self._handlers.get(method)

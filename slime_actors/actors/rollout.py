@@ -75,15 +75,22 @@ class RolloutWorker(EngineSupervisor, Actor):
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
         # importing transformers takes seconds: off the loop so heartbeats keep going. Not alongside the engine's
         # start: the loop's own imports would wait on the import lock the tokenizer's thread holds (a silent actor,
-        # killed under load). (The order below is what the recordings under tests/data/recordings replay: starting
-        # the engine before asking the buffer would change the recorded schedule; record them again with it.)
+        # killed under load). The user's functions are loaded next (a bad one fails before the engine's long start)
         self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer, cfg.model.hf_checkpoint)
         self.generation.load()
-        await self._release_previous()
-        await self._start_router()
-        from .. import startup_timeline as timeline
-        with timeline.phase("engine start"):
-            await self._start_engine()
+        # then the engine, the longest part of this worker's start, without waiting on the buffer: it answers only
+        # once it has loaded its prompts, which goes on meanwhile. A previous process's groups are released as the
+        # engine starts (other workers can take them meanwhile), and before this one pulls: the pull loop, spawned
+        # below, is the only place this worker asks for work
+        release = self.spawn(self._release_previous(), name="release-previous")
+        try:
+            await self._start_router()
+            from .. import startup_timeline as timeline
+            with timeline.phase("engine start"):
+                await self._start_engine()
+            await release
+        finally:
+            release.cancel()   # (a failed start: its cause is the engine's; a finished task ignores this)
         await self.generation.start()
         self.spawn(self._pull_loop(), name="pull")
         self.spawn(self._watch_engine(), name="engine-watch")

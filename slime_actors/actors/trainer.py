@@ -137,7 +137,8 @@ class TrainerRank(Actor):
             from ..backends.torch_backend import TorchBackend
             backend_class = TorchBackend
         from ..profiler import TrainProfiler
-        self.profiler = TrainProfiler(cfg.debug, self.rank, self.runtime.run_dir, self.name)
+        self.profiler = TrainProfiler(cfg.debug, self.rank, self.runtime.run_dir, self.name,
+                                      quiet=self.expect_silence)
         self.profiler.start_memory_history()
         self.backend = backend_class(cfg, self.rank, self.world_size)
         with timeline.phase("model load"):

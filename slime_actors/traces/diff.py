@@ -135,20 +135,23 @@ def config_differences(a: TraceRun, b: TraceRun) -> list[tuple[str, Any, Any]]:
 
 def path_pairs(a: TraceRun, b: TraceRun) -> list[tuple[str, str]]:
     """(A's path, B's path) for the run-specific path flags: a body naming A's run directory or model is the same
-    as one naming B's."""
+    as one naming B's. The run directory also as the processes reached it (the trace header's runtime: the
+    launcher resolves a relative --run-dir)."""
     for actor in a.actors():
         try:
-            ca, cb = a.meta(actor).get("config"), b.meta(actor).get("config")
+            ma, mb = a.meta(actor), b.meta(actor)
         except KeyError:
             continue
+        ca, cb = ma.get("config"), mb.get("config")
         if isinstance(ca, dict) and isinstance(cb, dict) and isinstance(ca.get("args"), dict) \
                 and isinstance(cb.get("args"), dict):
-            out = []
-            for k in sorted(CONFIG_IGNORED):
-                va, vb = ca["args"].get(k), cb["args"].get(k)
-                if isinstance(va, str) and isinstance(vb, str) and va and vb and va != vb:
-                    out.append((va, vb))
-            return sorted(out, key=lambda p: -len(p[0]))
+            found = [(ca["args"].get(k), cb["args"].get(k)) for k in sorted(CONFIG_IGNORED)]
+            ra, rb = ma.get("runtime"), mb.get("runtime")
+            if isinstance(ra, dict) and isinstance(rb, dict):
+                found.append((ra.get("run_dir"), rb.get("run_dir")))
+            out = {(va, vb) for va, vb in found
+                   if isinstance(va, str) and isinstance(vb, str) and va and vb and va != vb}
+            return sorted(out, key=lambda p: (-len(p[0]), p))
     return []
 
 

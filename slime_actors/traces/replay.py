@@ -1039,6 +1039,7 @@ class Harness:
         self.delivered: list[Event] = []            # inbound messages fed, in the order fed
         self.config: dict = {}
         self.fwd_map: list[tuple[str, str]] = []  # recorded path prefix -> replay path prefix
+        self.run_dir = self.workdir / "run"         # the replay's run directory, as the actor's runtime gives it
         self.actor = None
 
     def _cut_loss(self, run: TraceRun) -> dict:
@@ -1129,6 +1130,14 @@ class Harness:
             self.fwd_map.append((old, new))
         if job.run.run_dir:
             self.fwd_map.append((str(Path(job.run.run_dir)), str(self.workdir / "run")))
+        runtime = self.rec.meta.get("runtime")
+        reached = runtime.get("run_dir") if isinstance(runtime, dict) else None
+        if isinstance(reached, str) and reached and reached != str(Path(job.run.run_dir or "")):
+            # the run directory as the process reached it (the launcher resolves a relative --run-dir): the paths
+            # the actor made from it map back to it, those made from --run-dir to the flag's form -- the same
+            # directory under two names (a link)
+            self.run_dir = self.workdir / "run-as-reached"
+            self.fwd_map.append((reached, str(self.run_dir)))
         outputs = {"save": job.checkpoint.save, "save_hf": job.checkpoint.save_hf,
                    "update_weight_disk_dir": job.weights.update_weight_disk_dir,
                    "save_debug_rollout_data": job.debug.save_debug_rollout_data}
@@ -1395,11 +1404,13 @@ class Harness:
         job = config.pop("args", None)
         self.actor = cls.for_job(self.index, job, **config) if job is not None else cls(self.index, **config)
         (self.workdir / "run").mkdir(parents=True, exist_ok=True)
+        if self.run_dir != self.workdir / "run" and not self.run_dir.exists():
+            self.run_dir.symlink_to("run")
         recorded = self.rec.meta.get("runtime") if isinstance(self.rec.meta.get("runtime"), dict) else {}
         mb = MailboxConfig(**{k: recorded[k] for k in ("max_concurrency", "default_timeout") if k in recorded})
         # an actor that registered with a directory does so again (the directory's recorded answers)
         directory = "replay://directory/0" if self.rec.registered and self.rec.actor != "directory/0" else None
-        rt = RuntimeConfig(run_dir=str(self.workdir / "run"), directory=directory, curve=False, trace=True,
+        rt = RuntimeConfig(run_dir=str(self.run_dir), directory=directory, curve=False, trace=True,
                            trace_body_limit=int(self.rec.meta.get("body_limit", 65536)),
                            trace_keep_arrays=bool(self.rec.meta.get("keep_arrays")),
                            heartbeat_interval=float(recorded.get("heartbeat_interval", 3600.0)),

@@ -39,6 +39,7 @@ class Controller(Actor):
         self.version = 0                      # the policy's weight version (+1 per training step)
         self.rollout_id = 0                   # the step running
         self.phase = "starting"               # starting, sync, idle, rollout, train, eval, recovering, done
+        self._start_token: str | None = None  # (start_token)
         self.done: asyncio.Future[dict] | None = None  # the job's result (or its error): the launcher waits on it
         # the other roles, as typed handles (slime_actors/handles.py), and the controller's parts
         self.directory = DirectoryHandle(self, DIRECTORY)
@@ -78,9 +79,11 @@ class Controller(Actor):
         return self.metrics.begin(k, self.version)
 
     def start_token(self) -> str:
-        """Names this controller process (the buffer's rollback at the job's start is idempotent per token); a
-        recorded input: a replay sends the recorded token."""
-        return self.recorded("start_token", lambda: f"start-{os.getpid()}-{self.started_at}")
+        """Names this controller process (the buffer's rollback at the job's start is idempotent per token, and a
+        training-group restart's token carries it); a recorded input read once: a replay sends the recorded token."""
+        if self._start_token is None:
+            self._start_token = self.recorded("start_token", lambda: f"start-{os.getpid()}-{self.started_at}")
+        return self._start_token
 
     def stop_job(self, exc: BaseException) -> None:
         """End the job with this error (the launcher waits on `done`)."""

@@ -6,6 +6,12 @@ latest_checkpointed_iteration.txt. DIR is --save, or -- without it -- the rollin
 newest checkpoint is kept (the older one goes once the new one is complete). `latest` is the checkpoint a
 (re)started training group loads: the one the job resumed from, then the last one saved; `restore` gives back what
 meta.json holds.
+
+`rollback_buffer` asks the buffer to go back to `latest` (at the job's start and when the training group restarts).
+Each ask waits at most ROLLBACK_ATTEMPT_TIMEOUT for its reply; one that got none -- a reply lost on a link that
+reconnected meanwhile ("Host unreachable" at the buffer), a buffer restarting -- is asked again with the same token,
+which the buffer answers with the first one's result (waiting for it while it still runs), until the caller's bound
+is spent.
 """
 
 from __future__ import annotations
@@ -14,9 +20,13 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
+from ...mailbox.errors import MailboxError, transient
 from ...messages import RolledBack
+from ...retry import RetryPolicy, retry
+from ...role_handles import BufferHandle
 
 from ...checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_export_due, hf_export_path, iter_dir,
                            latest_checkpoint, prune, read_meta, resolve_load, rolling, rolling_conflict, save_interval,
@@ -24,6 +34,28 @@ from ...checkpoints import (ROLLING_KEEP, ROLLING_MARKER, commit_checkpoint, hf_
 
 if TYPE_CHECKING:
     from .actor import Controller
+
+# the buffer's rollback is asked again (the same token) after this many seconds without a reply: a reply lost on a
+# link that reconnected is not waited out for the whole bound. A rollback that takes longer (a large snapshot read
+# under load) is not run twice: the buffer answers the repeat when the first one is done.
+ROLLBACK_ATTEMPT_TIMEOUT = 10.0
+# asked again on what a repeat may cure (no reply, the buffer declared down or restarting); the bound is the caller's
+ROLLBACK_RETRY = RetryPolicy(attempts=None, deadline=300.0, base=0.5, factor=2.0, max_delay=2.0,
+                             retry_on=(MailboxError,), retry_if=transient)
+
+
+class _Spent(Exception):
+    """rollback_buffer's bound is spent before another attempt (not retried: retry raises it at once)."""
+
+
+class RollbackUnanswered(TimeoutError):
+    """The buffer gave no reply to its rollback within the caller's bound, over every attempt."""
+
+    def __init__(self, peer: str, token: str, reason: str, bound: float, attempts: int, per: float,
+                 last: BaseException):
+        self.peer, self.token, self.bound, self.attempts = peer, token, bound, attempts
+        super().__init__(f"{peer}.rollback ({reason}, token {token}): no reply within {bound:g} s in all "
+                         f"({attempts} attempt(s) of at most {per:g} s each; the last: {last})")
 
 
 class Checkpoints:
@@ -35,6 +67,8 @@ class Checkpoints:
         self.started_from: dict | None = None   # the checkpoint the job started from (loop.prepare), for the summary
         self._initial_rng = random.getstate()
         self._root: tuple[Path | None, bool] | None = None
+        # the rollback's asks, without the retrying of ctl.buffer: rollback_buffer bounds each attempt and the total
+        self._buffer = BufferHandle(ctl, "buffer/0")
 
     def _where(self) -> tuple[Path | None, bool]:
         """(where checkpoints go, whether that is the rolling RUN_DIR/ckpt), decided once the runtime is known (the
@@ -84,13 +118,48 @@ class Checkpoints:
         ctl.evaluations.history = meta.get("evals", [])
         return meta["next_rollout_id"], meta["weight_version"]
 
-    async def rollback_buffer(self, start: int, reason: str, token: str, timeout: float = 300.0) -> RolledBack:
-        """Bring the buffer back to `latest` when it holds rollouts from `start` on (idempotent per `token`)."""
-        rb = await self.ctl.buffer.rollback(path=str(self.latest) if self.latest else None, if_ahead_of=start,
-                                            reason=reason, token=token, ask_timeout=timeout)
+    async def rollback_buffer(self, start: int, reason: str, token: str, timeout: float = 300.0,
+                              attempt_timeout: float = ROLLBACK_ATTEMPT_TIMEOUT) -> RolledBack:
+        """Bring the buffer back to `latest` when it holds rollouts from `start` on (idempotent per `token`).
+
+        Each ask waits at most `attempt_timeout` s; one that got no reply (or found the buffer down or restarting)
+        is asked again with the same token, each retry logged with its attempt number, for at most `timeout` s in
+        all -- then RollbackUnanswered names that bound and the attempts. An error the buffer's handler raised is
+        not retried."""
+        ctl = self.ctl
+        per = min(attempt_timeout, timeout)
+        # The clock is read only once an attempt failed (a recorded input: a replay of a run whose first ask was
+        # answered reads none). The first failure comes at most `per` s after the start: the retries get what is
+        # left of `timeout` after that.
+        window = timeout - per
+        failed_at: list[float] = []   # retry's clock readings, one per failed attempt
+        errors: list[BaseException] = []
+
+        def clock() -> float:
+            failed_at.append(ctl.monotonic())
+            return failed_at[-1]
+
+        def ask() -> Awaitable[RolledBack]:
+            wait = per
+            if failed_at:
+                wait = min(per, failed_at[0] + window - ctl.monotonic())
+                if wait <= 0:
+                    raise _Spent()
+            return self._buffer.rollback(path=str(self.latest) if self.latest else None, if_ahead_of=start,
+                                         reason=reason, token=token, ask_timeout=wait)
+        try:
+            rb = await retry(ask, ROLLBACK_RETRY.replace(deadline=window), what="buffer rollback", log=ctl.log,
+                             clock=clock, on_retry=lambda n, exc: errors.append(exc), token=token,
+                             attempt_timeout=per, bound=timeout)
+        except (_Spent, MailboxError) as exc:
+            if isinstance(exc, MailboxError) and not transient(exc):
+                raise
+            last = exc if isinstance(exc, MailboxError) else errors[-1]
+            raise RollbackUnanswered(self._buffer.name, token, reason, timeout, len(errors) + (exc is last), per,
+                                     last) from last
         if rb.get("rolled_back"):
-            self.ctl.log.warning("buffer rolled back to the checkpoint", **{k: v for k, v in rb.items()
-                                                                            if k != "rolled_back"})
+            ctl.log.warning("buffer rolled back to the checkpoint", **{k: v for k, v in rb.items()
+                                                                       if k != "rolled_back"})
         return rb
 
     def save_due(self, k: int, stopping: bool = False) -> bool:

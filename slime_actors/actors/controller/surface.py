@@ -46,4 +46,4 @@ class Ctl(Protocol):
         """Step k begins: its metrics row."""
 
     def start_token(self) -> str:
-        """Names this controller process (the buffer's rollback at the job's start is idempotent per token)."""
+        """Names this controller process (the buffer's rollbacks are idempotent per token); read once."""

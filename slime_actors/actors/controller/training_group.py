@@ -193,8 +193,10 @@ class TrainingGroup:
         await ctl.trainers.tell.quietly.abort_group(generation=failed, reason=reason)
         await ctl.engines.end_rollout(ctl.rollout_id)
         start, ctl.version = ctl.checkpoints.restore()
-        rb = await ctl.checkpoints.rollback_buffer(start, reason, token=f"recovery-{len(self.recoveries)}-{failed}",
-                                                   timeout=600)
+        # (the token names this controller process too: a restarted controller counts recoveries and generations
+        # from 0 again, and the buffer answers a token it ran last from its record)
+        token = f"recovery-{len(self.recoveries)}-{failed}-{ctl.start_token()}"
+        rb = await ctl.checkpoints.rollback_buffer(start, reason, token=token, timeout=600)
         ctl.metrics.drop_from(start)
         ctl.engines.forget_versions()
         rec.update(resumed_from=start, weight_version=ctl.version, checkpoint=str(ckpt) if ckpt else None,

@@ -19,6 +19,7 @@ record() {  # NAME FLAGS...
   local name=$1; shift
   local run=runs/recordings/$name
   echo "== $name"
+  rm -rf "$run"   # (a run directory used before would hand on its old trace files)
   "$BIN" train --run-dir "$run" "${COMMON[@]}" "$@"
   rm -rf "$OUT/$name"
   mkdir -p "$OUT/$name"
