@@ -622,3 +622,55 @@ def test_a_task_that_takes_a_step_the_recording_does_not_have_is_named(synthetic
     assert len(schedule) == 1 and "returned from run_blocking in race (test_replay.py:" in schedule[0].message
     assert "a step the recording does not have" in schedule[0].message
     assert not [f for f in rep.findings if f.what != "schedule"], rep.render()  # the answer is the recorded one
+
+
+@pytest.mark.parametrize("finalizer", ["__del__ of cyclic garbage", "__del__ of the last reference",
+                                       "weakref.finalize"])
+def test_a_task_a_finalizer_creates_mid_step_is_not_the_actors(finalizer):
+    """openai's and anthropic's HTTP clients, left unclosed, `create_task(self.aclose())` when they are freed -- by
+    the garbage collector, in the middle of whatever step runs then, at a point the process's allocation history
+    decides. Such a task is not tracked: the stepping task's next child keeps the name it has in the recording,
+    whose collections fell elsewhere (a rollout worker serving agents left its recorded schedule so: issue 30)."""
+    import gc
+    import weakref
+
+    from slime_actors.actors import schedule
+
+    class Client:   # what openai's AsyncHttpxClientWrapper.__del__ does
+        def __init__(self, made):
+            self.made = made
+
+        def __del__(self):
+            self.made.append(asyncio.get_running_loop().create_task(asyncio.sleep(0)))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        schedule.install(loop)
+        sched = schedule.Schedule(lambda ev, t, header, task: None, loop)
+        made: list = []
+
+        async def root():
+            first = asyncio.ensure_future(asyncio.sleep(0))
+            if finalizer == "weakref.finalize":
+                c = Client([])
+                weakref.finalize(c, lambda: made.append(loop.create_task(asyncio.sleep(0))))
+                c.me = c
+                del c
+                gc.collect()
+            elif finalizer == "__del__ of cyclic garbage":
+                c = Client(made)
+                c.me = c
+                del c
+                gc.collect()
+            else:
+                Client(made)   # freed at once
+            second = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.gather(first, second, *made)
+            return first, second
+
+        first, second = await sched.task(root(), "start")
+        return made, first, second
+    made, first, second = asyncio.run(main())
+    from slime_actors.actors.schedule import Stepper
+    assert len(made) == 1 and not isinstance(made[0].get_coro(), Stepper), "the finalizer's task was tracked"
+    assert (first.get_coro().id, second.get_coro().id) == ("start.0", "start.1")

@@ -21,6 +21,13 @@ inside one (the mailbox waiting for a peer's endpoint, an HTTP client reading a 
 created inside one are not tracked; the step in which the call returns is ("resume"). Mark a function as one with
 `external`; replay's stand-ins for them are marked too.
 
+Nor is a task that a *finalizer* creates: an object's `__del__` (or a `weakref.finalize` callback) runs wherever the
+garbage collector or the last reference's owner happens to be -- in the middle of any step, at a point set by the
+process's allocation history rather than by the actor's code -- and a client library may start work from there
+(openai's and anthropic's HTTP clients, left unclosed, `create_task(self.aclose())` when collected). Tracked, such a
+task would take a child name of the stepping task (`<parent>.<k>`) and shift the names of that task's later children,
+so the recording and its replay -- whose collections fall elsewhere -- would name different tasks alike.
+
 Under replay (slime_actors/traces/replay.py) the schedule is a `ReplaySchedule`: its steppers hold each step until
 the recording says it is that task's turn.
 
@@ -36,6 +43,7 @@ import contextlib
 import sys
 import time
 import types
+import weakref
 from typing import Any, Callable
 
 _CORO = types.CoroutineType
@@ -157,6 +165,7 @@ _CR_ABSENT = {"cr_code": None, "cr_frame": None, "cr_await": None, "cr_running":
 
 
 _STEP_CODES = frozenset((Stepper.send.__code__, Stepper.throw.__code__))
+_FINALIZE = weakref.finalize.__call__.__code__  # (a finalizer's frame: see the module docstring)
 
 
 class Schedule:
@@ -188,8 +197,11 @@ class Schedule:
 
 
 def _dispatched(frame) -> "tuple[Any, str] | None":
-    """(schedule, request id) of the request an actor is dispatching further up the stack, if any."""
+    """(schedule, request id) of the request an actor is dispatching further up the stack, if any (none when a
+    finalizer runs on the way: see the module docstring)."""
     while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code is _FINALIZE:
+            return None
         if frame.f_code in DISPATCHERS:
             loc = frame.f_locals
             sched = getattr(loc.get("self"), "_schedule", None)
@@ -201,11 +213,12 @@ def _dispatched(frame) -> "tuple[Any, str] | None":
     return None
 
 
-def _in_external(frame) -> bool:
-    """Is the code creating a task inside an external call (looking up the stack to the running step)?"""
+def _not_the_actors(frame) -> bool:
+    """Is the code creating a task inside an external call, or a finalizer (looking up the stack to the running
+    step)? Then the task is not the actor's: not tracked (the module docstring says why)."""
     while frame is not None:
         code = frame.f_code
-        if code in REGIONS:
+        if code in REGIONS or code.co_name == "__del__" or code is _FINALIZE:
             return True
         if code in _STEP_CODES:
             return False
@@ -219,7 +232,7 @@ def _factory(loop, coro, context=None, _chain=None):
     if type(coro) is not _CORO or _untracked:
         pass
     elif st is not None:
-        if st.sched.loop is loop and not _in_external(sys._getframe(1)):
+        if st.sched.loop is loop and not _not_the_actors(sys._getframe(1)):
             sched, tid = st.sched, f"{st.id}.{st.nchild}"
             st.nchild += 1
     else:  # created while an actor dispatches a request (a sync handler's spawn, say)?
