@@ -498,3 +498,21 @@ def test_bench_prints_lora_beside_full_and_refuses_bad_options(tmp_path):
     full, lora = json.loads((tmp_path / "b.json").read_text())
     assert lora["trainable"] < full["trainable"] and lora["optimizer_mib"] < full["optimizer_mib"]
     assert lora["sync_mib"] < full["sync_mib"]
+
+
+def test_engine_ops_bench_counts_fewer_ops_with_one_active_adapter():
+    """bench/lora_engine_ops.py on the tiny model: the plain forward with one active adapter runs fewer ops than
+    peft's mixed-adapter forward (what the local engine now runs when a whole batch uses one adapter), more than the
+    base model; a bad option is refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run([sys.executable, "bench/lora_engine_ops.py", *a], cwd=root,  # noqa: E731
+                                    capture_output=True, text=True, timeout=600)
+    assert "--rank and --batch must be at least 1" in run("--rank", "0").stderr
+    p = run("--model", "tiny", "--rank", "4", "--batch", "4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    counts = {ln.split("|")[1].strip(): int(ln.split("|")[2]) for ln in p.stdout.splitlines()
+              if ln.startswith("| ") and ln.split("|")[2].strip().isdigit()}
+    assert counts["base model"] < counts["one adapter active"] < counts["mixed-adapter (adapter_names)"], counts

@@ -1,7 +1,8 @@
 """The local engine's LoRA adapters (--enable-lora), as SGLang serves them: loaded by name from PEFT adapter
 directories (`/load_lora_adapter`), removed by name (`/unload_lora_adapter`), chosen per request by /generate's
 `lora_path` (the adapter's name; none: the base model). One batch may mix adapters and the base: peft's
-mixed-adapter forward (`adapter_names`) adds each row's own adapter.
+mixed-adapter forward (`adapter_names`) adds each row's own adapter; a batch with one adapter throughout runs the
+plain forward with that adapter active.
 
     adapters = Adapters(model, max_rank=8, target_modules=["q_proj", "v_proj"])   # None: any
     adapters.load("v3", "/path/to/adapter")      # scheduler thread; LoraError / ValueError naming the problem
@@ -35,10 +36,18 @@ class Adapters:
         return self.peft if self.peft is not None else self.base
 
     def forward_kwargs(self, names: list[str | None]) -> dict:
-        """What the forward of a batch whose rows use these adapters (None: the base) takes."""
+        """What the forward of a batch whose rows use these adapters (None: the base) takes. A batch that uses one
+        adapter throughout (an RL job's engine: every request names the current adapter) runs peft's plain forward
+        with that adapter active -- two matmuls and a scaling per adapted layer; a mixed batch runs peft's
+        mixed-adapter forward, which also gathers and scatters each adapter's rows in every adapted layer."""
         if self.peft is None:
             if any(names):
                 raise ValueError(f"no LoRA adapter is loaded (asked for {sorted({n for n in names if n})})")
+            return {}
+        first = names[0] if names else None
+        if first is not None and first in self.loaded and all(n == first for n in names):
+            if self.peft.active_adapter != first:
+                self.peft.set_adapter(first, inference_mode=True)
             return {}
         return {"adapter_names": [n or BASE for n in names]}
 
