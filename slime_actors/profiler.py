@@ -43,10 +43,12 @@ EXPORT_QUIET_S = 300.0
 SNAPSHOT_QUIET_S = 600.0
 
 
-def _no_quiet(seconds: float, why: str) -> None:
-    """Without an actor (a bench, a test of the profiler alone) there is no liveness to keep."""
 TRAIN_TARGETS = ("train_overall", "train_actor", "train_log_probs")
 TARGETS = TRAIN_TARGETS + ("rollout",)
+
+
+def _no_quiet(seconds: float, why: str) -> None:
+    """Without an actor (a bench, a test of the profiler alone) there is no liveness to keep."""
 
 
 def profiles_dir(run_dir: str | os.PathLike) -> Path:
