@@ -143,6 +143,7 @@ class TorchBackend(TrainingBackend):
         self.lora = cfg.lora.lora_rank > 0        # the actor is a peft model with one adapter ("default")
         self.lora_targets: list[str] = []
         self._lora_dropouts: list[nn.Module] = []
+        self.checkpointed_layers = 0              # --gradient-checkpointing: the decoder layers recomputed
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -181,6 +182,8 @@ class TorchBackend(TrainingBackend):
         self.pad_id = int(pad) if pad is not None else 0
         if self.lora:
             actor = self._with_lora(actor)
+        if train_cfg.gradient_checkpointing:
+            self._checkpoint_layers(actor)
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
@@ -243,6 +246,28 @@ class TorchBackend(TrainingBackend):
         self._lora_dropouts = [m for n, m in peft_model.named_modules()
                                if ".lora_dropout." in n and isinstance(m, nn.Dropout)]
         return peft_model
+
+    def _checkpoint_layers(self, model: nn.Module) -> None:
+        """--gradient-checkpointing: each decoder layer keeps only its input for the backward and runs its forward
+        again there (Hugging Face's checkpointing, non-reentrant). Hugging Face checkpoints a layer only while that
+        module is in training mode; the model stays in eval mode (no dropout), so the layers alone are flagged as
+        training -- their submodules are not, and no-grad forwards (log-probs, engines) run them as they are."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            raise ValueError(f"--gradient-checkpointing: {type(base).__name__} does not support gradient "
+                             "checkpointing")
+        enable = getattr(base, "activation_checkpointing_enable", None)   # (transformers 5's name; the old one warns)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"--gradient-checkpointing: {type(base).__name__} has no checkpointable layers")
+        for m in layers:
+            m.training = True   # (not m.train(): that would switch its dropout modules on too)
+        self.checkpointed_layers = len(layers)
 
     def lora_summary(self) -> dict:
         """Trainable and total parameters, and what the adapters are (for logs and bench/lora.py)."""
@@ -490,6 +515,9 @@ class TorchBackend(TrainingBackend):
                                 ent = entropy_from_logits(lg.detach(), temp)
                         lps.append(lp)
                         ents.append(ent)
+                    # the backward needs the log-softmax outputs, not the logits: their vocabulary-wide tensor (192
+                    # MiB for 16 samples of SmolLM2) goes now, not when the next micro-batch's forward replaces it
+                    del logits, lg
                     loss, metrics = loss_fn(mb, lps, ents, None)
                 if not torch.is_tensor(loss) or not loss.requires_grad:
                     raise ValueError("loss_fn must return a tensor that requires grad")

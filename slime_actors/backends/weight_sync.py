@@ -382,8 +382,15 @@ class DistributedWeightSender:
         copy_tensors(views, [t.to(self.device) for t in tensors])
         return flat
 
-    def close(self) -> None:
+    def release_buffer(self) -> bool:
+        """Drop the flat buffer kept across calls (the next flattened bucket allocates a new one); whether one was
+        held."""
+        held = self._buffer is not None
         self._buffer, self._slots = None, {}
+        return held
+
+    def close(self) -> None:
+        self.release_buffer()
         if self.pg is not None:
             try:
                 destroy_weights_update_group(self.pg)
@@ -548,8 +555,20 @@ class WeightPusher:
             return fsdp
         if self.cfg.train.train_backend == "megatron" or fsdp:
             await self.run_blocking(lambda: [None for _ in self.backend.named_weights()])
+            await self.run_blocking(self.release)
             return True
         return False
+
+    def release(self) -> bool:
+        """After a sync (--trainer-release-memory): the broadcast's flat buffer dropped and the freed memory given
+        back to the OS (`TrainingBackend.release_host_memory`); on a 135M-parameter fp32 model on CPU the buffer
+        alone is 512 MiB kept between syncs (docs/performance.md, "Trainer memory on CPU"). Returns whether the
+        allocator was trimmed."""
+        if not self.cfg.train.trainer_release_memory:
+            return False
+        if self.sender is not None:
+            self.sender.release_buffer()
+        return self.backend.release_host_memory()
 
     def adapters_only(self) -> bool:
         """--lora-rank with --lora-sync adapter: the engines get the LoRA adapters, not weights."""
@@ -575,6 +594,7 @@ class WeightPusher:
             raise ValueError(f"weight transport {transport!r} is not supported by the {self.cfg.train.train_backend} "
                              "backend here (use distributed, disk or colocated)")
         info.update(seconds=time.monotonic() - t0, transport=transport, weight_version=version)
+        await self.run_blocking(self.release)
         return info
 
     def close(self) -> None:
