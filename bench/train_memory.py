@@ -17,7 +17,9 @@ autograd saves for the backward (a saved_tensors_hooks pack hook, distinct stora
 logits. Settings:
 
     before        what the trainer did before memory was looked at: --trainer-release-memory false (no trim after
-                  the update or a sync; the sync's flat buffer kept between syncs)
+                  the update or a sync; the sync's flat buffer kept between syncs), and each training micro-batch's
+                  logits kept until the next one's forward has returned (the bench holds them as the training
+                  loop's local variable did)
     before-glibc  the same without the mailbox's malloc settings (glibc's defaults: how much is theirs)
     after         this tree's default (--trainer-release-memory true)
     after-arena1  and one malloc arena (MALLOC_ARENA_MAX=1): an allocator knob, measured, not a default
@@ -170,10 +172,13 @@ def child(a) -> None:
         return t
 
     logits_fn = b._logits
+    held: list = [None]
 
     def logits_hook(*x, **k):
         out = logits_fn(*x, **k)
         if torch.is_grad_enabled():
+            if a.hold_logits:    # the training loop's old `logits` local: alive until the next forward returned
+                held[0] = out
             state["logits"] = out.numel() * out.element_size() / MIB
             mark(f"update {state['update']}: micro-batch {state['mb']} forward", reset=False,
                  saved_for_backward=sum(state["saved"].values()) / MIB, logits=state["logits"])
@@ -249,6 +254,7 @@ def main() -> None:
     if a.child is not None:
         a.release, a.keep = SETTINGS[a.child]["release"], SETTINGS[a.child]["keep"]
         a.ckpt = SETTINGS[a.child].get("ckpt", False)
+        a.hold_logits = not a.release
         child(a)
         return
     names = [s.strip() for s in a.settings.split(",") if s.strip()]
