@@ -19,7 +19,8 @@ logits. Settings:
     before        what the trainer did before memory was looked at: --trainer-release-memory false (no trim after
                   the update or a sync; the sync's flat buffer kept between syncs), and each training micro-batch's
                   logits kept until the next one's forward has returned (the bench holds them as the training
-                  loop's local variable did)
+                  loop's local variable did), the log-probs from a slice of the logits per sample (the old loop's)
+    after-slices  after, but the log-probs from a slice of the logits per sample (the gather's share)
     before-glibc  the same without the mailbox's malloc settings (glibc's defaults: how much is theirs)
     after         this tree's default (--trainer-release-memory true)
     after-arena1  and one malloc arena (MALLOC_ARENA_MAX=1): an allocator knob, measured, not a default
@@ -50,6 +51,7 @@ MIB = 1 << 20
 SETTINGS = {
     "before": {"release": False, "keep": True, "env": {}},
     "before-glibc": {"release": False, "keep": False, "env": {}},
+    "after-slices": {"release": True, "keep": True, "env": {}, "slices": True},
     "after": {"release": True, "keep": True, "env": {}},
     "after-arena1": {"release": True, "keep": True, "env": {"MALLOC_ARENA_MAX": "1"}},
     "after-mmap1m": {"release": True, "keep": True, "env": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}},
@@ -171,6 +173,22 @@ def child(a) -> None:
             state["saved"][s.data_ptr()] = s.nbytes()
         return t
 
+    if a.slices:   # the training loop's log-probs as before: a slice of the logits per sample
+        from slime_actors.algo.logprobs import entropy_from_logits, log_probs_and_entropy
+
+        def per_slice(mb, width, logits, temp, entropy_grad):
+            off = width - logits.shape[1]
+            lps, ents = [], []
+            for j, (s, e) in enumerate(b._response_slices(mb)):
+                lg = logits[j, s - off:e - off]
+                lp, ent = log_probs_and_entropy(lg, b._targets(mb, j), temp, with_entropy=entropy_grad)
+                if not entropy_grad:
+                    with torch.no_grad():
+                        ent = entropy_from_logits(lg.detach(), temp)
+                lps.append(lp)
+                ents.append(ent)
+            return lps, ents
+        b._response_log_probs = per_slice
     logits_fn = b._logits
     held: list = [None]
 
@@ -255,6 +273,7 @@ def main() -> None:
         a.release, a.keep = SETTINGS[a.child]["release"], SETTINGS[a.child]["keep"]
         a.ckpt = SETTINGS[a.child].get("ckpt", False)
         a.hold_logits = not a.release
+        a.slices = SETTINGS[a.child].get("slices", not a.release)
         child(a)
         return
     names = [s.strip() for s in a.settings.split(",") if s.strip()]

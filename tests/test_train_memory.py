@@ -238,3 +238,41 @@ def test_gradient_checkpointing_refuses_a_model_without_it(tmp_path, tiny_dir):
     b = TorchBackend(make_args(tmp_path, tiny_dir, gradient_checkpointing=True), 0, 1)
     with pytest.raises(ValueError, match="--gradient-checkpointing"):
         b._checkpoint_layers(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_gathered_response_log_probs_equal_a_slice_per_sample(tmp_path, tiny_dir, entropy_grad):
+    """The training forward's log-probs and entropies, and the logits' gradient, are those of a log-softmax over
+    each sample's slice of the logits (what the loop did before gathering the rows in one index operation)."""
+    from slime_actors.algo.logprobs import entropy_from_logits, log_probs_and_entropy
+    b = backend_for(make_args(tmp_path, tiny_dir, rollout_temperature=0.7))
+    mb = toy_batch()
+    ids, mask, pos = b._inputs(mb["tokens"])
+    with torch.no_grad():
+        base = b._logits(b._raw_model, ids, mask, pos, b._keep(mb, ids.shape[1]))
+    off = ids.shape[1] - base.shape[1]
+    weights = torch.randn(sum(mb["response_lengths"]), generator=torch.Generator().manual_seed(0))
+
+    def run(gathered: bool):
+        logits = base.clone().requires_grad_(True)
+        if gathered:
+            lps, ents = b._response_log_probs(mb, ids.shape[1], logits, 0.7, entropy_grad)
+        else:
+            lps, ents = [], []
+            for j, (s, e) in enumerate(b._response_slices(mb)):
+                lg = logits[j, s - off:e - off]
+                lp, ent = log_probs_and_entropy(lg, b._targets(mb, j), 0.7, with_entropy=entropy_grad)
+                if not entropy_grad:
+                    ent = entropy_from_logits(lg.detach(), 0.7)
+                lps.append(lp)
+                ents.append(ent)
+        out = (torch.cat(lps) * weights).sum() + (torch.cat(ents).sum() if entropy_grad else 0.0)
+        out.backward()
+        return lps, ents, logits.grad
+    lps_g, ents_g, grad_g = run(True)
+    lps_s, ents_s, grad_s = run(False)
+    assert [x.shape for x in lps_g] == [x.shape for x in lps_s]
+    for a, c in zip(lps_g + ents_g, lps_s + ents_s):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad_g, grad_s, atol=1e-7, rtol=1e-6)
+    assert grad_g.abs().sum() > 0
