@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.cmdline import command_line  # noqa: E402
 
 from scripts.compare_trl.proctree import ProcTree  # noqa: E402
 
@@ -112,7 +113,7 @@ def main() -> None:
     med = statistics.median
     print(f"# time to the first step ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} "
           f"CPUs, load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; {a.rounds} rounds)")
-    print(f"command: nice .venv/bin/python bench/startup.py {' '.join(sys.argv[1:])}")
+    print(f"command: {command_line()}")
     print(f"before: {a.before} ({rev}); after: this tree ({head}{', with uncommitted changes' if dirty else ''})")
     print()
     print("| | wall (s) | x bare import | time to first step end (s) | x bare import | peak PSS (MiB) |")

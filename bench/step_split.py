@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from bench.cmdline import command_line  # noqa: E402
 
 from rl_overhead import analyse  # noqa: E402
 from scripts.compare_trl.proctree import ProcTree  # noqa: E402
@@ -144,8 +145,9 @@ def generation_alone(cfg, rollouts: list, run_dir: Path) -> list[float]:
         client = EngineClient(f"http://127.0.0.1:{port}", max_concurrency=max(64, len(samples)))
         try:
             params = [{"temperature": ro.rollout_temperature, "top_p": ro.rollout_top_p, "top_k": ro.rollout_top_k,
-                       "max_new_tokens": max(1, len(s.response_tokens)),
-                       "min_new_tokens": max(1, len(s.response_tokens)), "ignore_eos": True} for s in samples]
+                       # ignore_eos with max_new_tokens forces the length; min_new_tokens is refused by an SGLang
+                       # started with --skip-tokenizer-init (it needs the tokenizer's eos id)
+                       "max_new_tokens": max(1, len(s.response_tokens)), "ignore_eos": True} for s in samples]
             t0 = time.monotonic()
             await client.generate([list(s.prompt_tokens) for s in samples], params)
             return time.monotonic() - t0
@@ -213,7 +215,7 @@ def main() -> None:
     print(f"# step split ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"{a.device}, load average {load0:.1f} at the start, {load1:.1f} at the end; {a.steps} steps, the first "
           f"{a.skip} left out; tree {head})")
-    print(f"command: nice .venv/bin/python bench/step_split.py {' '.join(sys.argv[1:])}")
+    print(f"command: {command_line()}")
     print()
     print("| job | code | step (s, median) | generation | reward | train | sync | ours | ours % | "
           "generation alone | train alone | step / (gen. alone + train alone + sync) |")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.cmdline import command_line  # noqa: E402
 
 MODES = ["before", "on-policy", "+ response logits", "+ dynamic", "+ one ref pass"]
 
@@ -132,7 +133,7 @@ def main() -> None:
     print(f"# the trainer's update ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load0:.1f} at the start, "
           f"{load1:.1f} at the end; {a.rounds} rounds)")
-    print(f"command: nice .venv/bin/python bench/train_step.py {' '.join(sys.argv[1:])}")
+    print(f"command: {command_line()}")
     print(f"model {a.model}; {a.samples} samples, {toks} tokens ({sum(batch['response_lengths'])} response tokens); "
           f"micro-batches of {a.micro_batch}; KL loss (reference forward); one optimizer step")
     print()

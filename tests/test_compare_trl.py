@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.compare_trl import report, run, split, trl_job  # noqa: E402
-from scripts.compare_trl.sampler import Sampler, read_samples  # noqa: E402
+from scripts.compare_trl.sampler import Sampler, keep_other_runs, read_samples  # noqa: E402
 
 T0 = 1_800_000_000.0
 
@@ -453,3 +453,19 @@ def test_differences_say_sglang_generates_in_float16_at_fp32():
     local_only = " ".join(report.differences({"precision": "fp32", "ours_modes": "local"}))
     assert "--sglang-dtype float16" in with_sglang and "float16" not in local_only
     assert "fp32 is the precision both sides share" in local_only
+
+
+def test_a_second_invocation_keeps_the_utilisation_of_the_runs_it_does_not_make_again(tmp_path):
+    """Two invocations into one WORK (ours-local and TRL, then ours-sglang), then --report-only over all three:
+    the second invocation's sampler must not wipe the first's runs' samples, only those of the runs it repeats."""
+    util = tmp_path / "util.csv"
+    util.write_text("time,run,util_pct,mem_used_mib,source\n"
+                    "1.0,ours-local,20.0,100.0,nvml\n1.5,,0.0,50.0,nvml\n2.0,trl,25.0,200.0,nvml\n"
+                    "3.0,ours-sglang,5.0,300.0,nvml\n3.5,ours-sgl")          # a torn last line
+    keep_other_runs(util, ["ours-sglang"])
+    assert [(r["time"], r["run"]) for r in read_samples(util)] == [(1.0, "ours-local"), (2.0, "trl")]
+    keep_other_runs(util, ["ours-local", "trl"])
+    assert read_samples(util) == []
+    assert util.read_text().splitlines() == ["time,run,util_pct,mem_used_mib,source"]
+    keep_other_runs(tmp_path / "absent.csv", ["trl"])        # nothing sampled yet: nothing to keep
+    assert not (tmp_path / "absent.csv").exists()

@@ -324,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                                                            if x])
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
-        from .sampler import Sampler
+        from .sampler import Sampler, keep_other_runs
         util = work / "util.csv"
-        util.unlink(missing_ok=True)
+        keep_other_runs(util, names)   # the runs of earlier invocations keep their samples (--report-only)
         sampler = Sampler(util, a.sample_interval).start()
         say(f"utilisation sampled from {sampler.source} every {a.sample_interval} s into {util}")
         try:

@@ -159,6 +159,24 @@ class Sampler:
         self._file.close()
 
 
+def keep_other_runs(path: str | os.PathLike, rerun: list[str]) -> None:
+    """Before an invocation samples again into PATH: drop the rows of the runs it makes again (RERUN) and the rows
+    sampled between runs, keep every other run's rows, so that a report over runs of several invocations
+    (`--report-only`) still has each run's utilisation."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with open(p, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    kept = [r for r in rows[1:] if len(r) == len(COLUMNS) and r[1] and r[1] not in rerun]
+    tmp = p.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(COLUMNS)
+        out.writerows(kept)
+    tmp.replace(p)
+
+
 def read_samples(path: str | os.PathLike) -> list[dict]:
     """The rows of a sampler CSV as dicts with float time/util_pct/mem_used_mib; a torn last line is skipped."""
     rows = []
