@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.cmdline import command_line  # noqa: E402
 
 MIB = 1 << 20
 SETTINGS = {
@@ -296,7 +297,7 @@ def main() -> None:
     load1 = os.getloadavg()[0]
     print(f"# the trainer's memory on CPU ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
           f"{os.cpu_count()} CPUs, load average {load0:.1f} at the start, {load1:.1f} at the end)")
-    print(f"command: .venv/bin/python bench/train_memory.py {' '.join(sys.argv[1:])}")
+    print(f"command: {command_line()}")
     first = runs[names[0]][0]
     print(f"model {a.model}: weights {first['weights']:.0f} MiB fp32, reference {first['ref']:.0f} MiB; "
           f"{a.samples} samples, micro-batches of {a.micro_batch}, {a.updates} updates, each followed by a weight "
