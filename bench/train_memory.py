@@ -25,6 +25,9 @@ logits. Settings:
     after         this tree's default (--trainer-release-memory true)
     after-arena1  and one malloc arena (MALLOC_ARENA_MAX=1): an allocator knob, measured, not a default
 
+`--log-prob-part` times only the training loop's log-prob part (forward and backward from random logits of a
+micro-batch's shape), a slice per sample against one gather, alternating.
+
 Linux with glibc only (it reads /proc and calls mallinfo2 / malloc_trim).
 """
 
@@ -258,6 +261,60 @@ def child(a) -> None:
                       "threads": torch.get_num_threads()}), flush=True)
 
 
+# -- the log-prob part alone: a slice of the logits per sample against one gather ----------------------------------
+
+def log_prob_part(rounds: int = 6, batch: int = 16, positions: int = 67, vocab: int = 49152) -> None:
+    """Forward and backward of the response log-probs (and the no-grad entropy) from random logits of a training
+    micro-batch's shape, as the training loop did them before (a slice per sample) and does now (the response rows
+    gathered at once), alternating; CPU and wall seconds, medians."""
+    import random
+
+    import torch
+
+    from slime_actors.algo.logprobs import entropy_from_logits, log_probs_and_entropy
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    base = torch.randn(batch, positions, vocab)
+    lens = [rng.randint(4, 64) for _ in range(batch)]
+    slices = [(positions - n, positions) for n in lens]
+    targets = [torch.randint(0, vocab, (n,)) for n in lens]
+
+    def per_slice(logits):
+        lps = []
+        for j, (s, e) in enumerate(slices):
+            lg = logits[j, s:e]
+            lps.append(log_probs_and_entropy(lg, targets[j], 1.0)[0])
+            with torch.no_grad():
+                entropy_from_logits(lg.detach(), 1.0)
+        return torch.cat(lps)
+
+    def gathered(logits):
+        rows = torch.cat([torch.full((e - s,), j) for j, (s, e) in enumerate(slices)])
+        cols = torch.cat([torch.arange(s, e) for s, e in slices])
+        flat = logits[rows, cols]
+        with torch.no_grad():
+            entropy_from_logits(flat.detach(), 1.0)
+        return log_probs_and_entropy(flat, torch.cat(targets), 1.0)[0]
+
+    runs: dict[str, list[tuple[float, float]]] = {"a slice per sample (before)": [], "one gather (after)": []}
+    fns = dict(zip(runs, (per_slice, gathered)))
+    for r in range(rounds):
+        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            x = base.clone().requires_grad_(True)
+            c0, t0 = time.process_time(), time.monotonic()
+            fns[name](x).sum().backward()
+            runs[name].append((time.process_time() - c0, time.monotonic() - t0))
+    print(f"# the training loop's log-prob part alone ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
+          f"load average {os.getloadavg()[0]:.1f}); logits {batch} x {positions} x {vocab} fp32, "
+          f"{sum(lens)} response tokens, {rounds} rounds alternating")
+    print(f"command: {command_line()}")
+    print()
+    print("| log-probs from | CPU s (median) | wall s (median) |")
+    print("|---|---:|---:|")
+    for name, v in runs.items():
+        print(f"| {name} | {statistics.median(c for c, _ in v):.3f} | {statistics.median(w for _, w in v):.3f} |")
+
+
 # -- the parent: settings side by side ----------------------------------------------------------------------------
 
 def main() -> None:
@@ -268,8 +325,13 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of every setting (alternating)")
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, of: " + ", ".join(SETTINGS))
+    ap.add_argument("--log-prob-part", action="store_true",
+                    help="only time the training loop's log-prob part, before (a slice per sample) and after")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.log_prob_part:
+        log_prob_part()
+        return
     if a.child is not None:
         a.release, a.keep = SETTINGS[a.child]["release"], SETTINGS[a.child]["keep"]
         a.ckpt = SETTINGS[a.child].get("ckpt", False)
