@@ -461,9 +461,9 @@ class TrainSection:
                "there (Hugging Face's gradient checkpointing): the activations of a micro-batch shrink to one layer's, "
                "for a second forward of each training micro-batch", origin="own")
     trainer_release_memory: bool = flag(
-        True, "after each update and each weight sync, a trainer rank gives the memory its allocator freed back to "
-              "the OS (glibc's malloc_trim) and drops the weight sync's flat bucket buffer; false: both are kept for "
-              "reuse (docs/performance.md, \"Trainer memory on CPU\")", origin="own")
+        True, "after each update a trainer rank gives the memory its allocator freed back to the OS (glibc's "
+              "malloc_trim), and after each weight sync it drops the sync's flat bucket buffer; false: both are kept "
+              "for reuse (docs/performance.md, \"Trainer memory on CPU\")", origin="own")
     max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch", ge=1)
     log_probs_max_tokens_per_gpu: int | None = flag(
         None, "tokens per micro-batch of the no-grad passes (reference and old-policy log-probs, critic values), "

@@ -51,9 +51,9 @@ class TrainingBackend(ABC):
         return x.to(t.device)
 
     def release_host_memory(self) -> bool:
-        """After an update or a weight sync (--trainer-release-memory): the memory this process's allocator freed
-        (activations, gradients, the sync's copies) goes back to the OS instead of staying in malloc's heaps for
-        the next update (docs/performance.md, "Trainer memory on CPU"). Returns whether it was asked for and done."""
+        """After an update (--trainer-release-memory; and after gathering the full weights for a sync under FSDP or
+        Megatron): the memory this process's allocator freed (activations, gradients, gathered copies) goes back to
+        the OS instead of staying in malloc's heaps for the next update (docs/performance.md, "Trainer memory on CPU"). Returns whether it was asked for and done."""
         if not self.cfg.train.trainer_release_memory:
             return False
         from ..mailbox import allocator

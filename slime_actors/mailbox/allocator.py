@@ -15,8 +15,8 @@ other threads (libzmq's I/O thread allocates received messages in its own) are a
 done where the C library is not glibc.
 
 `trim()` gives what every heap holds free back to the OS at once (glibc's `malloc_trim(0)`, which also releases the
-free pages inside heaps, not only their tops): the trainer calls it after an update and after a weight sync
-(--trainer-release-memory), when gigabytes of activations were freed into heaps that the settings above keep.
+free pages inside heaps, not only their tops): the trainer calls it after an update (--trainer-release-memory),
+when gigabytes of activations were freed into heaps that the settings above keep.
 """
 
 from __future__ import annotations
