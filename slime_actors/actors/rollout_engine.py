@@ -143,15 +143,18 @@ class EngineSupervisor(EngineWeights):
         connect to it, register it with the router and tell the controller it is ready."""
         from ..backends.engine_client import EngineClient
         cfg = self.cfg
-        if port is None:
-            addrs = cfg.engine.rollout_external_engine_addrs
+        engine, addrs = self.engine, cfg.engine.rollout_external_engine_addrs
+        if port is None or engine is None:
+            if not addrs:
+                raise RuntimeError("no engine was launched and no external one is named "
+                                   "(--rollout-external-engine-addrs)")
             url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
         else:
-            await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
+            await self.recorded_async("engine.wait_healthy", self.run_blocking, engine.wait_healthy,
                                       cfg.engine.rollout_health_check_first_wait + 600)
-            url = http_url(self.engine.host, port)
-            self.log.info("engine up", module=self._engine_module, url=url, pid=self.engine.pid,
+            url = http_url(engine.host, port)
+            self.log.info("engine up", module=self._engine_module, url=url, pid=engine.pid,
                           seconds=round(time.monotonic() - self._engine_t0, 1))
         if self.client is not None:
             await self.client.close()
