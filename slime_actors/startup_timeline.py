@@ -89,10 +89,11 @@ def breakdown(run_dir: str | os.PathLike, head: dict, steps: list[list], first_s
 
 
 def _spans(phases: list, start: float) -> str:
-    """'name 1.2 | name 0.3' (seconds), the gaps between phases named '(other)' when over 0.05 s; a phase that ran
-    alongside the one before it says so."""
+    """'name 1.2 | name 0.3' (seconds) in the order the phases started, the gaps between phases named '(other)' when
+    over 0.05 s; a phase that ran alongside one before it (the rollout worker's tokenizer while its engine starts)
+    says so."""
     out, t = [], start
-    for name, a, b in phases:
+    for name, a, b in sorted(phases, key=lambda p: p[1]):
         if a - t > 0.05:
             out.append(f"(other) {a - t:.1f}")
         out.append(f"{name} {b - a:.1f}" + (" (alongside)" if a < t - 0.05 else ""))
@@ -105,9 +106,10 @@ def format_breakdown(b: dict) -> list[str]:
     lines = [f"start-up: {b['total_s']:.1f} s from the launch to the end of the first step"]
     head = b["head"]["phases"]
     if head:
-        lines.append(f"  head         python + imports {head[0][1]:.1f} | {_spans(head, head[0][1])}")
+        first = min(p[1] for p in head)
+        lines.append(f"  head         python + imports {first:.1f} | {_spans(head, first)}")
     for name, a in sorted(b["actors"].items(), key=lambda kv: kv[1]["ready"]):
-        first = a["phases"][0][1] if a["phases"] else a["ready"]
+        first = min(p[1] for p in a["phases"]) if a["phases"] else a["ready"]
         lines.append(f"  {name:<12} started at {a['process_start']:.1f} | python + imports "
                      f"{first - a['process_start']:.1f} | {_spans(a['phases'], first)} -> ready at {a['ready']:.1f}")
     if b["steps"]:

@@ -146,6 +146,24 @@ def test_a_model_with_a_broken_config_json_ends_the_job_with_its_cause(tmp_path)
     _no_process_left(run_dir)
 
 
+def test_a_bad_user_function_ends_the_job_with_its_error_and_no_engine_is_left(tmp_path):
+    """The rollout worker launches its engine first and loads the user's functions while it boots
+    (actors/rollout.py): a function that cannot be used -- found at config time, refused when loaded -- still fails
+    the start with its own error, and the engine already launched is stopped (tests/test_rollout_start.py checks the
+    stop itself, in-process)."""
+    gen = tmp_path / "gen.py"
+    gen.write_text("async def generate(args, sample):\n    return sample\n")
+    run_dir = tmp_path / "run"
+    rc, out, _ = _run([SLIME, "train", *FAST_FLAGS, "--run-dir", str(run_dir), "--num-rollout", "2",
+                       "--custom-generate-function-path", f"{gen}:generate"], tmp_path)
+    assert rc != 0, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("cause: ") and f"--custom-generate-function-path {gen}:generate: expected async " \
+        "generate(args, sample, sampling_params)" in last, out[-3000:]
+    assert (run_dir / "logs" / "engine-0.log").exists()   # the engine was launched before the function was refused
+    _no_process_left(run_dir)
+
+
 def test_device_cuda_without_cuda_is_refused_before_any_process_starts(tmp_path):
     """The plain command with --device cuda on a machine without a GPU: refused in seconds, nothing written."""
     import torch

@@ -46,3 +46,16 @@ def test_ready_report_carries_the_phases_and_the_breakdown_reads_them(tmp_path):
 def test_phases_that_ran_alongside_say_so():
     text = timeline._spans([["tokenizer", 1.0, 4.0], ["engine start", 1.1, 6.0], ["ready", 7.0, 7.5]], 1.0)
     assert text == "tokenizer 3.0 | engine start 4.9 (alongside) | (other) 1.0 | ready 0.5"
+
+
+def test_nested_phases_recorded_as_they_end_print_in_the_order_they_started():
+    """The rollout worker's engine start spans its tokenizer and user functions (they load while the engine boots):
+    the phases are recorded as they end (tokenizer first), printed as they started, the inner ones 'alongside',
+    and the worker's imports end where its first phase began (the engine's launch), not where its tokenizer did."""
+    phases = [["tokenizer", 2.0, 5.0], ["user functions", 5.0, 5.1], ["engine start", 1.9, 8.0]]
+    assert timeline._spans(phases, 1.9) == \
+        "engine start 6.1 | tokenizer 3.0 (alongside) | user functions 0.1 (alongside)"
+    b = {"total_s": 9.0, "head": {"phases": []}, "steps": [],
+         "actors": {"rollout/0": {"process_start": 0.5, "phases": phases, "ready": 8.1}}}
+    line = timeline.format_breakdown(b)[1]
+    assert line.startswith("  rollout/0    started at 0.5 | python + imports 1.4 | engine start 6.1 | tokenizer"), line

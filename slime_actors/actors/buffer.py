@@ -59,6 +59,7 @@ class Buffer(Actor):
         self.state = BufferState(BufferSettings.from_config(self.cfg), clock=self._now,
                                  monitor_factory=lambda: make_monitor(self.cfg), on_event=self._append)
         self._changed = asyncio.Condition()   # the record changed: wakes get_work's waiters
+        self._releases: dict[str, int] = {}   # per worker name: how many times its groups were released
         self._rollout_events: dict[str, asyncio.Event] = {}
         self._log_file: BinaryIO | None = None
         self._trained_since_compact = 0
@@ -199,6 +200,7 @@ class Buffer(Actor):
 
     # ------------------------------------------------------------------------------------------ waking
     def _release(self, worker: str) -> int:
+        self._releases[worker] = self._releases.get(worker, 0) + 1
         n = self.state.release(worker)
         if n:
             self._notify()
@@ -234,7 +236,13 @@ class Buffer(Actor):
     async def get_work(self, worker: str, max_groups: int, wait: float = 0.0) -> dict:
         clock = self.monotonic  # recorded clock readings: replay takes the same turns
         deadline = clock() + wait
+        releases = self._releases.get(worker, 0)
         while True:
+            if self._releases.get(worker, 0) != releases:
+                # the worker's groups were released while this ask waited: it is a process the release was about
+                # (killed, restarted: its reply would be lost) and the groups it would take, leased to its name,
+                # would wait for their lease to run out instead of going to the new process
+                return {"groups": []}
             out = self.state.take(worker, max_groups)
             if out or clock() >= deadline:
                 return {"groups": out}

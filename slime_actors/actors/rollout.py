@@ -25,7 +25,7 @@ from ..retry import RetryPolicy, retry
 from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..types import ABORTED, FAILED, Sample
 from .base import Actor, handler
-from .rollout_engine import EngineSupervisor, _load_tokenizer
+from .rollout_engine import EngineSupervisor, _load_tokenizer, preimport_engine_path
 from .rollout_generate import EngineHandle, Generation, generate_style, request_key
 
 if TYPE_CHECKING:
@@ -73,21 +73,31 @@ class RolloutWorker(EngineSupervisor, Actor):
                              cfg.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
-        # importing transformers takes seconds: off the loop so heartbeats keep going. Not alongside the engine's
-        # start: the loop's own imports would wait on the import lock the tokenizer's thread holds (a silent actor,
-        # killed under load). The user's functions are loaded next (a bad one fails before the engine's long start)
-        self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer, cfg.model.hf_checkpoint)
-        self.generation.load()
-        # then the engine, the longest part of this worker's start, without waiting on the buffer: it answers only
-        # once it has loaded its prompts, which goes on meanwhile. A previous process's groups are released as the
-        # engine starts (other workers can take them meanwhile), and before this one pulls: the pull loop, spawned
-        # below, is the only place this worker asks for work
+        # the engine, the longest part of this worker's start, boots while the tokenizer and the user's functions
+        # load: launched first (its command needs nothing of the tokenizer), waited for last. The tokenizer loads
+        # off the loop (importing transformers takes seconds; heartbeats keep going), and everything the loop runs
+        # meanwhile is imported before that thread starts -- an import on the loop would wait on the module locks
+        # the thread holds (a silent actor, declared down under load). A bad user function or tokenizer still fails
+        # the start with its own error, before the engine is waited for, and the engine launched is stopped. A
+        # previous process's groups are released meanwhile, without waiting on the buffer (it answers once it has
+        # loaded its prompts): other workers can take them, and this one pulls only once the engine serves (the
+        # pull loop, spawned below, is the only place this worker asks for work)
+        from .. import startup_timeline as timeline
+        preimport_engine_path()
         release = self.spawn(self._release_previous(), name="release-previous")
         try:
-            await self._start_router()
-            from .. import startup_timeline as timeline
-            with timeline.phase("engine start"):
-                await self._start_engine()
+            with timeline.phase("engine start"):   # launch -> serving; the phases below run alongside it
+                try:
+                    port = await self._launch_engine()
+                    self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer,
+                                                             cfg.model.hf_checkpoint)
+                    with timeline.phase("user functions"):
+                        self.generation.load()
+                    await self._start_router()
+                except BaseException:
+                    await self._stop_engine()   # (the engine launched, the router started: none left behind)
+                    raise
+                await self._engine_serving(port)
             await release
         finally:
             release.cancel()   # (a failed start: its cause is the engine's; a finished task ignores this)

@@ -56,6 +56,8 @@ class EngineSupervisor(EngineWeights):
         self._engine_caps: dict = {}
         self._lora_loaded: list[str] = []  # --lora-sync adapter: the adapters the engine holds, oldest first
         self.keys = EngineKeys()          # the engines' HTTP keys, from the environment (on_start); none: no auth
+        self._engine_module = ""          # the engine's module and when it was launched (_launch_engine)
+        self._engine_t0 = 0.0
 
     async def _stop_engine(self) -> None:
         """The worker stops: forget the router, close the client, stop the engine and the router it started."""
@@ -105,36 +107,55 @@ class EngineSupervisor(EngineWeights):
             self.log.info("engine", line=line)
 
     async def _start_engine(self) -> None:
-        from ..backends.engine_client import EngineClient
+        """Start this worker's engine (or attach to an external one) and wait until it serves (an engine restart);
+        the worker's first start launches it, loads its tokenizer meanwhile and then waits (actors/rollout.py)."""
+        await self._engine_serving(await self._launch_engine())
+
+    async def _launch_engine(self) -> int | None:
+        """Launch the engine process and return its port without waiting for it (None: an external engine, nothing
+        to launch). Everything it imports is imported here, on the loop, before the worker's tokenizer thread
+        imports transformers (see `preimport_engine_path`)."""
         from ..backends.engine_process import launch_engine
         from ..backends.engine_process import find_free_port as free_port
+        from ..backends.sglang_launch import check_engine_flags
+        self.engine = None
+        if self.cfg.engine.rollout_external_engine_addrs:
+            return None
+        # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
+        # this same code with no engine (RecordedProcess)
+        port = self.recorded("engine.port", free_port)
+        module, flags = self._engine_command(port)
+        checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
+                                            flags)  # SGLangFlagError names a flag
+        log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
+        self._engine_t0 = time.monotonic()
+        self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
+                      checked_against=checked)
+        # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
+        self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
+            module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
+            redact=self.keys.secrets))
+        self._engine_module = module
+        return port
+
+    async def _engine_serving(self, port: int | None) -> None:
+        """Wait for the engine `_launch_engine` started (port None: the external one) to answer /health, then
+        connect to it, register it with the router and tell the controller it is ready."""
+        from ..backends.engine_client import EngineClient
         cfg = self.cfg
-        if cfg.engine.rollout_external_engine_addrs:
-            addrs = cfg.engine.rollout_external_engine_addrs
+        engine, addrs = self.engine, cfg.engine.rollout_external_engine_addrs
+        if port is None or engine is None:
+            if not addrs:
+                raise RuntimeError("no engine was launched and no external one is named "
+                                   "(--rollout-external-engine-addrs)")
             url = addrs[self.index % len(addrs)]
             url = url if url.startswith("http") else f"http://{url}"
-            self.engine = None
         else:
-            # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
-            # this same code with no engine (RecordedProcess)
-            port = self.recorded("engine.port", free_port)
-            module, flags = self._engine_command(port)
-            from ..backends.sglang_launch import check_engine_flags
-            checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
-                                                flags)  # SGLangFlagError names a flag
-            log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
-            t0 = time.monotonic()
-            self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
-                          checked_against=checked)
-            # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
-            self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
-                module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
-                redact=self.keys.secrets))
-            await self.recorded_async("engine.wait_healthy", self.run_blocking, self.engine.wait_healthy,
+            await self.recorded_async("engine.wait_healthy", self.run_blocking, engine.wait_healthy,
                                       cfg.engine.rollout_health_check_first_wait + 600)
-            url = http_url(self.engine.host, port)
-            self.log.info("engine up", module=module, url=url, pid=self.engine.pid,
-                          seconds=round(time.monotonic() - t0, 1))
+            url = http_url(engine.host, port)
+            self.log.info("engine up", module=self._engine_module, url=url, pid=engine.pid,
+                          seconds=round(time.monotonic() - self._engine_t0, 1))
         if self.client is not None:
             await self.client.close()
         client = EngineClient(url, keys=self.keys, max_concurrency=cfg.engine.rollout_concurrency)
@@ -379,3 +400,17 @@ def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
 
+
+
+def preimport_engine_path() -> None:
+    """Import what a worker's loop runs while its tokenizer thread imports transformers (the engine's health wait
+    and connection, the router, the release of a previous incarnation's groups, the user's functions' loader): an
+    import on the loop then would wait on the module locks that thread holds, and a loop that waits sends no
+    heartbeats (the actor is declared down under load). Each of these is imported lazily elsewhere, so a process
+    that never starts an engine does not pay for it."""
+    import importlib
+    for name in ("aiohttp", "slime_actors.backends.engine_client", "slime_actors.backends.engine_process",
+                 "slime_actors.backends.sglang_launch", "slime_actors.backends.listen",
+                 "slime_actors.startup_timeline", "slime_actors.plugins", "slime_actors.data",
+                 "slime_actors.environments.loading", "concurrent.futures.thread"):
+        importlib.import_module(name)
