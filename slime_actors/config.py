@@ -456,6 +456,14 @@ class TrainSection:
     global_batch_size: int | None = flag(None, "samples per optimizer step (default: all samples of the rollout)", ge=1)
     micro_batch_size: int = flag(1, "samples per forward/backward (unless --use-dynamic-batch-size)", ge=1)
     use_dynamic_batch_size: bool = flag(False, "pack micro-batches up to --max-tokens-per-gpu tokens")
+    gradient_checkpointing: bool = flag(
+        False, "--train-backend torch: keep only each decoder layer's input for the backward and recompute the layer "
+               "there (Hugging Face's gradient checkpointing): the activations of a micro-batch shrink to one layer's, "
+               "for a second forward of each training micro-batch", origin="own")
+    trainer_release_memory: bool = flag(
+        True, "after each update a trainer rank gives the memory its allocator freed back to the OS (glibc's "
+              "malloc_trim), and after each weight sync it drops the sync's flat bucket buffer; false: both are kept "
+              "for reuse (docs/performance.md, \"Trainer memory on CPU\")", origin="own")
     max_tokens_per_gpu: int | None = flag(None, "--use-dynamic-batch-size: tokens per micro-batch", ge=1)
     log_probs_max_tokens_per_gpu: int | None = flag(
         None, "tokens per micro-batch of the no-grad passes (reference and old-policy log-probs, critic values), "

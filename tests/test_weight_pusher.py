@@ -29,6 +29,9 @@ class Backend:
         yield self.weights[:2]
         yield self.weights[2:]
 
+    def release_host_memory(self):
+        return False
+
 
 class Sender:
     """Stands in for DistributedWeightSender (which replay also replaces)."""

@@ -196,6 +196,9 @@ class TrainerRank(Actor):
             metrics = rl_update(self.backend, self.cfg, batch, rollout_id,
                                 phase=lambda target: prof.phase(target, rollout_id, cause))
         prof.after_step(rollout_id)
+        # the update's activations and gradients went back into malloc's heaps: to the OS with them
+        # (--trainer-release-memory; docs/performance.md, "Trainer memory on CPU")
+        self.backend.release_host_memory()
         return metrics
 
     async def _get_batch(self, rollout_id: int) -> TrainBatch:

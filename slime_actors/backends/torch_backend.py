@@ -143,6 +143,7 @@ class TorchBackend(TrainingBackend):
         self.lora = cfg.lora.lora_rank > 0        # the actor is a peft model with one adapter ("default")
         self.lora_targets: list[str] = []
         self._lora_dropouts: list[nn.Module] = []
+        self.checkpointed_layers = 0              # --gradient-checkpointing: the decoder layers recomputed
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -181,6 +182,8 @@ class TorchBackend(TrainingBackend):
         self.pad_id = int(pad) if pad is not None else 0
         if self.lora:
             actor = self._with_lora(actor)
+        if train_cfg.gradient_checkpointing:
+            self._checkpoint_layers(actor)
         self._raw_model = actor
         self.tied_names = self._tied_names(actor)
 
@@ -243,6 +246,28 @@ class TorchBackend(TrainingBackend):
         self._lora_dropouts = [m for n, m in peft_model.named_modules()
                                if ".lora_dropout." in n and isinstance(m, nn.Dropout)]
         return peft_model
+
+    def _checkpoint_layers(self, model: nn.Module) -> None:
+        """--gradient-checkpointing: each decoder layer keeps only its input for the backward and runs its forward
+        again there (Hugging Face's checkpointing, non-reentrant). Hugging Face checkpoints a layer only while that
+        module is in training mode; the model stays in eval mode (no dropout), so the layers alone are flagged as
+        training -- their submodules are not, and no-grad forwards (log-probs, engines) run them as they are."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            raise ValueError(f"--gradient-checkpointing: {type(base).__name__} does not support gradient "
+                             "checkpointing")
+        enable = getattr(base, "activation_checkpointing_enable", None)   # (transformers 5's name; the old one warns)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"--gradient-checkpointing: {type(base).__name__} has no checkpointable layers")
+        for m in layers:
+            m.training = True   # (not m.train(): that would switch its dropout modules on too)
+        self.checkpointed_layers = len(layers)
 
     def lora_summary(self) -> dict:
         """Trainable and total parameters, and what the adapters are (for logs and bench/lora.py)."""
@@ -480,22 +505,36 @@ class TorchBackend(TrainingBackend):
                     if not mb["tokens"]:
                         (logits.sum() * 0.0).backward()
                         continue
-                    off = ids.shape[1] - logits.shape[1]
-                    lps, ents = [], []
-                    for j, (s, e) in enumerate(self._response_slices(mb)):
-                        lg = logits[j, s - off:e - off]
-                        lp, ent = log_probs_and_entropy(lg, self._targets(mb, j), temp, with_entropy=entropy_grad)
-                        if not entropy_grad:
-                            with torch.no_grad():
-                                ent = entropy_from_logits(lg.detach(), temp)
-                        lps.append(lp)
-                        ents.append(ent)
+                    lps, ents = self._response_log_probs(mb, ids.shape[1], logits, temp, entropy_grad)
+                    # the backward needs the log-softmax outputs, not the logits: their vocabulary-wide tensor (210
+                    # MiB for 16 samples of SmolLM2) goes now, not when the next micro-batch's forward replaces it
+                    del logits
                     loss, metrics = loss_fn(mb, lps, ents, None)
                 if not torch.is_tensor(loss) or not loss.requires_grad:
                     raise ValueError("loss_fn must return a tensor that requires grad")
                 loss.backward()
             for key, v in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(v)
+
+    def _response_log_probs(self, mb: dict, width: int, logits: torch.Tensor, temp: float, entropy_grad: bool
+                            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-sample log-probs (with grad) and entropies of a training micro-batch's response tokens. The response
+        rows of every sample are gathered from the logits in one index operation, so the backward writes the
+        logits' gradient into one zero tensor of their shape (a slice per sample made one per sample, 16 of 210 MiB
+        for a micro-batch of SmolLM2); the log-softmax is row by row, the numbers those of a slice per sample."""
+        off = width - logits.shape[1]
+        slices = self._response_slices(mb)
+        lengths = [e - s for s, e in slices]
+        dev = logits.device
+        rows = torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(lengths)]).to(dev)
+        cols = torch.cat([torch.arange(s - off, e - off, dtype=torch.long) for s, e in slices]).to(dev)
+        targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
+        flat = logits[rows, cols]
+        lp, ent = log_probs_and_entropy(flat, targets, temp, with_entropy=entropy_grad)
+        if not entropy_grad:
+            with torch.no_grad():
+                ent = entropy_from_logits(flat.detach(), temp)
+        return list(lp.split(lengths)), list(ent.split(lengths))
 
     def optimizer_step(self, critic: bool = False) -> float:
         self._require_init()

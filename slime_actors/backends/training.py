@@ -50,6 +50,15 @@ class TrainingBackend(ABC):
         dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         return x.to(t.device)
 
+    def release_host_memory(self) -> bool:
+        """After an update (--trainer-release-memory; and after gathering the full weights for a sync under FSDP or
+        Megatron): the memory this process's allocator freed (activations, gradients, gathered copies) goes back to
+        the OS instead of staying in malloc's heaps for the next update (docs/performance.md, "Trainer memory on CPU"). Returns whether it was asked for and done."""
+        if not self.cfg.train.trainer_release_memory:
+            return False
+        from ..mailbox import allocator
+        return allocator.trim()
+
     # -- set-up ------------------------------------------------------------------------------------------
     @abstractmethod
     def init(self) -> None:

@@ -7,12 +7,16 @@ Between the two, a process that receives a 16 MiB array after array keeps gettin
 faults, each a zeroed page, ~2 ms of a 10 ms round trip on a 2-core VM (docs/performance.md, "glibc's trimming").
 
 `keep_freed(mib)` fixes the mmap threshold at glibc's largest (32 MiB: larger blocks are still mapped and returned
-on free) and keeps up to `mib` MiB free at the top of a heap before trimming, so a frame's buffer is reused while
+on free; unless the process was started with MALLOC_MMAP_THRESHOLD_ set, which then stays) and keeps up to `mib` MiB free at the top of a heap before trimming, so a frame's buffer is reused while
 it is hot. The price is memory: up to `mib` MiB that a heap once held stays with the process, and the heaps of
 other threads (libzmq's I/O thread allocates received messages in its own) are at most 64 MiB each in glibc, so at
 64 and more they keep what they once held. Set by MailboxConfig.malloc_keep_mib
 (SLIME_ACTORS_MALLOC_KEEP_MIB); 0 leaves malloc as it was. Process-wide: the last mailbox to ask wins. Nothing is
 done where the C library is not glibc.
+
+`trim()` gives what every heap holds free back to the OS at once (glibc's `malloc_trim(0)`, which also releases the
+free pages inside heaps, not only their tops): the trainer calls it after an update (--trainer-release-memory),
+when gigabytes of activations were freed into heaps that the settings above keep.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ def keep_freed(mib: int) -> bool:
     libc = _libc()
     if libc is None:
         return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+    # a threshold the process was started with (glibc's environment tunable) is the user's: it stays
+    ok = os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None or libc.mallopt(_M_MMAP_THRESHOLD,
+                                                                               MMAP_THRESHOLD_MAX) == 1
     ok = libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(min(mib << 20, 2**31 - 1))) == 1 and ok
     if not ok:
         log.warning("mallopt refused a setting; malloc left with glibc's defaults", keep_mib=mib)
@@ -64,3 +70,12 @@ def keep_freed(mib: int) -> bool:
     _applied = mib
     log.debug("malloc keeps large message buffers", mmap_threshold=MMAP_THRESHOLD_MAX, keep_mib=mib)
     return True
+
+
+def trim() -> bool:
+    """glibc's ``malloc_trim(0)``: free memory of every arena (heap tops and whole free pages inside) back to the OS.
+    Returns whether any was released; False where the C library is not glibc."""
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.malloc_trim(0))
