@@ -469,3 +469,15 @@ def test_a_second_invocation_keeps_the_utilisation_of_the_runs_it_does_not_make_
     assert util.read_text().splitlines() == ["time,run,util_pct,mem_used_mib,source"]
     keep_other_runs(tmp_path / "absent.csv", ["trl"])        # nothing sampled yet: nothing to keep
     assert not (tmp_path / "absent.csv").exists()
+
+
+def test_flag_string_options_take_a_value_that_starts_with_dashes():
+    """`--ours-extra "--gradient-checkpointing"` as a user types it (argparse alone refuses it: expected one argument)."""
+    argv = ["--ours-extra", "--gradient-checkpointing --lr 2e-5", "--sglang-flags", "--sglang-disable-prefill-cuda-graph",
+            "--steps", "3"]
+    with pytest.raises(SystemExit):
+        run.build_parser().parse_args(argv)
+    a = run.build_parser().parse_args(run.join_flag_strings(argv))
+    assert (a.ours_extra, a.sglang_flags, a.steps) == ("--gradient-checkpointing --lr 2e-5",
+                                                      "--sglang-disable-prefill-cuda-graph", 3)
+    assert run.join_flag_strings(["--ours-extra=--x", "--no-trl"]) == ["--ours-extra=--x", "--no-trl"]

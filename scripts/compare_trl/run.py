@@ -294,8 +294,27 @@ def pack_runs(work: Path, names: list[str], dest: Path) -> Path:
     return dest
 
 
+# options whose value is itself a string of flags: `--ours-extra "--gradient-checkpointing"` would be read by argparse
+# as an option with no value; given as `--ours-extra=...` it is not
+FLAG_STRING_OPTIONS = ("--ours-extra", "--sglang-flags")
+
+
+def join_flag_strings(argv: list[str]) -> list[str]:
+    """`--ours-extra VALUE` -> `--ours-extra=VALUE` (and --sglang-flags), so a value starting with dashes reaches the
+    option instead of being taken for an option of its own."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in FLAG_STRING_OPTIONS and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    a = build_parser().parse_args(join_flag_strings(list(sys.argv[1:] if argv is None else argv)))
     try:
         modes = check(a)
     except JobError as exc:
