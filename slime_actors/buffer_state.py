@@ -686,8 +686,13 @@ class BufferState:
         r = self.completed_rollout(rollout_id)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        wids = sorted(r.completed[: r.target], key=lambda w: self.groups[w].group_index)[rank::world_size]
+        wids = self._in_group_order(r)[rank::world_size]
         return batch_from_samples([s for wid in wids for s in self.groups[wid].samples])
+
+    def _in_group_order(self, r: Rollout) -> list[str]:
+        """A rollout's groups (the first `target` to complete) in group order: completion order is the run's timing,
+        and what is written, summed or shown from a rollout must not depend on it."""
+        return sorted(r.completed[: r.target], key=lambda w: self.groups[w].group_index)
 
     def mark_trained(self, rollout_id: int) -> bool:
         """Record a complete rollout as trained (its samples are freed); False when it already was."""
@@ -720,7 +725,7 @@ class BufferState:
     def hack_samples(self, r: Rollout) -> list[Sample]:
         """Every scored sample the model produced for a complete training rollout: the groups trained on and
         the ones the filter dropped."""
-        samples = [s for wid in r.completed[: r.target] for s in self.groups[wid].samples]
+        samples = [s for wid in self._in_group_order(r) for s in self.groups[wid].samples]
         return samples + [s for g in self.groups.values() if g.kind == "train" and g.state == FILTERED
                           and g.rollout_id == r.rollout_id for s in g.samples]
 
@@ -745,7 +750,7 @@ class BufferState:
     def rollout_stats(self, key: str) -> dict:
         """wait_rollout's reply for rollout `key` ("train:3", "eval:0")."""
         r = self.rollouts[key]
-        samples = [s for wid in r.completed[: r.target] for s in self.groups[wid].samples] \
+        samples = [s for wid in self._in_group_order(r) for s in self.groups[wid].samples] \
             if not r.trained and r.released is None else []
         rewards = [s.reward for s in samples if s.reward is not None]
         lengths = [s.response_length for s in samples]
@@ -766,7 +771,7 @@ class BufferState:
     def _passrate(self, r: Rollout) -> dict:
         """--log-passrate: pass@k over the rollout's groups (algo/passrate.py)."""
         from .algo.passrate import pass_at_k
-        return pass_at_k([[s.reward for s in self.groups[wid].samples] for wid in r.completed[: r.target]])
+        return pass_at_k([[s.reward for s in self.groups[wid].samples] for wid in self._in_group_order(r)])
 
     def eval_results(self, rollout_id: int) -> list:
         r = self.rollouts.get(f"eval:{rollout_id}")
@@ -776,11 +781,13 @@ class BufferState:
             raise KeyError(f"eval {rollout_id}'s samples were released when a later evaluation started (read an "
                            f"evaluation's results before starting the next)")
         return [{"index": s.index, "prompt": s.prompt, "response": s.response, "reward": s.reward,
-                 "label": s.label} for wid in r.completed for s in self.groups[wid].samples]
+                 "label": s.label} for wid in self._in_group_order(r) for s in self.groups[wid].samples]
 
     def dump_rollout(self, rollout_id: int) -> list:
+        """A complete rollout's samples as the trainer gets them: whole groups in group order. (Completion order is
+        the run's timing: two runs with the same seeds would write the same samples in another order.)"""
         r = self.completed_rollout(rollout_id)
-        return [s.to_wire() for wid in r.completed[: r.target] for s in self.groups[wid].samples]
+        return [s.to_wire() for wid in self._in_group_order(r) for s in self.groups[wid].samples]
 
     def accounting(self) -> dict:
         """Per sample: trained once, more than once, or not (and where it is); what rollbacks discarded."""

@@ -437,6 +437,23 @@ def test_a_loaded_rollout_is_complete(tmp_path):
     assert sorted(other.accounts) == [0, 1, 2, 3] and other.accounts[0] == [1, 1, 0]
 
 
+def test_a_rollout_is_dumped_and_batched_in_group_order_whatever_order_its_groups_finished_in(tmp_path):
+    # --save-debug-rollout-data writes dump_rollout: two runs with the same seeds must write the same file, and
+    # which group finishes first is the run's timing (it failed a reproducibility check on a loaded machine)
+    orders = []
+    for name, reverse in (("a", False), ("b", True)):
+        st = make_state(tmp_path / name)
+        st.start_rollout(0)
+        groups = st.take(W1, 10)[:2]
+        for g in (reversed(groups) if reverse else groups):
+            assert submit(st, W1, g)["accepted"]
+        assert [st.groups[w].group_index for w in st.rollouts["train:0"].completed] == ([1, 0] if reverse else [0, 1])
+        dumped = [s["index"] for s in st.dump_rollout(0)]
+        assert dumped == st.batch(0, 0, 1)["sample_index"] == [0, 1, 2, 3]
+        orders.append(st.dump_rollout(0))
+    assert orders[0] == orders[1]
+
+
 # ------------------------------------------------------------------------------------------------ rollback
 def test_rollback_to_a_checkpoint_trains_what_the_lost_weights_trained_again_once(tmp_path):
     st = make_state(tmp_path)
