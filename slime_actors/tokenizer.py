@@ -24,8 +24,8 @@ read as plain JSON, and loads that class directly:
   cannot read that way means the fallback.
 
 The directory's files are hostile input: a tokenizer_config.json or config.json that is not a JSON object, or a
-`tokenizer_class` that is not a string, is refused with an error naming the file (TokenizerFileError), whichever
-path would have loaded it. tests/test_tokenizer_load.py checks that the result encodes, decodes and applies the chat
+`tokenizer_class` that is not a string, is refused with an error naming the file (TokenizerFileError, a
+StartupError: the job stops with it rather than restarting the actor), whichever path would have loaded it. tests/test_tokenizer_load.py checks that the result encodes, decodes and applies the chat
 template as AutoTokenizer's does, and that no torch is imported.
 """
 
@@ -40,6 +40,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .config import StartupError
 from .log import get_logger
 
 __all__ = ["TokenizerFileError", "load_tokenizer", "fast_tokenizer_class"]
@@ -47,8 +48,9 @@ __all__ = ["TokenizerFileError", "load_tokenizer", "fast_tokenizer_class"]
 GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend"}
 
 
-class TokenizerFileError(ValueError):
-    """A checkpoint's tokenizer_config.json or config.json that cannot be what it claims to be."""
+class TokenizerFileError(StartupError, ValueError):
+    """A checkpoint's tokenizer_config.json or config.json that cannot be what it claims to be: no restart of the
+    actor that loads it changes that (a StartupError: the launcher stops the job with this message)."""
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -127,7 +129,7 @@ def _json_object(p: Path) -> dict | None:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TokenizerFileError(f"{p}: not valid JSON ({e})") from None
+        raise TokenizerFileError(f"{p} is not a valid JSON file ({e})") from None
     if not isinstance(obj, dict):
         raise TokenizerFileError(f"{p}: must hold a JSON object, not {type(obj).__name__}")
     return obj

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slime_actors.config import StartupError
 from slime_actors.tokenizer import TokenizerFileError, fast_tokenizer_class, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,17 +169,18 @@ def test_custom_code_is_never_run(smollm2_dir, tmp_path):
 
 
 @pytest.mark.parametrize("file,text,message", [
-    ("tokenizer_config.json", "{not json", "not valid JSON"),
+    ("tokenizer_config.json", "{not json", "is not a valid JSON file"),
     ("tokenizer_config.json", "[1, 2]", "must hold a JSON object, not list"),
     ("tokenizer_config.json", '{"tokenizer_class": 5}', "tokenizer_class must be a string, not int"),
-    ("config.json", '{"model_type": "llama",', "not valid JSON"),
+    ("config.json", '{"model_type": "llama",', "is not a valid JSON file"),
 ])
 def test_a_malformed_file_is_refused_naming_it(tiny_dir, tmp_path, file, text, message):
     d = _variant(tiny_dir, tmp_path / "bad", "TokenizersBackend")
     (d / file).write_text(text)
     with pytest.raises(TokenizerFileError, match=message) as e:
         load_tokenizer(d)
-    assert str(e.value).startswith(f"{d / file}: ")
+    assert str(e.value).startswith(f"{d / file}")
+    assert isinstance(e.value, StartupError)           # (the job stops on it: restarting cannot change a file)
     if file == "tokenizer_config.json":
         (d / "tokenizer.json").unlink()                 # the fallback path refuses it the same way
         with pytest.raises(TokenizerFileError, match=message):
