@@ -25,8 +25,9 @@ read as plain JSON, and loads that class directly:
 
 The directory's files are hostile input: a tokenizer_config.json or config.json that is not a JSON object, or a
 `tokenizer_class` that is not a string, is refused with an error naming the file (TokenizerFileError, a
-StartupError: the job stops with it rather than restarting the actor), whichever path would have loaded it. tests/test_tokenizer_load.py checks that the result encodes, decodes and applies the chat
-template as AutoTokenizer's does, and that no torch is imported.
+StartupError: the job stops with it rather than restarting the actor), whichever path would have loaded it.
+tests/test_tokenizer_load.py checks that the result encodes, decodes and applies the chat template as
+AutoTokenizer's does, and that no torch is imported.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
-def fast_tokenizer_class(path: str | os.PathLike) -> tuple[type | None, str]:
+def fast_tokenizer_class(path: str | os.PathLike) -> tuple[type[Any] | None, str]:
     """(the tokenizer class to load `path` with, "") when it is AutoTokenizer's choice for sure and needs no torch;
     else (None, why not). Raises TokenizerFileError for a malformed tokenizer_config.json or config.json."""
     d = Path(path)
@@ -175,26 +176,27 @@ def _mapping(node: ast.expr) -> dict[str, str | None] | None:
         return None
     out: dict[str, str | None] = {}
     for item in node.args[0].elts:
-        if not (isinstance(item, ast.Tuple) and len(item.elts) == 2 and isinstance(item.elts[0], ast.Constant)):
+        if not (isinstance(item, ast.Tuple) and len(item.elts) == 2 and isinstance(item.elts[0], ast.Constant)
+                and isinstance(item.elts[0].value, str)):
             return None
-        value = _value(item.elts[1])
-        if value is False:
+        known, value = _value(item.elts[1])
+        if not known:
             return None
         out[item.elts[0].value] = value
     return out
 
 
-def _value(node: ast.expr) -> str | None | bool:
-    """A constant, or `A if is_x_available() else B` evaluated with transformers.utils' is_x_available; False for
-    anything else."""
+def _value(node: ast.expr) -> tuple[bool, str | None]:
+    """(True, a constant string or None), or `A if is_x_available() else B` evaluated with transformers.utils'
+    is_x_available; (False, None) for anything else."""
     if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, str)):
-        return node.value
+        return True, node.value
     if (isinstance(node, ast.IfExp) and isinstance(node.test, ast.Call) and not node.test.args
             and isinstance(node.test.func, ast.Name) and node.test.func.id.startswith("is_")
             and node.test.func.id.endswith("_available")):
         from transformers import utils
         check = getattr(utils, node.test.func.id, None)
         if not callable(check):
-            return False
+            return False, None
         return _value(node.body if check() else node.orelse)
-    return False
+    return False, None

@@ -47,6 +47,8 @@ class FrozenEngine:
     def check_tokenizer(self) -> None:
         """The frozen model must read and write the policy's tokens: the same vocabulary, or RuntimeError."""
         from ..tokenizer import load_tokenizer
+        if self.checkpoint is None:
+            raise RuntimeError("a frozen engine without --frozen-engine-checkpoint")
         theirs = load_tokenizer(self.checkpoint).get_vocab()
         ours: Any = self.w.tokenizer
         if theirs != ours.get_vocab():
