@@ -4,9 +4,9 @@
     tok = load_tokenizer("path/to/hf_dir")      # the class AutoTokenizer.from_pretrained(dir) would give
 
 `AutoTokenizer.from_pretrained` reads the model's config.json through transformers' configuration classes, and those
-import torch (transformers 5: configuration_utils -> modeling_rope_utils): ~1.5 CPU-seconds and ~250 MiB in a
-process -- the buffer, a rollout worker -- that needs nothing of torch. The tokenizer itself (tokenizer.json, the
-`tokenizers` library) does not. So this module takes AutoTokenizer's decision itself from the directory's files,
+import torch (transformers 5: configuration_utils -> modeling_rope_utils): 2.6 CPU-seconds and ~210 MiB of PSS
+(docs/performance.md) in a process -- the buffer, a rollout worker -- that needs nothing of torch. The tokenizer
+itself (tokenizer.json, the `tokenizers` library) does not. So this module takes AutoTokenizer's decision itself from the directory's files,
 read as plain JSON, and loads that class directly:
 
 * the class named by tokenizer_config.json's `tokenizer_class` (a `...Fast` name as the same class without
