@@ -7,9 +7,10 @@ program on this machine pays), the one-step digits job (`slime-actors train --co
 --num-rollout 1`) on the code of REF (default: main; extracted with `git archive` into a temporary directory and
 put first on PYTHONPATH, so the same virtual environment runs it), and the same job on this working tree. For each
 job: the wall time of the whole command, the time from its launch to the end of its first step (the first row of
-metrics.jsonl, less the evaluation after it), CPU seconds per process (user + system, from /proc) and the job's own
-start-up breakdown (RUN_DIR/startup.json). Ratios to the bare import are taken per round (the machine's load moves
-between rounds) and their median is shown.
+metrics.jsonl, less the evaluation after it), CPU seconds and peak memory per process (user + system time; PSS,
+which shares a page among the processes that map it, and RSS; from /proc) and the job's own start-up breakdown
+(RUN_DIR/startup.json). Ratios to the bare import are taken per round (the machine's load moves between rounds)
+and their median is shown.
 
 Prints a Markdown table (docs/performance.md has the numbers and the command).
 """
@@ -66,6 +67,7 @@ def run_job(tree: Path | None, run_dir: Path, steps: int, extra: list[str]) -> d
     summary = pt.summary()
     startup = run_dir / "startup.json"   # the job's own breakdown (slime_actors/startup_timeline.py)
     return {"wall": wall, "first_step": first_end - t0, "cpu": {r["name"]: r["cpu_s"] for r in summary["roles"]},
+            "mem": {r["name"]: (r["peak_pss_mib"], r["peak_rss_mib"]) for r in summary["roles"]},
             "peak_pss_mib": summary["peak_pss_mib"],
             "startup": json.loads(startup.read_text()) if startup.is_file() else None}
 
@@ -134,6 +136,13 @@ def main() -> None:
         cells = [med(x["cpu"].get(n, 0.0) for x in res[m]) for n in names]
         print(f"| {m} | " + " | ".join(f"{c:.1f}" for c in cells)
               + f" | {med(sum(x['cpu'].values()) for x in res[m]):.1f} |")
+    print()
+    print("| peak memory per process, MiB (median): PSS / RSS | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for m in ("before", "after"):
+        cells = [(med(x["mem"].get(n, (0.0, 0.0))[0] for x in res[m]), med(x["mem"].get(n, (0.0, 0.0))[1]
+                                                                            for x in res[m])) for n in names]
+        print(f"| {m} | " + " | ".join(f"{p:.0f} / {r:.0f}" for p, r in cells) + " |")
     from slime_actors.startup_timeline import format_breakdown
     print()
     print("Each job's start-up breakdown (RUN_DIR/startup.json, as the job prints it), round by round:")

@@ -394,13 +394,14 @@ def chat_template_kwargs(data: DataSection) -> dict:
 
 
 def load_tokenizer(cfg: JobConfig):
-    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made in the model cache)."""
-    from transformers import AutoTokenizer
+    """The tokenizer of --hf-checkpoint (a directory, or a tiny:/smollm2: spec made in the model cache), without
+    importing torch where its files allow (slime_actors/tokenizer.py)."""
+    from slime_actors.tokenizer import load_tokenizer as load_dir_tokenizer
     spec = cfg.model.hf_checkpoint
     if not os.path.isdir(spec):
         from slime_actors.models.resolve import model_cache, resolve_checkpoint
         spec = resolve_checkpoint(spec, model_cache(cfg.run.run_dir))
-    return AutoTokenizer.from_pretrained(spec)
+    return load_dir_tokenizer(spec)
 
 
 def load_prompt_data(cfg: JobConfig, tokenizer=None, on_error: str = "raise"

@@ -95,7 +95,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "work": ("algo", "backends", "checkpoints", "safe_pickle", "run_dir", "data", "filters", "rewards", "sandbox",
              "search", "environments", "agents", "episode_samples", "monitor", "eval_config", "buffer_state",
              "sample_display", "metric_sinks",
-             "tb_writer", "plots"),
+             "tb_writer", "plots", "tokenizer"),
     "roles": ("actors",),
     "launch": ("launch", "train"),
     "tools": ("traces",),

@@ -23,9 +23,10 @@ from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
 from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
+from ..tokenizer import load_tokenizer as _load_tokenizer
 from ..types import ABORTED, FAILED, Sample
 from .base import Actor, handler
-from .rollout_engine import EngineSupervisor, _load_tokenizer, preimport_engine_path
+from .rollout_engine import EngineSupervisor, preimport_engine_path
 from .rollout_generate import EngineHandle, Generation, generate_style, request_key
 
 if TYPE_CHECKING:

@@ -396,11 +396,6 @@ class EngineSupervisor(EngineWeights):
         return {"pid": self.engine.pid}
 
 
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
-
-
 def preimport_engine_path() -> None:
     """Import what a worker's loop runs while its tokenizer thread imports transformers (the engine's health wait
     and connection, the router, the release of a previous incarnation's groups, the user's functions' loader): an

@@ -46,8 +46,10 @@ class FrozenEngine:
 
     def check_tokenizer(self) -> None:
         """The frozen model must read and write the policy's tokens: the same vocabulary, or RuntimeError."""
-        from transformers import AutoTokenizer
-        theirs = AutoTokenizer.from_pretrained(self.checkpoint).get_vocab()
+        from ..tokenizer import load_tokenizer
+        if self.checkpoint is None:
+            raise RuntimeError("a frozen engine without --frozen-engine-checkpoint")
+        theirs = load_tokenizer(self.checkpoint).get_vocab()
         ours: Any = self.w.tokenizer
         if theirs != ours.get_vocab():
             raise RuntimeError(f"--frozen-engine-checkpoint {self.checkpoint}: its tokenizer's vocabulary differs from "

@@ -34,8 +34,8 @@ def load_tokenizer(spec: Any):
     """A tokenizer object as it is, or a checkpoint (directory, tiny:NAME, smollm2:135m)'s."""
     if not isinstance(spec, (str, os.PathLike)):
         return spec
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(_checkpoint(str(spec)))
+    from ..tokenizer import load_tokenizer as load_dir_tokenizer
+    return load_dir_tokenizer(_checkpoint(str(spec)))
 
 
 def _checkpoint(spec: str) -> str:
