@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import struct
 import subprocess
@@ -44,8 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.cmdline import command_line  # noqa: E402
-from train_memory import MIB, _reset_peak, reading  # noqa: E402  (the same readings as the trainer's bench)
+from train_memory import (MIB, _reset_peak, median_of, print_header, print_phases,  # noqa: E402
+                          reading, run_settings)
 
 GROUP = "bench-weights"
 SETTINGS = {"before": ["--keep-host-memory"], "after": []}
@@ -229,48 +228,25 @@ def main() -> None:
     from slime_actors.models.resolve import model_cache, resolve_checkpoint
     model_dir = str(resolve_checkpoint(a.model, model_cache(None)))
     load0 = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {s: [] for s in names}
-    for r in range(a.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for s in order:
-            print(f"round {r}: {s}", file=sys.stderr, flush=True)
-            cmd = [sys.executable, __file__, "--child", s, "--model-dir", model_dir, "--prompts", str(a.prompts),
-                   "--group", str(a.group), "--max-new", str(a.max_new), "--syncs", str(a.syncs)]
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-            if p.returncode != 0:
-                sys.exit(f"{s}: the child failed (exit {p.returncode})")
-            runs[s].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    load1 = os.getloadavg()[0]
-    print(f"# the local engine's memory on CPU ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
-          f"{os.cpu_count()} CPUs, load average {load0:.1f} at the start, {load1:.1f} at the end)")
-    print(f"command: {command_line()}")
+    runs = run_settings(names, a.repeats,
+                        lambda s: [sys.executable, __file__, "--child", s, "--model-dir", model_dir, "--prompts",
+                                   str(a.prompts), "--group", str(a.group), "--max-new", str(a.max_new), "--syncs",
+                                   str(a.syncs)])
+    print_header("the local engine's memory", load0)
     first = runs[names[0]][0]
     print(f"model {a.model} (fp32); rollouts of {a.prompts} x {a.group} requests, up to {a.max_new} new tokens, "
           f"{a.syncs} weight sync(s) between them (512 MiB buckets, gloo); torch threads {first['threads']}; MiB, "
           f"median over {a.repeats} run(s)")
 
     def med(s: str, i: int, key: str) -> float:
-        vals = [run["rows"][i].get(key) for run in runs[s]]
-        vals = [v for v in vals if v is not None]
-        return statistics.median(vals) if vals else float("nan")
+        return median_of(runs, s, i, key)
 
-    for s in names:
-        print()
-        print(f"## {s}")
-        print()
-        print("| phase | RSS | PSS | peak RSS in the phase | malloc in use | malloc free, kept | torch: counted |")
-        print("|---|---:|---:|---:|---:|---:|---|")
-        for i, row in enumerate(runs[s][0]["rows"]):
-            notes = []
-            for key, label in (("weights", "weights"), ("buffers", "receive buffers kept"),
-                               ("kv_cache", "KV cache at its largest")):
-                if key in row:
-                    notes.append(f"{label} {med(s, i, key):.0f}")
-            if "wall" in row:
-                notes.append(f"{med(s, i, 'wall'):.1f} s")
-            print(f"| {row['phase']} | {med(s, i, 'rss'):.0f} | {med(s, i, 'pss'):.0f} | "
-                  f"{med(s, i, 'peak_rss'):.0f} | {med(s, i, 'malloc_in_use'):.0f} | "
-                  f"{med(s, i, 'malloc_free_kept'):.0f} | {', '.join(notes)} |")
+    def notes(row: dict, med) -> list[str]:
+        out = [f"{label} {med(key):.0f}" for key, label in (("weights", "weights"), ("buffers", "receive buffers kept"),
+                                                             ("kv_cache", "KV cache at its largest")) if key in row]
+        return out + ([f"{med('wall'):.1f} s"] if "wall" in row else [])
+
+    print_phases(runs, names, notes)
     print()
     print("## side by side")
     print()

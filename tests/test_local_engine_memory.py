@@ -100,8 +100,8 @@ class Group:
         self.proc.stdin.write(json.dumps({"path": str(path), "names": [n for n, _ in bucket],
                                           "flattened": flattened}) + "\n")
         self.proc.stdin.flush()
-        n = on_scheduler(self.e, lambda: self.e.receive_weights(
-            self.name, [n for n, _ in bucket], [x.dtype for _, x in bucket], [list(x.shape) for _, x in bucket], flattened))
+        names, dtypes, shapes = [n for n, _ in bucket], [x.dtype for _, x in bucket], [list(x.shape) for _, x in bucket]
+        n = on_scheduler(self.e, lambda: self.e.receive_weights(self.name, names, dtypes, shapes, flattened))
         assert self.proc.stdout.readline().strip() == "sent"
         return n
 
