@@ -561,6 +561,52 @@ def test_concurrent_tasks_replay_in_the_order_they_ran(synthetic):
     assert rep.counts["compared"] >= 1  # (the reply to race among them)
 
 
+class Impatient(Actor):
+    """Asks a peer that answers after the ask timed out: the reply comes late, and the trace holds it."""
+
+    role = "impatient"
+
+    @handler
+    async def probe(self) -> str:
+        from slime_actors.mailbox.errors import AskTimeout
+        try:
+            await self.ask("sleeper/0", "nap", {"seconds": 1.0}, timeout=0.3)
+            return "answered"
+        except AskTimeout:
+            pass
+        await asyncio.sleep(1.5)   # the late reply arrives (and is traced) meanwhile
+        return "timed out"
+
+
+def test_an_ask_that_timed_out_replays_as_a_timeout_although_its_reply_came_late(tmp_path):
+    # a loaded CI machine: the controller's ask timed out, its reply came later, and the replay answered the ask with
+    # it (the controller then took another path than it had: not identical). The mailbox marks a late reply's trace
+    # record; the replay times that ask out as the run did.
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    lt = LoopThread()
+    try:
+        base = dict(run_dir=run_dir, curve=False, heartbeat_interval=0.5, liveness=30)
+        directory = Directory(0)
+        rt = RuntimeConfig(directory=lt.call(directory.start(RuntimeConfig(**base))), **base)
+        actors = [Sleeper(0), Impatient(0), Client(0)]
+        for a in actors:
+            lt.call(a.start(rt))
+        assert lt.call(actors[-1].ask("impatient/0", "probe", timeout=20), timeout=30) == "timed out"
+        for a in reversed(actors):
+            lt.call(a.stop())
+        lt.call(directory.stop())
+    finally:
+        lt.close()
+    tr = TraceRun(run_dir)
+    late = [e for e in tr.events("impatient/0") if e.ev == "recv" and e.header.get("kind") == "reply"
+            and (e.extra or {}).get("late")]
+    assert len(late) == 1, "the late reply is traced, marked late"
+    rep = replay(run_dir, "impatient/0")
+    assert rep.identical, rep.render()
+    assert rep.counts["replies"] == 0   # no recorded reply answered the replayed ask
+
+
 def _without_schedule(src: Path, dst: Path, keep=lambda rec: False) -> None:
     """A copy of a trace file without its schedule records (but those `keep` keeps)."""
     data = src.read_bytes()

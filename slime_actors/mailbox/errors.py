@@ -47,10 +47,16 @@ class UnknownPeer(MailboxError, LookupError):
     """No endpoint is known for the actor name (not registered in the directory)."""
 
 
+# error replies that say the handler did not finish (or never ran): the same ask sent again may succeed
+TRANSIENT_REMOTE = frozenset(("MailboxError", "DeadlineExceeded"))
+
+
 def transient(exc: BaseException) -> bool:
     """Whether the same ask may succeed if sent again: the peer could not be reached or answered nothing (restarting,
     declared down, a timeout), or it answered that it stopped while handling the ask (an error reply of type
-    MailboxError). An error the peer's handler raised is not transient: asking again gets the same answer."""
+    MailboxError) or that the ask's deadline had passed before its handler could run (DeadlineExceeded: a peer
+    too busy to read it in time -- nothing was done). An error the peer's handler raised is not transient: asking
+    again gets the same answer."""
     if isinstance(exc, RemoteError):
-        return exc.type == "MailboxError"
+        return exc.type in TRANSIENT_REMOTE
     return isinstance(exc, MailboxError)

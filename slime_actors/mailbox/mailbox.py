@@ -37,7 +37,7 @@ from .checksums import ArraySums
 from .codec import ArrayRef, ProtocolError
 from .errors import AskTimeout, MailboxError, MessageTooLarge, PeerDown, RemoteError, UnknownPeer
 from .security import Authenticator, JobKeys
-from .tracing import Tracer, fast_entries
+from .tracing import LATE, Tracer, fast_entries
 
 # (trace id, message id) of the message whose handler is running: what a message sent from there is caused by.
 current_cause: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("slime_actors_cause",
@@ -811,17 +811,20 @@ class Mailbox:
             return
         arrays = frames[2:]
         kept = self._arrived(header, arrays) if arrays and self.sums is not None else None
+        p = self._pending.pop(header["re"], None)
+        # a reply whose ask already timed out is traced marked `late`: a replay then times the ask out as the run did
+        # instead of answering it with this reply
+        late = {LATE: True} if p is None else None
         if self._trace is not None:
             body = frames[1]
-            if not arrays and len(body) <= self._tlimit:
+            if late is None and not arrays and len(body) <= self._tlimit:
                 self._trec("recv", _time_ns(), frames[0], body)
             else:
                 refs, bufs = self.recv_arrays(header, arrays, kept)
-                self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, None))
+                self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, late))
         elif self.tracer is not None:
-            self.tracer.record("recv", frames[0], frames[1], *self.recv_arrays(header, arrays, kept))
+            self.tracer.record("recv", frames[0], frames[1], *self.recv_arrays(header, arrays, kept), extra=late)
         self.stats["replies"] += 1
-        p = self._pending.pop(header["re"], None)
         if p is None:
             self.stats["late_replies"] += 1  # its ask timed out, or a duplicate
             return

@@ -42,6 +42,11 @@ class HotPathTracer(Tracer, Protocol):
     rec: Callable[..., None]
 
 
+# a traced reply's extra field: it came after its ask had timed out (or a second time); nothing waited for it, and a
+# replay times that ask out as the run did instead of answering it with this reply
+LATE = "late"
+
+
 def fast_entries(tracer: Tracer | None) -> tuple[Any, Any, Any]:
     """(append, pack, rec) of a tracer that has the hot path's entries, else (None, None, None): use record()."""
     entries = getattr(tracer, "append", None), getattr(tracer, "pack", None), getattr(tracer, "rec", None)

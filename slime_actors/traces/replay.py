@@ -58,6 +58,7 @@ from ..actors.schedule import RESUME, STEP, Stepper, region_of
 from ..config import FIELDS, ConfigError, JobConfig
 from ..log import get_logger
 from ..mailbox import codec
+from ..mailbox.tracing import LATE
 from ..recorder import environment as _env
 from .compare import LOGIC, Difference, LeafDifference, leaf_differences, volatile_for_replay
 from .reader import Event, TraceFile, TraceFormatError, TraceRun, decode_recorded_body, recorded_environment
@@ -149,6 +150,8 @@ def load_recording(run: TraceRun, actor: str, pid: int | None = None) -> Recordi
         if e.ev == "recv" and k in ("tell", "ask", "hb"):
             inbound.append(e)
         elif e.ev == "recv" and k in ("reply", "error"):
+            if e.extra and e.extra.get(LATE):
+                continue   # came after its ask had timed out: the replay times the ask out too
             ask = plumbing_asks.get(h.get("re"))
             if ask is None:
                 replies.setdefault(h.get("re", ""), e)
