@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -315,6 +316,53 @@ def log_prob_part(rounds: int = 6, batch: int = 16, positions: int = 67, vocab: 
         print(f"| {name} | {statistics.median(c for c, _ in v):.3f} | {statistics.median(w for _, w in v):.3f} |")
 
 
+# -- the parent's side, shared with bench/engine_memory.py ---------------------------------------------------------
+
+def run_settings(names: list[str], repeats: int, command: Callable[[str], list[str]],
+                 env: Callable[[str], dict] = lambda s: {}) -> dict[str, list[dict]]:
+    """Each setting's child (`command(setting)`, its environment plus `env(setting)`) `repeats` times, settings
+    alternating; the JSON each printed last, by setting."""
+    runs: dict[str, list[dict]] = {s: [] for s in names}
+    for r in range(repeats):
+        for s in names[r % len(names):] + names[:r % len(names)]:
+            print(f"round {r}: {s}", file=sys.stderr, flush=True)
+            p = subprocess.run(command(s), stdout=subprocess.PIPE, text=True, env={**os.environ, **env(s)}, cwd=ROOT)
+            if p.returncode != 0:
+                sys.exit(f"{s}: the child failed (exit {p.returncode})")
+            runs[s].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def print_header(what: str, load0: float) -> None:
+    """The report's first two lines: what, when, where, the load average at the start and now; the command."""
+    print(f"# {what} on CPU ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
+          f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
+    print(f"command: {command_line()}")
+
+
+def median_of(runs: dict[str, list[dict]], s: str, i: int, key: str) -> float:
+    """The median over a setting's runs of row i's `key` (nan if no run has it)."""
+    vals = [run["rows"][i].get(key) for run in runs[s]]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def print_phases(runs: dict[str, list[dict]], names: list[str],
+                 notes: Callable[[dict, Callable[[str], float]], list[str]]) -> None:
+    """Per setting, a table of its phases: RSS, PSS, peak RSS, malloc's view, and `notes(row, med)`."""
+    for s in names:
+        print()
+        print(f"## {s}")
+        print()
+        print("| phase | RSS | PSS | peak RSS in the phase | malloc in use | malloc free, kept | torch: counted |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for i, row in enumerate(runs[s][0]["rows"]):
+            def med(key: str, i: int = i, s: str = s) -> float:
+                return median_of(runs, s, i, key)
+            print(f"| {row['phase']} | {med('rss'):.0f} | {med('pss'):.0f} | {med('peak_rss'):.0f} | "
+                  f"{med('malloc_in_use'):.0f} | {med('malloc_free_kept'):.0f} | {', '.join(notes(row, med))} |")
+
+
 # -- the parent: settings side by side ----------------------------------------------------------------------------
 
 def main() -> None:
@@ -344,50 +392,28 @@ def main() -> None:
     if bad:
         ap.error(f"--settings: unknown {bad}; known: {list(SETTINGS)}")
     load0 = os.getloadavg()[0]
-    runs: dict[str, list[dict]] = {s: [] for s in names}
-    for r in range(a.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for s in order:
-            print(f"round {r}: {s}", file=sys.stderr, flush=True)
-            env = {**os.environ, **SETTINGS[s]["env"]}
-            cmd = [sys.executable, __file__, "--child", s, "--model", a.model, "--samples", str(a.samples),
-                   "--micro-batch", str(a.micro_batch), "--updates", str(a.updates)]
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-            if p.returncode != 0:
-                sys.exit(f"{s}: the child failed (exit {p.returncode})")
-            runs[s].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    load1 = os.getloadavg()[0]
-    print(f"# the trainer's memory on CPU ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, "
-          f"{os.cpu_count()} CPUs, load average {load0:.1f} at the start, {load1:.1f} at the end)")
-    print(f"command: {command_line()}")
+    runs = run_settings(names, a.repeats,
+                        lambda s: [sys.executable, __file__, "--child", s, "--model", a.model, "--samples",
+                                   str(a.samples), "--micro-batch", str(a.micro_batch), "--updates", str(a.updates)],
+                        lambda s: SETTINGS[s]["env"])
+    print_header("the trainer's memory", load0)
     first = runs[names[0]][0]
     print(f"model {a.model}: weights {first['weights']:.0f} MiB fp32, reference {first['ref']:.0f} MiB; "
           f"{a.samples} samples, micro-batches of {a.micro_batch}, {a.updates} updates, each followed by a weight "
           f"sync's flat copy; torch threads {first['threads']}; MiB, median over {a.repeats} run(s)")
 
     def med(s: str, i: int, key: str) -> float:
-        vals = [run["rows"][i].get(key) for run in runs[s]]
-        vals = [v for v in vals if v is not None]
-        return statistics.median(vals) if vals else float("nan")
+        return median_of(runs, s, i, key)
 
-    for s in names:
-        print()
-        print(f"## {s}")
-        print()
-        print("| phase | RSS | PSS | peak RSS in the phase | malloc in use | malloc free, kept | torch: counted |")
-        print("|---|---:|---:|---:|---:|---:|---|")
-        for i, row in enumerate(runs[s][0]["rows"]):
-            notes = []
-            for key, label in (("saved_for_backward", "saved for backward"), ("logits", "logits"),
-                               ("optimizer_state", "AdamW state")):
-                if key in row:
-                    notes.append(f"{label} {med(s, i, key):.0f}")
-            if "wall" in row:
-                notes.append(f"update {med(s, i, 'wall'):.1f} s wall ({med(s, i, 'cpu'):.1f} s CPU), "
-                             f"trim {med(s, i, 'trim') * 1000:.0f} ms")
-            print(f"| {row['phase']} | {med(s, i, 'rss'):.0f} | {med(s, i, 'pss'):.0f} | "
-                  f"{med(s, i, 'peak_rss'):.0f} | {med(s, i, 'malloc_in_use'):.0f} | "
-                  f"{med(s, i, 'malloc_free_kept'):.0f} | {', '.join(notes)} |")
+    def notes(row: dict, med: Callable[[str], float]) -> list[str]:
+        out = [f"{label} {med(key):.0f}" for key, label in (("saved_for_backward", "saved for backward"),
+                                                             ("logits", "logits"), ("optimizer_state", "AdamW state"))
+               if key in row]
+        if "wall" in row:
+            out.append(f"update {med('wall'):.1f} s wall ({med('cpu'):.1f} s CPU), trim {med('trim') * 1000:.0f} ms")
+        return out
+
+    print_phases(runs, names, notes)
     print()
     print("## side by side")
     print()

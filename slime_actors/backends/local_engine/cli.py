@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--log-level", default=None)
     p.add_argument("--log-dir", default=None, help="(local) write JSON logs under LOG_DIR/logs/")
+    p.add_argument("--keep-host-memory", action="store_true",
+                   help="(local) keep host memory as before the engine's memory work: a weight update received into "
+                        "a buffer kept between updates and copied into the model, and no malloc_trim after a batch "
+                        "or an update (default: received in place, trimmed; bench/engine_memory.py)")
     p.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters: /load_lora_adapter, /unload_lora_adapter, /generate's lora_path")
     p.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank")

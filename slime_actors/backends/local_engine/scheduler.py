@@ -111,6 +111,13 @@ class Engine:
         self.mask: torch.Tensor | None = None
         self.groups: dict[str, Any] = {}
         self.receivers: dict[str, Any] = {}  # group name -> weight_sync.BucketReceiver (flattened buckets)
+        # bucket layout -> (flat buffer, [(parameter, its view of the buffer)]): buckets received in place, the
+        # buffer being the parameters' own storage (receive_weights)
+        self.in_place: dict[tuple, tuple[torch.Tensor, list]] = {}
+        # --keep-host-memory off (the default): weights received in place, malloc's free memory given back to the OS
+        # when a batch empties and after a weight update
+        self.release_memory = not bool(getattr(args, "keep_host_memory", False))
+        self.trims = 0   # malloc_trim calls made (release_memory)
         self.groups_lock = threading.Lock()
         self._fwd_params: set | None = None
         self.profile: dict | None = None  # the torch profiler while /start_profile runs it
@@ -190,6 +197,8 @@ class Engine:
                         else:
                             self._decode()
                     self.steps += 1
+                    if not self.running and not self.waiting:
+                        self._release_host_memory()  # the batch's caches and activations went back to malloc
                 except Exception as e:  # a failed step fails its requests, the engine keeps serving
                     log.error("step failed", error=repr(e), tb=traceback.format_exc())
                     with self.cv:
@@ -615,14 +624,7 @@ class Engine:
         return any(r.lora_path == name and r.finish is None for r in (*self.running, *self.waiting))
 
     def load_named_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
-        if self.adapters is not None and self.adapters.peft is not None:
-            # LoRA layers wrap the linear layers: "x.q_proj.weight" lives at "x.q_proj.base_layer.weight"
-            for name, _ in named:
-                mod, _, leaf = name.rpartition(".")
-                if name not in params and f"{mod}.base_layer.{leaf}" in params:
-                    params[name] = params[f"{mod}.base_layer.{leaf}"]
+        params = self._weight_targets([n for n, _ in named])
         unknown = [n for n, _ in named if n not in params]
         if unknown:
             raise ValueError(f"{len(unknown)} weight name(s) not in the model, e.g. {unknown[:4]}")
@@ -633,6 +635,91 @@ class Engine:
             from slime_actors.backends.weight_sync import copy_tensors
             copy_tensors([params[n] for n, _ in named], [t.to(device=params[n].device) for n, t in named])
         return len(named)
+
+    def _release_host_memory(self) -> bool:
+        """malloc's free memory back to the OS (glibc's malloc_trim, shared with the trainer: mailbox.allocator.trim)
+        -- the key/value cache, activations and logits of a batch once it is done, the old weights after an update;
+        otherwise the heaps keep them resident while the trainer works (docs/performance.md, "Engine memory on
+        CPU"). Only with host memory (a CUDA engine's tensors are not malloc's) and unless --keep-host-memory."""
+        if not self.release_memory:
+            return False
+        from slime_actors.mailbox import allocator
+        self.trims += 1
+        return allocator.trim()
+
+    def _weight_targets(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The model's parameters and buffers by name, LoRA-wrapped layers under their plain names too."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        if self.adapters is not None and self.adapters.peft is not None:
+            # LoRA layers wrap the linear layers: "x.q_proj.weight" lives at "x.q_proj.base_layer.weight"
+            for name in names:
+                mod, _, leaf = name.rpartition(".")
+                if name not in params and f"{mod}.base_layer.{leaf}" in params:
+                    params[name] = params[f"{mod}.base_layer.{leaf}"]
+        return params
+
+    def receive_weights(self, group_name: str, names: list[str], dtypes: list, shapes: list,
+                        flattened: bool) -> int:
+        """One bucket of /update_weights_from_distributed, broadcast by the trainer in the group `group_name`, into
+        the model (scheduler thread). A flattened bucket whose tensors are each a whole parameter of the same dtype,
+        shape and device, none twice, is received in place: the first time into a fresh buffer whose views then
+        become the parameters' storage (the old storage is freed), every later time with the same layout straight
+        into that storage -- one copy of the weights, no copy step. Otherwise (or with --keep-host-memory) into the
+        group's receive buffer (weight_sync.BucketReceiver, kept between syncs) and copied into the model. Returns
+        the tensors loaded."""
+        from slime_actors.backends.weight_sync import BucketReceiver, broadcast, bucket_slots
+        with self.groups_lock:
+            pg, group_backend = self.groups.get(group_name, (None, None))
+        if pg is None:
+            raise ValueError(f"Group {group_name} not in {list(self.groups)}. Please call "
+                             "`init_weights_update_group` first.")
+        comm_device = self.device if group_backend == "nccl" else torch.device("cpu")
+        if not flattened:
+            named = []
+            for name, dt, shape in zip(names, dtypes, shapes):
+                t = torch.empty(shape, dtype=dt, device=comm_device)
+                broadcast(t, pg)
+                named.append((name, t))
+            return self.load_named_weights(named)
+        key = (tuple(names), tuple(str(d) for d in dtypes), tuple(tuple(int(x) for x in s) for s in shapes))
+        entry = self.in_place.get(key) if self.release_memory else None
+        if entry is not None and all(p.data_ptr() == v.data_ptr() for p, v in entry[1]):
+            broadcast(entry[0], pg)                      # into the parameters themselves
+            return len(names)
+        targets = self._in_place_targets(names, dtypes, shapes, comm_device) if self.release_memory else None
+        slots = bucket_slots(dtypes, shapes, comm_device) if targets is not None else None
+        if slots is None or any(v.data_ptr() % 64 for v in slots[1]):   # (the kernels see aligned weights as before)
+            rx = self.receivers.get(group_name)
+            if rx is None or rx.device != comm_device:
+                rx = self.receivers[group_name] = BucketReceiver(comm_device)
+            n = self.load_named_weights(rx.receive(pg, names, dtypes, shapes))
+            self._release_host_memory()
+            return n
+        flat, views = slots
+        broadcast(flat, pg)
+        with torch.no_grad():
+            for p, v in zip(targets, views):
+                p.data = v                               # the old storage goes (unless something else holds it)
+        self.in_place[key] = (flat, list(zip(targets, views)))
+        # a layout whose parameters moved to another buffer is dropped (its buffer goes with its last parameter)
+        self.in_place = {k: e for k, e in self.in_place.items() if all(p.data_ptr() == v.data_ptr() for p, v in e[1])}
+        self.receivers.pop(group_name, None)             # a receive buffer from before is not needed any more
+        self._release_host_memory()
+        return len(names)
+
+    def _in_place_targets(self, names: list[str], dtypes: list, shapes: list,
+                          device: torch.device) -> list[torch.nn.Parameter] | None:
+        """The parameters a flattened bucket can become the storage of (see receive_weights), or None."""
+        params = self._weight_targets(names)
+        out: list[torch.nn.Parameter] = []
+        for name, dt, shape in zip(names, dtypes, shapes):
+            p = params.get(name)
+            if (not isinstance(p, torch.nn.Parameter) or p.dtype != dt or p.device != device
+                    or tuple(p.shape) != tuple(int(x) for x in shape)):
+                return None
+            out.append(p)
+        return out if len({id(p) for p in out}) == len(out) else None
 
     def flush(self) -> bool:
         """SGLang flushes only when nothing is running or waiting. There is no prefix cache here to drop."""

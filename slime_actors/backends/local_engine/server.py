@@ -381,13 +381,13 @@ class Server:
 
     async def update_weights_from_distributed(self, request):
         b = validate_struct("UpdateWeightsFromDistributedReqInput", await self.body(request))
-        from slime_actors.backends.weight_sync import broadcast, dtype_from_name
+        from slime_actors.backends.weight_sync import dtype_from_name
         e = self.engine
         names, dtypes, shapes = b["names"], b["dtypes"], b["shapes"]
         if not (len(names) == len(dtypes) == len(shapes)):
             return json_response({"success": False, "message": "names, dtypes and shapes differ in length"}, 400)
         with e.groups_lock:
-            pg, group_backend = e.groups.get(b["group_name"], (None, None))
+            pg, _ = e.groups.get(b["group_name"], (None, None))
         if pg is None:
             return json_response({"success": False, "message": f"Group {b['group_name']} not in "
                                   f"{list(e.groups)}. Please call `init_weights_update_group` first."}, 400)
@@ -399,25 +399,12 @@ class Server:
             return json_response({"success": False, "message": f"load_format {b['load_format']!r} is not supported "
                                   "by the local engine (None or 'flattened_bucket')"}, 400)
         self._abort_all_first(b)
-        comm_device = e.device if group_backend == "nccl" else torch.device("cpu")
 
         def recv():
-            if b["load_format"] == "flattened_bucket":  # one buffer per group, views cached per bucket layout
-                from slime_actors.backends.weight_sync import BucketReceiver
-                rx = e.receivers.get(b["group_name"])
-                if rx is None or rx.device != comm_device:
-                    rx = e.receivers[b["group_name"]] = BucketReceiver(comm_device)
-                named = rx.receive(pg, names, tdtypes, shapes)
-            else:
-                named = []
-                for name, dt, shape in zip(names, tdtypes, shapes):
-                    t = torch.empty(shape, dtype=dt, device=comm_device)
-                    broadcast(t, pg)
-                    named.append((name, t))
-            e.load_named_weights(named)
+            n = e.receive_weights(b["group_name"], names, tdtypes, shapes, b["load_format"] == "flattened_bucket")
             if b["weight_version"] is not None:
                 e.weight_version = b["weight_version"]
-            return len(named)
+            return n
         try:
             n = await self.run_on_scheduler(recv, needs_idle=True)
         except Exception as err:
