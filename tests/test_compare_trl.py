@@ -481,3 +481,25 @@ def test_flag_string_options_take_a_value_that_starts_with_dashes():
     assert (a.ours_extra, a.sglang_flags, a.steps) == ("--gradient-checkpointing --lr 2e-5",
                                                       "--sglang-disable-prefill-cuda-graph", 3)
     assert run.join_flag_strings(["--ours-extra=--x", "--no-trl"]) == ["--ours-extra=--x", "--no-trl"]
+
+
+def test_gradient_checkpointing_is_asked_of_both_sides_and_said(tmp_path):
+    """--gradient-checkpointing turns it on for ours (our flag, which our CLI accepts) and TRL (the job file's field,
+    GRPOConfig's gradient_checkpointing), and the report's differences say which it was."""
+    from slime_actors.config import parse_config
+    for on in (False, True):
+        a = _args(*(["--gradient-checkpointing"] if on else []), "--device", "cpu")
+        (engine, backend), = run.check(a)
+        prompts = tmp_path / "train.jsonl"
+        write_jsonl(prompts, [{"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}])
+        job = run.job_spec(a, "/models/m", prompts, prompts)
+        assert job["gradient_checkpointing"] is on
+        cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
+        assert ("--gradient-checkpointing" in cmd) is on
+        assert parse_config(cmd[4:]).flat().gradient_checkpointing is on
+        said = " ".join(report.differences({**job, "precision": "fp32"}))
+        assert ("gradient checkpointing on both sides" in said) is on
+        assert ("no gradient checkpointing" in said) is not on
+        kw = trl_job.grpo_config_kwargs(job, Path("out"))
+        assert kw["gradient_checkpointing"] is on and kw["per_device_train_batch_size"] == 32
+        assert kw["gradient_accumulation_steps"] == 4 and kw["num_generations"] == 8 and not kw["bf16"]

@@ -382,7 +382,9 @@ def differences(job: dict) -> list[str]:
         f"coefficient {job.get('kl')} against the initial weights, temperature {job.get('temperature')}, top-p 1, "
         f"no top-k, {job.get('max_len')} response tokens at most, GRPO advantages (group mean and std), "
         "per-sample mean of token losses then mean over samples (TRL loss_type='grpo'; its default is 'dapo'), "
-        "no gradient checkpointing (TRL's default turns it on), the same strict math reward (our "
+        + ("gradient checkpointing on both sides (ours --gradient-checkpointing, TRL's default), "
+           if job.get("gradient_checkpointing") else "no gradient checkpointing (TRL's default turns it on), ")
+        + "the same strict math reward (our "
         "slime_actors.rewards.rules.math_reward, called from TRL's reward function), greedy held-out evaluation "
         f"on the same {job.get('heldout_n')} prompts every {job.get('eval_every')} steps and before training.",
         ("Precision: fp32 weights, optimizer and generation on both sides. Our torch backend's --bf16 is pure "

@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--precision", choices=["fp32", "bf16"], default="fp32",
       help="fp32 on both sides (default), or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 "
            "engine, TRL bf16=True (autocast over fp32 weights)")
+    a("--gradient-checkpointing", action="store_true",
+      help="recompute activations in the backward on both sides: ours --gradient-checkpointing, TRL "
+           "gradient_checkpointing=True (its own default); off: neither (the default here)")
     a("--device", default="auto", choices=["auto", "cuda", "cpu"], help="auto: cuda when an NVIDIA GPU is here")
     a("--seed", type=int, default=1234)
     a("--ours", default="local", help="our modes, comma-separated ENGINE[+BACKEND]: local, sglang, local+megatron, "
@@ -173,7 +176,7 @@ def job_spec(a: argparse.Namespace, model_dir: str, train: Path, heldout: Path) 
             "group": a.group, "max_len": a.max_len, "eval_max_len": a.max_len, "temperature": a.temperature,
             "lr": a.lr, "kl": a.kl, "clip": a.clip, "micro_batch": min(a.micro_batch, a.prompts * a.group),
             "eval_every": a.eval_every, "precision": a.precision, "device": a.device, "seed": a.seed,
-            "ours_modes": a.ours, "trl": not a.no_trl}
+            "gradient_checkpointing": bool(a.gradient_checkpointing), "ours_modes": a.ours, "trl": not a.no_trl}
 
 
 def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, run_dir: Path) -> list[str]:
@@ -198,6 +201,8 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         cmd += ["--eval-interval", str(job["eval_every"])]
     if job["device"] == "cuda":
         cmd += ["--colocate", "--update-weight-transport", "colocated"]
+    if job.get("gradient_checkpointing"):
+        cmd += ["--gradient-checkpointing"]
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
     elif engine == "sglang":

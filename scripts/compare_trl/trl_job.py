@@ -43,6 +43,27 @@ def load_job(path: str | os.PathLike) -> dict:
     return job
 
 
+def grpo_config_kwargs(job: dict, out: Path) -> dict:
+    """GRPOConfig's arguments for the job: one optimizer step per generation of prompts x group completions, in
+    micro batches, as our trainer does (the model's dtype, a torch object, is the caller's to add)."""
+    cpu = job["device"] == "cpu"
+    per_step = job["prompts"] * job["group"]
+    micro = min(job["micro_batch"], per_step)
+    if per_step % micro:
+        raise SystemExit(f"trl_job: prompts x group ({per_step}) must be a multiple of the micro batch ({micro})")
+    return dict(
+        output_dir=str(out / "trainer"), max_steps=job["steps"], per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_step // micro, num_generations=job["group"],
+        max_completion_length=job["max_len"], temperature=job["temperature"], top_p=1.0, top_k=0,
+        learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.98,
+        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, beta=job["kl"], epsilon=job["clip"],
+        loss_type="grpo", scale_rewards="group", num_iterations=1, shuffle_dataset=False,
+        gradient_checkpointing=bool(job.get("gradient_checkpointing", False)),
+        bf16=job["precision"] == "bf16" and not cpu, fp16=False, logging_steps=1, save_strategy="no",
+        report_to="none", seed=job["seed"], use_cpu=cpu, remove_unused_columns=False, disable_tqdm=True,
+        log_completions=False)
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
     rows = []
     for i, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -115,21 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(job["model_dir"])
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    per_step = job["prompts"] * job["group"]
-    micro = min(job["micro_batch"], per_step)
-    if per_step % micro:
-        raise SystemExit(f"trl_job: prompts x group ({per_step}) must be a multiple of the micro batch ({micro})")
-    # one optimizer step per generation of prompts x group completions, in micro batches: as our trainer does
-    cfg = GRPOConfig(
-        output_dir=str(out / "trainer"), max_steps=job["steps"], per_device_train_batch_size=micro,
-        gradient_accumulation_steps=per_step // micro, num_generations=job["group"],
-        max_completion_length=job["max_len"], temperature=job["temperature"], top_p=1.0, top_k=0,
-        learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.98,
-        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, beta=job["kl"], epsilon=job["clip"],
-        loss_type="grpo", scale_rewards="group", num_iterations=1, shuffle_dataset=False,
-        gradient_checkpointing=False, bf16=job["precision"] == "bf16" and not cpu, fp16=False,
-        model_init_kwargs={"dtype": torch.float32}, logging_steps=1, save_strategy="no", report_to="none",
-        seed=job["seed"], use_cpu=cpu, remove_unused_columns=False, disable_tqdm=True, log_completions=False)
+    cfg = GRPOConfig(**grpo_config_kwargs(job, out), model_init_kwargs={"dtype": torch.float32})
 
     stats = {"gen_tokens": 0, "samples": 0, "reward_sum": 0.0, "generation": 0.0, "reward": 0.0, "prepare": 0.0}
     questions: set[str] = set()   # the step's prompts (their user turn), to check both sides had the same
