@@ -425,8 +425,9 @@ def main() -> None:
         peaks = [max(r["peak_rss"] for r in run["rows"]) for run in runs[s]]
         last = len(rows) - 1
         done = [i for i, r in enumerate(rows) if "wall" in r]
-        walls = [run["rows"][i]["wall"] for run in runs[s] for i in done[1:]]   # the first update: warm-up
-        cpus = [run["rows"][i]["cpu"] for run in runs[s] for i in done[1:]]
+        timed = done[1:] or done   # the first update is warm-up: left out unless it is the only one (--updates 1)
+        walls = [run["rows"][i]["wall"] for run in runs[s] for i in timed]
+        cpus = [run["rows"][i]["cpu"] for run in runs[s] for i in timed]
         print(f"| {s} | {statistics.median(peaks):.0f} | {med(s, done[-1], 'peak_rss'):.0f} | "
               f"{med(s, last, 'rss'):.0f} | {med(s, last, 'pss'):.0f} | {med(s, last, 'malloc_free_kept'):.0f} | "
               f"{statistics.median(walls):.1f} | {statistics.median(cpus):.1f} |")
