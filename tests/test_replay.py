@@ -570,11 +570,12 @@ class Impatient(Actor):
     async def probe(self) -> str:
         from slime_actors.mailbox.errors import AskTimeout
         try:
-            await self.ask("sleeper/0", "nap", {"seconds": 1.0}, timeout=0.3)
+            # (a 2.2 s margin between the ask's timeout and the reply: a loaded machine's loop may run late)
+            await self.ask("sleeper/0", "nap", {"seconds": 2.5}, timeout=0.3)
             return "answered"
         except AskTimeout:
             pass
-        await asyncio.sleep(1.5)   # the late reply arrives (and is traced) meanwhile
+        await asyncio.sleep(3.0)   # the late reply arrives (and is traced) meanwhile
         return "timed out"
 
 
