@@ -784,9 +784,16 @@ class BufferMessages(Protocol):
         """Re-issue every group leased to a worker (it died or its engine restarted)."""
 
     @message(reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}")
-    def wait_rollout(self, rollout_id: int, kind: str | None = None, timeout: float | None = None) -> RolloutStats:
+    def wait_rollout(self, rollout_id: int, kind: str | None = None, timeout: float | None = None,
+                     hack: bool | None = None) -> RolloutStats:
         """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack:
-        the reward-hacking monitor's report, unless --hack-alarms off)."""
+        the reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for
+        the report -- the monitor starts on the complete rollout and `hack_report` answers it."""
+
+    @message(reply="{rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil")
+    def hack_report(self, rollout_id: int) -> dict[str, Any] | None:
+        """The reward-hacking monitor's report on a complete training rollout (what wait_rollout's `hack` holds),
+        waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained."""
 
     @message(reply="batch map (slime_actors.types.batch_from_samples)")
     def get_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:

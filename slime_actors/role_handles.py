@@ -540,12 +540,22 @@ class BufferHandle(ActorHandle):
         return self._call("release_worker", locals())
 
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
-                     ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[RolloutStats]:
+                     hack: bool | None = UNSET, ask_timeout: float | None = None,
+                     idem: str | None = None) -> Awaitable[RolloutStats]:
         """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off).
+        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
+        report -- the monitor starts on the complete rollout and `hack_report` answers it.
 
         Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
         return self._call("wait_rollout", locals())
+
+    def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
+                    idem: str | None = None) -> Awaitable[dict[str, Any] | None]:
+        """The reward-hacking monitor's report on a complete training rollout (what wait_rollout's `hack` holds),
+        waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained.
+
+        Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
+        return self._call("hack_report", locals())
 
     def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
                   idem: str | None = None) -> Awaitable[TrainBatch]:
@@ -632,11 +642,17 @@ class BufferTell(ActorTell):
         """Re-issue every group leased to a worker (it died or its engine restarted)."""
         return self._call("release_worker", locals())
 
-    def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET,
-                     timeout: float | None = UNSET) -> Awaitable[None]:
+    def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
+                     hack: bool | None = UNSET) -> Awaitable[None]:
         """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off)."""
+        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
+        report -- the monitor starts on the complete rollout and `hack_report` answers it."""
         return self._call("wait_rollout", locals())
+
+    def hack_report(self, rollout_id: int) -> Awaitable[None]:
+        """The reward-hacking monitor's report on a complete training rollout (what wait_rollout's `hack` holds),
+        waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained."""
+        return self._call("hack_report", locals())
 
     def get_batch(self, rollout_id: int, rank: int, world_size: int) -> Awaitable[None]:
         """A trainer rank pulls its shard (whole groups) of a completed rollout."""
@@ -724,12 +740,22 @@ class BufferGroup(Group[BufferHandle]):
         return self._call("release_worker", locals())
 
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
-                     ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[RolloutStats]]:
+                     hack: bool | None = UNSET, ask_timeout: float | None = None,
+                     idem: str | None = None) -> Awaitable[list[RolloutStats]]:
         """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off).
+        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
+        report -- the monitor starts on the complete rollout and `hack_report` answers it.
 
         Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
         return self._call("wait_rollout", locals())
+
+    def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
+                    idem: str | None = None) -> Awaitable[list[dict[str, Any] | None]]:
+        """The reward-hacking monitor's report on a complete training rollout (what wait_rollout's `hack` holds),
+        waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained.
+
+        Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
+        return self._call("hack_report", locals())
 
     def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
                   idem: str | None = None) -> Awaitable[list[TrainBatch]]:
@@ -828,12 +854,22 @@ class BufferQuiet(Group[BufferHandle]):
         return self._call("release_worker", locals())
 
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
-                     ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[RolloutStats | None]]:
+                     hack: bool | None = UNSET, ask_timeout: float | None = None,
+                     idem: str | None = None) -> Awaitable[list[RolloutStats | None]]:
         """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off).
+        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
+        report -- the monitor starts on the complete rollout and `hack_report` answers it.
 
         Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
         return self._call("wait_rollout", locals())
+
+    def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
+                    idem: str | None = None) -> Awaitable[list[dict[str, Any] | None | None]]:
+        """The reward-hacking monitor's report on a complete training rollout (what wait_rollout's `hack` holds),
+        waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained.
+
+        Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
+        return self._call("hack_report", locals())
 
     def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
                   idem: str | None = None) -> Awaitable[list[TrainBatch | None]]:

@@ -186,7 +186,8 @@ def test_each_method_shows_its_declaration_and_a_clashing_declaration_is_refused
     buffer = BufferHandle(Sender(), "buffer/0")
     assert str(inspect.signature(buffer.wait_rollout)) == \
         "(rollout_id: 'int', *, kind: 'str | None' = UNSET, timeout: 'float | None' = UNSET, " \
-        "ask_timeout: 'float | None' = None, idem: 'str | None' = None) -> 'Awaitable[RolloutStats]'"
+        "hack: 'bool | None' = UNSET, ask_timeout: 'float | None' = None, idem: 'str | None' = None) " \
+        "-> 'Awaitable[RolloutStats]'"
     assert buffer.wait_rollout.__doc__.startswith(CATALOG[("buffer", "wait_rollout")].doc[:40])
     rollout = {m for (r, m) in CATALOG if r in ("rollout", "*")}
     assert rollout <= set(dir(RolloutHandle)) and rollout <= set(dir(role_handles.RolloutTell))

@@ -44,7 +44,10 @@ def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
         ctl.sent.append((to, method, body))
         await asyncio.sleep(0)
         if method == "wait_rollout":
-            return stats(body["rollout_id"], body.get("kind", "train"))
+            st = stats(body["rollout_id"], body.get("kind", "train"))
+            return {k: v for k, v in st.items() if k != "hack" or body.get("hack") is not False}
+        if method == "hack_report":
+            return stats(body["rollout_id"]).get("hack")
         if method == "train":
             return {"loss": 0.5}
         if method == "sync_weights":
@@ -64,7 +67,8 @@ def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
 def _step(k: int, v: int) -> list[tuple]:
     return [("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": v}),
             ("rollout/0", "resume", {"weight_version": v}),
-            ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0}),
+            ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0, "hack": False}),
+            ("buffer/0", "hack_report", {"rollout_id": k}),   # (answered while the trainers train)
             ("rollout/0", "end_rollout", {"rollout_id": k}),
             ("trainer/0", "train", {"rollout_id": k}), ("trainer/1", "train", {"rollout_id": k}),
             ("buffer/0", "mark_trained", {"rollout_id": k})] + [
@@ -114,7 +118,7 @@ def test_debug_rollout_only_marks_rollouts_trained_without_training(tmp_path):
     ctl = _controller(tmp_path, "--debug-rollout-only")
     asyncio.run(loop.train_sync(ctl, 1))
     methods = [m for _, m, _ in ctl.sent]
-    assert methods == ["start_rollout", "resume", "wait_rollout", "mark_trained"] * 2
+    assert methods == ["start_rollout", "resume", "wait_rollout", "hack_report", "mark_trained"] * 2
     assert ctl.version == 0
 
 

@@ -16,7 +16,8 @@ responses and are continued where they stopped.
 
 When a training rollout completes, the reward-hacking monitor (slime_actors/monitor: --hack-alarms) reads every
 scored sample the model produced for it -- the trained groups and the groups the dynamic filter dropped -- and
-`wait_rollout` returns what it found as the stats' `hack` entry (hack/* metrics, tripped alarms with an example);
+`wait_rollout` returns what it found as the stats' `hack` entry (hack/* metrics, tripped alarms with an example), or,
+asked with hack=false (the controller: training need not wait for it), replies at once and `hack_report` answers it;
 the monitor's state is persisted with the buffer's (log, snapshot, checkpoint), so a restart or a rollback carries
 it.
 
@@ -286,7 +287,11 @@ class Buffer(Actor):
         return {"requeued": n}
 
     @handler
-    async def wait_rollout(self, rollout_id: int, kind: str = "train", timeout: float = 3600.0) -> dict:
+    async def wait_rollout(self, rollout_id: int, kind: str = "train", timeout: float = 3600.0,
+                           hack: bool = True) -> dict:
+        """The rollout's statistics once it is complete (or `timeout` passed). A complete training rollout's hack
+        report (--hack-alarms) is computed now; `hack` false: the reply does not wait for it (the controller asks
+        `hack_report` while the trainers train)."""
         key = f"{kind}:{rollout_id}"
         if key not in self.state.rollouts:
             raise KeyError(f"rollout {key} was never started")
@@ -300,15 +305,25 @@ class Buffer(Actor):
         stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
-            hack = await self._observe_hack(r)
-            if hack is not None:
-                stats["hack"] = hack
+            if not hack:
+                self.spawn(self._observe_hack(r), name="hack-monitor")   # (hack_report waits for it)
+                return stats
+            report = await self._observe_hack(r)
+            if report is not None:
+                stats["hack"] = report
         return stats
+
+    @handler
+    async def hack_report(self, rollout_id: int) -> dict | None:
+        r = self.state.completed_rollout(rollout_id)
+        if self.state.hack_monitor is None:
+            return None
+        return await self._observe_hack(r)
 
     async def _observe_hack(self, r: Rollout) -> dict | None:
         """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
-        rollout's text takes a while) and kept until the rollout is trained; None once it is trained and the
-        report is gone. Every scored sample counts: the groups trained on and the ones the filter dropped."""
+        rollout's text takes a while; one rollout at a time: the monitor's state goes from one to the next) and
+        kept until the rollout is trained; None once it is trained and the report is gone. Every scored sample counts: the groups trained on and the ones the filter dropped."""
         async with self._hack_lock:
             st = self.state
             if r.rollout_id in st.hack_reports or r.trained:

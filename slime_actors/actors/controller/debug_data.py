@@ -5,6 +5,7 @@ all), as slime's flags of those names do. The file names: config.debug_rollout_p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -22,16 +23,14 @@ class DebugData:
         self.cfg = ctl.cfg.debug
 
     async def save(self, k: int) -> None:
-        """Rollout k's samples, as the buffer holds them, to --save-debug-rollout-data."""
+        """Rollout k's samples, as the buffer holds them, to --save-debug-rollout-data (packed and written in a
+        thread: the loop runs the step meanwhile)."""
         spec = self.cfg.save_debug_rollout_data
         if not spec:
             raise RuntimeError("--save-debug-rollout-data is not given")
         samples = await self.ctl.buffer.dump_rollout(k)
         path = debug_rollout_path(spec, k)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(msgpack.packb({"rollout_id": k, "samples": samples}, use_bin_type=True))
-        tmp.replace(path)  # a file that is there is complete
+        await self.ctl.run_blocking(_write, path, {"rollout_id": k, "samples": samples})
         self.ctl.log.info("saved rollout data", rollout_id=k, path=str(path), samples=len(samples))
 
     async def load(self, k: int) -> tuple[RolloutStats, float]:
@@ -53,4 +52,11 @@ class DebugData:
             raise ValueError(f"--load-debug-rollout-data: {path} is not a saved rollout ({type(exc).__name__}: "
                              f"{exc}); expected what --save-debug-rollout-data writes") from None
         await self.ctl.buffer.load_rollout(k, samples)
-        return await self.ctl.buffer.wait_rollout(k, timeout=60.0, ask_timeout=90), 0.0
+        return await self.ctl.buffer.wait_rollout(k, timeout=60.0, hack=False, ask_timeout=90), 0.0
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(msgpack.packb(data, use_bin_type=True))
+    tmp.replace(path)  # a file that is there is complete

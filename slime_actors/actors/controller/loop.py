@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ...messages import RolloutStats
@@ -68,20 +69,22 @@ async def prepare(ctl: Ctl) -> int:
 
 async def train_sync(ctl: Ctl, start: int) -> None:
     """slime's train.py. Step k: the engines generate rollout k and end it once it is complete (what is still
-    generating goes back to the buffer); every trainer rank trains on its shard; weights v+1 go to every engine;
-    evaluate and save when due."""
+    generating goes back to the buffer); every trainer rank trains on its shard (the rollout's hack report and debug
+    data meanwhile); weights v+1 go to every engine; evaluate and save when due."""
     debug_cfg = ctl.cfg.debug
     for k in range(start, ctl.cfg.run.n_rollouts):
         step = ctl.begin_step(k)
         with ctl.startup.phase(f"rollout {k}"):
             stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
-            await rollout_done(ctl, k, step, stats, seconds)
-        if debug_cfg.debug_rollout_only:
-            await ctl.buffer.mark_trained(k)                 # nothing trains on it: the rollout is done with
-        else:
-            if not debug_cfg.load_debug_rollout_data:
-                await ctl.engines.end_rollout(k)             # what is still generating goes back to the buffer
-            await train(ctl, k, step)
+            reports = await rollout_done(ctl, k, step, stats, seconds)
+        with cancelled_on_error(reports):
+            if debug_cfg.debug_rollout_only:
+                await reports_in(ctl, k, step, reports)
+                await ctl.buffer.mark_trained(k)             # nothing trains on it: the rollout is done with
+            else:
+                if not debug_cfg.load_debug_rollout_data:
+                    await ctl.engines.end_rollout(k)         # what is still generating goes back to the buffer
+                await train(ctl, k, step, reports)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
@@ -100,11 +103,12 @@ async def train_async(ctl: Ctl, start: int) -> None:
             step = ctl.begin_step(k)
             with ctl.startup.phase(f"rollout {k}"):
                 stats, seconds = await (next_rollout or generate(ctl, k))
-                await rollout_done(ctl, k, step, stats, seconds)
-            next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
-            if next_rollout is None:
-                await ctl.engines.end_rollout(k)             # the last rollout: nothing follows it
-            await train(ctl, k, step)                        # the engines pause only for the weight update
+                reports = await rollout_done(ctl, k, step, stats, seconds)
+            with cancelled_on_error(reports):
+                next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
+                if next_rollout is None:
+                    await ctl.engines.end_rollout(k)         # the last rollout: nothing follows it
+                await train(ctl, k, step, reports)           # the engines pause only for the weight update
             ctl.startup.first_step_done()
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
@@ -122,24 +126,60 @@ async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutS
         ctl.phase = "rollout"
     await ctl.buffer.start_rollout(k, weight_version=ctl.version)
     await ctl.engines.resume()
-    stats = await ctl.buffer.wait_rollout(k, timeout=86400.0, ask_timeout=86500)
+    stats = await ctl.buffer.wait_rollout(k, timeout=86400.0, hack=False, ask_timeout=86500)  # (the report: reports)
     if not stats.complete:
         raise RuntimeError(f"rollout {k} did not complete: {stats.wire}")
     return stats, time.monotonic() - t0
 
 
-async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> None:
-    """After each rollout: its statistics and hack alarms into the metrics, samples on the console; debug data."""
+async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> asyncio.Future:
+    """After each rollout: its statistics into the metrics, samples on the console. Returns the rest, started here
+    and run while the trainers train (nothing in it decides what they do): the buffer's hack report on the rollout
+    and the debug data (--save-debug-rollout-data) -- `reports_in` takes them before the buffer frees the rollout."""
     await ctl.metrics.on_rollout_done(k, step, stats, seconds)
+    # (two tasks, created in this order: the hack_report ask goes out before dump_rollout's, every time)
+    return asyncio.gather(hack_report(ctl, k), save_debug_data(ctl, k))
+
+
+async def hack_report(ctl: Ctl, k: int) -> dict | None:
+    """The buffer's reward-hacking report on rollout k (None with --hack-alarms off: nothing is asked)."""
+    return None if ctl.cfg.monitor.hack_alarms == "off" else await ctl.buffer.hack_report(k)
+
+
+async def save_debug_data(ctl: Ctl, k: int) -> None:
     if ctl.cfg.debug.save_debug_rollout_data:
         await ctl.debug_data.save(k)
 
 
-async def train(ctl: Ctl, k: int, step: dict) -> None:
-    """Every trainer rank trains on its shard of rollout k; the buffer frees it; the engines get weights v+1."""
+async def reports_in(ctl: Ctl, k: int, step: dict, reports: asyncio.Future) -> None:
+    """Wait for rollout k's reports (`rollout_done`; a failed one -- a debug-data file not written -- fails the
+    step, as it always did): the hack alarms into the step's metrics (and --hack-alarms stop's decision)."""
+    hack, _ = await reports
+    ctl.metrics.on_hack_report(k, step, hack)
+
+
+@contextmanager
+def cancelled_on_error(reports: asyncio.Future):
+    """The step failed before it took its reports: stop them (the rollout is generated again or the job ends)."""
+    try:
+        yield
+    except BaseException:
+        if reports.done() and not reports.cancelled():
+            reports.exception()   # (retrieved: the step's own error is the one raised)
+        reports.cancel()
+        raise
+
+
+async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future) -> None:
+    """Every trainer rank trains on its shard of rollout k; its reports come in; the buffer frees it; the engines
+    get weights v+1."""
     ctl.phase = "train"
-    with timed(step, "time/train"), ctl.startup.phase(f"train {k}"):
+    t0 = time.monotonic()
+    with ctl.startup.phase(f"train {k}"):
         results = await ctl.trainers.train(k, ask_timeout=3600)
+    seconds = time.monotonic() - t0
+    await reports_in(ctl, k, step, reports)          # (the row's hack/* columns come before time/train, as ever)
+    step["time/train"] = seconds
     step.update({f"train/{key}": v for key, v in results[0].items()})
     await ctl.buffer.mark_trained(k)
     ctl.version += 1

@@ -4,9 +4,10 @@ on the console, and at the end curves.png (slime_actors/plots.py) and the job's 
 
 `on_rollout_done` runs after every rollout (generated or loaded) with its statistics: the place for anything that
 watches rollouts (it may ask other actors: it is awaited before the trainers train on the rollout). The buffer's
-reward-hacking monitor reports there (stats.hack): its hack/* metrics go into the step's row, each tripped alarm into
-RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop `stopping` says why the run ends after this step
-(the loop saves a checkpoint and asks `stop_after(k)`).
+reward-hacking monitor reports in `on_hack_report` (the loop asks for the report while the trainers train and hands
+it over once they are done, before the buffer frees the rollout): its hack/* metrics go into the step's row, each
+tripped alarm into RUN_DIR/alarms.jsonl with a warning, and with --hack-alarms stop `stopping` says why the run ends
+after this step (the loop saves a checkpoint and asks `stop_after(k)`).
 """
 
 from __future__ import annotations
@@ -102,12 +103,12 @@ class Metrics:
         step.update({f"passrate/{key}": v for key, v in stats.passrate.items()})  # --log-passrate
         step["time/rollout"] = seconds
         self._show_samples(k, stats.examples)
-        self._hack_alarms(k, stats, step)
 
-    def _hack_alarms(self, k: int, stats: RolloutStats, step: dict) -> None:
-        """The buffer's hacking report on rollout k: hack/* metrics into the step, each tripped alarm into
-        RUN_DIR/alarms.jsonl and a warning; with --hack-alarms stop and an alarm tripped, why the run stops."""
-        metrics, tripped = record_hack_alarms(self.ctl.runtime.run_dir, k, stats.hack, self.ctl.log)
+    def on_hack_report(self, k: int, step: dict, report: dict | None) -> None:
+        """The buffer's hacking report on rollout k (None: --hack-alarms off): hack/* metrics into the step, each
+        tripped alarm into RUN_DIR/alarms.jsonl and a warning; with --hack-alarms stop and an alarm tripped, why the
+        run stops."""
+        metrics, tripped = record_hack_alarms(self.ctl.runtime.run_dir, k, report, self.ctl.log)
         step.update(metrics)
         if tripped and self.cfg.monitor.hack_alarms == "stop":
             self.stopping = stop_reason(k, tripped)
