@@ -117,7 +117,8 @@ class MetricSinks:
             for key, v in numbers.items():
                 if key != "rollout_id":
                     self.tb.add_scalar(key, v, k)
-            self.tb.flush()
+            # (not flushed here: waiting for the writer's thread held up the next step; it writes them in this
+            # order and flushes within tb_writer.FLUSH_SECS, and close() flushes the rest)
         if self.wandb is not None:
             self.wandb.log({**numbers, "rollout_id": k})
 
