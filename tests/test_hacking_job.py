@@ -172,11 +172,33 @@ def test_the_buffer_reports_on_every_scored_group_once_and_keeps_it_across_a_res
     assert "hack" not in ask2("wait_rollout", {"rollout_id": 0, "timeout": 10.0})
 
 
+def test_wait_rollout_without_the_report_then_hack_report_gives_the_same_report_once(loop_thread, run_dir, tmp_path):
+    """What the controller does (issue 33): wait_rollout(hack=false) replies without the report, the monitor
+    starts on the complete rollout meanwhile, and hack_report answers the report wait_rollout would have held --
+    observed once, the monitor's state moved once."""
+    _, ask_ref = start_buffer(loop_thread, str(tmp_path / "ref"), buffer_args(tmp_path))
+    fill_rollout(ask_ref)
+    expected = ask_ref("wait_rollout", {"rollout_id": 0, "timeout": 10.0})["hack"]
+    b, ask = start_buffer(loop_thread, run_dir, buffer_args(tmp_path))
+    fill_rollout(ask)
+    st = ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0, "hack": False})
+    assert st["complete"] and st["samples"] == 8 and "hack" not in st
+    assert ask("hack_report", {"rollout_id": 0}) == expected
+    assert ask("hack_report", {"rollout_id": 0}) == expected   # (a retried ask: the same report)
+    assert ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0})["hack"] == expected
+    assert len(b.hack_monitor.history) == 1
+    ask("mark_trained", {"rollout_id": 0})
+    assert ask("hack_report", {"rollout_id": 0}) is None       # trained: the report is gone
+    with pytest.raises(Exception, match="rollout 1 is not complete"):
+        ask("hack_report", {"rollout_id": 1})
+
+
 def test_hack_alarms_off_computes_nothing(loop_thread, run_dir, tmp_path):
     b, ask = start_buffer(loop_thread, run_dir, buffer_args(tmp_path, "--hack-alarms", "off"))
     fill_rollout(ask)
     st = ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0})
     assert st["complete"] and "hack" not in st and b.hack_monitor is None
+    assert ask("hack_report", {"rollout_id": 0}) is None
 
 
 def test_a_monitor_that_fails_never_stops_the_rollout(loop_thread, run_dir, tmp_path, monkeypatch):

@@ -30,7 +30,8 @@ REPLIES = {"start_rollout": lambda b: {"groups": 4, "rollout_id": b["rollout_id"
            "pause": lambda b: {"in_flight": 0, "mode": None},
            "end_rollout": lambda b: {"aborted": 0, "returned": 0},
            "accounting": lambda b: dict(ACCOUNTING),
-           "eval_results": lambda b: []}
+           "eval_results": lambda b: [],
+           "dump_rollout": lambda b: [{"index": 0, "prompt": "1+1", "response": "2", "reward": 1.0}]}
 
 
 def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
@@ -176,3 +177,69 @@ def test_an_evaluation_reports_pass_at_k_per_set(tmp_path):
     ctl = _controller(tmp_path, "--eval-prompt-data", "digits", str(prompts), stats=_alarm_on(-1))
     out = asyncio.run(ctl.evaluations.run(0))
     assert out == {"digits": 0.25, "digits-pass@1": 0.25, "digits-pass@4": 0.5}
+
+
+
+def _holding(ctl, held=("hack_report", "dump_rollout")):
+    """The controller's asks, the replies to `held` for rollout k kept until the trainers have been asked to train
+    on k. A loop that waited for one of them before asking would wait for ever: the test times out and fails."""
+    ask, trains = ctl.ask, {}
+
+    async def holding(to, method, body=None, *, timeout=None):
+        if method in held:
+            ctl.sent.append((to, method, body))
+            await asyncio.sleep(0)
+            k = body["rollout_id"]
+            await asyncio.wait_for(trains.setdefault(k, asyncio.Event()).wait(), 30)
+            if method == "dump_rollout":
+                return [{"index": k, "prompt": "1+1", "response": "2", "reward": 1.0}]
+            return {"rollout_id": k, "metrics": {"hack/len": 1.0}, "alarms": [], "skipped": {}}
+        if method == "train":
+            trains.setdefault(body["rollout_id"], asyncio.Event()).set()
+        return await ask(to, method, body, timeout=timeout)
+    ctl.ask = holding
+
+
+def test_training_is_asked_before_the_hack_report_and_the_debug_data_come_back(tmp_path):
+    """Issue 33: the buffer's hack report and --save-debug-rollout-data's dump no longer hold up the step -- the
+    trainers are asked first; the step's row and the file have them all the same, before mark_trained."""
+    import msgpack
+
+    from slime_actors.config import debug_rollout_path
+    for schedule, flags in ((loop.train_sync, ()), (loop.train_async, ("--async-train",))):
+        run = tmp_path / schedule.__name__
+        run.mkdir()
+        ctl = _controller(run, "--save-debug-rollout-data", str(run / "rollouts"), *flags)
+        _holding(ctl)
+        asyncio.run(asyncio.wait_for(schedule(ctl, 0), 60))
+        sent = [(m, (b or {}).get("rollout_id")) for _, m, b in ctl.sent]
+        for k in range(3):
+            assert sent.index(("hack_report", k)) < sent.index(("dump_rollout", k)) < sent.index(("train", k)) \
+                < sent.index(("mark_trained", k)), (schedule.__name__, sent)
+            path = debug_rollout_path(str(run / "rollouts"), k)
+            assert msgpack.unpackb(path.read_bytes())["samples"][0]["index"] == k
+        # the report's metrics are in the row where they always were: after the rollout's, before time/train
+        for row in ctl.metrics.history:
+            keys = list(row)
+            assert row["hack/len"] == 1.0
+            assert keys.index("time/rollout") < keys.index("hack/len") < keys.index("time/train"), keys
+        assert [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2]
+
+
+def test_a_debug_data_file_that_cannot_be_written_still_fails_the_job(tmp_path):
+    """The dump runs while the trainers train, but a failed one fails the step before the buffer frees the
+    rollout, as when it ran first."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    for schedule, flags in ((loop.train_sync, ()), (loop.train_async, ("--async-train",))):
+        run = tmp_path / schedule.__name__
+        run.mkdir()
+        ctl = _controller(run, "--save-debug-rollout-data", str(blocker / "rollouts"), *flags)
+        try:
+            asyncio.run(schedule(ctl, 0))
+        except OSError as exc:
+            assert "not-a-dir" in str(exc)
+        else:
+            raise AssertionError("the job went on without its debug data")
+        methods = [m for _, m, _ in ctl.sent]
+        assert "dump_rollout" in methods and "mark_trained" not in methods and ctl.metrics.history == []
