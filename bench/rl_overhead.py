@@ -77,6 +77,51 @@ def analyse(run_dir: Path) -> list[dict]:
     return rows
 
 
+def controller_gaps(run_dir: Path) -> list[dict]:
+    """Per step, the serial gaps of the synchronous loop that are the framework's own (ms; from the traces, each
+    end as its sender recorded it):
+
+        complete -> stats   the buffer's last accepted submit of the rollout -> its wait_rollout reply
+        stats -> train      that reply -> the controller's train ask (rollout_done, end_rollout, ...)
+        trained -> sync     trainer/0's train reply -> the sync_weights ask (mark_trained, the rollout's reports)
+        synced -> next      the sync_weights reply -> the next start_rollout ask (evaluate/save, the step's row)
+    """
+    from slime_actors.traces.reader import TraceRun
+    run = TraceRun(run_dir)
+    by: dict[tuple[str, int], object] = {}
+    submits = []
+    for m in run.messages().values():
+        if m.method == "submit" and m.reply_sent is not None:
+            submits.append(m.reply_sent.t_ns)
+        if m.send is None or m.send.actor != "controller/0":
+            continue
+        body = m.send.body() if m.method in ("wait_rollout", "train", "sync_weights", "start_rollout") else None
+        if not isinstance(body, dict) or body.get("kind", "train") != "train":
+            continue
+        if m.method == "train" and m.header.get("to") not in (None, "trainer/0"):
+            continue
+        if m.method == "sync_weights" and m.header.get("to") not in (None, "trainer/0"):
+            continue
+        k = body["weight_version"] - 1 if m.method == "sync_weights" else body.get("rollout_id")
+        by[(m.method, k)] = m
+    submits.sort()
+    rows = []
+    for (method, k), wait in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if method != "wait_rollout":
+            continue
+        train, sync, nxt = by.get(("train", k)), by.get(("sync_weights", k)), by.get(("start_rollout", k + 1))
+        if wait.reply_sent is None or train is None or sync is None or train.reply_sent is None:
+            continue
+        done = max((t for t in submits if t <= wait.reply_sent.t_ns), default=wait.reply_sent.t_ns)
+        row = {"step": k, "complete -> stats": (wait.reply_sent.t_ns - done) / 1e6,
+               "stats -> train": (train.send.t_ns - wait.reply_sent.t_ns) / 1e6,
+               "trained -> sync": (sync.send.t_ns - train.reply_sent.t_ns) / 1e6}
+        if nxt is not None and sync.reply_sent is not None:
+            row["synced -> next"] = (nxt.send.t_ns - sync.reply_sent.t_ns) / 1e6
+        rows.append(row)
+    return rows
+
+
 def run_variant(name: str, config: Path, flags: list[str], steps: int, root: Path) -> list[dict]:
     run_dir = root / name.split()[0]
     cmd = [str(Path(sys.executable).parent / "slime-actors"), "train", "--config", str(config), "--run-dir",

@@ -45,9 +45,13 @@ def recorded(tmp_path_factory):
     rm = d / "my_reward.py"
     shutil.copy(ROOT / "examples" / "debugging" / "rewards.py", rm)
     run = d / "run"
+    # (hack alarms on, as by default, and the debug data saved: the controller takes both while the trainers train,
+    # and its replay must follow the same order)
     res = subprocess.run([str(BIN), "train", "--run-dir", str(run), *FLAGS, "--custom-rm-path",
-                          f"{rm}:partial_credit"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          f"{rm}:partial_credit", "--save-debug-rollout-data", str(d / "rollouts")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
+    assert sorted(p.name for p in (d / "rollouts").iterdir()) == ["rollout_000000.msgpack", "rollout_000001.msgpack"]
     return run, rm
 
 
