@@ -83,6 +83,7 @@ def controller_gaps(run_dir: Path) -> list[dict]:
 
         complete -> stats   the buffer's last accepted submit of the rollout -> its wait_rollout reply
         stats -> train      that reply -> the controller's train ask (rollout_done, end_rollout, ...)
+        train -> batch      that ask -> the buffer's get_batch reply to trainer/0 (the buffer busy meanwhile)
         trained -> sync     trainer/0's train reply -> the sync_weights ask (mark_trained, the rollout's reports)
         synced -> next      the sync_weights reply -> the next start_rollout ask (evaluate/save, the step's row)
     """
@@ -93,6 +94,11 @@ def controller_gaps(run_dir: Path) -> list[dict]:
     for m in run.messages().values():
         if m.method == "submit" and m.reply_sent is not None:
             submits.append(m.reply_sent.t_ns)
+        if m.method == "get_batch" and m.send is not None and m.send.actor == "trainer/0":
+            body = m.send.body()
+            if isinstance(body, dict):
+                by[("get_batch", body.get("rollout_id"))] = m
+            continue
         if m.send is None or m.send.actor != "controller/0":
             continue
         body = m.send.body() if m.method in ("wait_rollout", "train", "sync_weights", "start_rollout") else None
@@ -110,11 +116,14 @@ def controller_gaps(run_dir: Path) -> list[dict]:
         if method != "wait_rollout":
             continue
         train, sync, nxt = by.get(("train", k)), by.get(("sync_weights", k)), by.get(("start_rollout", k + 1))
-        if wait.reply_sent is None or train is None or sync is None or train.reply_sent is None:
+        batch = by.get(("get_batch", k))
+        if wait.reply_sent is None or train is None or sync is None or train.reply_sent is None or batch is None \
+                or batch.reply_sent is None:
             continue
         done = max((t for t in submits if t <= wait.reply_sent.t_ns), default=wait.reply_sent.t_ns)
         row = {"step": k, "complete -> stats": (wait.reply_sent.t_ns - done) / 1e6,
                "stats -> train": (train.send.t_ns - wait.reply_sent.t_ns) / 1e6,
+               "train -> batch": (batch.reply_sent.t_ns - train.send.t_ns) / 1e6,
                "trained -> sync": (sync.send.t_ns - train.reply_sent.t_ns) / 1e6}
         if nxt is not None and sync.reply_sent is not None:
             row["synced -> next"] = (nxt.send.t_ns - sync.reply_sent.t_ns) / 1e6

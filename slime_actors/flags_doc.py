@@ -145,7 +145,7 @@ responses instead.
 ## Logging
 
 Every step's numbers go to RUN_DIR/metrics.jsonl, RUN_DIR/curves.png and TensorBoard (RUN_DIR/tensorboard, on by
-default). `--use-wandb` logs the same numbers to Weights & Biases against `rollout_id`, with a table of each
+default; a step's events are on disk within 2 s of its end). `--use-wandb` logs the same numbers to Weights & Biases against `rollout_id`, with a table of each
 rollout's best and worst sample, one of each evaluation's responses, and the curves picture; `--wandb-mode offline`
 writes the run under RUN_DIR/wandb for `wandb sync` later. `--log-passrate` adds pass@k (`passrate/pass@k`,
 `eval/NAME-pass@k`).
