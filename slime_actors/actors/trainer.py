@@ -151,6 +151,8 @@ class TrainerRank(Actor):
         self.weights = WeightPusher(cfg, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
                                     sender_factory=self.host.weight_sender)  # (replay's needs no engines)
+        if self.rank == 0:
+            self.weights.warm_up()   # SGLang's serializer imported while the engines start, not in the first sync
         ckpt = Path(rdzv.checkpoint) if rdzv.checkpoint else None  # the controller picks it
         if ckpt is not None:
             self.backend.load(str(trainer_dir(ckpt)), load_optim=not cfg.checkpoint.no_save_optim)
