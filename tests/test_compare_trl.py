@@ -531,3 +531,26 @@ def test_sglang_decodes_in_cuda_graphs_sized_for_a_rollout(tmp_path, flags, grap
     assert named == (0 if flags == "--sglang-disable-cuda-graph" else 1)   # the job's or the user's, never both
     sglang_launch._check_with_table(["--model-path", "m", *sglang_argv], sglang_launch.sglang_flags.SERVER_FLAGS,
                                     "SGLang's recorded flags")   # every flag is one SGLang 0.5.15 has
+
+
+def test_tf32_is_asked_of_both_trainers_on_a_gpu_and_said(tmp_path):
+    """--precision tf32: ours --tf32 (our flag, which our CLI accepts), TRL tf32=True on a GPU (None on CPU: the
+    switch is a GPU one); the report's differences say it and what it does not cover."""
+    from slime_actors.config import parse_config
+    prompts = tmp_path / "train.jsonl"
+    write_jsonl(prompts, [{"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}])
+    for device in ("cpu", "cuda"):
+        a = _args("--precision", "tf32", "--device", device, "--ours", "local")
+        (engine, backend), = run.check(a)
+        job = run.job_spec(a, "/models/m", prompts, prompts)
+        cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
+        assert "--tf32" in cmd and "--bf16" not in cmd
+        cfg = parse_config(cmd[4:])
+        assert cfg.train.tf32 and not cfg.train.bf16
+        kw = trl_job.grpo_config_kwargs(job, Path("out"))
+        assert kw["tf32"] is (True if device == "cuda" else None) and not kw["bf16"]
+    said = " ".join(report.differences({**job, "precision": "tf32"}))
+    assert "TF32" in said and "fp32 is the precision both sides share" in said
+    fp32 = run.ours_command(_args("--device", "cpu"), run.job_spec(_args("--device", "cpu"), "/m", prompts, prompts),
+                            "local", "torch", tmp_path / "run")
+    assert "--tf32" not in fp32 and "TF32" not in " ".join(report.differences({**job, "precision": "fp32"}))

@@ -98,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--clip", type=float, default=0.2, help="PPO clip epsilon")
     a("--micro-batch", type=int, default=32, help="samples per forward/backward (one optimizer step per rollout)")
     a("--eval-every", type=int, default=5, help="held-out evaluation every N steps (and before training)")
-    a("--precision", choices=["fp32", "bf16"], default="fp32",
-      help="fp32 on both sides (default), or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 "
-           "engine, TRL bf16=True (autocast over fp32 weights)")
+    a("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
+      help="fp32 on both sides (default); tf32: fp32 with the trainers' matmuls in TF32 on the GPU (ours --tf32, "
+           "TRL tf32=True); or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 engine, TRL "
+           "bf16=True (autocast over fp32 weights)")
     a("--gradient-checkpointing", action="store_true",
       help="recompute activations in the backward on both sides: ours --gradient-checkpointing, TRL "
            "gradient_checkpointing=True (its own default); off: neither (the default here)")
@@ -211,6 +212,8 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         cmd += ["--colocate", "--update-weight-transport", "colocated"]
     if job.get("gradient_checkpointing"):
         cmd += ["--gradient-checkpointing"]
+    if job["precision"] == "tf32":
+        cmd += ["--tf32"]
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
     elif engine == "sglang":

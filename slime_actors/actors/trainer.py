@@ -109,6 +109,8 @@ class TrainerRank(Actor):
         random.seed(cfg.run.seed + self.rank)
         np.random.seed((cfg.run.seed + self.rank) % (1 << 32))
         torch.manual_seed(cfg.run.seed + self.rank)
+        from ..backends.training import set_tf32
+        set_tf32(cfg.train.tf32)
         if cfg.run.device == "cuda":
             gpus = torch.cuda.device_count()
             if gpus == 0:
