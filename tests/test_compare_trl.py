@@ -546,7 +546,7 @@ def test_tf32_is_asked_of_both_trainers_on_a_gpu_and_said(tmp_path):
         cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
         assert "--tf32" in cmd and "--bf16" not in cmd
         cfg = parse_config(cmd[4:])
-        assert cfg.train.tf32 and not cfg.train.bf16
+        assert cfg.train.tf32 and not cfg.train.bf16 and "--enable-tf32-matmul" in cfg.engine.sglang_args
         kw = trl_job.grpo_config_kwargs(job, Path("out"))
         assert kw["tf32"] is (True if device == "cuda" else None) and not kw["bf16"]
     said = " ".join(report.differences({**job, "precision": "tf32"}))

@@ -374,8 +374,9 @@ def _ratio(key: str, v) -> str:
 def differences(job: dict) -> list[str]:
     """What differs between the two jobs, and what is the same on purpose."""
     p = job.get("precision", "fp32")
-    tf32 = (" The trainers' matmuls in TF32 on the GPU (ours --tf32, TRL tf32=True: torch's allow_tf32, which in "
-            "TRL's one process also covers its generation; our engines' generation is not in TF32)."
+    tf32 = (" The matmuls in TF32 on the GPU: ours --tf32 (the trainer) and --sglang-enable-tf32-matmul (the local "
+            "engine's generation; SGLang's is float16), TRL tf32=True (torch's allow_tf32 in its one process: "
+            "training and generation)."
             if p == "tf32" else "")
     return [
         f"Same: model directory, prompts and their order (step k trains on the same {job.get('prompts')} prompts "

@@ -212,8 +212,8 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         cmd += ["--colocate", "--update-weight-transport", "colocated"]
     if job.get("gradient_checkpointing"):
         cmd += ["--gradient-checkpointing"]
-    if job["precision"] == "tf32":
-        cmd += ["--tf32"]
+    if job["precision"] == "tf32":   # the trainer's matmuls, and the local engine's (SGLang generates in float16)
+        cmd += ["--tf32", "--sglang-enable-tf32-matmul"]
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
     elif engine == "sglang":
