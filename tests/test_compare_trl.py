@@ -503,3 +503,54 @@ def test_gradient_checkpointing_is_asked_of_both_sides_and_said(tmp_path):
         kw = trl_job.grpo_config_kwargs(job, Path("out"))
         assert kw["gradient_checkpointing"] is on and kw["per_device_train_batch_size"] == 32
         assert kw["gradient_accumulation_steps"] == 4 and kw["num_generations"] == 8 and not kw["bf16"]
+
+
+@pytest.mark.parametrize("flags, graph_bs", [(None, "128"), ("--sglang-disable-cuda-graph", None),
+                                             ("--sglang-cuda-graph-max-bs-decode=64", None),
+                                             ("--sglang-attention-backend triton", "128")])
+def test_sglang_decodes_in_cuda_graphs_sized_for_a_rollout(tmp_path, flags, graph_bs):
+    """The sglang mode's default flags decode in CUDA graphs captured up to one rollout's requests (prompts x group);
+    flags that say otherwise are left alone. The command is one our CLI accepts, SGLang flags included."""
+    from slime_actors.config import parse_config
+    a = run.build_parser().parse_args(run.join_flag_strings(
+        ["--ours", "sglang", "--device", "cpu", *(["--sglang-flags", flags] if flags is not None else [])]))
+    (engine, backend), = run.check(a)
+    prompts = tmp_path / "train.jsonl"
+    write_jsonl(prompts, [{"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}])
+    job = run.job_spec(a, "/models/m", prompts, prompts)
+    cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
+    if graph_bs is None:
+        assert "--sglang-cuda-graph-max-bs-decode" not in cmd
+    else:
+        assert cmd[cmd.index("--sglang-cuda-graph-max-bs-decode") + 1] == graph_bs == str(job["prompts"] * job["group"])
+    if flags is None:
+        assert "--sglang-disable-cuda-graph" not in cmd and "--sglang-disable-prefill-cuda-graph" in cmd
+    from slime_actors.backends import sglang_launch
+    sglang_argv = parse_config(cmd[4:]).engine.sglang_args   # what reaches `sglang.launch_server`
+    named = sum(f.startswith("--cuda-graph-max-bs-decode") for f in sglang_argv)
+    assert named == (0 if flags == "--sglang-disable-cuda-graph" else 1)   # the job's or the user's, never both
+    sglang_launch._check_with_table(["--model-path", "m", *sglang_argv], sglang_launch.sglang_flags.SERVER_FLAGS,
+                                    "SGLang's recorded flags")   # every flag is one SGLang 0.5.15 has
+
+
+def test_tf32_is_asked_of_both_trainers_on_a_gpu_and_said(tmp_path):
+    """--precision tf32: ours --tf32 (our flag, which our CLI accepts), TRL tf32=True on a GPU (None on CPU: the
+    switch is a GPU one); the report's differences say it and what it does not cover."""
+    from slime_actors.config import parse_config
+    prompts = tmp_path / "train.jsonl"
+    write_jsonl(prompts, [{"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}])
+    for device in ("cpu", "cuda"):
+        a = _args("--precision", "tf32", "--device", device, "--ours", "local")
+        (engine, backend), = run.check(a)
+        job = run.job_spec(a, "/models/m", prompts, prompts)
+        cmd = run.ours_command(a, job, engine, backend, tmp_path / "run")
+        assert "--tf32" in cmd and "--bf16" not in cmd
+        cfg = parse_config(cmd[4:])
+        assert cfg.train.tf32 and not cfg.train.bf16 and "--enable-tf32-matmul" in cfg.engine.sglang_args
+        kw = trl_job.grpo_config_kwargs(job, Path("out"))
+        assert kw["tf32"] is (True if device == "cuda" else None) and not kw["bf16"]
+    said = " ".join(report.differences({**job, "precision": "tf32"}))
+    assert "TF32" in said and "fp32 is the precision both sides share" in said
+    fp32 = run.ours_command(_args("--device", "cpu"), run.job_spec(_args("--device", "cpu"), "/m", prompts, prompts),
+                            "local", "torch", tmp_path / "run")
+    assert "--tf32" not in fp32 and "TF32" not in " ".join(report.differences({**job, "precision": "fp32"}))

@@ -586,3 +586,20 @@ def test_deterministic_inference_gives_a_request_the_same_bits_in_any_batch(mode
     run([req("y", PROMPTS[3], 9, 3)], "decode", "decode", [x[2]])                 # joining a decoding batch
     assert x[0].output_ids == x[1].output_ids == x[2].output_ids and len(x[0].output_ids) == 6
     assert x[0].logprobs == x[1].logprobs == x[2].logprobs  # bit for bit
+
+
+def test_enable_tf32_matmul_is_honoured_as_sglangs_flag(model_dirs):
+    """SGLang's --enable-tf32-matmul: the engine's fp32 matmuls in TF32 (torch's process-wide switch); a flag the
+    local engine acts on, not one it accepts and ignores."""
+    from slime_actors.backends.local_engine.cli import honoured_flags, parse_args
+    from slime_actors.backends.local_engine.scheduler import Engine
+    assert "--enable-tf32-matmul" in honoured_flags()
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        Engine(parse_args(["--model-path", str(model_dirs[0]), "--device", "cpu"]))
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        Engine(parse_args(["--model-path", str(model_dirs[0]), "--device", "cpu", "--enable-tf32-matmul"]))
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

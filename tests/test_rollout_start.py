@@ -211,3 +211,36 @@ def test_a_tokenizer_that_cannot_load_fails_the_start_and_stops_the_engine(tmp_p
             t.cancel()
     asyncio.run(go())
     assert procs[0].stopped and "serving" not in events
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_the_engines_flags_are_checked_while_it_starts_and_a_refused_flag_stops_it(tmp_path, monkeypatch, tiny,
+                                                                                    refuse):
+    """The worker's own check of the engine command (SGLang's parser: a 16 s import on one H100) runs after the
+    launch, alongside the engine's start (the head checked the same flags before any process started); a flag this
+    host's engine refuses fails the start with SGLangFlagError, and the engine launched is stopped."""
+    from slime_actors.backends.sglang_launch import SGLangFlagError
+    w, events, procs = _worker(tmp_path, monkeypatch, tiny)
+    w.buffer = Buffer(threading.Event(), events)
+    w.buffer.holding.set()
+
+    def check(module, flags):
+        events.append("flags checked")
+        assert "--port" in flags   # the launched command itself
+        if refuse:
+            raise SGLangFlagError("--made-up-flag is not a launch flag of SGLang 9.9")
+        return "SGLang 9.9 (stand-in)"
+    monkeypatch.setattr("slime_actors.backends.sglang_launch.check_engine_flags", check)
+
+    async def go():
+        if refuse:
+            with pytest.raises(SGLangFlagError, match="--made-up-flag"):
+                await w.on_start()
+        else:
+            await w.on_start()
+        for t in list(w._tasks):
+            t.cancel()
+    asyncio.run(go())
+    assert events[:2] == ["engine launched", "flags checked"], events
+    assert procs[0].stopped is refuse
+    assert ("serving" in events) is not refuse

@@ -5,6 +5,7 @@ between syncs (the broadcast group, the disk versions it wrote)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import typing
 
 import pytest
@@ -149,3 +150,57 @@ def test_other_ranks_take_part_when_gathering_is_a_collective(tmp_path, parallel
     b = Backend(parallel)
     p = _pusher(tmp_path, Workers(), b, train__train_backend=backend)
     assert asyncio.run(p.take_part()) is takes_part and b.gathered == int(takes_part)
+
+
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    """A stand-in `sglang` package whose serializer module records the thread that imported it."""
+    for name in [m for m in list(sys.modules) if m.split(".")[0] == "sglang"]:
+        monkeypatch.delitem(sys.modules, name)
+    root = tmp_path / "site"
+    files = {"sglang/__init__.py": "", "sglang/srt/__init__.py": "",
+             "sglang/srt/utils/__init__.py": "import threading\nIMPORTED_IN = threading.current_thread().name\n",
+             "sglang/srt/utils/patch_torch.py": "", "sglang/srt/weight_sync/__init__.py": "",
+             "sglang/srt/weight_sync/tensor_bucket.py": ""}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(root))
+    yield
+    for name in [m for m in list(sys.modules) if m.split(".")[0] == "sglang"]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("cfg", [dict(engine__rollout_engine="sglang"),
+                                 dict(engine__rollout_external_engine_addrs=["127.0.0.1:30000"])])
+def test_warm_up_imports_sglangs_serializer_in_a_thread_for_colocated_sglang(tmp_path, fake_sglang, cfg):
+    p = _pusher(tmp_path, Workers(), weights__update_weight_transport="colocated", **cfg)
+    thread = p.warm_up()
+    assert thread is not None and thread.name == "sglang-serializer-import"
+    thread.join(30)
+    assert not thread.is_alive()
+    assert sys.modules["sglang.srt.utils"].IMPORTED_IN == "sglang-serializer-import"   # not the caller's thread
+    assert "sglang.srt.weight_sync.tensor_bucket" in sys.modules
+    assert p.warm_up() is thread   # once
+
+
+@pytest.mark.parametrize("cfg", [dict(engine__rollout_engine="local", weights__update_weight_transport="colocated"),
+                                 dict(engine__rollout_engine="sglang", weights__update_weight_transport="distributed"),
+                                 dict(engine__rollout_engine="sglang", weights__update_weight_transport="colocated",
+                                      lora__lora_rank=8, lora__lora_sync="adapter")])
+def test_warm_up_imports_nothing_when_the_updates_do_not_use_sglangs_serializer(tmp_path, fake_sglang, cfg):
+    p = _pusher(tmp_path, Workers(), **cfg)
+    assert p.warm_up() is None
+    assert "sglang.srt.utils" not in sys.modules
+
+
+def test_warm_up_without_sglang_installed_ends_quietly(tmp_path, monkeypatch):
+    from slime_actors.backends.engine_client import import_sglang_serializer
+    for name in [m for m in list(sys.modules) if m.split(".")[0] == "sglang"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "sglang", None)   # (import sglang raises ImportError)
+    assert import_sglang_serializer() is None
+    p = _pusher(tmp_path, Workers(), weights__update_weight_transport="colocated", engine__rollout_engine="sglang")
+    thread = p.warm_up()
+    thread.join(30)
+    assert not thread.is_alive()

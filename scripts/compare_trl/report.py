@@ -374,6 +374,10 @@ def _ratio(key: str, v) -> str:
 def differences(job: dict) -> list[str]:
     """What differs between the two jobs, and what is the same on purpose."""
     p = job.get("precision", "fp32")
+    tf32 = (" The matmuls in TF32 on the GPU: ours --tf32 (the trainer) and --sglang-enable-tf32-matmul (the local "
+            "engine's generation; SGLang's is float16), TRL tf32=True (torch's allow_tf32 in its one process: "
+            "training and generation)."
+            if p == "tf32" else "")
     return [
         f"Same: model directory, prompts and their order (step k trains on the same {job.get('prompts')} prompts "
         f"on both sides), group size {job.get('group')}, one optimizer step per rollout in micro batches of "
@@ -393,7 +397,7 @@ def differences(job: dict) -> list[str]:
          + (" Except SGLang's generation: SGLang cannot generate in float32 (sgl-kernel's rmsnorm has no float32 "
             "kernel), so the sglang modes generate in float16 (--sglang-dtype float16, what SGLang's dtype auto "
             "picks for a float32 checkpoint) while their trainer is fp32; the rollout log-probs are float16 ones."
-            if "sglang" in str(job.get("ours_modes", "")) else "")) if p == "fp32" else
+            if "sglang" in str(job.get("ours_modes", "")) else "") + tf32) if p in ("fp32", "tf32") else
         ("Precision bf16: ours trains pure bf16 (--bf16: weights and AdamW states in bf16) and generates in bf16; "
          "TRL autocasts to bf16 over fp32 weights and optimizer states. Not the same numerics."),
         "Generation: ours by its engine (continuous batching; the local engine or SGLang), a separate process that "

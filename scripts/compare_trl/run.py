@@ -37,11 +37,19 @@ MAKE_DATA = ROOT / "examples" / "smollm2_arith" / "make_data.py"
 TASKS = ("mul1", "add2", "mul2x1", "word1", "word2", "word")
 ENGINES = ("local", "sglang")
 BACKENDS = ("torch", "megatron")
-# SGLang on one GPU beside the trainer: the flags scripts/sglang_gpu_check.py runs it with (triton attention, no
-# CUDA graphs: the image lacks flash-attention kernels); its memory share is sized for the model by the placement
-# (launch/placement.py sized_mem_fraction: weights + KV cache of the requests in flight), not a fixed fraction
-SGLANG_FLAGS = ("--sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-disable-cuda-graph "
+# SGLang on one GPU beside the trainer: triton attention and the PyTorch sampler (the reduced wheel set has no
+# flash-attention or flashinfer kernels); decoding in CUDA graphs, prefill without (on one H100 the graphs took a
+# step's generation from 4.2-5.0 s to 0.5 s: docs/peer-comparison.md); the decode graphs are captured for batches up
+# to a rollout's requests (--sglang-cuda-graph-max-bs-decode, added by ours_command unless these flags name a
+# cuda-graph flag). Its memory share is sized for the model by the placement (launch/placement.py
+# sized_mem_fraction: weights + KV cache of the requests in flight), not a fixed fraction
+SGLANG_FLAGS = ("--sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-disable-prefill-cuda-graph "
                 "--sglang-skip-tokenizer-init --sglang-grammar-backend none --sglang-skip-server-warmup")
+
+# flags that say how (or whether) SGLang decodes in CUDA graphs: with one of them, ours_command adds no batch size
+DECODE_GRAPH_FLAGS = {"--sglang-cuda-graph-max-bs", "--sglang-cuda-graph-max-bs-decode", "--sglang-cuda-graph-bs",
+                      "--sglang-cuda-graph-bs-decode", "--sglang-disable-cuda-graph",
+                      "--sglang-disable-decode-cuda-graph", "--sglang-cuda-graph-backend-decode"}
 
 
 class JobError(ValueError):
@@ -90,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--clip", type=float, default=0.2, help="PPO clip epsilon")
     a("--micro-batch", type=int, default=32, help="samples per forward/backward (one optimizer step per rollout)")
     a("--eval-every", type=int, default=5, help="held-out evaluation every N steps (and before training)")
-    a("--precision", choices=["fp32", "bf16"], default="fp32",
-      help="fp32 on both sides (default), or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 "
-           "engine, TRL bf16=True (autocast over fp32 weights)")
+    a("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
+      help="fp32 on both sides (default); tf32: fp32 with the trainers' matmuls in TF32 on the GPU (ours --tf32, "
+           "TRL tf32=True); or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 engine, TRL "
+           "bf16=True (autocast over fp32 weights)")
     a("--gradient-checkpointing", action="store_true",
       help="recompute activations in the backward on both sides: ours --gradient-checkpointing, TRL "
            "gradient_checkpointing=True (its own default); off: neither (the default here)")
@@ -203,6 +212,8 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         cmd += ["--colocate", "--update-weight-transport", "colocated"]
     if job.get("gradient_checkpointing"):
         cmd += ["--gradient-checkpointing"]
+    if job["precision"] == "tf32":   # the trainer's matmuls, and the local engine's (SGLang generates in float16)
+        cmd += ["--tf32", "--sglang-enable-tf32-matmul"]
     if job["precision"] == "bf16":
         cmd += ["--bf16", "--sglang-dtype", "bfloat16"]
     elif engine == "sglang":
@@ -211,7 +222,10 @@ def ours_command(a: argparse.Namespace, job: dict, engine: str, backend: str, ru
         # checkpoint. Said explicitly, and in the report's differences
         cmd += ["--sglang-dtype", "float16"]
     if engine == "sglang":
-        cmd += shlex.split(a.sglang_flags)
+        flags = shlex.split(a.sglang_flags)
+        cmd += flags
+        if not any(f.split("=")[0] in DECODE_GRAPH_FLAGS for f in flags):
+            cmd += ["--sglang-cuda-graph-max-bs-decode", str(per_step)]   # one rollout's requests decode in graphs
     cmd += shlex.split(a.ours_extra)
     return cmd
 

@@ -59,7 +59,8 @@ def grpo_config_kwargs(job: dict, out: Path) -> dict:
         adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, beta=job["kl"], epsilon=job["clip"],
         loss_type="grpo", scale_rewards="group", num_iterations=1, shuffle_dataset=False,
         gradient_checkpointing=bool(job.get("gradient_checkpointing", False)),
-        bf16=job["precision"] == "bf16" and not cpu, fp16=False, logging_steps=1, save_strategy="no",
+        bf16=job["precision"] == "bf16" and not cpu, fp16=False, tf32=True if job["precision"] == "tf32" and not cpu
+        else None, logging_steps=1, save_strategy="no",
         report_to="none", seed=job["seed"], use_cpu=cpu, remove_unused_columns=False, disable_tqdm=True,
         log_completions=False)
 

@@ -74,14 +74,14 @@ class RolloutWorker(EngineSupervisor, Actor):
                              cfg.eval.n_samples_per_eval_prompt)
         from ..backends.engine_auth import EngineKeys
         self.keys = EngineKeys.from_env() or EngineKeys()  # the launcher's; none: --engine-auth false
-        # the engine, the longest part of this worker's start, boots while the tokenizer and the user's functions
-        # load: launched first (its command needs nothing of the tokenizer), waited for last. The tokenizer loads
-        # off the loop (importing transformers takes seconds; heartbeats keep going), and everything the loop runs
-        # meanwhile is imported before that thread starts -- an import on the loop would wait on the module locks
-        # the thread holds (a silent actor, declared down under load). A bad user function or tokenizer still fails
-        # the start with its own error, before the engine is waited for, and the engine launched is stopped. A
-        # previous process's groups are released meanwhile, without waiting on the buffer (it answers once it has
-        # loaded its prompts): other workers can take them, and this one pulls only once the engine serves (the
+        # the engine, the longest part of this worker's start, boots while its flags are checked on this host and the
+        # tokenizer and the user's functions load: launched first (its command needs nothing of the tokenizer), waited
+        # for last. The tokenizer loads off the loop (importing transformers takes seconds; heartbeats keep going), and
+        # everything the loop runs meanwhile is imported before that thread starts -- an import on the loop would wait
+        # on the module locks the thread holds (a silent actor, declared down under load). A bad user function or
+        # tokenizer still fails the start with its own error, before the engine is waited for, and the engine launched
+        # is stopped. A previous process's groups are released meanwhile, without waiting on the buffer (it answers once
+        # it has loaded its prompts): other workers can take them, and this one pulls only once the engine serves (the
         # pull loop, spawned below, is the only place this worker asks for work)
         from .. import startup_timeline as timeline
         preimport_engine_path()
@@ -90,6 +90,7 @@ class RolloutWorker(EngineSupervisor, Actor):
             with timeline.phase("engine start"):   # launch -> serving; the phases below run alongside it
                 try:
                     port = await self._launch_engine()
+                    await self._check_launched_engine()   # (its flags: while the engine starts)
                     self.tokenizer = await self.run_blocking(_timed, "tokenizer", _load_tokenizer,
                                                              cfg.model.hf_checkpoint)
                     with timeline.phase("user functions"):

@@ -58,6 +58,7 @@ class EngineSupervisor(EngineWeights):
         self.keys = EngineKeys()          # the engines' HTTP keys, from the environment (on_start); none: no auth
         self._engine_module = ""          # the engine's module and when it was launched (_launch_engine)
         self._engine_t0 = 0.0
+        self._launched_command: tuple[str, list[str]] | None = None   # checked by _check_launched_engine
 
     async def _stop_engine(self) -> None:
         """The worker stops: forget the router, close the client, stop the engine and the router it started."""
@@ -109,34 +110,52 @@ class EngineSupervisor(EngineWeights):
     async def _start_engine(self) -> None:
         """Start this worker's engine (or attach to an external one) and wait until it serves (an engine restart);
         the worker's first start launches it, loads its tokenizer meanwhile and then waits (actors/rollout.py)."""
-        await self._engine_serving(await self._launch_engine())
+        port = await self._launch_engine()
+        try:
+            await self._check_launched_engine()
+        except BaseException:
+            await self._stop_engine()
+            raise
+        await self._engine_serving(port)
 
     async def _launch_engine(self) -> int | None:
         """Launch the engine process and return its port without waiting for it (None: an external engine, nothing
-        to launch). Everything it imports is imported here, on the loop, before the worker's tokenizer thread
-        imports transformers (see `preimport_engine_path`)."""
+        to launch); `_check_launched_engine` checks its command line meanwhile. Everything it imports is imported
+        here, on the loop, before the worker's tokenizer thread imports transformers (see `preimport_engine_path`)."""
         from ..backends.engine_process import launch_engine
         from ..backends.engine_process import find_free_port as free_port
-        from ..backends.sglang_launch import check_engine_flags
         self.engine = None
+        self._launched_command = None
         if self.cfg.engine.rollout_external_engine_addrs:
             return None
         # what the engine's start-up gives (its port, its pid, the checks' verdict) is recorded: replay runs
         # this same code with no engine (RecordedProcess)
         port = self.recorded("engine.port", free_port)
         module, flags = self._engine_command(port)
-        checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
-                                            flags)  # SGLangFlagError names a flag
         log_path = os.path.join(self.runtime.run_dir, "logs", f"engine-{self.index}.log")
         self._engine_t0 = time.monotonic()
-        self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)),
-                      checked_against=checked)
+        self.log.info("starting engine", module=module, flags=self.keys.redact(" ".join(flags)))
         # started from the loop's thread: the engine is told to die with it (PR_SET_PDEATHSIG)
         self.engine = RecordedProcess(self, "engine", lambda: launch_engine(
             module, flags, env=self._engine_env(), log_path=log_path, wait=False, on_line=self._engine_line,
             redact=self.keys.secrets))
         self._engine_module = module
+        self._launched_command = (module, flags)
         return port
+
+    async def _check_launched_engine(self) -> None:
+        """The launched engine's command line checked on this host: SGLang's own parser where `sglang` imports here
+        (16 s for that import on one H100), else the recorded table. It runs while the engine starts, not before:
+        the head checked the same flags before any process started (launch/checks.py), so this is the word of this
+        host's SGLang, which a worker on another node may have in another version. SGLangFlagError names a refused
+        flag; the caller stops the engine."""
+        from ..backends.sglang_launch import check_engine_flags
+        if self._launched_command is None:
+            return
+        module, flags = self._launched_command
+        checked = await self.recorded_async("engine.check_flags", self.run_blocking, check_engine_flags, module,
+                                            flags)
+        self.log.info("engine flags checked", module=module, checked_against=checked)
 
     async def _engine_serving(self, port: int | None) -> None:
         """Wait for the engine `_launch_engine` started (port None: the external one) to answer /health, then

@@ -109,6 +109,8 @@ class TrainerRank(Actor):
         random.seed(cfg.run.seed + self.rank)
         np.random.seed((cfg.run.seed + self.rank) % (1 << 32))
         torch.manual_seed(cfg.run.seed + self.rank)
+        from ..backends.training import set_tf32
+        set_tf32(cfg.train.tf32)
         if cfg.run.device == "cuda":
             gpus = torch.cuda.device_count()
             if gpus == 0:
@@ -151,6 +153,8 @@ class TrainerRank(Actor):
         self.weights = WeightPusher(cfg, self.backend, actor=self, run_blocking=self.run_blocking,
                                     address=lambda: reachable_address(self.runtime), run_dir=self.runtime.run_dir,
                                     sender_factory=self.host.weight_sender)  # (replay's needs no engines)
+        if self.rank == 0:
+            self.weights.warm_up()   # SGLang's serializer imported while the engines start, not in the first sync
         ckpt = Path(rdzv.checkpoint) if rdzv.checkpoint else None  # the controller picks it
         if ckpt is not None:
             self.backend.load(str(trainer_dir(ckpt)), load_optim=not cfg.checkpoint.no_save_optim)

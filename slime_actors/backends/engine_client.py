@@ -129,18 +129,27 @@ def _dtype_str(d: Any) -> str:
     return str(d).removeprefix("torch.")
 
 
+# How long an idle connection to an engine is kept for reuse: shorter than the server keeps it. SGLang's uvicorn
+# closes a connection idle for 5 s (SGLANG_TIMEOUT_KEEP_ALIVE, uvicorn's default too); a request sent on one just as
+# the server closes it fails with "Server disconnected" -- on one H100 it failed a group of the first rollout after
+# the first weight sync (the rollout connections idle for exactly that long), and the group was generated again.
+KEEPALIVE_S = 3.0
+
+
 class EngineClient:
-    """One engine's HTTP API. Create and use it inside one event loop; close() when done."""
+    """One engine's HTTP API. Create and use it inside one event loop; close() when done. Idle connections are
+    reused for `keepalive` seconds (KEEPALIVE_S)."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
                  max_concurrency: int = 256, connect_timeout: float = 10.0, admin_key: str | None = None,
-                 keys: EngineKeys | None = None):
+                 keys: EngineKeys | None = None, keepalive: float | None = None):
         self.base_url = base_url.rstrip("/")
         if "://" not in self.base_url:
             self.base_url = "http://" + self.base_url
         self.keys = (keys or EngineKeys()).fill(EngineKeys(api_key, admin_key))
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_concurrency = max_concurrency
+        self.keepalive = KEEPALIVE_S if keepalive is None else keepalive
         self._sem: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None      # /generate: at most max_concurrency at once
         self._control: aiohttp.ClientSession | None = None      # everything else: never queued behind generation
@@ -165,14 +174,16 @@ class EngineClient:
         if self._session is None or self._session.closed:
             self._sem = asyncio.Semaphore(self.max_concurrency)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_concurrency, force_close=False))
+                connector=aiohttp.TCPConnector(limit=self.max_concurrency, force_close=False,
+                                               keepalive_timeout=self.keepalive))
         return self._session
 
     async def _get_control_session(self) -> aiohttp.ClientSession:
         """Health probes, pauses, aborts and weight updates get their own connections: a health probe must not wait
         behind max_concurrency hung generations (it would never time out), nor an abort behind what it aborts."""
         if self._control is None or self._control.closed:
-            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32, force_close=False))
+            self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=32, force_close=False, keepalive_timeout=self.keepalive))
         return self._control
 
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
@@ -427,6 +438,27 @@ def supports_flattened_bucket(server_info: dict) -> bool:
         return True
     parsed = parse_version(version)
     return parsed is not None and parsed >= CHECKED_SGLANG_VERSION
+
+
+# what serialize_named_tensors imports from SGLang (in the trainer process)
+SGLANG_SERIALIZER_MODULES = ("sglang.srt.utils", "sglang.srt.utils.patch_torch", "sglang.srt.weight_sync.tensor_bucket")
+
+
+def import_sglang_serializer() -> float | None:
+    """Import SGLang's serializer modules (SGLANG_SERIALIZER_MODULES) ahead of the first weight update: the first
+    import of `sglang.srt.utils` takes seconds (2.5 s in a trainer on one H100), which would otherwise land in the
+    first colocated weight sync. Returns the seconds it took, None when SGLang is not importable (the sync itself
+    then says so, as before). Safe to call from a thread (Python's import lock)."""
+    import importlib
+    import time
+    t0 = time.monotonic()
+    for i, name in enumerate(SGLANG_SERIALIZER_MODULES):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            if i == 0:
+                return None   # (the later two are optional: serialize_named_tensors does without them)
+    return time.monotonic() - t0
 
 
 def serialize_named_tensors(named_tensors: list, tp_size: int = 1,

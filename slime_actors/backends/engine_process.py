@@ -86,6 +86,12 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
+# how long wait_healthy's probe waits for /health's answer: longer than SGLang takes to give one (its /health
+# sleeps 1 s, then answers 200 once the scheduler has answered a one-token generation, or 503 after
+# SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default); a server that is not listening yet refuses at once
+HEALTH_PROBE_S = 25.0
+
+
 def _http_status(host: str, port: int, path: str, timeout: float) -> int | None:
     try:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -150,6 +156,10 @@ class EngineProcess:
         return self.popen.poll() is None
 
     def wait_healthy(self, timeout: float = 300.0, interval: float = 0.5) -> None:
+        """Probe /health every `interval` s until it answers 200 (or the process exits, or `timeout` passes). A
+        probe waits up to HEALTH_PROBE_S for its answer: SGLang's /health generates one token and answers only
+        after a second's sleep, so a probe that gave up after 1 s missed nearly every answer (26 s of one H100
+        job's start went by between SGLang's "ready" and a probe that caught its 200)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         deadline = time.monotonic() + timeout
         while True:
@@ -158,7 +168,8 @@ class EngineProcess:
                 self._reader.join(2)
                 raise EngineStartError(f"engine process exited while starting: {' '.join(self.argv)}", code,
                                        list(self.lines))
-            if _http_status(host, self.port, "/health", timeout=min(5.0, max(interval, 1.0))) == 200:
+            probe = min(HEALTH_PROBE_S, max(1.0, deadline - time.monotonic()))
+            if _http_status(host, self.port, "/health", timeout=probe) == 200:
                 return
             if time.monotonic() > deadline:
                 lines = list(self.lines)

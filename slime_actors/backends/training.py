@@ -129,3 +129,11 @@ class TrainingBackend(ABC):
     def adapter_config(self) -> dict:
         """The adapters' PEFT config (adapter_config.json's content)."""
         raise NotImplementedError(f"{type(self).__name__} has no LoRA adapters (--lora-rank: the torch backend)")
+
+
+def set_tf32(enabled: bool) -> None:
+    """--tf32: this process's fp32 matmuls in TF32 on a GPU (torch's process-wide switch, the one transformers'
+    TrainingArguments(tf32=True) sets; cuDNN's convolutions are TF32 by torch's default already); off: full fp32
+    matmuls, torch's default. The trainer's recorded environment (recorder/environment.py) names it, so a replay
+    elsewhere sees which."""
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
@@ -544,6 +545,35 @@ class WeightPusher:
         self._group_seq = 0
         self.flattened = False  # every engine of the group takes load_format="flattened_bucket"
         self.disk_versions: list[Path] = []  # weight directories written by the disk transport
+        self._warm: threading.Thread | None = None   # warm_up's import of SGLang's serializer
+
+    def uses_sglang_serializer(self) -> bool:
+        """Whether this job's weight updates go through SGLang's serializer: colocated SGLang engines (launched by
+        the job or external), full weights (not LoRA adapters alone)."""
+        engine = self.cfg.engine
+        return (self.cfg.weights.update_weight_transport == "colocated" and not self.adapters_only()
+                and (engine.rollout_engine == "sglang" or bool(engine.rollout_external_engine_addrs)))
+
+    def warm_up(self) -> threading.Thread | None:
+        """Rank 0, at start-up: when the updates go through SGLang's serializer, import it in a background thread
+        while the engines start (SGLang takes minutes), instead of in the first weight sync, where it cost 2.5 s on
+        one H100 (docs/peer-comparison.md). Returns the thread (None: nothing to import)."""
+        if not self.uses_sglang_serializer() or self._warm is not None:
+            return self._warm
+        from .engine_client import import_sglang_serializer
+
+        def run() -> None:
+            try:
+                seconds = import_sglang_serializer()
+            except Exception as exc:   # (the first sync imports it again and reports what fails)
+                log.warning("importing SGLang's serializer ahead of the first weight sync failed", error=repr(exc))
+                return
+            if seconds is not None:
+                log.info("SGLang's serializer imported ahead of the first weight sync", seconds=round(seconds, 2))
+
+        self._warm = threading.Thread(target=run, name="sglang-serializer-import", daemon=True)
+        self._warm.start()
+        return self._warm
 
     async def take_part(self) -> bool:
         """A rank other than 0: take part in gathering the full weights when that is a collective (Megatron, FSDP);
@@ -683,6 +713,8 @@ class WeightPusher:
         new version at the end."""
         from .engine_auth import EngineKeys
         from .engine_client import EngineClient, serialize_named_tensors
+        if self._warm is not None:   # warm_up's import still running (an engine that started fast): let it finish
+            await self.run_blocking(self._warm.join)
         infos = await asyncio.gather(*(self.worker(w).weight_update(True, ask_timeout=600) for w in workers))
         keys = EngineKeys.from_env()  # the job's engine keys (the launcher's environment); admin key: the updates
         clients = [EngineClient(i.engine_url, keys=keys, timeout=600) for i in infos]

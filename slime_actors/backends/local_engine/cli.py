@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-deterministic-inference", action="store_true",
                    help="a request's numbers do not depend on the requests batched with it (each runs alone in "
                         "every step: slower; docs/reproducibility.md)")
+    p.add_argument("--enable-tf32-matmul", action="store_true",
+                   help="on a GPU, fp32 matmuls in TF32 (torch.backends.cuda.matmul.allow_tf32), as SGLang's flag")
     p.add_argument("--max-running-requests", "--max-batch-size", dest="max_running_requests", type=int, default=64)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--weight-version", default="default")
