@@ -43,8 +43,9 @@ BACKENDS = ("torch", "megatron")
 # to a rollout's requests (--sglang-cuda-graph-max-bs-decode, added by ours_command unless these flags name a
 # cuda-graph flag). Its memory share is sized for the model by the placement (launch/placement.py
 # sized_mem_fraction: weights + KV cache of the requests in flight), not a fixed fraction
-SGLANG_FLAGS = ("--sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-disable-prefill-cuda-graph "
-                "--sglang-skip-tokenizer-init --sglang-grammar-backend none --sglang-skip-server-warmup")
+SGLANG_FLAGS = ("--sglang-attention-backend triton --sglang-sampling-backend pytorch "
+                "--sglang-disable-prefill-cuda-graph --sglang-skip-tokenizer-init --sglang-grammar-backend none "
+                "--sglang-skip-server-warmup")
 
 # flags that say how (or whether) SGLang decodes in CUDA graphs: with one of them, ours_command adds no batch size
 DECODE_GRAPH_FLAGS = {"--sglang-cuda-graph-max-bs", "--sglang-cuda-graph-max-bs-decode", "--sglang-cuda-graph-bs",

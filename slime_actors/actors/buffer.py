@@ -323,7 +323,8 @@ class Buffer(Actor):
     async def _observe_hack(self, r: Rollout) -> dict | None:
         """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
         rollout's text takes a while; one rollout at a time: the monitor's state goes from one to the next) and
-        kept until the rollout is trained; None once it is trained and the report is gone. Every scored sample counts: the groups trained on and the ones the filter dropped."""
+        kept until the rollout is trained; None once it is trained and the report is gone. Every scored sample
+        counts: the groups trained on and the ones the filter dropped."""
         async with self._hack_lock:
             st = self.state
             if r.rollout_id in st.hack_reports or r.trained:
