@@ -476,8 +476,8 @@ class TrainSection:
     bf16: bool = flag(False, "train in bfloat16: megatron keeps fp32 master weights in its optimizer; the torch "
                              "backend holds the weights and AdamW's states in bfloat16 (an update below a weight's "
                              "bfloat16 resolution is lost: at lr 1e-5 most are)", origin="megatron")
-    tf32: bool = flag(False, "on a GPU, the trainer's fp32 matmuls in TF32 (torch.backends.cuda.matmul."
-                             "allow_tf32, as transformers' TrainingArguments(tf32=True)): inputs rounded to a 10-bit "
+    tf32: bool = flag(False, "on a GPU, the trainer's fp32 matmuls in TF32 (torch.set_float32_matmul_precision("
+                             "'high'), as transformers' TrainingArguments(tf32=True)): inputs rounded to a 10-bit "
                              "mantissa, products accumulated in fp32, several times fp32's matmul throughput on an "
                              "H100/H200; weights, optimizer and log-probs stay fp32. No effect on CPU",
                       origin="own")

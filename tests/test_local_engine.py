@@ -588,18 +588,20 @@ def test_deterministic_inference_gives_a_request_the_same_bits_in_any_batch(mode
     assert x[0].logprobs == x[1].logprobs == x[2].logprobs  # bit for bit
 
 
-def test_enable_tf32_matmul_is_honoured_as_sglangs_flag(model_dirs):
-    """SGLang's --enable-tf32-matmul: the engine's fp32 matmuls in TF32 (torch's process-wide switch); a flag the
-    local engine acts on, not one it accepts and ignores."""
+def test_enable_tf32_matmul_is_honoured_as_sglangs_flag(model_dirs, monkeypatch):
+    """SGLang's --enable-tf32-matmul: on a GPU the engine's fp32 matmuls in TF32 (torch's process-wide precision); a
+    flag the local engine acts on, not one it accepts and ignores. On CPU it changes nothing ("high" could)."""
     from slime_actors.backends.local_engine.cli import honoured_flags, parse_args
     from slime_actors.backends.local_engine.scheduler import Engine
     assert "--enable-tf32-matmul" in honoured_flags()
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        Engine(parse_args(["--model-path", str(model_dirs[0]), "--device", "cpu"]))
-        assert torch.backends.cuda.matmul.allow_tf32 is False
-        Engine(parse_args(["--model-path", str(model_dirs[0]), "--device", "cpu", "--enable-tf32-matmul"]))
-        assert torch.backends.cuda.matmul.allow_tf32 is True
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    asked: list[str] = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", asked.append)
+    Engine(parse_args(["--model-path", str(model_dirs[0]), "--device", "cpu", "--enable-tf32-matmul"]))
+    assert asked == []
+    monkeypatch.setattr("slime_actors.backends.local_engine.scheduler.resolve_device",
+                        lambda device, base: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: self)   # (no GPU here: the model stays)
+    Engine(parse_args(["--model-path", str(model_dirs[0]), "--enable-tf32-matmul"]))
+    assert asked == ["high"]
+    Engine(parse_args(["--model-path", str(model_dirs[0])]))
+    assert asked == ["high"]

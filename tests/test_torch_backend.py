@@ -456,23 +456,21 @@ def test_bad_inputs_name_the_sample(tmp_path, tiny_dir):
     rl_update(b, args, good(), 0)   # and the good batch trains
 
 
-def test_tf32_switch_is_torchs_matmul_one_and_the_trainer_sets_it_from_the_flag(monkeypatch):
-    """--tf32 sets torch's process-wide TF32 matmul switch (what a GPU's fp32 matmuls read); off leaves full fp32.
-    The trainer calls it with the job's flag before its backend builds a model."""
+def test_tf32_switch_is_torchs_matmul_precision_and_the_trainer_sets_it_on_a_gpu(monkeypatch):
+    """--tf32 sets torch's process-wide fp32 matmul precision to "high" (TF32 on a GPU); off leaves torch's default.
+    The trainer asks it for a GPU job only, before its backend builds a model."""
     import inspect
 
     from slime_actors.actors import trainer
     from slime_actors.backends.training import set_tf32
     from slime_actors.config import parse_config
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
-        set_tf32(True)
-        assert torch.backends.cuda.matmul.allow_tf32 is True
-        set_tf32(False)
-        assert torch.backends.cuda.matmul.allow_tf32 is False
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    asked: list[str] = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", asked.append)
+    set_tf32(False)
+    assert asked == []
+    set_tf32(True)
+    assert asked == ["high"]
     job = ["--config", str(Path(__file__).resolve().parents[1] / "examples" / "digits" / "config.toml")]
     assert parse_config([*job, "--tf32"]).train.tf32 and not parse_config(job).train.tf32
     src = inspect.getsource(trainer.TrainerRank._init)
-    assert src.index("set_tf32(cfg.train.tf32)") < src.index("self.backend.init()")
+    assert src.index('set_tf32(cfg.train.tf32 and cfg.run.device == "cuda")') < src.index("self.backend.init()")

@@ -110,7 +110,7 @@ class TrainerRank(Actor):
         np.random.seed((cfg.run.seed + self.rank) % (1 << 32))
         torch.manual_seed(cfg.run.seed + self.rank)
         from ..backends.training import set_tf32
-        set_tf32(cfg.train.tf32)
+        set_tf32(cfg.train.tf32 and cfg.run.device == "cuda")
         if cfg.run.device == "cuda":
             gpus = torch.cuda.device_count()
             if gpus == 0:

@@ -132,8 +132,9 @@ class TrainingBackend(ABC):
 
 
 def set_tf32(enabled: bool) -> None:
-    """--tf32: this process's fp32 matmuls in TF32 on a GPU (torch's process-wide switch, the one transformers'
-    TrainingArguments(tf32=True) sets; cuDNN's convolutions are TF32 by torch's default already); off: full fp32
-    matmuls, torch's default. The trainer's recorded environment (recorder/environment.py) names it, so a replay
-    elsewhere sees which."""
-    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    """--tf32 on a GPU: this process's fp32 matmuls in TF32 (`torch.set_float32_matmul_precision("high")`, what
+    transformers' TrainingArguments(tf32=True) turns on); off: torch's default, full fp32 matmuls, left as it is.
+    Callers ask it only for a GPU ("high" may change CPU matmuls too). The trainer's recorded environment
+    (recorder/environment.py) names the precision, so a replay elsewhere sees which."""
+    if enabled:
+        torch.set_float32_matmul_precision("high")

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request's numbers do not depend on the requests batched with it (each runs alone in "
                         "every step: slower; docs/reproducibility.md)")
     p.add_argument("--enable-tf32-matmul", action="store_true",
-                   help="on a GPU, fp32 matmuls in TF32 (torch.backends.cuda.matmul.allow_tf32), as SGLang's flag")
+                   help="on a GPU, fp32 matmuls in TF32 (torch's float32 matmul precision 'high'), as SGLang's flag")
     p.add_argument("--max-running-requests", "--max-batch-size", dest="max_running_requests", type=int, default=64)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--weight-version", default="default")

@@ -67,8 +67,8 @@ class Engine:
         if self.device.type == "cuda" and self.mem_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(self.mem_fraction, self.device)
         self.dtype = resolve_dtype(args.dtype)
-        if getattr(args, "enable_tf32_matmul", False):   # SGLang's flag: this process's fp32 matmuls in TF32
-            torch.backends.cuda.matmul.allow_tf32 = True
+        if getattr(args, "enable_tf32_matmul", False) and self.device.type == "cuda":   # SGLang's flag:
+            torch.set_float32_matmul_precision("high")   # this process's fp32 matmuls in TF32 (CPU: untouched)
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.rng = random.Random(args.random_seed)
