@@ -58,3 +58,47 @@ def test_a_group_restarted_while_the_job_prepared_still_records_its_steps(tmp_pa
     assert ctl.group.rejoined == [0]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [0, 1]
+
+
+def test_a_controller_stopped_while_the_job_prepares_leaves_no_unretrieved_error():
+    """CI: an actor could not start, the launcher stopped the job, and after the job's `cause:` line asyncio printed
+    "Task exception was never retrieved" for the job, whose ask failed when the controller's mailbox closed: the
+    controller cancelled `supervise` but not the job it had started. The job stops with it, its error retrieved."""
+    import gc
+    from slime_actors.actors.controller.training_group import TrainingGroup
+
+    async def main():
+        loop_ = asyncio.get_running_loop()
+        unretrieved = []
+        loop_.set_exception_handler(lambda _loop, context: unretrieved.append(context.get("message")))
+        group = TrainingGroup(SimpleNamespace(trainers=[object()]))
+        group.start()
+        asked = loop_.create_future()   # the job's ask (the directory's listing), answered when the mailbox closes
+        state = {}
+
+        async def job(resume_at):
+            state["started"] = True
+            try:
+                await asked
+            except asyncio.CancelledError:
+                state["cancelled"] = True
+                raise
+
+        supervising = asyncio.ensure_future(group.supervise(job))
+        while "started" not in state:
+            await asyncio.sleep(0)
+        supervising.cancel()            # the actor stops: its tasks are cancelled, then its mailbox closes
+        asked.set_exception(RuntimeError("controller/0 closed while waiting for directory/0.list"))
+        try:
+            await supervising
+        except asyncio.CancelledError:
+            pass
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.sleep(0)
+        return state, unretrieved
+
+    state, unretrieved = asyncio.run(main())
+    assert unretrieved == [], unretrieved
+    assert state.get("cancelled"), "the job kept running after the controller stopped"

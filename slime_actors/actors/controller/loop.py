@@ -115,8 +115,9 @@ async def train_async(ctl: Ctl, start: int) -> None:
             if ctl.metrics.stop_after(k):
                 break
     finally:
-        if next_rollout is not None:
+        if next_rollout is not None:  # (the step failed or the job stops: the next rollout's outcome is not news)
             next_rollout.cancel()
+            next_rollout.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:

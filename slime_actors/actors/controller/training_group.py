@@ -137,7 +137,15 @@ class TrainingGroup:
         while True:
             task: asyncio.Future[Any] = asyncio.ensure_future(job(resume_at))
             fail = self.failing
-            await asyncio.wait([task, fail], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([task, fail], return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                # the controller stops (the job ended elsewhere: an actor could not start): the job stops with it.
+                # Its error is the stop's consequence (an ask on a closed mailbox), not news: retrieved, not logged
+                # as "Task exception was never retrieved" after the job's cause
+                task.cancel()
+                task.add_done_callback(_retrieve)
+                raise
             if task.done() and not fail.done():
                 exc = task.exception()
                 if exc is None:
@@ -225,3 +233,9 @@ class TrainingGroup:
 
 
 __all__ = ["TrainingGroup", "Rendezvous", "MAX_GROUP_RESTARTS"]
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a stopped task's outcome as seen (asyncio logs an error nobody retrieved when the task is collected)."""
+    if not task.cancelled():
+        task.exception()
