@@ -231,9 +231,17 @@ async def fan_out(method: str, members: list, calls: list[Awaitable[Any]], quiet
                 raise GroupFailed(method, member.name, exc) from exc
         return [t.result() for t in tasks] if replies else None
     finally:
-        for t in tasks:
+        for t in tasks:  # (the others' outcomes -- a second member's error, a cancelled ask -- are not news)
             if not t.done():
                 t.cancel()
+            t.add_done_callback(outcome_seen)
+
+
+def outcome_seen(task: asyncio.Future[Any]) -> None:
+    """A done callback for a task whose outcome nobody will await (it was stopped, or another error is the one
+    raised): marks its error as retrieved, so asyncio does not log "Task exception was never retrieved" for it."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _quiet(call: Awaitable[Any]) -> Any:

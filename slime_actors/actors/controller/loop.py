@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from ...handles import outcome_seen
 from ...messages import RolloutStats
 from .metrics import timed
 
@@ -117,7 +118,7 @@ async def train_async(ctl: Ctl, start: int) -> None:
     finally:
         if next_rollout is not None:  # (the step failed or the job stops: the next rollout's outcome is not news)
             next_rollout.cancel()
-            next_rollout.add_done_callback(lambda f: f.cancelled() or f.exception())
+            next_rollout.add_done_callback(outcome_seen)
 
 
 async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutStats, float]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ...handles import GroupFailed
+from ...handles import GroupFailed, outcome_seen
 
 if TYPE_CHECKING:
     from .actor import Controller
@@ -144,7 +144,7 @@ class TrainingGroup:
                 # Its error is the stop's consequence (an ask on a closed mailbox), not news: retrieved, not logged
                 # as "Task exception was never retrieved" after the job's cause
                 task.cancel()
-                task.add_done_callback(_retrieve)
+                task.add_done_callback(outcome_seen)
                 raise
             if task.done() and not fail.done():
                 exc = task.exception()
@@ -234,8 +234,3 @@ class TrainingGroup:
 
 __all__ = ["TrainingGroup", "Rendezvous", "MAX_GROUP_RESTARTS"]
 
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a stopped task's outcome as seen (asyncio logs an error nobody retrieved when the task is collected)."""
-    if not task.cancelled():
-        task.exception()
