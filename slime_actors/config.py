@@ -473,9 +473,10 @@ class TrainSection:
                      "is sized to the GPU's free memory", "sized to the device", "--max-tokens-per-gpu"), ge=1)
     num_steps_per_rollout: int | None = flag(
         None, "optimizer steps per rollout (default: rollout samples / --global-batch-size)", ge=1)
-    bf16: bool = flag(False, "train in bfloat16: megatron keeps fp32 master weights in its optimizer; the torch "
-                             "backend holds the weights and AdamW's states in bfloat16 (an update below a weight's "
-                             "bfloat16 resolution is lost: at lr 1e-5 most are)", origin="megatron")
+    bf16: bool = flag(False, "mixed precision: forwards and backwards in bfloat16, the weights that train and "
+                             "the optimizer's states in fp32 (megatron: Float16Module with fp32 master weights; "
+                             "torch: torch.autocast, as TrainingArguments(bf16=True)); log-probs in fp32; the "
+                             "engines get bf16 weights; a frozen LoRA base is held in bf16", origin="megatron")
     tf32: bool = flag(False, "on a GPU, the trainer's fp32 matmuls in TF32 (torch.set_float32_matmul_precision("
                              "'high'), as transformers' TrainingArguments(tf32=True)): inputs rounded to a 10-bit "
                              "mantissa, products accumulated in fp32, several times fp32's matmul throughput on an "

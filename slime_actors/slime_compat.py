@@ -141,7 +141,8 @@ MEGATRON_FLAGS: list[CompatFlag] = [
     CompatFlag("--recompute-method", "noop", str, note=_NOOP_MEM),
     CompatFlag("--recompute-num-layers", "noop", int, note=_NOOP_MEM),
     CompatFlag("--accumulate-allreduce-grads-in-fp32", "noop",
-               note="gradients are reduced in the parameters' dtype (fp32 unless --bf16) here"),
+               note="gradients are reduced in fp32 here (megatron: grad_reduce_in_fp32; torch: the fp32 weights' "
+                    "gradients, with or without --bf16)"),
     CompatFlag("--attention-softmax-in-fp32", "noop",
                note="attention softmax accumulates in fp32 in this project's backends (megatron-core's default, "
                     "PyTorch's attention kernels)"),

@@ -416,10 +416,10 @@ def test_named_weights_and_save_hf(tmp_path, tiny_dir):
     for n, p in m.named_parameters():
         assert torch.equal(p.detach(), names[n]), n
     assert (out / "tokenizer.json").exists() or (out / "tokenizer_config.json").exists()
-    # bf16 loads and computes fp32 log-probs
+    # bf16 (mixed precision: tests/test_torch_mixed_precision.py) keeps fp32 weights and computes fp32 log-probs
     b16 = backend_for(make_args(tmp_path, tiny_dir, bf16=True))
     lp = b16.compute_log_probs(toy_batch())[0]
-    assert lp[0].dtype == torch.float32 and next(b16._raw_model.parameters()).dtype == torch.bfloat16
+    assert lp[0].dtype == torch.float32 and next(b16._raw_model.parameters()).dtype == torch.float32
 
 
 # -- bad inputs ---------------------------------------------------------------------------------------------

@@ -391,15 +391,14 @@ def differences(job: dict) -> list[str]:
         + "the same strict math reward (our "
         "slime_actors.rewards.rules.math_reward, called from TRL's reward function), greedy held-out evaluation "
         f"on the same {job.get('heldout_n')} prompts every {job.get('eval_every')} steps and before training.",
-        ("Precision: fp32 weights, optimizer and generation on both sides. Our torch backend's --bf16 is pure "
-         "bf16 (weights and AdamW states), where an lr of 1e-5 is below bf16's resolution for most weights; TRL's "
-         "bf16=True is autocast over fp32 weights. So fp32 is the precision both sides share."
+        ("Precision: fp32 weights, optimizer and generation on both sides: fp32 is the precision both sides share."
          + (" Except SGLang's generation: SGLang cannot generate in float32 (sgl-kernel's rmsnorm has no float32 "
             "kernel), so the sglang modes generate in float16 (--sglang-dtype float16, what SGLang's dtype auto "
             "picks for a float32 checkpoint) while their trainer is fp32; the rollout log-probs are float16 ones."
             if "sglang" in str(job.get("ours_modes", "")) else "") + tf32) if p in ("fp32", "tf32") else
-        ("Precision bf16: ours trains pure bf16 (--bf16: weights and AdamW states in bf16) and generates in bf16; "
-         "TRL autocasts to bf16 over fp32 weights and optimizer states. Not the same numerics."),
+        ("Precision bf16: both sides train in mixed precision, bf16 autocast over fp32 weights and optimizer "
+         "states (ours --bf16, TRL bf16=True); our engine generates in bf16 (it gets bf16 weights), TRL's "
+         "generate runs on its training model."),
         "Generation: ours by its engine (continuous batching; the local engine or SGLang), a separate process that "
         "gets the new weights after each step (CUDA IPC on one GPU); TRL by transformers `generate` on the training "
         "model (static batch, left-padded, until every sequence ends or hits the limit). Random streams differ: "

@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval-every", type=int, default=5, help="held-out evaluation every N steps (and before training)")
     a("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
       help="fp32 on both sides (default); tf32: fp32 with the trainers' matmuls in TF32 on the GPU (ours --tf32, "
-           "TRL tf32=True); or bf16: ours --bf16 (pure bf16 weights and optimizer) and a bf16 engine, TRL "
-           "bf16=True (autocast over fp32 weights)")
+           "TRL tf32=True); or bf16: mixed precision on both sides, bf16 autocast over fp32 weights (ours --bf16, "
+           "with a bf16 engine; TRL bf16=True)")
     a("--gradient-checkpointing", action="store_true",
       help="recompute activations in the backward on both sides: ours --gradient-checkpointing, TRL "
            "gradient_checkpointing=True (its own default); off: neither (the default here)")

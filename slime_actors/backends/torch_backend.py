@@ -5,9 +5,15 @@
     for name, tensor in backend.named_weights(): ...             # HF names, full tensors
     backend.save(dir); backend.load(dir); backend.save_hf(dir)
 
-* Model: ``AutoModelForCausalLM`` from --hf-checkpoint (a directory, or ``tiny:NAME``), fp32 (bf16 with
-  --bf16), on --device (``cuda`` means this rank's local GPU). Dropout is off: the models stay in eval mode,
-  so a training forward computes exactly what the log-prob forward computes.
+* Model: ``AutoModelForCausalLM`` from --hf-checkpoint (a directory, or ``tiny:NAME``), fp32, on --device
+  (``cuda`` means this rank's local GPU). Dropout is off: the models stay in eval mode, so a training forward
+  computes exactly what the log-prob forward computes.
+* --bf16: mixed precision, as Megatron's --bf16 and transformers' TrainingArguments(bf16=True): the weights that
+  train (the actor, the critic, LoRA adapters) and AdamW's states stay fp32; every forward (training, log-probs,
+  reference, values) runs under ``torch.autocast`` in bfloat16, so matmuls read bf16 copies and the backward
+  writes fp32 gradients; log-probs, entropies and values are computed in fp32 from the bf16 logits / hidden
+  states. Frozen weights (a LoRA base, its reference) are held in bf16. The engines get the weights in bf16
+  (``named_weights``), and --save-hf writes bf16; checkpoints keep fp32.
 * Parallel: when torch.distributed is initialised with more than one rank, --torch-parallel ddp wraps the actor
   (and critic) in DistributedDataParallel (gloo on CPU, NCCL on GPU) and fsdp applies FSDP2 ``fully_shard`` to
   each decoder layer and the whole model (works on CPU/gloo and GPU/NCCL). Gradients are averaged across ranks,
@@ -91,7 +97,8 @@ class CriticModel(nn.Module):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False)
         h = out.last_hidden_state
-        return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        with torch.autocast(h.device.type, enabled=False):   # (the value in fp32 under --bf16's autocast)
+            return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
 def _distributed() -> bool:
@@ -141,6 +148,9 @@ class TorchBackend(TrainingBackend):
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
         self.lora = cfg.lora.lora_rank > 0        # the actor is a peft model with one adapter ("default")
+        # --bf16: mixed precision (the module docstring): weights that train stay fp32, a frozen LoRA base is bf16
+        self.mixed = cfg.train.bf16
+        self.dtype = torch.bfloat16 if self.mixed and self.lora else torch.float32
         self.lora_targets: list[str] = []
         self._lora_dropouts: list[nn.Module] = []
         self.checkpointed_layers = 0              # --gradient-checkpointing: the decoder layers recomputed
@@ -174,7 +184,6 @@ class TorchBackend(TrainingBackend):
     def init(self) -> None:
         cfg, algorithm_cfg, train_cfg = self.cfg, self.cfg.algorithm, self.cfg.train
         self._device = training_device(self.cfg.run.device, self.rank)
-        self.dtype = torch.bfloat16 if train_cfg.bf16 else torch.float32
         self.hf_path = self._checkpoint_dir()
         actor = self._load_causal_lm(self.hf_path)
         hf_config = actor.config
@@ -195,11 +204,11 @@ class TorchBackend(TrainingBackend):
         critic = None
         if algorithm_cfg.advantage_estimator == "ppo":
             from transformers import AutoModel
-            backbone = AutoModel.from_pretrained(self.hf_path, dtype=self.dtype)
+            backbone = AutoModel.from_pretrained(self.hf_path, dtype=torch.float32)   # (it trains: fp32)
             with torch.random.fork_rng(devices=[]):   # the same value head on every rank, global RNG untouched
                 torch.manual_seed(cfg.run.seed)
                 critic = CriticModel(backbone, hf_config.hidden_size)
-            critic = critic.to(device=self.device, dtype=self.dtype).eval()
+            critic = critic.to(device=self.device, dtype=torch.float32).eval()
             self._raw_critic = critic
 
         want = train_cfg.torch_parallel
@@ -225,6 +234,7 @@ class TorchBackend(TrainingBackend):
                                                       lr=train_cfg.critic_lr, betas=betas,
                                                       weight_decay=train_cfg.weight_decay, eps=1e-8)
         self.log.info("torch backend ready", model=self.hf_path, device=str(self.device), dtype=str(self.dtype),
+                      precision="bf16 mixed (fp32 weights, bf16 autocast)" if self.mixed else "fp32",
                       parallel=self.parallel, world_size=self.world_size, ref=self.ref_model is not None,
                       critic=critic is not None, lora=self.lora_summary() if self.lora else None)
 
@@ -362,13 +372,19 @@ class TorchBackend(TrainingBackend):
     def _temperature(self) -> float:
         return self.cfg.rollout.rollout_temperature or 1.0   # greedy (0) rollouts: log-probs at 1
 
+    def _autocast(self):
+        """--bf16: a forward's ops in bfloat16 where autocast runs them so (matmuls; softmax and norms stay fp32)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed else contextlib.nullcontext()
+
     def _logits(self, model: nn.Module, ids, mask, pos, keep: int = 0) -> torch.Tensor:
         """The model's logits; with ``keep`` > 0 only those of the last ``keep`` positions (the responses': the
-        language-model head, a vocabulary-sized matmul per position, skips the prompts)."""
-        if keep > 0 and self._keeps_logits(model):
-            return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                         logits_to_keep=keep).logits
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+        language-model head, a vocabulary-sized matmul per position, skips the prompts). In bf16 under --bf16
+        (the log-probs are taken in fp32 from them: algo.logprobs)."""
+        with self._autocast():
+            if keep > 0 and self._keeps_logits(model):
+                return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                             logits_to_keep=keep).logits
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
 
     @staticmethod
     def _keeps_logits(model: nn.Module) -> bool:
@@ -438,7 +454,8 @@ class TorchBackend(TrainingBackend):
             for idx in self._micro_batches(batch, fsdp_module=True):
                 mb = select(batch, idx)
                 ids, mask, pos = self._inputs(mb["tokens"])
-                values = net(ids, mask, pos)
+                with self._autocast():
+                    values = net(ids, mask, pos)
                 for j, (s, e) in enumerate(self._response_slices(mb)):
                     out[idx[j]] = values[j, s:e].float().cpu()
         return out
@@ -494,7 +511,8 @@ class TorchBackend(TrainingBackend):
             with ctx:
                 ids, mask, pos = self._inputs(mb["tokens"])
                 if train_critic:
-                    values_full = module(ids, mask, pos)
+                    with self._autocast():
+                        values_full = module(ids, mask, pos)
                     if not mb["tokens"]:
                         (values_full.sum() * 0.0).backward()
                         continue
@@ -567,12 +585,15 @@ class TorchBackend(TrainingBackend):
         return {strip_wrapper_prefixes(k): v.detach() for k, v in sd.items() if strip_wrapper_prefixes(k) not in tied}
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights in HF names; with LoRA the base with the adapters merged in (collective under FSDP)."""
+        """Full weights in HF names; with LoRA the base with the adapters merged in (collective under FSDP). Under
+        --bf16 in bfloat16: what the engines compute with (half the bytes of the fp32 master weights)."""
         self._require_init()
-        if self.lora:
-            yield from self._merged_state().items()
-            return
-        yield from self._full_state_dict(self.model, self._raw_model).items()
+        sd = self._merged_state() if self.lora else self._full_state_dict(self.model, self._raw_model)
+        for name, t in sd.items():
+            yield name, self._engine_dtype(t)
+
+    def _engine_dtype(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16) if self.mixed and t.is_floating_point() else t
 
     # -- LoRA adapters -----------------------------------------------------------------------------------------
     def _merged_state(self) -> dict[str, torch.Tensor]:
@@ -732,13 +753,13 @@ class TorchBackend(TrainingBackend):
             tensors = self.adapter_weights()
             merged = self._merged_state() if self.cfg.lora.lora_save_merged else None
             if self.rank == 0:
-                export_adapter(tensors, self.adapter_config(), path, self.hf_path, info,
-                               merged=None if merged is None else merged.items())
+                merged_out = None if merged is None else ((k, self._engine_dtype(v)) for k, v in merged.items())
+                export_adapter(tensors, self.adapter_config(), path, self.hf_path, info, merged=merged_out)
             self._barrier()
             return
         sd = self._full_state_dict(self.model, self._raw_model)
-        if self.rank == 0:
-            export_hf(sd.items(), path, self.hf_path, info)
+        if self.rank == 0:   # (--bf16: in bfloat16, as the engines get them)
+            export_hf(((k, self._engine_dtype(v)) for k, v in sd.items()), path, self.hf_path, info)
         self._barrier()
 
 
