@@ -13,6 +13,9 @@ a rotating order each round (the machine's load moves between rounds; the median
     + dynamic         and micro-batches packed by tokens (--use-dynamic-batch-size, --max-tokens-per-gpu = the
                       micro-batch size x the mean sample length: the same tokens per micro-batch on average)
     + one ref pass    and the reference forward in one pass (--log-probs-max-tokens-per-gpu = the batch's tokens)
+    + tf32            and the fp32 matmuls in TF32 (--tf32; on a GPU only: CPUs have no TF32)
+    + bf16 mixed      the "+ one ref pass" update in mixed precision instead (--bf16: bf16 autocast over fp32
+                      weights and AdamW states)
 
 Prints the forwards each mode ran and, per update (median), the process's CPU seconds (one torch thread: what the
 update costs, which other work on a shared machine inflates far less than the wall time) and the wall seconds.
@@ -33,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.cmdline import command_line  # noqa: E402
 
-MODES = ["before", "on-policy", "+ response logits", "+ dynamic", "+ one ref pass"]
+MODES = ["before", "on-policy", "+ response logits", "+ dynamic", "+ one ref pass", "+ tf32", "+ bf16 mixed"]
+PACKED = ("+ dynamic", "+ one ref pass", "+ tf32", "+ bf16 mixed")
 
 
 def make_batch(n: int, vocab: int, seed: int) -> dict:
@@ -64,10 +68,12 @@ def config(model_dir: str, a, batch: dict, mode: str):
              "--global-batch-size", str(n), "--micro-batch-size", str(a.micro_batch), "--lr", "1e-5",
              "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl", "--seed", "1", "--device", a.device]
     mean_len = sum(len(t) for t in batch["tokens"]) / n
-    if mode in ("+ dynamic", "+ one ref pass"):
+    if mode in PACKED:
         flags += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(int(a.micro_batch * mean_len))]
-    if mode == "+ one ref pass":
+    if mode in PACKED[1:]:
         flags += ["--log-probs-max-tokens-per-gpu", str(sum(len(t) for t in batch["tokens"]))]
+    if mode == "+ bf16 mixed":
+        flags += ["--bf16"]
     return parse_config(flags)
 
 
@@ -89,9 +95,16 @@ def run_mode(model_dir: str, a, batch: dict, mode: str) -> tuple[float, float, i
         forwards[0] += 1
         return logits(*x, **k)
     b._logits = counted
-    t0, c0 = time.monotonic(), time.process_time()
-    rl_update(b, cfg, dict(batch), 0, old_from_training=False if mode == "before" else None)
-    return time.process_time() - c0, time.monotonic() - t0, forwards[0]
+    # (--tf32 as the trainer actor asks it on a GPU: torch's matmul precision, put back after the update)
+    torch.set_float32_matmul_precision("high" if mode == "+ tf32" else "highest")
+    try:
+        t0, c0 = time.monotonic(), time.process_time()
+        rl_update(b, cfg, dict(batch), 0, old_from_training=False if mode == "before" else None)
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        return time.process_time() - c0, time.monotonic() - t0, forwards[0]
+    finally:
+        torch.set_float32_matmul_precision("highest")
 
 
 def main() -> None:
@@ -116,12 +129,13 @@ def main() -> None:
     model_dir = resolve_checkpoint(a.model, model_cache(None))
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     batch = make_batch(a.samples, vocab, seed=7)
-    res: dict[str, list[float]] = {m: [] for m in MODES}
-    wall: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = [m for m in MODES if m != "+ tf32" or a.device == "cuda"]
+    res: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}
     fwd: dict[str, int] = {}
     load0 = os.getloadavg()[0]
     for r in range(a.rounds):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
             c, t, n = run_mode(model_dir, a, batch, m)
             res[m].append(c)
@@ -140,7 +154,7 @@ def main() -> None:
     print("| mode | forwards | CPU seconds (median) | min | max | CPU vs before | wall seconds (median) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     base = statistics.median(res["before"])
-    for m in MODES:
+    for m in modes:
         med = statistics.median(res[m])
         print(f"| {m} | {fwd[m]} | {med:.2f} | {min(res[m]):.2f} | {max(res[m]):.2f} | {med / base:.2f} | "
               f"{statistics.median(wall[m]):.2f} |")

