@@ -115,6 +115,18 @@ def test_engine_command_local_and_gpu_placement(prompts):
     assert "--base-gpu-id" not in engine_command(args_for(prompts), 0, 1)[1]     # CPU: no GPU placement
 
 
+
+def test_the_local_engine_computes_in_bf16_under_bf16_unless_its_dtype_is_given(prompts, no_sglang):
+    """--bf16 trains under bf16 autocast: the local engine (whose "auto" is float32) generates in bf16 with it; an
+    explicit --sglang-dtype wins; SGLang keeps its own auto (the checkpoint's dtype), as upstream slime."""
+    def dtypes(*flags):
+        argv = engine_command(args_for(prompts, *flags), 0, 1)[1]
+        return [argv[i + 1] for i, x in enumerate(argv) if x == "--dtype"]
+    assert dtypes() == []
+    assert dtypes("--bf16") == ["bfloat16"]
+    assert dtypes("--bf16", "--sglang-dtype", "float32") == ["float32"]
+    assert dtypes("--bf16", "--rollout-engine", "sglang", *GPU_FLAGS) == []
+
 @pytest.mark.parametrize("flag, use", [("--sglang-port", "picks a free port"), ("--sglang-tp-size", "--rollout-num"),
                                        ("--sglang-model-path", "--hf-checkpoint"), ("--sglang-api-key", "--engine-api"),
                                        ("--sglang-admin-api-key", "--engine-admin-api-key-file"),

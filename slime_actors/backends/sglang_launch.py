@@ -218,6 +218,10 @@ def engine_command(cfg: JobConfig, index: int, port: int, host: str | None = Non
         argv += ["--base-gpu-id", str(gpu)]
     if module == LOCAL_ENGINE_MODULE:
         argv += ["--device", cfg.run.device, "--max-running-requests", str(cfg.engine.engine_max_batch_size)]
+        if cfg.train.bf16 and flags.value("--dtype") is None:
+            # (--bf16: it computes in bf16, as the trainer's autocast; its "auto" is float32. SGLang's auto is the
+            # checkpoint's dtype, as upstream)
+            argv += ["--dtype", "bfloat16"]
     return module, argv + lora_engine_flags(cfg, passthrough) + passthrough
 
 

@@ -63,10 +63,8 @@ def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
     dtype = LaunchFlags.parse(cfg.engine.sglang_args).value("--dtype") or ""
-    # (the engine's own --dtype; "auto": the local engine's float32, SGLang's the checkpoint's -- 16-bit, as a rule.
-    # --bf16 is the trainer's precision, not the engine's)
-    wide = dtype in ("float32", "float") or (dtype in ("", "auto") and cfg.engine.rollout_engine == "local")
-    nbytes = 4 if wide else 2
+    nbytes = 4 if dtype in ("float32", "float") or (cfg.engine.rollout_engine == "local" and not cfg.train.bf16) \
+        else 2
     params = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2) + layers * (
         hidden * (heads * head_dim + 2 * kv * head_dim) + heads * head_dim * hidden + 3 * hidden * inter)
     return params * nbytes, 2 * layers * kv * head_dim * nbytes
