@@ -476,7 +476,8 @@ class TrainSection:
     bf16: bool = flag(False, "mixed precision: forwards and backwards in bfloat16, the weights that train and "
                              "the optimizer's states in fp32 (megatron: Float16Module with fp32 master weights; "
                              "torch: torch.autocast, as TrainingArguments(bf16=True)); log-probs in fp32; the "
-                             "engines get bf16 weights; a frozen LoRA base is held in bf16", origin="megatron")
+                             "engines get bf16 weights and the local engine computes in bf16 (unless "
+                             "--sglang-dtype); a frozen LoRA base is held in bf16", origin="megatron")
     tf32: bool = flag(False, "on a GPU, the trainer's fp32 matmuls in TF32 (torch.set_float32_matmul_precision("
                              "'high'), as transformers' TrainingArguments(tf32=True)): inputs rounded to a 10-bit "
                              "mantissa, products accumulated in fp32, several times fp32's matmul throughput on an "
