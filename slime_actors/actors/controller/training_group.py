@@ -233,4 +233,3 @@ class TrainingGroup:
 
 
 __all__ = ["TrainingGroup", "Rendezvous", "MAX_GROUP_RESTARTS"]
-
