@@ -64,13 +64,12 @@ def test_a_controller_stopped_while_the_job_prepares_leaves_no_unretrieved_error
     """CI: an actor could not start, the launcher stopped the job, and after the job's `cause:` line asyncio printed
     "Task exception was never retrieved" for the job, whose ask failed when the controller's mailbox closed: the
     controller cancelled `supervise` but not the job it had started. The job stops with it, its error retrieved."""
-    import gc
     from slime_actors.actors.controller.training_group import TrainingGroup
+    from tests.unretrieved import settled, watch
 
     async def main():
         loop_ = asyncio.get_running_loop()
-        unretrieved = []
-        loop_.set_exception_handler(lambda _loop, context: unretrieved.append(context.get("message")))
+        unretrieved = watch()
         group = TrainingGroup(SimpleNamespace(trainers=[object()]))
         group.start()
         asked = loop_.create_future()   # the job's ask (the directory's listing), answered when the mailbox closes
@@ -93,10 +92,7 @@ def test_a_controller_stopped_while_the_job_prepares_leaves_no_unretrieved_error
             await supervising
         except asyncio.CancelledError:
             pass
-        for _ in range(3):
-            await asyncio.sleep(0)
-        gc.collect()
-        await asyncio.sleep(0)
+        await settled()
         return state, unretrieved
 
     state, unretrieved = asyncio.run(main())

@@ -159,27 +159,24 @@ def test_a_group_call_that_fails_names_the_member_and_whether_it_is_gone():
 def test_when_every_member_fails_the_first_is_raised_and_no_other_error_is_left_unretrieved():
     """Every rank of a broken group fails the same step: GroupFailed names the first, and asyncio does not log "Task
     exception was never retrieved" for the others' errors (it did, after the job's own cause, on stopped jobs)."""
-    import gc
+    from tests.unretrieved import settled, watch
     s = Sender({(f"trainer/{r}", "train"): PeerDown(f"trainer/{r}", "train") for r in range(3)})
     trainers = TrainerGroup(TrainerHandle(s, f"trainer/{r}") for r in range(3))
 
     async def main():
-        unretrieved = []
-        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: unretrieved.append(ctx.get("message")))
+        unretrieved = watch()
         member = None
         try:
             await trainers.train(1)
         except GroupFailed as exc:   # (dropped at the end of the block: its traceback holds the tasks)
             member = exc.member
-        for _ in range(3):
-            await asyncio.sleep(0)
-        gc.collect()
-        await asyncio.sleep(0)
+        await settled()
         return member, unretrieved
 
     member, unretrieved = asyncio.run(main())
     assert member == "trainer/0"
     assert unretrieved == [], unretrieved
+
 
 def _failing_tell(s, gone):
     tell = s.tell
