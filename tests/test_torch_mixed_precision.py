@@ -176,3 +176,29 @@ def test_bf16_trains_across_two_ranks_and_its_checkpoint_round_trips(tmp_path, t
     assert rel < 0.1, f"|update of 2 ranks - update of 1| / |update of 1| = {rel:.4f} (ddp: 0, fsdp: 0.02 here)"
     for k in ("loss", "pg_loss", "kl_loss", "grad_norm", "reward_mean"):
         assert abs(m1[k] - m2[k]) <= 5e-2 * max(1.0, abs(m1[k])), (k, m1[k], m2[k])
+
+
+def test_a_checkpoint_of_the_old_pure_bf16_backend_resumes_in_fp32(tmp_path, tiny_dir):
+    """Before mixed precision, --bf16 saved bf16 weights and bf16 Adam states: such a checkpoint (made here by
+    casting a saved one) loads into the fp32 parameters and optimizer, the values those bf16 numbers are."""
+    from safetensors.torch import load_file, save_file
+    args = make_args(tmp_path, tiny_dir, bf16=True, lr=1e-2)
+    b = backend_for(args)
+    rl_update(b, args, toy_batch(), 0)
+    ckpt = tmp_path / "ckpt"
+    b.save(str(ckpt))
+    old = {k: v.to(torch.bfloat16) for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+    save_file(old, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    osd = torch.load(ckpt / "optim.pt", weights_only=True)
+    for st in osd["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            st[key] = st[key].to(torch.bfloat16)
+    torch.save(osd, ckpt / "optim.pt")
+    c = backend_for(args)
+    c.load(str(ckpt))
+    params = dict(c._raw_model.named_parameters())
+    for n, t in old.items():
+        assert params[n].dtype == torch.float32 and torch.equal(params[n].detach(), t.float()), n
+    assert all(s["exp_avg"].dtype == torch.float32 for s in c.optimizer.state.values())
+    m = rl_update(c, args, toy_batch(), 1)
+    assert torch.isfinite(torch.tensor(m["loss"]))
