@@ -211,10 +211,12 @@ def _saved_bytes():
     return seen, ctx
 
 
-def test_gradient_checkpointing_same_gradients_fewer_saved_tensors(tmp_path, tiny_dir):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_gradient_checkpointing_same_gradients_fewer_saved_tensors(tmp_path, tiny_dir, bf16):
+    """(--bf16: the recomputed forward runs under the same autocast, so the same bf16 matmuls.)"""
     batch = toy_batch()
-    plain_args = make_args(tmp_path / "plain", tiny_dir)
-    ckpt_args = make_args(tmp_path / "ckpt", tiny_dir, gradient_checkpointing=True)
+    plain_args = make_args(tmp_path / "plain", tiny_dir, bf16=bf16)
+    ckpt_args = make_args(tmp_path / "ckpt", tiny_dir, gradient_checkpointing=True, bf16=bf16)
     plain, ckpt = backend_for(plain_args), backend_for(ckpt_args)
     assert plain.checkpointed_layers == 0 and ckpt.checkpointed_layers == 2   # the tiny model's two layers
     # the no-grad passes are untouched
