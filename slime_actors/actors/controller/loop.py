@@ -166,9 +166,8 @@ def cancelled_on_error(reports: asyncio.Future):
     try:
         yield
     except BaseException:
-        if reports.done() and not reports.cancelled():
-            reports.exception()   # (retrieved: the step's own error is the one raised)
         reports.cancel()
+        reports.add_done_callback(outcome_seen)   # (the step's own error is the one raised)
         raise
 
 
