@@ -107,5 +107,10 @@ HEAPWATCH = _var("HEAPWATCH", doc="actors (roles or names, comma-separated) whos
                                   "written to RUN_DIR/heapwatch/ (slime_actors/heapwatch.py; a debugging aid: slow)")
 HEAPWATCH_EVERY = _var("HEAPWATCH_EVERY", float, 60.0, doc="seconds between SLIME_ACTORS_HEAPWATCH's reports (the "
                                                            "first is the baseline)")
+SGLANG_FLAG_CACHE = _var("SGLANG_FLAG_CACHE", doc="the file where the head remembers --sglang-* flag lists SGLang's "
+                                                   "parser accepted, so a job started again skips importing SGLang "
+                                                   "(backends/sglang_flag_cache.py); default: "
+                                                   "~/.cache/slime-actors/sglang-flag-checks.json; off: check every "
+                                                   "time")
 MODEL_CACHE = _var("MODEL_CACHE", doc="where built-in models (tiny:NAME, smollm2:135m) are made; default: RUN_DIR/../.models, "
                                       "or ~/.cache/slime-actors/models without a run directory (replay)")

@@ -267,6 +267,8 @@ def fake_sglang(tmp_path, monkeypatch):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(root))
+    # the head's check remembers what passed (sglang_flag_cache): in this test's folder, not the home directory
+    monkeypatch.setenv("SLIME_ACTORS_SGLANG_FLAG_CACHE", str(tmp_path / "flag-cache.json"))
     for name in [m for m in sys.modules if m.split(".")[0] in ("sglang", "sglang_router")]:
         monkeypatch.delitem(sys.modules, name)
     yield root

@@ -24,7 +24,9 @@ sets itself (`OWNED_FLAGS`) cannot be passed through: that is an error naming th
 
 Validation: with the `sglang` package importable, the command is parsed by SGLang's own parser
 (`ServerArgs.add_cli_args`, as `sglang.launch_server` builds it), so a flag this SGLang does not know, a missing
-value or a value outside its choices is an error naming the flag -- before anything is launched. Without it, the
+value or a value outside its choices is an error naming the flag -- before anything is launched (the head remembers
+the flag lists that passed, so a job started again with the same flags and the same SGLang skips importing it:
+sglang_flag_cache.py; each rollout worker parses its engine's command again while the engine starts). Without it, the
 flag names are checked against the table recorded from SGLang 0.5.15.post1's source (`sglang_flags.py`); the
 local engine accepts exactly those flags (ignoring the ones that mean nothing to it).
 
@@ -47,6 +49,7 @@ from slime_actors.env import PLACED_GPUS
 from slime_actors.log import get_logger
 
 from . import sglang_flags
+from .sglang_flag_cache import FlagCheckCache
 
 log = get_logger(component="sglang_launch")
 
@@ -291,10 +294,14 @@ def sglang_server_args():
         return None
 
 
-def check_sglang_flags(argv: Sequence[str]) -> str:
+def check_sglang_flags(argv: Sequence[str], cache: FlagCheckCache | None = None) -> str:
     """Check `python -m sglang.launch_server <argv>`'s flags; returns what they were checked against.
-    Raises SGLangFlagError naming the offending flag."""
+    Raises SGLangFlagError naming the offending flag. With `cache` (the head's check before any process starts), an
+    argv this SGLang's parser accepted before is not parsed again, and SGLang is not imported (sglang_flag_cache)."""
     argv = [str(a) for a in argv]
+    key = cache.key(argv) if cache is not None else None
+    if cache is not None and cache.accepted(key):
+        return f"SGLang's parser, accepted before ({cache.path})"
     server_args = sglang_server_args()
     if server_args is not None:
         version = getattr(importlib.import_module("sglang"), "__version__", "?")
@@ -302,6 +309,8 @@ def check_sglang_flags(argv: Sequence[str]) -> str:
         parser = _RaisingParser(prog="sglang.launch_server", add_help=False)
         server_args.add_cli_args(parser)
         _check_with_parser(parser, argv, what)
+        if cache is not None:
+            cache.remember(key)
         return what
     what = f"SGLang {RECORDED_SGLANG_VERSION} (recorded table; sglang is not importable here)"
     split_flags(argv)
@@ -311,11 +320,11 @@ def check_sglang_flags(argv: Sequence[str]) -> str:
     return what
 
 
-def check_engine_flags(module: str, argv: Sequence[str]) -> str:
+def check_engine_flags(module: str, argv: Sequence[str], cache: FlagCheckCache | None = None) -> str:
     """Check an engine command before launching it. The local engine accepts SGLang's flags (it has its own parser
-    and refuses what it cannot do at start-up); SGLang's are checked by `check_sglang_flags`."""
+    and refuses what it cannot do at start-up); SGLang's are checked by `check_sglang_flags` (with `cache`)."""
     if module == SGLANG_MODULE:
-        return check_sglang_flags(argv)
+        return check_sglang_flags(argv, cache)
     _check_with_table([str(a) for a in argv], {**sglang_flags.SERVER_FLAGS, "--max-batch-size": None,
                                                "--log-dir": None},
                       f"the local engine (SGLang {RECORDED_SGLANG_VERSION} flags)")
@@ -336,7 +345,7 @@ def check_passthrough(cfg: JobConfig, flags: LaunchFlags | None = None) -> str:
                               "the keys off with --engine-auth false")
     if engine_cfg.rollout_engine == "sglang" and not engine_cfg.rollout_external_engine_addrs:
         module, argv = engine_command(cfg, 0, 30000, flags=flags)
-        what = check_engine_flags(module, argv)
+        what = check_engine_flags(module, argv, FlagCheckCache.default())
     else:
         _check_with_table(flags, sglang_flags.SERVER_FLAGS, f"SGLang {RECORDED_SGLANG_VERSION} (recorded table)")
         what = "recorded table"
