@@ -13,9 +13,9 @@
 # (report.md, summary.json, the plots, runs.tar.gz), compare_bf16/ (BF16=1), train_step.log, step_split.log.
 # Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BF16=1] [BENCHES=1] \
 #        bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
-# The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 both trainers'
-# updates of SmolLM2-135M are not bound by matmul arithmetic, so TF32 and bf16 pay only with larger ones
-# (docs/performance.md, "On one H200").
+# The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 our trainer's
+# update of SmolLM2-135M is not bound by matmul arithmetic on one H200, so TF32 and bf16 pay only with larger ones
+# (docs/performance.md, "On one H200"; TRL's update was not measured alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/speed_gpu_out}
