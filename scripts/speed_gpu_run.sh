@@ -14,7 +14,7 @@
 # Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BF16=1] [BENCHES=1] \
 #        bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
 # The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 our trainer's
-# update of SmolLM2-135M is not bound by matmul arithmetic on one H200, so TF32 and bf16 pay only with larger ones
+# update of SmolLM2-135M is mostly not matmul arithmetic on one H200, so TF32 and bf16 pay well only with larger ones
 # (docs/performance.md, "On one H200"; TRL's update was not measured alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
