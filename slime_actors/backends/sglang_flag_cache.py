@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from slime_actors.env import SGLANG_FLAG_CACHE
+from slime_actors.env import SGLANG_FLAG_CACHE, parse_flag
 from slime_actors.log import get_logger
 
 log = get_logger(component="sglang_flag_cache")
@@ -49,7 +49,7 @@ def default_path() -> Path | None:
     value = SGLANG_FLAG_CACHE.get()
     if value is None:
         return Path.home() / ".cache" / "slime-actors" / "sglang-flag-checks.json"
-    if value.strip().lower() in ("off", "0", "false", "no"):
+    if not parse_flag(value):   # off, 0, false, no
         return None
     return Path(value).expanduser()
 
