@@ -141,3 +141,11 @@ def test_no_sglang_no_cache(monkeypatch, tmp_path):
     assert cache.key(ARGV) is None and not cache.accepted(None)
     cache.remember(None)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_cache_file_over_its_size_limit_is_not_read_even_when_it_holds_the_key(fake_sglang, parses):
+    cache = FlagCheckCache.default()
+    body = json.dumps({"accepted": [cache.key(ARGV)]})
+    cache.path.write_text(" " * MAX_BYTES + body)     # valid JSON holding this argv's key, past the limit
+    assert check_sglang_flags(ARGV, cache) == PARSED and len(parses) == 1
+    assert json.loads(cache.path.read_text()) == {"accepted": [cache.key(ARGV)]}   # rewritten, small
