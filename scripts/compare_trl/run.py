@@ -368,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_other_runs(util, names)   # the runs of earlier invocations keep their samples (--report-only)
         sampler = Sampler(util, a.sample_interval).start()
         say(f"utilisation sampled from {sampler.source} every {a.sample_interval} s into {util}")
+        alone: list[Path] = []   # our runs whose parts are measured alone after every run
         try:
             for (engine, backend), name in zip(modes, names):
                 d = work / name
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 info.update({"framework": "ours", "engine": engine, "backend": backend})
                 (d / "run_info.json").write_text(json.dumps(info, indent=1))
                 if not a.no_alone and info["rc"] == 0:
-                    measure_alone(a, d, env)
+                    alone.append(d)
                 time.sleep(2 * a.sample_interval)   # an idle sample or two between runs
             if not a.no_trl:
                 d = work / "trl"
@@ -394,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                                env)
                 info.update({"framework": "trl", "engine": "transformers.generate", "backend": "trl"})
                 (d / "run_info.json").write_text(json.dumps(info, indent=1))
+            # the parts alone last: the runs side by side are the comparison (a cut-short machine keeps them)
+            for d in alone:
+                measure_alone(a, d, env)
         finally:
             sampler.stop()
     from .report import build_report
