@@ -112,6 +112,7 @@ def config_delay(cfg: dict) -> float:
 def _child(cls, index, env, config, ready):
     """A spawned actor process: the same bootstrap as every actor process (slime_actors/launch/actor.py)."""
     os.environ.update(env)
+    from slime_actors import gc_watch
     from slime_actors.launch.actor import serve, set_up_process
     rt = RuntimeConfig.from_env()
     set_up_process(f"{cls.role}/{index}", rt.run_dir, console=False)
@@ -119,7 +120,7 @@ def _child(cls, index, env, config, ready):
     async def make():
         return cls(index, **config), rt
 
-    uvloop.run(serve(make, ready=lambda actor: ready.set()))
+    uvloop.run(serve(make, ready=lambda actor: (gc_watch.settle(actor.log), ready.set())))
 
 
 def spawn_actor(cls, index: int, runtime: RuntimeConfig, config: dict | None = None, timeout: float = 60):

@@ -196,6 +196,8 @@ def test_kill_buffer(job_factory):
     res = finish(job)
     log = (job.run_dir / "logs" / "buffer-0.jsonl").read_text()
     assert '"restored": "snapshot' in log, "the restarted buffer did not restore its state"
+    # each incarnation froze what its start-up built once it had started (slime_actors/gc_watch.py)
+    assert log.count('"event": "garbage collector settled"') >= 2, "an incarnation did not settle its collector"
     report("buffer (SIGKILL)", buffer_back_s=back, next_step_s=t_next)
 
 

@@ -89,7 +89,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus",
                "startup_timeline"),
     "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "heapwatch",
-                        "config",
+                        "gc_watch", "config",
                         "hack_thresholds",
                         "models"),
     "work": ("algo", "backends", "checkpoints", "safe_pickle", "run_dir", "data", "filters", "rewards", "sandbox",

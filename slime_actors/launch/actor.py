@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .. import gc_watch
 from ..env import CPUS, JOB
 from ..actors.base import Actor
 from ..config import ConfigError, JobConfig
@@ -62,7 +63,9 @@ def set_up_process(name: str, run_dir: str | None, *, console: bool = True):
         except (OSError, ValueError) as exc:
             print(f"warning: {CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(run_dir, name, console=console)
-    return get_logger(actor=name)
+    log = get_logger(actor=name)
+    gc_watch.watch(log)   # long garbage collections logged (gc_watch.settle freezes start-up's objects once started)
+    return log
 
 
 async def serve(make: Callable[[], Awaitable[tuple[Actor, RuntimeConfig]]], *, join: RetryPolicy | None = None,
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> int:
         try:
-            await serve(make, ready=lambda actor: write_report(rt.run_dir, name, "ready"))
+            await serve(make, ready=lambda actor: (write_report(rt.run_dir, name, "ready"), gc_watch.settle(log)))
         except Exception as exc:
             cause = cause_of(exc)
             log.error("actor failed to start", error=repr(exc), cause=cause.text, permanent=cause.permanent)

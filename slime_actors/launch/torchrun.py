@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import gc_watch
 from ..env import ADVERTISE, HOST, JOIN_TIMEOUT, RETRIEVER_KEY, RUN_DIR, TRANSPORT
 from ..backends.listen import address_towards, tcp_store
 from ..config import JobConfig
@@ -235,7 +236,7 @@ async def _actor(cfg: JobConfig, role: str, index: int, store, prefix: str, prog
     join = RetryPolicy(attempts=None, deadline=JOIN_TIMEOUT.get(), base=1.0, factor=1.0, max_delay=1.0,
                        retry_on=(MailboxError,))
     try:
-        sig = await serve(make, join=join)
+        sig = await serve(make, join=join, ready=lambda actor: gc_watch.settle(actor.log))
     except MailboxError as exc:
         print(f"{prog}: {name}: cannot join the head: {exc}", file=sys.stderr)
         return 3
