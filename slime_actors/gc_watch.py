@@ -2,8 +2,10 @@
 
 A full (generation 2) collection walks every object the process tracks -- in a trainer or a buffer, the hundreds of
 thousands that torch, transformers, the dataset and the tokenizer leave after start-up -- and stops the process's
-event loop meanwhile (one H100 run's buffer stopped for 225 ms in the middle of a step, with the trainer waiting
-for its batch). Two remedies, as SGLang has them (its --gc-warning-threshold-secs and /freeze_gc):
+event loop meanwhile: 100-250 ms in the digits job's trainer and buffer on CPU (bench/gc_pauses.py); on one H200 the
+buffer stopped for 225-265 ms once a run, right after a rollout completed, with the trainer waiting for its batch
+(the shape of such a collection; that run did not log them). Two remedies, as SGLang has them (its
+--gc-warning-threshold-secs and /freeze_gc):
 
 * `watch(log)` (every actor process, at its start): a collection that takes SLIME_ACTORS_GC_WARN_MS or longer (50 by
   default; 0: off) is logged as "long garbage collection" with its generation and milliseconds: a warning once the

@@ -6,6 +6,7 @@ one list of problems, so a job with five mistakes is told all five at once (laun
     settle_reference(cfg)                                   # --ref-load a torch_dist checkpoint: needed or not
     check_backends(cfg, problems, flags)                    # engine keys, --sglang-* / --router-*, LoRA, alarms
     check_job_paths(cfg, problems)                          # run dir, --load, --save, --ref-load, --hf-checkpoint
+    check_environment(problems)                             # SLIME_ACTORS_* variables: values of their kind
 
 Prompt files (docs/security.md, "Inputs"): every row is read once, in bounded memory (slime_actors.rows), and
 checked: malformed rows (bad UTF-8, invalid JSON, no prompt, no label when --label-key is given, ...) are problems
@@ -174,6 +175,17 @@ def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
         elif conflict := rolling_conflict(cfg):
             problems.add(f"--hack-alarms stop saves a checkpoint when an alarm ends the run, to the rolling "
                          f"RUN_DIR/ckpt without --save, but {conflict}: give --save DIR")
+
+
+def check_environment(problems: Problems, environ=None) -> None:
+    """Every SLIME_ACTORS_* variable set here (the job's processes inherit them) holds a value of its kind: a
+    number where a number is wanted (SLIME_ACTORS_GC_WARN_MS=fast would otherwise stop every actor at its start)."""
+    from ..env import ALL
+    for var in ALL.values():
+        try:
+            var.get(environ)
+        except ValueError as exc:
+            problems.add(str(exc))
 
 
 def check_job_paths(cfg: JobConfig, problems: Problems) -> None:

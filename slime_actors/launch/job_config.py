@@ -142,8 +142,9 @@ def _finish(flags: ReadFlags, counts: dict[str, int], problems: Problems, topolo
 
 def _checks(cfg: JobConfig, launch_flags: LaunchFlags, problems: Problems, paths: bool) -> None:
     """Step 5. A check that trips over a value already reported bad is not reported again."""
-    from .checks import check_backends, check_job_paths, settle_reference
-    steps = [lambda: check_backends(cfg, problems, launch_flags), lambda: settle_reference(cfg)]
+    from .checks import check_backends, check_environment, check_job_paths, settle_reference
+    steps = [lambda: check_backends(cfg, problems, launch_flags), lambda: settle_reference(cfg),
+             lambda: check_environment(problems)]
     if paths:
         steps.append(lambda: check_job_paths(cfg, problems))
     for step in steps:
