@@ -15,7 +15,8 @@
 #        bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
 # The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 our trainer's
 # update of SmolLM2-135M is mostly not matmul arithmetic on one H200, so TF32 and bf16 pay well only with larger ones
-# (docs/performance.md, "On one H200"; TRL's update was not measured alone).
+# (docs/performance.md, "On one H200"). With `--micro-batch 128` on one H200: fp32 2.71x TRL's samples/s, bf16 3.35x
+# (docs/peer-comparison.md, "Micro-batches of 128").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/speed_gpu_out}
