@@ -362,7 +362,8 @@ class EngineSupervisor(EngineWeights):
         self._resumed.clear()  # serve again only once the controller re-synced the new engine and resumes us
         self.engine_restarts += 1
         self.weight_version = -1  # unknown until the new engine is up (it starts from the launch weights)
-        self.log.error("engine failed; restarting it", reason=reason, restarts=self.engine_restarts)
+        self.log.error("engine failed; restarting it", reason=reason, restarts=self.engine_restarts,
+                       in_flight=len(self._inflight))   # (groups it was generating: handed back below)
         try:
             # in-flight work cannot finish on this engine: hand it back so the buffer re-issues it
             for t in list(self._inflight.values()):
