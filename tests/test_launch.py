@@ -190,8 +190,9 @@ def test_stopping_the_launcher_leaves_no_process(tmp_path, how):
         elif how == "SIGINT":
             assert rc == 130, job.log()[-3000:]
         # SIGKILL: the actors get SIGTERM from the kernel (PR_SET_PDEATHSIG) and stop their engines themselves
+        # (an exiting process drops its command line before it is gone: wait for both, within the same minute)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 60 and job_processes(job.run_dir):
+        while time.monotonic() - t0 < 60 and (job_processes(job.run_dir) or any(_alive(p) for p in pids + [engine])):
             time.sleep(0.2)
         left = job_processes(job.run_dir)
         assert not left, f"left running after {how} to the launcher: {left}"
