@@ -60,13 +60,10 @@ def test_runtime_settings_travel_to_a_child_and_back():
 def test_bad_values_are_job_problems_before_any_process_starts(monkeypatch, tmp_path):
     """The head checks every SLIME_ACTORS_* variable it would hand on, with the flags' problems, all at once: an actor
     process reading SLIME_ACTORS_GC_WARN_MS=fast would otherwise stop at its start, one after another."""
-    from slime_actors.config import ConfigError
+    from slime_actors.config import ConfigError, Problems
     from slime_actors.launch.checks import check_environment
     from slime_actors.launch.job_config import build_job_config
-
-    class P(list):
-        add = list.append
-    found, none = P(), P()
+    found, none = Problems(), Problems()
     check_environment(found, {"SLIME_ACTORS_GC_WARN_MS": "fast", "SLIME_ACTORS_HEAPWATCH_EVERY": "1m",
                               "SLIME_ACTORS_GC_FREEZE": "0", "SLIME_ACTORS_JOIN_TIMEOUT": "30"})
     assert sorted(found) == ["SLIME_ACTORS_GC_WARN_MS must be a number, got 'fast'",

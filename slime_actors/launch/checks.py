@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 
 from ..config import JobConfig, Problems
 from ..data import EVAL_SET, TRAIN_SET, eval_row_keys, train_row_keys
@@ -177,7 +178,7 @@ def check_monitor_flags(cfg: JobConfig, problems: Problems) -> None:
                          f"RUN_DIR/ckpt without --save, but {conflict}: give --save DIR")
 
 
-def check_environment(problems: Problems, environ=None) -> None:
+def check_environment(problems: Problems, environ: Mapping[str, str] | None = None) -> None:
     """Every SLIME_ACTORS_* variable set here (the job's processes inherit them) holds a value of its kind: a
     number where a number is wanted (SLIME_ACTORS_GC_WARN_MS=fast would otherwise stop every actor at its start)."""
     from ..env import ALL
