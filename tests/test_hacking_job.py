@@ -5,6 +5,7 @@ tripping none is checked in tests/test_rl_loop.py's main-job test.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -129,7 +130,7 @@ def start_buffer(loop_thread, run_dir, args):
     ep = loop_thread.call(b.start(RuntimeConfig(run_dir=run_dir, curve=False)))
     w = Worker(1)
     loop_thread.call(w.start(RuntimeConfig(run_dir=run_dir, curve=False, static_peers={"buffer/0": ep})))
-    return b, lambda method, body: loop_thread.call(w.ask("buffer/0", method, body, timeout=20))
+    return b, lambda method, body, timeout=20: loop_thread.call(w.ask("buffer/0", method, body, timeout=timeout))
 
 
 def fill_rollout(ask):
@@ -173,9 +174,10 @@ def test_the_buffer_reports_on_every_scored_group_once_and_keeps_it_across_a_res
 
 
 def test_wait_rollout_without_the_report_then_hack_report_gives_the_same_report_once(loop_thread, run_dir, tmp_path):
-    """What the controller does (issue 33): wait_rollout(hack=false) replies without the report, the monitor
-    starts on the complete rollout meanwhile, and hack_report answers the report wait_rollout would have held --
-    observed once, the monitor's state moved once."""
+    """What the controller does (issue 33): wait_rollout(hack=false) replies without the report; the monitor
+    starts on the complete rollout once every trainer rank has taken its shard (so it never delays a get_batch),
+    and hack_report answers the report wait_rollout would have held -- observed once, the monitor's state moved
+    once."""
     _, ask_ref = start_buffer(loop_thread, str(tmp_path / "ref"), buffer_args(tmp_path))
     fill_rollout(ask_ref)
     expected = ask_ref("wait_rollout", {"rollout_id": 0, "timeout": 10.0})["hack"]
@@ -183,7 +185,16 @@ def test_wait_rollout_without_the_report_then_hack_report_gives_the_same_report_
     fill_rollout(ask)
     st = ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0, "hack": False})
     assert st["complete"] and st["samples"] == 8 and "hack" not in st
+    # two trainer ranks: before both have their shards, the monitor has not started and hack_report holds
+    with pytest.raises(Exception, match="no reply within"):
+        ask("hack_report", {"rollout_id": 0}, timeout=0.5)
+    ask("get_batch", {"rollout_id": 0, "rank": 1, "world_size": 2})
+    with pytest.raises(Exception, match="no reply within"):
+        ask("dump_rollout", {"rollout_id": 0}, timeout=0.5)
+    assert len(b.hack_monitor.history) == 0
+    ask("get_batch", {"rollout_id": 0, "rank": 0, "world_size": 2})
     assert ask("hack_report", {"rollout_id": 0}) == expected
+    assert len(ask("dump_rollout", {"rollout_id": 0})) == 8
     assert ask("hack_report", {"rollout_id": 0}) == expected   # (a retried ask: the same report)
     assert ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0})["hack"] == expected
     assert len(b.hack_monitor.history) == 1
@@ -191,6 +202,29 @@ def test_wait_rollout_without_the_report_then_hack_report_gives_the_same_report_
     assert ask("hack_report", {"rollout_id": 0}) is None       # trained: the report is gone
     with pytest.raises(Exception, match="rollout 1 is not complete"):
         ask("hack_report", {"rollout_id": 1})
+
+
+def test_the_reports_wait_for_no_trainer_with_debug_rollout_only_nor_after_a_rollback(loop_thread, run_dir,
+                                                                                     tmp_path):
+    """The reports hold only for trainers that will ask: with --debug-rollout-only none does (the controller takes
+    the reports before it marks the rollout done), and a rollback lets go of the reports waiting on a rollout it
+    discarded (their asker is gone)."""
+    _, ask = start_buffer(loop_thread, str(tmp_path / "only"), buffer_args(tmp_path, "--debug-rollout-only"))
+    fill_rollout(ask)
+    ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0, "hack": False})
+    assert ask("hack_report", {"rollout_id": 0}, timeout=5)["rollout_id"] == 0
+    assert len(ask("dump_rollout", {"rollout_id": 0}, timeout=5)) == 8
+
+    b, ask = start_buffer(loop_thread, run_dir, buffer_args(tmp_path))
+    fill_rollout(ask)
+    ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0, "hack": False})
+    waiting = asyncio.run_coroutine_threadsafe(b._after_batch(0), loop_thread.loop)
+    with pytest.raises(Exception, match="no reply within"):
+        ask("dump_rollout", {"rollout_id": 0}, timeout=0.3)
+    assert not waiting.done()
+    assert ask("rollback", {"path": None, "if_ahead_of": 0, "reason": "test"})["rolled_back"]
+    waiting.result(timeout=5)   # let go at once, not after REPORTS_WAIT_FOR_BATCH
+    assert b._served == {} and b._batch_out == {}
 
 
 def test_hack_alarms_off_computes_nothing(loop_thread, run_dir, tmp_path):

@@ -17,8 +17,9 @@ responses and are continued where they stopped.
 When a training rollout completes, the reward-hacking monitor (slime_actors/monitor: --hack-alarms) reads every
 scored sample the model produced for it -- the trained groups and the groups the dynamic filter dropped -- and
 `wait_rollout` returns what it found as the stats' `hack` entry (hack/* metrics, tripped alarms with an example), or,
-asked with hack=false (the controller: training need not wait for it), replies at once and `hack_report` answers it;
-the monitor's state is persisted with the buffer's (log, snapshot, checkpoint), so a restart or a rollback carries
+asked with hack=false (the controller: training need not wait for it), replies at once and `hack_report` answers it
+-- computed once every trainer rank has taken its shard, like --save-debug-rollout-data's `dump_rollout`, so neither
+delays a `get_batch` at the start of the step; the monitor's state is persisted with the buffer's (log, snapshot, checkpoint), so a restart or a rollback carries
 it.
 
 After a restart it asks each worker that held leases which groups it still has (`held_groups`) and re-issues the
@@ -47,6 +48,8 @@ from .base import Actor, handler
 # the persisted log is folded into a snapshot every this many trained rollouts, or once it grows past this size
 COMPACT_EVERY = 10
 COMPACT_LOG_BYTES = 8 << 20
+# a rollout's reports (hack report, debug dump) wait at most this long for every trainer rank to take its shard
+REPORTS_WAIT_FOR_BATCH = 60.0
 
 
 class Buffer(Actor):
@@ -65,6 +68,10 @@ class Buffer(Actor):
         self._log_file: BinaryIO | None = None
         self._trained_since_compact = 0
         self._hack_lock = asyncio.Lock()
+        # per training rollout: the trainer ranks that took their shard, and an event set once all of them did
+        self._served: dict[int, set[int]] = {}
+        self._batch_out: dict[int, asyncio.Event] = {}
+        self._complete_at_start: set[int] = set()   # complete when this process started (a restart): not waited for
         # rollbacks run one at a time; a repeat of one still running (its token) waits for that one's reply
         self._rollback_lock = asyncio.Lock()
         self._rollbacks_running: dict[str, asyncio.Future[dict]] = {}
@@ -86,6 +93,9 @@ class Buffer(Actor):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restored = self._restore()
         self._log_notes()
+        # the ranks may have taken these rollouts' shards from the process before this one: no report waits for them
+        self._complete_at_start = {r.rollout_id for r in self.state.rollouts.values()
+                                   if r.kind == "train" and r.done and not r.trained}
         if restored == "fresh":  # what a training group with no checkpoint yet rolls back to
             self._write_snapshot(self.state_dir / "initial.msgpack")
             self._compact()
@@ -305,8 +315,8 @@ class Buffer(Actor):
         stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
-            if not hack:
-                self.spawn(self._observe_hack(r), name="hack-monitor")   # (hack_report waits for it)
+            if not hack:   # (hack_report waits for it; it starts once the trainers have their shards)
+                self.spawn(self._observe_hack(r, after_batch=True), name="hack-monitor")
                 return stats
             report = await self._observe_hack(r)
             if report is not None:
@@ -315,16 +325,53 @@ class Buffer(Actor):
 
     @handler
     async def hack_report(self, rollout_id: int) -> dict | None:
+        """The hacking monitor's report on complete training rollout `rollout_id` (None with --hack-alarms off, or
+        once it is trained). Asked while the trainers train: it is computed once every rank has its shard."""
         r = self.state.completed_rollout(rollout_id)
         if self.state.hack_monitor is None:
             return None
-        return await self._observe_hack(r)
+        return await self._observe_hack(r, after_batch=True)
 
-    async def _observe_hack(self, r: Rollout) -> dict | None:
+    async def _after_batch(self, rollout_id: int) -> None:
+        """Wait until every trainer rank has taken its shard of training rollout `rollout_id` (get_batch), or it is
+        trained or rolled back: the reports on a rollout (hack report, debug dump) are asked for while the trainers
+        train, and computing them first -- the monitor's thread holds the GIL, a dump packs every sample -- made
+        each rank's get_batch wait at the start of its step. Nothing waits with --debug-rollout-only (no trainer
+        asks), for a rollout complete before this process started (a restart), or longer than
+        REPORTS_WAIT_FOR_BATCH seconds (a warning says so)."""
+        if self.cfg.debug.debug_rollout_only or rollout_id in self._complete_at_start:
+            return
+        r = self.state.rollouts.get(f"train:{rollout_id}")
+        if r is None or r.trained:
+            return
+        ev = self._batch_out.setdefault(rollout_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), REPORTS_WAIT_FOR_BATCH)
+        except asyncio.TimeoutError:
+            self.log.warning("the trainers did not take their shards; the rollout's reports go ahead",
+                             rollout_id=rollout_id, seconds=REPORTS_WAIT_FOR_BATCH,
+                             ranks_served=sorted(self._served.get(rollout_id, ())))
+
+    def _batch_taken(self, rollout_id: int, rank: int | None = None, world_size: int = 0) -> None:
+        """Rank `rank` of `world_size` took its shard of rollout `rollout_id` (None: the rollout is done with --
+        trained or rolled back); the reports waiting for it go ahead once every rank has."""
+        ranks = self._served.setdefault(rollout_id, set())
+        if rank is not None:
+            ranks.add(rank)
+        if rank is None or len(ranks) >= world_size:
+            self._batch_out.setdefault(rollout_id, asyncio.Event()).set()
+        if rank is None:
+            self._served.pop(rollout_id, None)
+            self._batch_out.pop(rollout_id, None)
+
+    async def _observe_hack(self, r: Rollout, after_batch: bool = False) -> dict | None:
         """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
         rollout's text takes a while; one rollout at a time: the monitor's state goes from one to the next) and
         kept until the rollout is trained; None once it is trained and the report is gone. Every scored sample
-        counts: the groups trained on and the ones the filter dropped."""
+        counts: the groups trained on and the ones the filter dropped. `after_batch`: not before the trainers have
+        their shards (`_after_batch`)."""
+        if after_batch:
+            await self._after_batch(r.rollout_id)
         async with self._hack_lock:
             st = self.state
             if r.rollout_id in st.hack_reports or r.trained:
@@ -349,10 +396,13 @@ class Buffer(Actor):
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int) -> dict:
-        return self.state.batch(rollout_id, rank, world_size)
+        batch = self.state.batch(rollout_id, rank, world_size)
+        self._batch_taken(rollout_id, rank, world_size)
+        return batch
 
     @handler
     async def mark_trained(self, rollout_id: int) -> None:
+        self._batch_taken(rollout_id)
         if not self.state.mark_trained(rollout_id):
             return
         self._rollout_events.pop(f"train:{rollout_id}", None)  # (one per step, kept: the actor's growth otherwise)
@@ -430,6 +480,9 @@ class Buffer(Actor):
         for ev in self._rollout_events.values():  # wake stale waiters; their askers are gone
             ev.set()
         self._rollout_events.clear()
+        for rid in list(self._batch_out):         # reports waiting for shards of rollouts that are gone
+            self._batch_taken(rid)
+        self._served.clear()
         result = self.state.rollback(st, str(src), if_ahead_of, reason, token)
         self._log_notes()
         self._compact()
@@ -443,7 +496,10 @@ class Buffer(Actor):
         return self.state.eval_results(rollout_id)
 
     @handler
-    def dump_rollout(self, rollout_id: int) -> list:
+    async def dump_rollout(self, rollout_id: int) -> list:
+        """A complete rollout's samples (--save-debug-rollout-data), once the trainers have their shards."""
+        self.state.completed_rollout(rollout_id)   # (an error at once for one that is not complete)
+        await self._after_batch(rollout_id)
         return self.state.dump_rollout(rollout_id)
 
     @handler
