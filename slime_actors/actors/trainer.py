@@ -183,13 +183,15 @@ class TrainerRank(Actor):
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
         batch = await self._get_batch(rollout_id)
+        t_batch = time.monotonic()
         self._record_batch(batch.wire)
         t1 = time.monotonic()
         cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
         metrics = await self.run_blocking(self._update, rl_update, batch.wire, rollout_id,
                                           cause[1] if cause else None)
         metrics = {k: float(v) for k, v in metrics.items()}
-        metrics["time/get_batch"] = t1 - t0
+        metrics["time/get_batch"] = t_batch - t0
+        metrics["time/record_batch"] = t1 - t_batch   # (the batch kept in the trace for replay, when it is large)
         metrics["time/train_compute"] = time.monotonic() - t1
         return metrics
 
