@@ -246,17 +246,29 @@ _TIMESTAMP_MARK = re.compile(rb"\xd6\xff|\xd7\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x0
 
 
 def _reject_timestamps(obj, depth: int = 0) -> None:
+    """Raise ProtocolError if a Timestamp is anywhere in a decoded body. The types of a container's items are
+    collected in C (set(map(type, ...))): a list of ten thousand token ids or floats costs one pass, not a Python call
+    per item (a call per item cost ~1 ms per 8 scored samples, and more per training batch); only the containers
+    in it are walked."""
     if type(obj) is msgpack.Timestamp:
         raise ProtocolError(f"unknown msgpack ext type -1 in body (only {ARRAY_EXT}, arrays, is defined)")
     if depth > 512:
         return
     if type(obj) is dict:
-        for k, v in obj.items():
-            _reject_timestamps(k, depth + 1)
-            _reject_timestamps(v, depth + 1)
+        kinds = set(map(type, obj))
+        kinds.update(map(type, obj.values()))
+        items = [*obj, *obj.values()]
     elif type(obj) is list:
-        for v in obj:
-            _reject_timestamps(v, depth + 1)
+        kinds = set(map(type, obj))
+        items = obj
+    else:
+        return
+    if msgpack.Timestamp in kinds:
+        raise ProtocolError(f"unknown msgpack ext type -1 in body (only {ARRAY_EXT}, arrays, is defined)")
+    if dict in kinds or list in kinds:
+        for v in items:
+            if type(v) is dict or type(v) is list:
+                _reject_timestamps(v, depth + 1)
 
 
 def decode_body(data, frames: list) -> Any:
