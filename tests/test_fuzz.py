@@ -161,6 +161,15 @@ def test_timestamps_are_not_a_way_around_the_ext_rule():
         with pytest.raises(ProtocolError, match="ext type -1"):  # the same timestamps, in the longer ext forms
             codec.decode_body(b"\x81\xa1x" + raw, [])
     assert codec.decode_body(packb({"x": b"\xd6\xff\xd7\xff"}), []) == {"x": b"\xd6\xff\xd7\xff"}
+    # wherever it sits: among ten thousand numbers, deep in lists of maps, as a map key (msgpack refuses that one
+    # itself); the check collects each container's item types at once and walks only the containers in it
+    ts = msgpack.Timestamp(1, 0)
+    for body in ({"tokens": [[*range(5000), ts, *range(5000)]]}, {"a": [{"b": [[1.5, {"c": [ts]}]]}]},
+                 [[0.25] * 100, [ts]], {"k": {ts: 1}}):
+        with pytest.raises(ProtocolError, match="ext type -1|not allowed for map key"):
+            codec.decode_body(packb(body), [])
+    clean = {"tokens": [[*range(5000)], [0.5] * 100], "m": {"k": [None, True, "s", b"b", {"n": [1, 2]}]}}
+    assert codec.decode_body(packb(clean), []) == clean
 
 
 @FAST
