@@ -53,6 +53,30 @@ def test_an_accepted_argv_is_not_parsed_again(fake_sglang, parses, tmp_path):
     assert check_engine_flags(SGLANG_MODULE, ARGV) == PARSED and len(parses) == 4
 
 
+def test_the_model_directory_port_and_seed_the_worker_writes_are_no_new_check(fake_sglang, parses):
+    """The comparison script copies the model into each work directory, and a job may move its model: the values
+    the rollout worker writes itself (any of them parses) are not part of the key; a value of the wrong kind is."""
+    cache = FlagCheckCache.default()
+    check_sglang_flags(ARGV, cache)
+    moved = list(ARGV)
+    for flag, value in (("--model-path", "/elsewhere/models/smollm2-135m-instruct"), ("--port", "31234"),
+                        ("--random-seed", "1235")):
+        moved[moved.index(flag) + 1] = value
+    assert check_sglang_flags(moved, cache).startswith("SGLang's parser, accepted before")
+    assert len(parses) == 1
+    assert cache.key(moved) == cache.key(ARGV)
+    other_tp = list(ARGV)
+    other_tp[other_tp.index("--tp-size") + 1] = "2"
+    assert cache.key(other_tp) != cache.key(ARGV)
+    # not a port: its own key, parsed (and refused) by SGLang's parser every time
+    assert cache.key([a if a != "30000" else "http" for a in ARGV]) != cache.key(ARGV)
+    with pytest.raises(SGLangFlagError, match="--port"):
+        check_sglang_flags([a if a != "30000" else "http" for a in ARGV], cache)
+    assert len(parses) == 2
+    # the same values under a flag the worker does not write are part of the key
+    assert cache.key(ARGV + ["--served-model-name", "a"]) != cache.key(ARGV + ["--served-model-name", "b"])
+
+
 def test_a_refused_argv_is_never_remembered(fake_sglang, parses):
     cache = FlagCheckCache.default()
     bad = ARGV + ["--attention-backend", "fa9"]
@@ -113,7 +137,7 @@ def test_the_cache_keeps_its_newest_keys(fake_sglang, parses, monkeypatch):
     from slime_actors.backends import sglang_flag_cache
     monkeypatch.setattr(sglang_flag_cache, "KEEP", 3)
     cache = FlagCheckCache.default()
-    argvs = [ARGV + ["--port", str(p)] for p in range(5)]
+    argvs = [ARGV + ["--weight-version", str(p)] for p in range(5)]
     for argv in argvs:
         check_sglang_flags(argv, cache)
     assert json.loads(cache.path.read_text())["accepted"] == [cache.key(a) for a in argvs[-3:]]

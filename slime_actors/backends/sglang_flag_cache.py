@@ -10,8 +10,9 @@ triton and much of SGLang: seconds on every start of a job, before any process s
 machine, of packages not yet byte-compiled, took 21 s of a 202 s start-up: docs/peer-comparison.md). A job is
 started again and again with the same flags, so the head remembers which flag lists passed. The key is a sha256 over
 where `sglang` is installed, its version, the bytes of the files that build its parser (srt/server_args.py and
-srt/arg_groups/*.py) and the argv itself: another SGLang, an edited parser or one changed flag is a new key and is
-checked by the parser again. Only what passed is remembered; a refused flag is checked (and its error printed) every
+srt/arg_groups/*.py) and the argv itself -- less the values the rollout worker writes for the model directory, the port
+and the seed (any of those parses: a model copied to another directory is no new check) --: another SGLang, an edited
+parser or one changed flag is a new key and is checked by the parser again. Only what passed is remembered; a refused flag is checked (and its error printed) every
 time. Only the head's check before any process starts uses it: each rollout worker checks its engine's command with
 SGLang's parser again while the engine starts (off the path to the first step).
 
@@ -41,6 +42,12 @@ log = get_logger(component="sglang_flag_cache")
 MAX_BYTES = 1 << 20
 KEEP = 256          # the newest keys kept
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# Values the rollout worker writes itself (sglang_launch.OWNED_FLAGS: a user cannot pass these flags) and SGLang's
+# parser accepts whatever they are -- the model directory (a str), a port and the seed (integers, when they are) --
+# are left out of the key: a job whose model sits in another directory, or with another seed, is the same flag list
+# to the parser. A value that is not of its kind (a port that is no integer) stays in: it is parsed again.
+_ANY_VALUE = {"--model-path": re.compile(r".+", re.S), "--port": re.compile(r"-?[0-9]+"),
+              "--random-seed": re.compile(r"-?[0-9]+")}
 
 
 def default_path() -> Path | None:
@@ -97,8 +104,12 @@ class FlagCheckCache:
         if fingerprint is None:
             return None
         h = hashlib.sha256(fingerprint)
-        for arg in argv:
-            h.update(b"\0" + str(arg).encode("utf-8", "surrogatepass"))
+        args = [str(a) for a in argv]
+        for i, arg in enumerate(args):
+            kind = _ANY_VALUE.get(args[i - 1]) if i else None
+            if kind is not None and kind.fullmatch(arg):
+                arg = "\0any"   # (no flag or value is that: it cannot collide)
+            h.update(b"\0" + arg.encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
     def _read(self) -> list[str]:

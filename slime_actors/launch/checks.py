@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 
+from .. import startup_timeline as timeline
 from ..config import JobConfig, Problems
 from ..data import EVAL_SET, TRAIN_SET, eval_row_keys, train_row_keys
 from ..rows import CheckedWriter, DataError, RowKeys, scan_rows, source_stamp
@@ -123,7 +124,8 @@ def check_backends(cfg: JobConfig, problems: Problems, flags=None) -> None:
     if (engine_cfg.sglang_args or engine_cfg.router_args or engine_cfg.rollout_engine == "sglang"
             or engine_cfg.use_sglang_router):
         try:
-            check_passthrough(cfg, flags)
+            with timeline.phase("SGLang flag check"):   # (imports SGLang unless these flags passed before)
+                check_passthrough(cfg, flags)
         except SGLangFlagError as exc:
             problems.add(str(exc))
     check_lora_flags(cfg, problems)

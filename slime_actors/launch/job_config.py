@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from ..backends.sglang_launch import LaunchFlags
 from ..config import ConfigError, JobConfig, Problems, ReadFlags, finish_config, has_flag, read_flags
 from ..eval_config import check_eval_config
+from .. import startup_timeline as timeline
 from ..gpus import GpuCount, count_gpus
 from .placement import GpuPlan, colocates_by_itself, plan_gpus, topology_colocates
 from .topology import Topology, TopologyError
@@ -72,8 +73,9 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
         changed.append("--colocate False -> True")
         why_colocated = f"{topology.path} colocates the rollout workers with the trainer: "
     here = place and flags.cfg.run.device.startswith("cuda")
-    if here:
-        gpus = gpus or count_gpus()
+    if here and gpus is None:
+        with timeline.phase("GPU count"):   # (imports torch: seconds on a GPU machine)
+            gpus = count_gpus()
     by_itself = here and _colocates_by_itself(flags, gpus, launch_flags, topology)
     if by_itself:   # one GPU for one trainer rank and one engine: the job is colocated, with colocation's defaults
         flags.cfg.engine.colocate = True
