@@ -243,3 +243,33 @@ def test_a_debug_data_file_that_cannot_be_written_still_fails_the_job(tmp_path):
             raise AssertionError("the job went on without its debug data")
         methods = [m for _, m, _ in ctl.sent]
         assert "dump_rollout" in methods and "mark_trained" not in methods and ctl.metrics.history == []
+
+
+def test_the_job_waits_for_the_buffer_to_serve_before_its_first_ask(tmp_path):
+    """Every actor is listed once its process runs; the buffer serves only once its start (loading the prompts) has
+    finished. The controller pings it after the listing and before the rollback at the job's start -- whose
+    attempts wait 10 s each -- so a buffer still loading is waited for, not asked again and warned about."""
+    ctl = _controller(tmp_path)
+    fake_ask = ctl.ask
+    served = asyncio.Event()
+
+    async def ask(to, method, body=None, *, timeout=None):
+        if method == "list":
+            ctl.sent.append((to, method, body))
+            return {n: {"alive": True, "endpoint": "e", "host": "h", "last_seen": 0.0, "pid": 1}
+                    for n in ["buffer/0", "trainer/0", "trainer/1", "rollout/0", "reward/0"]}
+        if method == "_ping":
+            ctl.sent.append((to, method, body))
+            await served.wait()     # the buffer still loads its prompts
+            return {"name": to, "role": "buffer", "index": 0, "pid": 1, "host": "h", "uptime": 20.0}
+        return await fake_ask(to, method, body, timeout=timeout)
+    ctl.ask = ask
+
+    async def run():
+        waiting = asyncio.ensure_future(ctl.wait_for_actors(timeout=60))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and [m for _, m, _ in ctl.sent] == ["list", "_ping"]
+        served.set()
+        await asyncio.wait_for(waiting, 5)
+    asyncio.run(run())
+    assert ctl.sent[-1][:2] == ("buffer/0", "_ping")

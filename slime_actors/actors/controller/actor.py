@@ -91,7 +91,7 @@ class Controller(Actor):
             self.done.set_exception(exc)
 
     async def wait_for_actors(self, timeout: float = 900.0) -> None:
-        """Wait until the directory lists every actor the job needs as alive."""
+        """Wait until the directory lists every actor the job needs as alive, and the buffer serves."""
         names = ["buffer/0"] + self.trainers.names
         if not self.cfg.debug.debug_train_only:
             names += self.engines.names + [f"reward/{i}" for i in range(self.cfg.reward.num_reward_workers)]
@@ -101,12 +101,17 @@ class Controller(Actor):
             listing = await self.directory.list(ask_timeout=30)
             missing = [n for n in names if not (n in listing and listing[n].get("alive"))]
             if not missing:
-                return
+                break
             if t0 is None:  # (recorded clock readings: a replay takes the same turns)
                 t0 = self.monotonic()
             elif self.monotonic() - t0 > timeout:
                 raise TimeoutError(f"actors did not come up within {timeout:.0f}s: {', '.join(missing)}")
             await asyncio.sleep(0.2)
+        # An actor is listed once its process runs; its requests wait until its start has finished. The buffer's
+        # start loads the prompts (20 s for 2000 chat prompts on a GPU machine busy starting SGLang): wait for it
+        # here, so that the job's first ask to it -- the rollback at the start, 10 s an attempt -- is not given up
+        # and asked again while the buffer is still loading.
+        await self.buffer._ping(ask_timeout=timeout)
 
     # ------------------------------------------------------------------------------------------ messages
     @handler
