@@ -1,0 +1,104 @@
+"""What decoding the RL loop's message bodies costs the actor that receives them, and how much of it is the check
+that no msgpack timestamp hides in a body (slime_actors/mailbox/codec.py `_reject_timestamps`).
+
+    .venv/bin/python bench/rl_bodies.py [--rounds 7]
+
+The bodies are the loop's large ones, made like a run's (token ids drawn from a 49k vocabulary, log-probs as
+float64, 60 prompt and ~100 response tokens a sample): a reward worker's `score` ask (one group of 8 samples), a
+rollout worker's `get_work` reply (16 groups of 8), a trainer's `get_batch` reply (128 samples). Each is decoded
+with `codec.decode_body` as the mailbox does, and its timestamp check run alone two ways, side by side in one run:
+today's (a container's item types collected in C, only nested containers walked) and the one it replaced (a Python
+call per item), kept here as the reference. The best of `--rounds` rounds is printed (milliseconds per body).
+
+The check runs when the body's bytes hold one of a timestamp's byte patterns (`\\xd6\\xff`, `\\xd7\\xff`, ...):
+float64 log-probs hold them often, so most large bodies of a run are checked (the table says which of these are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import msgpack
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from slime_actors.mailbox import codec  # noqa: E402
+from slime_actors.types import Sample, batch_from_samples  # noqa: E402
+
+
+def per_item_walk(obj, depth: int = 0) -> None:
+    """The check before 2026-12-06: a Python call for every item of every list and map."""
+    if type(obj) is msgpack.Timestamp:
+        raise codec.ProtocolError("timestamp")
+    if depth > 512:
+        return
+    if type(obj) is dict:
+        for k, v in obj.items():
+            per_item_walk(k, depth + 1)
+            per_item_walk(v, depth + 1)
+    elif type(obj) is list:
+        for v in obj:
+            per_item_walk(v, depth + 1)
+
+
+def sample(rng: random.Random, i: int, generated: bool = True) -> Sample:
+    s = Sample(index=i, group_index=i // 8, label=str(rng.randint(20, 198)),
+               prompt="<|im_start|>user\nWhat is 87 + 39? Put your final answer in \\boxed{}.<|im_end|>\n")
+    s.prompt_tokens = [rng.randrange(49152) for _ in range(60)]
+    if generated:
+        n = rng.randint(8, 128)
+        s.response = "87 + 39 = 126" if n < 20 else "To solve this problem, we need to add 87 and 39. " * (n // 12)
+        s.response_tokens = [rng.randrange(49152) for _ in range(n)]
+        s.loss_mask = [1] * n
+        s.rollout_log_probs = [-rng.expovariate(2.0) for _ in range(n)]
+        s.reward = float(rng.random() < 0.4)
+    return s
+
+
+def bodies(seed: int = 0) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    scored = [sample(rng, i) for i in range(128)]
+    fresh = [sample(rng, i, generated=False) for i in range(128)]
+    work = {"groups": [{"work_id": f"train:{g}", "rollout_id": 3, "kind": "train", "attempt": 0,
+                        "sampling_params": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 128},
+                        "samples": [s.to_wire() for s in fresh[g * 8:(g + 1) * 8]]} for g in range(16)]}
+    return {"score ask (8 samples)": msgpack.packb({"samples": [s.to_wire() for s in scored[:8]], "group": False}),
+            "get_work reply (16 groups)": msgpack.packb(work),
+            "get_batch reply (128 samples)": msgpack.packb(batch_from_samples(scored))}
+
+
+def best(fn, rounds: int, n: int) -> float:
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t) / n)
+    return min(out) * 1000.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    print(f"# decoding the RL loop's bodies ({time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
+          f"msgpack {msgpack.version}); ms per body, best of {args.rounds} rounds")
+    print("| body | bytes | checked (a timestamp pattern in its bytes) | decode_body | timestamp check, per item "
+          "(before) | timestamp check, by container (now) |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name, data in bodies().items():
+        obj = msgpack.unpackb(data)
+        n = max(5, int(2e5 // len(data)))
+        checked = bool(codec._TIMESTAMP_MARK.search(data))
+        dec = best(lambda: codec.decode_body(data, []), args.rounds, n)
+        old = best(lambda: per_item_walk(obj), args.rounds, n)
+        new = best(lambda: codec._reject_timestamps(obj), args.rounds, n)
+        print(f"| {name} | {len(data):,} | {'yes' if checked else 'no'} | {dec:.3f} | {old:.3f} | {new:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
