@@ -19,8 +19,8 @@ scored sample the model produced for it -- the trained groups and the groups the
 `wait_rollout` returns what it found as the stats' `hack` entry (hack/* metrics, tripped alarms with an example), or,
 asked with hack=false (the controller: training need not wait for it), replies at once and `hack_report` answers it
 -- computed once every trainer rank has taken its shard, like --save-debug-rollout-data's `dump_rollout`, so neither
-delays a `get_batch` at the start of the step; the monitor's state is persisted with the buffer's (log, snapshot, checkpoint), so a restart or a rollback carries
-it.
+delays a `get_batch` at the start of the step. The monitor's state is persisted with the buffer's (log, snapshot,
+checkpoint), so a restart or a rollback carries it.
 
 After a restart it asks each worker that held leases which groups it still has (`held_groups`) and re-issues the
 rest (a lease recorded just before the crash whose reply never reached the worker). When the training group restarts
