@@ -10,11 +10,12 @@ triton and much of SGLang: seconds on every start of a job, before any process s
 machine, of packages not yet byte-compiled, took 21 s of a 202 s start-up: docs/peer-comparison.md). A job is
 started again and again with the same flags, so the head remembers which flag lists passed. The key is a sha256 over
 where `sglang` is installed, its version, the bytes of the files that build its parser (srt/server_args.py and
-srt/arg_groups/*.py) and the argv itself -- less the values the rollout worker writes for the model directory, the port
-and the seed (any of those parses: a model copied to another directory is no new check) --: another SGLang, an edited
-parser or one changed flag is a new key and is checked by the parser again. Only what passed is remembered; a refused flag is checked (and its error printed) every
-time. Only the head's check before any process starts uses it: each rollout worker checks its engine's command with
-SGLang's parser again while the engine starts (off the path to the first step).
+srt/arg_groups/*.py) and the argv itself, less the values the rollout worker writes for the model directory, the
+port and the seed (any of those parses: a model copied to another directory is no new check). Another SGLang, an
+edited parser or one changed flag is a new key and is checked by the parser again. Only what passed is remembered; a
+refused flag is checked (and its error printed) every time. Only the head's check before any process starts uses
+it: each rollout worker checks its engine's command with SGLang's parser again while the engine starts (off the path
+to the first step).
 
 The file is read as untrusted input: at most MAX_BYTES, JSON, an object whose "accepted" is a list of 64-hex-digit
 strings; anything else is ignored (and rewritten on the next success). Its worst case is a flag list treated as
