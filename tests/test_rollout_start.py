@@ -244,3 +244,19 @@ def test_the_engines_flags_are_checked_while_it_starts_and_a_refused_flag_stops_
     assert events[:2] == ["engine launched", "flags checked"], events
     assert procs[0].stopped is refuse
     assert ("serving" in events) is not refuse
+
+
+def test_engine_lines_about_errors_are_warnings_but_not_the_ones_sglang_ignores(tmp_path, monkeypatch, tiny):
+    """The engine's output goes into the worker's log line by line: a traceback or an error as a warning (the
+    console shows it), everything else as info -- and so SGLang's "Ignore import error when loading
+    sglang.srt.models.X" (one per optional model module without its kernels: dozens at every start)."""
+    w, _, _ = _worker(tmp_path, monkeypatch, tiny)
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(w, "log", types.SimpleNamespace(warning=lambda ev, line: seen.append(("warning", line)),
+                                                        info=lambda ev, line: seen.append(("info", line))))
+    for line in ["[2026-12-06 06:04:56] Ignore import error when loading sglang.srt.models.deepseek_v2: No module "
+                 "named 'cutlass'",
+                 "Traceback (most recent call last):", "RuntimeError: CUDA out of memory",
+                 "[2026-12-06 06:05:01] Load weight end. type=LlamaForCausalLM"]:
+        w._engine_line(line)
+    assert [level for level, _ in seen] == ["info", "warning", "warning", "info"]

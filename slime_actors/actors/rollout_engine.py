@@ -28,6 +28,10 @@ from .rollout_weights import EngineWeights
 if TYPE_CHECKING:
     from ..backends.engine_client import EngineClient
 
+# engine lines that speak of an error SGLang ignores: at its start it imports every model module it has and says so
+# of each whose optional kernels are not installed (34 lines on a GPU machine without cutlass): not the user's news
+ENGINE_NOISE = ("ignore import error when loading",)
+
 
 class EngineSupervisor(EngineWeights):
     """The engine half of a rollout worker (RolloutWorker derives from it): its state is set by
@@ -100,9 +104,11 @@ class EngineSupervisor(EngineWeights):
         return engine_command(self.cfg, self.index, port, host=host, config=config)
 
     def _engine_line(self, line: str) -> None:
-        """The engine's output, line by line, into this actor's log (and RUN_DIR/logs/engine-<i>.log)."""
+        """The engine's output, line by line, into this actor's log (and RUN_DIR/logs/engine-<i>.log): a line that
+        speaks of an error or a traceback as a warning (on the console too), the rest, and the errors SGLang says
+        it ignores (ENGINE_NOISE), as info."""
         low = line.lower()
-        if "traceback" in low or "error" in low:
+        if ("traceback" in low or "error" in low) and not any(n in low for n in ENGINE_NOISE):
             self.log.warning("engine", line=line)
         else:
             self.log.info("engine", line=line)
