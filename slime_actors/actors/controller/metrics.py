@@ -142,7 +142,8 @@ class Metrics:
             self.sinks.scalars(step)
         self.ctl.log.info("step", rollout_id=step["rollout_id"], reward=_r(step.get("rollout/reward_mean")),
                           loss=_r(step.get("train/loss")),
-                          logprob_diff=_r(step.get("train/train_rollout_logprob_abs_diff_max")),
+                          logprob_diff=_r(step.get("train/train_rollout_logprob_abs_diff")),
+                          logprob_diff_max=_r(step.get("train/train_rollout_logprob_abs_diff_max")),
                           seconds=_r(step.get("time/step")), version=step.get("weight_version_after"))
         self._progress(step)
 
