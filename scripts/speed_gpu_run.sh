@@ -16,7 +16,8 @@
 # The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 our trainer's
 # update of SmolLM2-135M is mostly not matmul arithmetic on one H200, so TF32 and bf16 pay well only with larger ones
 # (docs/performance.md, "On one H200"). With `--micro-batch 128` on one H200: fp32 2.71x TRL's samples/s, bf16 3.35x
-# (docs/peer-comparison.md, "Micro-batches of 128").
+# (docs/peer-comparison.md, "Micro-batches of 128"); on one H100 after the buffer and GC changes: fp32 3.06x, bf16
+# 4.7-5.3x (TRL's bf16 generate slower than its fp32 there; "Micro-batches of 128 again").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/speed_gpu_out}
