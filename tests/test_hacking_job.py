@@ -204,6 +204,25 @@ def test_wait_rollout_without_the_report_then_hack_report_gives_the_same_report_
         ask("hack_report", {"rollout_id": 1})
 
 
+def test_reports_whose_trainers_never_ask_go_ahead_after_the_bound_and_say_so(loop_thread, run_dir, tmp_path,
+                                                                              monkeypatch):
+    """A trainer that never takes its shard (a rank lost before it asked) does not hold the report forever: after
+    REPORTS_WAIT_FOR_BATCH seconds it is computed all the same, with a warning naming the ranks that did ask."""
+    from slime_actors.actors import buffer as buffer_mod
+    monkeypatch.setattr(buffer_mod, "REPORTS_WAIT_FOR_BATCH", 0.3)
+    b, ask = start_buffer(loop_thread, run_dir, buffer_args(tmp_path))
+    warned: list = []
+    real = b.log.warning
+    monkeypatch.setattr(b.log, "warning", lambda ev, **kw: (warned.append((ev, kw)), real(ev, **kw)))
+    fill_rollout(ask)
+    ask("wait_rollout", {"rollout_id": 0, "timeout": 10.0, "hack": False})
+    ask("get_batch", {"rollout_id": 0, "rank": 1, "world_size": 2})     # rank 0 never asks
+    assert ask("hack_report", {"rollout_id": 0}, timeout=10)["rollout_id"] == 0
+    assert len(ask("dump_rollout", {"rollout_id": 0}, timeout=10)) == 8
+    said = [kw for ev, kw in warned if ev == "the trainers did not take their shards; the rollout's reports go ahead"]
+    assert said and all(kw["ranks_served"] == [1] and kw["rollout_id"] == 0 for kw in said)
+
+
 def test_the_reports_wait_for_no_trainer_with_debug_rollout_only_nor_after_a_rollback(loop_thread, run_dir,
                                                                                      tmp_path):
     """The reports hold only for trainers that will ask: with --debug-rollout-only none does (the controller takes
