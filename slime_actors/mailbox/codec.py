@@ -248,8 +248,8 @@ _TIMESTAMP_MARK = re.compile(rb"\xd6\xff|\xd7\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x0
 def _reject_timestamps(obj, depth: int = 0) -> None:
     """Raise ProtocolError if a Timestamp is anywhere in a decoded body. The types of a container's items are
     collected in C (set(map(type, ...))): a list of ten thousand token ids or floats costs one pass, not a Python call
-    per item (a call per item cost ~1 ms per 8 scored samples, and more per training batch); only the containers
-    in it are walked."""
+    per item (a call per item was 20 % of a reward worker's time, and 3.3 of a 128-sample batch's 4.9 ms decode:
+    bench/rl_bodies.py); only the containers in it are walked."""
     if type(obj) is msgpack.Timestamp:
         raise ProtocolError(f"unknown msgpack ext type -1 in body (only {ARRAY_EXT}, arrays, is defined)")
     if depth > 512:
