@@ -352,17 +352,20 @@ class Buffer(Actor):
                              rollout_id=rollout_id, seconds=REPORTS_WAIT_FOR_BATCH,
                              ranks_served=sorted(self._served.get(rollout_id, ())))
 
-    def _batch_taken(self, rollout_id: int, rank: int | None = None, world_size: int = 0) -> None:
-        """Rank `rank` of `world_size` took its shard of rollout `rollout_id` (None: the rollout is done with --
-        trained or rolled back); the reports waiting for it go ahead once every rank has."""
+    def _batch_taken(self, rollout_id: int, rank: int, world_size: int) -> None:
+        """Rank `rank` of `world_size` took its shard of rollout `rollout_id`: the reports waiting for it go ahead
+        once every rank has."""
         ranks = self._served.setdefault(rollout_id, set())
-        if rank is not None:
-            ranks.add(rank)
-        if rank is None or len(ranks) >= world_size:
+        ranks.add(rank)
+        if len(ranks) >= world_size:
             self._batch_out.setdefault(rollout_id, asyncio.Event()).set()
-        if rank is None:
-            self._served.pop(rollout_id, None)
-            self._batch_out.pop(rollout_id, None)
+
+    def _rollout_done_with(self, rollout_id: int) -> None:
+        """Rollout `rollout_id` is trained or rolled back: what waits for its shards goes ahead, and is forgotten."""
+        self._served.pop(rollout_id, None)
+        ev = self._batch_out.pop(rollout_id, None)
+        if ev is not None:
+            ev.set()
 
     async def _observe_hack(self, r: Rollout, after_batch: bool = False) -> dict | None:
         """The hacking monitor's report of a completed training rollout, computed once (in a thread: a large
@@ -402,7 +405,7 @@ class Buffer(Actor):
 
     @handler
     async def mark_trained(self, rollout_id: int) -> None:
-        self._batch_taken(rollout_id)
+        self._rollout_done_with(rollout_id)
         if not self.state.mark_trained(rollout_id):
             return
         self._rollout_events.pop(f"train:{rollout_id}", None)  # (one per step, kept: the actor's growth otherwise)
@@ -481,7 +484,7 @@ class Buffer(Actor):
             ev.set()
         self._rollout_events.clear()
         for rid in list(self._batch_out):         # reports waiting for shards of rollouts that are gone
-            self._batch_taken(rid)
+            self._rollout_done_with(rid)
         self._served.clear()
         result = self.state.rollback(st, str(src), if_ahead_of, reason, token)
         self._log_notes()

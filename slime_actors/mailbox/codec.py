@@ -257,16 +257,14 @@ def _reject_timestamps(obj, depth: int = 0) -> None:
     if type(obj) is dict:
         kinds = set(map(type, obj))
         kinds.update(map(type, obj.values()))
-        items = [*obj, *obj.values()]
     elif type(obj) is list:
         kinds = set(map(type, obj))
-        items = obj
     else:
         return
     if msgpack.Timestamp in kinds:
         raise ProtocolError(f"unknown msgpack ext type -1 in body (only {ARRAY_EXT}, arrays, is defined)")
-    if dict in kinds or list in kinds:
-        for v in items:
+    if dict in kinds or list in kinds:   # (only then: a flat map or list allocates nothing more)
+        for v in itertools.chain(obj, obj.values()) if type(obj) is dict else obj:
             if type(v) is dict or type(v) is list:
                 _reject_timestamps(v, depth + 1)
 
