@@ -141,3 +141,14 @@ def test_sandbox_bench_prints_its_table():
         assert all(re.fullmatch(r"[\d.]+", c) for c in (r[2], r[3], r[5], r[6])), r
         assert re.fullmatch(r"[\d.]+x", r[4]) and r[7] == "6/6, 6/6", r
     assert "sandbox layers:" in p.stdout
+
+
+def test_generate_requests_bench_prints_both_ways_and_checks_their_answers_agree():
+    """bench/generate_requests.py, small: a row per way of sending, each with three figures; the answers of the two
+    ways were compared (the bench asserts it every round, so a difference fails the run)."""
+    p = _run("bench/generate_requests.py", "--groups", "3", "--group", "4", "--rounds", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| per sample |", "| one request per group |"))]
+    assert [r[0] for r in rows] == ["per sample", "one request per group"], p.stdout
+    assert all(re.fullmatch(r"[\d.]+", c) for r in rows for c in r[1:]), rows
+    assert "checked every round" in p.stdout

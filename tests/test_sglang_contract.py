@@ -267,6 +267,90 @@ def test_rollout_worker_reads_finish_reason_type(tmp_path, finish, status):
     assert set(seen[0]) <= set(CONTRACT["requests"]["SamplingParams"]["fields"])
 
 
+def _worker_with_engine(tmp_path, engine):
+    from slime_actors.actors.rollout import RolloutWorker
+    from slime_actors.config import parse_config
+    from slime_actors.models.tiny import make_tokenizer
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input": "1 2 first =", "label": "1"}\n')
+    w = RolloutWorker(0, args=parse_config(["--prompt-data", str(data), "--hf-checkpoint", "tiny:x",
+                                           "--rm-type", "exact_match"]).to_dict())
+    w.tokenizer = make_tokenizer()
+    w.client = engine
+    w._engine_ok = asyncio.Event()
+    w._engine_ok.set()
+    w.weight_version = 2
+    return w
+
+
+class BatchingEngine:
+    """Answers /generate as SGLang 0.5.15.post1 does, a single prompt or a batch (a list of input_ids with a list
+    of sampling_params: a list of answers, in order); each prompt's tokens depend on the prompt and its seed."""
+
+    def __init__(self, answers: int | None = None):
+        self.calls: list = []
+        self.answers = answers   # a wrong number of answers to a batch, when set
+
+    def one(self, ids, sp):
+        n = min(2, sp["max_new_tokens"])
+        toks = [(sum(ids) + sp["sampling_seed"] + k) % 50 + 3 for k in range(n)]
+        return {"output_ids": toks, "meta_info": {
+            "id": "r", "finish_reason": {"type": "length", "length": n} if n == sp["max_new_tokens"] else
+            {"type": "stop", "matched": 2}, "weight_version": "3",
+            "output_token_logprobs": [[-0.1 * (k + 1), t, None] for k, t in enumerate(toks)]}}
+
+    async def generate(self, input_ids, sampling_params, return_logprob=True, **kw):
+        self.calls.append((input_ids, sampling_params))
+        if input_ids and isinstance(input_ids[0], list):
+            out = [self.one(i, s) for i, s in zip(input_ids, sampling_params)]
+            return out if self.answers is None else out[:self.answers]
+        return self.one(input_ids, sampling_params)
+
+
+def _group():
+    from slime_actors.types import Sample
+    return [Sample(index=0, group_index=0, prompt_tokens=[1, 4]),
+            Sample(index=1, group_index=0, prompt_tokens=[1, 4, 7]),
+            # a partial response already at the budget: nothing to ask for, truncated as it is
+            Sample(index=2, group_index=0, prompt_tokens=[1, 4], response_tokens=[9, 9, 9, 9], loss_mask=[1] * 4,
+                   rollout_log_probs=[-1.0] * 4, weight_versions=[1]),
+            # a partial response with budget left: continued from its tokens
+            Sample(index=3, group_index=0, prompt_tokens=[1, 4], response_tokens=[9], loss_mask=[1],
+                   rollout_log_probs=[-1.0], weight_versions=[1])]
+
+
+def test_a_groups_samples_go_to_the_engine_in_one_batched_generate(tmp_path):
+    """The built-in path sends a group's samples as one /generate in SGLang's batched form (one HTTP request for
+    the worker to send and the engine to parse, instead of one per sample): each prompt with exactly the sampling
+    params it would have been sent alone, each answer to its own sample, the samples the same as one at a time."""
+    sp = {"max_new_tokens": 4, "temperature": 1.0}
+    batching = BatchingEngine()
+    w = _worker_with_engine(tmp_path, batching)
+    batched = asyncio.run(w.generation.group(_group(), sp, 1, "train", "train-0"))
+    assert len(batching.calls) == 1                      # one request for the group
+    ids, sps = batching.calls[0]
+    assert ids == [[1, 4], [1, 4, 7], [1, 4, 9]]         # the sample at its budget is not asked for
+    assert all(set(p) <= set(CONTRACT["requests"]["SamplingParams"]["fields"]) for p in sps)
+
+    alone = BatchingEngine()
+    w = _worker_with_engine(tmp_path, alone)
+    one_by_one = [asyncio.run(w._generate(s, sp, 1)) for s in _group()]
+    assert [c[1] for c in alone.calls] == sps             # the same params, seeds and budgets as sent alone
+    fields = ("response_tokens", "rollout_log_probs", "loss_mask", "status", "finish_reason", "weight_versions",
+              "weight_version")
+    assert [[getattr(s, f) for f in fields] for s in batched] == [[getattr(s, f) for f in fields] for s in one_by_one]
+    assert [s.status for s in batched] == ["completed", "completed", "truncated", "completed"]
+    assert batched[3].response_tokens[0] == 9 and batched[3].weight_versions == [1, 3]
+
+
+def test_a_batched_answer_of_the_wrong_length_fails_the_group(tmp_path):
+    """An engine that answers a batch of three with two answers: the group fails with the counts named (its samples
+    are not paired with answers to other prompts); the worker gives such a group back to the buffer."""
+    w = _worker_with_engine(tmp_path, BatchingEngine(answers=2))
+    with pytest.raises(RuntimeError, match="batched /generate answer is a list of 2, expected a list of 3 answers"):
+        asyncio.run(w.generation.group(_group(), {"max_new_tokens": 4}, 0, "train", "train-0"))
+
+
 # -- the API keys: SGLang's rule, recorded from its source (tests/data/sglang_auth_0.5.15.post1.json) --------------
 
 AUTH = json.loads((DATA / "sglang_auth_0.5.15.post1.json").read_text())

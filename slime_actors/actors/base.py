@@ -362,6 +362,33 @@ class Actor(Dispatch):
         self.record_input(name, value, key)
         return value
 
+    async def recorded_many_async(self, name: str, fn, *args, keys: list[str]) -> list:
+        """`await fn(*args)` -- one call answering a list, one answer per key (a batched engine request) -- recorded
+        as one input per key, as `recorded_async` records each of many calls; under replay those recorded answers.
+        The call suspends once, so a replay does too: the first answer is delivered at its recorded time, the rest
+        with it. A call that raises is recorded as raised under every key."""
+        if IN_RECORDED_CALL.get():
+            return list(await fn(*args))
+        if self.tracer is not None and self.replaying:
+            if not keys:
+                return []
+            first = await self.tracer.replay_input_async(name, keys[0])
+            return [first] + [self.tracer.replay_input(name, k) for k in keys[1:]]
+        token = IN_RECORDED_CALL.set(True)
+        try:
+            values = list(await fn(*args))
+            if len(values) != len(keys):
+                raise RuntimeError(f"{name}: {len(values)} answers for {len(keys)} requests")
+        except Exception as exc:  # a failure is an input too: replay raises it again
+            for k in keys:
+                self.record_input(name, raised(exc), k)
+            raise
+        finally:
+            IN_RECORDED_CALL.reset(token)
+        for k, v in zip(keys, values):
+            self.record_input(name, v, k)
+        return values
+
     def _directory(self) -> DirectoryHandle:
         """The directory, asked through this actor's mailbox itself (registration, lookups: the runtime's own
         messages, sent before the actor's handlers run and while a peer is being resolved)."""
@@ -476,6 +503,7 @@ def raised(exc: BaseException) -> dict:
 
 
 _sched.external(Actor.recorded_async)
+_sched.external(Actor.recorded_many_async, "recorded_async")  # (replay's stand-in is replay_input_async)
 _sched.external(Actor.run_blocking)
 
 __all__ = ["Actor", "handler", "DIRECTORY", "PeerDown"]

@@ -79,9 +79,15 @@ class Episode:
             return None
         before = int(getattr(engine, "weight_version", -1))  # the version when the call began (if none comes back)
         out = await engine.generate(self.context, dict(sampling_params, max_new_tokens=left))
-        self.add_model_turn(out["output_ids"], out["logprobs"], out["finish_reason"],
-                            int_version(out.get("weight_version"), before))
+        self.add_answer(out, before)
         return out
+
+    def add_answer(self, out: dict, version_before: int) -> None:
+        """The engine's answer to this episode's turn ({output_ids, logprobs, finish_reason, weight_version}) as a
+        model turn; `version_before`: the engine's weight version when the call began (used if the answer has
+        none)."""
+        self.add_model_turn(out["output_ids"], out["logprobs"], out["finish_reason"],
+                            int_version(out.get("weight_version"), version_before))
 
     def add_model_turn(self, token_ids: list[int], logprobs: list[float], finish_reason: str | None,
                        weight_version: int) -> None:
