@@ -44,6 +44,58 @@ def test_the_count_is_torchs_lowered_to_slurms_and_says_where_it_comes_from():
     assert slurm_gpus({"SLURM_GPUS_ON_NODE": ""}) is None
 
 
+class FakeNvml:
+    """NVML as ctypes calls it (return codes, results written through byref) for a machine with these GPUs."""
+
+    def __init__(self, gib: list[int], init: int = 0):
+        self.gib, self.init, self.calls = gib, init, []
+
+    def nvmlInit_v2(self):
+        self.calls.append("init")
+        return self.init
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+        return 0
+
+    def nvmlDeviceGetCount_v2(self, ref):
+        ref._obj.value = len(self.gib)
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, i, ref):
+        if i >= len(self.gib):
+            return 2   # NVML_ERROR_INVALID_ARGUMENT
+        ref._obj.value = 1000 + i
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle, ref):
+        ref._obj.total = self.gib[handle.value - 1000] << 30
+        return 0
+
+
+def test_the_drivers_count_through_nvml_honours_cuda_visible_devices_as_cuda_does():
+    """Where torch is a CUDA build, NVML counts (milliseconds; importing torch took the head seconds): every GPU, or
+    those CUDA_VISIBLE_DEVICES lists up to the first index the machine lacks, with the smallest one's memory. A list
+    in another form (UUIDs, MIG devices, a repeated index) is torch's to count, and so is a failing NVML."""
+    from slime_actors.gpus import _nvml_count
+    nvml = FakeNvml([80, 80, 40, 80])
+    g = count_gpus({}, nvml=nvml)
+    assert (g.count, g.memory_bytes, g.source) == (4, 40 << 30, "NVML (the driver's count)")
+    assert nvml.calls == ["init", "shutdown"]
+    g = count_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}, nvml=FakeNvml([80, 80, 40, 80]))
+    assert (g.count, g.memory_bytes) == (2, 80 << 30)
+    assert g.describe() == "2 GPUs visible (NVML (the driver's count) with CUDA_VISIBLE_DEVICES='3,1')"
+    assert count_gpus({"CUDA_VISIBLE_DEVICES": "1,7,0"}, nvml=FakeNvml([80, 80])).count == 1   # CUDA stops at 7
+    g = count_gpus({"SLURM_GPUS_ON_NODE": "2"}, nvml=FakeNvml([80] * 8))
+    assert g.count == 2 and "NVML sees 8" in g.source
+    assert count_gpus({}, nvml=FakeNvml([])).describe() == ("0 GPUs visible (NVML (the driver's count); the driver "
+                                                           "reports no GPU)")
+    for cvd in ("GPU-5c1f8e2a", "MIG-1", "0,0", "", "-1", "0,x"):
+        assert _nvml_count({"CUDA_VISIBLE_DEVICES": cvd}, FakeNvml([80])) is None, cvd
+    assert _nvml_count({}, FakeNvml([80], init=9)) is None         # NVML failed to start: torch counts
+    assert _nvml_count({}, object()) is None                       # not NVML at all
+
+
 def test_this_machine_is_counted_with_its_reason():
     """The real count here (a CPU build of torch on a CPU machine: 0, and why); an empty CUDA_VISIBLE_DEVICES hides
     every GPU whatever the machine has."""
