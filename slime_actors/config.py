@@ -708,6 +708,9 @@ class JobConfig:
     # the prompt files' rows as the launcher checked them, before the run directory exists: set name -> a
     # temporary file the head moves to RUN_DIR/prompts/ (launch/checks.py, launch/prepare.py); never in to_dict()
     checked_prompts: dict = field(default_factory=dict, repr=False, compare=False)
+    # the longest prompt those files hold, UTF-8 bytes of its text (rows.text_bytes; None: not read here): what a
+    # colocated engine's KV cache is sized for when --rollout-max-prompt-len is not given (launch/placement.py)
+    prompt_bytes_max: int | None = field(default=None, repr=False, compare=False)
     # --hack-alarm-thresholds parsed (hack_thresholds.HackThresholds), by `validate`: the one parse of the flag in a
     # process; the buffer's alarm monitor takes it as it is. Never in to_dict() (the flag's text is)
     hack_thresholds: Any = field(default=None, repr=False, compare=False)

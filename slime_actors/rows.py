@@ -261,6 +261,7 @@ class RowScan:
     bad: int = 0                                         # malformed rows in all
     oversize: list[str] = field(default_factory=list)    # where the first FIRST_SHOWN oversize rows are
     n_oversize: int = 0
+    max_prompt_bytes: int = 0                            # the longest good prompt's text, UTF-8 bytes (text_bytes)
 
     def oversize_note(self, cap: int) -> str | None:
         if not self.n_oversize:
@@ -274,6 +275,19 @@ class RowScan:
             out.append(f"{self.path}: ... and {self.bad - len(self.problems)} more malformed row(s) "
                        f"({self.bad} of {self.rows})")
         return out
+
+
+def text_bytes(value: Any) -> int:
+    """The UTF-8 bytes of every string in a prompt (a string, or chat messages: their roles and contents, parts
+    included) -- a bound on its tokens for byte-level BPE tokenizers (Qwen, Llama 3, DeepSeek, SmolLM2: a token is
+    at least one byte of the text), before a chat template adds its own."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, dict):
+        return sum(text_bytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(text_bytes(v) for v in value)
+    return 0
 
 
 def first_places(places: list[str], total: int) -> str:
@@ -304,6 +318,7 @@ def scan_rows(path: str, keys: RowKeys, max_row_bytes: int | None = DEFAULT_MAX_
                 problem = str(exc)
             else:
                 scan.good += 1
+                scan.max_prompt_bytes = max(scan.max_prompt_bytes, text_bytes(prompt))
                 if sink is not None:
                     sink(row.where, prompt, label, metadata)
                 continue

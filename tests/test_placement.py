@@ -292,3 +292,40 @@ def test_colocated_engine_share_is_sized_for_the_model(tmp_path):
     assert share(gpus=GpuCount(1, "test")) == "0.4"                                  # GPU memory unknown
     cfg, _, plan = placed(h200, "--hf-checkpoint", str(tmp_path), "--rollout-engine", "sglang")  # no config.json
     assert plan.mem_fraction == "0.4" and model_memory(cfg) is None
+
+
+def test_the_engines_share_follows_the_longest_prompt_in_the_data(tmp_path):
+    """Without --rollout-max-prompt-len the KV cache is sized for the longest prompt the launcher read in the job's
+    prompt files (the bytes of its text, plus TEMPLATE_TOKENS for a chat template), not a 1024-token guess: short
+    prompts leave the GPU's memory to the trainer, long ones get the cache they need. --rollout-max-prompt-len
+    wins; a plan that read no data keeps the guess."""
+    import json
+
+    from slime_actors.launch.job_config import plan_job
+    from slime_actors.launch.placement import PROMPT_TOKENS_GUESS, TEMPLATE_TOKENS, prompt_tokens_bound
+    from slime_actors.rows import text_bytes
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({   # SmolLM2-135M's shape
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "intermediate_size": 1536, "tie_word_embeddings": True}))
+    h200 = GpuCount(1, "test", memory_bytes=141 << 30)
+
+    def plan(prompt: str, *flags, data=True):
+        f = tmp_path / f"p{len(prompt)}.jsonl"
+        f.write_text(json.dumps({"input": prompt, "label": "1"}) + "\n" + json.dumps({"input": "1 2 first =",
+                                                                                      "label": "1"}) + "\n")
+        p = plan_job(["--config", DIGITS, "--device", "cuda", "--hf-checkpoint", str(model), "--rollout-engine",
+                      "sglang", "--prompt-data", str(f), "--rollout-concurrency", "512", *flags], place=True,
+                     data=data, gpus=h200)
+        return p.cfg, p.gpus.mem_fraction
+    short = "\u00e9" * 100 + " first ="                     # 100 two-byte letters: 208 bytes
+    assert text_bytes(short) == 208 and text_bytes([{"role": "user", "content": short}]) == 212
+    cfg, small = plan(short)
+    assert cfg.prompt_bytes_max == 208 and prompt_tokens_bound(cfg) == 208 + TEMPLATE_TOKENS
+    cfg, large = plan("x " * 10000)
+    assert cfg.prompt_bytes_max == 20000 and float(large) > float(small)
+    cfg, given = plan("x " * 10000, "--rollout-max-prompt-len", "64")
+    assert prompt_tokens_bound(cfg) == 64 and float(given) < float(large)
+    cfg, _ = plan(short, data=False)
+    assert cfg.prompt_bytes_max is None and prompt_tokens_bound(cfg) == PROMPT_TOKENS_GUESS

@@ -79,6 +79,8 @@ def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False, h
         if note:
             cfg.notes.append(note)
         counts[name] = scan.good
+        if scan.good:
+            cfg.prompt_bytes_max = max(cfg.prompt_bytes_max or 0, scan.max_prompt_bytes)
     if tmp and not cfg.checked_prompts:
         os.rmdir(tmp)
     return counts

@@ -20,9 +20,10 @@ CUDA IPC (`--update-weight-transport colocated`, the default then; NCCL between 
 by the config), and the engine gets a memory fraction that leaves the trainer room: `--mem-fraction-static`
 (unless `--sglang-mem-fraction-static` says otherwise) -- SGLang's static memory (weights and KV cache), which it
 reserves at start, the local engine's cap on its CUDA allocations. It is sized for the model (`sized_mem_fraction`:
-the engine's weights and a KV cache for every request in flight at its longest, with room to spare, as a share of
-the GPU, between MIN_MEM_FRACTION and COLOCATED_MEM_FRACTION) when the model's config.json and the GPU's memory
-are known here, else COLOCATED_MEM_FRACTION.
+the engine's weights and a KV cache for every request in flight at its longest -- its prompt bounded by
+--rollout-max-prompt-len or by the longest prompt in the job's files --, with room to spare, as a share of the GPU,
+between MIN_MEM_FRACTION and COLOCATED_MEM_FRACTION) when the model's config.json and the GPU's memory are known
+here, else COLOCATED_MEM_FRACTION.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from .topology import Topology
 
 COLOCATED_MEM_FRACTION = "0.4"   # a colocated engine's share of its GPU's memory at most; the trainer keeps the rest
 MIN_MEM_FRACTION = 0.05          # and at least (SGLang's workspace besides weights and KV cache)
-PROMPT_TOKENS_GUESS = 1024       # a request's prompt when --rollout-max-prompt-len does not bound it
+PROMPT_TOKENS_GUESS = 1024       # a request's prompt when neither --rollout-max-prompt-len nor the data bound it
+TEMPLATE_TOKENS = 256            # what a chat template and special tokens add to a prompt's text (a guess)
 
 
 def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
@@ -70,18 +72,30 @@ def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
     return params * nbytes, 2 * layers * kv * head_dim * nbytes
 
 
+def prompt_tokens_bound(cfg: JobConfig) -> int:
+    """The prompt tokens a request may bring: --rollout-max-prompt-len; else the longest prompt the launcher read
+    in the job's prompt files, in bytes of its text (a token is at least one byte for byte-level BPE tokenizers)
+    plus TEMPLATE_TOKENS for the chat template; else PROMPT_TOKENS_GUESS."""
+    if cfg.data.rollout_max_prompt_len:
+        return int(cfg.data.rollout_max_prompt_len)
+    if cfg.prompt_bytes_max:
+        return cfg.prompt_bytes_max + TEMPLATE_TOKENS
+    return PROMPT_TOKENS_GUESS
+
+
 def sized_mem_fraction(cfg: JobConfig, gpu_bytes: int | None) -> str:
     """A colocated engine's --mem-fraction-static for this job: (weights + the KV cache of --rollout-concurrency
-    requests of --rollout-max-prompt-len (else PROMPT_TOKENS_GUESS) + the longer of the rollout's and the
-    evaluation's response tokens) x 1.5 + 1 GiB, over the GPU's memory, between MIN_MEM_FRACTION and
-    COLOCATED_MEM_FRACTION (two decimals, rounded up); COLOCATED_MEM_FRACTION when either is unknown."""
+    requests of `prompt_tokens_bound` + the longer of the rollout's and the evaluation's response tokens) x 1.5 +
+    1 GiB, over the GPU's memory, between MIN_MEM_FRACTION and COLOCATED_MEM_FRACTION (two decimals, rounded up);
+    COLOCATED_MEM_FRACTION when either is unknown. A bound too small costs speed, not correctness: SGLang holds
+    requests back while its KV cache is full."""
     mem = model_memory(cfg)
     if mem is None or not gpu_bytes:
         return COLOCATED_MEM_FRACTION
     weights, per_token = mem
     rollout_cfg = cfg.rollout
     response = max(rollout_cfg.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
-    tokens = cfg.engine.rollout_concurrency * ((cfg.data.rollout_max_prompt_len or PROMPT_TOKENS_GUESS) + response)
+    tokens = cfg.engine.rollout_concurrency * (prompt_tokens_bound(cfg) + response)
     need = (weights + per_token * tokens) * 1.5 + (1 << 30)
     frac = min(max(need / gpu_bytes, MIN_MEM_FRACTION), float(COLOCATED_MEM_FRACTION))
     return f"{-(-frac * 100 // 1) / 100:.2f}"
