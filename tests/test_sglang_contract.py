@@ -351,6 +351,66 @@ def test_a_batched_answer_of_the_wrong_length_fails_the_group(tmp_path):
         asyncio.run(w.generation.group(_group(), {"max_new_tokens": 4}, 0, "train", "train-0"))
 
 
+def test_a_batched_call_is_recorded_and_replayed_one_answer_per_key():
+    """Actor.recorded_many_async: each answer of a batched call is a recorded input under its own key (what a call
+    per request recorded); a call that fails is recorded as raised under every key, as is a wrong number of answers;
+    under replay the recorded answers come back -- the first through the suspending stand-in, as the one call
+    suspended once -- and the call is not made."""
+    from slime_actors.actors.base import Actor
+
+    class Tracer:
+        replaying = False
+
+        def __init__(self):
+            self.inputs: list = []
+
+        def record_input(self, name, value, key=None):
+            self.inputs.append((name, value, key))
+
+    a = Actor.__new__(Actor)
+    a.tracer = Tracer()
+
+    async def answers(n):
+        return [{"i": i} for i in range(n)]
+
+    async def fails():
+        raise ConnectionError("engine gone")
+    assert asyncio.run(a.recorded_many_async("engine.generate", answers, 2, keys=["k0", "k1"])) == [{"i": 0},
+                                                                                                  {"i": 1}]
+    assert a.tracer.inputs == [("engine.generate", {"i": 0}, "k0"), ("engine.generate", {"i": 1}, "k1")]
+    a.tracer.inputs.clear()
+    with pytest.raises(ConnectionError, match="engine gone"):
+        asyncio.run(a.recorded_many_async("engine.generate", fails, keys=["k0", "k1"]))
+    assert [(k, v["__raised__"].rsplit(":", 1)[-1]) for _, v, k in a.tracer.inputs] == \
+        [("k0", "ConnectionError"), ("k1", "ConnectionError")]
+    a.tracer.inputs.clear()
+    with pytest.raises(RuntimeError, match="engine.generate: 1 answers for 2 requests"):
+        asyncio.run(a.recorded_many_async("engine.generate", answers, 1, keys=["k0", "k1"]))
+    assert [k for _, _, k in a.tracer.inputs] == ["k0", "k1"]
+
+    class Replaying:
+        replaying = True
+
+        def __init__(self):
+            self.taken: list = []
+
+        async def replay_input_async(self, name, key):
+            self.taken.append(("async", key))
+            return {"key": key}
+
+        def replay_input(self, name, key):
+            self.taken.append(("sync", key))
+            return {"key": key}
+
+    a.tracer = Replaying()
+
+    async def never(*_):
+        raise AssertionError("a replay makes no call")
+    assert asyncio.run(a.recorded_many_async("engine.generate", never, keys=["k0", "k1", "k2"])) == \
+        [{"key": "k0"}, {"key": "k1"}, {"key": "k2"}]
+    assert a.tracer.taken == [("async", "k0"), ("sync", "k1"), ("sync", "k2")]
+
+
 # -- the API keys: SGLang's rule, recorded from its source (tests/data/sglang_auth_0.5.15.post1.json) --------------
 
 AUTH = json.loads((DATA / "sglang_auth_0.5.15.post1.json").read_text())
