@@ -307,6 +307,22 @@ def test_log_probs_and_entropy_at_temperature():
         log_probs_from_logits(logits, torch.tensor([1]))
 
 
+def test_entropy_without_grad_is_the_entropy_a_chunk_of_rows_at_a_time(monkeypatch):
+    """The entropy metric of a training micro-batch: each row's entropy as entropy_from_logits gives it, computed a
+    chunk of rows at a time (its vocabulary-wide temporaries never span more than chunk_bytes), with no graph."""
+    import slime_actors.algo.logprobs as lp_mod
+    logits = torch.randn(2, 7, 10, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    want = entropy_from_logits(logits.detach(), 0.7)
+    seen = []
+    real = lp_mod.entropy_from_logits
+    monkeypatch.setattr(lp_mod, "entropy_from_logits", lambda x, t: seen.append(tuple(x.shape)) or real(x, t))
+    got = lp_mod.entropy_without_grad(logits, 0.7, chunk_bytes=3 * 4 * 10)   # three rows of 10 fp32 values
+    assert seen == [(3, 10)] * 4 + [(2, 10)]                                  # 14 rows: 3+3+3+3+2
+    assert got.shape == (2, 7) and not got.requires_grad
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert lp_mod.entropy_without_grad(logits, 0.7).shape == (2, 7)          # the default chunk: one here
+
+
 # -- batching -----------------------------------------------------------------------------------------------
 def test_dynamic_micro_batches_first_fit_decreasing():
     # FFD on [5, 3, 8, 2, 9] with budget 10: 9 | 8 | 5 ; 3 -> with 5 ; 2 -> with 8

@@ -152,3 +152,13 @@ def test_generate_requests_bench_prints_both_ways_and_checks_their_answers_agree
     assert [r[0] for r in rows] == ["per sample", "one request per group"], p.stdout
     assert all(re.fullmatch(r"[\d.]+", c) for r in rows for c in r[1:]), rows
     assert "checked every round" in p.stdout
+
+
+def test_entropy_memory_bench_prints_both_ways():
+    """bench/entropy_memory.py, small: a row per way, each a number of MiB (the entropies of the two ways are
+    compared by the bench itself: a difference fails the run)."""
+    p = _run("bench/entropy_memory.py", "--rows", "64", "--vocab", "1024", "--rounds", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| all rows", "| a chunk"))]
+    assert len(rows) == 2 and all(re.fullmatch(r"-?\d+", r[1]) for r in rows), p.stdout
+    assert "checked" in p.stdout

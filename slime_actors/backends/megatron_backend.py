@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy, scaled_logits
+from ..algo.logprobs import entropy_without_grad, log_probs_and_entropy, scaled_logits
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
@@ -399,9 +399,8 @@ class MegatronBackend(TrainingBackend):
         temp = self._temperature()
         if self.tp_size == 1:
             lp, ent = log_probs_and_entropy(rows, item.targets, temp, with_entropy=entropy_grad)
-            if not entropy_grad:
-                with torch.no_grad():
-                    ent = entropy_from_logits(rows.detach(), temp)
+            if not entropy_grad:   # a metric: in chunks of rows (algo/logprobs.py)
+                ent = entropy_without_grad(rows, temp)
         else:
             lp, ent = vocab_parallel_log_probs(scaled_logits(rows, temp), item.targets, self.vocab_start,
                                                self.spec.vocab_size, self.tp_group)

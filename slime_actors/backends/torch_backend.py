@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..algo.logprobs import entropy_from_logits, log_probs_and_entropy
+from ..algo.logprobs import entropy_without_grad, log_probs_and_entropy
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
@@ -549,9 +549,8 @@ class TorchBackend(TrainingBackend):
         targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
         flat = logits[rows, cols]
         lp, ent = log_probs_and_entropy(flat, targets, temp, with_entropy=entropy_grad)
-        if not entropy_grad:
-            with torch.no_grad():
-                ent = entropy_from_logits(flat.detach(), temp)
+        if not entropy_grad:   # a metric: in chunks of rows (its temporaries are the size of `flat`, three times)
+            ent = entropy_without_grad(flat, temp)
         return list(lp.split(lengths)), list(ent.split(lengths))
 
     def optimizer_step(self, critic: bool = False) -> float:
