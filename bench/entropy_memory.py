@@ -9,6 +9,13 @@ response tokens over a `--vocab` vocabulary, fp32 -- SmolLM2-135M's 49,152 by de
 each row as a metric. Per way and round, in this process: the resident high-water mark (VmHWM, reset through
 /proc/self/clear_refs) over the log-probs and the entropy, less what was resident before. The entropies must be the
 same both ways, and are checked. Linux only (it reads /proc).
+
+    python3 bench/entropy_memory.py --update MODEL_DIR --device cuda [--samples 128]      # one GPU
+
+runs instead one GRPO update (rl_update, the torch backend, fp32, a KL loss, the whole batch in one micro-batch) of
+the model in MODEL_DIR on `--samples` samples (groups of 8, 60-token prompts, responses of 40-128 random tokens),
+each way in a fresh process (two rounds), and prints torch's peak allocated and reserved GPU memory, the update's
+seconds and the entropy metric (the same both ways).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,16 +63,103 @@ def one(flat: torch.Tensor, targets: torch.Tensor, way: str) -> tuple[int, torch
     return peak, ent
 
 
+def update(way: str, model_dir: str, samples: int, device: str) -> dict:
+    """One rl_update in this process with the entropy metric computed `way`; torch's peak memory."""
+    import random
+    import tempfile
+    import types
+
+    import slime_actors.backends.torch_backend as tb
+    from bench.train_step import config
+    from slime_actors.backends.rl_update import rl_update
+    import json
+    vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    rng = random.Random(0)
+    tokens, plen, rlen, groups = [], [], [], []
+    for g in range(max(1, samples // 8)):
+        p = [rng.randrange(3, vocab) for _ in range(60)]
+        for _ in range(8):
+            r = [rng.randrange(3, vocab) for _ in range(rng.randint(40, 128))]
+            tokens.append(p + r)
+            plen.append(60)
+            rlen.append(len(r))
+            groups.append(g)
+    n = len(tokens)
+    batch = {"sample_index": list(range(n)), "group_index": groups, "tokens": tokens, "prompt_lengths": plen,
+             "response_lengths": rlen, "loss_masks": [[1] * r for r in rlen], "rollout_log_probs": [[] for _ in rlen],
+             "rewards": [float(rng.random() < 0.5) for _ in rlen], "weight_versions": [0] * n}
+    a = types.SimpleNamespace(work=tempfile.mkdtemp(prefix="bench-entropy-"), micro_batch=n, device=device)
+    cfg = config(model_dir, a, batch, "+ response logits")
+    if way.startswith("all rows"):
+        tb.entropy_without_grad = lambda x, t: entropy_from_logits(x.detach(), t).detach()
+    torch.manual_seed(0)
+    b = tb.TorchBackend(cfg, 0, 1)
+    b.init()
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.monotonic()
+    m = rl_update(b, cfg, dict(batch), 0)
+    if cuda:
+        torch.cuda.synchronize()
+    gib = 1 << 30
+    return {"way": way, "response_tokens": sum(rlen), "seconds": time.monotonic() - t,
+            "allocated": torch.cuda.max_memory_allocated() / gib if cuda else None,
+            "reserved": torch.cuda.max_memory_reserved() / gib if cuda else None,
+            "entropy": float(m.get("train/entropy", m.get("entropy", float("nan"))))}
+
+
+def main_update(a, ways: tuple[str, ...]) -> None:
+    import json
+    import subprocess
+    got: dict[str, list[dict]] = {w: [] for w in ways}
+    for r in range(a.rounds):
+        for w in (ways if r % 2 == 0 else ways[::-1]):
+            p = subprocess.run([sys.executable, __file__, "--one", w, "--update", a.update, "--device", a.device,
+                                "--samples", str(a.samples)], capture_output=True, text=True, timeout=900)
+            if p.returncode != 0:
+                raise SystemExit(f"{w}: exit {p.returncode}\n{p.stderr[-3000:]}")
+            got[w].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    ent = {round(x["entropy"], 4) for rows in got.values() for x in rows}
+    assert len(ent) == 1, f"the entropy differs between the ways: {ent}"
+    print(f"# one GRPO update, {a.samples} samples in one micro-batch, fp32, {got[ways[0]][0]['response_tokens']} "
+          f"response tokens, the model in {a.update} on {a.device} ({time.strftime('%Y-%m-%d %H:%M %Z')}, torch "
+          f"{torch.__version__}); the largest of {a.rounds} rounds")
+    print("| entropy computed | peak allocated GiB | peak reserved GiB | update s (median) |")
+    print("|---|---:|---:|---:|")
+    for w, rows in got.items():
+        secs = sorted(x["seconds"] for x in rows)[len(rows) // 2]
+        if a.device == "cuda":
+            alloc = f"{max(x['allocated'] for x in rows):.2f}"
+            res = f"{max(x['reserved'] for x in rows):.2f}"
+        else:
+            alloc = res = "n/a (CPU)"
+        print(f"| {w} | {alloc} | {res} | {secs:.2f} |")
+    print(f"(the entropy metric the same both ways: {ent.pop()})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--update", default=None, help="a model directory: measure one GRPO update instead")
+    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)   # (a subprocess of --update: one way)
     a = ap.parse_args()
+    ways = ("all rows at once (before)", "a chunk of rows at a time (now)")
+    if a.update and a.one:
+        import json
+        print(json.dumps(update(a.one, a.update, a.samples, a.device)))
+        return
+    if a.update:
+        main_update(a, ways)
+        return
     torch.manual_seed(0)
     flat = torch.randn(a.rows, a.vocab, requires_grad=True)
     targets = torch.randint(0, a.vocab, (a.rows,))
-    ways = ("all rows at once (before)", "a chunk of rows at a time (now)")
     peaks: dict[str, list[int]] = {w: [] for w in ways}
     ents: dict[str, torch.Tensor] = {}
     for r in range(a.rounds):

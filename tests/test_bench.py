@@ -162,3 +162,16 @@ def test_entropy_memory_bench_prints_both_ways():
     rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| all rows", "| a chunk"))]
     assert len(rows) == 2 and all(re.fullmatch(r"-?\d+", r[1]) for r in rows), p.stdout
     assert "checked" in p.stdout
+
+
+def test_entropy_memory_bench_runs_an_update_each_way(tmp_path):
+    """bench/entropy_memory.py --update, on CPU with the tiny model: one GRPO update per way in a process of its
+    own; the entropy metric the same both ways (the bench checks it), memory n/a off a GPU."""
+    from slime_actors.models.tiny import make_tiny_model
+    model = make_tiny_model(tmp_path / "m")
+    p = _run("bench/entropy_memory.py", "--update", str(model), "--device", "cpu", "--samples", "8", "--rounds", "1",
+             timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| all rows", "| a chunk"))]
+    assert len(rows) == 2 and all(r[1] == "n/a (CPU)" and re.fullmatch(r"[\d.]+", r[3]) for r in rows), p.stdout
+    assert "the entropy metric the same both ways" in p.stdout
