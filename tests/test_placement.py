@@ -262,18 +262,22 @@ def test_training_device_is_the_flag_and_refuses_cuda_without_it():
 
 # -- the colocated engine's memory share, sized for the model (issue 33) ------------------------------------------
 
+def smollm2_shaped(model: Path) -> Path:
+    """A model directory with SmolLM2-135M's config.json (no weights: the placement reads only the shape)."""
+    import json
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "intermediate_size": 1536, "tie_word_embeddings": True}))
+    return model
+
+
 def test_colocated_engine_share_is_sized_for_the_model(tmp_path):
     """A 135M-parameter model on an H200 needs a few GiB, not 40 % of the GPU; the share grows with the requests in
     flight and their length, stays between 0.05 and 0.4, and an explicit --sglang-mem-fraction-static wins. Without
     the model's config.json or the GPU's memory the fixed 0.4 stays."""
-    import json
-
     from slime_actors.launch.placement import model_memory
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({   # SmolLM2-135M's shape
-        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-        "vocab_size": 49152, "intermediate_size": 1536, "tie_word_embeddings": True}))
+    model = smollm2_shaped(tmp_path / "model")
     h200 = GpuCount(1, "test", memory_bytes=141 << 30)
 
     def share(*flags, gpus=h200):
@@ -304,11 +308,7 @@ def test_the_engines_share_follows_the_longest_prompt_in_the_data(tmp_path):
     from slime_actors.launch.job_config import plan_job
     from slime_actors.launch.placement import PROMPT_TOKENS_GUESS, TEMPLATE_TOKENS, prompt_tokens_bound
     from slime_actors.rows import text_bytes
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({   # SmolLM2-135M's shape
-        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-        "vocab_size": 49152, "intermediate_size": 1536, "tie_word_embeddings": True}))
+    model = smollm2_shaped(tmp_path / "model")
     h200 = GpuCount(1, "test", memory_bytes=141 << 30)
 
     def plan(prompt: str, *flags, data=True):
