@@ -1,7 +1,7 @@
 """How many GPUs this machine gives the job: counted, never assumed.
 
-    gpus = count_gpus()       # GpuCount(count=1, source="torch.cuda.device_count() with CUDA_VISIBLE_DEVICES='0'")
-    gpus.describe()           # "1 GPU visible (torch.cuda.device_count() with CUDA_VISIBLE_DEVICES='0')"
+    gpus = count_gpus()       # GpuCount(count=1, source="NVML (the driver's count) with CUDA_VISIBLE_DEVICES='0'")
+    gpus.describe()           # "1 GPU visible (NVML (the driver's count) with CUDA_VISIBLE_DEVICES='0')"
 
 The count is the driver's, through NVML (libnvidia-ml, which every NVIDIA driver installs; read with ctypes, in
 milliseconds) where the torch installed here is a CUDA build and CUDA_VISIBLE_DEVICES is unset or a list of distinct

@@ -343,6 +343,22 @@ def test_a_groups_samples_go_to_the_engine_in_one_batched_generate(tmp_path):
     assert batched[3].response_tokens[0] == 9 and batched[3].weight_versions == [1, 3]
 
 
+def test_generate_functions_can_send_several_prompts_in_one_request(tmp_path):
+    """EngineHandle.generate_many, for a generate function's agents that speak at once: one batched request, the
+    answers in order as `generate` gives them; prompts and sampling params that do not pair up are refused."""
+    batching = BatchingEngine()
+    w = _worker_with_engine(tmp_path, batching)
+    eng = w.generation.handle
+    sps = [{"max_new_tokens": 2, "sampling_seed": 1}, {"max_new_tokens": 1, "sampling_seed": 2}]
+    got = asyncio.run(eng.generate_many([[1, 4], [5]], sps))
+    assert len(batching.calls) == 1 and batching.calls[0] == ([[1, 4], [5]], sps)
+    alone = [asyncio.run(eng.generate(ids, sp)) for ids, sp in zip([[1, 4], [5]], sps)]
+    assert [{k: v for k, v in a.items() if k != "started"} for a in got] == \
+        [{k: v for k, v in a.items() if k != "started"} for a in alone]
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
+        asyncio.run(eng.generate_many([[1, 4], [5]], sps[:1]))
+
+
 def test_a_batched_answer_of_the_wrong_length_fails_the_group(tmp_path):
     """An engine that answers a batch of three with two answers: the group fails with the counts named (its samples
     are not paired with answers to other prompts); the worker gives such a group back to the buffer."""
