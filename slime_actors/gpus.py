@@ -107,7 +107,10 @@ def _nvml_count(environ: Mapping[str, str], lib: Any = None) -> tuple[int, int |
     """(the GPUs CUDA will see, the smallest one's memory in bytes) from NVML, or None where torch must count: torch
     is not a CUDA build (its count says why there are none), NVML is missing or fails, or CUDA_VISIBLE_DEVICES is in
     another form than distinct indices (CUDA's rules for UUIDs and MIG devices are torch's to apply). Indices are
-    taken as CUDA takes them: up to the first one the machine does not have. NVML's total memory is the card's
+    taken as CUDA takes them: up to the first one the machine does not have. The library is the driver's own,
+    loaded with ctypes rather than through nvidia-ml-py (pynvml, a thin ctypes wrapper of the same calls): that
+    package is SGLang's dependency, not this project's, and a job with the local engine would count through torch
+    again. NVML's total memory is the card's
     (85.52 GB on an H100 80GB, where CUDA reports 85.02 GB): a colocated engine's share is sized 0.6 % smaller."""
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     wanted = None

@@ -74,7 +74,7 @@ def plan_job(argv: list[str], topology: Topology | None = None, *, place: bool =
         why_colocated = f"{topology.path} colocates the rollout workers with the trainer: "
     here = place and flags.cfg.run.device.startswith("cuda")
     if here and gpus is None:
-        with timeline.phase("GPU count"):   # (imports torch: seconds on a GPU machine)
+        with timeline.phase("GPU count"):   # (NVML: milliseconds; torch where it must count: seconds)
             gpus = count_gpus()
     by_itself = here and _colocates_by_itself(flags, gpus, launch_flags, topology)
     if by_itself:   # one GPU for one trainer rank and one engine: the job is colocated, with colocation's defaults
