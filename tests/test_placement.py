@@ -321,6 +321,8 @@ def test_the_engines_share_follows_the_longest_prompt_in_the_data(tmp_path):
         return p.cfg, p.gpus.mem_fraction
     short = "\u00e9" * 100 + " first ="                     # 100 two-byte letters: 208 bytes
     assert text_bytes(short) == 208 and text_bytes([{"role": "user", "content": short}]) == 212
+    # a lone surrogate (JSON's "\\ud800" decodes to one) is counted, not a UnicodeEncodeError in the head's check
+    assert text_bytes([{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]) == 4 + 4 + 3
     cfg, small = plan(short)
     assert cfg.prompt_bytes_max == 208 and prompt_tokens_bound(cfg) == 208 + TEMPLATE_TOKENS
     cfg, large = plan("x " * 10000)
