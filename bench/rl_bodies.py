@@ -5,13 +5,16 @@ that no msgpack timestamp hides in a body (slime_actors/mailbox/codec.py `_rejec
 
 The bodies are the loop's large ones, made like a run's (token ids drawn from a 49k vocabulary, log-probs as
 float64, 60 prompt and ~100 response tokens a sample): a reward worker's `score` ask (one group of 8 samples), a
-rollout worker's `get_work` reply (16 groups of 8), a trainer's `get_batch` reply (128 samples). Each is decoded
-with `codec.decode_body` as the mailbox does, and its timestamp check run alone two ways, side by side in one run:
-today's (a container's item types collected in C, only nested containers walked) and the one it replaced (a Python
-call per item), kept here as the reference. The best of `--rounds` rounds is printed (milliseconds per body).
+rollout worker's `get_work` reply (16 groups of 8), a trainer's `get_batch` reply (128 samples); and a rollout worker's
+`submit` and the batch with 190 response tokens a sample (as in the H100 comparisons). Each is decoded
+with `codec.decode_body` as the mailbox does, and its timestamp check run alone three ways, side by side in one run:
+today's (a list of numbers summed in C, a map's item types collected in C, only nested containers walked), the one
+before it (a regular expression over the body's bytes for a timestamp's byte patterns, then every container's item
+types collected) and the first (a Python call per item); the two older ones are kept here as references. The best of
+`--rounds` rounds is printed (milliseconds per body).
 
-The check runs when the body's bytes hold one of a timestamp's byte patterns (`\\xd6\\xff`, `\\xd7\\xff`, ...):
-float64 log-probs hold them often, so most large bodies of a run are checked (the table says which of these are).
+The check runs when the body's bytes hold an 0xff (a timestamp's ext type byte): float64 log-probs and token ids
+hold one almost always, so the large bodies of a run are checked (the table says which of these are).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import sys
 import time
 
@@ -45,12 +49,44 @@ def per_item_walk(obj, depth: int = 0) -> None:
             per_item_walk(v, depth + 1)
 
 
-def sample(rng: random.Random, i: int, generated: bool = True) -> Sample:
+TIMESTAMP_MARK = re.compile(rb"\xd6\xff|\xd7\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x00[\x04\x08\x0c]\xff"
+                            rb"|\xc9\x00\x00\x00[\x04\x08\x0c]\xff")
+
+
+def types_walk(obj, depth: int = 0) -> None:
+    """The check before this one: every container's item types collected in C, nested containers walked."""
+    if type(obj) is msgpack.Timestamp:
+        raise codec.ProtocolError("timestamp")
+    if depth > 512:
+        return
+    if type(obj) is dict:
+        kinds = set(map(type, obj))
+        kinds.update(map(type, obj.values()))
+    elif type(obj) is list:
+        kinds = set(map(type, obj))
+    else:
+        return
+    if msgpack.Timestamp in kinds:
+        raise codec.ProtocolError("timestamp")
+    if dict in kinds or list in kinds:
+        for v in list(obj) + list(obj.values()) if type(obj) is dict else obj:
+            if type(v) is dict or type(v) is list:
+                types_walk(v, depth + 1)
+
+
+def regex_then_types(data: bytes, obj) -> None:
+    """The check before this one, as decode_body ran it: the body's bytes searched for a timestamp's byte patterns,
+    the walk only when one is found."""
+    if b"\xff" in data and TIMESTAMP_MARK.search(data):
+        types_walk(obj)
+
+
+def sample(rng: random.Random, i: int, generated: bool = True, tokens: int = 0) -> Sample:
     s = Sample(index=i, group_index=i // 8, label=str(rng.randint(20, 198)),
                prompt="<|im_start|>user\nWhat is 87 + 39? Put your final answer in \\boxed{}.<|im_end|>\n")
     s.prompt_tokens = [rng.randrange(49152) for _ in range(60)]
     if generated:
-        n = rng.randint(8, 128)
+        n = tokens or rng.randint(8, 128)
         s.response = "87 + 39 = 126" if n < 20 else "To solve this problem, we need to add 87 and 39. " * (n // 12)
         s.response_tokens = [rng.randrange(49152) for _ in range(n)]
         s.loss_mask = [1] * n
@@ -66,9 +102,13 @@ def bodies(seed: int = 0) -> dict[str, bytes]:
     work = {"groups": [{"work_id": f"train:{g}", "rollout_id": 3, "kind": "train", "attempt": 0,
                         "sampling_params": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 128},
                         "samples": [s.to_wire() for s in fresh[g * 8:(g + 1) * 8]]} for g in range(16)]}
+    long = [sample(rng, i, tokens=190) for i in range(128)]   # the H100 comparison's length (docs/peer-comparison.md)
     return {"score ask (8 samples)": msgpack.packb({"samples": [s.to_wire() for s in scored[:8]], "group": False}),
             "get_work reply (16 groups)": msgpack.packb(work),
-            "get_batch reply (128 samples)": msgpack.packb(batch_from_samples(scored))}
+            "get_batch reply (128 samples)": msgpack.packb(batch_from_samples(scored)),
+            "submit ask (8 samples of 190 tokens)": msgpack.packb({"worker": "rollout/0", "work_id": "train-3",
+                                                                   "samples": [s.to_wire() for s in long[:8]]}),
+            "get_batch reply (128 samples of 190 tokens)": msgpack.packb(batch_from_samples(long))}
 
 
 def best(fn, rounds: int, n: int) -> float:
@@ -87,17 +127,19 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# decoding the RL loop's bodies ({time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
           f"msgpack {msgpack.version}); ms per body, best of {args.rounds} rounds")
-    print("| body | bytes | checked (a timestamp pattern in its bytes) | decode_body | timestamp check, per item "
-          "(before) | timestamp check, by container (now) |")
-    print("|---|---:|---|---:|---:|---:|")
+    print("| body | bytes | checked (an 0xff in its bytes) | decode_body | timestamp check: per item (first) | "
+          "bytes searched, then item types (before) | numbers summed (now) |")
+    print("|---|---:|---|---:|---:|---:|---:|")
     for name, data in bodies().items():
         obj = msgpack.unpackb(data)
         n = max(5, int(2e5 // len(data)))
-        checked = bool(codec._TIMESTAMP_MARK.search(data))
+        checked = b"\xff" in data
         dec = best(lambda: codec.decode_body(data, []), args.rounds, n)
-        old = best(lambda: per_item_walk(obj), args.rounds, n)
+        first = best(lambda: per_item_walk(obj), args.rounds, n)
+        before = best(lambda: regex_then_types(data, obj), args.rounds, n)
         new = best(lambda: codec._reject_timestamps(obj), args.rounds, n)
-        print(f"| {name} | {len(data):,} | {'yes' if checked else 'no'} | {dec:.3f} | {old:.3f} | {new:.3f} |")
+        print(f"| {name} | {len(data):,} | {'yes' if checked else 'no'} | {dec:.3f} | {first:.3f} | {before:.3f} | "
+              f"{new:.3f} |")
 
 
 if __name__ == "__main__":

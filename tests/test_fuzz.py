@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
@@ -170,6 +171,21 @@ def test_timestamps_are_not_a_way_around_the_ext_rule():
             codec.decode_body(packb(body), [])
     clean = {"tokens": [[*range(5000)], [0.5] * 100], "m": {"k": [None, True, "s", b"b", {"n": [1, 2]}]}}
     assert codec.decode_body(packb(clean), []) == clean
+
+
+def test_a_timestamp_among_numbers_is_found_however_the_list_is_checked():
+    """A list of numbers is summed in C (nothing but a number adds to one); a timestamp anywhere in it -- first, last,
+    after ten thousand log-probs, beside booleans -- makes the sum fail and the list is looked at closely. With arrays
+    in the body the sum is not used (an array takes part in it), and the timestamp is found all the same."""
+    ts = msgpack.Timestamp(7, 0)
+    for lst in ([ts, 1, 2], [0.5] * 10_000 + [ts], [*range(3000), True, ts], [2**63, -1.5, ts], [ts]):
+        with pytest.raises(ProtocolError, match="ext type -1"):
+            codec.decode_body(packb({"log_probs": lst}), [])
+    numbers = {"log_probs": [-0.25] * 10_000, "tokens": [*range(0, 2**20, 97)], "flags": [True, False, 0, 2**64 - 1]}
+    assert codec.decode_body(packb(numbers), []) == numbers
+    body, buffers, _ = codec.encode_body({"a": np.arange(4, dtype=np.float32), "x": [1.5, 2, ts]})
+    with pytest.raises(ProtocolError, match="ext type -1"):
+        codec.decode_body(body, [bytes(b) for b in buffers])
 
 
 @FAST

@@ -100,6 +100,38 @@ def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):
     assert row["weight_version"] == 0 and row["weight_version_after"] == 1
 
 
+def test_a_step_overlaps_the_asks_that_do_not_wait_on_each_other(tmp_path):
+    """The buffer makes a rollout's groups while the engines resume; the engines end the rollout while the trainers
+    train; the buffer frees the rollout during the weight sync. Each of these replies here only once the other
+    message of its pair went out: a schedule that awaited them one after the other would never finish."""
+    ctl = _controller(tmp_path)
+    pairs = {"start_rollout": "resume", "end_rollout": "train", "mark_trained": "sync_weights"}
+    ask, tell = ctl.ask, ctl.tell
+    seen: dict[str, asyncio.Event] = {}
+
+    def event(method):
+        return seen.setdefault(method, asyncio.Event())
+
+    async def paired_ask(to, method, body=None, *, timeout=None):
+        event(method).set()
+        if method in pairs:
+            await event(pairs[method]).wait()
+            event(pairs[method]).clear()
+        return await ask(to, method, body, timeout=timeout)
+
+    async def paired_tell(to, method, body=None):
+        event(method).set()
+        await tell(to, method, body)
+
+    ctl.ask, ctl.tell = paired_ask, paired_tell
+
+    async def go():
+        await asyncio.wait_for(loop.train_sync(ctl, 0), 10)
+
+    asyncio.run(go())
+    assert ctl.version == 3 and [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2]
+
+
 def test_the_asynchronous_schedule_generates_the_next_rollout_while_training(tmp_path):
     ctl = _controller(tmp_path, "--async-train")
     asyncio.run(loop.train_async(ctl, 0))

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from helpers import Echo, LoopThread, job_config
+from helpers import Echo, LoopThread
 from slime_actors.actors.base import Actor, handler
 from slime_actors.actors.directory import Directory
 from slime_actors.cli import main
@@ -380,30 +380,44 @@ def test_float_differences_are_told_from_logic_ones(recorded, tmp_path):
     assert rep.verdict == "different" and rep.logic[0].diff.path == "extra_field", rep.render()
 
 
-def test_the_trainer_keeps_a_batch_too_large_for_the_trace():
-    from slime_actors.actors.trainer import TrainerRank
+def test_a_reply_named_in_full_replies_is_kept_in_the_trace_over_the_body_limit(tmp_path):
+    """The trainer's batch (get_batch's reply) is kept in the trace as it arrived, over the trace's body limit, up to
+    SLIME_ACTORS_TRACE_BATCH_LIMIT: replay trains on it. Above that bound it is kept by size and checksum, and an
+    input named after the method says why (replay reports it); another method's large reply, by size and checksum
+    only, as ever."""
+    from slime_actors.mailbox.mailbox import Mailbox
+    from slime_actors.recorder.writer import TraceWriter
+    from slime_actors.traces.reader import read_file
 
-    class Tracer:
-        replaying = False
+    writer = TraceWriter(tmp_path / "trainer-0.trace", "trainer/0", body_limit=200)
+    replies = {"get_batch": {"tokens": [list(range(100))] * 4}, "huge": {"tokens": [list(range(100))] * 40},
+               "other": {"tokens": [list(range(100))] * 4}}
 
-        def __init__(self):
-            self.inputs = []
+    async def go():
+        server, client = Mailbox("buffer/0"), Mailbox("trainer/0", tracer=writer)
+        server.on_request = lambda inbound: server.reply_nowait(inbound, replies[inbound.header["method"]])
+        ep = await server.bind(f"ipc://{tmp_path}/b.sock")
+        await client.bind(f"ipc://{tmp_path}/t.sock")
+        client.connect("buffer/0", ep)
+        client.full_replies["get_batch"] = (4000, "over SLIME_ACTORS_TRACE_BATCH_LIMIT")
+        client.full_replies["huge"] = (4000, "over SLIME_ACTORS_TRACE_BATCH_LIMIT")
+        try:
+            return [await client.ask("buffer/0", m, {}, timeout=10) for m in ("get_batch", "huge", "other")]
+        finally:
+            client.close()
+            server.close()
 
-        def record_input(self, name, value, key=None):
-            self.inputs.append((name, value))
-
-    t = TrainerRank(0, args=job_config().to_dict())
-    t.tracer, t.runtime = Tracer(), RuntimeConfig(trace_body_limit=200)
-    small = {"tokens": [[1, 2, 3]]}
-    large = {"tokens": [list(range(100))] * 4}
-    t._record_batch(small)
-    assert t.tracer.inputs == []  # its reply body is in the trace already
-    t._record_batch(large)
-    assert t.tracer.inputs == [("get_batch", large)]
-    t.runtime = RuntimeConfig.from_env({"SLIME_ACTORS_TRACE_BODY_LIMIT": "200",
-                                        "SLIME_ACTORS_TRACE_BATCH_LIMIT": "100"})
-    t._record_batch(large)
-    assert t.tracer.inputs[-1][1]["__omitted__"] is True
+    assert asyncio.run(go()) == list(replies.values())
+    writer.close()
+    tf = read_file(tmp_path / "trainer-0.trace")
+    sent = {e.id: e.method for e in tf.events if e.ev == "send"}
+    got = {sent[e.header["re"]]: e for e in tf.events if e.ev == "recv"}
+    assert got["get_batch"].body_size > 200 and not got["get_batch"].omitted
+    assert got["get_batch"].body() == replies["get_batch"]          # in full, as it came in
+    assert got["huge"].omitted and got["other"].omitted             # over the bound; not named
+    inputs = [(e.name, e.body()) for e in tf.events if e.ev == "input"]
+    assert inputs == [("huge", {"__omitted__": True, "size": got["huge"].body_size,
+                                "why": "over SLIME_ACTORS_TRACE_BATCH_LIMIT"})]
 
 
 # ------------------------------------------------------------------------------------------------------ synthetic

@@ -67,6 +67,10 @@ class TrainerRank(Actor):
         cfg = self.cfg
         self.rank = self.index  # the rank in the training group (not torchrun's RANK: other roles have ranks too)
         self.world_size = cfg.train.n_ranks
+        if self.tracer is not None and not self.replaying:
+            # the batch (get_batch's reply, over the trace's body limit) is kept in the trace as it came in, up to
+            # SLIME_ACTORS_TRACE_BATCH_LIMIT: a replay of this rank trains on it (docs/trace-format.md)
+            self.mailbox.full_replies["get_batch"] = (self.runtime.trace_batch_limit, f"over {TRACE_BATCH_LIMIT.name}")
         from .. import startup_timeline as timeline
         with timeline.phase("rendezvous"):
             rdzv = await self._rendezvous()
@@ -183,15 +187,12 @@ class TrainerRank(Actor):
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
         batch = await self._get_batch(rollout_id)
-        t_batch = time.monotonic()
-        self._record_batch(batch.wire)
         t1 = time.monotonic()
         cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
         metrics = await self.run_blocking(self._update, rl_update, batch.wire, rollout_id,
                                           cause[1] if cause else None)
         metrics = {k: float(v) for k, v in metrics.items()}
-        metrics["time/get_batch"] = t_batch - t0
-        metrics["time/record_batch"] = t1 - t_batch   # (the batch kept in the trace for replay, when it is large)
+        metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
         return metrics
 
@@ -213,23 +214,6 @@ class TrainerRank(Actor):
         rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
         return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
-
-    def _record_batch(self, batch: dict) -> None:
-        """Keep the batch in the trace when its get_batch reply was over the trace's body limit (then the reply is
-        recorded by size and checksum only), so `slime-actors replay` can train on it again.
-        The runtime's trace_batch_limit (SLIME_ACTORS_TRACE_BATCH_LIMIT, bytes) bounds what is kept."""
-        if self.tracer is None or self.replaying:
-            return
-        from ..mailbox.codec import encode_body
-        body, _, refs = encode_body(batch)
-        size = len(body) + sum(r.nbytes for r in refs)
-        if size <= self.runtime.trace_body_limit:
-            return  # the reply's body is in the trace already
-        if size <= self.runtime.trace_batch_limit:
-            self.record_input("get_batch", batch)
-        else:
-            self.record_input("get_batch", {"__omitted__": True, "size": size,
-                                            "why": f"over {TRACE_BATCH_LIMIT.name}"})
 
     @handler
     async def log_probs(self, samples: list) -> list:

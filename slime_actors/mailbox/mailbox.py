@@ -354,6 +354,11 @@ class Mailbox:
         # header (`sums`) so that a traced receiver records them instead of computing its own; the trace records
         # then hold the checksums, not the buffers (unless it keeps arrays: docs/trace-format.md).
         self.sums = ArraySums() if tracer is not None else None
+        # Replies kept in the trace in full though over its body limit: method -> (the bound in bytes, what an input
+        # marker says above it). The trainer's batch (get_batch's reply): replay trains on it. Recorded as it came
+        # in, nothing encoded again; above the bound by size and checksum, with an input {"__omitted__": true,
+        # "size", "why"} named after the method that replay reports.
+        self.full_replies: dict[str, tuple[int, str]] = {}
         self._keep_arrays = bool(getattr(tracer, "keep_arrays", False))
         # Set by an owner that records each request's arrival itself, together with its handling when that is
         # synchronous (one trace record instead of two): the mailbox then only stamps Inbound.t_ns.
@@ -799,6 +804,18 @@ class Mailbox:
             self.tracer.record("recv", header_bytes, frames[2], *self.recv_arrays(header, arrays, kept))
         self.on_request(Inbound(header, header_bytes, frames[2], arrays, identity))
 
+    def _trace_full_reply(self, method: str, header, body) -> None:
+        """A reply over the trace's body limit to a method in `full_replies`: recorded in full up to its bound (a
+        finished record: the writer keeps its body), above it by size and checksum and an input marker."""
+        bound, why = self.full_replies[method]
+        if len(body) <= bound:
+            self._trace(("recv", _time_ns(), bytes(header), bytes(body), len(body), None, None, None))
+            return
+        self._trace(("recv", _time_ns(), header, body, [], None, None))
+        record_input = getattr(self.tracer, "record_input", None)
+        if record_input is not None:
+            record_input(method, {"__omitted__": True, "size": len(body), "why": why})
+
     def _on_dealer(self, peer: str, frames: list) -> None:
         try:
             if len(frames) < 2:
@@ -819,6 +836,8 @@ class Mailbox:
             body = frames[1]
             if late is None and not arrays and len(body) <= self._tlimit:
                 self._trec("recv", _time_ns(), frames[0], body)
+            elif late is None and not arrays and p.method in self.full_replies:
+                self._trace_full_reply(p.method, frames[0], body)
             else:
                 refs, bufs = self.recv_arrays(header, arrays, kept)
                 self._trace(("recv", _time_ns(), frames[0], body, refs, bufs, late))

@@ -63,8 +63,8 @@ def steps(run: TraceRun) -> dict[int, Step]:
     """Training steps as the controller ran them.
 
     Step K starts when the controller asks the buffer for rollout K (start_rollout of kind train, or load_rollout
-    with --load-debug-rollout-data) and ends when step K+1 starts or when K's mark_trained and the weight sync after
-    it are answered, whichever is later (with --async-train rollout K+1 starts while K trains)."""
+    with --load-debug-rollout-data) and ends when step K+1 starts or when K's mark_trained and the weight sync sent
+    with it are answered, whichever is later (with --async-train rollout K+1 starts while K trains)."""
     ctl = [f for f in run.files if f.meta.get("role") == "controller" or f.meta.get("actor", "").startswith(
         "controller/")]
     if not ctl:
@@ -101,8 +101,10 @@ def steps(run: TraceRun) -> dict[int, Step]:
             ends.append(starts[order[i + 1]])
         mark = marks.get(k)
         if mark is not None:
-            t_mark = _answered(mark)
-            ends.append(t_mark)
+            ends.append(_answered(mark))
+            # the sync that follows the mark (sent while the buffer frees the rollout, since 2026-12-06; after its
+            # answer before)
+            t_mark = mark.send.t_ns if mark.send is not None else _answered(mark)
             after = [s for s in syncs if s.send is not None and s.send.t_ns >= t_mark]
             if after:
                 ends.append(_answered(min(after, key=lambda s: s.send.t_ns)))

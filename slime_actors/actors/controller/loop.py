@@ -83,9 +83,10 @@ async def train_sync(ctl: Ctl, start: int) -> None:
                 await reports_in(ctl, k, step, reports)
                 await ctl.buffer.mark_trained(k)             # nothing trains on it: the rollout is done with
             else:
-                if not debug_cfg.load_debug_rollout_data:
-                    await ctl.engines.end_rollout(k)         # what is still generating goes back to the buffer
-                await train(ctl, k, step, reports)
+                # what is still generating goes back to the buffer while the trainers fetch their shards (the shards
+                # are the rollout's first complete groups: a group handed back is not among them)
+                ending = None if debug_cfg.load_debug_rollout_data else await alongside(ctl.engines.end_rollout(k))
+                await train(ctl, k, step, reports, ending)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
@@ -126,8 +127,9 @@ async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutS
     t0 = time.monotonic()
     if not overlapped:
         ctl.phase = "rollout"
-    await ctl.buffer.start_rollout(k, weight_version=ctl.version)
-    await ctl.engines.resume()
+    # the engines resume (/continue_generation) while the buffer makes the rollout's groups: a worker's get_work
+    # waits for them
+    await asyncio.gather(ctl.buffer.start_rollout(k, weight_version=ctl.version), ctl.engines.resume())
     stats = await ctl.buffer.wait_rollout(k, timeout=86400.0, hack=False, ask_timeout=86500)  # (the report: reports)
     if not stats.complete:
         raise RuntimeError(f"rollout {k} did not complete: {stats.wire}")
@@ -160,34 +162,52 @@ async def reports_in(ctl: Ctl, k: int, step: dict, reports: asyncio.Future) -> N
     ctl.metrics.on_hack_report(k, step, hack)
 
 
+async def alongside(call) -> asyncio.Future:
+    """`call` (an ask) started now -- sent before this returns, so the messages go out in the order the step makes
+    them -- to be awaited later: the step goes on meanwhile."""
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(0)
+    return task
+
+
 @contextmanager
-def cancelled_on_error(reports: asyncio.Future):
-    """The step failed before it took its reports: stop them (the rollout is generated again or the job ends)."""
+def cancelled_on_error(work: asyncio.Future | None):
+    """The step failed before it took `work` (its reports, the engines ending the rollout): stop it (the rollout is
+    generated again or the job ends)."""
     try:
         yield
     except BaseException:
-        reports.cancel()
-        reports.add_done_callback(outcome_seen)   # (the step's own error is the one raised)
+        if work is not None:
+            work.cancel()
+            work.add_done_callback(outcome_seen)   # (the step's own error is the one raised)
         raise
 
 
-async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future) -> None:
-    """Every trainer rank trains on its shard of rollout k; its reports come in; the buffer frees it; the engines
-    get weights v+1."""
+async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, ending: asyncio.Future | None = None) -> None:
+    """Every trainer rank trains on its shard of rollout k; its reports come in; the buffer frees it (during the
+    weight sync); the engines get weights v+1 once `ending` (the engines ending rollout k) is done."""
     ctl.phase = "train"
     t0 = time.monotonic()
-    with ctl.startup.phase(f"train {k}"):
-        results = await ctl.trainers.train(k, ask_timeout=3600)
-    seconds = time.monotonic() - t0
-    await reports_in(ctl, k, step, reports)          # (the row's hack/* columns come before time/train, as ever)
+    with cancelled_on_error(ending):
+        with ctl.startup.phase(f"train {k}"):
+            results = await ctl.trainers.train(k, ask_timeout=3600)
+        seconds = time.monotonic() - t0
+        await reports_in(ctl, k, step, reports)      # (the row's hack/* columns come before time/train, as ever)
+        if ending is not None:
+            await ending
     step["time/train"] = seconds
     step.update({f"train/{key}": v for key, v in results[0].items()})
-    await ctl.buffer.mark_trained(k)
-    ctl.version += 1
-    if not ctl.cfg.debug.debug_train_only:
-        with timed(step, "time/weight_sync"), ctl.startup.phase(f"weight sync {k}"):
-            info = await ctl.engines.sync(ctl.version)
-        step["weight_sync/bytes"] = info.get("bytes", 0)
+    marked = await alongside(ctl.buffer.mark_trained(k))   # (it reaches the buffer whatever happens)
+    try:
+        ctl.version += 1
+        if not ctl.cfg.debug.debug_train_only:
+            with timed(step, "time/weight_sync"), ctl.startup.phase(f"weight sync {k}"):
+                info = await ctl.engines.sync(ctl.version)
+            step["weight_sync/bytes"] = info.get("bytes", 0)
+    except BaseException:
+        marked.add_done_callback(outcome_seen)       # (the sync's error is the one raised)
+        raise
+    await marked
 
 
 async def evaluate_and_save(ctl: Ctl, k: int, step: dict, engines_busy: bool = False) -> None:
