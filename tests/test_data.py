@@ -149,6 +149,25 @@ def test_prompts_cross_epochs_and_make_samples_of_their_own(tmp_path, tok):
     assert "x" not in s1.metadata and 99 not in s1.prompt_tokens and 99 not in ds[0].prompt_tokens
 
 
+def test_a_prompts_samples_share_nothing_mutable_with_it_or_each_other():
+    """A chat prompt's messages, its label and metadata are copied for each sample (nested lists and maps too, and
+    what is not JSON-like -- a tuple holding a list, a set -- by copy.deepcopy): a reward or an environment that
+    changes one sample's changes no other's, nor the prompt's."""
+    from slime_actors.data import Prompt
+    messages = [{"role": "user", "content": "What is 1 + 2?", "parts": [{"text": "x"}]}]
+    p = Prompt(0, messages, [1, 2], label={"answer": ["3"]}, metadata={"task": "add", "seen": {1}, "pair": (1, [2])})
+    s0, s1 = p.to_samples(2, group_index=0, first_index=0)
+    assert s0.prompt == s1.prompt == messages and s0.label == p.label and s0.metadata == p.metadata
+    s0.prompt[0]["parts"][0]["text"] = "changed"
+    s0.prompt.append({"role": "assistant", "content": "3"})
+    s0.label["answer"].append("4")
+    s0.metadata["seen"].add(2)
+    s0.metadata["pair"][1].append(3)
+    assert p.prompt == s1.prompt == [{"role": "user", "content": "What is 1 + 2?", "parts": [{"text": "x"}]}]
+    assert p.label == s1.label == {"answer": ["3"]}
+    assert p.metadata == s1.metadata == {"task": "add", "seen": {1}, "pair": (1, [2])}
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_continues_exactly(tmp_path, tok, shuffle):
     path = write_jsonl(tmp_path / "r.jsonl", ROWS)
