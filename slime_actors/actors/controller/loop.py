@@ -77,16 +77,19 @@ async def train_sync(ctl: Ctl, start: int) -> None:
         step = ctl.begin_step(k)
         with ctl.startup.phase(f"rollout {k}"):
             stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
-            reports = await rollout_done(ctl, k, step, stats, seconds)
+            # the trainers start on rollout k at once; the step's bookkeeping (metrics, reports) goes on meanwhile
+            training = None if debug_cfg.debug_rollout_only else await start_training(ctl, k)
+            with cancelled_on_error(training[0] if training else None):
+                reports = await rollout_done(ctl, k, step, stats, seconds)
         with cancelled_on_error(reports):
-            if debug_cfg.debug_rollout_only:
+            if training is None:
                 await reports_in(ctl, k, step, reports)
                 await ctl.buffer.mark_trained(k)             # nothing trains on it: the rollout is done with
             else:
                 # what is still generating goes back to the buffer while the trainers fetch their shards (the shards
                 # are the rollout's first complete groups: a group handed back is not among them)
                 ending = None if debug_cfg.load_debug_rollout_data else await alongside(ctl.engines.end_rollout(k))
-                await train(ctl, k, step, reports, ending)
+                await train(ctl, k, step, reports, ending, training)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
@@ -183,14 +186,22 @@ def cancelled_on_error(work: asyncio.Future | None):
         raise
 
 
-async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, ending: asyncio.Future | None = None) -> None:
-    """Every trainer rank trains on its shard of rollout k; its reports come in; the buffer frees it (during the
-    weight sync); the engines get weights v+1 once `ending` (the engines ending rollout k) is done."""
+async def start_training(ctl: Ctl, k: int) -> tuple[asyncio.Future, float]:
+    """Every trainer rank asked to train on its shard of rollout k: (the asks, when they were sent)."""
     ctl.phase = "train"
     t0 = time.monotonic()
+    return await alongside(ctl.trainers.train(k, ask_timeout=3600)), t0
+
+
+async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, ending: asyncio.Future | None = None,
+                training: tuple[asyncio.Future, float] | None = None) -> None:
+    """Every trainer rank trains on its shard of rollout k (`training`: asked already, `start_training`); its
+    reports come in; the buffer frees it (during the weight sync); the engines get weights v+1 once `ending` (the
+    engines ending rollout k) is done."""
+    asked, t0 = training if training is not None else await start_training(ctl, k)
     with cancelled_on_error(ending):
         with ctl.startup.phase(f"train {k}"):
-            results = await ctl.trainers.train(k, ask_timeout=3600)
+            results = await asked
         seconds = time.monotonic() - t0
         await reports_in(ctl, k, step, reports)      # (the row's hack/* columns come before time/train, as ever)
         if ending is not None:
