@@ -131,6 +131,20 @@ def test_step_split_from_traces_matches_the_known_intervals(tmp_path):
     assert split.eval_before_first_step(d, split.read_metrics(d)) == pytest.approx(5.0, abs=1e-6)
 
 
+def test_orchestration_by_message_adds_up_to_the_splits_and_names_each_moment(tmp_path):
+    """The step's 2.5 s of orchestration, moment by moment: the scoring beyond generation, the train ask in transit,
+    the trainer from its arrival to its update (its get_batch inside), mark_trained, and nothing (idle)."""
+    d = traced_run(tmp_path / "ours-local")
+    got = split.orchestration_by_message(d)
+    want = {"idle": 1.35, split.REWARD_LABEL: 0.5, split.TRAIN_WAIT_LABEL: 0.5, "trainer.train (ask in transit)": 0.1,
+            "buffer.mark_trained": 0.05}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, abs=1e-6), k
+    (r,), _ = split.step_split(d)
+    assert sum(got.values()) == pytest.approx(r["orchestration"], abs=1e-6)
+
+
 def test_step_split_without_traces_uses_the_metrics_and_says_so(tmp_path):
     d = tmp_path / "ours-local"
     write_jsonl(d / "metrics.jsonl", [{"rollout_id": 0, "time/step": 10.0, "time/eval": 2.0, "time": T0 + 10,

@@ -36,7 +36,8 @@ from pathlib import Path
 from slime_actors.traces.summary import percentile
 
 from .sampler import read_samples
-from .split import PARTS, SplitError, eval_before_first_step, read_metrics, step_split, step_window
+from .split import (PARTS, SplitError, eval_before_first_step, orchestration_by_message, read_metrics, step_split,
+                    step_window)
 
 
 class ReportError(ValueError):
@@ -55,6 +56,7 @@ class Run:
     first_step_note: str = ""
     split: list[dict] = field(default_factory=list)
     split_notes: list[str] = field(default_factory=list)
+    by_message: dict = field(default_factory=dict)     # our orchestration by message, mean s per step (traces)
     torch_peak_gib: float | None = None
     notes: list[str] = field(default_factory=list)
     util: list[dict] = field(default_factory=list)
@@ -129,6 +131,8 @@ def load_ours(run_dir: Path, name: str) -> Run:
     if rows:
         try:
             run.split, run.split_notes = step_split(run_dir, rows)
+            if run.split and run.split[0]["source"] == "traces":
+                run.by_message = orchestration_by_message(run_dir, rows)
         except SplitError as exc:
             run.split_notes.append(str(exc))
         if info.get("t_launch"):
@@ -311,6 +315,8 @@ def run_metrics(run: Run, job: dict) -> dict:
                                 "messaging+idle", "orchestration") if any(r.get(k) is not None for r in run.split)]
             m["split_share"] = {k: sum(float(r.get(k) or 0.0) for r in run.split) / tot for k in keys}
             m["split_mean_s"] = {k: sum(float(r.get(k) or 0.0) for r in run.split) / len(run.split) for k in keys}
+            if run.by_message:
+                m["orchestration_by_message_s"] = dict(run.by_message)
             if run.framework == "ours":
                 shares = [r["orchestration"] / r["wall"] for r in run.split if r["wall"] > 0]
                 m["orchestration_share_median"] = statistics.median(shares) if shares else None
@@ -493,10 +499,21 @@ def _split_tables(runs: list[Run], cmp: dict) -> list[str]:
                        f"{_f(mean.get('orchestration'), 3)} | **{_f(100 * share.get('orchestration', 0), 2)} %** "
                        f"(per step: median {_f(100 * (m.get('orchestration_share_median') or 0), 2)} %, max "
                        f"{_f(100 * (m.get('orchestration_share_max') or 0), 2)} %) |")
+        if r.by_message:
+            out += ["", f"{r.name}'s orchestration by message (each moment outside generation, training and the "
+                    "weight update goes to the scoring or the message that covers it; ms per step):", "",
+                    "| where | ms per step |", "|---|---:|"]
+            out += [f"| {k} | {1000 * v:.2f} |" for k, v in list(r.by_message.items())[:BY_MESSAGE_ROWS]]
+            rest = sum(list(r.by_message.values())[BY_MESSAGE_ROWS:])
+            if rest:
+                out.append(f"| (the rest) | {1000 * rest:.2f} |")
         for n in r.split_notes:
             out.append(f"\nnote: {n}")
         out.append("")
     return out
+
+
+BY_MESSAGE_ROWS = 8
 
 
 def _responses(runs: list[Run], work: Path, n: int = 5, width: int = 160) -> list[str]:

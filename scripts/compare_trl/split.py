@@ -74,8 +74,8 @@ def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]
     """Intervals (Unix seconds) of each kind of work, read from the run's traces."""
     from slime_actors.traces.reader import TraceRun
     run = TraceRun(run_dir, skip_bad=True)
-    out: dict[str, list[tuple[float, float]]] = {"generation": [], "reward": [], "train_handler": [],
-                                                 "weight_update": [], "messaging": []}
+    out: dict[str, list] = {"generation": [], "reward": [], "train_handler": [], "weight_update": [], "messaging": [],
+                            "labeled": []}
     for f in run.files:
         for ev in f.events:
             if ev.ev == "input" and ev.name == "engine.generate":
@@ -96,17 +96,57 @@ def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]
             out["train_handler"].append((m.recv.t_ns / 1e9, m.handled.t_ns / 1e9))
         if m.method == "sync_weights" and to == "trainer/0" and m.send is not None and m.reply is not None:
             out["weight_update"].append((m.send.t_ns / 1e9, m.reply.t_ns / 1e9))
+        label = f"{to.split('/')[0]}.{m.method}"
         if m.method in WAITING:  # only the legs in transit
             if m.send is not None and m.recv is not None:
                 out["messaging"].append((m.send.t_ns / 1e9, m.recv.t_ns / 1e9))
+                out["labeled"].append((m.send.t_ns / 1e9, m.recv.t_ns / 1e9, label + " (ask in transit)"))
             if m.reply_sent is not None and m.reply is not None:
                 out["messaging"].append((m.reply_sent.t_ns / 1e9, m.reply.t_ns / 1e9))
+                out["labeled"].append((m.reply_sent.t_ns / 1e9, m.reply.t_ns / 1e9, label + " (reply in transit)"))
             continue
         first = m.send or m.recv
         last = [e for e in (m.reply, m.reply_sent, m.handled, m.recv) if e is not None]
         if first is not None and last:
             out["messaging"].append((first.t_ns / 1e9, max(e.t_ns for e in last) / 1e9))
+            out["labeled"].append((first.t_ns / 1e9, max(e.t_ns for e in last) / 1e9, label))
     return out
+
+
+REWARD_LABEL = "reward.score (scoring)"
+TRAIN_WAIT_LABEL = "trainer.train (its arrival to its update: the batch fetched)"
+
+
+def orchestration_by_message(run_dir: str | Path, rows: list[dict] | None = None) -> dict[str, float]:
+    """Where the orchestration of our steps goes, mean seconds per step by message: each moment of a step's window
+    that no generation, training or weight update covers goes to the scoring that covers it, else to the message
+    that covers it (the one that started first; a long ask that only waits, by its legs in transit; the trainer's
+    `train` between its arrival and its update's start), else to "idle". The values add up to the mean
+    orchestration of `step_split`."""
+    rows = read_metrics(run_dir) if rows is None else rows
+    iv = trace_intervals(run_dir)
+    total: dict[str, float] = {}
+    for row in rows:
+        lo, hi = step_window(row)
+        compute = float(row.get("train/time/train_compute") or 0.0)
+        work = iv["generation"] + iv["weight_update"] + [
+            (max(a, b - compute), b) for a, b in iv["train_handler"] if b > lo and a < hi]
+        labeled = [(a, b, REWARD_LABEL) for a, b in iv["reward"]] + \
+            [(a, max(a, b - compute), TRAIN_WAIT_LABEL) for a, b in iv["train_handler"]] + \
+            sorted(iv["labeled"])
+        inside = lambda ivs: [x for x in ivs if x[1] > lo and x[0] < hi]  # noqa: E731
+        work, labeled = inside(work), inside(labeled)
+        cuts = sorted({lo, hi, *(min(max(t, lo), hi) for x in work + labeled for t in x[:2])})
+        for a, b in zip(cuts, cuts[1:]):
+            if b <= a:
+                continue
+            mid = (a + b) / 2
+            if any(x0 <= mid < x1 for x0, x1 in work):
+                continue
+            label = next((lab for x0, x1, lab in labeled if x0 <= mid < x1), "idle")
+            total[label] = total.get(label, 0.0) + (b - a)
+    n = max(1, len(rows))
+    return dict(sorted(((k, v / n) for k, v in total.items()), key=lambda kv: -kv[1]))
 
 
 def _split_row(row: dict, iv: dict[str, list[tuple[float, float]]]) -> dict:
