@@ -36,7 +36,7 @@ from pathlib import Path
 from slime_actors.traces.summary import percentile
 
 from .sampler import read_samples
-from .split import (PARTS, SplitError, eval_before_first_step, orchestration_by_message, read_metrics, step_split,
+from .split import (SplitError, eval_before_first_step, orchestration_by_message, read_metrics, step_split,
                     step_window)
 
 
