@@ -175,3 +175,15 @@ def test_entropy_memory_bench_runs_an_update_each_way(tmp_path):
     rows = [_cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| all rows", "| a chunk"))]
     assert len(rows) == 2 and all(r[1] == "n/a (CPU)" and re.fullmatch(r"[\d.]+", r[3]) for r in rows), p.stdout
     assert "the entropy metric the same both ways" in p.stdout
+
+
+def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
+    p = _run("bench/buffer_step.py", "--steps", "1", "--groups", "2", "--group", "2", "--tokens", "8")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith("| ") and "---" not in ln}
+    for part in ("start_rollout", "get_work", "submit", "wait_rollout", "get_batch", "encode batch", "decode batch",
+                 "mark_trained", "in all"):
+        assert re.fullmatch(r"\d+\.\d\d", rows[part][0]), (part, rows[part])
+    assert rows["submit"][1] == "2" and rows["get_batch"][1] == "1"   # a submit per group
+    p = _run("bench/buffer_step.py", "--steps", "0", "--chat")
+    assert p.returncode == 2 and "--steps must be at least 1, got 0" in p.stderr and "--chat reads --prompts" in p.stderr

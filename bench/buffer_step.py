@@ -1,0 +1,156 @@
+"""What the buffer's part of one training step costs on this machine's CPU: its handlers driven directly, one
+rollout after another, with the bodies of a real run's size.
+
+    .venv/bin/python bench/buffer_step.py [--prompts FILE --chat] [--groups 16] [--group 8] [--tokens 190] [--steps 10]
+
+Per step: `start_rollout` (the rollout's groups made from the next prompts), `get_work` (all of them leased to one
+worker), a `submit` per group (each sample answered with `--tokens` random token ids and float64 log-probs, as a
+rollout worker hands it in: its body decoded as the mailbox decodes it before the handler runs), `wait_rollout`,
+`get_batch` (the trainer's shard: the whole rollout), the batch's body encoded and decoded as the mailbox does on
+each side, and `mark_trained`. The buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
+over `--steps` steps after two warm-up steps, and per call where a step makes several. No messages, sockets or other
+processes: what it measures is the handlers' own work and the codec's, which sit on a step's critical path between
+generation and training (docs/performance.md, *A step's orchestration*).
+
+By default the prompts are made here (plain text, 55 tokens); `--prompts FILE --chat` reads a JSONL file with a
+`messages` key (chat prompts, rendered with the model's template) and a `label` key, like the GPU comparison's
+(`scripts/compare_trl.sh` writes runs/compare_trl/data/train.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PARTS = ("start_rollout", "get_work", "submit", "wait_rollout", "get_batch", "encode batch", "decode batch",
+         "mark_trained")
+
+
+def _prompts(d: str) -> str:
+    path = os.path.join(d, "prompts.jsonl")
+    with open(path, "w") as f:
+        for i in range(2000):
+            f.write(json.dumps({"input": " ".join(str((i * 7 + k) % 10) for k in range(55)), "label": str(i % 10)})
+                    + "\n")
+    return path
+
+
+def _answered(group: dict, rng: random.Random, tokens: int) -> list[dict]:
+    out = []
+    for s in group["samples"]:
+        s = dict(s)
+        s["response_tokens"] = [rng.randrange(49152) for _ in range(tokens)]
+        s["loss_mask"] = [1] * tokens
+        s["rollout_log_probs"] = [-rng.expovariate(2.0) for _ in range(tokens)]
+        s["response"] = "x" * (4 * tokens)
+        s["reward"], s["status"], s["weight_version"] = float(rng.random() < 0.4), "completed", 0
+        out.append(s)
+    return out
+
+
+async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -> list[dict]:
+    from slime_actors.mailbox.codec import decode_body, encode_body
+    handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
+                                                           "get_batch", "mark_trained")}
+    out = []
+    for k in range(n):
+        t: dict[str, list[float]] = {p: [] for p in PARTS}
+
+        def timed(part: str, t0: float) -> None:
+            t[part].append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        await handler["start_rollout"](buffer, rollout_id=k)
+        timed("start_rollout", t0)
+        t0 = time.perf_counter()
+        work = await handler["get_work"](buffer, worker="rollout/0", max_groups=groups)
+        timed("get_work", t0)
+        bodies = [encode_body({"worker": "rollout/0", "work_id": g["work_id"], "samples": _answered(g, rng, tokens)})[0]
+                  for g in work["groups"]]
+        for body in bodies:
+            t0 = time.perf_counter()
+            await handler["submit"](buffer, **decode_body(body, []))
+            timed("submit", t0)
+        t0 = time.perf_counter()
+        await handler["wait_rollout"](buffer, rollout_id=k, hack=False)
+        timed("wait_rollout", t0)
+        t0 = time.perf_counter()
+        batch = await handler["get_batch"](buffer, rollout_id=k, rank=0, world_size=1)
+        timed("get_batch", t0)
+        t0 = time.perf_counter()
+        body = encode_body(batch)[0]
+        timed("encode batch", t0)
+        t0 = time.perf_counter()
+        decode_body(body, [])
+        timed("decode batch", t0)
+        t0 = time.perf_counter()
+        await handler["mark_trained"](buffer, rollout_id=k)
+        timed("mark_trained", t0)
+        out.append({"parts": t, "batch_bytes": len(body), "submit_bytes": statistics.fmean(map(len, bodies))})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", default=None, help="a JSONL prompt file (default: plain prompts made here)")
+    ap.add_argument("--chat", action="store_true", help="--prompts holds chat messages under `messages`")
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=190, help="response tokens a sample")
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    bad = [f"--{k} must be at least 1, got {v}" for k, v in (("groups", a.groups), ("group", a.group),
+                                                              ("tokens", a.tokens), ("steps", a.steps)) if v < 1]
+    if a.chat and not a.prompts:
+        bad.append("--chat reads --prompts FILE: give one")
+    if a.prompts and not os.path.isfile(a.prompts):
+        bad.append(f"--prompts {a.prompts}: no such file")
+    if bad:
+        ap.error("; ".join(bad))
+
+    from slime_actors.actors.buffer import Buffer
+    from slime_actors.config import parse_config
+    from slime_actors.models.tiny import make_tiny_model
+    from slime_actors.runtime import RuntimeConfig
+    d = tempfile.mkdtemp(prefix="bench-buffer-step-")
+    keys = ["--input-key", "messages", "--label-key", "label", "--apply-chat-template"] if a.chat else \
+        ["--input-key", "input", "--label-key", "label"]
+    args = parse_config(["--prompt-data", a.prompts or _prompts(d), "--hf-checkpoint",
+                         str(make_tiny_model(os.path.join(d, "model"))), "--rm-type", "exact_match",
+                         "--rollout-batch-size", str(a.groups), "--n-samples-per-prompt", str(a.group),
+                         "--hack-alarms", "off", *keys]).to_dict()
+
+    async def run() -> list[dict]:
+        buffer = Buffer(0, args=args)
+        await buffer.start(RuntimeConfig(run_dir=os.path.join(d, "run"), curve=False, trace=False))
+        try:
+            return (await _steps(buffer, a.steps + 2, a.groups, a.tokens, random.Random(0)))[2:]
+        finally:
+            await buffer.stop()
+    steps = asyncio.run(run())
+    print(f"# the buffer's part of a step ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, "
+          f"{os.cpu_count()} CPUs): {a.groups} groups of {a.group}, {a.tokens} response tokens a sample, "
+          f"{'chat prompts from ' + a.prompts if a.chat else (a.prompts or 'plain prompts')}; batch "
+          f"{steps[0]['batch_bytes']:,} bytes, a submit {steps[0]['submit_bytes']:,.0f} bytes")
+    print(f"| part | ms per step (mean of {len(steps)}) | calls per step | ms per call (median) |")
+    print("|---|---:|---:|---:|")
+    total = 0.0
+    for p in PARTS:
+        per_step = statistics.fmean(sum(s["parts"][p]) for s in steps)
+        calls = [x for s in steps for x in s["parts"][p]]
+        total += per_step
+        print(f"| {p} | {per_step:.2f} | {len(calls) // len(steps)} | {statistics.median(calls):.3f} |")
+    print(f"| in all | {total:.2f} | | |")
+
+
+if __name__ == "__main__":
+    main()
