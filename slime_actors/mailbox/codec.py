@@ -240,8 +240,8 @@ def _no_frames_hook(code: int, payload: bytes):
 # msgpack decodes ext type -1 (timestamps) itself, without asking ext_hook, so a decoded body is checked for Timestamp
 # objects -- unless its bytes hold no 0xff at all (every timestamp's ext type byte is 0xff; a search in C). The check
 # walks containers, not items: a list of numbers (token ids, log-probs) is summed in C (a Timestamp, a string, a
-# container or None in it makes `sum` raise; only then are its item types collected), a map's key and value types
-# are collected in C, and only the containers in it are walked. bench/rl_bodies.py measures it.
+# container or None in it makes `sum` raise; only then are its item types collected), a map's value types are
+# collected in C, and only the containers in it are walked. bench/rl_bodies.py measures it.
 
 
 def _reject_timestamps(obj, depth: int = 0, numbers_fast: bool = True) -> None:

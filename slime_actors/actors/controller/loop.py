@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Awaitable
 
 from ...handles import outcome_seen
 from ...messages import RolloutStats
@@ -165,7 +165,7 @@ async def reports_in(ctl: Ctl, k: int, step: dict, reports: asyncio.Future) -> N
     ctl.metrics.on_hack_report(k, step, hack)
 
 
-async def alongside(call) -> asyncio.Future:
+async def alongside(call: Awaitable[Any]) -> asyncio.Future:
     """`call` (an ask) started now -- sent before this returns, so the messages go out in the order the step makes
     them -- to be awaited later: the step goes on meanwhile."""
     task = asyncio.ensure_future(call)
