@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .episode_samples import check_role, episode_of, episode_stats
 from .eval_config import EVAL_SET_KEY
@@ -114,6 +114,13 @@ class Group:
         d.update(state=self.state, worker=self.worker, error=self.error)
         return d
 
+    def record_view(self) -> dict:
+        """`record` sharing the group's own lists and maps (Sample.wire_view): for packing at once."""
+        return {"work_id": self.work_id, "rollout_id": self.rollout_id, "kind": self.kind,
+                "group_index": self.group_index, "sampling_params": self.sampling_params,
+                "samples": [s.wire_view() for s in self.samples], "attempt": self.attempts,
+                "state": self.state, "worker": self.worker, "error": self.error}
+
     @classmethod
     def from_record(cls, d: dict) -> "Group":
         return cls(d["work_id"], d["rollout_id"], d["kind"], d["group_index"],
@@ -147,6 +154,18 @@ def encode_event(data: dict) -> dict:
         out["group"] = out["group"].record()
     if out.get("samples") is not None:
         out["samples"] = [s.to_wire() for s in out["samples"]]
+    return out
+
+
+def event_view(data: dict) -> dict:
+    """encode_event without copies (Group.record_view, Sample.wire_view): the same bytes once packed, for a sink that
+    packs the event before it is applied (the buffer's log: a rollout's 128 samples were copied twice a step, once
+    made and once handed in, only to be packed)."""
+    out = dict(data)
+    if isinstance(out.get("group"), Group):
+        out["group"] = out["group"].record_view()
+    if out.get("samples") is not None:
+        out["samples"] = [s.wire_view() for s in out["samples"]]
     return out
 
 
@@ -260,13 +279,16 @@ class BufferState:
     `dataset` gives training prompts (`next_prompts(n)`, `state_dict()`, `load_state_dict()`), `eval_sets` maps a
     name to an eval set (`all_prompts()`, `len()`); `clock` reads wall-clock time; `keep_group(samples)` is the
     dynamic sampling filter (False: the group is filtered out); `monitor_factory()` makes a hacking monitor (or
-    None: off); `on_event(name, encoded_fields)` receives each event after it is applied. `notes` collects
-    (message, fields) warnings for the caller to log."""
+    None: off); `on_event(name, encoded)` receives each event after it is applied, `encoded` what `encode(fields)`
+    gave before it was applied (default `encode_event`: the fields as plain data of their own; the buffer's log packs
+    them at once instead: `encode` may return bytes). `notes` collects (message, fields) warnings for the caller to
+    log."""
 
     def __init__(self, settings: BufferSettings, dataset=None, eval_sets: Mapping | None = None, *,
                  clock: Callable[[], float] = time.time, keep_group: Callable[[list[Sample]], bool] | None = None,
                  monitor_factory: Callable[[], AlarmMonitor | None] | None = None,
-                 on_event: Callable[[str, dict], None] | None = None):
+                 on_event: Callable[[str, Any], None] | None = None,
+                 encode: Callable[[dict], Any] = encode_event):
         self.settings = settings
         self.dataset = dataset
         self.eval_sets = eval_sets if eval_sets is not None else {}
@@ -274,6 +296,7 @@ class BufferState:
         self.keep_group = keep_group
         self.monitor_factory = monitor_factory or (lambda: None)
         self.on_event = on_event
+        self.encode = encode
         self.notes: list[tuple[str, dict]] = []
         self._replay_time: float | None = None
         self.groups: dict[str, Group] = {}
@@ -329,7 +352,7 @@ class BufferState:
         if self.on_event is None:
             self.apply(ev, data)
             return
-        encoded = encode_event(data)   # before apply changes anything
+        encoded = self.encode(data)   # before apply changes anything
         self.apply(ev, data)
         self.on_event(ev, encoded)
 

@@ -572,6 +572,42 @@ def test_events_encode_and_decode(tmp_path):
     assert decode_event(rec)["group"] == st.groups["train-1"]
 
 
+def test_the_logs_copy_free_encoding_packs_every_event_to_the_same_bytes(tmp_path):
+    """The actor's log packs each event before it is applied from views of its samples and groups (event_view, no
+    copies): the bytes are those of the copying encode_event, event for event, through a rollout with a returned
+    partial group, a requeue, a submission, a failed one, a trained mark and a rollout of the next step -- and a
+    sample's later change does not reach a packed event."""
+    from slime_actors.buffer_state import event_view
+    packed = []
+
+    def both(data):
+        view, plain = msgpack.packb(event_view(data), use_bin_type=True), msgpack.packb(encode_event(data),
+                                                                                           use_bin_type=True)
+        packed.append((view, plain))
+        return view
+    st = make_state(tmp_path, partial_rollout=True)
+    st.on_event, st.encode = (lambda ev, data: None), both
+    st.start_rollout(0)
+    groups = st.take(W1, 2)
+    first = finish(groups[0])
+    half = finish(groups[1], rewards=(None, None), status="aborted")
+    st.return_work(W1, groups[1]["work_id"], half)
+    st.submit(W1, groups[0]["work_id"], first)
+    (g,) = st.take(W1, 1)
+    failed = finish(g, rewards=(None, 1.0))
+    failed[0].status, failed[0].error = "failed", "the reward raised"
+    st.submit(W1, g["work_id"], failed)
+    while not st.rollouts["train:0"].done:
+        (g,) = st.take(W1, 1)
+        st.submit(W1, g["work_id"], finish(g))
+    st.mark_trained(0)
+    st.start_rollout(1)
+    assert len(packed) > 8 and all(view == plain for view, plain in packed)
+    before = msgpack.packb(event_view({"samples": first}), use_bin_type=True)
+    first[0].response_tokens.append(7)
+    assert msgpack.unpackb(before)["samples"][0]["response_tokens"] == first[0].response_tokens[:-1]
+
+
 def test_a_log_that_cannot_be_applied_is_an_error_that_names_the_event(tmp_path):
     st = make_state(tmp_path)
     with pytest.raises(BufferLogError, match="unknown buffer event 'shuffle'"):

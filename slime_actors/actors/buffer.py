@@ -39,7 +39,7 @@ from pathlib import Path
 
 import msgpack
 
-from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout
+from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout, event_view
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..role_handles import RolloutHandle
 from ..types import Sample
@@ -52,6 +52,14 @@ COMPACT_LOG_BYTES = 8 << 20
 REPORTS_WAIT_FOR_BATCH = 60.0
 
 
+_RECORD = b"\x93"   # a log record is a msgpack array of three: name, time, fields
+
+
+def _pack_event(data: dict) -> bytes:
+    """An event's fields packed for the log before the event is applied, without copying its samples first."""
+    return msgpack.packb(event_view(data), use_bin_type=True)
+
+
 class Buffer(Actor):
     role = "buffer"
     needs_job = True
@@ -61,7 +69,8 @@ class Buffer(Actor):
         self.plugin_args = self.cfg.flat()   # what the dynamic sampling filter gets (slime's `args`)
         # the record (buffer_state.py); its prompts and filter arrive in on_start
         self.state = BufferState(BufferSettings.from_config(self.cfg), clock=self._now,
-                                 monitor_factory=lambda: make_monitor(self.cfg), on_event=self._append)
+                                 monitor_factory=lambda: make_monitor(self.cfg), on_event=self._append,
+                                 encode=_pack_event)
         self._changed = asyncio.Condition()   # the record changed: wakes get_work's waiters
         self._releases: dict[str, int] = {}   # per worker name: how many times its groups were released
         self._rollout_events: dict[str, asyncio.Event] = {}
@@ -144,11 +153,12 @@ class Buffer(Actor):
         self.state.notes.clear()
 
     # ------------------------------------------------------------------------------------------ persistence
-    def _append(self, ev: str, data: dict) -> None:
-        """The state's sink: one applied event, appended to the log."""
+    def _append(self, ev: str, packed: bytes) -> None:
+        """The state's sink: one applied event (its fields packed before it was applied, `_pack_event`), appended to
+        the log as the record [name, time, fields]."""
         if self._log_file is None:
             return
-        self._log_file.write(msgpack.packb([ev, time.time(), data], use_bin_type=True))
+        self._log_file.write(_RECORD + msgpack.packb(ev) + msgpack.packb(time.time()) + packed)
         self._log_file.flush()
 
     def _snapshot_state(self) -> dict:
