@@ -147,26 +147,22 @@ class Rollout:
     released: list[list[int]] | None = None
 
 
-def encode_event(data: dict) -> dict:
-    """An event's fields as the log stores them (a Group as its record, Samples as wire dicts)."""
+def encode_event(data: dict, copies: bool = True) -> dict:
+    """An event's fields as the log stores them (a Group as its record, Samples as wire dicts). `copies` False: views
+    sharing the samples' own lists and maps (Group.record_view, Sample.wire_view) -- the same bytes once packed, for
+    a sink that packs the event before it is applied (`event_view`)."""
     out = dict(data)
     if isinstance(out.get("group"), Group):
-        out["group"] = out["group"].record()
+        out["group"] = out["group"].record() if copies else out["group"].record_view()
     if out.get("samples") is not None:
-        out["samples"] = [s.to_wire() for s in out["samples"]]
+        out["samples"] = [s.to_wire() if copies else s.wire_view() for s in out["samples"]]
     return out
 
 
 def event_view(data: dict) -> dict:
-    """encode_event without copies (Group.record_view, Sample.wire_view): the same bytes once packed, for a sink that
-    packs the event before it is applied (the buffer's log: a rollout's 128 samples were copied twice a step, once
-    made and once handed in, only to be packed)."""
-    out = dict(data)
-    if isinstance(out.get("group"), Group):
-        out["group"] = out["group"].record_view()
-    if out.get("samples") is not None:
-        out["samples"] = [s.wire_view() for s in out["samples"]]
-    return out
+    """encode_event without copies: the buffer's log packs each event at once (a rollout's 128 samples were copied
+    twice a step, once made and once handed in, only to be packed)."""
+    return encode_event(data, copies=False)
 
 
 def decode_event(data: dict) -> dict:
