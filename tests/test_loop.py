@@ -282,6 +282,44 @@ def test_a_debug_data_file_that_cannot_be_written_still_fails_the_job(tmp_path):
         assert "dump_rollout" in methods and "mark_trained" not in methods and ctl.metrics.history == []
 
 
+def test_a_failed_weight_sync_fails_the_step_and_the_rollout_is_still_marked_trained(tmp_path, caplog):
+    """mark_trained goes out with the weight sync: when the sync fails, its error is the step's, the buffer has
+    still been told (it was trained on), and the mark's own failure is not left for asyncio to report as never
+    retrieved."""
+    import gc
+    import logging
+    ctl = _controller(tmp_path)
+    ask = ctl.ask
+
+    async def failing(to, method, body=None, *, timeout=None):
+        if method == "sync_weights":
+            ctl.sent.append((to, method, body))
+            raise RuntimeError("the engine refused the weights")
+        if method == "mark_trained":
+            ctl.sent.append((to, method, body))
+            await asyncio.sleep(0.05)          # answered after the sync failed, with an error of its own
+            raise RuntimeError("the buffer restarted")
+        return await ask(to, method, body, timeout=timeout)
+    ctl.ask = failing
+
+    async def go():
+        try:
+            await loop.train_sync(ctl, 0)
+        finally:
+            await asyncio.sleep(0.1)           # (the mark's reply comes in)
+    messages = []
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        try:
+            asyncio.run(go())
+        except Exception as exc:  # noqa: BLE001
+            messages.append(repr(exc) + repr(exc.__cause__))
+        del ctl.ask
+        gc.collect()                           # (an unretrieved error is reported when its task is collected)
+    assert messages and "the engine refused the weights" in messages[0], messages
+    assert ("buffer/0", "mark_trained", {"rollout_id": 0}) in ctl.sent and ctl.metrics.history == []
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+
+
 def test_the_job_waits_for_the_buffer_to_serve_before_its_first_ask(tmp_path):
     """Every actor is listed once its process runs; the buffer serves only once its start (loading the prompts) has
     finished. The controller pings it after the listing and before the rollback at the job's start -- whose
