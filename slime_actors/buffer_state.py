@@ -104,22 +104,17 @@ class Group:
     attempts: int = 0
     error: str | None = None
 
-    def wire(self) -> dict:
+    def wire(self, copies: bool = True) -> dict:
+        """The group as a worker gets it; `copies` False: sharing the samples' own lists and maps (Sample.wire_view),
+        for packing at once."""
         return {"work_id": self.work_id, "rollout_id": self.rollout_id, "kind": self.kind,
                 "group_index": self.group_index, "sampling_params": self.sampling_params,
-                "samples": [s.to_wire() for s in self.samples], "attempt": self.attempts}
+                "samples": [s.to_wire() if copies else s.wire_view() for s in self.samples], "attempt": self.attempts}
 
-    def record(self) -> dict:
-        d = self.wire()
+    def record(self, copies: bool = True) -> dict:
+        d = self.wire(copies)
         d.update(state=self.state, worker=self.worker, error=self.error)
         return d
-
-    def record_view(self) -> dict:
-        """`record` sharing the group's own lists and maps (Sample.wire_view): for packing at once."""
-        return {"work_id": self.work_id, "rollout_id": self.rollout_id, "kind": self.kind,
-                "group_index": self.group_index, "sampling_params": self.sampling_params,
-                "samples": [s.wire_view() for s in self.samples], "attempt": self.attempts,
-                "state": self.state, "worker": self.worker, "error": self.error}
 
     @classmethod
     def from_record(cls, d: dict) -> "Group":
@@ -149,11 +144,11 @@ class Rollout:
 
 def encode_event(data: dict, copies: bool = True) -> dict:
     """An event's fields as the log stores them (a Group as its record, Samples as wire dicts). `copies` False: views
-    sharing the samples' own lists and maps (Group.record_view, Sample.wire_view) -- the same bytes once packed, for
-    a sink that packs the event before it is applied (`event_view`)."""
+    sharing the samples' own lists and maps (Group.record(copies=False), Sample.wire_view) -- the same bytes once
+    packed, for a sink that packs the event before it is applied (`event_view`)."""
     out = dict(data)
     if isinstance(out.get("group"), Group):
-        out["group"] = out["group"].record() if copies else out["group"].record_view()
+        out["group"] = out["group"].record(copies)
     if out.get("samples") is not None:
         out["samples"] = [s.to_wire() if copies else s.wire_view() for s in out["samples"]]
     return out

@@ -134,8 +134,8 @@ def orchestration_by_message(run_dir: str | Path, rows: list[dict] | None = None
         labeled = [(a, b, REWARD_LABEL) for a, b in iv["reward"]] + \
             [(a, max(a, b - compute), TRAIN_WAIT_LABEL) for a, b in iv["train_handler"]] + \
             sorted(iv["labeled"])
-        inside = lambda ivs: [x for x in ivs if x[1] > lo and x[0] < hi]  # noqa: E731
-        work, labeled = inside(work), inside(labeled)
+        work = [x for x in work if x[1] > lo and x[0] < hi]
+        labeled = [x for x in labeled if x[1] > lo and x[0] < hi]
         cuts = sorted({lo, hi, *(min(max(t, lo), hi) for x in work + labeled for t in x[:2])})
         for a, b in zip(cuts, cuts[1:]):
             if b <= a:
