@@ -694,14 +694,14 @@ class BufferState:
             raise RuntimeError(f"rollout {rollout_id} is not complete")
         return r
 
-    def batch(self, rollout_id: int, rank: int, world_size: int) -> dict:
+    def batch(self, rollout_id: int, rank: int, world_size: int, packed: bool = False) -> dict:
         """A trainer rank's shard of a complete rollout: whole groups, in group order (not completion order) so
-        a rerun or a resumed run trains identically."""
+        a rerun or a resumed run trains identically (`packed`: its per-token columns packed, types.pack_rows)."""
         r = self.completed_rollout(rollout_id)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         wids = self._in_group_order(r)[rank::world_size]
-        return batch_from_samples([s for wid in wids for s in self.groups[wid].samples])
+        return batch_from_samples([s for wid in wids for s in self.groups[wid].samples], packed=packed)
 
     def _in_group_order(self, r: Rollout) -> list[str]:
         """A rollout's groups (the first `target` to complete) in group order: completion order is the run's timing,

@@ -214,20 +214,40 @@ async def _nothing(call: Awaitable[Any]) -> None:
     await call
 
 
-async def fan_out(method: str, members: list, calls: list[Awaitable[Any]], quiet: bool,
-                  replies: bool = True) -> Any:
+def fan_out(method: str, members: list, calls: list[Awaitable[Any]], quiet: bool,
+            replies: bool = True) -> Awaitable[Any]:
     """Every call at once; their results in member order (None where one failed, when `quiet`), or GroupFailed
-    naming the first member that failed. `replies` False (tells): nothing."""
-    if quiet:
-        results = list(await asyncio.gather(*(_quiet(c) for c in calls)))
-        return results if replies else None
-    tasks = [asyncio.ensure_future(c) for c in calls]
+    naming the first member that failed. `replies` False (tells): nothing.
+
+    The calls start here, as tasks, not when the result is awaited: each member's message goes out at the loop's
+    next turn, like a single actor's ask started with `asyncio.ensure_future` (a caller that starts a group's ask
+    and goes on with other work -- the controller's `alongside` -- does not hold it back until it next waits).
+    Called outside a running event loop, they start when the result is awaited."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _start_then_collect(method, members, calls, quiet, replies)
+    return _collect(method, members, _start(calls, quiet), quiet, replies)
+
+
+def _start(calls: list[Awaitable[Any]], quiet: bool) -> list[asyncio.Future[Any]]:
+    return [asyncio.ensure_future(_quiet(c) if quiet else c) for c in calls]
+
+
+async def _start_then_collect(method: str, members: list, calls: list[Awaitable[Any]], quiet: bool,
+                              replies: bool) -> Any:
+    return await _collect(method, members, _start(calls, quiet), quiet, replies)
+
+
+async def _collect(method: str, members: list, tasks: list[asyncio.Future[Any]], quiet: bool, replies: bool) -> Any:
     try:
         if tasks:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for member, t in zip(members, tasks):
             exc = t.exception() if t.done() else None
-            if exc is not None:
+            if exc is not None:  # (quiet: not a mailbox error -- a member that fails so answers None --, raised)
+                if quiet:
+                    raise exc
                 raise GroupFailed(method, member.name, exc) from exc
         return [t.result() for t in tasks] if replies else None
     finally:

@@ -796,8 +796,9 @@ class BufferMessages(Protocol):
         waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained."""
 
     @message(reply="batch map (slime_actors.types.batch_from_samples)")
-    def get_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
-        """A trainer rank pulls its shard (whole groups) of a completed rollout."""
+    def get_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None) -> TrainBatch:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
+        rollout log-probs as packed columns, types.pack_rows)."""
 
     def mark_trained(self, rollout_id: int) -> None:
         """Record that a rollout's samples were trained on (accounting, then freed)."""

@@ -557,9 +557,10 @@ class BufferHandle(ActorHandle):
         Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
         return self._call("hack_report", locals())
 
-    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
-                  idem: str | None = None) -> Awaitable[TrainBatch]:
-        """A trainer rank pulls its shard (whole groups) of a completed rollout.
+    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                  ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[TrainBatch]:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
+        rollout log-probs as packed columns, types.pack_rows).
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())
@@ -654,8 +655,9 @@ class BufferTell(ActorTell):
         waiting for it while the monitor runs; nil with --hack-alarms off or once the rollout is trained."""
         return self._call("hack_report", locals())
 
-    def get_batch(self, rollout_id: int, rank: int, world_size: int) -> Awaitable[None]:
-        """A trainer rank pulls its shard (whole groups) of a completed rollout."""
+    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET) -> Awaitable[None]:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
+        rollout log-probs as packed columns, types.pack_rows)."""
         return self._call("get_batch", locals())
 
     def mark_trained(self, rollout_id: int) -> Awaitable[None]:
@@ -757,9 +759,10 @@ class BufferGroup(Group[BufferHandle]):
         Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
         return self._call("hack_report", locals())
 
-    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
-                  idem: str | None = None) -> Awaitable[list[TrainBatch]]:
-        """A trainer rank pulls its shard (whole groups) of a completed rollout.
+    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                  ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[TrainBatch]]:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
+        rollout log-probs as packed columns, types.pack_rows).
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())
@@ -871,9 +874,10 @@ class BufferQuiet(Group[BufferHandle]):
         Reply: {rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil."""
         return self._call("hack_report", locals())
 
-    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, ask_timeout: float | None = None,
-                  idem: str | None = None) -> Awaitable[list[TrainBatch | None]]:
-        """A trainer rank pulls its shard (whole groups) of a completed rollout.
+    def get_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                  ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[TrainBatch | None]]:
+        """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
+        rollout log-probs as packed columns, types.pack_rows).
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -119,19 +120,93 @@ def _plain_copy(v):
     return v
 
 
-def batch_from_samples(samples: list[Sample]) -> dict:
+def batch_from_samples(samples: list[Sample], packed: bool = False) -> dict:
     """The trainer's view of a list of samples: parallel lists, one entry per sample (docs/architecture.md); with
     `roles` (each sample's metadata["role"], "" for none) when any sample has one: advantages are then normalized
-    per (group, role) -- episode_samples.advantage_groups."""
+    per (group, role) -- episode_samples.advantage_groups.
+
+    `packed`: the per-token columns (tokens, loss_masks, rollout_log_probs) as `pack_rows` makes them -- one flat
+    array's bytes and the rows' lengths -- instead of a list per sample (the trainer's get_batch asks so:
+    backends/batching.py `unpack_batch` gives back the lists)."""
     roles = [r if isinstance(r := (s.metadata or {}).get("role"), str) else "" for s in samples]
+    tokens = [s.tokens for s in samples]
+    masks = [s.loss_mask for s in samples]
+    rollout_log_probs = [s.rollout_log_probs for s in samples]
     return ({"roles": roles} if any(roles) else {}) | {
         "sample_index": [s.index for s in samples],
         "group_index": [s.group_index for s in samples],
-        "tokens": [s.tokens for s in samples],
+        "tokens": pack_rows(tokens, "int", "tokens") if packed else tokens,
         "prompt_lengths": [len(s.prompt_tokens) for s in samples],
         "response_lengths": [s.response_length for s in samples],
-        "loss_masks": [s.loss_mask for s in samples],
-        "rollout_log_probs": [s.rollout_log_probs for s in samples],
+        "loss_masks": pack_rows(masks, "mask", "loss_masks") if packed else masks,
+        "rollout_log_probs": pack_rows(rollout_log_probs, "float32", "rollout_log_probs") if packed
+        else rollout_log_probs,
         "rewards": [float(s.reward if s.reward is not None else 0.0) for s in samples],
         "weight_versions": [s.weight_version for s in samples],
     }
+
+
+# A packed column: {"dtype": one of these, "lengths": [per row], "data": the rows' values, flat, little-endian}.
+# The trainer takes loss masks and rollout log-probs as float32 tensors whichever way they come (rl_update._prepare),
+# so float32 here loses nothing it uses; token ids are int32 unless one does not fit, masks uint8 while every entry
+# is an integer 0..255.
+PACKED_DTYPES = ("uint8", "int32", "int64", "float32")
+_ARRAY_CODES = {"int32": "i", "int64": "q", "float32": "f"}
+
+
+def pack_rows(rows: list, kind: str, name: str = "column") -> dict:
+    """Per-sample rows of numbers as one packed column; `kind` "int" (token ids), "mask" or "float32". For the 128
+    samples of 190 response tokens of the H100 comparison, the three columns take about what msgpack took to encode
+    them as lists (~1 ms on a 2-vCPU VM), and the receiver decodes 3 byte strings instead of ~80,000 numbers."""
+    import array
+    data = None
+    if kind == "mask":
+        try:
+            data, dtype = b"".join(map(bytes, rows)), "uint8"   # (bytes(row): only integers 0..255 go in)
+        except (TypeError, ValueError):
+            kind = "float32"
+    try:
+        if kind == "int":
+            try:
+                dtype, data = "int32", b"".join(array.array("i", r).tobytes() for r in rows)
+            except OverflowError:
+                dtype, data = "int64", b"".join(array.array("q", r).tobytes() for r in rows)
+        elif kind == "float32":
+            dtype, data = "float32", b"".join(array.array("f", r).tobytes() for r in rows)
+        elif data is None:
+            raise ValueError(f"pack_rows: kind must be 'int', 'mask' or 'float32', got {kind!r}")
+    except (TypeError, OverflowError) as exc:   # (which row: the message names it)
+        code = "q" if kind == "int" else "f"
+        for i, r in enumerate(rows):
+            try:
+                array.array(code, r)
+            except (TypeError, OverflowError) as row_exc:
+                raise ValueError(f"{name}: row {i} is not a list of {'integers' if kind == 'int' else 'numbers'} "
+                                 f"({row_exc})") from None
+        raise ValueError(f"{name}: {exc}") from None
+    if sys.byteorder != "little" and dtype != "uint8":
+        a = array.array(_ARRAY_CODES[dtype], data)
+        a.byteswap()
+        data = a.tobytes()
+    return {"dtype": dtype, "lengths": [len(r) for r in rows], "data": data}
+
+
+def unpack_rows(column: Any, name: str = "column"):
+    """(flat numpy array, lengths) of a packed column, checked: a ValueError naming `name` and what is wrong (its
+    dtype, a length, the size of its data) -- the column came over the wire."""
+    import numpy as np
+    if not isinstance(column, dict) or set(column) != {"dtype", "lengths", "data"}:
+        raise ValueError(f"{name}: a packed column is a map of dtype, lengths and data, got "
+                         f"{sorted(column) if isinstance(column, dict) else type(column).__name__}")
+    dtype, lengths, data = column["dtype"], column["lengths"], column["data"]
+    if dtype not in PACKED_DTYPES:
+        raise ValueError(f"{name}: dtype {dtype!r} is not one of {', '.join(PACKED_DTYPES)}")
+    if not isinstance(lengths, list) or not all(type(x) is int and x >= 0 for x in lengths):
+        raise ValueError(f"{name}: lengths must be a list of non-negative integers")
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"{name}: data must be bytes, got {type(data).__name__}")
+    dt = np.dtype(dtype).newbyteorder("<")
+    if len(data) != sum(lengths) * dt.itemsize:
+        raise ValueError(f"{name}: data holds {len(data)} bytes; {sum(lengths)} {dtype} values need "
+                         f"{sum(lengths) * dt.itemsize}")
+    return np.frombuffer(data, dtype=dt), lengths

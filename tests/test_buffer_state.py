@@ -14,7 +14,7 @@ import pytest
 from slime_actors.buffer_state import (Accounts, STALE_REASON, BufferLogError, BufferSettings, BufferState, decode_event,
                                        encode_event)
 from slime_actors.data import PromptDataset
-from slime_actors.types import Sample
+from slime_actors.types import Sample, batch_from_samples
 
 FIXTURE = Path(__file__).parent / "data" / "buffer_log_v1"
 W1, W2 = "rollout/1", "rollout/2"
@@ -407,6 +407,71 @@ def test_batches_are_whole_groups_in_group_order(tmp_path):
         st.batch(0, 2, 2)
     with pytest.raises(RuntimeError, match="rollout 1 is not complete; it cannot have been trained"):
         st.mark_trained(1)
+
+
+def test_a_packed_batch_holds_the_rows_of_the_lists_and_unpacks_to_what_the_update_takes(tmp_path):
+    """get_batch(packed=True): tokens, loss masks and rollout log-probs as one byte string each (types.pack_rows);
+    unpack_batch gives back the token lists as they were and the masks and log-probs as the float32 the RL update
+    makes of them (rl_update._prepare) -- with token ids that need 64 bits, masks that are not 0/1 integers, and a
+    sample without log-probs."""
+    import numpy as np
+    import torch
+
+    from slime_actors.backends.batching import unpack_batch
+    st = make_state(tmp_path, rollout_batch_size=2)
+    st.start_rollout(0)
+    groups = st.take(W1, 2)
+    done = [finish(g) for g in groups]
+    done[0][0].response_tokens, done[0][0].loss_mask = [5, 2**40, 7], [1, 0, 1]
+    done[0][0].rollout_log_probs = [-0.1234567890123, -2.5, -1e-9]
+    done[1][1].response_tokens, done[1][1].loss_mask, done[1][1].rollout_log_probs = [9, 9], [0.5, 1], [-1.0, -2.0]
+    for g, samples in zip(groups, done):
+        assert st.submit(W1, g["work_id"], samples)["accepted"]
+    plain, packed = st.batch(0, 0, 1), st.batch(0, 0, 1, packed=True)
+    assert [packed[k]["dtype"] for k in ("tokens", "loss_masks", "rollout_log_probs")] == ["int64", "float32",
+                                                                                           "float32"]
+    assert {k: v for k, v in packed.items() if not isinstance(v, dict)} == \
+        {k: v for k, v in plain.items() if k not in ("tokens", "loss_masks", "rollout_log_probs")}
+    got = unpack_batch(msgpack.unpackb(msgpack.packb(packed, use_bin_type=True), raw=False))
+    assert got["tokens"] == plain["tokens"] and type(got["tokens"][0][0]) is int
+    for key in ("loss_masks", "rollout_log_probs"):
+        want = [torch.as_tensor(x, dtype=torch.float32) for x in plain[key]]
+        assert len(got[key]) == len(want) and all(torch.equal(a, b) for a, b in zip(got[key], want)), key
+    # the usual case: token ids fit in 32 bits, masks are 0/1; a sample without log-probs (a loaded rollout's)
+    done[1][0].rollout_log_probs = []
+    small = batch_from_samples(done[1][:1], packed=True)
+    assert unpack_batch(small)["rollout_log_probs"][0].numel() == 0
+    assert (small["tokens"]["dtype"], small["loss_masks"]["dtype"]) == ("int32", "uint8")
+    assert np.frombuffer(small["loss_masks"]["data"], np.uint8).tolist() == done[1][0].loss_mask
+    assert unpack_batch(plain) is plain, "a batch of lists is taken as it is"
+
+
+@pytest.mark.parametrize("column,error", [
+    ({"dtype": "float64", "lengths": [1], "data": b"\0" * 8}, r"dtype 'float64' is not one of"),
+    ({"dtype": "int32", "lengths": [2], "data": b"\0" * 4}, r"data holds 4 bytes; 2 int32 values need 8"),
+    ({"dtype": "int32", "lengths": [-1, 2], "data": b"\0" * 4}, r"lengths must be a list of non-negative"),
+    ({"dtype": "int32", "lengths": [1], "data": "abcd"}, r"data must be bytes, got str"),
+    ({"dtype": "int32", "lengths": [1]}, r"a packed column is a map of dtype, lengths and data"),
+])
+def test_a_malformed_packed_column_is_an_error_naming_the_column(column, error):
+    from slime_actors.backends.batching import unpack_batch
+    batch = {"sample_index": [0], "tokens": {"dtype": "int32", "lengths": [1], "data": b"\1\0\0\0"},
+             "loss_masks": column}
+    with pytest.raises(ValueError, match=r"batch\['loss_masks'\]: " + error):
+        unpack_batch(batch)
+    with pytest.raises(ValueError, match=r"batch\['tokens'\] has 1 rows for 2 samples"):
+        unpack_batch({"sample_index": [0, 1], "tokens": batch["tokens"]})
+
+
+def test_tokens_that_are_not_integers_fail_the_packed_batch_naming_the_row():
+    samples = [Sample(index=i, group_index=0, prompt_tokens=[1], response_tokens=[2, 3], loss_mask=[1, 1],
+                      rollout_log_probs=[-1.0, -1.0]) for i in range(3)]
+    samples[2].response_tokens = [2, "3"]
+    with pytest.raises(ValueError, match=r"tokens: row 2 is not a list of integers"):
+        batch_from_samples(samples, packed=True)
+    samples[2].response_tokens, samples[1].rollout_log_probs = [2, 3], [-1.0, None]
+    with pytest.raises(ValueError, match=r"rollout_log_probs: row 1 is not a list of numbers"):
+        batch_from_samples(samples, packed=True)
 
 
 def test_accounting_counts_every_sample_and_finds_lost_ones(tmp_path):

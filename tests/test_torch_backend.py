@@ -321,6 +321,32 @@ def test_rl_update_dynamic_micro_batches_match_one_micro_batch(tmp_path, tiny_di
     assert abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5 * m1["grad_norm"]
 
 
+def test_a_packed_batch_trains_exactly_as_its_lists(tmp_path, tiny_dir):
+    """The trainer's batch comes packed (get_batch(packed=True), backends/batching.unpack_batch): the update, its
+    metrics and the weights after it are those of the same batch as lists -- with truncated importance sampling on,
+    which reads the rollout log-probs, and a masked token."""
+    from slime_actors.backends.batching import unpack_batch
+    from slime_actors.types import pack_rows
+    lps = [[-0.3 - 0.01 * i - 0.001 * j for j in range(len(r))] for i, r in enumerate(toy_batch()["loss_masks"])]
+    out = []
+    for packed in (False, True):
+        torch.manual_seed(0)
+        args = make_args(tmp_path, tiny_dir, rollout_batch_size=4, global_batch_size=8, micro_batch_size=8,
+                         use_tis=True)
+        b = backend_for(args)
+        batch = toy_batch()
+        batch["rollout_log_probs"] = [list(x) for x in lps]
+        if packed:
+            batch = unpack_batch({**batch, "tokens": pack_rows(batch["tokens"], "int"),
+                                  "loss_masks": pack_rows(batch["loss_masks"], "mask"),
+                                  "rollout_log_probs": pack_rows(batch["rollout_log_probs"], "float32")})
+        m = rl_update(b, args, batch, 0)
+        out.append((weights(b), {k: v for k, v in m.items() if "time" not in k}))
+    (w1, m1), (w2, m2) = out
+    assert m1 == m2
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
 # -- learning -----------------------------------------------------------------------------------------------
 def test_rl_update_increases_logprob_of_rewarded_responses(tmp_path, tiny_dir):
     args = make_args(tmp_path, tiny_dir, rollout_batch_size=1, n_samples_per_prompt=4, lr=3e-3, clip_grad=1.0,

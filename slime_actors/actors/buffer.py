@@ -408,8 +408,8 @@ class Buffer(Actor):
             return report
 
     @handler
-    async def get_batch(self, rollout_id: int, rank: int, world_size: int) -> dict:
-        batch = self.state.batch(rollout_id, rank, world_size)
+    async def get_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None) -> dict:
+        batch = self.state.batch(rollout_id, rank, world_size, packed=bool(packed))
         self._batch_taken(rollout_id, rank, world_size)
         return batch
 

@@ -184,13 +184,13 @@ class TrainerRank(Actor):
     # ------------------------------------------------------------------------------------------ training
     @handler
     async def train(self, rollout_id: int) -> dict:
+        from ..backends.batching import unpack_batch
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
-        batch = await self._get_batch(rollout_id)
+        batch = unpack_batch((await self._get_batch(rollout_id)).wire)
         t1 = time.monotonic()
         cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
-        metrics = await self.run_blocking(self._update, rl_update, batch.wire, rollout_id,
-                                          cause[1] if cause else None)
+        metrics = await self.run_blocking(self._update, rl_update, batch, rollout_id, cause[1] if cause else None)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
@@ -212,7 +212,8 @@ class TrainerRank(Actor):
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
         # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
         rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
-        return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, ask_timeout=600),
+        # (packed: its per-token columns as three byte strings, not ~80,000 numbers to decode: types.pack_rows)
+        return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, packed=True, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
     @handler

@@ -4,6 +4,7 @@ A batch is the dict of parallel per-sample lists made by `slime_actors.types.bat
 tensors added by rl_update). Every list whose length is the number of samples is a per-sample field; other
 entries are carried along unchanged.
 
+    batch = unpack_batch(batch)                            # the trainer's get_batch reply: packed columns -> rows
     validate_batch(batch)                                  # ValueError naming the first bad sample
     for step_idx in mini_batch_indices(n, num_steps):      # one optimizer step each
         mb = select(batch, step_idx)
@@ -21,6 +22,35 @@ import torch
 from ..config import TrainSection
 
 PER_SAMPLE_REQUIRED = ("tokens", "prompt_lengths", "response_lengths", "loss_masks")
+PACKED_KEYS = ("tokens", "loss_masks", "rollout_log_probs")
+
+
+def unpack_batch(batch: dict) -> dict:
+    """A batch whose per-token columns came packed (`get_batch(..., packed=True)`, types.pack_rows) as the RL update
+    takes it: tokens as a list of ints per sample, as ever; loss masks and rollout log-probs as a float32 tensor per
+    sample (views of one array: what rl_update._prepare makes of lists). A column that is already a list stays as it
+    is. ValueError naming the column for a malformed one (wrong dtype, lengths, size, or row count)."""
+    from ..types import unpack_rows
+    if not any(isinstance(batch.get(k), dict) for k in PACKED_KEYS):
+        return batch
+    out = dict(batch)
+    n = len(batch["sample_index"]) if isinstance(batch.get("sample_index"), list) else None
+    for key in PACKED_KEYS:
+        column = batch.get(key)
+        if not isinstance(column, dict):
+            continue
+        flat, lengths = unpack_rows(column, f"batch[{key!r}]")
+        if n is not None and len(lengths) != n:
+            raise ValueError(f"batch[{key!r}] has {len(lengths)} rows for {n} samples")
+        if key == "tokens":
+            values, rows, at = flat.tolist(), [], 0
+            for length in lengths:
+                rows.append(values[at:at + length])
+                at += length
+            out[key] = rows
+        else:
+            out[key] = list(torch.from_numpy(flat.astype("float32")).split(lengths))
+    return out
 
 
 def num_samples(batch: dict) -> int:
