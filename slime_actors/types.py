@@ -210,3 +210,13 @@ def unpack_rows(column: Any, name: str = "column"):
         raise ValueError(f"{name}: data holds {len(data)} bytes; {sum(lengths)} {dtype} values need "
                          f"{sum(lengths) * dt.itemsize}")
     return np.frombuffer(data, dtype=dt), lengths
+
+
+def unpack_lists(column: Any, name: str = "column") -> list[list]:
+    """A packed column's rows as Python lists (`unpack_rows`, checked the same way)."""
+    flat, lengths = unpack_rows(column, name)
+    values, rows, at = flat.tolist(), [], 0
+    for n in lengths:
+        rows.append(values[at:at + n])
+        at += n
+    return rows

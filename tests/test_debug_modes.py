@@ -17,7 +17,7 @@ import pytest
 
 from slime_actors.config import ConfigError, debug_rollout_path, parse_config
 from slime_actors.traces.reader import TraceRun
-from slime_actors.types import unpack_rows
+from slime_actors.types import unpack_lists
 
 pytestmark = pytest.mark.slow  # two short training jobs (~1 min each on 2 CPU cores)
 
@@ -67,16 +67,6 @@ def test_rollout_only_generates_and_saves_without_training(saved):
     assert sorted(m.send.body()["rollout_id"] for m in sent if m.method == "mark_trained") == [0, 1]
 
 
-def packed_rows(column: dict) -> list[list]:
-    """A packed batch column (types.pack_rows) as a list per sample."""
-    flat, lengths = unpack_rows(column)
-    values, at, rows = flat.tolist(), 0, []
-    for n in lengths:
-        rows.append(values[at:at + n])
-        at += n
-    return rows
-
-
 def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
     run_dir = saved / "train-only"
     train(run_dir, "--debug-train-only", "--load-debug-rollout-data", str(saved / "data"))
@@ -98,7 +88,7 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
         # (the batch came packed: log-probs as float32, what the RL update takes them as)
         want = {s["index"]: (s["prompt_tokens"] + s["response_tokens"], s["reward"], s["loss_mask"],
                              np.asarray(s["rollout_log_probs"], dtype=np.float32).tolist()) for s in saved_samples}
-        cols = [packed_rows(batch[k]) for k in ("tokens", "loss_masks", "rollout_log_probs")]
+        cols = [unpack_lists(batch[k]) for k in ("tokens", "loss_masks", "rollout_log_probs")]
         got = {i: (t, r, m, lp) for i, t, r, m, lp in zip(batch["sample_index"], cols[0], batch["rewards"], *cols[1:])}
         assert got == want
     assert steps[0]["rollout/reward_mean"] == pytest.approx(

@@ -332,6 +332,20 @@ def test_checksum_algorithm_is_named_and_old_crc32_traces_still_compare(tmp_path
     assert first_difference(old, {"x": {**new["x"], "shape": [5]}}) is not None
 
 
+def test_two_packed_batch_columns_are_compared_row_by_row():
+    """The trainer's batch comes packed (types.pack_rows): `trace diff` and `replay` name the sample and the token
+    that differ, as they did when it came as lists -- not two byte strings."""
+    from slime_actors.traces.compare import first_difference
+    from slime_actors.types import pack_rows
+    a = {"tokens": pack_rows([[1, 2, 3], [4, 5]], "int"), "lp": pack_rows([[-0.5], [-1.25, -2.0]], "float32")}
+    assert first_difference(a, {**a}) is None
+    d = first_difference(a, {**a, "tokens": pack_rows([[1, 2, 3], [4, 9]], "int")})
+    assert (d.path, d.a, d.b) == ("tokens[1][1]", 5, 9)
+    assert first_difference(a, {**a, "lp": pack_rows([[-0.5], [-1.25, -2.0000001]], "float32")}) is None  # tolerance
+    d = first_difference(a, {**a, "tokens": pack_rows([[1, 2, 3], [4, 5, 6]], "int")})
+    assert (d.path, d.a, d.b) == ("tokens[1].length", 2, 3)
+
+
 def test_a_returned_handler_is_one_record_with_its_outcome(traced_run):
     """The common case is written as one recv record with dur_ns appended (format version 4, and since), read back as
     a recv and an ok handled event dur_ns after it."""

@@ -30,7 +30,7 @@ def unpack_batch(batch: dict) -> dict:
     takes it: tokens as a list of ints per sample, as ever; loss masks and rollout log-probs as a float32 tensor per
     sample (views of one array: what rl_update._prepare makes of lists). A column that is already a list stays as it
     is. ValueError naming the column for a malformed one (wrong dtype, lengths, size, or row count)."""
-    from ..types import unpack_rows
+    from ..types import unpack_lists, unpack_rows
     if not any(isinstance(batch.get(k), dict) for k in PACKED_KEYS):
         return batch
     out = dict(batch)
@@ -39,17 +39,16 @@ def unpack_batch(batch: dict) -> dict:
         column = batch.get(key)
         if not isinstance(column, dict):
             continue
-        flat, lengths = unpack_rows(column, f"batch[{key!r}]")
-        if n is not None and len(lengths) != n:
-            raise ValueError(f"batch[{key!r}] has {len(lengths)} rows for {n} samples")
+        name = f"batch[{key!r}]"
         if key == "tokens":
-            values, rows, at = flat.tolist(), [], 0
-            for length in lengths:
-                rows.append(values[at:at + length])
-                at += length
-            out[key] = rows
+            out[key] = rows = unpack_lists(column, name)
+            count = len(rows)
         else:
+            flat, lengths = unpack_rows(column, name)
             out[key] = list(torch.from_numpy(flat.astype("float32")).split(lengths))
+            count = len(lengths)
+        if n is not None and count != n:
+            raise ValueError(f"{name} has {count} rows for {n} samples")
     return out
 
 

@@ -60,6 +60,9 @@ def first_difference(a: Any, b: Any, *, rtol: float = 1e-6, atol: float = 1e-9,
     if isinstance(a, dict) and isinstance(b, dict):
         if _is_array(a) or _is_array(b):
             return _array_diff(a, b, path)
+        rows_a, rows_b = _packed_rows(a), _packed_rows(b)
+        if rows_a is not None and rows_b is not None:   # (a packed batch column: compared row by row, as lists)
+            return first_difference(rows_a, rows_b, rtol=rtol, atol=atol, volatile=volatile, path=path)
         for k in a:
             if _skip(k, volatile):
                 continue
@@ -96,6 +99,17 @@ def first_difference(a: Any, b: Any, *, rtol: float = 1e-6, atol: float = 1e-9,
     if type(a) is not type(b) or a != b:
         return Difference(path, a, b)
     return None
+
+
+def _packed_rows(d: dict) -> list[list] | None:
+    """A packed column of the trainer's batch (types.pack_rows) as its rows, or None for any other map."""
+    if set(d) != {"dtype", "lengths", "data"}:
+        return None
+    from ..types import unpack_lists
+    try:
+        return unpack_lists(d)
+    except ValueError:
+        return None
 
 
 def _skip(k, volatile) -> bool:
