@@ -99,6 +99,15 @@ class GenerateOutput:
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
+def _dumps(body: Any) -> bytes:
+    """A request's JSON body: orjson where it can (what json writes as NaN or Infinity, orjson writes as null; a
+    request body holds none), else json (a type orjson does not take: json raises as aiohttp's json= did)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body).encode()
+
+
 def _loads(raw: bytes) -> Any:
     """An engine's JSON answer. orjson parses a batched /generate answer (8 answers of 190 tokens with their
     log-prob triples, 68 KB) in 0.28 ms against json's 0.68 (2-vCPU VM): a rollout worker parses one per group, and
@@ -220,10 +229,14 @@ class EngineClient:
         session = await (self._get_session() if generation else self._get_control_session())
         t = self.timeout if timeout is None else timeout
         to = aiohttp.ClientTimeout(total=t, connect=min(self.connect_timeout, t) if t else self.connect_timeout)
+        headers = self._headers(path, admin)
+        data = None
+        if body is not None:   # (as aiohttp's json= would send it, ~30 us a group's request sooner: orjson)
+            data, headers = _dumps(body), {**headers, "Content-Type": "application/json"}
         async with (self._sem if generation else contextlib.nullcontext()):
             try:
-                async with session.request(method, base + path, json=body, params=params, timeout=to,
-                                           headers=self._headers(path, admin)) as resp:
+                async with session.request(method, base + path, data=data, params=params, timeout=to,
+                                           headers=headers) as resp:
                     raw = await resp.read()
                     status = resp.status
             except asyncio.TimeoutError:
