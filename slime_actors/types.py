@@ -146,6 +146,7 @@ def batch_from_samples(samples: list[Sample], packed: bool = False) -> dict:
     }
 
 
+PACKED_KEYS = ("tokens", "loss_masks", "rollout_log_probs")   # the batch's per-token columns
 # A packed column: {"dtype": one of these, "lengths": [per row], "data": the rows' values, flat, little-endian}.
 # The trainer takes loss masks and rollout log-probs as float32 tensors whichever way they come (rl_update._prepare),
 # so float32 here loses nothing it uses; token ids are int32 unless one does not fit, masks uint8 while every entry

@@ -22,7 +22,6 @@ import torch
 from ..config import TrainSection
 
 PER_SAMPLE_REQUIRED = ("tokens", "prompt_lengths", "response_lengths", "loss_masks")
-PACKED_KEYS = ("tokens", "loss_masks", "rollout_log_probs")
 
 
 def unpack_batch(batch: dict) -> dict:
@@ -30,7 +29,7 @@ def unpack_batch(batch: dict) -> dict:
     takes it: tokens as a list of ints per sample, as ever; loss masks and rollout log-probs as a float32 tensor per
     sample (views of one array: what rl_update._prepare makes of lists). A column that is already a list stays as it
     is. ValueError naming the column for a malformed one (wrong dtype, lengths, size, or row count)."""
-    from ..types import unpack_lists, unpack_rows
+    from ..types import PACKED_KEYS, unpack_lists, unpack_rows
     if not any(isinstance(batch.get(k), dict) for k in PACKED_KEYS):
         return batch
     out = dict(batch)
