@@ -7,8 +7,8 @@ Per step: `start_rollout` (the rollout's groups made from the next prompts), `ge
 worker), a `submit` per group (each sample answered with `--tokens` random token ids and float64 log-probs, as a
 rollout worker hands it in: its body decoded as the mailbox decodes it before the handler runs), `wait_rollout`,
 `get_batch` (the trainer's shard: the whole rollout, packed as the trainer asks for it), the batch's body encoded and
-decoded as the mailbox does on each side (and unpacked as the trainer does: backends/batching.py `unpack_batch`),
-and `mark_trained`. The buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
+decoded as the mailbox does on each side (the RL update then makes its tensors: not measured here), and
+`mark_trained`. The buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
 over `--steps` steps after two warm-up steps, and per call where a step makes several. No messages, sockets or other
 processes: what it measures is the handlers' own work and the codec's, which sit on a step's critical path between
 generation and training (docs/performance.md, *A step's orchestration*).
@@ -60,7 +60,6 @@ def _answered(group: dict, rng: random.Random, tokens: int) -> list[dict]:
 
 
 async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -> list[dict]:
-    from slime_actors.backends.batching import unpack_batch
     from slime_actors.mailbox.codec import decode_body, encode_body
     handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
                                                            "get_batch", "mark_trained")}
@@ -92,7 +91,7 @@ async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -
         body = encode_body(batch)[0]
         timed("encode batch", t0)
         t0 = time.perf_counter()
-        unpack_batch(decode_body(body, []))
+        decode_body(body, [])
         timed("decode batch", t0)
         t0 = time.perf_counter()
         await handler["mark_trained"](buffer, rollout_id=k)

@@ -440,9 +440,9 @@ def test_a_packed_batch_holds_the_rows_of_the_lists_and_unpacks_to_what_the_upda
     # the usual case: token ids fit in 32 bits, masks are 0/1; a sample without log-probs (a loaded rollout's)
     done[1][0].rollout_log_probs = []
     small = batch_from_samples(done[1][:1], packed=True)
-    assert unpack_batch(small)["rollout_log_probs"][0].numel() == 0
     assert (small["tokens"]["dtype"], small["loss_masks"]["dtype"]) == ("int32", "uint8")
     assert np.frombuffer(small["loss_masks"]["data"], np.uint8).tolist() == done[1][0].loss_mask
+    assert unpack_batch(small) is small and small["rollout_log_probs"][0].numel() == 0   # (in place)
     assert unpack_batch(plain) is plain, "a batch of lists is taken as it is"
 
 
@@ -460,13 +460,13 @@ def test_a_malformed_packed_column_is_an_error_naming_the_column(column, error):
     with pytest.raises(ValueError, match=r"batch\['loss_masks'\]: " + error):
         unpack_batch(batch)
     with pytest.raises(ValueError, match=r"batch\['tokens'\] has 1 rows for 2 samples"):
-        unpack_batch({"sample_index": [0, 1], "tokens": batch["tokens"]})
+        unpack_batch({"sample_index": [0, 1], "tokens": {"dtype": "int32", "lengths": [1], "data": b"\1\0\0\0"}})
 
 
 def test_tokens_that_are_not_integers_fail_the_packed_batch_naming_the_row():
     samples = [Sample(index=i, group_index=0, prompt_tokens=[1], response_tokens=[2, 3], loss_mask=[1, 1],
                       rollout_log_probs=[-1.0, -1.0]) for i in range(3)]
-    samples[2].response_tokens = [2, "3"]
+    samples[2].response_tokens = [2, "three"]
     with pytest.raises(ValueError, match=r"tokens: row 2 is not a list of integers"):
         batch_from_samples(samples, packed=True)
     samples[2].response_tokens, samples[1].rollout_log_probs = [2, 3], [-1.0, None]

@@ -17,7 +17,7 @@ import pytest
 
 from slime_actors.config import ConfigError, debug_rollout_path, parse_config
 from slime_actors.traces.reader import TraceRun
-from slime_actors.types import unpack_lists
+from slime_actors.types import batch_as_lists
 
 pytestmark = pytest.mark.slow  # two short training jobs (~1 min each on 2 CPU cores)
 
@@ -80,7 +80,7 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
     batches = {}
     for m in run.messages().values():
         if m.method == "get_batch" and m.reply is not None:
-            batches[m.send.body()["rollout_id"]] = m.reply.body()
+            batches[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
     assert sorted(batches) == [0, 1]
     for k, batch in batches.items():
         saved_samples = msgpack.unpackb(debug_rollout_path(str(saved / "data"), k).read_bytes(),
@@ -88,8 +88,8 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
         # (the batch came packed: log-probs as float32, what the RL update takes them as)
         want = {s["index"]: (s["prompt_tokens"] + s["response_tokens"], s["reward"], s["loss_mask"],
                              np.asarray(s["rollout_log_probs"], dtype=np.float32).tolist()) for s in saved_samples}
-        cols = [unpack_lists(batch[k]) for k in ("tokens", "loss_masks", "rollout_log_probs")]
-        got = {i: (t, r, m, lp) for i, t, r, m, lp in zip(batch["sample_index"], cols[0], batch["rewards"], *cols[1:])}
+        got = {i: (t, r, m, lp) for i, t, r, m, lp in zip(batch["sample_index"], batch["tokens"], batch["rewards"],
+                                                        batch["loss_masks"], batch["rollout_log_probs"])}
         assert got == want
     assert steps[0]["rollout/reward_mean"] == pytest.approx(
         sum(s["reward"] for s in msgpack.unpackb(debug_rollout_path(str(saved / "data"), 0).read_bytes(),

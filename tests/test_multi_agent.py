@@ -43,10 +43,11 @@ def frozen(tmp_path_factory):
 
 def batches(run: Path) -> dict[int, dict]:
     from slime_actors.traces.reader import TraceRun
+    from slime_actors.types import batch_as_lists
     out = {}
     for m in TraceRun(run).messages().values():
         if m.method == "get_batch" and m.reply is not None:
-            out[m.send.body()["rollout_id"]] = m.reply.body()
+            out[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
     return out
 
 

@@ -325,7 +325,6 @@ def test_a_packed_batch_trains_exactly_as_its_lists(tmp_path, tiny_dir):
     """The trainer's batch comes packed (get_batch(packed=True), backends/batching.unpack_batch): the update, its
     metrics and the weights after it are those of the same batch as lists -- with truncated importance sampling on,
     which reads the rollout log-probs, and a masked token."""
-    from slime_actors.backends.batching import unpack_batch
     from slime_actors.types import pack_rows
     lps = [[-0.3 - 0.01 * i - 0.001 * j for j in range(len(r))] for i, r in enumerate(toy_batch()["loss_masks"])]
     out = []
@@ -336,10 +335,10 @@ def test_a_packed_batch_trains_exactly_as_its_lists(tmp_path, tiny_dir):
         b = backend_for(args)
         batch = toy_batch()
         batch["rollout_log_probs"] = [list(x) for x in lps]
-        if packed:
-            batch = unpack_batch({**batch, "tokens": pack_rows(batch["tokens"], "int"),
-                                  "loss_masks": pack_rows(batch["loss_masks"], "mask"),
-                                  "rollout_log_probs": pack_rows(batch["rollout_log_probs"], "float32")})
+        if packed:   # (as the trainer passes it on: rl_update unpacks it)
+            batch = {**batch, "tokens": pack_rows(batch["tokens"], "int"),
+                     "loss_masks": pack_rows(batch["loss_masks"], "mask"),
+                     "rollout_log_probs": pack_rows(batch["rollout_log_probs"], "float32")}
         m = rl_update(b, args, batch, 0)
         out.append((weights(b), {k: v for k, v in m.items() if "time" not in k}))
     (w1, m1), (w2, m2) = out

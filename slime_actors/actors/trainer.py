@@ -184,10 +184,9 @@ class TrainerRank(Actor):
     # ------------------------------------------------------------------------------------------ training
     @handler
     async def train(self, rollout_id: int) -> dict:
-        from ..backends.batching import unpack_batch
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
-        batch = unpack_batch((await self._get_batch(rollout_id)).wire)
+        batch = (await self._get_batch(rollout_id)).wire   # (packed: rl_update makes its tensors)
         t1 = time.monotonic()
         cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
         metrics = await self.run_blocking(self._update, rl_update, batch, rollout_id, cause[1] if cause else None)

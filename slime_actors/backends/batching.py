@@ -4,7 +4,7 @@ A batch is the dict of parallel per-sample lists made by `slime_actors.types.bat
 tensors added by rl_update). Every list whose length is the number of samples is a per-sample field; other
 entries are carried along unchanged.
 
-    batch = unpack_batch(batch)                            # the trainer's get_batch reply: packed columns -> rows
+    unpack_batch(batch)                                    # the trainer's get_batch reply: packed columns -> rows
     validate_batch(batch)                                  # ValueError naming the first bad sample
     for step_idx in mini_batch_indices(n, num_steps):      # one optimizer step each
         mb = select(batch, step_idx)
@@ -25,14 +25,12 @@ PER_SAMPLE_REQUIRED = ("tokens", "prompt_lengths", "response_lengths", "loss_mas
 
 
 def unpack_batch(batch: dict) -> dict:
-    """A batch whose per-token columns came packed (`get_batch(..., packed=True)`, types.pack_rows) as the RL update
-    takes it: tokens as a list of ints per sample, as ever; loss masks and rollout log-probs as a float32 tensor per
-    sample (views of one array: what rl_update._prepare makes of lists). A column that is already a list stays as it
-    is. ValueError naming the column for a malformed one (wrong dtype, lengths, size, or row count)."""
+    """A batch whose per-token columns came packed (`get_batch(..., packed=True)`, types.pack_rows), in place, as the
+    RL update takes it: tokens as a list of ints per sample, as ever; loss masks and rollout log-probs as a float32
+    tensor per sample (views of one array: what rl_update._prepare makes of lists). A column that is already a list
+    stays as it is. ValueError naming the column for a malformed one (wrong dtype, lengths, size, or row count).
+    Returns `batch`."""
     from ..types import PACKED_KEYS, unpack_lists, unpack_rows
-    if not any(isinstance(batch.get(k), dict) for k in PACKED_KEYS):
-        return batch
-    out = dict(batch)
     n = len(batch["sample_index"]) if isinstance(batch.get("sample_index"), list) else None
     for key in PACKED_KEYS:
         column = batch.get(key)
@@ -40,15 +38,16 @@ def unpack_batch(batch: dict) -> dict:
             continue
         name = f"batch[{key!r}]"
         if key == "tokens":
-            out[key] = rows = unpack_lists(column, name)
+            rows = unpack_lists(column, name)
             count = len(rows)
         else:
             flat, lengths = unpack_rows(column, name)
-            out[key] = list(torch.from_numpy(flat.astype("float32")).split(lengths))
+            rows = list(torch.from_numpy(flat.astype("float32")).split(lengths))
             count = len(lengths)
         if n is not None and count != n:
             raise ValueError(f"{name} has {count} rows for {n} samples")
-    return out
+        batch[key] = rows
+    return batch
 
 
 def num_samples(batch: dict) -> int:

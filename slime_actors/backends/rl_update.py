@@ -45,7 +45,7 @@ from ..algo.tis import tis_weights
 from ..config import AlgorithmSection, JobConfig
 from ..episode_samples import advantage_groups
 from ..log import get_logger
-from .batching import micro_batches_from_config, mini_batch_indices, select, validate_batch
+from .batching import micro_batches_from_config, mini_batch_indices, select, unpack_batch, validate_batch
 from .training import LossFn, TrainingBackend
 
 # reduce(tensor, op) -> the tensor reduced across the training ranks ("sum" or "max"); identity on one rank
@@ -283,6 +283,7 @@ def rl_update(backend: TrainingBackend, cfg: JobConfig, batch: dict, rollout_id:
     phase = phase or (lambda name: contextlib.nullcontext())
     t0 = time.monotonic()
     algorithm_cfg = cfg.algorithm
+    unpack_batch(batch)   # (the trainer's batch comes packed: its tensors are made here, as _prepare makes them)
     validate_batch(batch, require_rollout_log_probs=algorithm_cfg.use_tis)
     estimator = algorithm_cfg.advantage_estimator
     work = _prepare(batch)
