@@ -170,10 +170,6 @@ def pack_rows(rows: list, kind: str, name: str = "column") -> dict:
             kind = "float32"
     if kind not in ("int", "float32"):
         raise ValueError(f"pack_rows: kind must be 'int', 'mask' or 'float32', got {kind!r}")
-    if kind == "float32":   # (numpy would make None a NaN; an engine's missing log-prob is NaN already, parsed)
-        for i, r in enumerate(rows):
-            if None in r:
-                raise ValueError(f"{name}: row {i} is not a list of numbers (it holds None)")
     try:
         flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64 if kind == "int" else np.float32,
                            count=n)
@@ -185,6 +181,10 @@ def pack_rows(rows: list, kind: str, name: str = "column") -> dict:
                 raise ValueError(f"{name}: row {i} is not a list of {'integers' if kind == 'int' else 'numbers'} "
                                  f"({exc})") from None
         raise
+    if kind == "float32" and np.isnan(flat).any():   # numpy makes None a NaN (an engine's missing log-prob is NaN)
+        for i, r in enumerate(rows):
+            if None in r:
+                raise ValueError(f"{name}: row {i} is not a list of numbers (it holds None)")
     if kind == "int" and (not n or (int(flat.min()) >= -2**31 and int(flat.max()) < 2**31)):
         flat = flat.astype(np.int32)
     if sys.byteorder != "little":
