@@ -6,7 +6,8 @@ that no msgpack timestamp hides in a body (slime_actors/mailbox/codec.py `_rejec
 The bodies are the loop's large ones, made like a run's (token ids drawn from a 49k vocabulary, log-probs as
 float64, 60 prompt and ~100 response tokens a sample): a reward worker's `score` ask (one group of 8 samples), a
 rollout worker's `get_work` reply (16 groups of 8), a trainer's `get_batch` reply (128 samples); and a rollout worker's
-`submit` and the batch with 190 response tokens a sample (as in the H100 comparisons). Each is decoded
+`submit` and the batch with 190 response tokens a sample (as in the H100 comparisons), as lists and packed as the
+trainer asks for it (types.pack_rows). Each is decoded
 with `codec.decode_body` as the mailbox does, and its timestamp check run alone three ways, side by side in one run:
 today's (a list of numbers summed in C, a map's item types collected in C, only nested containers walked), the one
 before it (a regular expression over the body's bytes for a timestamp's byte patterns, then every container's item
@@ -17,6 +18,10 @@ The check runs when the body's bytes hold an 0xff (a timestamp's ext type byte) 
 hold a timestamp's header (`_may_hold_timestamp`: a fixext or ext header of a timestamp's length before an 0xff;
 numpy looks at the bytes before each one). Float64 log-probs and token ids hold an 0xff almost always, such a header
 far less often (the table says which bodies are checked, and what the screen costs).
+
+A second table follows the trainer's batch (128 samples, 50 and 190 response tokens) each way from the buffer to the
+update: built, encoded, decoded, then made into the update's per-sample tensors (rl_update's `_prepare`, after
+`unpack_batch` for the packed one).
 """
 
 from __future__ import annotations
@@ -146,6 +151,34 @@ def main() -> None:
         new = best(lambda: codec._reject_timestamps(obj), args.rounds, n)
         print(f"| {name} | {len(data):,} | {'yes' if checked else 'no'} | {dec:.3f} | {screen:.3f} | {first:.3f} | "
               f"{before:.3f} | {new:.3f} |")
+    batch_ways(args.rounds)
+
+
+def batch_ways(rounds: int) -> None:
+    """The trainer's batch as lists (msgpack numbers) and packed (types.pack_rows), each way through its steps: built
+    by the buffer, encoded, decoded by the trainer, then made into the update's tensors (rl_update's _prepare, after
+    backends/batching.py `unpack_batch` for the packed one)."""
+    from slime_actors.backends.batching import unpack_batch
+    from slime_actors.backends.rl_update import _prepare
+    print()
+    print(f"# the trainer's batch, 128 samples of 60 prompt tokens: as lists and packed "
+          f"({time.strftime('%Y-%m-%d %H:%M %Z')}); ms, best of {rounds} rounds")
+    print("| response tokens | way | bytes | build (buffer) | encode | decode (trainer) | its fetch (the three) | "
+          "tensors for the update | in all |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for tokens in (50, 190):
+        rng = random.Random(tokens)
+        samples = [sample(rng, i, tokens=tokens) for i in range(128)]
+        for packed in (False, True):
+            batch = batch_from_samples(samples, packed=packed)
+            data = codec.encode_body(batch)[0]
+            build = best(lambda: batch_from_samples(samples, packed=packed), rounds, 20)
+            enc = best(lambda: codec.encode_body(batch), rounds, 20)
+            dec = best(lambda: codec.decode_body(data, []), rounds, 20)
+            tensors = max(0.0, best(lambda: _prepare(unpack_batch(codec.decode_body(data, []))), rounds, 20) - dec)
+            fetch = build + enc + dec
+            print(f"| {tokens} | {'packed' if packed else 'lists'} | {len(data):,} | {build:.3f} | {enc:.3f} | "
+                  f"{dec:.3f} | {fetch:.3f} | {tensors:.3f} | {fetch + tensors:.3f} |")
 
 
 if __name__ == "__main__":

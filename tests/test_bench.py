@@ -187,3 +187,18 @@ def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
     assert rows["submit"][1] == "2" and rows["get_batch"][1] == "1"   # a submit per group
     p = _run("bench/buffer_step.py", "--steps", "0", "--chat")
     assert p.returncode == 2 and "--steps must be at least 1, got 0" in p.stderr and "--chat reads --prompts" in p.stderr
+
+
+def test_rl_bodies_bench_prints_the_bodies_and_the_batch_both_ways():
+    """bench/rl_bodies.py, one round: a row per body (the packed batch among them), then the trainer's batch as
+    lists and packed at two response lengths, each row with its numbers."""
+    p = _run("bench/rl_bodies.py", "--rounds", "1", timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| ") and not ln.startswith("| body")
+            and not ln.startswith("| response")]
+    bodies, ways = rows[:6], rows[6:]
+    assert any("packed as the trainer asks" in r for r in bodies) and len(ways) == 4
+    assert [r.split("|")[2].strip() for r in ways] == ["lists", "packed", "lists", "packed"]
+    for r in ways:
+        assert all(float(c.replace(",", "")) >= 0 for c in r.split("|")[3:-1]), r
+
