@@ -126,8 +126,8 @@ def batch_from_samples(samples: list[Sample], packed: bool = False) -> dict:
     per (group, role) -- episode_samples.advantage_groups.
 
     `packed`: the per-token columns (tokens, loss_masks, rollout_log_probs) as `pack_rows` makes them -- one flat
-    array's bytes and the rows' lengths -- instead of a list per sample (the trainer's get_batch asks so:
-    backends/batching.py `unpack_batch` gives back the lists)."""
+    array's bytes and the rows' lengths -- instead of a list per sample (the trainer's get_batch asks so; the RL update
+    unpacks them, backends/batching.py `unpack_batch`; `batch_as_lists` gives back the lists)."""
     roles = [r if isinstance(r := (s.metadata or {}).get("role"), str) else "" for s in samples]
     tokens = [s.tokens for s in samples]
     masks = [s.loss_mask for s in samples]

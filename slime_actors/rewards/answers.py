@@ -199,8 +199,8 @@ def gold_number(label) -> Fraction | None:
 
 @functools.lru_cache(maxsize=4096)
 def _gold_number(label: str) -> Fraction | None:
-    """(Cached: a group's samples share their label, and parsing it took ~20 us of the ~45 a sample's grade took
-    on a 2-vCPU VM; a Fraction is immutable.)"""
+    """(Cached: a group's samples share their label -- a group of 8 math samples scored in 0.333 ms instead of
+    0.376 on a 2-vCPU VM --; a Fraction is immutable.)"""
     s = label.strip()
     boxed = extract_boxed(s)
     if boxed is not None and s.lstrip("$ ").startswith(_BOX_CMDS):
