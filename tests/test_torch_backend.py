@@ -229,30 +229,73 @@ def add_last_bit_noise(b: TorchBackend, seed: int = 1000, rel: float = 2.0 ** -2
 
 
 def _dist_worker(rank, world, port, args_dict, out_dir):
+    import traceback
+
     import torch.distributed as dist
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from datetime import timedelta
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+
+    def reached(phase: str) -> None:   # where this rank was, should it die without a Python error (join_ranks)
+        with open(os.path.join(out_dir, f"rank-{rank}.phase"), "w") as f:
+            f.write(phase)
     try:
+        reached("init")
         args = JobConfig.from_dict(args_dict)
         b = TorchBackend(args, rank, world)
         b.init()
         compare_with_sgd(b)
         add_last_bit_noise(b)
         batch = _shard(toy_batch(), rank, world)
+        reached("rl_update")
         metrics = rl_update(b, args, batch, 0)
+        reached("weights")
         w = weights(b)   # collective under FSDP: every rank gathers
+        reached("save")
         b.save(os.path.join(out_dir, "ckpt"))
+        reached("load")
         b.load(os.path.join(out_dir, "ckpt"))
+        reached("weights after load")
         assert all(torch.equal(w[k], v) for k, v in weights(b).items())
         if rank == 0:
             torch.save({"weights": w, "metrics": metrics}, os.path.join(out_dir, "result.pt"))
         # leave together: a rank that tore its group down while the other still used it made gloo's background
         # thread abort the other (SIGABRT, "terminate called without an active exception"; seen once in CI-like runs)
+        reached("barrier")
         dist.barrier()
+        reached("done")
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank-{rank}.error"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
     finally:
         dist.destroy_process_group()
+
+
+def join_ranks(ctx, out_dir, what: str, timeout: float = 120.0) -> None:
+    """Wait for the ranks of `ctx` (torch.multiprocessing); on a failure, fail naming where each rank was and any
+    Python error each raised -- one rank's abort (gloo's, when the other left the group) hides the other's error in
+    torch's own report (a rank aborted right after loading the checkpoint, once, under load)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:   # e.g. ranks out of step in a collective: fail instead of hanging
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"{what} did not finish within {timeout:.0f} s{_ranks_said(out_dir)}")
+    except Exception as exc:   # (ProcessExitedException / ProcessRaisedException)
+        pytest.fail(f"{what} failed: {exc}{_ranks_said(out_dir)}")
+
+
+def _ranks_said(out_dir) -> str:
+    import glob
+    said = []
+    paths = glob.glob(os.path.join(out_dir, "rank-*.phase")) + glob.glob(os.path.join(out_dir, "rank-*.error"))
+    for path in sorted(paths):
+        with open(path) as f:
+            said.append(f"\n--- {os.path.basename(path)}: {f.read()}")
+    return "".join(said)
 
 
 def _run_distributed(tmp_path, tiny_dir, parallel, **extra):
@@ -265,12 +308,7 @@ def _run_distributed(tmp_path, tiny_dir, parallel, **extra):
     out.mkdir()
     ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), args.to_dict(), str(out)), nprocs=2, join=False,
                              start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:   # e.g. ranks out of step in a collective: fail instead of hanging
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"2-rank {parallel} run did not finish within 120 s")
+    join_ranks(ctx, out, f"2-rank {parallel} run")
     dist_result = torch.load(out / "result.pt", weights_only=True)
     # one rank, the union batch in the order whose steps hold the same samples
     single = compare_with_sgd(backend_for(args))

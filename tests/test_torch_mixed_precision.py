@@ -139,12 +139,11 @@ def test_bf16_trains_across_two_ranks_and_its_checkpoint_round_trips(tmp_path, t
     (reduce-scattered), the checkpoint saved and loaded back bit for bit on each rank (tests/test_torch_backend.py's
     worker). Near the one-rank run on the union batch -- not equal: the ranks' micro-batches pad to other shapes,
     and bf16 matmuls of other shapes round differently."""
-    import time
-
     import torch.multiprocessing as mp
 
     from slime_actors.backends.batching import select
-    from tests.test_torch_backend import _dist_worker, _free_port, _union_order, backend_for as one_rank, weights
+    from tests.test_torch_backend import (_dist_worker, _free_port, _union_order, backend_for as one_rank,
+                                          join_ranks, weights)
     extra = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 15} if parallel == "fsdp" else {}
     args = make_args(tmp_path, tiny_dir, bf16=True, rollout_batch_size=4, n_samples_per_prompt=2,
                      actor_num_gpus_per_node=2, global_batch_size=4, micro_batch_size=1, torch_parallel=parallel,
@@ -153,12 +152,7 @@ def test_bf16_trains_across_two_ranks_and_its_checkpoint_round_trips(tmp_path, t
     out.mkdir()
     ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), args.to_dict(), str(out)), nprocs=2, join=False,
                              start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"2-rank {parallel} --bf16 run did not finish within 120 s")
+    join_ranks(ctx, out, f"2-rank {parallel} --bf16 run")
     result = torch.load(out / "result.pt", weights_only=True)
     w2, m2 = result["weights"], result["metrics"]
     assert all(t.dtype == torch.bfloat16 for t in w2.values())          # named_weights: what the engines get
