@@ -211,7 +211,7 @@ class TrainerRank(Actor):
         """This rank's shard; retried while the buffer restarts (get_batch only reads, so a retry is harmless)."""
         # by data-parallel replica: the ranks of one Megatron tensor/pipeline group train on the same shard
         rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
-        # (packed: its per-token columns as three byte strings, not ~80,000 numbers to decode: types.pack_rows)
+        # (packed: its per-token columns as three byte strings, not a number per token to decode: types.pack_rows)
         return await retry(lambda: self.buffer.get_batch(rollout_id, rank, world_size, packed=True, ask_timeout=600),
                            BATCH_RETRY, what="get_batch", log=self.log, started=time.monotonic())
 
