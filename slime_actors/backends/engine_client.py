@@ -246,7 +246,6 @@ class EngineClient:
                 raise EngineUnavailable(path, None, f"cannot reach {base}: {e}") from None
             except aiohttp.ClientError as e:
                 raise EngineError(path, None, f"request failed: {e!r}") from None
-        text = raw.decode("utf-8", "replace")  # (a view for messages; JSON is parsed from the bytes)
         parsed: Any = None
         if raw:
             try:
@@ -254,12 +253,13 @@ class EngineClient:
             except ValueError:
                 parsed = None
         if not (200 <= status < 300) and status not in ok_statuses:
+            text = raw.decode("utf-8", "replace")
             raise EngineError(path, status, _server_message(parsed, text), parsed if parsed is not None else text)
         if expect == "json":
             if parsed is None:
-                raise EngineError(path, status, f"expected JSON, got {text[:200]!r}")
+                raise EngineError(path, status, f"expected JSON, got {raw[:200].decode('utf-8', 'replace')!r}")
             return status, parsed
-        return status, text
+        return status, raw.decode("utf-8", "replace")
 
     async def _post_result(self, path: str, body: dict, timeout: float | None = None) -> dict:
         """POST to an endpoint answering {"success", "message", ...}; success=false raises EngineError."""
