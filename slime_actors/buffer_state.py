@@ -12,7 +12,9 @@ changed), decide, and emit events: each is applied, then handed to the `on_event
 
 The events and their fields are the buffer log's format on disk (old logs must stay readable):
 
-    start      rollout_id, kind, target, name, weight_version
+    start      rollout_id, kind, target, name, weight_version, held (only when true: a training rollout whose
+               groups are made ahead and handed out only once it is opened; logs from before it hold none)
+    open       rollout_id, kind (a held rollout is opened: its groups go out, its clock starts)
     new_group  group (a Group record), dataset_state (the training prompts' position after it, or None)
     lease      work_id, worker
     submit     work_id, samples, outcome (done | filtered | failed), error    (samples: the group's own, then those
@@ -137,6 +139,9 @@ class Rollout:
     trained: bool = False
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    # made ahead (start_rollout(hold=True): rollout k+1's groups made while the trainers train on k) and not opened
+    # yet: none of its groups is handed out
+    held: bool = False
     # an evaluation's samples once a later evaluation started (its results were read): released from memory, and
     # their indices kept as runs [first, end) so the accounts still know where those samples went
     released: list[list[int]] | None = None
@@ -347,14 +352,16 @@ class BufferState:
         self.apply(ev, data)
         self.on_event(ev, encoded)
 
-    def _on_start(self, rollout_id: int, kind: str, target: int, name: str, weight_version: int) -> None:
+    def _on_start(self, rollout_id: int, kind: str, target: int, name: str, weight_version: int,
+                  held: bool = False) -> None:
         key = f"{kind}:{rollout_id}"
         if kind == "eval":
             self.queue["eval"].clear()   # an earlier eval's unfinished groups are not needed any more
             if key not in self.rollouts:
                 self._release_evals()
         if key not in self.rollouts:
-            self.rollouts[key] = Rollout(rollout_id, kind, target, name, weight_version, started=self.now())
+            self.rollouts[key] = Rollout(rollout_id, kind, target, name, weight_version, started=self.now(),
+                                         held=held)
         self.active[kind] = rollout_id
         self.weight_version = max(self.weight_version, weight_version)
         if kind == "train":
@@ -362,6 +369,10 @@ class BufferState:
             for wid in self.queue["train"]:
                 self.groups[wid].rollout_id = rollout_id
             self._absorb_carried()
+
+    def _on_open(self, rollout_id: int, kind: str) -> None:
+        r = self.rollouts[f"{kind}:{rollout_id}"]
+        r.held, r.started = False, self.now()
 
     def _on_new_group(self, group: Group, dataset_state: dict | None) -> None:
         self.groups[group.work_id] = group
@@ -488,14 +499,33 @@ class BufferState:
             self._complete(r, wid)
 
     # ------------------------------------------------------------------------------------------ operations
-    def start_rollout(self, rollout_id: int, kind: str = "train", weight_version: int = 0, name: str = "") -> dict:
+    def start_rollout(self, rollout_id: int, kind: str = "train", weight_version: int = 0, name: str = "",
+                      hold: bool = False) -> dict:
         """Start a training rollout (groups up to --over-sampling-batch-size) or an evaluation of eval set `name`
-        (a group per prompt). Starting one that exists is answered with `existing` and changes nothing."""
+        (a group per prompt). Starting one that exists is answered with `existing` and changes nothing -- unless it
+        is held and this start does not hold it: then it is opened (`opened`).
+
+        `hold` (training rollouts): make the groups now -- the same prompts, in the same order, a start then would
+        make -- but hand none of them out until the rollout is started again without `hold`. The controller makes
+        rollout k+1 so while the trainers train on k (once the engines gave rollout k's unfinished groups back):
+        the step then starts with a turn of the buffer instead of sixteen groups made and logged."""
         if kind not in KINDS:
             raise ValueError(f"kind must be train or eval, got {kind!r}")
+        if hold and kind != "train":
+            raise ValueError(f"only a training rollout can be held (made ahead), not an {kind} one")
         key = f"{kind}:{rollout_id}"
-        if key in self.rollouts:   # a retried ask, or a controller restarted mid-rollout
+        if key in self.rollouts:   # a retried ask, a controller restarted mid-rollout, or a held rollout opened
+            r = self.rollouts[key]
+            if r.held and not hold:
+                self._emit("open", rollout_id=rollout_id, kind=kind)
+                return {"groups": len(self.queue[kind]), "new_groups": 0, "rollout_id": rollout_id, "kind": kind,
+                        "opened": True}
             return {"groups": len(self.queue[kind]), "rollout_id": rollout_id, "kind": kind, "existing": True}
+        if hold:
+            now = self.active["train"]
+            if now is not None and not self.rollouts[f"train:{now}"].done:
+                raise ValueError(f"rollout {rollout_id} cannot be made ahead while rollout {now} is not complete "
+                                 "(its queued groups would go to the new one)")
         if kind == "eval":
             if name not in self.eval_sets:
                 raise KeyError(f"no eval set named {name!r} (have: {', '.join(self.eval_sets) or 'none'})")
@@ -505,14 +535,15 @@ class BufferState:
                 raise RuntimeError("a training rollout needs training prompts; the job has no --prompt-data")
             target = self.settings.rollout_batch_size
         self._emit("start", rollout_id=rollout_id, kind=kind, target=target, name=name,
-                   weight_version=weight_version)
+                   weight_version=weight_version, **({"held": True} if hold else {}))
         if kind == "train":
             want = self.settings.over_sampling_batch_size - len(self.rollouts[key].completed) \
                 - len(self.queue["train"])
             made = self._new_groups("train", rollout_id, max(0, want))
         else:
             made = self._new_groups("eval", rollout_id, 0, name)
-        return {"groups": len(self.queue[kind]), "new_groups": made, "rollout_id": rollout_id, "kind": kind}
+        return {"groups": len(self.queue[kind]), "new_groups": made, "rollout_id": rollout_id, "kind": kind,
+                **({"held": True} if hold else {})}
 
     def _new_groups(self, kind: str, rollout_id: int, n: int, name: str = "") -> int:
         """`n` groups of the next training prompts, or a group per prompt of eval set `name`; how many."""
@@ -553,7 +584,7 @@ class BufferState:
         out: list[dict] = []
         for kind in ("eval", "train"):
             rid = self.active[kind]
-            if rid is None or self.rollouts[f"{kind}:{rid}"].done:
+            if rid is None or self.rollouts[f"{kind}:{rid}"].done or self.rollouts[f"{kind}:{rid}"].held:
                 continue
             if not self.queue[kind] and self._missing(kind):
                 self._new_groups(kind, rid, self._missing(kind))
@@ -929,10 +960,13 @@ class BufferState:
 
 
 def _rollout_record(r: Rollout) -> dict:
-    """A Rollout as plain data (`released` only when set: snapshots of runs that released nothing are as before)."""
+    """A Rollout as plain data (`released` and `held` only when set: snapshots of runs that released or held nothing
+    are as before)."""
     d = dict(vars(r))
     if d["released"] is None:
         del d["released"]
+    if not d["held"]:
+        del d["held"]
     return d
 
 
@@ -948,6 +982,7 @@ def _runs(indices: list[int]) -> list[list[int]]:
 
 
 _APPLY: dict[str, Callable[..., None]] = {
-    "start": BufferState._on_start, "new_group": BufferState._on_new_group, "lease": BufferState._on_lease,
+    "start": BufferState._on_start, "open": BufferState._on_open, "new_group": BufferState._on_new_group,
+    "lease": BufferState._on_lease,
     "submit": BufferState._on_submit, "requeue": BufferState._on_requeue, "trained": BufferState._on_trained,
     "hack": BufferState._on_hack}

@@ -575,12 +575,14 @@ class Status(TypedDict):
 
 class RolloutStarted(TypedDict):
     """buffer.start_rollout's reply: the rollout's groups (`new_groups` made now; `existing`: it was started
-    before)."""
+    before; `held`: made and held; `opened`: a held one opened)."""
     groups: int
     rollout_id: int
     kind: str
     new_groups: NotRequired[int]
     existing: NotRequired[bool]
+    held: NotRequired[bool]
+    opened: NotRequired[bool]
 
 
 class Accounting(TypedDict):
@@ -763,8 +765,9 @@ class ControllerMessages(Protocol):
 class BufferMessages(Protocol):
     @message(reply="{groups, rollout_id, kind}")
     def start_rollout(self, rollout_id: int, kind: str | None = None, weight_version: int | None = None,
-                      name: str | None = None) -> RolloutStarted:
-        """Prepare the prompt groups of a rollout (train) or an evaluation (eval)."""
+                      name: str | None = None, hold: bool | None = None) -> RolloutStarted:
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval). `hold` (train): made now, handed
+        out once started again without it (which opens it)."""
 
     @message(reply="{groups: [group]}")
     def get_work(self, worker: str, max_groups: int, wait: float | None = None) -> Work:

@@ -503,9 +503,10 @@ class BufferHandle(ActorHandle):
         return BufferTell(self)
 
     def start_rollout(self, rollout_id: int, *, kind: str | None = UNSET, weight_version: int | None = UNSET,
-                      name: str | None = UNSET, ask_timeout: float | None = None,
+                      name: str | None = UNSET, hold: bool | None = UNSET, ask_timeout: float | None = None,
                       idem: str | None = None) -> Awaitable[RolloutStarted]:
-        """Prepare the prompt groups of a rollout (train) or an evaluation (eval).
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval). `hold` (train): made now, handed out
+        once started again without it (which opens it).
 
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())
@@ -622,8 +623,9 @@ class BufferTell(ActorTell):
         return BufferTell(self.to, quiet=True)
 
     def start_rollout(self, rollout_id: int, *, kind: str | None = UNSET, weight_version: int | None = UNSET,
-                      name: str | None = UNSET) -> Awaitable[None]:
-        """Prepare the prompt groups of a rollout (train) or an evaluation (eval)."""
+                      name: str | None = UNSET, hold: bool | None = UNSET) -> Awaitable[None]:
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval). `hold` (train): made now, handed out
+        once started again without it (which opens it)."""
         return self._call("start_rollout", locals())
 
     def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET) -> Awaitable[None]:
@@ -705,9 +707,10 @@ class BufferGroup(Group[BufferHandle]):
         return BufferQuiet(self.members)
 
     def start_rollout(self, rollout_id: int, *, kind: str | None = UNSET, weight_version: int | None = UNSET,
-                      name: str | None = UNSET, ask_timeout: float | None = None,
+                      name: str | None = UNSET, hold: bool | None = UNSET, ask_timeout: float | None = None,
                       idem: str | None = None) -> Awaitable[list[RolloutStarted]]:
-        """Prepare the prompt groups of a rollout (train) or an evaluation (eval).
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval). `hold` (train): made now, handed out
+        once started again without it (which opens it).
 
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())
@@ -820,9 +823,10 @@ class BufferQuiet(Group[BufferHandle]):
     quiet = True
 
     def start_rollout(self, rollout_id: int, *, kind: str | None = UNSET, weight_version: int | None = UNSET,
-                      name: str | None = UNSET, ask_timeout: float | None = None,
+                      name: str | None = UNSET, hold: bool | None = UNSET, ask_timeout: float | None = None,
                       idem: str | None = None) -> Awaitable[list[RolloutStarted | None]]:
-        """Prepare the prompt groups of a rollout (train) or an evaluation (eval).
+        """Prepare the prompt groups of a rollout (train) or an evaluation (eval). `hold` (train): made now, handed out
+        once started again without it (which opens it).
 
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())

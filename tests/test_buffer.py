@@ -84,6 +84,31 @@ def test_a_get_work_waiting_when_its_worker_is_released_takes_nothing(loop_threa
     assert sorted(g["work_id"] for g in again) == sorted(g["work_id"] for g in held)
 
 
+def test_a_get_work_waiting_on_a_held_rollout_takes_its_groups_when_it_is_opened(loop_thread, run_dir, tmp_path,
+                                                                                  tiny):
+    """Rollout 1 made ahead (held) while rollout 0 trains: a worker's long poll takes none of it -- its engine may
+    not have the new weights yet -- and gets its groups as soon as the controller opens it, not after its wait."""
+    import asyncio
+    b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    for g in ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]:
+        assert ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g["work_id"],
+                                               "samples": finish(g)})["accepted"]
+    assert ask(loop_thread, w1, "start_rollout", {"rollout_id": 1, "weight_version": 1, "hold": True}) == \
+        {"groups": 4, "new_groups": 4, "rollout_id": 1, "kind": "train", "held": True}
+    assert ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10, "wait": 0.2}) == {"groups": []}
+    pending = asyncio.run_coroutine_threadsafe(w1.ask("buffer/0", "get_work", {"worker": "rollout/1",
+                                                                             "max_groups": 10, "wait": 60.0},
+                                                      timeout=120), loop_thread.loop)
+
+    async def waiting():
+        while not b._changed._waiters:
+            await asyncio.sleep(0.01)
+    loop_thread.call(waiting())
+    assert ask(loop_thread, w2, "start_rollout", {"rollout_id": 1, "weight_version": 1})["opened"]
+    assert [g["rollout_id"] for g in pending.result(30)["groups"]] == [1, 1, 1, 1]   # (long before its 60 s)
+
+
 def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path, tiny):
     args = make_args(tmp_path, tiny, "--over-sampling-batch-size", "5")
     b, w1, w2 = start(loop_thread, run_dir, args)

@@ -393,6 +393,80 @@ def test_start_rollout_refuses_bad_kinds_and_answers_a_repeat(tmp_path):
     assert nodata.fresh
 
 
+# ------------------------------------------------------------------------------------------------ made ahead
+def _ended(st: BufferState) -> None:
+    """Rollout 0 complete and ended: its over-sampled group, still leased, given back (what end_rollout does)."""
+    (left,) = complete_rollout(st, 0)
+    assert st.return_work(W1, left["work_id"])["requeued"]
+
+
+def test_a_rollout_made_ahead_holds_the_groups_a_start_then_would_make_until_it_is_opened(tmp_path):
+    """The controller makes rollout k+1 while the trainers train on k (`hold`) and opens it after the weight sync:
+    the groups, prompts, indices and the stats' clock are what a start after the sync gives; until it is opened
+    nothing of it is handed out (an evaluation meanwhile is)."""
+    ahead, after = make_state(tmp_path / "a"), make_state(tmp_path / "b")
+    _ended(ahead)
+    _ended(after)
+    assert ahead.start_rollout(1, weight_version=1, hold=True) == \
+        {"groups": 3, "new_groups": 2, "rollout_id": 1, "kind": "train", "held": True}
+    assert ahead.start_rollout(1, weight_version=1, hold=True)["existing"]   # (a repeat changes nothing)
+    assert ahead.take(W1, 10) == []
+    ahead.mark_trained(0)
+    after.mark_trained(0)
+    ahead.start_rollout(0, kind="eval", name="ev")
+    assert [g["kind"] for g in ahead.take(W2, 10)] == ["eval"] * 3           # held: none of the training groups
+    ahead.clock.t += 7
+    assert ahead.start_rollout(1, weight_version=1) == \
+        {"groups": 3, "new_groups": 0, "rollout_id": 1, "kind": "train", "opened": True}
+    assert after.start_rollout(1, weight_version=1)["new_groups"] == 2
+    assert ahead.start_rollout(1, weight_version=1)["existing"]
+    got, want = ahead.take(W1, 10), after.take(W1, 10)
+    # (the evaluation took group and sample numbers in between: the training groups are otherwise the same)
+    assert [[(s["prompt"], s["label"]) for s in g["samples"]] for g in got] == \
+        [[(s["prompt"], s["label"]) for s in g["samples"]] for g in want]
+    assert [g["work_id"] for g in got][:1] == ["train-2"] and [g["rollout_id"] for g in got] == [1, 1, 1]
+    assert ahead.rollouts["train:1"].started == ahead.clock.t and not ahead.rollouts["train:1"].held
+    assert ahead.dataset.state_dict() == after.dataset.state_dict()
+
+
+def test_a_rollout_is_made_ahead_only_after_the_one_before_is_complete_and_only_for_training(tmp_path):
+    st = make_state(tmp_path)
+    st.start_rollout(0)
+    before = copy.deepcopy(st.snapshot())
+    with pytest.raises(ValueError, match="cannot be made ahead while rollout 0 is not complete"):
+        st.start_rollout(1, hold=True)
+    with pytest.raises(ValueError, match="only a training rollout can be held"):
+        st.start_rollout(0, kind="eval", name="ev", hold=True)
+    assert st.snapshot() == before
+
+
+def test_a_held_rollout_is_held_after_a_restart_and_opens_as_before(tmp_path):
+    log: list = []
+    st = make_state(tmp_path / "a", log=log)
+    start = copy.deepcopy(st.snapshot())
+    _ended(st)
+    st.start_rollout(1, weight_version=1, hold=True)
+    snap = copy.deepcopy(st.snapshot())
+    assert snap["rollouts"]["train:1"]["held"] is True and "held" not in snap["rollouts"]["train:0"]
+    replayed, loaded = make_state(tmp_path / "b"), make_state(tmp_path / "c")
+    replayed.load(start)
+    replayed.replay(log)
+    loaded.load(snap)
+    for again in (replayed, loaded):
+        got = again.snapshot()
+        if again is replayed:   # (counted by the operations, not logged)
+            got["stats"] = snap["stats"]
+        assert got == snap
+        assert again.take(W2, 10) == []
+        assert again.start_rollout(1, weight_version=1)["opened"]
+        assert [g["work_id"] for g in again.take(W2, 10)] == ["train-2", "train-3", "train-4"]
+    st.start_rollout(1, weight_version=1)
+    assert [ev for ev, _t, _d in log][-1] == "open"
+    replayed.load(start)
+    replayed.replay(log)
+    assert not replayed.rollouts["train:1"].held
+
+
 # ------------------------------------------------------------------------------------------------ training
 def test_batches_are_whole_groups_in_group_order(tmp_path):
     st = make_state(tmp_path, rollout_batch_size=3)

@@ -65,13 +65,17 @@ def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
     return ctl
 
 
-def _step(k: int, v: int) -> list[tuple]:
+def _step(k: int, v: int, last: bool = False) -> list[tuple]:
+    # rollout k+1 made while the trainers train on k (once the engines ended k), held until step k+1 starts it
+    ahead = [] if last else [("buffer/0", "start_rollout", {"rollout_id": k + 1, "weight_version": v + 1,
+                                                            "hold": True})]
     return [("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": v}),
             ("rollout/0", "resume", {"weight_version": v}),
             ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0, "hack": False}),
             ("trainer/0", "train", {"rollout_id": k}), ("trainer/1", "train", {"rollout_id": k}),
             ("buffer/0", "hack_report", {"rollout_id": k}),   # (answered while the trainers train)
             ("rollout/0", "end_rollout", {"rollout_id": k}),
+            *ahead,
             ("buffer/0", "mark_trained", {"rollout_id": k})] + [
             (f"trainer/{r}", "sync_weights", {"weight_version": v + 1, "workers": ["rollout/0"], "rebuild": False})
             for r in (0, 1)]
@@ -93,7 +97,7 @@ def test_without_save_the_rolling_checkpoint_is_saved_after_the_last_step(tmp_pa
 def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):
     ctl = _controller(tmp_path)
     asyncio.run(loop.train_sync(ctl, 0))
-    assert ctl.sent == _step(0, 0) + _step(1, 1) + _step(2, 2)
+    assert ctl.sent == _step(0, 0) + _step(1, 1) + _step(2, 2, last=True)
     assert ctl.version == 3 and [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2]
     row = ctl.metrics.history[0]
     assert row["rollout/reward_mean"] == 0.25 and row["train/loss"] == 0.5 and row["weight_sync/bytes"] == 10
@@ -101,9 +105,10 @@ def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):
 
 
 def test_a_step_overlaps_the_asks_that_do_not_wait_on_each_other(tmp_path):
-    """The buffer makes a rollout's groups while the engines resume; the engines end the rollout while the trainers
-    train; the buffer frees the rollout during the weight sync. Each of these replies here only once the other
-    message of its pair went out: a schedule that awaited them one after the other would never finish."""
+    """The buffer opens a rollout (or makes its groups) while the engines resume; the engines end the rollout while
+    the trainers train, and the buffer makes the next rollout's groups (held) then too; the buffer frees the rollout
+    during the weight sync. Each of these replies here only once the other message of its pair went out: a schedule
+    that awaited them one after the other would never finish."""
     ctl = _controller(tmp_path)
     pairs = {"start_rollout": "resume", "end_rollout": "train", "mark_trained": "sync_weights"}
     ask, tell = ctl.ask, ctl.tell
@@ -113,10 +118,14 @@ def test_a_step_overlaps_the_asks_that_do_not_wait_on_each_other(tmp_path):
         return seen.setdefault(method, asyncio.Event())
 
     async def paired_ask(to, method, body=None, *, timeout=None):
-        event(method).set()
-        if method in pairs:
-            await event(pairs[method]).wait()
-            event(pairs[method]).clear()
+        held = bool((body or {}).get("hold"))
+        event(method + "/hold" * held).set()
+        # a trainer (rank 1, the last asked) answers only once rollout k+1 is being made (not after the last one)
+        other = "start_rollout/hold" if method == "train" and to == "trainer/1" and body["rollout_id"] < 2 else \
+            None if held else pairs.get(method)
+        if other:
+            await event(other).wait()
+            event(other).clear()
         return await ask(to, method, body, timeout=timeout)
 
     async def paired_tell(to, method, body=None):
@@ -210,6 +219,20 @@ def test_an_evaluation_reports_pass_at_k_per_set(tmp_path):
     out = asyncio.run(ctl.evaluations.run(0))
     assert out == {"digits": 0.25, "digits-pass@1": 0.25, "digits-pass@4": 0.5}
 
+
+
+def test_no_rollout_is_made_ahead_of_an_evaluation(tmp_path):
+    """An evaluation after step k starts (and numbers its groups) before rollout k+1 is made, as it always did: the
+    samples' numbers -- and with them their sampling seeds -- are those of a run that makes nothing ahead."""
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text('{"input": "1+1", "label": "2"}\n')
+    ctl = _controller(tmp_path, "--eval-prompt-data", "digits", str(prompts), "--eval-interval", "2",
+                      "--num-rollout", "4")
+    asyncio.run(loop.train_sync(ctl, 0))
+    starts = [(b["rollout_id"], b.get("kind", "train"), bool(b.get("hold"))) for _to, m, b in ctl.sent
+              if m == "start_rollout"]
+    assert starts == [(0, "train", False), (1, "train", True), (1, "train", False), (2000, "eval", False),
+                      (2, "train", False), (3, "train", True), (3, "train", False), (4001, "eval", False)], starts
 
 
 def _holding(ctl, held=("hack_report", "dump_rollout")):

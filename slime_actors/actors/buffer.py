@@ -242,10 +242,10 @@ class Buffer(Actor):
     # ------------------------------------------------------------------------------------------ handlers
     @handler
     async def start_rollout(self, rollout_id: int, kind: str = "train", weight_version: int = 0,
-                            name: str = "") -> dict:
-        reply = self.state.start_rollout(rollout_id, kind, weight_version, name)
-        if reply.get("existing"):
-            return reply
+                            name: str = "", hold: bool | None = None) -> dict:
+        reply = self.state.start_rollout(rollout_id, kind, weight_version, name, hold=bool(hold))
+        if reply.get("existing") or reply.get("held"):
+            return reply   # (nothing to hand out: no one to wake)
         for key in [k for k, r in self.state.rollouts.items() if r.released is not None]:
             self._rollout_events.pop(key, None)   # evaluations released by this start (one event per eval, kept)
         self._notify()

@@ -89,7 +89,11 @@ async def train_sync(ctl: Ctl, start: int) -> None:
                 # what is still generating goes back to the buffer while the trainers fetch their shards (the shards
                 # are the rollout's first complete groups: a group handed back is not among them)
                 ending = None if debug_cfg.load_debug_rollout_data else await alongside(ctl.engines.end_rollout(k))
-                await train(ctl, k, step, reports, ending, training)
+                # rollout k+1's groups are made meanwhile, held until the step after the weight sync starts it (not
+                # when an evaluation comes first: its groups are numbered first, as they always were)
+                ahead = None if ending is None or k + 1 >= ctl.cfg.run.n_rollouts or ctl.evaluations.due(k) else \
+                    await alongside(make_ahead(ctl, k + 1, ending))
+                await train(ctl, k, step, reports, ending, training, ahead)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
@@ -130,13 +134,22 @@ async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutS
     t0 = time.monotonic()
     if not overlapped:
         ctl.phase = "rollout"
-    # the engines resume (/continue_generation) while the buffer makes the rollout's groups: a worker's get_work
-    # waits for them
+    # the engines resume (/continue_generation) while the buffer makes the rollout's groups -- or opens them, made
+    # while the trainers trained on rollout k-1 (`make_ahead`) --: a worker's get_work waits for them
     await asyncio.gather(ctl.buffer.start_rollout(k, weight_version=ctl.version), ctl.engines.resume())
     stats = await ctl.buffer.wait_rollout(k, timeout=86400.0, hack=False, ask_timeout=86500)  # (the report: reports)
     if not stats.complete:
         raise RuntimeError(f"rollout {k} did not complete: {stats.wire}")
     return stats, time.monotonic() - t0
+
+
+async def make_ahead(ctl: Ctl, k: int, ending: asyncio.Future) -> None:
+    """Rollout k's groups made while the trainers train on rollout k-1 -- once the engines gave k-1's unfinished
+    groups back (`ending`), so they are among them as when k starts after the weight sync -- and held by the buffer:
+    none is handed out until `generate` starts rollout k, after the weight sync. The step's first requests then wait
+    for one turn of the buffer instead of its making and logging every group (docs/performance.md)."""
+    await ending
+    await ctl.buffer.start_rollout(k, weight_version=ctl.version + 1, hold=True)
 
 
 async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> asyncio.Future:
@@ -194,18 +207,20 @@ async def start_training(ctl: Ctl, k: int) -> tuple[asyncio.Future, float]:
 
 
 async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, ending: asyncio.Future | None = None,
-                training: tuple[asyncio.Future, float] | None = None) -> None:
+                training: tuple[asyncio.Future, float] | None = None, ahead: asyncio.Future | None = None) -> None:
     """Every trainer rank trains on its shard of rollout k (`training`: asked already, `start_training`); its
     reports come in; the buffer frees it (during the weight sync); the engines get weights v+1 once `ending` (the
-    engines ending rollout k) is done."""
+    engines ending rollout k) and `ahead` (rollout k+1 made, held: `make_ahead`) are done."""
     asked, t0 = training if training is not None else await start_training(ctl, k)
-    with cancelled_on_error(ending):
+    with cancelled_on_error(ending), cancelled_on_error(ahead):
         with ctl.startup.phase(f"train {k}"):
             results = await asked
         seconds = time.monotonic() - t0
         await reports_in(ctl, k, step, reports)      # (the row's hack/* columns come before time/train, as ever)
         if ending is not None:
             await ending
+        if ahead is not None:
+            await ahead
     step["time/train"] = seconds
     step.update({f"train/{key}": v for key, v in results[0].items()})
     marked = await alongside(ctl.buffer.mark_trained(k))   # (it reaches the buffer whatever happens)
