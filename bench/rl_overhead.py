@@ -104,6 +104,8 @@ def controller_gaps(run_dir: Path) -> list[dict]:
         body = m.send.body() if m.method in ("wait_rollout", "train", "sync_weights", "start_rollout") else None
         if not isinstance(body, dict) or body.get("kind", "train") != "train":
             continue
+        if m.method == "start_rollout" and body.get("hold"):   # (rollout k+1 made ahead: the step starts at its open)
+            continue
         if m.method == "train" and m.header.get("to") not in (None, "trainer/0"):
             continue
         if m.method == "sync_weights" and m.header.get("to") not in (None, "trainer/0"):

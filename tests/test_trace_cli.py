@@ -73,6 +73,10 @@ def test_summary_of_one_step(cli):
     run = TraceRun(SMALL)
     st = steps(run)
     assert sorted(st) == [0, 1, 2] and all(s.start_ns < s.end_ns for s in st.values())
+    # (rollouts 1 and 2 were made ahead, held, while the step before trained: their steps start when they open)
+    held = sorted(m.send.body()["rollout_id"] for m in run.messages().values() if m.method == "start_rollout"
+                  and m.send is not None and m.send.body().get("hold"))
+    assert held == [1, 2]
     assert st[0].end_ns <= st[1].start_ns <= st[1].end_ns <= st[2].start_ns
     rc, out, _ = cli("trace", "summary", SMALL, "--step", "1")
     assert rc == 0 and "step 1:" in out.splitlines()[0]

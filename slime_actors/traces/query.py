@@ -62,8 +62,8 @@ class Step:
 def steps(run: TraceRun) -> dict[int, Step]:
     """Training steps as the controller ran them.
 
-    Step K starts when the controller asks the buffer for rollout K (start_rollout of kind train, or load_rollout
-    with --load-debug-rollout-data) and ends when step K+1 starts or when K's mark_trained and the weight sync sent
+    Step K starts when the controller asks the buffer for rollout K (start_rollout of kind train -- not the one that
+    makes its groups ahead, held, while step K-1 trains --, or load_rollout with --load-debug-rollout-data) and ends when step K+1 starts or when K's mark_trained and the weight sync sent
     with it are answered, whichever is later (with --async-train rollout K+1 starts while K trains)."""
     ctl = [f for f in run.files if f.meta.get("role") == "controller" or f.meta.get("actor", "").startswith(
         "controller/")]
@@ -86,7 +86,7 @@ def steps(run: TraceRun) -> dict[int, Step]:
                 k = body["rollout_id"]
                 if m == "mark_trained":
                     marks.setdefault(k, msgs.get(e.id))
-                elif m == "load_rollout" or body.get("kind", "train") == "train":
+                elif m == "load_rollout" or (body.get("kind", "train") == "train" and not body.get("hold")):
                     starts.setdefault(k, e.t_ns)
             elif m == "sync_weights":
                 mm = msgs.get(e.id)
