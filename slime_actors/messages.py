@@ -380,13 +380,15 @@ class WorkGroup:
 
 @dataclass(frozen=True)
 class Work:
-    """buffer.get_work's reply: the groups leased to the worker (none when nothing came within `wait`)."""
+    """buffer.get_work's reply: the groups leased to the worker (none when nothing came within `wait`); asked
+    `ahead`, the weight version their rollout is generated at (None: no rollout is held)."""
     groups: list[WorkGroup]
+    weight_version: int | None = None
 
     @classmethod
     def from_wire(cls, reply: Any) -> Work:
         _needs("buffer.get_work", reply, ("groups",))
-        return cls([WorkGroup.from_wire(g) for g in reply["groups"]])
+        return cls([WorkGroup.from_wire(g) for g in reply["groups"]], reply.get("weight_version"))
 
 
 @dataclass(frozen=True)
@@ -770,8 +772,9 @@ class BufferMessages(Protocol):
         out once started again without it (which opens it)."""
 
     @message(reply="{groups: [group]}")
-    def get_work(self, worker: str, max_groups: int, wait: float | None = None) -> Work:
-        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some."""
+    def get_work(self, worker: str, max_groups: int, wait: float | None = None, ahead: bool | None = None) -> Work:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some. `ahead`: groups of the
+        rollout made ahead (held), at once, with the weight version the worker starts them at."""
 
     @message(reply="{accepted, reason?, outcome?}")
     def submit(self, worker: str, work_id: str, samples: list[SampleMap]) -> Submitted:
@@ -836,6 +839,10 @@ class BufferMessages(Protocol):
 class RolloutMessages(Protocol):
     def resume(self, weight_version: int) -> None:
         """Start (or continue) pulling work at `weight_version`."""
+
+    def take_ahead(self, rollout_id: int) -> None:
+        """Rollout `rollout_id` was made ahead (held) while the trainers train: lease some of its groups now and start
+        them at the first resume whose weights are theirs."""
 
     @message(reply="{in_flight, mode}")
     def pause(self, abort: bool | None = None) -> Paused:

@@ -511,9 +511,10 @@ class BufferHandle(ActorHandle):
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())
 
-    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ask_timeout: float | None = None,
-                 idem: str | None = None) -> Awaitable[Work]:
-        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.
+    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ahead: bool | None = UNSET,
+                 ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[Work]:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some. `ahead`: groups of the
+        rollout made ahead (held), at once, with the weight version the worker starts them at.
 
         Reply: {groups: [group]}."""
         return self._call("get_work", locals())
@@ -628,8 +629,10 @@ class BufferTell(ActorTell):
         once started again without it (which opens it)."""
         return self._call("start_rollout", locals())
 
-    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET) -> Awaitable[None]:
-        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some."""
+    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET,
+                 ahead: bool | None = UNSET) -> Awaitable[None]:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some. `ahead`: groups of the
+        rollout made ahead (held), at once, with the weight version the worker starts them at."""
         return self._call("get_work", locals())
 
     def submit(self, worker: str, work_id: str, samples: list[SampleMap]) -> Awaitable[None]:
@@ -715,9 +718,10 @@ class BufferGroup(Group[BufferHandle]):
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())
 
-    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ask_timeout: float | None = None,
-                 idem: str | None = None) -> Awaitable[list[Work]]:
-        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.
+    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ahead: bool | None = UNSET,
+                 ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[Work]]:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some. `ahead`: groups of the
+        rollout made ahead (held), at once, with the weight version the worker starts them at.
 
         Reply: {groups: [group]}."""
         return self._call("get_work", locals())
@@ -831,9 +835,10 @@ class BufferQuiet(Group[BufferHandle]):
         Reply: {groups, rollout_id, kind}."""
         return self._call("start_rollout", locals())
 
-    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ask_timeout: float | None = None,
-                 idem: str | None = None) -> Awaitable[list[Work | None]]:
-        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some.
+    def get_work(self, worker: str, max_groups: int, *, wait: float | None = UNSET, ahead: bool | None = UNSET,
+                 ask_timeout: float | None = None, idem: str | None = None) -> Awaitable[list[Work | None]]:
+        """A rollout worker pulls up to `max_groups` groups; waits up to `wait` s for some. `ahead`: groups of the
+        rollout made ahead (held), at once, with the weight version the worker starts them at.
 
         Reply: {groups: [group]}."""
         return self._call("get_work", locals())
@@ -948,6 +953,12 @@ class RolloutHandle(ActorHandle):
         """Start (or continue) pulling work at `weight_version`."""
         return self._call("resume", locals())
 
+    def take_ahead(self, rollout_id: int, *, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[None]:
+        """Rollout `rollout_id` was made ahead (held) while the trainers train: lease some of its groups now and start
+        them at the first resume whose weights are theirs."""
+        return self._call("take_ahead", locals())
+
     def pause(self, *, abort: bool | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[Paused]:
         """Stop pulling new work and pause the engine (/pause_generation, --pause-generation-mode; abort=true: mode
@@ -1048,6 +1059,11 @@ class RolloutTell(ActorTell):
         """Start (or continue) pulling work at `weight_version`."""
         return self._call("resume", locals())
 
+    def take_ahead(self, rollout_id: int) -> Awaitable[None]:
+        """Rollout `rollout_id` was made ahead (held) while the trainers train: lease some of its groups now and start
+        them at the first resume whose weights are theirs."""
+        return self._call("take_ahead", locals())
+
     def pause(self, *, abort: bool | None = UNSET) -> Awaitable[None]:
         """Stop pulling new work and pause the engine (/pause_generation, --pause-generation-mode; abort=true: mode
         abort)."""
@@ -1121,6 +1137,12 @@ class RolloutGroup(Group[RolloutHandle]):
                idem: str | None = None) -> Awaitable[list[None]]:
         """Start (or continue) pulling work at `weight_version`."""
         return self._call("resume", locals())
+
+    def take_ahead(self, rollout_id: int, *, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[list[None]]:
+        """Rollout `rollout_id` was made ahead (held) while the trainers train: lease some of its groups now and start
+        them at the first resume whose weights are theirs."""
+        return self._call("take_ahead", locals())
 
     def pause(self, *, abort: bool | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[list[Paused]]:
@@ -1219,6 +1241,12 @@ class RolloutQuiet(Group[RolloutHandle]):
                idem: str | None = None) -> Awaitable[list[None | None]]:
         """Start (or continue) pulling work at `weight_version`."""
         return self._call("resume", locals())
+
+    def take_ahead(self, rollout_id: int, *, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[list[None | None]]:
+        """Rollout `rollout_id` was made ahead (held) while the trainers train: lease some of its groups now and start
+        them at the first resume whose weights are theirs."""
+        return self._call("take_ahead", locals())
 
     def pause(self, *, abort: bool | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[list[Paused | None]]:

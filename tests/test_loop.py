@@ -68,7 +68,8 @@ def _controller(tmp_path, *flags, stats=_stats, base=FLAGS) -> Controller:
 def _step(k: int, v: int, last: bool = False) -> list[tuple]:
     # rollout k+1 made while the trainers train on k (once the engines ended k), held until step k+1 starts it
     ahead = [] if last else [("buffer/0", "start_rollout", {"rollout_id": k + 1, "weight_version": v + 1,
-                                                            "hold": True})]
+                                                            "hold": True}),
+                             ("rollout/0", "take_ahead", {"rollout_id": k + 1})]   # (its share leased now)
     return [("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": v}),
             ("rollout/0", "resume", {"weight_version": v}),
             ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0, "hack": False}),

@@ -254,7 +254,10 @@ class Buffer(Actor):
         return reply
 
     @handler
-    async def get_work(self, worker: str, max_groups: int, wait: float = 0.0) -> dict:
+    async def get_work(self, worker: str, max_groups: int, wait: float = 0.0, ahead: bool | None = None) -> dict:
+        if ahead:   # the held rollout's groups, which the worker starts once its engine has their weights
+            groups, version = self.state.take_ahead(worker, max_groups)
+            return {"groups": groups, "weight_version": version}
         clock = self.monotonic  # recorded clock readings: replay takes the same turns
         deadline = clock() + wait
         releases = self._releases.get(worker, 0)

@@ -39,6 +39,7 @@ REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward 
 RELEASE_RETRY = RetryPolicy(attempts=5, base=0.5, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
 SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
 RETURN_RETRY = RetryPolicy(attempts=10, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+AHEAD_RETRY = RetryPolicy(attempts=3, base=0.2, factor=2.0, max_delay=1.0, retry_on=(MailboxError,))
 
 
 def submit_key(work_id: str, lease: int, first: Sample) -> str:
@@ -62,6 +63,9 @@ class RolloutWorker(EngineSupervisor, Actor):
         self.generation = Generation(self)
         self.retriever: RetrieverLink | None = None  # (actors/rollout_retrieval.py) when the job has a retriever
         self._inflight: dict[str, asyncio.Task] = {}
+        # groups of a rollout made ahead, leased while the trainers train (take_ahead), and the weight version each
+        # waits for: started at the first resume whose engine holds it
+        self._ahead: dict[str, tuple[WorkGroup, int | None]] = {}
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
@@ -168,8 +172,49 @@ class RolloutWorker(EngineSupervisor, Actor):
                     self.spawn(self._return(group.work_id, None, "engine restarted"), name="return")
                 continue
             for group in work.groups:
-                task = self.spawn(self._process_group(group), name=f"group:{group.work_id}")
-                self._inflight[group.work_id] = task
+                self._start_group(group)
+            # (the groups start -- each counts its samples as generating -- before this loop asks for more)
+            await asyncio.sleep(0)
+
+    def _start_group(self, group: WorkGroup) -> None:
+        self._inflight[group.work_id] = self.spawn(self._process_group(group), name=f"group:{group.work_id}")
+
+    @handler
+    async def take_ahead(self, rollout_id: int) -> None:
+        """Rollout `rollout_id` was made ahead (the buffer holds it while the trainers train on the one before): take
+        as many of its groups as this worker generates at once, and start them at the first resume whose engine
+        holds their weights -- the step's first requests then go out when the resume arrives, not after a get_work
+        and its groups' decoding. Groups it cannot take now are pulled when the rollout opens, as ever."""
+        free = (self._capacity - self._generating) // max(1, self.cfg.rollout.n_samples_per_prompt) - len(self._ahead)
+        if free < 1 or not self._engine_ok.is_set():
+            return
+        restarts = self.engine_restarts
+        pid = self.recorded("pid", os.getpid)
+        try:
+            # (an idempotency key: a retry after a lost reply gets the same groups, not a second lease)
+            work = await retry(lambda: self.buffer.get_work(self.name, free, ahead=True, ask_timeout=10,
+                                                            idem=f"take_ahead:{pid}:{rollout_id}"),
+                               AHEAD_RETRY, what="get_work (ahead)", log=self.log, clock=self.monotonic)
+        except MailboxError as exc:   # (leased and never seen: re-issued when the worker's lease is released)
+            self.log.warning("could not take groups ahead; they are pulled when the rollout opens", error=str(exc))
+            return
+        if restarts != self.engine_restarts or not self._engine_ok.is_set():
+            for group in work.groups:   # the engine restarted meanwhile: its release re-issued them
+                self.spawn(self._return(group.work_id, None, "engine restarted"), name="return")
+            return
+        for group in work.groups:
+            self._ahead[group.work_id] = (group, work.weight_version)
+        self._on_resumed()
+
+    def _on_resumed(self) -> None:
+        """Resumed (or groups taken ahead while resumed): the groups taken ahead whose weights the engine holds
+        start now."""
+        if not self._resumed.is_set():
+            return
+        for wid, (group, version) in list(self._ahead.items()):
+            if version is None or version <= self.weight_version:
+                del self._ahead[wid]
+                self._start_group(group)
 
     async def _process_group(self, group: WorkGroup) -> None:
         wid = group.work_id
@@ -293,8 +338,13 @@ class RolloutWorker(EngineSupervisor, Actor):
 
     @handler
     async def end_rollout(self, rollout_id: int) -> dict:
-        """Stop pulling, abort generation in flight, wait until those groups went back to the buffer."""
+        """Stop pulling, abort generation in flight, wait until those groups went back to the buffer (with the groups
+        taken ahead and not started: the next rollout's, given back too -- a rollout made ahead is ended only when a
+        step fails and is done again)."""
         self._resumed.clear()
+        for wid in list(self._ahead):
+            del self._ahead[wid]
+            await self._return(wid, None, "rollout ended")
         n = len(self._inflight)
         if n:
             await self.engine_client.abort_request(abort_all=True)
@@ -306,8 +356,9 @@ class RolloutWorker(EngineSupervisor, Actor):
 
     @handler
     def held_groups(self) -> list:
-        """Work ids this worker holds (generating, scoring or handing in): the buffer reconciles after a restart."""
-        return sorted(self._inflight)
+        """Work ids this worker holds (generating, scoring or handing in; taken ahead): the buffer reconciles after a
+        restart."""
+        return sorted([*self._inflight, *self._ahead])
 
 
 def _timed(name: str, fn, *args):

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends.engine_auth import EngineKeys
 from ..environments.episode import int_version
@@ -40,6 +40,7 @@ class EngineSupervisor(EngineWeights):
     # the worker's (actors/rollout.py), used here
     buffer: BufferHandle
     controller: ControllerHandle
+    _ahead: dict[str, Any]
 
     def _init_engine_state(self) -> None:
         self.weight_version = -1          # version the engine holds; -1 until the controller says
@@ -374,6 +375,7 @@ class EngineSupervisor(EngineWeights):
             # in-flight work cannot finish on this engine: hand it back so the buffer re-issues it
             for t in list(self._inflight.values()):
                 t.cancel()
+            self._ahead.clear()   # (groups taken ahead, not started: released with the rest)
             await asyncio.sleep(0)
             try:
                 await self.buffer.release_worker(self.name, reason=reason, ask_timeout=30)

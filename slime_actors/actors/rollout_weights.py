@@ -53,6 +53,10 @@ class EngineWeights(Actor):
                 self.log.info("engine continued", paused_mode=self._engine_paused)
             self._engine_paused = None
             self._resumed.set()
+            self._on_resumed()
+
+    def _on_resumed(self) -> None:
+        """Resumed: what waited for it starts (the rollout worker: groups taken ahead)."""
 
     @handler
     async def pause(self, abort: bool = False) -> dict:

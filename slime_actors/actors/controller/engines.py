@@ -38,6 +38,13 @@ class Engines:
             if self.versions.get(worker.name) == self.ctl.version:
                 await worker.tell.resume(weight_version=self.ctl.version)
 
+    async def take_ahead(self, k: int) -> None:
+        """Rollout k was made ahead (held): each engine serving now takes some of its groups, to start them when it
+        is resumed at their weights (a (re)started one pulls them once the rollout opens)."""
+        for worker in self.workers.members:
+            if self.versions.get(worker.name) == self.ctl.version:   # (the engines the weight sync goes to)
+                await worker.tell.take_ahead(k)
+
     async def pause(self) -> None:
         await self.workers.quietly.pause(ask_timeout=60)
 

@@ -146,10 +146,14 @@ async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutS
 async def make_ahead(ctl: Ctl, k: int, ending: asyncio.Future) -> None:
     """Rollout k's groups made while the trainers train on rollout k-1 -- once the engines gave k-1's unfinished
     groups back (`ending`), so they are among them as when k starts after the weight sync -- and held by the buffer:
-    none is handed out until `generate` starts rollout k, after the weight sync. The step's first requests then wait
-    for one turn of the buffer instead of its making and logging every group (docs/performance.md)."""
+    none is handed out until `generate` starts rollout k, after the weight sync, but to the rollout workers, which
+    take their share now and start it when they are resumed at the new weights. The step's first requests then go
+    out when the resume arrives, instead of after the buffer made and logged every group and a worker pulled and
+    decoded them (docs/performance.md)."""
     await ending
     await ctl.buffer.start_rollout(k, weight_version=ctl.version + 1, hold=True)
+    # the workers lease its groups now, and start them at their resume after the weight sync
+    await ctl.engines.take_ahead(k)
 
 
 async def rollout_done(ctl: Ctl, k: int, step: dict, stats: RolloutStats, seconds: float) -> asyncio.Future:
