@@ -95,6 +95,24 @@ def test_a_rollout_ended_before_its_groups_started_gets_them_back():
     asyncio.run(go())
 
 
+def test_groups_whose_lease_comes_back_after_the_rollout_was_ended_are_given_back():
+    """A step failed while the worker's take_ahead was out: the controller ended the rollout (and rolls the buffer
+    back); the groups leased by that ask are not kept to start later."""
+    async def go():
+        buf = Buffer([group(0), group(1)], version=4)
+        w, started, returned = worker(buf)
+        ask = buf.get_work
+
+        async def ended_meanwhile(*a, **kw):
+            await w.end_rollout(rollout_id=0)
+            return await ask(*a, **kw)
+        buf.get_work = ended_meanwhile
+        await w.take_ahead(rollout_id=1)
+        await asyncio.sleep(0.01)   # (the returns are tasks)
+        assert sorted(returned) == ["train-0", "train-1"] and w._ahead == {}
+    asyncio.run(go())
+
+
 def test_a_worker_that_cannot_take_ahead_pulls_when_the_rollout_opens():
     async def go():
         buf = Buffer([group(0)], version=4, fail=True)

@@ -66,6 +66,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         # groups of a rollout made ahead, leased while the trainers train (take_ahead), and the weight version each
         # waits for: started at the first resume whose engine holds it
         self._ahead: dict[str, tuple[WorkGroup, int | None]] = {}
+        self._rollouts_ended = 0          # end_rollout calls: a take_ahead answered after one gives its groups back
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
@@ -188,7 +189,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         free = (self._capacity - self._generating) // max(1, self.cfg.rollout.n_samples_per_prompt) - len(self._ahead)
         if free < 1 or not self._engine_ok.is_set():
             return
-        restarts = self.engine_restarts
+        restarts, ended = self.engine_restarts, self._rollouts_ended
         pid = self.recorded("pid", os.getpid)
         try:
             # (an idempotency key: a retry after a lost reply gets the same groups, not a second lease)
@@ -198,9 +199,11 @@ class RolloutWorker(EngineSupervisor, Actor):
         except MailboxError as exc:   # (leased and never seen: re-issued when the worker's lease is released)
             self.log.warning("could not take groups ahead; they are pulled when the rollout opens", error=str(exc))
             return
-        if restarts != self.engine_restarts or not self._engine_ok.is_set():
-            for group in work.groups:   # the engine restarted meanwhile: its release re-issued them
-                self.spawn(self._return(group.work_id, None, "engine restarted"), name="return")
+        if restarts != self.engine_restarts or not self._engine_ok.is_set() or ended != self._rollouts_ended:
+            # the engine restarted meanwhile (its release re-issued them), or a rollout was ended (a step failed:
+            # what this worker held went back, and the buffer may be rolled back): not kept
+            for group in work.groups:
+                self.spawn(self._return(group.work_id, None, "taken ahead, then ended"), name="return")
             return
         for group in work.groups:
             self._ahead[group.work_id] = (group, work.weight_version)
@@ -342,6 +345,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         taken ahead and not started: the next rollout's, given back too -- a rollout made ahead is ended only when a
         step fails and is done again)."""
         self._resumed.clear()
+        self._rollouts_ended += 1
         for wid in list(self._ahead):
             del self._ahead[wid]
             await self._return(wid, None, "rollout ended")
