@@ -109,6 +109,35 @@ def test_a_get_work_waiting_on_a_held_rollout_takes_its_groups_when_it_is_opened
     assert [g["rollout_id"] for g in pending.result(30)["groups"]] == [1, 1, 1, 1]   # (long before its 60 s)
 
 
+def test_a_complete_rollouts_shards_are_made_once_it_is_reported_and_are_what_get_batch_makes(loop_thread, run_dir,
+                                                                                              tmp_path, tiny):
+    """Once wait_rollout has reported a complete training rollout, the buffer makes the trainer ranks' shards (as
+    they last asked: world size, packed) while the controller's train and the ranks' get_batch travel; get_batch
+    answers with them -- the same shard it would make then -- and nothing is kept once the rollout is trained."""
+    b, w1, _ = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+
+    def complete(k):
+        ask(loop_thread, w1, "start_rollout", {"rollout_id": k})
+        for g in ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]:
+            ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": finish(g)})
+        assert ask(loop_thread, w1, "wait_rollout", {"rollout_id": k, "hack": False})["complete"]
+    complete(0)
+    assert b._batches == {}   # (no rank asked yet: the shape is not known)
+    for rank in (0, 1):
+        ask(loop_thread, w1, "get_batch", {"rollout_id": 0, "rank": rank, "world_size": 2, "packed": True})
+    ask(loop_thread, w1, "mark_trained", {"rollout_id": 0})
+    complete(1)
+    assert sorted(b._batches) == [(1, 0, 2, True), (1, 1, 2, True)]
+    fresh = [b.state.batch(1, rank, 2, packed=True) for rank in (0, 1)]
+    got = [ask(loop_thread, w1, "get_batch", {"rollout_id": 1, "rank": rank, "world_size": 2, "packed": True})
+           for rank in (0, 1)]
+    assert got == fresh and b._batches == {}
+    complete(2)
+    assert len(b._batches) == 2
+    ask(loop_thread, w1, "mark_trained", {"rollout_id": 2})
+    assert b._batches == {}
+
+
 def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path, tiny):
     args = make_args(tmp_path, tiny, "--over-sampling-batch-size", "5")
     b, w1, w2 = start(loop_thread, run_dir, args)

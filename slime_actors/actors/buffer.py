@@ -81,6 +81,10 @@ class Buffer(Actor):
         self._served: dict[int, set[int]] = {}
         self._batch_out: dict[int, asyncio.Event] = {}
         self._complete_at_start: set[int] = set()   # complete when this process started (a restart): not waited for
+        # trainer shards made before they were asked for (`_make_batches`), by (rollout, rank, world size, packed),
+        # and the (world size, packed) the ranks last asked with
+        self._batches: dict[tuple[int, int, int, bool], dict] = {}
+        self._batch_shape: tuple[int, bool] | None = None
         # rollbacks run one at a time; a repeat of one still running (its token) waits for that one's reply
         self._rollback_lock = asyncio.Lock()
         self._rollbacks_running: dict[str, asyncio.Future[dict]] = {}
@@ -330,11 +334,37 @@ class Buffer(Actor):
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
             if not hack:   # (hack_report waits for it; it starts once the trainers have their shards)
                 self.spawn(self._observe_hack(r, after_batch=True), name="hack-monitor")
+                self._make_batches(r)
                 return stats
             report = await self._observe_hack(r)
             if report is not None:
                 stats["hack"] = report
+        if r.kind == "train" and r.done:
+            self._make_batches(r)
         return stats
+
+    def _make_batches(self, r: Rollout) -> None:
+        """Complete training rollout `r` was just reported to the controller: its trainer shards are made now -- by
+        a task that runs once this reply is sent -- while that reply, the controller's `train` and each rank's
+        `get_batch` travel, and `get_batch` answers with them. As the ranks asked last time (no guess before a
+        first `get_batch`); never with --debug-rollout-only (no trainer asks)."""
+        shape = self._batch_shape
+        if shape is None or r.trained or self.cfg.debug.debug_rollout_only:
+            return
+        world_size, packed = shape
+
+        async def make() -> None:
+            for rank in range(world_size):
+                key = (r.rollout_id, rank, world_size, packed)
+                if key in self._batches or rank in self._served.get(r.rollout_id, ()) or r.trained or \
+                        self.state.rollouts.get(f"train:{r.rollout_id}") is not r:
+                    continue   # (made, or taken already; trained, or rolled back meanwhile)
+                try:
+                    self._batches[key] = self.state.batch(r.rollout_id, rank, world_size, packed=packed)
+                except Exception:   # (get_batch makes it when asked, and reports what is wrong)
+                    return
+                await asyncio.sleep(0)   # (a rank's get_batch that arrived meanwhile is answered first)
+        self.spawn(make(), name="batches")
 
     @handler
     async def hack_report(self, rollout_id: int) -> dict | None:
@@ -375,6 +405,8 @@ class Buffer(Actor):
 
     def _rollout_done_with(self, rollout_id: int) -> None:
         """Rollout `rollout_id` is trained or rolled back: what waits for its shards goes ahead, and is forgotten."""
+        for key in [key for key in self._batches if key[0] == rollout_id]:
+            del self._batches[key]
         self._served.pop(rollout_id, None)
         ev = self._batch_out.pop(rollout_id, None)
         if ev is not None:
@@ -412,7 +444,9 @@ class Buffer(Actor):
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None) -> dict:
-        batch = self.state.batch(rollout_id, rank, world_size, packed=bool(packed))
+        self._batch_shape = (world_size, bool(packed))
+        made = self._batches.pop((rollout_id, rank, world_size, bool(packed)), None)
+        batch = made if made is not None else self.state.batch(rollout_id, rank, world_size, packed=bool(packed))
         self._batch_taken(rollout_id, rank, world_size)
         return batch
 
@@ -499,6 +533,7 @@ class Buffer(Actor):
         for rid in list(self._batch_out):         # reports waiting for shards of rollouts that are gone
             self._rollout_done_with(rid)
         self._served.clear()
+        self._batches.clear()
         result = self.state.rollback(st, str(src), if_ahead_of, reason, token)
         self._log_notes()
         self._compact()
