@@ -236,6 +236,16 @@ def test_no_rollout_is_made_ahead_of_an_evaluation(tmp_path):
                       (2, "train", False), (3, "train", True), (3, "train", False), (4001, "eval", False)], starts
 
 
+def test_no_rollout_is_made_ahead_of_a_checkpoint(tmp_path):
+    """A checkpoint saved after step k holds no rollout made ahead (nor its groups leased to the workers of a job
+    that a resumed one would not have): a job resumed from it goes on as the one that saved it."""
+    ctl = _controller(tmp_path, "--save", str(tmp_path / "ckpt"), "--save-interval", "2", "--num-rollout", "4")
+    asyncio.run(loop.train_sync(ctl, 0))
+    held = [b["rollout_id"] for _to, m, b in ctl.sent if m == "start_rollout" and b.get("hold")]
+    saves = sorted({b["path"].rsplit("_", 1)[1] for _to, m, b in ctl.sent if m == "save"})
+    assert held == [1, 3] and saves == ["0000002", "0000004"], (held, saves)
+
+
 def _holding(ctl, held=("hack_report", "dump_rollout")):
     """The controller's asks, the replies to `held` for rollout k kept until the trainers have been asked to train
     on k. A loop that waited for one of them before asking would wait for ever: the test times out and fails."""
