@@ -21,7 +21,8 @@ far less often (the table says which bodies are checked, and what the screen cos
 
 A second table follows the trainer's batch (128 samples, 50 and 190 response tokens) each way from the buffer to the
 update: built, encoded, decoded, then made into the update's per-sample tensors (rl_update's `_prepare`, after
-`unpack_batch` for the packed one).
+`unpack_batch` for the packed one). A third, a group's `score` ask whole and without its token lists (what a rollout
+worker sends a built-in reward that reads none of them).
 """
 
 from __future__ import annotations
@@ -152,6 +153,36 @@ def main() -> None:
         print(f"| {name} | {len(data):,} | {'yes' if checked else 'no'} | {dec:.3f} | {screen:.3f} | {first:.3f} | "
               f"{before:.3f} | {new:.3f} |")
     batch_ways(args.rounds)
+    score_ways(args.rounds)
+
+
+def score_ways(rounds: int) -> None:
+    """A group's `score` ask (8 samples) whole and without its token lists -- what a rollout worker sends a built-in
+    reward that reads none of them (actors/rollout.py `_score_wire`): made and encoded by the rollout worker,
+    decoded and made into Samples by the reward worker."""
+    from slime_actors.actors.rollout import TOKEN_FIELDS
+    print()
+    print(f"# a group's score ask, 8 samples: whole and without the token lists "
+          f"({time.strftime('%Y-%m-%d %H:%M %Z')}); ms, best of {rounds} rounds")
+    print("| response tokens | way | bytes | made and encoded (rollout worker) | decoded, Samples (reward worker) | "
+          "in all |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for tokens in (50, 190):
+        rng = random.Random(tokens)
+        samples = [sample(rng, i, tokens=tokens) for i in range(8)]
+        for lean in (False, True):
+            def made() -> dict:
+                wires = [s.to_wire() for s in samples]
+                if lean:
+                    for w in wires:
+                        for key in TOKEN_FIELDS:
+                            del w[key]
+                return {"samples": wires, "group": False}
+            data = codec.encode_body(made())[0]
+            send = best(lambda: codec.encode_body(made()), rounds, 50)
+            take = best(lambda: [Sample.from_wire(x) for x in codec.decode_body(data, [])["samples"]], rounds, 50)
+            print(f"| {tokens} | {'without token lists' if lean else 'whole'} | {len(data):,} | {send:.3f} | "
+                  f"{take:.3f} | {send + take:.3f} |")
 
 
 def batch_ways(rounds: int) -> None:

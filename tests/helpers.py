@@ -146,3 +146,20 @@ def wait_for(pred, timeout: float = 10, interval: float = 0.02):
             return True
         time.sleep(interval)
     return False
+
+
+class Untouchable(list):
+    """A token list no text-only reward may read (the rollout workers send their samples without them): any read
+    raises."""
+
+    def _refuse(self, *args, **kwargs):
+        raise AssertionError("a text-only reward read a sample's token list")
+    __iter__ = __len__ = __getitem__ = __contains__ = __bool__ = __reversed__ = _refuse
+
+
+def untouchable(sample):
+    """`sample` with every token list (actors/rollout.py TOKEN_FIELDS) an Untouchable."""
+    from slime_actors.actors.rollout import TOKEN_FIELDS
+    for key in TOKEN_FIELDS:
+        setattr(sample, key, Untouchable())
+    return sample

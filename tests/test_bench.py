@@ -191,14 +191,18 @@ def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
 
 def test_rl_bodies_bench_prints_the_bodies_and_the_batch_both_ways():
     """bench/rl_bodies.py, one round: a row per body (the packed batch among them), then the trainer's batch as
-    lists and packed at two response lengths, each row with its numbers."""
+    lists and packed at two response lengths, then a group's score ask whole and without its token lists, each row
+    with its numbers."""
     p = _run("bench/rl_bodies.py", "--rounds", "1", timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| ") and not ln.startswith("| body")
             and not ln.startswith("| response")]
-    bodies, ways = rows[:6], rows[6:]
-    assert any("packed as the trainer asks" in r for r in bodies) and len(ways) == 4
+    bodies, ways, scores = rows[:6], rows[6:10], rows[10:]
+    assert any("packed as the trainer asks" in r for r in bodies) and len(ways) == 4 and len(scores) == 4
     assert [r.split("|")[2].strip() for r in ways] == ["lists", "packed", "lists", "packed"]
-    for r in ways:
+    assert [r.split("|")[2].strip() for r in scores] == ["whole", "without token lists"] * 2
+    for r in ways + scores:
         assert all(float(c.replace(",", "")) >= 0 for c in r.split("|")[3:-1]), r
+    # (the lean score body is smaller: bytes, not time)
+    assert int(scores[1].split("|")[3].replace(",", "")) < int(scores[0].split("|")[3].replace(",", "")) / 2
 

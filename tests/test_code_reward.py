@@ -11,7 +11,7 @@ import shutil
 import tempfile
 
 import pytest
-from helpers import job_config
+from helpers import job_config, untouchable
 
 from slime_actors.actors.reward import CodeRewardActor, RewardWorker
 from slime_actors.rewards import compute_reward
@@ -210,6 +210,7 @@ def test_rm_type_code_through_compute_reward():
     args = job_config(**SMALL).flat()
     try:
         s = code_sample(0, "```python\n" + HONEST_ADD + "```")
+        untouchable(s)   # (a text-only reward: the rollout workers send it no token lists; reading one raises)
         assert asyncio.run(compute_reward(args, s)) == 1.0
         assert s.metadata["code"] == {"passed": 2, "total": 2, "result": "all 2 tests passed"}
         assert asyncio.run(compute_reward(args, code_sample(1, "def add(a, b): return 1"))) == 0.0

@@ -15,9 +15,10 @@ from slime_actors.rewards import (BUILTIN_RMS, RewardConfigError, RewardError, c
                                   compute_group_rewards, compute_reward, extract_boxed, register_reward, score_batch,
                                   score_samples, to_reward)
 from slime_actors.rewards.remote import RemoteRMConfig, RemoteRMError, remote_rm
+from slime_actors.actors.rollout import TEXT_ONLY_REWARDS
 from slime_actors.types import Sample
 
-from helpers import flat_args
+from helpers import flat_args, untouchable
 
 
 A = flat_args   # what reward functions and filters get: slime's `args`, the job config's flat view
@@ -136,6 +137,27 @@ def test_to_reward():
         to_reward(float("nan"))
 
 
+# ------------------------------------------------------------------------------------------ text-only built-ins
+@pytest.mark.parametrize("rm_type", sorted(TEXT_ONLY_REWARDS - {"remote_rm", "code"}) + ["boxed_f1", "boxed_dapo"])
+def test_the_text_only_built_ins_read_no_token_list_and_score_as_with_them(rm_type):
+    """actors/rollout.py sends these rewards' samples without token ids, loss mask and log-probs: each scores a sample
+    whose token lists raise when read as it scores the full sample (remote_rm: below; code: tests/test_code_reward.py)."""
+    for response, label in (("so the answer is \\boxed{7}", "7"), ("Answer: 8", "7"), ("", "7"), ("7", "7")):
+        lean = untouchable(S(response, label))
+        full = S(response, label, prompt_tokens=[1, 2], response_tokens=[3, 4], loss_mask=[1, 1],
+                 rollout_log_probs=[-0.5, -0.25])
+        got, want = (asyncio.run(compute_reward(A(rm_type=rm_type), x)) for x in (lean, full))
+        assert got == want or rm_type == "random", (rm_type, response, got, want)
+    assert TEXT_ONLY_REWARDS <= set(BUILTIN_RMS)
+
+
+def test_a_built_in_name_cannot_be_registered_again():
+    for name in ("math", "boxed_exact_match"):
+        with pytest.raises(ValueError, match="built-in reward type's name"):
+            register_reward(name, lambda args, s: 1.0)
+    assert BUILTIN_RMS["math"].__name__ == "_math"
+
+
 # --------------------------------------------------------------------------------------------------- remote_rm
 
 class RMServer:
@@ -197,7 +219,7 @@ def test_remote_rm_takes_the_url_flag():
 def test_remote_rm_retries_then_succeeds():
     async def main():
         async with RMServer(fail=2) as srv:
-            s = S("resp", "lab", index=3, metadata={"k": 1})
+            s = untouchable(S("resp", "lab", index=3, metadata={"k": 1}))   # (it reads no token list)
             r = await compute_reward(rargs(srv.url), s)
             return r, srv
     r, srv = asyncio.run(main())

@@ -19,6 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..episode_samples import episode_of
+from ..eval_config import EVAL_SET_KEY
 from ..mailbox.errors import MailboxError, RemoteError
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
@@ -71,6 +72,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
         self.buffer, self.controller = BufferHandle(self, "buffer/0"), ControllerHandle(self, "controller/0")
+        self._text_only = _text_only_graders(self.cfg)   # whose samples go to the reward without their token lists
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -265,8 +267,8 @@ class RolloutWorker(EngineSupervisor, Actor):
         while True:
             target = who if k == 0 else f"reward/{(self.index + k) % max(1, cfg.reward.num_reward_workers)}"
             try:
-                return await RewardHandle(self, target).score([s.to_wire() for s in todo], group=cfg.reward.group_rm,
-                                                        ask_timeout=300)
+                return await RewardHandle(self, target).score([self._score_wire(s) for s in todo],
+                                                        group=cfg.reward.group_rm, ask_timeout=300)
             except MailboxError as exc:
                 from ..mailbox.errors import RemoteError
                 if isinstance(exc, RemoteError) and exc.type != "MailboxError":
@@ -278,6 +280,20 @@ class RolloutWorker(EngineSupervisor, Actor):
                 k += 1
                 self.log.warning("reward worker unavailable; retrying", reward=target, error=str(exc))
                 await asyncio.sleep(min(2.0, 0.2 * k))
+
+    def _score_wire(self, s: Sample) -> dict:
+        """A sample as the reward worker gets it: without its token ids, loss mask and log-probs when its grader is a
+        built-in that reads none of them (a group's body a quarter of the size: less to encode here and to decode
+        there, at the end of a rollout, when the last groups' scoring is what the step waits for)."""
+        wire = s.to_wire()
+        meta = s.metadata
+        grader = meta.get(EVAL_SET_KEY) if isinstance(meta, dict) else None
+        lean = self._text_only.get(grader) if grader in self._text_only else self._text_only.get("")
+        row_type = meta.get("rm_type") if isinstance(meta, dict) and grader not in self._text_only else None
+        if lean and (row_type is None or text_only(row_type)):
+            for key in TOKEN_FIELDS:
+                del wire[key]
+        return wire
 
     async def _score(self, samples: list[Sample], kind: str) -> None:
         cfg = self.cfg
@@ -363,6 +379,33 @@ class RolloutWorker(EngineSupervisor, Actor):
         """Work ids this worker holds (generating, scoring or handing in; taken ahead): the buffer reconciles after a
         restart."""
         return sorted([*self._inflight, *self._ahead])
+
+
+# The built-in reward types (rewards/dispatch.py BUILTIN_RMS; register_reward refuses their names) that read a
+# sample's text, label, prompt and metadata only, never its token lists: their samples go to the reward worker
+# without those. tests/test_rewards.py scores every one of them with and without the token lists.
+TEXT_ONLY_REWARDS = frozenset(("math", "boxed_math", "dapo", "boxed", "exact_match", "exact_match_ci", "f1",
+                               "deepscaler", "remote_rm", "random", "code"))
+TOKEN_FIELDS = ("prompt_tokens", "response_tokens", "loss_mask", "rollout_log_probs")
+
+
+def text_only(rm_type: str | None) -> bool:
+    """Whether built-in reward type `rm_type` (or boxed_<type>) reads none of a sample's token lists."""
+    name = (rm_type or "").strip() if isinstance(rm_type, str) else ""
+    return name in TEXT_ONLY_REWARDS or (name.startswith("boxed_") and name[len("boxed_"):] in TEXT_ONLY_REWARDS)
+
+
+def _text_only_graders(cfg) -> dict[str | None, bool]:
+    """Per grader -- "" the job's reward, else an evaluation set's own (--eval-config) -- whether it reads a sample's
+    text, label, prompt and metadata only: a built-in reward type (`text_only`), not the user's
+    function (--custom-rm-path) or reward actor (--reward-actor-class). A row's own "rm_type" is checked per sample."""
+    from ..eval_config import own_graders
+    reward = cfg.reward
+    out: dict[str | None, bool] = {
+        "": not reward.custom_rm_path and not reward.reward_actor_class and text_only(reward.rm_type)}
+    for name, s in own_graders(cfg).items():
+        out[name] = not s.custom_rm_path and text_only(s.rm_type)
+    return out
 
 
 def _timed(name: str, fn, *args):

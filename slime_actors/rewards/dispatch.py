@@ -117,8 +117,17 @@ BUILTIN_RMS: dict[str, Callable] = {
 }
 
 
+_SHIPPED = frozenset(BUILTIN_RMS)
+
+
 def register_reward(name: str, fn: Callable | None = None):
-    """Add a reward type usable as --rm-type NAME: `register_reward("mine", fn)` or as a decorator."""
+    """Add a reward type usable as --rm-type NAME: `register_reward("mine", fn)` or as a decorator. A built-in's
+    name is refused (ValueError): the rollout workers send a built-in's samples without their token lists
+    (actors/rollout.py `text_only`), which a function of yours may need."""
+    if name in _SHIPPED or (name.startswith("boxed_") and name[len("boxed_"):] in _SHIPPED):
+        raise ValueError(f"register_reward: {name!r} is a built-in reward type's name (or boxed_<built-in>, which "
+                         "scores the last \\boxed{} with it); register yours under another name")
+
     def deco(f):
         BUILTIN_RMS[name] = f
         return f
