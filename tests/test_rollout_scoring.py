@@ -54,5 +54,8 @@ def test_an_evaluation_sets_own_grader_decides_for_its_samples():
     assert set(TOKEN_FIELDS).isdisjoint(w._score_wire(sample(**{EVAL_SET_KEY: "easy"})))
     assert w._score_wire(sample(**{EVAL_SET_KEY: "hard"})) == sample(**{EVAL_SET_KEY: "hard"}).to_wire()
     assert set(TOKEN_FIELDS).isdisjoint(w._score_wire(sample(**{EVAL_SET_KEY: "other"})))   # the job's reward's
+    # a row's own type comes first, in a set with a grader of its own too
+    mine = sample(**{EVAL_SET_KEY: "easy", "rm_type": "mine"})
+    assert w._score_wire(mine) == mine.to_wire()
     w._text_only = {"": False}
     assert w._score_wire(sample()) == sample().to_wire()

@@ -286,10 +286,10 @@ class RolloutWorker(EngineSupervisor, Actor):
         built-in that reads none of them (a group's body a quarter of the size: less to encode here and to decode
         there, at the end of a rollout, when the last groups' scoring is what the step waits for)."""
         wire = s.to_wire()
-        meta = s.metadata
-        grader = meta.get(EVAL_SET_KEY) if isinstance(meta, dict) else None
+        meta = s.metadata if isinstance(s.metadata, dict) else {}
+        grader = meta.get(EVAL_SET_KEY)
         lean = self._text_only.get(grader) if grader in self._text_only else self._text_only.get("")
-        row_type = meta.get("rm_type") if isinstance(meta, dict) and grader not in self._text_only else None
+        row_type = meta.get("rm_type")   # (a row's own type comes before the set's or the job's: rewards/dispatch.py)
         if lean and (row_type is None or text_only(row_type)):
             for key in TOKEN_FIELDS:
                 del wire[key]
