@@ -90,7 +90,8 @@ async def train_sync(ctl: Ctl, start: int) -> None:
                 # are the rollout's first complete groups: a group handed back is not among them)
                 ending = None if debug_cfg.load_debug_rollout_data else await alongside(ctl.engines.end_rollout(k))
                 # rollout k+1's groups are made meanwhile, held until the step after the weight sync starts it
-                ahead = await alongside(make_ahead(ctl, k + 1, ending)) if ahead_due(ctl, k, ending) else None
+                ahead = await alongside(make_ahead(ctl, k + 1, ending)) \
+                    if ending is not None and ahead_due(ctl, k, ending) else None
                 await train(ctl, k, step, reports, ending, training, ahead)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
