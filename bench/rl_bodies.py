@@ -156,17 +156,21 @@ def main() -> None:
     score_ways(args.rounds)
 
 
+def header(title: str, rounds: int, columns: list[str]) -> None:
+    """A table's title and header: response tokens, way, bytes, then `columns` (ms)."""
+    print()
+    print(f"# {title} ({time.strftime('%Y-%m-%d %H:%M %Z')}); ms, best of {rounds} rounds")
+    print("| response tokens | way | bytes | " + " | ".join(columns) + " |")
+    print("|---:|---|---:|" + "---:|" * len(columns))
+
+
 def score_ways(rounds: int) -> None:
     """A group's `score` ask (8 samples) whole and without its token lists -- what a rollout worker sends a built-in
     reward that reads none of them (actors/rollout.py `_score_wire`): made and encoded by the rollout worker,
     decoded and made into Samples by the reward worker."""
     from slime_actors.actors.rollout import TOKEN_FIELDS
-    print()
-    print(f"# a group's score ask, 8 samples: whole and without the token lists "
-          f"({time.strftime('%Y-%m-%d %H:%M %Z')}); ms, best of {rounds} rounds")
-    print("| response tokens | way | bytes | made and encoded (rollout worker) | decoded, Samples (reward worker) | "
-          "in all |")
-    print("|---:|---|---:|---:|---:|---:|")
+    header("a group's score ask, 8 samples: whole and without the token lists", rounds,
+           ["made and encoded (rollout worker)", "decoded, Samples (reward worker)", "in all"])
     for tokens in (50, 190):
         rng = random.Random(tokens)
         samples = [sample(rng, i, tokens=tokens) for i in range(8)]
@@ -191,12 +195,8 @@ def batch_ways(rounds: int) -> None:
     backends/batching.py `unpack_batch` for the packed one)."""
     from slime_actors.backends.batching import unpack_batch
     from slime_actors.backends.rl_update import _prepare
-    print()
-    print(f"# the trainer's batch, 128 samples of 60 prompt tokens: as lists and packed "
-          f"({time.strftime('%Y-%m-%d %H:%M %Z')}); ms, best of {rounds} rounds")
-    print("| response tokens | way | bytes | build (buffer) | encode | decode (trainer) | its fetch (the three) | "
-          "tensors for the update | in all |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    header("the trainer's batch, 128 samples of 60 prompt tokens: as lists and packed", rounds,
+           ["build (buffer)", "encode", "decode (trainer)", "its fetch (the three)", "tensors for the update", "in all"])
     for tokens in (50, 190):
         rng = random.Random(tokens)
         samples = [sample(rng, i, tokens=tokens) for i in range(128)]

@@ -57,26 +57,32 @@ def ask(loop_thread, w, method, body):
     return loop_thread.call(w.ask("buffer/0", method, body, timeout=10))
 
 
+def long_poll(loop_thread, b, w):
+    """rollout/1's get_work (a 60 s long poll), sent by `w` and waiting in buffer `b`: its future."""
+    import asyncio
+    pending = asyncio.run_coroutine_threadsafe(w.ask("buffer/0", "get_work", {"worker": "rollout/1",
+                                                                            "max_groups": 10, "wait": 60.0},
+                                                     timeout=120), loop_thread.loop)
+
+    async def waiting():
+        while not b._changed._waiters:
+            await asyncio.sleep(0.01)
+    loop_thread.call(waiting())
+    return pending
+
+
 def test_a_get_work_waiting_when_its_worker_is_released_takes_nothing(loop_thread, run_dir, tmp_path, tiny):
     """A killed rollout worker's last get_work may still wait in the buffer (it long-polls) when its restarted
     process asks release_worker, which the new process now does at once (it starts its engine meanwhile). That ask
     must not take the groups just re-issued: they would be leased to the worker's name, its reply lost with the
     dead process, and the rollout would wait for their lease to run out (tests/test_fault_tolerance.py's
     test_kill_rollout_worker hung at the next step)."""
-    import asyncio
     b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
     assert ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})["new_groups"] == 4
     held = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
     assert len(held) == 4
     # the old process's next ask waits: nothing is left to lease
-    pending = asyncio.run_coroutine_threadsafe(w1.ask("buffer/0", "get_work", {"worker": "rollout/1",
-                                                                             "max_groups": 10, "wait": 60.0},
-                                                      timeout=120), loop_thread.loop)
-
-    async def waiting():
-        while not b._changed._waiters:
-            await asyncio.sleep(0.01)
-    loop_thread.call(waiting())
+    pending = long_poll(loop_thread, b, w1)
     assert ask(loop_thread, w2, "release_worker", {"worker": "rollout/1", "reason": "restarted"})["requeued"] == 4
     assert pending.result(60) == {"groups": []}
     # the groups wait for the new process, not for their lease to run out
@@ -88,7 +94,6 @@ def test_a_get_work_waiting_on_a_held_rollout_takes_its_groups_when_it_is_opened
                                                                                   tiny):
     """Rollout 1 made ahead (held) while rollout 0 trains: a worker's long poll takes none of it -- its engine may
     not have the new weights yet -- and gets its groups as soon as the controller opens it, not after its wait."""
-    import asyncio
     b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
     ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
     for g in ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]:
@@ -97,14 +102,7 @@ def test_a_get_work_waiting_on_a_held_rollout_takes_its_groups_when_it_is_opened
     assert ask(loop_thread, w1, "start_rollout", {"rollout_id": 1, "weight_version": 1, "hold": True}) == \
         {"groups": 4, "new_groups": 4, "rollout_id": 1, "kind": "train", "held": True}
     assert ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10, "wait": 0.2}) == {"groups": []}
-    pending = asyncio.run_coroutine_threadsafe(w1.ask("buffer/0", "get_work", {"worker": "rollout/1",
-                                                                             "max_groups": 10, "wait": 60.0},
-                                                      timeout=120), loop_thread.loop)
-
-    async def waiting():
-        while not b._changed._waiters:
-            await asyncio.sleep(0.01)
-    loop_thread.call(waiting())
+    pending = long_poll(loop_thread, b, w1)
     assert ask(loop_thread, w2, "start_rollout", {"rollout_id": 1, "weight_version": 1})["opened"]
     assert [g["rollout_id"] for g in pending.result(30)["groups"]] == [1, 1, 1, 1]   # (long before its 60 s)
 
