@@ -26,6 +26,10 @@ class Buffer:
     def __init__(self, groups: list[WorkGroup], version: int | None, fail: bool = False):
         self.groups, self.version, self.fail = groups, version, fail
         self.asked: list[dict] = []
+        self.released: list[tuple] = []
+
+    async def release_worker(self, worker, reason=None, ask_timeout=None):
+        self.released.append((worker, reason))
 
     async def get_work(self, worker, max_groups, wait=None, ahead=None, ask_timeout=None, idem=None):
         self.asked.append({"worker": worker, "max_groups": max_groups, "ahead": ahead, "idem": idem})
@@ -119,6 +123,8 @@ def test_a_worker_that_cannot_take_ahead_pulls_when_the_rollout_opens():
         w, started, _ = worker(buf)
         await w.take_ahead(rollout_id=1)          # (retried, then a warning: nothing is held)
         assert len(buf.asked) == 3 and w._ahead == {}
+        # the buffer may have leased groups whose reply never came: with nothing else leased, the worker releases
+        assert buf.released == [("rollout/0", "take_ahead unanswered")]
         full = Buffer([group(0)], version=4)
         w2, _, _ = worker(full, capacity=7)       # no room for a group of 8: nothing asked
         await w2.take_ahead(rollout_id=1)

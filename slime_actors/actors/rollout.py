@@ -198,8 +198,15 @@ class RolloutWorker(EngineSupervisor, Actor):
             work = await retry(lambda: self.buffer.get_work(self.name, free, ahead=True, ask_timeout=10,
                                                             idem=f"take_ahead:{pid}:{rollout_id}"),
                                AHEAD_RETRY, what="get_work (ahead)", log=self.log, clock=self.monotonic)
-        except MailboxError as exc:   # (leased and never seen: re-issued when the worker's lease is released)
+        except MailboxError as exc:
             self.log.warning("could not take groups ahead; they are pulled when the rollout opens", error=str(exc))
+            # the buffer may have leased groups whose reply never came: with nothing else leased to this worker
+            # (between rollouts), releasing its leases re-issues them -- else the rollout would wait for them
+            if not self._inflight and not self._ahead:
+                try:
+                    await self.buffer.release_worker(self.name, reason="take_ahead unanswered", ask_timeout=30)
+                except MailboxError as again:   # (a restarted buffer asks which groups this worker holds)
+                    self.log.warning("could not release groups taken ahead", error=str(again))
             return
         if restarts != self.engine_restarts or not self._engine_ok.is_set() or ended != self._rollouts_ended:
             # the engine restarted meanwhile (its release re-issued them), or a rollout was ended (a step failed:
