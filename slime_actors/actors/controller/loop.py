@@ -147,7 +147,9 @@ def ahead_due(ctl: Ctl, k: int, ending: asyncio.Future | None) -> bool:
     rollout k is not ended by the engines (--load-debug-rollout-data), nor when an evaluation comes first (its groups
     are numbered first, as they always were: the samples' numbers, and with them their sampling seeds, are a run's
     that makes nothing ahead), nor when a checkpoint is saved after step k (its buffer holds no rollout made ahead,
-    with groups leased to workers that a resumed job would not have: the resumed run is the one that went on)."""
+    with groups leased to workers that a resumed job would not have: the resumed run is the one that went on). The
+    save a --hack-alarms stop makes is known only once step k's report is in, after this: that checkpoint holds
+    rollout k+1 (docs/fault-tolerance.md)."""
     return ending is not None and k + 1 < ctl.cfg.run.n_rollouts and not ctl.evaluations.due(k) and \
         not ctl.checkpoints.save_due(k, stopping=bool(ctl.metrics.stopping))
 
