@@ -588,12 +588,17 @@ class BufferState:
                 continue
             if not self.queue[kind] and self._missing(kind):
                 self._new_groups(kind, rid, self._missing(kind))
-            while self.queue[kind] and len(out) < max_groups:
-                wid = self.queue[kind][0]
-                self._emit("lease", work_id=wid, worker=worker)
-                out.append(self.groups[wid].wire())
-                self.stats["handed_out"] += 1
+            self._lease_queued(kind, worker, max_groups, out)
         return out
+
+    def _lease_queued(self, kind: str, worker: str, max_groups: int, out: list[dict]) -> None:
+        """Lease the queued groups of `kind`, front first, to `worker` until `out` holds `max_groups`."""
+        queue = self.queue[kind]
+        while queue and len(out) < max_groups:
+            wid = queue[0]
+            self._emit("lease", work_id=wid, worker=worker)
+            out.append(self.groups[wid].wire())
+            self.stats["handed_out"] += 1
 
     def take_ahead(self, worker: str, max_groups: int) -> tuple[list[dict], int | None]:
         """Lease up to `max_groups` queued groups of the held training rollout (made ahead, not opened) to `worker`,
@@ -604,12 +609,7 @@ class BufferState:
         if rid is None or r is None or not r.held:
             return [], None
         out: list[dict] = []
-        queue = self.queue["train"]
-        while queue and len(out) < max_groups:
-            wid = queue[0]
-            self._emit("lease", work_id=wid, worker=worker)
-            out.append(self.groups[wid].wire())
-            self.stats["handed_out"] += 1
+        self._lease_queued("train", worker, max_groups, out)
         return out, r.weight_version
 
     def is_stale(self, samples: list[Sample]) -> bool:

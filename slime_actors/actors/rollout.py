@@ -144,13 +144,12 @@ class RolloutWorker(EngineSupervisor, Actor):
 
     # ------------------------------------------------------------------------------------------ work
     async def _pull_loop(self) -> None:
-        cfg = self.cfg
         poll_key, poll_seq = None, 0
         pid = self.recorded("pid", os.getpid)  # in the idempotency keys (a restarted worker's keys are new)
         while True:
             await self._resumed.wait()
             await self._engine_ok.wait()
-            free = (self._capacity - self._generating) // max(1, cfg.rollout.n_samples_per_prompt)
+            free = self._free_groups()
             if free < 1:
                 await asyncio.sleep(0.01)
                 continue
@@ -179,6 +178,10 @@ class RolloutWorker(EngineSupervisor, Actor):
             # (the groups start -- each counts its samples as generating -- before this loop asks for more)
             await asyncio.sleep(0)
 
+    def _free_groups(self) -> int:
+        """How many more groups this worker generates at once (--rollout-concurrency samples, a group's at a time)."""
+        return (self._capacity - self._generating) // max(1, self.cfg.rollout.n_samples_per_prompt)
+
     def _start_group(self, group: WorkGroup) -> None:
         self._inflight[group.work_id] = self.spawn(self._process_group(group), name=f"group:{group.work_id}")
 
@@ -188,7 +191,7 @@ class RolloutWorker(EngineSupervisor, Actor):
         as many of its groups as this worker generates at once, and start them at the first resume whose engine
         holds their weights -- the step's first requests then go out when the resume arrives, not after a get_work
         and its groups' decoding. Groups it cannot take now are pulled when the rollout opens, as ever."""
-        free = (self._capacity - self._generating) // max(1, self.cfg.rollout.n_samples_per_prompt) - len(self._ahead)
+        free = self._free_groups() - len(self._ahead)
         if free < 1 or not self._engine_ok.is_set():
             return
         restarts, ended = self.engine_restarts, self._rollouts_ended

@@ -91,7 +91,7 @@ async def train_sync(ctl: Ctl, start: int) -> None:
                 ending = None if debug_cfg.load_debug_rollout_data else await alongside(ctl.engines.end_rollout(k))
                 # rollout k+1's groups are made meanwhile, held until the step after the weight sync starts it
                 ahead = await alongside(make_ahead(ctl, k + 1, ending)) \
-                    if ending is not None and ahead_due(ctl, k, ending) else None
+                    if ending is not None and ahead_due(ctl, k) else None
                 await train(ctl, k, step, reports, ending, training, ahead)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
@@ -142,15 +142,15 @@ async def generate(ctl: Ctl, k: int, overlapped: bool = False) -> tuple[RolloutS
     return stats, time.monotonic() - t0
 
 
-def ahead_due(ctl: Ctl, k: int, ending: asyncio.Future | None) -> bool:
-    """Whether rollout k+1 is made while the trainers train on k (`make_ahead`): not after the last rollout, nor when
-    rollout k is not ended by the engines (--load-debug-rollout-data), nor when an evaluation comes first (its groups
+def ahead_due(ctl: Ctl, k: int) -> bool:
+    """Whether rollout k+1 is made while the trainers train on k (`make_ahead`, only when the engines end rollout k:
+    not with --load-debug-rollout-data): not after the last rollout, nor when an evaluation comes first (its groups
     are numbered first, as they always were: the samples' numbers, and with them their sampling seeds, are a run's
     that makes nothing ahead), nor when a checkpoint is saved after step k (its buffer holds no rollout made ahead,
     with groups leased to workers that a resumed job would not have: the resumed run is the one that went on). The
     save a --hack-alarms stop makes is known only once step k's report is in, after this: that checkpoint holds
     rollout k+1 (docs/fault-tolerance.md)."""
-    return ending is not None and k + 1 < ctl.cfg.run.n_rollouts and not ctl.evaluations.due(k) and \
+    return k + 1 < ctl.cfg.run.n_rollouts and not ctl.evaluations.due(k) and \
         not ctl.checkpoints.save_due(k, stopping=bool(ctl.metrics.stopping))
 
 
