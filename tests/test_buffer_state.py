@@ -756,6 +756,11 @@ def test_a_log_that_cannot_be_applied_is_an_error_that_names_the_event(tmp_path)
                                    "weight_version": 0}), ("lease", 0.0, {"work_id": "train-9", "worker": W1})])
     with pytest.raises(BufferLogError, match=r"logged event 0 \('trained'\) cannot be applied: TypeError"):
         st.replay([("trained", 0.0, {"rollout": 0})])
+    # a held rollout opened that was never started, or an open with a field missing
+    with pytest.raises(BufferLogError, match=r"logged event 0 \('open'\) cannot be applied: KeyError: 'train:7'"):
+        st.replay([("open", 0.0, {"rollout_id": 7, "kind": "train"})])
+    with pytest.raises(BufferLogError, match=r"logged event 0 \('open'\) cannot be applied: TypeError"):
+        st.replay([("open", 0.0, {"rollout_id": 7})])
 
 
 def test_an_unreadable_monitor_state_starts_the_monitor_afresh_with_a_note(tmp_path):
