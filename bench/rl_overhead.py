@@ -83,7 +83,8 @@ def controller_gaps(run_dir: Path) -> list[dict]:
 
         complete -> stats   the buffer's last accepted submit of the rollout -> its wait_rollout reply
         stats -> train      that reply -> the controller's train ask (rollout_done, end_rollout, ...)
-        train -> batch      that ask -> the buffer's get_batch reply to trainer/0 (the buffer busy meanwhile)
+        train -> batch      that ask -> the buffer's reply with trainer/0's shard: its get_batch, or the wait_batch
+                            it asked ahead (0 when that reply went out before the train ask)
         trained -> sync     trainer/0's train reply -> the sync_weights ask (mark_trained, the rollout's reports)
         synced -> next      the sync_weights reply -> the next start_rollout ask (evaluate/save, the step's row)
     """
@@ -94,9 +95,12 @@ def controller_gaps(run_dir: Path) -> list[dict]:
     for m in run.messages().values():
         if m.method == "submit" and m.reply_sent is not None:
             submits.append(m.reply_sent.t_ns)
-        if m.method == "get_batch" and m.send is not None and m.send.actor == "trainer/0":
+        if m.method in ("get_batch", "wait_batch") and m.send is not None and m.send.actor == "trainer/0":
             body = m.send.body()
-            if isinstance(body, dict):
+            answered = m.method == "get_batch" or m.reply is not None and m.reply.body() is not None
+            # (a shard pulled with get_batch: the one fetched ahead was set aside)
+            if isinstance(body, dict) and answered and (m.method == "get_batch"
+                                                        or ("get_batch", body.get("rollout_id")) not in by):
                 by[("get_batch", body.get("rollout_id"))] = m
             continue
         if m.send is None or m.send.actor != "controller/0":
@@ -125,7 +129,7 @@ def controller_gaps(run_dir: Path) -> list[dict]:
         done = max((t for t in submits if t <= wait.reply_sent.t_ns), default=wait.reply_sent.t_ns)
         row = {"step": k, "complete -> stats": (wait.reply_sent.t_ns - done) / 1e6,
                "stats -> train": (train.send.t_ns - wait.reply_sent.t_ns) / 1e6,
-               "train -> batch": (batch.reply_sent.t_ns - train.send.t_ns) / 1e6,
+               "train -> batch": max(0, batch.reply_sent.t_ns - train.send.t_ns) / 1e6,
                "trained -> sync": (sync.send.t_ns - train.reply_sent.t_ns) / 1e6}
         if nxt is not None and sync.reply_sent is not None:
             row["synced -> next"] = (nxt.send.t_ns - sync.reply_sent.t_ns) / 1e6

@@ -32,6 +32,7 @@ here, and only here: sample index and group index are running counters over the 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -750,6 +751,16 @@ class BufferState:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         wids = self._in_group_order(r)[rank::world_size]
         return batch_from_samples([s for wid in wids for s in self.groups[wid].samples], packed=packed)
+
+    def batch_id(self, rollout_id: int) -> str:
+        """What names complete training rollout `rollout_id`'s batch (its groups; the epoch): a trainer rank that
+        fetched its shard before being told to train (`wait_batch`) trains on it when the controller's `train` names
+        the same id -- else the rollout was rolled back and made again meanwhile (work ids differ after a rollback;
+        within an epoch a group is done once, with the samples of its one accepted submit)."""
+        r = self.completed_rollout(rollout_id)
+        h = hashlib.blake2b(f"{self.epoch}:{r.rollout_id}:{','.join(self._in_group_order(r))}".encode(),
+                            digest_size=8)
+        return h.hexdigest()
 
     def _in_group_order(self, r: Rollout) -> list[str]:
         """A rollout's groups (the first `target` to complete) in group order: completion order is the run's timing,

@@ -789,12 +789,13 @@ class BufferMessages(Protocol):
     def release_worker(self, worker: str, reason: str | None = None) -> Released:
         """Re-issue every group leased to a worker (it died or its engine restarted)."""
 
-    @message(reply="{complete, groups, samples, filtered, failed, reward_mean, ..., hack?}")
+    @message(reply="{complete, groups, samples, filtered, failed, reward_mean, ..., batch_id?, hack?}")
     def wait_rollout(self, rollout_id: int, kind: str | None = None, timeout: float | None = None,
                      hack: bool | None = None) -> RolloutStats:
-        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack:
-        the reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for
-        the report -- the monitor starts on the complete rollout and `hack_report` answers it."""
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a complete training rollout's
+        with batch_id, what names its batch; with hack: the reward-hacking monitor's report, unless --hack-alarms
+        off). `hack` false: the reply does not wait for the report -- the monitor starts on the complete rollout
+        and `hack_report` answers it."""
 
     @message(reply="{rollout_id, metrics, alarms, skipped} | {rollout_id, error} | nil")
     def hack_report(self, rollout_id: int) -> dict[str, Any] | None:
@@ -805,6 +806,13 @@ class BufferMessages(Protocol):
     def get_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None) -> TrainBatch:
         """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
         rollout log-probs as packed columns, types.pack_rows)."""
+
+    @message(reply="{batch_id, batch} | nil")
+    def wait_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None,
+                   timeout: float | None = None) -> dict[str, Any] | None:
+        """A trainer rank asks for its shard of a training rollout before the rollout is complete (after training on
+        the one before): answered once it is, with the batch's id (wait_rollout's `batch_id`); nil after `timeout`
+        s, or when the rollout was rolled back or trained meanwhile."""
 
     def mark_trained(self, rollout_id: int) -> None:
         """Record that a rollout's samples were trained on (accounting, then freed)."""
@@ -917,8 +925,9 @@ class RetrieverMessages(Protocol):
 @role("trainer")
 class TrainerMessages(Protocol):
     @message(reply="metrics map")
-    def train(self, rollout_id: int) -> TrainMetrics:
-        """Pull this rank's shard of the rollout and run the RL update on it."""
+    def train(self, rollout_id: int, batch_id: str | None = None) -> TrainMetrics:
+        """Run the RL update on this rank's shard of the rollout: the one it fetched ahead (wait_batch) when that is
+        batch `batch_id` (wait_rollout's), else pulled now (get_batch)."""
 
     @message(reply="{seconds, bytes, buckets, transport}")
     def sync_weights(self, weight_version: int, workers: list[str], transport: str | None = None,

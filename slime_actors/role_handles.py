@@ -544,11 +544,12 @@ class BufferHandle(ActorHandle):
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
                      hack: bool | None = UNSET, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[RolloutStats]:
-        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
-        report -- the monitor starts on the complete rollout and `hack_report` answers it.
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a complete training rollout's with
+        batch_id, what names its batch; with hack: the reward-hacking monitor's report, unless --hack-alarms off).
+        `hack` false: the reply does not wait for the report -- the monitor starts on the complete rollout and
+        `hack_report` answers it.
 
-        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
+        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., batch_id?, hack?}."""
         return self._call("wait_rollout", locals())
 
     def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
@@ -566,6 +567,16 @@ class BufferHandle(ActorHandle):
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())
+
+    def wait_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                   timeout: float | None = UNSET, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[dict[str, Any] | None]:
+        """A trainer rank asks for its shard of a training rollout before the rollout is complete (after training on
+        the one before): answered once it is, with the batch's id (wait_rollout's `batch_id`); nil after `timeout`
+        s, or when the rollout was rolled back or trained meanwhile.
+
+        Reply: {batch_id, batch} | nil."""
+        return self._call("wait_batch", locals())
 
     def mark_trained(self, rollout_id: int, *, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[None]:
@@ -650,9 +661,10 @@ class BufferTell(ActorTell):
 
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
                      hack: bool | None = UNSET) -> Awaitable[None]:
-        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
-        report -- the monitor starts on the complete rollout and `hack_report` answers it."""
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a complete training rollout's with
+        batch_id, what names its batch; with hack: the reward-hacking monitor's report, unless --hack-alarms off).
+        `hack` false: the reply does not wait for the report -- the monitor starts on the complete rollout and
+        `hack_report` answers it."""
         return self._call("wait_rollout", locals())
 
     def hack_report(self, rollout_id: int) -> Awaitable[None]:
@@ -664,6 +676,13 @@ class BufferTell(ActorTell):
         """A trainer rank pulls its shard (whole groups) of a completed rollout (`packed`: tokens, loss masks and
         rollout log-probs as packed columns, types.pack_rows)."""
         return self._call("get_batch", locals())
+
+    def wait_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                   timeout: float | None = UNSET) -> Awaitable[None]:
+        """A trainer rank asks for its shard of a training rollout before the rollout is complete (after training on
+        the one before): answered once it is, with the batch's id (wait_rollout's `batch_id`); nil after `timeout`
+        s, or when the rollout was rolled back or trained meanwhile."""
+        return self._call("wait_batch", locals())
 
     def mark_trained(self, rollout_id: int) -> Awaitable[None]:
         """Record that a rollout's samples were trained on (accounting, then freed)."""
@@ -751,11 +770,12 @@ class BufferGroup(Group[BufferHandle]):
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
                      hack: bool | None = UNSET, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[list[RolloutStats]]:
-        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
-        report -- the monitor starts on the complete rollout and `hack_report` answers it.
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a complete training rollout's with
+        batch_id, what names its batch; with hack: the reward-hacking monitor's report, unless --hack-alarms off).
+        `hack` false: the reply does not wait for the report -- the monitor starts on the complete rollout and
+        `hack_report` answers it.
 
-        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
+        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., batch_id?, hack?}."""
         return self._call("wait_rollout", locals())
 
     def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
@@ -773,6 +793,16 @@ class BufferGroup(Group[BufferHandle]):
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())
+
+    def wait_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                   timeout: float | None = UNSET, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[list[dict[str, Any] | None]]:
+        """A trainer rank asks for its shard of a training rollout before the rollout is complete (after training on
+        the one before): answered once it is, with the batch's id (wait_rollout's `batch_id`); nil after `timeout`
+        s, or when the rollout was rolled back or trained meanwhile.
+
+        Reply: {batch_id, batch} | nil."""
+        return self._call("wait_batch", locals())
 
     def mark_trained(self, rollout_id: int, *, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[list[None]]:
@@ -868,11 +898,12 @@ class BufferQuiet(Group[BufferHandle]):
     def wait_rollout(self, rollout_id: int, *, kind: str | None = UNSET, timeout: float | None = UNSET,
                      hack: bool | None = UNSET, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[list[RolloutStats | None]]:
-        """Wait until the rollout (or eval) has its groups; returns its statistics (a training rollout's with hack: the
-        reward-hacking monitor's report, unless --hack-alarms off). `hack` false: the reply does not wait for the
-        report -- the monitor starts on the complete rollout and `hack_report` answers it.
+        """Wait until the rollout (or eval) has its groups; returns its statistics (a complete training rollout's with
+        batch_id, what names its batch; with hack: the reward-hacking monitor's report, unless --hack-alarms off).
+        `hack` false: the reply does not wait for the report -- the monitor starts on the complete rollout and
+        `hack_report` answers it.
 
-        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., hack?}."""
+        Reply: {complete, groups, samples, filtered, failed, reward_mean, ..., batch_id?, hack?}."""
         return self._call("wait_rollout", locals())
 
     def hack_report(self, rollout_id: int, *, ask_timeout: float | None = None,
@@ -890,6 +921,16 @@ class BufferQuiet(Group[BufferHandle]):
 
         Reply: batch map (slime_actors.types.batch_from_samples)."""
         return self._call("get_batch", locals())
+
+    def wait_batch(self, rollout_id: int, rank: int, world_size: int, *, packed: bool | None = UNSET,
+                   timeout: float | None = UNSET, ask_timeout: float | None = None,
+                   idem: str | None = None) -> Awaitable[list[dict[str, Any] | None | None]]:
+        """A trainer rank asks for its shard of a training rollout before the rollout is complete (after training on
+        the one before): answered once it is, with the batch's id (wait_rollout's `batch_id`); nil after `timeout`
+        s, or when the rollout was rolled back or trained meanwhile.
+
+        Reply: {batch_id, batch} | nil."""
+        return self._call("wait_batch", locals())
 
     def mark_trained(self, rollout_id: int, *, ask_timeout: float | None = None,
                      idem: str | None = None) -> Awaitable[list[None | None]]:
@@ -1484,9 +1525,10 @@ class TrainerHandle(ActorHandle):
     def tell(self) -> TrainerTell:
         return TrainerTell(self)
 
-    def train(self, rollout_id: int, *, ask_timeout: float | None = None,
+    def train(self, rollout_id: int, *, batch_id: str | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[TrainMetrics]:
-        """Pull this rank's shard of the rollout and run the RL update on it.
+        """Run the RL update on this rank's shard of the rollout: the one it fetched ahead (wait_batch) when that is
+        batch `batch_id` (wait_rollout's), else pulled now (get_batch).
 
         Reply: metrics map."""
         return self._call("train", locals())
@@ -1536,8 +1578,9 @@ class TrainerTell(ActorTell):
         """The same members; one that cannot be told is left out."""
         return TrainerTell(self.to, quiet=True)
 
-    def train(self, rollout_id: int) -> Awaitable[None]:
-        """Pull this rank's shard of the rollout and run the RL update on it."""
+    def train(self, rollout_id: int, *, batch_id: str | None = UNSET) -> Awaitable[None]:
+        """Run the RL update on this rank's shard of the rollout: the one it fetched ahead (wait_batch) when that is
+        batch `batch_id` (wait_rollout's), else pulled now (get_batch)."""
         return self._call("train", locals())
 
     def sync_weights(self, weight_version: int, workers: list[str], *, transport: str | None = UNSET,
@@ -1577,9 +1620,10 @@ class TrainerGroup(Group[TrainerHandle]):
     def quietly(self) -> TrainerQuiet:
         return TrainerQuiet(self.members)
 
-    def train(self, rollout_id: int, *, ask_timeout: float | None = None,
+    def train(self, rollout_id: int, *, batch_id: str | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[list[TrainMetrics]]:
-        """Pull this rank's shard of the rollout and run the RL update on it.
+        """Run the RL update on this rank's shard of the rollout: the one it fetched ahead (wait_batch) when that is
+        batch `batch_id` (wait_rollout's), else pulled now (get_batch).
 
         Reply: metrics map."""
         return self._call("train", locals())
@@ -1625,9 +1669,10 @@ class TrainerQuiet(Group[TrainerHandle]):
     role = "trainer"
     quiet = True
 
-    def train(self, rollout_id: int, *, ask_timeout: float | None = None,
+    def train(self, rollout_id: int, *, batch_id: str | None = UNSET, ask_timeout: float | None = None,
               idem: str | None = None) -> Awaitable[list[TrainMetrics | None]]:
-        """Pull this rank's shard of the rollout and run the RL update on it.
+        """Run the RL update on this rank's shard of the rollout: the one it fetched ahead (wait_batch) when that is
+        batch `batch_id` (wait_rollout's), else pulled now (get_batch).
 
         Reply: metrics map."""
         return self._call("train", locals())

@@ -136,6 +136,62 @@ def test_a_complete_rollouts_shards_are_made_once_it_is_reported_and_are_what_ge
     assert b._batches == {}
 
 
+def _complete(loop_thread, w, k):
+    """Training rollout k started, every group leased to rollout/1 and handed in; wait_rollout's reply."""
+    ask(loop_thread, w, "start_rollout", {"rollout_id": k})
+    for g in ask(loop_thread, w, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]:
+        ask(loop_thread, w, "submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": finish(g)})
+    stats = ask(loop_thread, w, "wait_rollout", {"rollout_id": k, "hack": False})
+    assert stats["complete"]
+    return stats
+
+
+def _ask_later(loop_thread, w, method, body, timeout=60):
+    import asyncio
+    return asyncio.run_coroutine_threadsafe(w.ask("buffer/0", method, body, timeout=timeout), loop_thread.loop)
+
+
+def test_a_shard_asked_for_ahead_comes_once_its_rollout_is_complete_with_the_id_wait_rollout_names(
+        loop_thread, run_dir, tmp_path, tiny):
+    """A trainer rank asks for rollout 1's shard right after training on rollout 0, before rollout 1 is even
+    started: the ask waits, and is answered once the rollout is complete with the shard get_batch would give and the
+    batch id wait_rollout reports (the controller's `train` names it). The shard is taken: no second one is made."""
+    b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+    s0 = _complete(loop_thread, w1, 0)
+    for rank in (0, 1):
+        ask(loop_thread, w1, "get_batch", {"rollout_id": 0, "rank": rank, "world_size": 2, "packed": True})
+    ask(loop_thread, w1, "mark_trained", {"rollout_id": 0})
+    ahead = [_ask_later(loop_thread, w2, "wait_batch", {"rollout_id": 1, "rank": rank, "world_size": 2,
+                                                        "packed": True}) for rank in (0, 1)]
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 1})
+    assert not any(f.done() for f in ahead)            # (started, not complete)
+    s1 = _complete(loop_thread, w1, 1)
+    got = [f.result(30) for f in ahead]
+    assert [g["batch_id"] for g in got] == [s1["batch_id"]] * 2 and s1["batch_id"] != s0["batch_id"]
+    assert [g["batch"] for g in got] == [b.state.batch(1, rank, 2, packed=True) for rank in (0, 1)]
+    assert b._batches == {} and b._served[1] == {0, 1}   # (taken: the shards made for get_batch are not made)
+    # asked once the rollout is complete: at once; once it is trained: nothing
+    assert ask(loop_thread, w2, "wait_batch", {"rollout_id": 1, "rank": 0, "world_size": 2,
+                                               "packed": True})["batch_id"] == s1["batch_id"]
+    ask(loop_thread, w1, "mark_trained", {"rollout_id": 1})
+    assert ask(loop_thread, w2, "wait_batch", {"rollout_id": 1, "rank": 0, "world_size": 2}) is None
+
+
+def test_a_shard_asked_for_ahead_is_nothing_after_its_timeout_or_a_rollback(loop_thread, run_dir, tmp_path, tiny):
+    """A rollout that does not complete within the ask's timeout: the answer is nil (the rank fetches its shard
+    when told to train). A rollback while the ask waits (the rollout is made again, under other work ids): nil at
+    once -- and the rollout made again has another batch id."""
+    b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    assert ask(loop_thread, w2, "wait_batch", {"rollout_id": 0, "rank": 0, "world_size": 1, "timeout": 0.2}) is None
+    first = _complete(loop_thread, w1, 0)
+    waiting = _ask_later(loop_thread, w2, "wait_batch", {"rollout_id": 1, "rank": 0, "world_size": 1})
+    ask(loop_thread, w1, "rollback", {"path": None, "if_ahead_of": 0, "reason": "test", "token": "t1"})
+    assert waiting.result(30) is None
+    again = _complete(loop_thread, w1, 0)
+    assert again["batch_id"] != first["batch_id"]
+
+
 def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path, tiny):
     args = make_args(tmp_path, tiny, "--over-sampling-batch-size", "5")
     b, w1, w2 = start(loop_thread, run_dir, args)

@@ -76,12 +76,20 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
     steps = metrics(run_dir)
     assert [s["rollout_id"] for s in steps] == [0, 1] and steps[-1]["weight_version_after"] == 2
     assert all("train/loss" in s and "train/grad_norm" in s for s in steps)
-    # each step trained on exactly the samples saved for it
-    batches = {}
+    # each step trained on exactly the samples saved for it: the shard fetched ahead (wait_batch, after training on
+    # the rollout before) when it is the batch the controller's train names, else the one get_batch pulled
+    batches, ahead, named = {}, {}, {}
     for m in run.messages().values():
-        if m.method == "get_batch" and m.reply is not None:
+        if m.reply is None:
+            continue
+        if m.method == "get_batch":
             batches[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
-    assert sorted(batches) == [0, 1]
+        elif m.method == "wait_batch" and m.reply.body() is not None:
+            ahead[m.send.body()["rollout_id"]] = m.reply.body()
+        elif m.method == "train":
+            named[m.send.body()["rollout_id"]] = m.send.body()["batch_id"]
+    assert sorted(batches) == [0] and sorted(ahead) == [1] and ahead[1]["batch_id"] == named[1]
+    batches[1] = batch_as_lists(ahead[1]["batch"])
     for k, batch in batches.items():
         saved_samples = msgpack.unpackb(debug_rollout_path(str(saved / "data"), k).read_bytes(),
                                         raw=False)["samples"]

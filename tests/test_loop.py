@@ -5,6 +5,7 @@ show."""
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 from slime_actors.actors.controller import Controller, loop
@@ -18,7 +19,8 @@ FLAGS = ["--hf-checkpoint", "tiny:digits", "--input-key", "input", "--label-key"
 
 def _stats(rollout_id, kind="train"):
     return {"complete": True, "rollout_id": rollout_id, "kind": kind, "groups": 4, "target": 4, "samples": 16,
-            "filtered": 0, "failed": 0, "reward_mean": 0.25, "examples": None, "seconds": 0.1}
+            "filtered": 0, "failed": 0, "reward_mean": 0.25, "examples": None, "seconds": 0.1,
+            **({"batch_id": f"b{rollout_id}"} if kind == "train" else {})}
 
 
 # the other asks' replies, as the actors answer them (their declared types: a reply lacking a key is a ReplyError)
@@ -73,7 +75,9 @@ def _step(k: int, v: int, last: bool = False) -> list[tuple]:
     return [("buffer/0", "start_rollout", {"rollout_id": k, "weight_version": v}),
             ("rollout/0", "resume", {"weight_version": v}),
             ("buffer/0", "wait_rollout", {"rollout_id": k, "timeout": 86400.0, "hack": False}),
-            ("trainer/0", "train", {"rollout_id": k}), ("trainer/1", "train", {"rollout_id": k}),
+            # (each rank trains on the batch wait_rollout named: the one it fetched ahead, when it is that one)
+            ("trainer/0", "train", {"rollout_id": k, "batch_id": f"b{k}"}),
+            ("trainer/1", "train", {"rollout_id": k, "batch_id": f"b{k}"}),
             ("buffer/0", "hack_report", {"rollout_id": k}),   # (answered while the trainers train)
             ("rollout/0", "end_rollout", {"rollout_id": k}),
             *ahead,
@@ -93,6 +97,41 @@ def test_without_save_the_rolling_checkpoint_is_saved_after_the_last_step(tmp_pa
                                    + [("buffer/0", "save", {"path": path})]), saves
     assert (tmp_path / "run" / "ckpt" / "iter_0000003" / "meta.json").exists()
     assert str(ctl.checkpoints.latest) == path
+
+
+def test_a_steps_row_is_written_once_the_next_steps_first_asks_are_out(tmp_path):
+    """The row of step k goes to metrics.jsonl (and TensorBoard, the console) after step k+1's start_rollout and
+    resume are sent, not between the two steps; every row is there, in order, when the job ends."""
+    ctl = _controller(tmp_path)
+    write = ctl.metrics._write
+
+    def written(step):
+        ctl.sent.append(("row", step["rollout_id"]))
+        write(step)
+    ctl.metrics._write = written
+    asyncio.run(loop.train_sync(ctl, 0))
+    # (here the weight version a step resumes the engines at is its rollout id)
+    order = [(m[0], m[1]) if m[0] == "row" else (m[1], m[2].get("rollout_id", m[2].get("weight_version")))
+             for m in ctl.sent if m[0] == "row" or m[1] in ("start_rollout", "resume") and not m[2].get("hold")]
+    assert order == [("start_rollout", 0), ("resume", 0), ("start_rollout", 1), ("resume", 1), ("row", 0),
+                     ("start_rollout", 2), ("resume", 2), ("row", 1), ("row", 2)]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == [0, 1, 2]
+
+
+def test_a_row_not_written_yet_is_written_when_the_metrics_close(tmp_path):
+    """A row recorded just before the job ends (or fails) is not lost: `flush` (the metrics' finish, a failed
+    loop, a hack-alarm stop, a training-group restart) writes it."""
+    ctl = _controller(tmp_path)
+    path = tmp_path / "run" / "metrics.jsonl"
+
+    async def go():
+        ctl.metrics.record(ctl.begin_step(0))
+        before = path.read_text()
+        ctl.metrics.flush()
+        return before, path.read_text()
+    before, after = asyncio.run(go())
+    assert before == "" and json.loads(after)["rollout_id"] == 0
 
 
 def test_the_synchronous_schedule_sends_each_step_in_order(tmp_path):

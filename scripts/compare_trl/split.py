@@ -34,8 +34,8 @@ from slime_actors.traces.summary import union_length
 
 PARTS = ("generation", "reward", "training", "weight_update", "messaging", "idle")
 # asks whose handler waits for other work (counted elsewhere or waiting by design): only their transit counts
-WAITING = frozenset(("wait_rollout", "get_work", "train", "sync_weights", "score", "update_weights_from_distributed",
-                     "update_weights_from_ipc", "update_weights_from_tensor", "update_weights_from_disk",
+WAITING = frozenset(("wait_rollout", "wait_batch", "get_work", "train", "sync_weights", "score",
+                     "update_weights_from_distributed", "update_weights_from_ipc", "update_weights_from_tensor", "update_weights_from_disk",
                      "init_weights_group", "rollback"))
 PLUMBING = frozenset(("register", "watch", "deregister", "lookup", "heartbeat", "list", "_peer_down"))
 

@@ -331,6 +331,8 @@ class Buffer(Actor):
             pass
         stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
+        if r.kind == "train" and r.done:   # (the trainers check the shard they fetched ahead against it: wait_batch)
+            stats["batch_id"] = self.state.batch_id(r.rollout_id)
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
             if not hack:   # (hack_report waits for it; it starts once the trainers have their shards)
                 self.spawn(self._observe_hack(r, after_batch=True), name="hack-monitor")
@@ -444,9 +446,40 @@ class Buffer(Actor):
 
     @handler
     async def get_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None) -> dict:
-        self._batch_shape = (world_size, bool(packed))
-        made = self._batches.pop((rollout_id, rank, world_size, bool(packed)), None)
-        batch = made if made is not None else self.state.batch(rollout_id, rank, world_size, packed=bool(packed))
+        return self._shard(rollout_id, rank, world_size, bool(packed))
+
+    @handler
+    async def wait_batch(self, rollout_id: int, rank: int, world_size: int, packed: bool | None = None,
+                         timeout: float | None = 3600.0) -> dict | None:
+        """A trainer rank's shard of training rollout `rollout_id`, asked for before the rollout is complete (right
+        after the rank trained on the one before): answered once it is, with the batch's id (`batch_id`), so the
+        shard is at the rank when the controller's `train` comes -- it names the id it was told by wait_rollout,
+        and the rank trains on this shard only if that is its id. None when `timeout` s (None: no limit) pass first,
+        or when the rollout was rolled back or trained meanwhile."""
+        key = f"train:{rollout_id}"
+        ev = self._rollout_events.setdefault(key, asyncio.Event())
+        r = self.state.rollouts.get(key)
+        if r is not None and r.done:
+            ev.set()
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        # (the controller's wait_rollout, woken by the same submit, replies first: its `train` is on its way while
+        # this shard is made)
+        await asyncio.sleep(0)
+        r = self.state.rollouts.get(key)
+        if r is None or not r.done or r.trained:   # (a rollback woke it)
+            return None
+        return {"batch_id": self.state.batch_id(rollout_id),
+                "batch": self._shard(rollout_id, rank, world_size, bool(packed))}
+
+    def _shard(self, rollout_id: int, rank: int, world_size: int, packed: bool) -> dict:
+        """Rank `rank` of `world_size`'s shard of complete training rollout `rollout_id` (made ahead if it was:
+        `_make_batches`); the reports waiting for the shards go ahead once every rank has its own."""
+        self._batch_shape = (world_size, packed)
+        made = self._batches.pop((rollout_id, rank, world_size, packed), None)
+        batch = made if made is not None else self.state.batch(rollout_id, rank, world_size, packed=packed)
         self._batch_taken(rollout_id, rank, world_size)
         return batch
 

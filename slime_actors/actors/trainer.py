@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..env import TRACE_BATCH_LIMIT, TRAINER_ADDR
+from ..handles import outcome_seen
 from ..backends.listen import limit_collectives, tcp_store
 from ..checkpoints import read_meta, trainer_dir
 from ..mailbox.errors import MailboxError, RemoteError, transient
@@ -43,6 +44,11 @@ GROUP_TIMEOUT_S = 1800.0  # the training group's collectives and store (torch.di
 # an error the controller's handler raised is not retried) and get_batch (it only reads), each for 600 s
 JOIN_RETRY = RetryPolicy(attempts=None, deadline=600, base=1.0, factor=1.0, max_delay=1.0, retry_on=(MailboxError,),
                          retry_if=lambda exc: not isinstance(exc, RemoteError))
+# the next rollout's shard, asked for once a rank trained (`_fetch_ahead`): how long the buffer keeps the ask (a
+# rollout longer than this is fetched when `train` comes, as ever), and how long `train` waits for its answer, which
+# the buffer sent when it told the controller the rollout was complete (a longer wait: something failed; fetched)
+NEXT_BATCH_WAIT_S = 3600.0
+NEXT_BATCH_LATE_S = 10.0
 BATCH_RETRY = RetryPolicy(attempts=None, deadline=600, base=0.4, factor=2.0, max_delay=2.0, retry_on=(MailboxError,),
                           retry_if=transient)
 
@@ -61,6 +67,9 @@ class TrainerRank(Actor):
         self.weights: WeightPusher | None = None  # rank 0 pushes weights, the others take part (on_start)
         self.generation: int | None = None  # of the training group this rank joined
         self.controller, self.buffer = ControllerHandle(self, "controller/0"), BufferHandle(self, "buffer/0")
+        # the shard of the next rollout, asked for once this rank trained on one (`_fetch_ahead`): (its rollout id,
+        # the wait_batch ask)
+        self._next_batch: tuple[int, asyncio.Future] | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def on_start(self) -> None:
@@ -70,7 +79,8 @@ class TrainerRank(Actor):
         if self.tracer is not None and not self.replaying:
             # the batch (get_batch's reply, over the trace's body limit) is kept in the trace as it came in, up to
             # SLIME_ACTORS_TRACE_BATCH_LIMIT: a replay of this rank trains on it (docs/trace-format.md)
-            self.mailbox.full_replies["get_batch"] = (self.runtime.trace_batch_limit, f"over {TRACE_BATCH_LIMIT.name}")
+            for method in ("get_batch", "wait_batch"):
+                self.mailbox.full_replies[method] = (self.runtime.trace_batch_limit, f"over {TRACE_BATCH_LIMIT.name}")
         from .. import startup_timeline as timeline
         with timeline.phase("rendezvous"):
             rdzv = await self._rendezvous()
@@ -166,6 +176,7 @@ class TrainerRank(Actor):
             self.log.info("resumed from checkpoint", path=str(ckpt), weight_version=self.backend.weight_version)
 
     async def on_stop(self) -> None:
+        self._drop_next_batch()   # (asked after the last rollout: none comes)
         if self.weights is not None:
             self.weights.close()
 
@@ -183,17 +194,52 @@ class TrainerRank(Actor):
 
     # ------------------------------------------------------------------------------------------ training
     @handler
-    async def train(self, rollout_id: int) -> dict:
+    async def train(self, rollout_id: int, batch_id: str | None = None) -> dict:
         from ..backends.rl_update import rl_update
         t0 = time.monotonic()
-        batch = (await self._get_batch(rollout_id)).wire   # (packed: rl_update makes its tensors)
+        batch = await self._batch(rollout_id, batch_id)   # (packed: rl_update makes its tensors)
         t1 = time.monotonic()
         cause = current_cause.get()  # (trace id, this train ask's id): named in the profiler's ranges
         metrics = await self.run_blocking(self._update, rl_update, batch, rollout_id, cause[1] if cause else None)
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
+        self._fetch_ahead(rollout_id + 1)
         return metrics
+
+    def _fetch_ahead(self, rollout_id: int) -> None:
+        """Ask the buffer now for this rank's shard of rollout `rollout_id` (wait_batch: answered once the rollout
+        is complete, when the controller is told so too), so the shard is here when the controller's `train` comes:
+        the step's training starts on that ask's arrival, not after a get_batch round trip."""
+        rank, world_size = self.backend.data_parallel_rank, self.backend.data_parallel_size
+        self._drop_next_batch()
+        task = asyncio.ensure_future(self.buffer.wait_batch(rollout_id, rank, world_size, packed=True,
+                                                            timeout=NEXT_BATCH_WAIT_S,
+                                                            ask_timeout=NEXT_BATCH_WAIT_S + 60))
+        task.add_done_callback(outcome_seen)
+        self._next_batch = (rollout_id, task)
+
+    def _drop_next_batch(self) -> None:
+        if self._next_batch is not None:
+            self._next_batch[1].cancel()
+            self._next_batch = None
+
+    async def _batch(self, rollout_id: int, batch_id: str | None) -> dict:
+        """This rank's shard of rollout `rollout_id`: the one fetched ahead when it is batch `batch_id` (the
+        controller's word: wait_rollout's), else pulled now. A fetch ahead that failed, was answered with nothing,
+        is another rollout's or does not come within NEXT_BATCH_LATE_S is set aside."""
+        ahead, self._next_batch = self._next_batch, None
+        if ahead is not None:
+            rid, task = ahead
+            if rid == rollout_id and batch_id is not None:
+                await asyncio.wait([task], timeout=NEXT_BATCH_LATE_S)
+                got = task.result() if task.done() and not task.cancelled() and task.exception() is None else None
+                if isinstance(got, dict) and got.get("batch_id") == batch_id and isinstance(got.get("batch"), dict):
+                    return TrainBatch.from_wire(got["batch"]).wire
+                self.log.info("the shard fetched ahead is not the rollout's; fetching it", rollout_id=rollout_id,
+                              expected=batch_id, got=got.get("batch_id") if isinstance(got, dict) else None)
+            task.cancel()
+        return (await self._get_batch(rollout_id)).wire
 
     def _update(self, rl_update, batch: dict, rollout_id: int, cause: str | None) -> dict:
         """The RL update of one rollout, profiled as --use-pytorch-profiler asks (slime_actors/profiler.py)."""

@@ -355,9 +355,9 @@ class Mailbox:
         # then hold the checksums, not the buffers (unless it keeps arrays: docs/trace-format.md).
         self.sums = ArraySums() if tracer is not None else None
         # Replies kept in the trace in full though over its body limit: method -> (the bound in bytes, what an input
-        # marker says above it). The trainer's batch (get_batch's reply): replay trains on it. Recorded as it came
-        # in, nothing encoded again; above the bound by size and checksum, with an input {"__omitted__": true,
-        # "size", "why"} named after the method that replay reports.
+        # marker says above it). The trainer's batch (get_batch's or wait_batch's reply): replay trains on it.
+        # Recorded as it came in, nothing encoded again; above the bound by size and checksum, with an input
+        # {"__omitted__": true, "size", "why"} named after the method that replay reports.
         self.full_replies: dict[str, tuple[int, str]] = {}
         self._keep_arrays = bool(getattr(tracer, "keep_arrays", False))
         # Set by an owner that records each request's arrival itself, together with its handling when that is

@@ -70,6 +70,7 @@ class Controller(Actor):
             if self.done is not None and not self.done.done():
                 self.done.set_result(self.result)
         except Exception as exc:
+            self.metrics.flush()   # (the rows of the steps that ended)
             self.log.error("training loop failed", error=repr(exc))
             self.stop_job(exc)
 

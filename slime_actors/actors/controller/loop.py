@@ -78,7 +78,7 @@ async def train_sync(ctl: Ctl, start: int) -> None:
         with ctl.startup.phase(f"rollout {k}"):
             stats, seconds = await (ctl.debug_data.load(k) if debug_cfg.load_debug_rollout_data else generate(ctl, k))
             # the trainers start on rollout k at once; the step's bookkeeping (metrics, reports) goes on meanwhile
-            training = None if debug_cfg.debug_rollout_only else await start_training(ctl, k)
+            training = None if debug_cfg.debug_rollout_only else await start_training(ctl, k, stats)
             with cancelled_on_error(training[0] if training else None):
                 reports = await rollout_done(ctl, k, step, stats, seconds)
         with cancelled_on_error(reports):
@@ -92,7 +92,7 @@ async def train_sync(ctl: Ctl, start: int) -> None:
                 # rollout k+1's groups are made meanwhile, held until the step after the weight sync starts it
                 ahead = await alongside(make_ahead(ctl, k + 1, ending)) \
                     if ending is not None and ahead_due(ctl, k) else None
-                await train(ctl, k, step, reports, ending, training, ahead)
+                await train(ctl, k, step, reports, training, ending, ahead)
         ctl.startup.first_step_done()                        # the start-up breakdown (startup.py)
         await evaluate_and_save(ctl, k, step)
         ctl.metrics.record(step)
@@ -116,7 +116,8 @@ async def train_async(ctl: Ctl, start: int) -> None:
                 next_rollout = asyncio.ensure_future(generate(ctl, k + 1, overlapped=True)) if k + 1 < n else None
                 if next_rollout is None:
                     await ctl.engines.end_rollout(k)         # the last rollout: nothing follows it
-                await train(ctl, k, step, reports)           # the engines pause only for the weight update
+                # (the engines pause only for the weight update)
+                await train(ctl, k, step, reports, await start_training(ctl, k, stats))
             ctl.startup.first_step_done()
             await evaluate_and_save(ctl, k, step, engines_busy=next_rollout is not None)
             ctl.metrics.record(step)
@@ -214,19 +215,20 @@ def cancelled_on_error(work: asyncio.Future | None):
         raise
 
 
-async def start_training(ctl: Ctl, k: int) -> tuple[asyncio.Future, float]:
-    """Every trainer rank asked to train on its shard of rollout k: (the asks, when they were sent)."""
+async def start_training(ctl: Ctl, k: int, stats: RolloutStats) -> tuple[asyncio.Future, float]:
+    """Every trainer rank asked to train on its shard of rollout k -- the batch `stats` names, which the ranks
+    fetched already (wait_batch) unless it was made again since --: (the asks, when they were sent)."""
     ctl.phase = "train"
     t0 = time.monotonic()
-    return await alongside(ctl.trainers.train(k, ask_timeout=3600)), t0
+    return await alongside(ctl.trainers.train(k, batch_id=stats.wire.get("batch_id"), ask_timeout=3600)), t0
 
 
-async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, ending: asyncio.Future | None = None,
-                training: tuple[asyncio.Future, float] | None = None, ahead: asyncio.Future | None = None) -> None:
-    """Every trainer rank trains on its shard of rollout k (`training`: asked already, `start_training`); its
-    reports come in; the buffer frees it (during the weight sync); the engines get weights v+1 once `ending` (the
-    engines ending rollout k) and `ahead` (rollout k+1 made, held: `make_ahead`) are done."""
-    asked, t0 = training if training is not None else await start_training(ctl, k)
+async def train(ctl: Ctl, k: int, step: dict, reports: asyncio.Future, training: tuple[asyncio.Future, float],
+                ending: asyncio.Future | None = None, ahead: asyncio.Future | None = None) -> None:
+    """Every trainer rank trains on its shard of rollout k (`training`: asked, `start_training`); its reports come
+    in; the buffer frees it (during the weight sync); the engines get weights v+1 once `ending` (the engines ending
+    rollout k) and `ahead` (rollout k+1 made, held: `make_ahead`) are done."""
+    asked, t0 = training
     with cancelled_on_error(ending), cancelled_on_error(ahead):
         with ctl.startup.phase(f"train {k}"):
             results = await asked

@@ -12,6 +12,7 @@ after this step (the loop saves a checkpoint and asks `stop_after(k)`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -53,6 +54,7 @@ class Metrics:
         self._rows_before_start = 0           # rows of the run before this job resumed it
         self._t_step = 0.0
         self._progress: _NoProgress = _NoProgress()
+        self._unwritten: list[dict] = []      # rows recorded, written once the next step's first asks are out
 
     @property
     def opened(self) -> bool:
@@ -87,6 +89,7 @@ class Metrics:
 
     def drop_from(self, rollout_id: int) -> None:
         """The training group restarted from a checkpoint: the rows from `rollout_id` on are trained again."""
+        self.flush()
         self.history = [h for h in self.history if h["rollout_id"] < rollout_id]
         if self.path is not None:   # (the run's files are open: a recovery before `open` has no alarms to trim)
             trim_alarms(self.path.parent, before=rollout_id)
@@ -118,6 +121,7 @@ class Metrics:
         (the status and the result), with the checkpoint saved after it."""
         if not self.stopping:
             return False
+        self.flush()
         ckpt = self.ctl.checkpoints.latest
         self.stopped = {"reason": self.stopping, "rollout_id": k, "steps_left": self.cfg.run.n_rollouts - k - 1,
                         "checkpoint": str(ckpt) if ckpt else None}
@@ -131,11 +135,31 @@ class Metrics:
         return self.stopped["rollout_id"] + 1 if self.stopped else self.cfg.run.n_rollouts
 
     def record(self, step: dict) -> None:
+        """Step k ended: its row. Written (metrics.jsonl, TensorBoard, the console) once the next step's first asks
+        are out -- two turns of the event loop from now, or at `flush` --: the row's writing (most of a millisecond
+        on a GPU host) is no longer a gap between two steps (docs/performance.md)."""
         step["time/step"] = time.monotonic() - self._t_step
         step["time"] = time.time()
         self.history.append(step)
         if self._file is None:
             raise RuntimeError("metrics: a step recorded before open()")
+        self._unwritten.append(step)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if len(self._unwritten) == 1:   # (the next step's asks are sent by tasks that first run in the next turn)
+            loop.call_soon(loop.call_soon, self.flush)
+
+    def flush(self) -> None:
+        """Write the rows recorded and not written yet, in order."""
+        while self._unwritten:
+            self._write(self._unwritten.pop(0))
+
+    def _write(self, step: dict) -> None:
+        if self._file is None:
+            return
         self._file.write(json.dumps(step) + "\n")
         self._file.flush()
         if self.sinks is not None:
@@ -168,6 +192,7 @@ class Metrics:
     def _finish(self, accounting: Accounting | None) -> dict:
         from ...plots import plot_run
         ctl, evals = self.ctl, self.ctl.evaluations.history
+        self.flush()
         if self._file is not None:
             self._file.close()
         png = plot_run(ctl.runtime.run_dir, self.history, evals)
