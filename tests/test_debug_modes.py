@@ -84,7 +84,7 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
             continue
         if m.method == "get_batch":
             batches[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
-        elif m.method == "wait_batch" and m.reply.body() is not None:
+        elif m.method == "wait_batch" and isinstance(m.reply.body(), dict) and "batch" in m.reply.body():
             ahead[m.send.body()["rollout_id"]] = m.reply.body()
         elif m.method == "train":
             named[m.send.body()["rollout_id"]] = m.send.body()["batch_id"]

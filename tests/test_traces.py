@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -418,3 +419,38 @@ def test_a_bounded_trace_rotates_keeping_its_first_and_newest_segments(tmp_path)
     run = TraceRun(tmp_path)
     assert any(f"trace segment(s) 1-{segs[1].segment - 1} were deleted by rotation" in p for p in run.problems), \
         run.problems
+
+
+def test_diff_compares_groups_handed_in_together_one_by_one():
+    """Which groups a rollout worker hands in together (`submit_groups`: the ones it finished while its last submit
+    was out) is the run's timing: `trace diff` compares a run that sent train-1 and train-2 in one message with one
+    that sent them apart group by group -- the same streams, the same bodies and replies."""
+    from slime_actors.traces.diff import _reply_body, _request_body, _streams
+    from slime_actors.traces.reader import Message
+
+    class Ev:
+        def __init__(self, t, body):
+            self.t_ns, self._body = t, body
+
+        def body(self):
+            return self._body
+
+    def group(i):
+        return {"work_id": f"train-{i}", "samples": [{"index": 2 * i, "response": "7"}]}
+
+    def msg(mid, t, method, body, reply):
+        header = {"id": mid, "from": "rollout/0", "to": "buffer/0", "method": method, "kind": "ask"}
+        return Message(mid, header, send=Ev(t, body), reply=Ev(t + 1, reply))
+
+    def run(*msgs):
+        return SimpleNamespace(messages=lambda: {m.id: m for m in msgs})
+    ok = {"accepted": True, "outcome": "done"}
+    one = [msg(f"b{i}", i, "submit", {"worker": "rollout/0", **group(i)}, ok) for i in range(3)]
+    together = [one[0], msg("a1", 1, "submit_groups", {"worker": "rollout/0", "groups": [group(1), group(2)]},
+                            {"results": [ok, {"accepted": False, "reason": "train-2 is done"}]})]
+    sa, sb = _streams(run(*together), frozenset()), _streams(run(*one), frozenset())
+    assert sorted(sa) == sorted(sb) and all(len(v) == 1 for v in sa.values())
+    for key in sa:
+        assert _request_body(sa[key][0]) == _request_body(sb[key][0])
+    replies = {k[4]: (_reply_body(sa[k][0]), _reply_body(sb[k][0])) for k in sa}
+    assert [a == b for a, b in replies.values()].count(False) == 1   # (train-2's: refused in one run only)

@@ -282,6 +282,32 @@ class Buffer(Actor):
 
     @handler
     async def submit(self, worker: str, work_id: str, samples: list) -> dict:
+        reply = self._submit(worker, work_id, samples)
+        if reply["accepted"] or reply["reason"] == STALE_REASON:
+            self._notify()
+        return reply
+
+    @handler
+    async def submit_groups(self, worker: str, groups: list) -> dict:
+        """Several groups handed in at once (the rollout worker's, finished while its last submit was out): each
+        taken as `submit` takes it, in order; one that is refused or malformed gets its reason, not the others'."""
+        results: list[dict] = []
+        for i, g in enumerate(groups):
+            wid = g.get("work_id") if isinstance(g, dict) else None
+            try:
+                if not isinstance(wid, str) or not isinstance(g.get("samples"), list):
+                    raise ValueError(f"groups[{i}] is not {{work_id: str, samples: list}}")
+                results.append(self._submit(worker, wid, g["samples"]))
+            except (KeyError, ValueError, TypeError) as exc:   # (what `submit` raises to its asker)
+                self.log.error("a group handed in with others is refused", worker=worker, work_id=wid,
+                               error=f"{type(exc).__name__}: {exc}")
+                results.append({"accepted": False, "reason": f"{type(exc).__name__}: {exc}"})
+        if any(r["accepted"] or r.get("reason") == STALE_REASON for r in results):
+            self._notify()
+        return {"results": results}
+
+    def _submit(self, worker: str, work_id: str, samples: list) -> dict:
+        """One group handed in: recorded, and the rollout's waiters woken once it is complete."""
         parsed = [Sample.from_wire(s) for s in samples]   # decoded once, here; encoded once, for the log
         try:
             reply = self.state.submit(worker, work_id, parsed)
@@ -293,8 +319,6 @@ class Buffer(Actor):
             r = self.state.rollouts.get(key)
             if r is not None and r.done:
                 self._rollout_events.setdefault(key, asyncio.Event()).set()
-        if reply["accepted"] or reply["reason"] == STALE_REASON:
-            self._notify()
         return reply
 
     @handler
@@ -465,6 +489,10 @@ class Buffer(Actor):
             await asyncio.wait_for(ev.wait(), timeout)
         except asyncio.TimeoutError:
             return None
+        except asyncio.CancelledError:
+            if self.running:
+                raise
+            return None   # (the buffer stops -- the job ended, a rollout after it was asked for --: no error)
         # (the controller's wait_rollout, woken by the same submit, replies first: its `train` is on its way while
         # this shard is made)
         await asyncio.sleep(0)

@@ -204,7 +204,8 @@ class TrainerRank(Actor):
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time/get_batch"] = t1 - t0
         metrics["time/train_compute"] = time.monotonic() - t1
-        self._fetch_ahead(rollout_id + 1)
+        if rollout_id + 1 < self.cfg.run.n_rollouts:
+            self._fetch_ahead(rollout_id + 1)
         return metrics
 
     def _fetch_ahead(self, rollout_id: int) -> None:
