@@ -93,7 +93,7 @@ def controller_gaps(run_dir: Path) -> list[dict]:
     by: dict[tuple[str, int], object] = {}
     submits = []
     for m in run.messages().values():
-        if m.method in ("submit", "submit_groups") and m.reply_sent is not None:
+        if m.method == "submit" and m.reply_sent is not None:
             submits.append(m.reply_sent.t_ns)
         if m.method in ("get_batch", "wait_batch") and m.send is not None and m.send.actor == "trainer/0":
             body = m.send.body()

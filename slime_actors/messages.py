@@ -405,19 +405,6 @@ class Submitted:
 
 
 @dataclass(frozen=True)
-class SubmittedGroups:
-    """buffer.submit_groups's reply: one `Submitted` per group handed in, in the order they were."""
-    results: list[Submitted]
-
-    @classmethod
-    def from_wire(cls, reply: Any) -> SubmittedGroups:
-        _needs("buffer.submit_groups", reply, ("results",))
-        if not isinstance(reply["results"], list):
-            raise ReplyError(f"buffer.submit_groups: `results` is {type(reply['results']).__name__}, expected a list")
-        return cls([Submitted.from_wire(r) for r in reply["results"]])
-
-
-@dataclass(frozen=True)
 class Returned:
     """buffer.return_work's reply: whether the group was queued again (`partial`: with its partial responses), else
     the `reason` it was not (it was not leased to that worker)."""
@@ -792,12 +779,6 @@ class BufferMessages(Protocol):
     @message(reply="{accepted, reason?, outcome?}")
     def submit(self, worker: str, work_id: str, samples: list[SampleMap]) -> Submitted:
         """A rollout worker hands back a finished, scored group (completed or failed)."""
-
-    @message(reply="{results: [{accepted, reason?, outcome?}]}")
-    def submit_groups(self, worker: str, groups: list[dict[str, Any]]) -> SubmittedGroups:
-        """A rollout worker hands back several finished, scored groups in one message -- `{work_id, samples}` each,
-        the ones it finished while its last submit was out --; each is taken as `submit` takes it, one result per
-        group in order (a group refused or malformed does not stop the others)."""
 
     @message(reply="{requeued, partial?, reason?}")
     def return_work(self, worker: str, work_id: str, samples: list[SampleMap] | None = None,

@@ -11,8 +11,8 @@ from .handles import UNSET, Group, Handle, Tell
 from .messages import (Accounting, AdapterLoaded, Array, DirectUpdate, EngineAnswer, EvalResponse, GroupLeft, Joined,
                        Killed, NodeStopping, Paused, PeerEntry, Ping, ProcessEntry, Registered, Released,
                        RetrieverAddress, Returned, RolledBack, RolloutEnded, RolloutLoaded, RolloutStarted,
-                       RolloutStats, RouterUrl, SampleMap, Scores, Status, Stopping, Submitted, SubmittedGroups,
-                       TrainBatch, TrainMetrics, WeightsSynced, Work)
+                       RolloutStats, RouterUrl, SampleMap, Scores, Status, Stopping, Submitted, TrainBatch,
+                       TrainMetrics, WeightsSynced, Work)
 
 
 class ActorHandle(Handle):
@@ -526,15 +526,6 @@ class BufferHandle(ActorHandle):
         Reply: {accepted, reason?, outcome?}."""
         return self._call("submit", locals())
 
-    def submit_groups(self, worker: str, groups: list[dict[str, Any]], *, ask_timeout: float | None = None,
-                      idem: str | None = None) -> Awaitable[SubmittedGroups]:
-        """A rollout worker hands back several finished, scored groups in one message -- `{work_id, samples}` each, the
-        ones it finished while its last submit was out --; each is taken as `submit` takes it, one result per group
-        in order (a group refused or malformed does not stop the others).
-
-        Reply: {results: [{accepted, reason?, outcome?}]}."""
-        return self._call("submit_groups", locals())
-
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
                     reason: str | None = UNSET, ask_timeout: float | None = None,
                     idem: str | None = None) -> Awaitable[Returned]:
@@ -659,12 +650,6 @@ class BufferTell(ActorTell):
         """A rollout worker hands back a finished, scored group (completed or failed)."""
         return self._call("submit", locals())
 
-    def submit_groups(self, worker: str, groups: list[dict[str, Any]]) -> Awaitable[None]:
-        """A rollout worker hands back several finished, scored groups in one message -- `{work_id, samples}` each, the
-        ones it finished while its last submit was out --; each is taken as `submit` takes it, one result per group
-        in order (a group refused or malformed does not stop the others)."""
-        return self._call("submit_groups", locals())
-
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
                     reason: str | None = UNSET) -> Awaitable[None]:
         """A rollout worker gives back work it could not finish (abort, engine restart)."""
@@ -766,15 +751,6 @@ class BufferGroup(Group[BufferHandle]):
 
         Reply: {accepted, reason?, outcome?}."""
         return self._call("submit", locals())
-
-    def submit_groups(self, worker: str, groups: list[dict[str, Any]], *, ask_timeout: float | None = None,
-                      idem: str | None = None) -> Awaitable[list[SubmittedGroups]]:
-        """A rollout worker hands back several finished, scored groups in one message -- `{work_id, samples}` each, the
-        ones it finished while its last submit was out --; each is taken as `submit` takes it, one result per group
-        in order (a group refused or malformed does not stop the others).
-
-        Reply: {results: [{accepted, reason?, outcome?}]}."""
-        return self._call("submit_groups", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
                     reason: str | None = UNSET, ask_timeout: float | None = None,
@@ -903,15 +879,6 @@ class BufferQuiet(Group[BufferHandle]):
 
         Reply: {accepted, reason?, outcome?}."""
         return self._call("submit", locals())
-
-    def submit_groups(self, worker: str, groups: list[dict[str, Any]], *, ask_timeout: float | None = None,
-                      idem: str | None = None) -> Awaitable[list[SubmittedGroups | None]]:
-        """A rollout worker hands back several finished, scored groups in one message -- `{work_id, samples}` each, the
-        ones it finished while its last submit was out --; each is taken as `submit` takes it, one result per group
-        in order (a group refused or malformed does not stop the others).
-
-        Reply: {results: [{accepted, reason?, outcome?}]}."""
-        return self._call("submit_groups", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
                     reason: str | None = UNSET, ask_timeout: float | None = None,

@@ -105,9 +105,8 @@ def load_eval_files(run: Path) -> dict[tuple[str, int], list[dict]]:
 
 
 def load_from_traces(run: Path) -> tuple[dict[int, list[Sample]], dict[tuple[str, int], list[dict]], list[str]]:
-    """Samples the buffer received (its `submit` and `submit_groups` requests), from its trace files: train rollouts
-    by id, and evaluations by (name, step) -- the controller numbers an evaluation after step K as K * 1000 + its
-    index."""
+    """Samples the buffer received (its `submit` requests), from its trace files: train rollouts by id, and
+    evaluations by (name, step) -- the controller numbers an evaluation after step K as K * 1000 + its index."""
     from .traces.reader import TraceRun
     tdir = run / "traces" if (run / "traces").is_dir() else run
     files = sorted([*tdir.glob("buffer-0.*.trace"), *tdir.glob("buffer-0.*.trace.gz")])
@@ -121,7 +120,7 @@ def load_from_traces(run: Path) -> tuple[dict[int, list[Sample]], dict[tuple[str
         tr = TraceRun(f, skip_bad=True)
         notes += tr.problems
         for ev in tr.events():
-            if ev.ev != "recv" or ev.method not in ("submit", "submit_groups"):
+            if ev.ev != "recv" or ev.method != "submit":
                 continue
             if ev.omitted:
                 omitted += 1
@@ -129,18 +128,13 @@ def load_from_traces(run: Path) -> tuple[dict[int, list[Sample]], dict[tuple[str
             body = ev.body()
             if not isinstance(body, dict):
                 continue
-            # (several groups handed in at once: submit_groups, {worker, groups: [{work_id, samples}]})
-            groups = body.get("groups") if ev.method == "submit_groups" else [body]
-            for group in groups if isinstance(groups, list) else []:
-                if not isinstance(group, dict):
+            kind = "eval" if str(body.get("work_id", "")).startswith("eval-") else "train"
+            for raw in body.get("samples") or []:
+                try:
+                    s = Sample.from_wire(raw)
+                except (TypeError, ValueError):
                     continue
-                kind = "eval" if str(group.get("work_id", "")).startswith("eval-") else "train"
-                for raw in group.get("samples") or []:
-                    try:
-                        s = Sample.from_wire(raw)
-                    except (TypeError, ValueError):
-                        continue
-                    (evals if kind == "eval" else train).setdefault(s.rollout_id, {})[s.index] = s
+                (evals if kind == "eval" else train).setdefault(s.rollout_id, {})[s.index] = s
     if omitted:
         notes.append(f"{omitted} submitted group(s) were over the trace body limit and could not be read (raise "
                      "SLIME_ACTORS_TRACE_BODY_LIMIT, or save rollouts with --save-debug-rollout-data)")

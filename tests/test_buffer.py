@@ -210,36 +210,6 @@ def test_a_shard_asked_for_ahead_of_a_rollout_that_never_comes_is_nothing_when_t
     assert not [e for e in logs if e["event"] == "handler failed"], logs
 
 
-def test_groups_handed_in_together_are_each_taken_as_submit_takes_them(loop_thread, run_dir, tmp_path, tiny):
-    """submit_groups: one result per group, in order -- accepted, refused (not leased to the worker), malformed (a
-    sample missing; not a group at all) -- the good ones recorded whatever the others are; the rollout's waiters are
-    woken when it completes."""
-    b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny))
-    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
-    mine = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 3})["groups"]
-    other = ask(loop_thread, w2, "get_work", {"worker": "rollout/2", "max_groups": 1})["groups"][0]
-    waiting = _ask_later(loop_thread, w2, "wait_rollout", {"rollout_id": 0, "hack": False})
-    groups = [{"work_id": mine[0]["work_id"], "samples": finish(mine[0])},
-              {"work_id": other["work_id"], "samples": finish(other)},              # rollout/2's
-              {"work_id": mine[1]["work_id"], "samples": finish(mine[1])[:1]},      # one sample of two
-              "not a group",
-              {"work_id": mine[2]["work_id"], "samples": finish(mine[2])}]
-    results = ask(loop_thread, w1, "submit_groups", {"worker": "rollout/1", "groups": groups})["results"]
-    assert [r["accepted"] for r in results] == [True, False, False, False, True]
-    assert "leased to rollout/2" in results[1]["reason"] and "expected 2 samples, got 1" in results[2]["reason"]
-    assert "groups[3] is not" in results[3]["reason"]
-    assert {wid for wid, g in b.state.groups.items() if g.state == "done"} == {mine[0]["work_id"],
-                                                                                mine[2]["work_id"]}
-    assert not waiting.done()
-    # the group that was malformed, handed in whole, and rollout/2's: the rollout is complete
-    last = ask(loop_thread, w1, "submit_groups", {"worker": "rollout/1", "groups": [
-        {"work_id": mine[1]["work_id"], "samples": finish(mine[1])}]})["results"]
-    assert last == [{"accepted": True, "outcome": "done"}]
-    assert ask(loop_thread, w2, "submit", {"worker": "rollout/2", "work_id": other["work_id"],
-                                           "samples": finish(other)})["accepted"]
-    assert waiting.result(30)["complete"]
-
-
 def test_lease_submit_refuse_release_and_complete(loop_thread, run_dir, tmp_path, tiny):
     args = make_args(tmp_path, tiny, "--over-sampling-batch-size", "5")
     b, w1, w2 = start(loop_thread, run_dir, args)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from slime_actors.config import ConfigError, debug_rollout_path, parse_config
+from slime_actors.traces.query import trained_batches
 from slime_actors.traces.reader import TraceRun
 from slime_actors.types import batch_as_lists
 
@@ -76,20 +77,13 @@ def test_train_only_trains_on_the_saved_rollouts_with_no_engine(saved):
     steps = metrics(run_dir)
     assert [s["rollout_id"] for s in steps] == [0, 1] and steps[-1]["weight_version_after"] == 2
     assert all("train/loss" in s and "train/grad_norm" in s for s in steps)
-    # each step trained on exactly the samples saved for it: the shard fetched ahead (wait_batch, after training on
-    # the rollout before) when it is the batch the controller's train names, else the one get_batch pulled
-    batches, ahead, named = {}, {}, {}
-    for m in run.messages().values():
-        if m.reply is None:
-            continue
-        if m.method == "get_batch":
-            batches[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
-        elif m.method == "wait_batch" and isinstance(m.reply.body(), dict) and "batch" in m.reply.body():
-            ahead[m.send.body()["rollout_id"]] = m.reply.body()
-        elif m.method == "train":
-            named[m.send.body()["rollout_id"]] = m.send.body()["batch_id"]
-    assert sorted(batches) == [0] and sorted(ahead) == [1] and ahead[1]["batch_id"] == named[1]
-    batches[1] = batch_as_lists(ahead[1]["batch"])
+    # each step trained on exactly the samples saved for it: rollout 0's shard pulled (get_batch), rollout 1's asked
+    # for ahead (wait_batch, after training on rollout 0) -- the batch the controller's train named
+    pulled = sorted(m.send.body()["rollout_id"] for m in run.messages().values() if m.method == "get_batch")
+    ahead = sorted(m.send.body()["rollout_id"] for m in run.messages().values() if m.method == "wait_batch")
+    assert pulled == [0] and ahead == [1]       # (none asked for past the last rollout)
+    batches = {k: batch_as_lists(b) for k, b in trained_batches(run).items()}   # (it comes packed)
+    assert sorted(batches) == [0, 1]
     for k, batch in batches.items():
         saved_samples = msgpack.unpackb(debug_rollout_path(str(saved / "data"), k).read_bytes(),
                                         raw=False)["samples"]

@@ -42,13 +42,11 @@ def frozen(tmp_path_factory):
 
 
 def batches(run: Path) -> dict[int, dict]:
+    """What trainer/0 trained on in each step (pulled, or asked for ahead), as lists."""
+    from slime_actors.traces.query import trained_batches
     from slime_actors.traces.reader import TraceRun
     from slime_actors.types import batch_as_lists
-    out = {}
-    for m in TraceRun(run).messages().values():
-        if m.method == "get_batch" and m.reply is not None:
-            out[m.send.body()["rollout_id"]] = batch_as_lists(m.reply.body())   # (it comes packed)
-    return out
+    return {k: batch_as_lists(b) for k, b in trained_batches(TraceRun(run)).items()}   # (it comes packed)
 
 
 def submitted(run: Path) -> list[dict]:

@@ -102,7 +102,7 @@ def test_rollout_stats_carry_examples_and_timeouts_and_the_trace_has_the_samples
     ask("start_rollout", {"rollout_id": 0})
     groups = ask("get_work", {"worker": "rollout/1", "max_groups": 2})["groups"]
     answers = [["0", "zero", "7"], ["1", "1", "1"]]
-    for i, (g, resp) in enumerate(zip(groups, answers)):
+    for g, resp in zip(groups, answers):
         samples = []
         for s, r in zip(g["samples"], resp):
             s = dict(s)
@@ -111,11 +111,7 @@ def test_rollout_stats_carry_examples_and_timeouts_and_the_trace_has_the_samples
             if r == "zero":
                 s["metadata"] = {**s["metadata"], "reward_timed_out": True}
             samples.append(s)
-        if i == 0:
-            assert ask("submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": samples})["accepted"]
-        else:   # (handed in with others: the trace gives them back too)
-            assert ask("submit_groups", {"worker": "rollout/1", "groups": [
-                {"work_id": g["work_id"], "samples": samples}]})["results"][0]["accepted"]
+        assert ask("submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": samples})["accepted"]
     st = ask("wait_rollout", {"rollout_id": 0, "timeout": 5.0})
     assert st["complete"] and st["reward_timeouts"] == 1
     best, worst = st["examples"]

@@ -421,36 +421,32 @@ def test_a_bounded_trace_rotates_keeping_its_first_and_newest_segments(tmp_path)
         run.problems
 
 
-def test_diff_compares_groups_handed_in_together_one_by_one():
-    """Which groups a rollout worker hands in together (`submit_groups`: the ones it finished while its last submit
-    was out) is the run's timing: `trace diff` compares a run that sent train-1 and train-2 in one message with one
-    that sent them apart group by group -- the same streams, the same bodies and replies."""
-    from slime_actors.traces.diff import _reply_body, _request_body, _streams
+def test_the_batch_a_rank_trained_on_is_the_one_its_train_named():
+    """`trained_batches`: per step, the shard the rank asked for ahead (wait_batch) when its id is the one the
+    controller's train named; the one it pulled (get_batch) when it set that aside -- or asked for none ahead."""
+    from slime_actors.traces.query import trained_batches
     from slime_actors.traces.reader import Message
 
     class Ev:
-        def __init__(self, t, body):
-            self.t_ns, self._body = t, body
+        def __init__(self, body):
+            self.t_ns, self._body = 0, body
 
         def body(self):
             return self._body
 
-    def group(i):
-        return {"work_id": f"train-{i}", "samples": [{"index": 2 * i, "response": "7"}]}
-
-    def msg(mid, t, method, body, reply):
-        header = {"id": mid, "from": "rollout/0", "to": "buffer/0", "method": method, "kind": "ask"}
-        return Message(mid, header, send=Ev(t, body), reply=Ev(t + 1, reply))
-
-    def run(*msgs):
-        return SimpleNamespace(messages=lambda: {m.id: m for m in msgs})
-    ok = {"accepted": True, "outcome": "done"}
-    one = [msg(f"b{i}", i, "submit", {"worker": "rollout/0", **group(i)}, ok) for i in range(3)]
-    together = [one[0], msg("a1", 1, "submit_groups", {"worker": "rollout/0", "groups": [group(1), group(2)]},
-                            {"results": [ok, {"accepted": False, "reason": "train-2 is done"}]})]
-    sa, sb = _streams(run(*together), frozenset()), _streams(run(*one), frozenset())
-    assert sorted(sa) == sorted(sb) and all(len(v) == 1 for v in sa.values())
-    for key in sa:
-        assert _request_body(sa[key][0]) == _request_body(sb[key][0])
-    replies = {k[4]: (_reply_body(sa[k][0]), _reply_body(sb[k][0])) for k in sa}
-    assert [a == b for a, b in replies.values()].count(False) == 1   # (train-2's: refused in one run only)
+    def msg(mid, frm, to, method, body, reply):
+        header = {"id": mid, "from": frm, "to": to, "method": method, "kind": "ask"}
+        return Message(mid, header, send=Ev(body), reply=Ev(reply))
+    msgs = [msg("t0", "controller/0", "trainer/0", "train", {"rollout_id": 0, "batch_id": "a"}, {}),
+            msg("g0", "trainer/0", "buffer/0", "get_batch", {"rollout_id": 0}, {"tokens": ["pulled 0"]}),
+            msg("t1", "controller/0", "trainer/0", "train", {"rollout_id": 1, "batch_id": "b"}, {}),
+            msg("w1", "trainer/0", "buffer/0", "wait_batch", {"rollout_id": 1},
+                {"batch_id": "b", "batch": {"tokens": ["ahead 1"]}}),
+            msg("t2", "controller/0", "trainer/0", "train", {"rollout_id": 2, "batch_id": "c2"}, {}),
+            msg("w2", "trainer/0", "buffer/0", "wait_batch", {"rollout_id": 2},      # (made again since: set aside)
+                {"batch_id": "c1", "batch": {"tokens": ["stale 2"]}}),
+            msg("g2", "trainer/0", "buffer/0", "get_batch", {"rollout_id": 2}, {"tokens": ["pulled 2"]}),
+            msg("w3", "trainer/0", "buffer/0", "wait_batch", {"rollout_id": 3}, None)]   # (the job ended)
+    run = SimpleNamespace(messages=lambda: {m.id: m for m in msgs})
+    assert trained_batches(run) == {0: {"tokens": ["pulled 0"]}, 1: {"tokens": ["ahead 1"]},
+                                    2: {"tokens": ["pulled 2"]}}

@@ -282,32 +282,6 @@ class Buffer(Actor):
 
     @handler
     async def submit(self, worker: str, work_id: str, samples: list) -> dict:
-        reply = self._submit(worker, work_id, samples)
-        if reply["accepted"] or reply["reason"] == STALE_REASON:
-            self._notify()
-        return reply
-
-    @handler
-    async def submit_groups(self, worker: str, groups: list) -> dict:
-        """Several groups handed in at once (the rollout worker's, finished while its last submit was out): each
-        taken as `submit` takes it, in order; one that is refused or malformed gets its reason, not the others'."""
-        results: list[dict] = []
-        for i, g in enumerate(groups):
-            wid = g.get("work_id") if isinstance(g, dict) else None
-            try:
-                if not isinstance(wid, str) or not isinstance(g.get("samples"), list):
-                    raise ValueError(f"groups[{i}] is not {{work_id: str, samples: list}}")
-                results.append(self._submit(worker, wid, g["samples"]))
-            except (KeyError, ValueError, TypeError) as exc:   # (what `submit` raises to its asker)
-                self.log.error("a group handed in with others is refused", worker=worker, work_id=wid,
-                               error=f"{type(exc).__name__}: {exc}")
-                results.append({"accepted": False, "reason": f"{type(exc).__name__}: {exc}"})
-        if any(r["accepted"] or r.get("reason") == STALE_REASON for r in results):
-            self._notify()
-        return {"results": results}
-
-    def _submit(self, worker: str, work_id: str, samples: list) -> dict:
-        """One group handed in: recorded, and the rollout's waiters woken once it is complete."""
         parsed = [Sample.from_wire(s) for s in samples]   # decoded once, here; encoded once, for the log
         try:
             reply = self.state.submit(worker, work_id, parsed)
@@ -319,6 +293,8 @@ class Buffer(Actor):
             r = self.state.rollouts.get(key)
             if r is not None and r.done:
                 self._rollout_events.setdefault(key, asyncio.Event()).set()
+        if reply["accepted"] or reply["reason"] == STALE_REASON:
+            self._notify()
         return reply
 
     @handler
@@ -355,8 +331,8 @@ class Buffer(Actor):
             pass
         stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
-        if r.kind == "train" and r.done:   # (the trainers check the shard they fetched ahead against it: wait_batch)
-            stats["batch_id"] = self.state.batch_id(r.rollout_id)
+        if r.kind == "train" and r.done and not r.trained:   # (the trainers check the shard they fetched ahead
+            stats["batch_id"] = self.state.batch_id(r.rollout_id)  # against it: wait_batch)
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
             if not hack:   # (hack_report waits for it; it starts once the trainers have their shards)
                 self.spawn(self._observe_hack(r, after_batch=True), name="hack-monitor")

@@ -15,14 +15,13 @@ to the current weight version before it serves.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from typing import TYPE_CHECKING
 
 from ..episode_samples import episode_of
 from ..eval_config import EVAL_SET_KEY
 from ..mailbox.errors import MailboxError, RemoteError
-from ..messages import Scores, Submitted, WorkGroup
+from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
 from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
 from ..tokenizer import load_tokenizer as _load_tokenizer
@@ -69,10 +68,6 @@ class RolloutWorker(EngineSupervisor, Actor):
         # waits for: started at the first resume whose engine holds it
         self._ahead: dict[str, tuple[WorkGroup, int | None]] = {}
         self._rollouts_ended = 0          # end_rollout calls: a take_ahead answered after one gives its groups back
-        # groups scored and waiting to be handed in while a submit is out: (work id, samples on the wire, the
-        # submission's idempotency key, its group's wait), sent together once that submit is answered (`_submit`)
-        self._to_submit: list[tuple[str, list[dict], str, asyncio.Future]] = []
-        self._submitting: asyncio.Task | None = None
         self._capacity = 0                # samples generated at once (--rollout-concurrency)
         self._generating = 0              # samples being generated now (not Actor._busy: handlers running)
         self.counters.update({"groups": 0, "samples": 0, "aborted_groups": 0, "reward_retries": 0, "env_errors": 0})
@@ -350,72 +345,16 @@ class RolloutWorker(EngineSupervisor, Actor):
             s.error = f"reward failed: {last_errors.get(s.index, 'unknown')}"
 
     async def _submit(self, wid: str, samples: list[Sample], lease: int) -> None:
-        """Hand the group in: at once (`submit`) when no submit is out, else together with the groups finished
-        meanwhile, in one `submit_groups` once the submit out is answered -- at the end of a rollout the groups
-        finish within a few milliseconds of each other, and the buffer took them one message at a time. Returns
-        when the buffer answered for it. A group whose task is cancelled (an engine restart: its lease is released)
-        before its submit went out is not handed in."""
-        done = asyncio.get_running_loop().create_future()
-        self._to_submit.append((wid, [s.to_wire() for s in samples], submit_key(wid, lease, samples[0]), done))
-        if self._submitting is None or self._submitting.done():
-            self._submitting = self.spawn(self._submit_queued(), name="submit")
-        await done
-
-    async def _submit_queued(self) -> None:
-        while self._to_submit:
-            queued = [x for x in self._to_submit if not x[3].done()]   # (cancelled meanwhile: not handed in)
-            # as many as fit the trace's body limit (a body over it is kept by size and checksum only: the samples
-            # could not be read back from the buffer's trace, nor the buffer replayed); the first one always
-            # (the configured limit, not the tracer's: a replay of this worker decides as the run did)
-            budget = self.runtime.trace_body_limit if self.runtime.trace else SUBMIT_GROUPS_MAX_BYTES
-            n, size = 0, 0
-            while n < len(queued) and (n == 0 or size + _wire_bytes(queued[n][1]) <= budget):
-                size += _wire_bytes(queued[n][1])
-                n += 1
-            batch, self._to_submit = queued[:n], queued[n:]
-            if not batch:
-                continue
-            try:
-                results = await self._hand_in(batch)
-            except asyncio.CancelledError:   # (the worker stops)
-                for *_, done in batch:
-                    done.cancel()
-                raise
-            except Exception as exc:   # (a malformed answer): each group fails, and is given back
-                for *_, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                continue
-            for (wid, *_, done), res in zip(batch, results):
-                if res is not None and not res.accepted:
-                    self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
-                if not done.done():
-                    done.set_result(None)
-
-    async def _hand_in(self, batch: list[tuple[str, list[dict], str, asyncio.Future]]
-                       ) -> list[Submitted] | list[None]:
-        """One message for the groups of `batch`: each one's result, None for all when the buffer did not answer.
-        The buffer may be restarting: asked again with the same key (applied at most once)."""
-        wids = [wid for wid, *_ in batch]
-        try:
-            if len(batch) == 1:
-                wid, wire, idem, _ = batch[0]
-                one = await retry(lambda: self.buffer.submit(self.name, wid, wire, ask_timeout=60, idem=idem),
-                                  SUBMIT_RETRY, what="submit", log=self.log, clock=self.monotonic, work_id=wid)
-                return [one]
-            groups = [{"work_id": wid, "samples": wire} for wid, wire, _, _ in batch]
-            idem = "groups:" + hashlib.blake2b("|".join(key for _, _, key, _ in batch).encode(),
-                                               digest_size=12).hexdigest()
-            res = await retry(lambda: self.buffer.submit_groups(self.name, groups, ask_timeout=60, idem=idem),
-                              SUBMIT_RETRY, what="submit_groups", log=self.log, clock=self.monotonic, work_ids=wids)
+        wire = [s.to_wire() for s in samples]
+        idem = submit_key(wid, lease, samples[0])
+        try:  # the buffer may be restarting: keep the group and try again (the same key: applied at most once)
+            res = await retry(lambda: self.buffer.submit(self.name, wid, wire, ask_timeout=60, idem=idem),
+                              SUBMIT_RETRY, what="submit", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:
-            self.log.error("gave up handing in groups; the buffer will re-issue them", work_ids=wids, error=str(exc))
-            return [None] * len(batch)
-        if len(res.results) != len(batch):
-            self.log.error("the buffer answered for another number of groups", work_ids=wids,
-                           results=len(res.results))
-            return [None] * len(batch)
-        return res.results
+            self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
+            return
+        if not res.accepted:
+            self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
         self.counters["aborted_groups"] += 1
@@ -450,21 +389,6 @@ class RolloutWorker(EngineSupervisor, Actor):
         """Work ids this worker holds (generating, scoring or handing in; taken ahead): the buffer reconciles after a
         restart."""
         return sorted([*self._inflight, *self._ahead])
-
-
-SUBMIT_GROUPS_MAX_BYTES = 4 << 20   # an untraced worker's bound on one submit_groups body
-
-
-def _wire_bytes(samples: list[dict]) -> int:
-    """At least the bytes a group's samples take in a message (token ids up to 5 bytes each, log-probs 9, text up to
-    4 a character): what `_submit_queued` counts against the trace's body limit, without encoding them twice."""
-    n = 0
-    for s in samples:
-        n += 256 + 5 * (len(s.get("prompt_tokens") or ()) + len(s.get("response_tokens") or ())) \
-            + 9 * len(s.get("rollout_log_probs") or ()) + len(s.get("loss_mask") or ()) \
-            + 4 * (len(str(s.get("prompt") or "")) + len(str(s.get("response") or ""))) \
-            + len(repr(s.get("label"))) + len(repr(s.get("metadata")))
-    return n
 
 
 # The built-in reward types (rewards/dispatch.py BUILTIN_RMS; register_reward refuses their names) that read a

@@ -77,48 +77,13 @@ def _t(m: Message) -> int:
     return 0
 
 
-class _Part:
-    """An event of a `submit_groups` message as the event of one of its groups' `submit` (`_per_group`)."""
-
-    def __init__(self, ev: Event, body: Any):
-        self._ev, self._body = ev, body
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ev, name)
-
-    def body(self) -> Any:
-        return self._body
-
-
-def _per_group(m: Message) -> list[Message]:
-    """A rollout worker's `submit_groups` as one `submit` per group it holds: which groups a worker hands in
-    together is the timing's (the ones it finished while its last submit was out), what it hands in is the
-    computation's -- compared group by group, whichever way either run sent them. A body that cannot be read (over
-    the trace's body limit) stays one message."""
-    req = _request_body(m)
-    groups = req.get("groups") if isinstance(req, dict) else None
-    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
-        return [m]
-    rep = _reply_body(m)
-    results = rep.get("results") if isinstance(rep, dict) else None
-    out = []
-    for i, g in enumerate(groups):
-        part = {"worker": req.get("worker"), "work_id": g.get("work_id"), "samples": g.get("samples")}
-        answer = results[i] if isinstance(results, list) and i < len(results) else rep
-        out.append(Message(m.id, {**m.header, "method": "submit"},
-                           *(None if e is None else _Part(e, part) for e in (m.send, m.recv)), m.handled,
-                           *(None if e is None else _Part(e, answer) for e in (m.reply, m.reply_sent))))
-    return out
-
-
 def _streams(run: TraceRun, ignore: frozenset) -> dict[tuple, list[Message]]:
     out: dict[tuple, list[Message]] = {}
     for m in run.messages().values():
         h = m.header
         if h.get("kind") not in ("tell", "ask") or h.get("method") in ignore:
             continue
-        for part in _per_group(m) if h.get("method") == "submit_groups" else [m]:
-            out.setdefault(message_key(part), []).append(part)
+        out.setdefault(message_key(m), []).append(m)
     for v in out.values():
         v.sort(key=_t)
     return out

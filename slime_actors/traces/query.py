@@ -120,6 +120,37 @@ def step_window(run: TraceRun, k: int) -> Step:
     return st[k]
 
 
+def trained_batches(run: TraceRun, rank: str = "trainer/0") -> dict[int, dict]:
+    """The batch trainer rank `rank` trained on in each step, by rollout id, as it came (packed:
+    types.batch_as_lists gives lists): the shard it asked for ahead (its `wait_batch` reply) when that is the batch its
+    `train` named, else the one it pulled (`get_batch`). A batch over the trace's batch limit is left out."""
+    named: dict[int, Any] = {}
+    ahead: dict[int, dict] = {}
+    pulled: dict[int, dict] = {}
+    for m in run.messages().values():
+        if m.method == "train" and m.header.get("to") == rank and (m.send or m.recv) is not None:
+            body = _safe_body(m.send or m.recv)
+            if isinstance(body, dict) and isinstance(body.get("rollout_id"), int):
+                named[body["rollout_id"]] = body.get("batch_id")
+            continue
+        if m.method not in ("get_batch", "wait_batch") or m.header.get("from") != rank or m.reply is None:
+            continue
+        ask, got = _safe_body(m.send) if m.send is not None else None, _safe_body(m.reply)
+        if not isinstance(ask, dict) or not isinstance(got, dict) or got.get("__omitted__"):
+            continue
+        if m.method == "get_batch":
+            pulled[ask["rollout_id"]] = got
+        elif isinstance(got.get("batch"), dict):
+            ahead[ask["rollout_id"]] = got
+    out = {}
+    for k, batch_id in named.items():
+        if k in pulled:
+            out[k] = pulled[k]
+        elif k in ahead and batch_id is not None and ahead[k].get("batch_id") == batch_id:
+            out[k] = ahead[k]["batch"]
+    return out
+
+
 def _answered(m: Message) -> int:
     for e in (m.reply, m.reply_sent, m.handled, m.recv, m.send):
         if e is not None:
