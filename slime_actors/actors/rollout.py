@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..episode_samples import episode_of
 from ..eval_config import EVAL_SET_KEY
-from ..mailbox.errors import MailboxError, RemoteError
+from ..mailbox.errors import MailboxError, RemoteError, transient
 from ..messages import Scores, WorkGroup
 from ..retry import RetryPolicy, retry
 from ..role_handles import BufferHandle, ControllerHandle, RewardHandle
@@ -38,7 +38,9 @@ __all__ = ["RolloutWorker", "EngineHandle", "generate_style", "request_key", "su
 REWARD_WAIT_S = 300.0  # how long a rollout worker keeps asking while no reward worker answers at all
 # asks to the buffer, repeated while it restarts (any mailbox error, as a restart can answer with one)
 RELEASE_RETRY = RetryPolicy(attempts=5, base=0.5, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
-SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+# (a submit the buffer's handler refused -- samples it cannot take -- gets the same answer again: not repeated)
+SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,),
+                           retry_if=transient)
 RETURN_RETRY = RetryPolicy(attempts=10, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
 AHEAD_RETRY = RetryPolicy(attempts=3, base=0.2, factor=2.0, max_delay=1.0, retry_on=(MailboxError,))
 
@@ -136,7 +138,7 @@ class RolloutWorker(EngineSupervisor, Actor):
             res = await retry(lambda: self.buffer.release_worker(self.name, reason="restarted", ask_timeout=30),
                               RELEASE_RETRY, what="release_worker (a previous incarnation's groups)", log=self.log,
                               clock=self.monotonic)  # (recorded clock readings, as every retry's here)
-        except MailboxError as exc:  # the buffer re-issues them when their lease runs out
+        except MailboxError as exc:  # (leases do not run out: a restarted buffer reconciles them -- held_groups)
             self.log.warning("could not release a previous incarnation's groups", error=str(exc))
             return
         if res.requeued:
@@ -351,7 +353,15 @@ class RolloutWorker(EngineSupervisor, Actor):
             res = await retry(lambda: self.buffer.submit(self.name, wid, wire, ask_timeout=60, idem=idem),
                               SUBMIT_RETRY, what="submit", log=self.log, clock=self.monotonic, work_id=wid)
         except MailboxError as exc:
-            self.log.error("gave up submitting a group; the buffer will re-issue it", work_id=wid, error=str(exc))
+            if transient(exc):   # (the buffer did not answer for a minute: a restarted one asks which groups this
+                # worker holds -- held_groups -- and re-issues this one)
+                self.log.error("gave up submitting a group; a restarted buffer re-issues it", work_id=wid,
+                               error=str(exc))
+                return
+            # its handler raised (samples it cannot take): the group goes back to be generated again, else it would
+            # stay leased to this worker -- leases do not run out -- and the rollout would wait for it
+            self.log.error("the buffer refused a group's samples; giving it back", work_id=wid, error=str(exc))
+            await self._return(wid, None, f"submit refused: {exc}")
             return
         if not res.accepted:
             self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
@@ -362,7 +372,9 @@ class RolloutWorker(EngineSupervisor, Actor):
         try:
             await retry(lambda: self.buffer.return_work(self.name, wid, **given, ask_timeout=30), RETURN_RETRY,
                         what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
-        except MailboxError as exc:  # the buffer re-issues the group when its lease runs out
+        except MailboxError as exc:
+            # (leases do not run out: the group stays leased to this worker until its leases are released -- an
+            # engine or worker restart -- or a restarted buffer reconciles them: held_groups no longer names it)
             self.log.warning("gave up returning a group", work_id=wid, error=str(exc))
 
     @handler

@@ -1,0 +1,78 @@
+"""A rollout worker hands a scored group to the buffer (`submit`): asked again while the buffer does not answer
+(restarting: the same idempotency key, applied at most once); given back at once when the buffer's handler refuses
+its samples -- asking again would get the same answer, and a group left leased to the worker would hold the rollout
+up (leases do not run out). No engine, no buffer process: the worker's buffer is a stub."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from slime_actors.actors import rollout as rollout_module
+from slime_actors.actors.rollout import RolloutWorker, submit_key
+from slime_actors.config import parse_config
+from slime_actors.mailbox.errors import AskTimeout, RemoteError
+from slime_actors.messages import Returned, Submitted
+from slime_actors.retry import RetryPolicy
+from slime_actors.types import Sample
+
+DIGITS = str(Path(__file__).resolve().parents[1] / "examples" / "digits" / "config.toml")
+
+
+def samples() -> list[Sample]:
+    return [Sample(index=j, group_index=0, prompt="1 2 first =", response="1", response_tokens=[5], loss_mask=[1],
+                   rollout_log_probs=[-0.5], reward=1.0) for j in range(2)]
+
+
+class Buffer:
+    """submit answers with the errors in `fail` first, one per ask, then accepts; asks are recorded."""
+
+    def __init__(self, *fail: Exception):
+        self.fail = list(fail)
+        self.asks: list[tuple] = []
+
+    async def submit(self, worker, work_id, samples, ask_timeout=None, idem=None):
+        self.asks.append(("submit", work_id, idem))
+        if self.fail:
+            raise self.fail.pop(0)
+        return Submitted(True, None, "done")
+
+    async def return_work(self, worker, work_id, reason=None, samples=None, ask_timeout=None):
+        self.asks.append(("return_work", work_id, reason))
+        return Returned(True)
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    """The retries' waits shortened (what is tested is whether and how often the worker asks)."""
+    monkeypatch.setattr(rollout_module, "SUBMIT_RETRY", RetryPolicy(
+        attempts=3, base=0.0, retry_on=rollout_module.SUBMIT_RETRY.retry_on,
+        retry_if=rollout_module.SUBMIT_RETRY.retry_if))
+
+
+def hand_in(buffer: Buffer) -> Buffer:
+    w = RolloutWorker(0, args=parse_config(["--config", DIGITS]).to_dict())
+    w.buffer = buffer
+    asyncio.run(w._submit("train-3", samples(), 2))
+    return buffer
+
+
+def test_a_submit_the_buffer_did_not_answer_is_asked_again_with_the_same_key():
+    buf = hand_in(Buffer(AskTimeout("buffer/0", "submit", 60), RemoteError("buffer/0", "submit", "MailboxError",
+                                                                            "buffer/0 stopped while handling")))
+    key = submit_key("train-3", 2, samples()[0])
+    assert buf.asks == [("submit", "train-3", key)] * 3
+
+
+def test_a_group_whose_samples_the_buffer_refuses_is_given_back_at_once():
+    refused = RemoteError("buffer/0", "submit", "ValueError", "train-3: expected 2 samples, got 1")
+    buf = hand_in(Buffer(refused))
+    assert [a[0] for a in buf.asks] == ["submit", "return_work"]      # (not asked again: the same answer would come)
+    assert buf.asks[1][2].startswith("submit refused:") and "expected 2 samples" in buf.asks[1][2]
+
+
+def test_a_buffer_gone_for_good_leaves_the_group_to_its_restart():
+    buf = hand_in(Buffer(*[AskTimeout("buffer/0", "submit", 60)] * 3))
+    assert [a[0] for a in buf.asks] == ["submit"] * 3    # (no return_work: it would not be answered either)
