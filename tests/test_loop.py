@@ -421,3 +421,20 @@ def test_the_job_waits_for_the_buffer_to_serve_before_its_first_ask(tmp_path):
         await asyncio.wait_for(waiting, 5)
     asyncio.run(run())
     assert ctl.sent[-1][:2] == ("buffer/0", "_ping")
+
+
+def test_a_row_that_cannot_be_written_is_said_and_the_job_goes_on(tmp_path):
+    """The row is written by a callback of the event loop: a write that fails (a full disk) is logged as an error
+    naming the metrics, not raised into asyncio's handler, and the steps go on."""
+    from structlog.testing import capture_logs
+    ctl = _controller(tmp_path)
+
+    def full(step):
+        raise OSError(28, "No space left on device")
+    ctl.metrics._write = full
+    with capture_logs() as logs:
+        asyncio.run(loop.train_sync(ctl, 0))
+    assert [h["rollout_id"] for h in ctl.metrics.history] == [0, 1, 2]
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert errors and all(e["event"] == "could not write a step's row to the run's metrics" for e in errors)
+    assert "No space left on device" in errors[0]["error"]

@@ -150,7 +150,15 @@ class Metrics:
             self.flush()
             return
         if len(self._unwritten) == 1:   # (the next step's asks are sent by tasks that first run in the next turn)
-            loop.call_soon(loop.call_soon, self.flush)
+            loop.call_soon(loop.call_soon, self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        # (a callback of the event loop: a row that cannot be written -- a full disk -- is said, not raised into
+        # asyncio's handler; the job's end writes what is left, and fails there if it still cannot)
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001
+            self.ctl.log.error("could not write a step's row to the run's metrics", error=repr(exc))
 
     def flush(self) -> None:
         """Write the rows recorded and not written yet, in order."""
