@@ -129,3 +129,19 @@ def test_the_ask_after_the_last_rollout_is_cancelled_when_the_rank_stops():
         await asyncio.sleep(0.02)
     asyncio.run(go())
     assert r.buffer.cancelled == 1 and r._next_batch is None
+
+
+def test_a_train_cancelled_while_it_waits_for_the_shard_leaves_no_ask_waiting():
+    r = rank(None)      # (wait_batch never answers)
+
+    async def go():
+        r._fetch_ahead(3)
+        await asyncio.sleep(0)
+        task = r._next_batch[1]
+        waiting = asyncio.ensure_future(r._batch(3, "b3"))
+        await asyncio.sleep(0.02)
+        waiting.cancel()           # (the rank stops while its train waits)
+        await asyncio.sleep(0.02)
+        return task
+    task = asyncio.run(go())
+    assert task.cancelled() and r.buffer.cancelled == 1 and r._next_batch is None

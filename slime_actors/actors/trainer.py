@@ -232,14 +232,18 @@ class TrainerRank(Actor):
         ahead, self._next_batch = self._next_batch, None
         if ahead is not None:
             rid, task = ahead
-            if rid == rollout_id and batch_id is not None:
-                await asyncio.wait([task], timeout=NEXT_BATCH_LATE_S)
-                got = task.result() if task.done() and not task.cancelled() and task.exception() is None else None
-                if isinstance(got, dict) and got.get("batch_id") == batch_id and isinstance(got.get("batch"), dict):
-                    return TrainBatch.from_wire(got["batch"]).wire
-                self.log.info("the shard fetched ahead is not the rollout's; fetching it", rollout_id=rollout_id,
-                              expected=batch_id, got=got.get("batch_id") if isinstance(got, dict) else None)
-            task.cancel()
+            try:
+                if rid == rollout_id and batch_id is not None:
+                    await asyncio.wait([task], timeout=NEXT_BATCH_LATE_S)
+                    got = task.result() if task.done() and not task.cancelled() and task.exception() is None \
+                        else None
+                    if isinstance(got, dict) and got.get("batch_id") == batch_id \
+                            and isinstance(got.get("batch"), dict):
+                        return TrainBatch.from_wire(got["batch"]).wire
+                    self.log.info("the shard fetched ahead is not the rollout's; fetching it", rollout_id=rollout_id,
+                                  expected=batch_id, got=got.get("batch_id") if isinstance(got, dict) else None)
+            finally:   # (also when this train is cancelled while it waits: the ask is not left waiting)
+                task.cancel()
         return (await self._get_batch(rollout_id)).wire
 
     def _update(self, rl_update, batch: dict, rollout_id: int, cause: str | None) -> dict:
