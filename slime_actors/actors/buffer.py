@@ -322,13 +322,7 @@ class Buffer(Actor):
         key = f"{kind}:{rollout_id}"
         if key not in self.state.rollouts:
             raise KeyError(f"rollout {key} was never started")
-        ev = self._rollout_events.setdefault(key, asyncio.Event())
-        if self.state.rollouts[key].done:
-            ev.set()
-        try:
-            await asyncio.wait_for(ev.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await self._until_complete(key, timeout)
         stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
         if r.kind == "train" and r.done and not r.trained:   # (the trainers check the shard they fetched ahead
@@ -457,14 +451,9 @@ class Buffer(Actor):
         and the rank trains on this shard only if that is its id. None when `timeout` s (None: no limit) pass first,
         or when the rollout was rolled back or trained meanwhile."""
         key = f"train:{rollout_id}"
-        ev = self._rollout_events.setdefault(key, asyncio.Event())
-        r = self.state.rollouts.get(key)
-        if r is not None and r.done:
-            ev.set()
         try:
-            await asyncio.wait_for(ev.wait(), timeout)
-        except asyncio.TimeoutError:
-            return None
+            if not await self._until_complete(key, timeout):
+                return None
         except asyncio.CancelledError:
             if self.running:
                 raise
@@ -477,6 +466,19 @@ class Buffer(Actor):
             return None
         return {"batch_id": self.state.batch_id(rollout_id),
                 "batch": self._shard(rollout_id, rank, world_size, bool(packed))}
+
+    async def _until_complete(self, key: str, timeout: float | None) -> bool:
+        """Wait until rollout `key` ("train:3") is complete -- started or not yet -- or a rollback wakes its waiters;
+        False when `timeout` s passed first."""
+        ev = self._rollout_events.setdefault(key, asyncio.Event())
+        r = self.state.rollouts.get(key)
+        if r is not None and r.done:
+            ev.set()
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def _shard(self, rollout_id: int, rank: int, world_size: int, packed: bool) -> dict:
         """Rank `rank` of `world_size`'s shard of complete training rollout `rollout_id` (made ahead if it was:
