@@ -63,10 +63,14 @@ def test_per_sender_fifo_across_interleaved_senders(loop_thread, run_dir, echo_p
     async def blast(c):
         for k in range(n):
             await c.tell("echo/1", "record", {"sender": c.name, "n": k})
-            if k % 50 == 0:
+            if k % 10 == 0:
                 await asyncio.sleep(0)  # let the senders interleave
 
     async def all_():
+        # each sender's connection is up before any blasts: a connect still in progress would hold one sender's tells
+        # back while another's all arrive (seen once on a loaded 2-core CI machine), and the order would prove nothing
+        for c in clients:
+            assert await c.ask("echo/1", "echo", {"x": 0}, timeout=10) == 0
         await asyncio.gather(*(blast(c) for c in clients))
         # an ask from one sender arrives after that sender's tells: FIFO holds across kinds
         return await clients[0].ask("echo/1", "seen_list", timeout=10)
