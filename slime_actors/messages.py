@@ -407,15 +407,17 @@ class Submitted:
 @dataclass(frozen=True)
 class Returned:
     """buffer.return_work's reply: whether the group was queued again (`partial`: with its partial responses), else
-    the `reason` it was not (it was not leased to that worker)."""
+    the `reason` it was not (it was not leased to that worker; `failed`: it failed too often, and is recorded as a
+    failed group)."""
     requeued: bool
     partial: bool = False
     reason: str | None = None
+    failed: bool = False
 
     @classmethod
     def from_wire(cls, reply: Any) -> Returned:
         _needs("buffer.return_work", reply, ("requeued",))
-        return cls(bool(reply["requeued"]), bool(reply.get("partial")), reply.get("reason"))
+        return cls(bool(reply["requeued"]), bool(reply.get("partial")), reply.get("reason"), bool(reply.get("failed")))
 
 
 @dataclass(frozen=True)
@@ -780,10 +782,11 @@ class BufferMessages(Protocol):
     def submit(self, worker: str, work_id: str, samples: list[SampleMap]) -> Submitted:
         """A rollout worker hands back a finished, scored group (completed or failed)."""
 
-    @message(reply="{requeued, partial?, reason?}")
+    @message(reply="{requeued, partial?, failed?, reason?}")
     def return_work(self, worker: str, work_id: str, samples: list[SampleMap] | None = None,
-                    reason: str | None = None) -> Returned:
-        """A rollout worker gives back work it could not finish (abort, engine restart)."""
+                    reason: str | None = None, failed: bool | None = None) -> Returned:
+        """A rollout worker gives back work it could not finish (abort, engine restart). `failed`: its generation
+        raised or its samples were refused (`reason` says how); the third time, the group is recorded as failed."""
 
     @message(reply="{requeued}")
     def release_worker(self, worker: str, reason: str | None = None) -> Released:

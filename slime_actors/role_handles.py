@@ -527,11 +527,12 @@ class BufferHandle(ActorHandle):
         return self._call("submit", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
-                    reason: str | None = UNSET, ask_timeout: float | None = None,
+                    reason: str | None = UNSET, failed: bool | None = UNSET, ask_timeout: float | None = None,
                     idem: str | None = None) -> Awaitable[Returned]:
-        """A rollout worker gives back work it could not finish (abort, engine restart).
+        """A rollout worker gives back work it could not finish (abort, engine restart). `failed`: its generation
+        raised or its samples were refused (`reason` says how); the third time, the group is recorded as failed.
 
-        Reply: {requeued, partial?, reason?}."""
+        Reply: {requeued, partial?, failed?, reason?}."""
         return self._call("return_work", locals())
 
     def release_worker(self, worker: str, *, reason: str | None = UNSET, ask_timeout: float | None = None,
@@ -651,8 +652,9 @@ class BufferTell(ActorTell):
         return self._call("submit", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
-                    reason: str | None = UNSET) -> Awaitable[None]:
-        """A rollout worker gives back work it could not finish (abort, engine restart)."""
+                    reason: str | None = UNSET, failed: bool | None = UNSET) -> Awaitable[None]:
+        """A rollout worker gives back work it could not finish (abort, engine restart). `failed`: its generation
+        raised or its samples were refused (`reason` says how); the third time, the group is recorded as failed."""
         return self._call("return_work", locals())
 
     def release_worker(self, worker: str, *, reason: str | None = UNSET) -> Awaitable[None]:
@@ -753,11 +755,12 @@ class BufferGroup(Group[BufferHandle]):
         return self._call("submit", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
-                    reason: str | None = UNSET, ask_timeout: float | None = None,
+                    reason: str | None = UNSET, failed: bool | None = UNSET, ask_timeout: float | None = None,
                     idem: str | None = None) -> Awaitable[list[Returned]]:
-        """A rollout worker gives back work it could not finish (abort, engine restart).
+        """A rollout worker gives back work it could not finish (abort, engine restart). `failed`: its generation
+        raised or its samples were refused (`reason` says how); the third time, the group is recorded as failed.
 
-        Reply: {requeued, partial?, reason?}."""
+        Reply: {requeued, partial?, failed?, reason?}."""
         return self._call("return_work", locals())
 
     def release_worker(self, worker: str, *, reason: str | None = UNSET, ask_timeout: float | None = None,
@@ -881,11 +884,12 @@ class BufferQuiet(Group[BufferHandle]):
         return self._call("submit", locals())
 
     def return_work(self, worker: str, work_id: str, *, samples: list[SampleMap] | None = UNSET,
-                    reason: str | None = UNSET, ask_timeout: float | None = None,
+                    reason: str | None = UNSET, failed: bool | None = UNSET, ask_timeout: float | None = None,
                     idem: str | None = None) -> Awaitable[list[Returned | None]]:
-        """A rollout worker gives back work it could not finish (abort, engine restart).
+        """A rollout worker gives back work it could not finish (abort, engine restart). `failed`: its generation
+        raised or its samples were refused (`reason` says how); the third time, the group is recorded as failed.
 
-        Reply: {requeued, partial?, reason?}."""
+        Reply: {requeued, partial?, failed?, reason?}."""
         return self._call("return_work", locals())
 
     def release_worker(self, worker: str, *, reason: str | None = UNSET, ask_timeout: float | None = None,

@@ -308,6 +308,51 @@ def test_failed_and_filtered_groups_are_replaced(loop_thread, run_dir, tmp_path,
     assert st["complete"] and st["filtered"] == 1 and st["failed"] == 1 and st["groups"] == 4
 
 
+def test_a_rollout_whose_groups_keep_failing_fails_its_waiters_with_the_last_error(loop_thread, run_dir, tmp_path,
+                                                                                  tiny):
+    """A reward that raises for every sample, a generate function that always raises: the groups fail (a group given
+    back as failed is made again twice, then failed), and once --max-failed-groups of them did, the controller's
+    wait_rollout -- asked before -- fails naming the count and the last error, a trainer's wait_batch is nil, and no
+    more groups are made for the rollout. Before this, such a job made groups for ever."""
+    b, w1, w2 = start(loop_thread, run_dir, make_args(tmp_path, tiny, "--max-failed-groups", "3"))
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    waiting = _ask_later(loop_thread, w2, "wait_rollout", {"rollout_id": 0, "hack": False})
+    batch = _ask_later(loop_thread, w2, "wait_batch", {"rollout_id": 0, "rank": 0, "world_size": 1})
+    first = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 4})["groups"]
+    g0, g1 = first[:2]
+    failed = finish(g0)
+    failed[0].update(status="failed", reward=None, error="reward failed: ValueError: no answer field")
+    assert ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g0["work_id"],
+                                          "samples": failed})["outcome"] == "failed"
+    for n in (1, 2, 3):   # a generate function that raises: given back as failed, made again, the third time failed
+        reply = ask(loop_thread, w1, "return_work", {"worker": "rollout/1", "work_id": g1["work_id"],
+                                                    "reason": "error: KeyError('answer')", "failed": True})
+        assert reply == ({"requeued": True, "partial": False} if n < 3 else
+                         {"requeued": False, "failed": True,
+                          "reason": "failed 3 times; the last: error: KeyError('answer')"})
+        if n < 3:
+            again = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+            assert g1["work_id"] in [g["work_id"] for g in again]
+    other = first[2]["work_id"]   # (leased since the first get_work)
+    assert ask(loop_thread, w1, "return_work", {"worker": "rollout/1", "work_id": other,
+                                               "reason": "rollout ended"})["requeued"]   # (not counted)
+    assert b.state.groups[other].errors == 0
+    assert not waiting.done()   # 2 failed groups: below the limit
+    g2, *_ = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+    failed = finish(g2)
+    failed[1].update(status="failed", reward=None, error="reward failed: ValueError: no answer field")
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g2["work_id"], "samples": failed})
+    with pytest.raises(RemoteError, match=(
+            r"wait_rollout failed: RuntimeError: rollout 0 failed: 3 of its groups failed \(the limit is 3: "
+            r"--max-failed-groups\), 0 of the 4 it needs completed. The last: train-\d+: sample \d+: reward failed: "
+            r"ValueError: no answer field \(the rollout workers' log has every error\)")):
+        waiting.result(30)
+    assert batch.result(30) is None
+    with pytest.raises(RemoteError, match="rollout 0 failed: 3 of its groups failed"):   # asked again: the same
+        ask(loop_thread, w1, "wait_rollout", {"rollout_id": 0, "hack": False})
+    assert b.state._missing("train") == 0   # no group is made in place of those that failed
+
+
 def test_restart_restores_leases_and_queue(loop_thread, run_dir, tmp_path, tiny):
     args = make_args(tmp_path, tiny)
     b, w1, _ = start(loop_thread, run_dir, args)

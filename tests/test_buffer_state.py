@@ -205,6 +205,101 @@ def test_a_train_sample_without_reward_fails_its_group_but_an_eval_one_does_not(
     assert submit(st, W1, e, rewards=(None,))["outcome"] == "done"
 
 
+def test_a_group_given_back_failed_three_times_is_recorded_failed_with_the_last_error(tmp_path):
+    """A worker's generation that raises (a user's generate function, an engine call) or samples the buffer refuses:
+    the group goes back to be made again, twice; the third time it is a failed group, with that error, and a new
+    prompt takes its place. A return without an error (an abort, a rollout ended) does not count."""
+    log: list = []
+    st = make_state(tmp_path / "a", log=log, over_sampling_batch_size=2)
+    start = copy.deepcopy(st.snapshot())
+    st.start_rollout(0)
+    wid = "train-0"
+    for n in (1, 2):
+        (g,) = [x for x in st.take(W1, 5) if x["work_id"] == wid] or [None]
+        assert g is not None, "the failed group was not handed out again"
+        assert st.return_work(W1, wid, error=f"error: KeyError('answer') #{n}") == {"requeued": True,
+                                                                                   "partial": False}
+        assert (st.groups[wid].state, st.groups[wid].errors) == ("queued", n)
+        st.return_work(W1, "train-1")   # (an abort: not counted)
+        assert st.groups["train-1"].errors == 0
+    assert sorted(x["work_id"] for x in st.take(W1, 5)) == [wid, "train-1"]
+    reply = st.return_work(W1, wid, error="error: KeyError('answer') #3")
+    assert reply == {"requeued": False, "failed": True,
+                     "reason": "failed 3 times; the last: error: KeyError('answer') #3"}
+    g0, r = st.groups[wid], st.rollouts["train:0"]
+    assert (g0.state, g0.error, r.failed) == ("failed", reply["reason"], 1)
+    assert r.last_error == f"{wid}: {reply['reason']}"
+    assert st.notes[-1] == ("group failed", {"work_id": wid, "error": reply["reason"]})
+    assert [x["work_id"] for x in st.take(W1, 5)] == ["train-2"]   # a new prompt in its place
+    assert st.accounting()["lost"] == 0   # its samples are where its outcome says
+    # the log replayed: the same errors, the same failed group (a restarted buffer does not reset the count)
+    again = make_state(tmp_path / "b", over_sampling_batch_size=2)
+    again.load(start)
+    again.replay(log)
+    assert again.groups[wid].record() == g0.record() and again.groups[wid].errors == 3
+    assert again.rollouts["train:0"].last_error == r.last_error
+    snap = BufferState(settings(over_sampling_batch_size=2), *datasets(tmp_path / "c"))
+    snap.load(copy.deepcopy(again.snapshot()))
+    assert snap.groups[wid].errors == 3 and snap.rollouts["train:0"].last_error == r.last_error
+
+
+def test_a_training_rollout_whose_groups_keep_failing_fails_with_the_last_error(tmp_path):
+    """As many failed groups as --max-failed-groups allows (0: twice --rollout-batch-size): the rollout fails -- no
+    more groups are made for it, and `rollout_failure` says why, with the last error; before that it goes on.
+    A rollout that completes is not failed by failures it had on the way; an evaluation never fails this way."""
+    st = make_state(tmp_path, over_sampling_batch_size=2)   # rollout_batch_size 2: the limit is 4
+    assert st.settings.failed_groups_limit == 4
+    st.start_rollout(0)
+    r = st.rollouts["train:0"]
+    made = []
+    while st.rollout_failure(r) is None:
+        gs = st.take(W1, 5)
+        assert gs, "no group to fail, and the rollout did not fail"
+        made += [x["work_id"] for x in gs]
+        for x in gs:
+            st.submit(W1, x["work_id"], finish(x, rewards=(None, 1.0)))
+    assert r.failed == 4 and made == [f"train-{i}" for i in range(4)]
+    why = st.rollout_failure(r)
+    assert why == ("rollout 0 failed: 4 of its groups failed (the limit is 4: twice --rollout-batch-size, as "
+                   "--max-failed-groups 0 says), 0 of the 2 it needs completed. The last: train-3: sample 6: no "
+                   "reward (the rollout workers' log has every error)")
+    assert st.take(W1, 5) == [] and st._missing("train") == 0   # nothing more is made for it
+
+    # an explicit limit, reached after a group completed; a rollout that completes is not failed
+    st = make_state(tmp_path / "b", over_sampling_batch_size=2, max_failed_groups=3)
+    st.start_rollout(0)
+    r = st.rollouts["train:0"]
+    g0, g1 = st.take(W1, 5)
+    submit(st, W1, g0)
+    failed = finish(g1)
+    failed[0].status, failed[0].error = "failed", "reward failed: boom"
+    failed[1].status, failed[1].error = "failed", "reward failed: boom too"
+    st.submit(W1, g1["work_id"], failed)
+    assert st.groups[g1["work_id"]].error == "sample 2: reward failed: boom (and 1 more of its samples)"
+    g2, = st.take(W1, 5)
+    st.submit(W1, g2["work_id"], finish(g2, rewards=(None, 1.0)))
+    assert st.rollout_failure(r) is None and r.failed == 2
+    g3, = st.take(W1, 5)
+    st.submit(W1, g3["work_id"], finish(g3, rewards=(None, None)))
+    assert st.rollout_failure(r).startswith("rollout 0 failed: 3 of its groups failed (the limit is 3: "
+                                            "--max-failed-groups), 1 of the 2 it needs completed. The last: train-3: "
+                                            "sample 6: no reward (and 1 more of its samples)")
+    st = make_state(tmp_path / "c", over_sampling_batch_size=2, max_failed_groups=1)
+    complete_rollout(st, 0)
+    st.rollouts["train:0"].failed = 5
+    assert st.rollout_failure(st.rollouts["train:0"]) is None   # complete: trained on, whatever failed before
+    st.start_rollout(0, kind="eval", name="ev")
+    for x in st.take(W1, 5):
+        st.submit(W1, x["work_id"], [dict_failed(s) for s in finish(x, rewards=(None,))])
+    ev = st.rollouts["eval:0"]
+    assert ev.failed == 3 and ev.done and st.rollout_failure(ev) is None
+
+
+def dict_failed(s: Sample) -> Sample:
+    s.status, s.error = "failed", "engine error"
+    return s
+
+
 # ------------------------------------------------------------------------------------------------ carry-over
 def test_a_late_group_is_carried_into_the_next_rollout(tmp_path):
     st = make_state(tmp_path, staleness_limit=1)   # async: one version behind is fresh enough
@@ -788,8 +883,11 @@ def read(path: Path):
 
 def comparable(snap: dict, times: bool = False) -> dict:
     """A snapshot without what an older buffer did not have (the hacking monitor's fields, the dataset's unused
-    next_group_index) and, unless `times`, without wall-clock times."""
+    next_group_index, a training rollout's last failed group's error) and, unless `times`, without wall-clock
+    times."""
     snap = copy.deepcopy(snap)
+    for r in snap["rollouts"].values():
+        r.pop("last_error", None)
     # the accounts as one form: an older buffer wrote a map {index: [leased, submitted, trained]}, today's arrays
     snap["accounts"] = dict(Accounts.from_snapshot(snap["accounts"]).items())
     for k in ("hack_monitor", "hack_reports"):

@@ -114,6 +114,31 @@ def test_a_reward_function_that_raises_loses_nothing(tmp_path):
     assert "judge crashed on a 3" in log
 
 
+@pytest.mark.parametrize("broken", ["reward", "generate"])
+def test_a_reward_or_generate_function_that_always_raises_stops_the_job_with_its_error(tmp_path, broken):
+    """A user's reward that raises for every sample, or a generate function that does: the groups fail (a group whose
+    generation raised is made again twice, then failed), and once twice --rollout-batch-size of them failed, the job
+    stops with the last error as its last line -- before, it made groups for ever and wrote errors by the million."""
+    fn = tmp_path / "mine.py"
+    fn.write_text("async def reward(args, sample):\n"
+                  "    raise ValueError('no answer field in ' + sample.prompt)\n"
+                  "async def generate(args, sample, sampling_params):\n"
+                  "    raise KeyError('answer')\n")
+    flag = "--custom-rm-path" if broken == "reward" else "--custom-generate-function-path"
+    p = train(tmp_path / "run", "--num-rollout", "2", "--eval-interval", "0", flag, f"{fn}:{broken}",
+              timeout=180, check=False)
+    assert p.returncode == 1, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("slime-actors train: training loop failed: buffer/0.wait_rollout failed: RuntimeError: "
+                           "rollout 0 failed: "), last
+    assert "of its groups failed (the limit is 32: twice --rollout-batch-size" in last
+    if broken == "reward":
+        assert "reward failed: " in last and "ValueError: no answer field in" in last
+    else:
+        assert "failed 3 times; the last: error: KeyError('answer')" in last
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not metrics(tmp_path / "run")   # no step trained
+
+
 @pytest.mark.slow
 def test_async_mode_and_disk_weight_sync(tmp_path):
     run = tmp_path / "run"

@@ -39,8 +39,8 @@ class Buffer:
             raise self.fail.pop(0)
         return Submitted(True, None, "done")
 
-    async def return_work(self, worker, work_id, reason=None, samples=None, ask_timeout=None):
-        self.asks.append(("return_work", work_id, reason))
+    async def return_work(self, worker, work_id, reason=None, samples=None, failed=None, ask_timeout=None):
+        self.asks.append(("return_work", work_id, reason) + (("failed",) if failed else ()))
         return Returned(True)
 
 
@@ -71,8 +71,44 @@ def test_a_group_whose_samples_the_buffer_refuses_is_given_back_at_once():
     buf = hand_in(Buffer(refused))
     assert [a[0] for a in buf.asks] == ["submit", "return_work"]      # (not asked again: the same answer would come)
     assert buf.asks[1][2].startswith("submit refused:") and "expected 2 samples" in buf.asks[1][2]
+    assert buf.asks[1][3] == "failed"   # (counted toward the group's errors: the third time it is failed)
 
 
 def test_a_buffer_gone_for_good_leaves_the_group_to_its_restart():
     buf = hand_in(Buffer(*[AskTimeout("buffer/0", "submit", 60)] * 3))
     assert [a[0] for a in buf.asks] == ["submit"] * 3    # (no return_work: it would not be answered either)
+
+
+class Generation:
+    """A worker's generation whose `group` raises `error` (a user's generate function, an engine call), or marks the
+    samples aborted (an engine paused for a weight update)."""
+
+    env = agent_fn = None   # (no environment, no agent: an aborted group goes back with its partial samples)
+
+    def __init__(self, error: Exception | None):
+        self.error = error
+
+    async def group(self, samples, sp, attempt, kind, work_id):
+        if self.error is not None:
+            raise self.error
+        for s in samples:
+            s.status = "aborted"
+        return samples
+
+
+@pytest.mark.parametrize("error", [KeyError("answer"), None])
+def test_a_group_whose_generation_raises_is_given_back_as_failed_and_an_aborted_one_is_not(error):
+    """The buffer counts a group given back as failed (MAX_GROUP_ERRORS: the third time it is a failed group, and a
+    rollout with --max-failed-groups of them fails the job); an aborted group is only given back."""
+    from types import SimpleNamespace
+
+    w = RolloutWorker(0, args=parse_config(["--config", DIGITS]).to_dict())
+    w.buffer = buf = Buffer()
+    w.generation = Generation(error)
+    group = SimpleNamespace(work_id="train-3", samples=[s.to_wire() for s in samples()], sampling_params={},
+                            attempt=1, kind="train")
+    asyncio.run(w._process_group(group))
+    if error is not None:
+        assert buf.asks == [("return_work", "train-3", "error: KeyError('answer')", "failed")]
+    else:
+        assert [a[:3] for a in buf.asks] == [("return_work", "train-3", "aborted")] and len(buf.asks[0]) == 3

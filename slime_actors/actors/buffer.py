@@ -288,22 +288,38 @@ class Buffer(Actor):
         finally:
             self._log_notes()
         if reply["accepted"]:
-            g = self.state.groups[work_id]
-            key = f"{g.kind}:{g.rollout_id}"
-            r = self.state.rollouts.get(key)
-            if r is not None and r.done:
-                self._rollout_events.setdefault(key, asyncio.Event()).set()
+            self._wake_waiters(work_id)
         if reply["accepted"] or reply["reason"] == STALE_REASON:
             self._notify()
         return reply
 
+    def _wake_waiters(self, work_id: str) -> None:
+        """Group `work_id` has an outcome: those waiting for its rollout (wait_rollout, wait_batch) wake if the
+        rollout is complete -- or failed (`rollout_failure`): wait_rollout says why."""
+        g = self.state.groups.get(work_id)
+        if g is None:
+            return
+        key = f"{g.kind}:{g.rollout_id}"
+        r = self.state.rollouts.get(key)
+        if r is not None and (r.done or self.state.rollout_failure(r) is not None):
+            self._rollout_events.setdefault(key, asyncio.Event()).set()
+
     @handler
     async def return_work(self, worker: str, work_id: str, samples: list | None = None,
-                          reason: str = "") -> dict:
+                          reason: str = "", failed: bool = False) -> dict:
+        """A worker gives group `work_id` back (`reason`: why, for the log); `failed`: its generation raised or its
+        samples were refused, `reason` says how -- counted toward the group's errors (buffer_state.MAX_GROUP_ERRORS;
+        then the group is recorded as failed)."""
         parsed = None if samples is None else [Sample.from_wire(s) for s in samples]
-        reply = self.state.return_work(worker, work_id, parsed)
+        try:
+            reply = self.state.return_work(worker, work_id, parsed, error=(reason or "failed") if failed else None)
+        finally:
+            self._log_notes()
         if reply["requeued"]:
             self._notify()
+        elif reply.get("failed"):
+            self._wake_waiters(work_id)
+            self._notify()   # (a worker waiting for work: the rollout needs another group in its place)
         return reply
 
     @handler
@@ -323,8 +339,11 @@ class Buffer(Actor):
         if key not in self.state.rollouts:
             raise KeyError(f"rollout {key} was never started")
         await self._until_complete(key, timeout)
-        stats = self.state.rollout_stats(key)
         r = self.state.rollouts[key]
+        failure = self.state.rollout_failure(r)
+        if failure is not None:
+            raise RuntimeError(failure)
+        stats = self.state.rollout_stats(key)
         if r.kind == "train" and r.done and not r.trained:   # (the trainers check the shard they fetched ahead
             stats["batch_id"] = self.state.batch_id(r.rollout_id)  # against it: wait_batch)
         if r.kind == "train" and r.done and self.state.hack_monitor is not None:
@@ -468,11 +487,11 @@ class Buffer(Actor):
                 "batch": self._shard(rollout_id, rank, world_size, bool(packed))}
 
     async def _until_complete(self, key: str, timeout: float | None) -> bool:
-        """Wait until rollout `key` ("train:3") is complete -- started or not yet -- or a rollback wakes its waiters;
-        False when `timeout` s passed first."""
+        """Wait until rollout `key` ("train:3") is complete -- started or not yet --, or failed (`rollout_failure`),
+        or a rollback wakes its waiters; False when `timeout` s passed first."""
         ev = self._rollout_events.setdefault(key, asyncio.Event())
         r = self.state.rollouts.get(key)
-        if r is not None and r.done:
+        if r is not None and (r.done or self.state.rollout_failure(r) is not None):
             ev.set()
         try:
             await asyncio.wait_for(ev.wait(), timeout)

@@ -258,9 +258,10 @@ class RolloutWorker(EngineSupervisor, Actor):
         except asyncio.CancelledError:
             # the engine is being restarted or the worker stops: the buffer gets the group back via release_worker
             raise
-        except Exception as exc:  # an engine error: give the group back, it will be generated again
+        except Exception as exc:  # an engine error: give the group back, it will be generated again -- up to the
+            # buffer's limit (MAX_GROUP_ERRORS: then the group is failed; a rollout with too many fails the job)
             self.log.error("group failed; returning it", work_id=wid, error=repr(exc))
-            await self._return(wid, None, f"error: {exc!r}")
+            await self._return(wid, None, f"error: {exc!r}", failed=True)
         finally:
             self._inflight.pop(wid, None)
 
@@ -360,14 +361,18 @@ class RolloutWorker(EngineSupervisor, Actor):
             # its handler raised (samples it cannot take): the group goes back to be generated again, else it would
             # stay leased to this worker -- leases do not run out -- and the rollout would wait for it
             self.log.error("the buffer refused a group's samples; giving it back", work_id=wid, error=str(exc))
-            await self._return(wid, None, f"submit refused: {exc}")
+            await self._return(wid, None, f"submit refused: {exc}", failed=True)
             return
         if not res.accepted:
             self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
 
-    async def _return(self, wid: str, samples: list[Sample] | None, reason: str) -> None:
+    async def _return(self, wid: str, samples: list[Sample] | None, reason: str, failed: bool = False) -> None:
+        """Give group `wid` back to the buffer (`failed`: it failed, `reason` says how; else aborted or not started)."""
         self.counters["aborted_groups"] += 1
-        given = {"reason": reason} if samples is None else {"reason": reason, "samples": [s.to_wire() for s in samples]}
+        given: dict = {"reason": reason} if samples is None else {"reason": reason,
+                                                                  "samples": [s.to_wire() for s in samples]}
+        if failed:
+            given["failed"] = True
         try:
             await retry(lambda: self.buffer.return_work(self.name, wid, **given, ask_timeout=30), RETURN_RETRY,
                         what="return_work", log=self.log, clock=self.monotonic, work_id=wid)
