@@ -5,7 +5,9 @@ rollout after another, with the bodies of a real run's size.
 
 Per step: `start_rollout` (the rollout's groups made from the next prompts), `get_work` (all of them leased to one
 worker), a `submit` per group (each sample answered with `--tokens` random token ids and float64 log-probs, as a
-rollout worker hands it in: its body decoded as the mailbox decodes it before the handler runs), `wait_rollout`,
+rollout worker hands it in: its body decoded as the mailbox decodes it before the handler runs) and a turn of the
+event loop after it (what the buffer does meanwhile in a run, while the engines generate: the group's packed
+columns for the shard), `wait_rollout`,
 `get_batch` (the trainer's shard: the whole rollout, packed as the trainer asks for it), the batch's body encoded and
 decoded as the mailbox does on each side (the RL update then makes its tensors: not measured here), and
 `mark_trained`. The buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
@@ -33,8 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-PARTS = ("start_rollout", "get_work", "submit", "wait_rollout", "get_batch", "encode batch", "decode batch",
-         "mark_trained")
+PARTS = ("start_rollout", "get_work", "submit", "a turn after a submit", "wait_rollout", "get_batch", "encode batch",
+         "decode batch", "mark_trained")
 
 
 def _prompts(d: str) -> str:
@@ -81,6 +83,9 @@ async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -
             t0 = time.perf_counter()
             await handler["submit"](buffer, **decode_body(body, []))
             timed("submit", t0)
+            t0 = time.perf_counter()   # (what the buffer does between two submits, as in a run: pack the group's
+            await asyncio.sleep(0)     # columns for the shard, wake the waiters)
+            timed("a turn after a submit", t0)
         t0 = time.perf_counter()
         await handler["wait_rollout"](buffer, rollout_id=k, hack=False)
         timed("wait_rollout", t0)

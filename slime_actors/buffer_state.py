@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from .episode_samples import check_role, episode_of, episode_stats
 from .eval_config import EVAL_SET_KEY
 from .sample_display import pick_examples
-from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples
+from .types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample, batch_from_samples, join_columns
 
 if TYPE_CHECKING:
     from .monitor.alarms import AlarmMonitor
@@ -811,14 +811,21 @@ class BufferState:
             raise RuntimeError(f"rollout {rollout_id} is not complete")
         return r
 
-    def batch(self, rollout_id: int, rank: int, world_size: int, packed: bool = False) -> dict:
+    def batch(self, rollout_id: int, rank: int, world_size: int, packed: bool = False,
+              columns_of: Callable[[Group], dict | None] | None = None) -> dict:
         """A trainer rank's shard of a complete rollout: whole groups, in group order (not completion order) so
-        a rerun or a resumed run trains identically (`packed`: its per-token columns packed, types.pack_rows)."""
+        a rerun or a resumed run trains identically (`packed`: its per-token columns packed, types.pack_rows).
+        `columns_of(group)`: the group's packed columns made already (types.packed_columns), or None: then, as when
+        their dtypes differ, the shard's are packed whole."""
         r = self.completed_rollout(rollout_id)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        wids = self._in_group_order(r)[rank::world_size]
-        return batch_from_samples([s for wid in wids for s in self.groups[wid].samples], packed=packed)
+        groups = [self.groups[wid] for wid in self._in_group_order(r)[rank::world_size]]
+        columns = None
+        if packed and columns_of is not None:
+            parts = [columns_of(g) for g in groups]
+            columns = join_columns(parts) if all(p is not None for p in parts) else None   # type: ignore[arg-type]
+        return batch_from_samples([s for g in groups for s in g.samples], packed=packed, columns=columns)
 
     def batch_id(self, rollout_id: int) -> str:
         """What names complete training rollout `rollout_id`'s batch (its groups; the epoch): a trainer rank that

@@ -1,5 +1,6 @@
 """The buffer broker: leases, submissions, refusals, filters, failures, persistence across a restart, accounting."""
 
+import asyncio
 import json
 import time
 
@@ -13,7 +14,7 @@ from slime_actors.config import parse_config
 from slime_actors.mailbox import RemoteError
 from slime_actors.models.tiny import make_tiny_model
 from slime_actors.runtime import RuntimeConfig
-from slime_actors.types import Sample
+from slime_actors.types import Sample, packed_columns
 
 
 class Worker(Actor):
@@ -136,6 +137,46 @@ def test_a_complete_rollouts_shards_are_made_once_it_is_reported_and_are_what_ge
     assert len(b._batches) == 2
     ask(loop_thread, w1, "mark_trained", {"rollout_id": 2})
     assert b._batches == {}
+
+
+def test_each_groups_columns_are_packed_as_it_is_handed_in_and_a_shard_joins_them(loop_thread, run_dir, tmp_path,
+                                                                                   tiny):
+    """A done training group's per-token columns are packed once it is handed in (after the reply), while the buffer
+    waits for the rest of the rollout; a shard joins them -- the same bytes as packing it whole. A group handed in
+    again after it went back (other samples) gets columns of its new samples; all are forgotten once the rollout is
+    trained. Filtered and failed groups get none."""
+    b, w1, _ = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    groups = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+    first, rest = groups[0], groups[1:]
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": first["work_id"], "samples": finish(first)})
+    loop_thread.call(asyncio.sleep(0))   # (a turn of the buffer's loop: after the submit's reply)
+    made = b._columns[first["work_id"]]
+    assert made[0] is b.state.groups[first["work_id"]].samples
+    assert made[1] == packed_columns(b.state.groups[first["work_id"]].samples)
+    failed = finish(rest[0])
+    failed[0].update(status="failed", reward=None, error="reward failed: boom")
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": rest[0]["work_id"], "samples": failed})
+    for g in rest[1:]:
+        ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": g["work_id"], "samples": finish(g)})
+    (last,) = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": last["work_id"], "samples": finish(last)})
+    assert ask(loop_thread, w1, "wait_rollout", {"rollout_id": 0, "hack": False})["complete"]
+    done = b.state._in_group_order(b.state.rollouts["train:0"])
+    # (not the group that completed the rollout: wait_rollout's reply would wait for them; the shard makes them)
+    assert sorted(b._columns) == sorted(set(done) - {last["work_id"]}) and rest[0]["work_id"] not in b._columns
+    # a group's samples replaced (as a requeue and a new submission do): its columns are made again
+    g = b.state.groups[done[1]]
+    g.samples = [Sample.from_wire(x) for x in finish(g.wire(), reward=0.5)]
+    for x in g.samples:
+        x.response_tokens = x.response_tokens + [9]
+        x.loss_mask, x.rollout_log_probs = x.loss_mask + [1], x.rollout_log_probs + [-3.0]
+    whole = [b.state.batch(0, rank, 2, packed=True) for rank in (0, 1)]
+    got = [ask(loop_thread, w1, "get_batch", {"rollout_id": 0, "rank": rank, "world_size": 2, "packed": True})
+           for rank in (0, 1)]
+    assert got == whole and b._columns[done[1]][0] is g.samples and sorted(b._columns) == sorted(done)
+    ask(loop_thread, w1, "mark_trained", {"rollout_id": 0})
+    assert b._columns == {}
 
 
 def _complete(loop_thread, w, k):

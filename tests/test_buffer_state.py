@@ -643,6 +643,47 @@ def test_tokens_that_are_not_integers_fail_the_packed_batch_naming_the_row():
         batch_from_samples(samples, packed=True)
 
 
+def test_a_shard_joined_from_its_groups_columns_is_the_shard_packed_whole(tmp_path):
+    """The buffer packs each group's per-token columns as the group is handed in (types.packed_columns) and joins
+    them for a shard (`columns_of`): the same batch, byte for byte, as packing the shard whole -- and where the
+    groups' dtypes differ (token ids past 32 bits in one, a mask that is not 0/1 in another), or a group's columns
+    cannot be made, the shard is packed whole."""
+    from slime_actors.types import join_columns, packed_columns
+    st = make_state(tmp_path, rollout_batch_size=3, over_sampling_batch_size=3)
+    st.start_rollout(0)
+    groups = st.take(W1, 3)
+    for i, g in enumerate(groups):
+        samples = finish(g)
+        for j, smp in enumerate(samples):
+            smp.response_tokens = [5 + i, 6 + j, 7][: 1 + (i + j) % 3]
+            smp.loss_mask = [1, 0, 1][: len(smp.response_tokens)]
+            smp.rollout_log_probs = [-0.25 * (i + 1), -1.5, -2.0][: len(smp.response_tokens)]
+        assert st.submit(W1, g["work_id"], samples)["accepted"]
+    asked = []
+
+    def columns_of(g):
+        asked.append(g.work_id)
+        return packed_columns(g.samples)
+    for rank, world in ((0, 1), (0, 2), (1, 2)):
+        whole = st.batch(0, rank, world, packed=True)
+        asked.clear()
+        assert st.batch(0, rank, world, packed=True, columns_of=columns_of) == whole
+        assert asked == st._in_group_order(st.rollouts["train:0"])[rank::world]
+        assert st.batch(0, rank, world, packed=True, columns_of=lambda g: None) == whole
+    assert st.batch(0, 0, 1, columns_of=columns_of) == st.batch(0, 0, 1)   # (unpacked: not asked)
+    # dtypes that differ between groups: None, and the shard is packed whole (int64 token ids, float32 masks)
+    g0, g1, g2 = (st.groups[w] for w in st._in_group_order(st.rollouts["train:0"]))
+    g1.samples[0].response_tokens = [2**40] + g1.samples[0].response_tokens[1:]
+    g2.samples[1].loss_mask = [0.5] + g2.samples[1].loss_mask[1:]
+    parts = [packed_columns(g.samples) for g in (g0, g1, g2)]
+    assert [p["tokens"]["dtype"] for p in parts] == ["int32", "int64", "int32"]
+    assert join_columns(parts) is None and join_columns([]) is None
+    whole = st.batch(0, 0, 1, packed=True)
+    assert (whole["tokens"]["dtype"], whole["loss_masks"]["dtype"]) == ("int64", "float32")
+    assert st.batch(0, 0, 1, packed=True, columns_of=columns_of) == whole
+    assert join_columns(parts[:1] + parts[2:]) is None   # (the mask: uint8 in g0, float32 in g2)
+
+
 def test_accounting_counts_every_sample_and_finds_lost_ones(tmp_path):
     st = make_state(tmp_path)
     (late,) = complete_rollout(st, 0)

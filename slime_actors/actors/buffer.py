@@ -39,10 +39,10 @@ from pathlib import Path
 
 import msgpack
 
-from ..buffer_state import STALE_REASON, BufferLogError, BufferSettings, BufferState, Rollout, event_view
+from ..buffer_state import DONE, STALE_REASON, BufferLogError, BufferSettings, BufferState, Group, Rollout, event_view
 from ..monitor.alarms import failed_wire, make_monitor, report_wire
 from ..role_handles import RolloutHandle
-from ..types import Sample
+from ..types import Sample, packed_columns
 from .base import Actor, handler
 
 # the persisted log is folded into a snapshot every this many trained rollouts, or once it grows past this size
@@ -85,6 +85,10 @@ class Buffer(Actor):
         # and the (world size, packed) the ranks last asked with
         self._batches: dict[tuple[int, int, int, bool], dict] = {}
         self._batch_shape: tuple[int, bool] | None = None
+        # each done training group's packed columns (types.packed_columns), made as it is handed in -- while the
+        # buffer waits for the rest of the rollout -- with the samples list they were made of: a shard then joins them
+        # (`_columns_of`); forgotten once the rollout is trained or rolled back
+        self._columns: dict[str, tuple[list, dict]] = {}
         # rollbacks run one at a time; a repeat of one still running (its token) waits for that one's reply
         self._rollback_lock = asyncio.Lock()
         self._rollbacks_running: dict[str, asyncio.Future[dict]] = {}
@@ -289,9 +293,39 @@ class Buffer(Actor):
             self._log_notes()
         if reply["accepted"]:
             self._wake_waiters(work_id)
+            if reply["outcome"] == DONE and (self._batch_shape is None or self._batch_shape[1]):
+                self._pack_soon(work_id)
         if reply["accepted"] or reply["reason"] == STALE_REASON:
             self._notify()
         return reply
+
+    def _pack_soon(self, work_id: str) -> None:
+        """Done training group `work_id`'s packed columns (`_columns`), made once this submit's reply is on its way --
+        while the buffer waits for the rest of the rollout. Not for the group that completed it: wait_rollout's
+        reply, on the step's critical path, would wait for them (the shard makes them after it: `_columns_of`)."""
+        g = self.state.groups[work_id]
+        r = self.state.rollouts.get(f"train:{g.rollout_id}")
+        if g.kind == "train" and r is not None and not r.done:
+            asyncio.get_running_loop().call_soon(self._pack_columns, work_id)
+
+    def _pack_columns(self, work_id: str) -> None:
+        g = self.state.groups.get(work_id)
+        if g is not None and g.kind == "train" and g.state == DONE:
+            self._columns_of(g)
+
+    def _columns_of(self, g: Group) -> dict | None:
+        """Group `g`'s packed columns: those made when it was handed in if they are of its samples as they are,
+        else made now; None when they cannot be (a row that is not numbers: the shard packed whole says where)."""
+        made = self._columns.get(g.work_id)
+        if made is not None and made[0] is g.samples:
+            return made[1]
+        try:
+            columns = packed_columns(g.samples)
+        except ValueError:
+            self._columns.pop(g.work_id, None)
+            return None
+        self._columns[g.work_id] = (g.samples, columns)
+        return columns
 
     def _wake_waiters(self, work_id: str) -> None:
         """Group `work_id` has an outcome: those waiting for its rollout (wait_rollout, wait_batch) wake if the
@@ -375,7 +409,8 @@ class Buffer(Actor):
                         self.state.rollouts.get(f"train:{r.rollout_id}") is not r:
                     continue   # (made, or taken already; trained, or rolled back meanwhile)
                 try:
-                    self._batches[key] = self.state.batch(r.rollout_id, rank, world_size, packed=packed)
+                    self._batches[key] = self.state.batch(r.rollout_id, rank, world_size, packed=packed,
+                                                          columns_of=self._columns_of)
                 except Exception:   # (get_batch makes it when asked, and reports what is wrong)
                     return
                 await asyncio.sleep(0)   # (a rank's get_batch that arrived meanwhile is answered first)
@@ -422,6 +457,10 @@ class Buffer(Actor):
         """Rollout `rollout_id` is trained or rolled back: what waits for its shards goes ahead, and is forgotten."""
         for key in [key for key in self._batches if key[0] == rollout_id]:
             del self._batches[key]
+        groups = self.state.groups
+        for wid in [wid for wid, (samples, _) in self._columns.items()
+                    if wid not in groups or groups[wid].samples is not samples or groups[wid].rollout_id == rollout_id]:
+            del self._columns[wid]
         self._served.pop(rollout_id, None)
         ev = self._batch_out.pop(rollout_id, None)
         if ev is not None:
@@ -504,7 +543,8 @@ class Buffer(Actor):
         `_make_batches`); the reports waiting for the shards go ahead once every rank has its own."""
         self._batch_shape = (world_size, packed)
         made = self._batches.pop((rollout_id, rank, world_size, packed), None)
-        batch = made if made is not None else self.state.batch(rollout_id, rank, world_size, packed=packed)
+        batch = made if made is not None else self.state.batch(rollout_id, rank, world_size, packed=packed,
+                                                               columns_of=self._columns_of)
         self._batch_taken(rollout_id, rank, world_size)
         return batch
 
