@@ -734,7 +734,24 @@ class BufferState:
         self.stats["submitted"] += 1
         if outcome == GROUP_FAILED:
             self.notes.append(("group failed", {"work_id": work_id, "error": error}))
+        elif outcome == FILTERED:
+            self._note_filtered(g)
         return {"accepted": True, "outcome": outcome}
+
+    def _note_filtered(self, g: Group) -> None:
+        """A warning once a training rollout's filter dropped 2, 4, 8, ... times the groups it needs: a rollout is
+        complete only when --rollout-batch-size groups pass it, and one whose groups all have the same rewards (the
+        prompts too hard or too easy for the model) never does -- the job made groups for ever, saying nothing."""
+        r = self.rollouts.get(f"train:{g.rollout_id}")
+        if r is None or r.done or not r.target:
+            return
+        times, rest = divmod(r.filtered, r.target)
+        if rest == 0 and times >= 2 and times & (times - 1) == 0:
+            self.notes.append(("the dynamic sampling filter keeps few groups", {
+                "rollout_id": r.rollout_id, "filtered": r.filtered, "kept": len(r.completed), "needs": r.target,
+                "why": "a rollout is complete once it has kept --rollout-batch-size groups; when every group's "
+                       "rewards are the same (the prompts too hard or too easy for the model) the filter "
+                       "(--dynamic-sampling-filter-path) keeps none"}))
 
     def return_work(self, worker: str, work_id: str, samples: list[Sample] | None = None,
                     error: str | None = None) -> dict:

@@ -223,7 +223,8 @@ class RolloutSection:
            "--rollout-batch-size", origin="own", ge=0)
     dynamic_sampling_filter_path: str | None = flag(
         None, "dotted path of fn(args, samples) -> bool keeping a group; built-in: "
-              "slime_actors.filters.check_reward_nonzero_std")
+              "slime_actors.filters.check_reward_nonzero_std. A rollout is complete once --rollout-batch-size groups "
+              "pass it (the buffer warns when it has dropped 2, 4, 8, ... times that many)")
     custom_generate_function_path: str | None = flag(
         None, "dotted path (or file.py:fn) of async generate(args, sample, sampling_params) -> Sample, as in slime "
               "(args.sglang_router_ip / _port reach this worker's engine), or of @engine_generate generate(args, "

@@ -194,6 +194,26 @@ def test_failed_and_filtered_groups_are_recorded_and_replaced(tmp_path):
     assert no_reward == []
 
 
+def test_a_filter_that_keeps_few_groups_is_warned_of_at_2_4_8_times_the_groups_needed(tmp_path):
+    """A dynamic sampling filter that drops every group (all rewards the same: the prompts too hard or too easy) would
+    keep the rollout going for ever: the buffer says so once the filter has dropped 2x, 4x, 8x ... the groups the
+    rollout needs -- and not otherwise."""
+    st = make_state(tmp_path, keep_group=_varied, over_sampling_batch_size=2)   # rollout_batch_size 2
+    st.start_rollout(0)
+    warned = []
+    for n in range(1, 18):   # every group filtered but the third
+        (g,) = st.take(W1, 1)
+        assert submit(st, W1, g, rewards=(1.0, 0.0) if n == 3 else (1.0, 1.0))["outcome"] == \
+            ("done" if n == 3 else "filtered")
+        warned += [(n, f["filtered"], f["kept"], f["needs"]) for msg, f in st.notes
+                   if msg == "the dynamic sampling filter keeps few groups"]
+        st.notes.clear()
+    assert warned == [(5, 4, 1, 2), (9, 8, 1, 2), (17, 16, 1, 2)]
+    (g,) = st.take(W1, 1)
+    submit(st, W1, g, rewards=(1.0, 0.0))
+    assert st.rollouts["train:0"].done and not st.notes
+
+
 def test_a_train_sample_without_reward_fails_its_group_but_an_eval_one_does_not(tmp_path):
     st = make_state(tmp_path)
     st.start_rollout(0)
