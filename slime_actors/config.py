@@ -217,10 +217,10 @@ class RolloutSection:
     rollout_stop_token_ids: list[int] | None = flag(None, "token ids that end a response", ge=0)
     partial_rollout: bool = flag(False, "keep aborted samples' partial responses and continue them next step")
     max_failed_groups: int = flag(
-        0, "a training rollout in which this many groups failed -- a reward that raised, a generate function or "
-           "engine call that failed 3 times for the group, samples the buffer refused 3 times -- stops the job with "
-           "the last error (one that fails everything would otherwise make groups for ever); 0: twice "
-           "--rollout-batch-size", origin="own", ge=0)
+        0, "a training rollout in which this many groups failed -- a reward that raised; a generate function that "
+           "raised, a request the engine refused (4xx) or samples the buffer refused, 3 times for the group (an "
+           "engine out of reach does not count) -- stops the job with the last error (a user's function that always "
+           "fails would otherwise make groups for ever); 0: twice --rollout-batch-size", origin="own", ge=0)
     dynamic_sampling_filter_path: str | None = flag(
         None, "dotted path of fn(args, samples) -> bool keeping a group; built-in: "
               "slime_actors.filters.check_reward_nonzero_std. A rollout is complete once --rollout-batch-size groups "

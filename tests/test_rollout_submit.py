@@ -12,6 +12,7 @@ import pytest
 
 from slime_actors.actors import rollout as rollout_module
 from slime_actors.actors.rollout import RolloutWorker, submit_key
+from slime_actors.backends.engine_client import EngineError, EngineTimeout, EngineUnavailable
 from slime_actors.config import parse_config
 from slime_actors.mailbox.errors import AskTimeout, RemoteError
 from slime_actors.messages import Returned, Submitted
@@ -96,19 +97,34 @@ class Generation:
         return samples
 
 
-@pytest.mark.parametrize("error", [KeyError("answer"), None])
-def test_a_group_whose_generation_raises_is_given_back_as_failed_and_an_aborted_one_is_not(error):
+ENGINE_DOWN = EngineUnavailable("/generate", None, "cannot reach http://127.0.0.1:1: connection refused")
+
+
+@pytest.mark.parametrize("error,engine_ok,counted", [
+    (KeyError("answer"), True, True),                                  # the user's generate function
+    (EngineError("/generate", 400, "the prompt is longer than the context"), True, True),   # refused for good
+    (ENGINE_DOWN, True, False),                                        # killed: the watcher has not noticed yet
+    (EngineTimeout("/generate", None, "no answer within 600 s"), True, False),
+    (EngineError("/generate", 503, "Service Unavailable"), True, False),
+    (KeyError("answer"), False, False),                                # whatever fails while the engine restarts
+    (None, True, False),                                               # aborted: given back, not failed
+])
+def test_a_group_whose_generation_raises_is_given_back_as_failed_unless_the_engine_was_out_of_reach(
+        error, engine_ok, counted):
     """The buffer counts a group given back as failed (MAX_GROUP_ERRORS: the third time it is a failed group, and a
-    rollout with --max-failed-groups of them fails the job); an aborted group is only given back."""
+    rollout with --max-failed-groups of them fails the job) -- only when the failure is the group's: an engine out of
+    reach (killed, restarting, timed out, 5xx) would otherwise fail every group in flight within the half second its
+    watcher takes to notice, and the rollout with them. An aborted group is only given back."""
     from types import SimpleNamespace
 
     w = RolloutWorker(0, args=parse_config(["--config", DIGITS]).to_dict())
     w.buffer = buf = Buffer()
     w.generation = Generation(error)
+    if engine_ok:
+        w._engine_ok.set()
     group = SimpleNamespace(work_id="train-3", samples=[s.to_wire() for s in samples()], sampling_params={},
                             attempt=1, kind="train")
     asyncio.run(w._process_group(group))
-    if error is not None:
-        assert buf.asks == [("return_work", "train-3", "error: KeyError('answer')", "failed")]
-    else:
-        assert [a[:3] for a in buf.asks] == [("return_work", "train-3", "aborted")] and len(buf.asks[0]) == 3
+    assert [a[:2] for a in buf.asks] == [("return_work", "train-3")]
+    assert buf.asks[0][2] == (f"error: {error!r}" if error is not None else "aborted")
+    assert (buf.asks[0][3:] == ("failed",)) == counted

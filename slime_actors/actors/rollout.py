@@ -258,10 +258,11 @@ class RolloutWorker(EngineSupervisor, Actor):
         except asyncio.CancelledError:
             # the engine is being restarted or the worker stops: the buffer gets the group back via release_worker
             raise
-        except Exception as exc:  # an engine error: give the group back, it will be generated again -- up to the
-            # buffer's limit (MAX_GROUP_ERRORS: then the group is failed; a rollout with too many fails the job)
+        except Exception as exc:  # give the group back, it will be generated again -- when the error is the group's
+            # (not an engine out of reach), up to the buffer's limit (MAX_GROUP_ERRORS: then the group is failed; a
+            # rollout with too many fails the job)
             self.log.error("group failed; returning it", work_id=wid, error=repr(exc))
-            await self._return(wid, None, f"error: {exc!r}", failed=True)
+            await self._return(wid, None, f"error: {exc!r}", failed=self._groups_fault(exc))
         finally:
             self._inflight.pop(wid, None)
 
@@ -365,6 +366,21 @@ class RolloutWorker(EngineSupervisor, Actor):
             return
         if not res.accepted:
             self.log.warning("buffer refused a group", work_id=wid, reason=res.reason)
+
+    def _groups_fault(self, exc: Exception) -> bool:
+        """Whether a group's generation failed for a reason of its own -- the user's generate function or agent
+        raised, the engine refused the request (HTTP 4xx) -- which counts toward the group's failures, or because
+        the engine was out of reach: not serving (killed, restarting: the watcher has not noticed yet), timed out,
+        answered 5xx, the connection failed. Those do not count: an engine restart would fail every group in flight
+        within the watcher's half second."""
+        from ..backends.engine_client import EngineError, EngineTimeout, EngineUnavailable
+        if not self._engine_ok.is_set() or self._restarting:
+            return False
+        if isinstance(exc, (EngineUnavailable, EngineTimeout)):
+            return False
+        if isinstance(exc, EngineError):
+            return exc.status is not None and 400 <= exc.status < 500
+        return True
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str, failed: bool = False) -> None:
         """Give group `wid` back to the buffer (`failed`: it failed, `reason` says how; else aborted or not started)."""
