@@ -162,6 +162,9 @@ class Rollout:
     # an evaluation's samples once a later evaluation started (its results were read): released from memory, and
     # their indices kept as runs [first, end) so the accounts still know where those samples went
     released: list[list[int]] | None = None
+    # (training rollouts) the samples of the filtered and failed groups dropped from memory when it was trained, by
+    # state ("filtered", "failed"), as runs [first, end): the accounts still know where they went
+    dropped: dict[str, list[list[int]]] | None = None
     # (training rollouts) the last failed group's error, "work id: error": what a rollout that fails names
     last_error: str | None = None
 
@@ -498,6 +501,21 @@ class BufferState:
                 else:
                     self.stats["episode_samples_trained"] = self.stats.get("episode_samples_trained", 0) + 1
             del self.groups[wid]   # trained samples are not kept in memory
+        self._drop_unused(r)
+
+    def _drop_unused(self, r: Rollout) -> None:
+        """Training rollout `r` is trained: the filtered and failed groups of it and of the rollouts before it go too
+        (their samples' indices kept in `r.dropped`). Kept, they were the buffer's growth over a long run with a
+        dynamic sampling filter -- half of the groups of a DAPO-style job: 3,231 groups after 200 steps of 16 x 8
+        samples of 300 tokens, a 103 MiB snapshot taking 1.5 s to pack on the buffer's loop (at each compaction and
+        save), and growing. Nothing reads them once the rollout is trained (its hack report is made before)."""
+        gone: dict[str, list[int]] = {}
+        for wid in [wid for wid, g in self.groups.items() if g.kind == "train" and g.rollout_id <= r.rollout_id
+                    and g.state in (FILTERED, GROUP_FAILED)]:
+            g = self.groups.pop(wid)
+            gone.setdefault(g.state, []).extend(s.index for s in g.samples)
+        if gone:
+            r.dropped = {state: _runs(sorted(idx)) for state, idx in sorted(gone.items())}
 
     def _on_hack(self, rollout_id: int, report: dict, monitor: dict | None) -> None:
         self.hack_reports[rollout_id] = report
@@ -972,9 +990,12 @@ class BufferState:
         # a sample never trained must still be somewhere: queued, leased, done (waiting for a rollout), filtered or
         # failed (recorded with its reason); one that is nowhere was lost
         where = {s.index: g.state for g in self.groups.values() for s in g.samples}
-        for r in self.rollouts.values():   # the samples of evaluations released from memory
-            for first, end in r.released or ():
+        for r in self.rollouts.values():   # the samples of evaluations released from memory, and of the filtered and
+            for first, end in r.released or ():   # failed groups dropped once their rollout was trained
                 where.update(dict.fromkeys(range(first, end), RELEASED))
+            for state, runs in (r.dropped or {}).items():
+                for first, end in runs:
+                    where.update(dict.fromkeys(range(first, end), state))
         lost = [idx for idx, (_i, _s, trained) in self.accounts.items() if trained == 0 and idx not in where]
         by_state: dict[str, int] = {}
         for idx, (_i, _s, trained) in self.accounts.items():
@@ -1085,6 +1106,8 @@ def _rollout_record(r: Rollout) -> dict:
     d = dict(vars(r))
     if d["released"] is None:
         del d["released"]
+    if d["dropped"] is None:
+        del d["dropped"]
     if not d["held"]:
         del d["held"]
     if d["last_error"] is None:

@@ -214,6 +214,45 @@ def test_a_filter_that_keeps_few_groups_is_warned_of_at_2_4_8_times_the_groups_n
     assert st.rollouts["train:0"].done and not st.notes
 
 
+def test_filtered_and_failed_groups_are_dropped_once_their_rollout_is_trained_and_still_accounted(tmp_path):
+    """The filtered and failed groups of a trained rollout (and of those before it: one filtered after its rollout
+    was trained) are dropped from memory -- and from every snapshot --, their samples' indices kept by state, so the
+    accounts still say where each went; the log replayed gives the same state. (Kept, they grew the buffer without
+    bound in a job with a dynamic sampling filter.)"""
+    log: list = []
+    st = make_state(tmp_path / "a", log=log, keep_group=_varied, over_sampling_batch_size=5)
+    start = copy.deepcopy(st.snapshot())
+    st.start_rollout(0)
+    g0, g1, g2, g3, late = st.take(W1, 5)   # (`late`: handed in after the training)
+    assert submit(st, W1, g0, rewards=(1.0, 1.0))["outcome"] == "filtered"
+    assert submit(st, W1, g1, rewards=(None, 1.0))["outcome"] == "failed"
+    submit(st, W1, g2)
+    submit(st, W1, g3)
+    assert st.rollouts["train:0"].done
+    kept_before = {w: [s.index for s in st.groups[w].samples] for w in (g0["work_id"], g1["work_id"])}
+    st.mark_trained(0)
+    assert g0["work_id"] not in st.groups and g1["work_id"] not in st.groups
+    assert st.rollouts["train:0"].dropped == {"failed": [[min(kept_before[g1["work_id"]]),
+                                                          max(kept_before[g1["work_id"]]) + 1]],
+                                              "filtered": [[min(kept_before[g0["work_id"]]),
+                                                            max(kept_before[g0["work_id"]]) + 1]]}
+    acc = st.accounting()
+    assert acc["lost"] == 0 and acc["untrained_by_state"].get("filtered") == 2 and \
+        acc["untrained_by_state"].get("failed") == 2
+    assert submit(st, W1, late, rewards=(0.0, 0.0))["outcome"] == "filtered"   # rollout 0's, after its training
+    st.start_rollout(1, weight_version=1)
+    for g in st.take(W1, 4):
+        submit(st, W1, g, version=1)
+    st.mark_trained(1)
+    assert late["work_id"] not in st.groups and st.accounting()["untrained_by_state"].get("filtered") == 4
+    assert not [g for g in st.groups.values() if g.state in ("filtered", "failed")]
+    again = make_state(tmp_path / "b", keep_group=_varied, over_sampling_batch_size=5)
+    again.load(start)
+    again.replay(log)
+    assert again.snapshot()["groups"] == st.snapshot()["groups"]
+    assert again.snapshot()["rollouts"] == st.snapshot()["rollouts"]
+
+
 def test_a_train_sample_without_reward_fails_its_group_but_an_eval_one_does_not(tmp_path):
     st = make_state(tmp_path)
     st.start_rollout(0)
@@ -944,11 +983,17 @@ def read(path: Path):
 
 def comparable(snap: dict, times: bool = False) -> dict:
     """A snapshot without what an older buffer did not have (the hacking monitor's fields, the dataset's unused
-    next_group_index, a training rollout's last failed group's error) and, unless `times`, without wall-clock
-    times."""
+    next_group_index, a training rollout's last failed group's error) or kept (the filtered and failed groups of
+    trained rollouts: today's drops them, `dropped` saying where their samples went) and, unless `times`, without
+    wall-clock times."""
     snap = copy.deepcopy(snap)
     for r in snap["rollouts"].values():
         r.pop("last_error", None)
+        r.pop("dropped", None)
+    trained = [r["rollout_id"] for r in snap["rollouts"].values() if r["kind"] == "train" and r["trained"]]
+    if trained:
+        snap["groups"] = [g for g in snap["groups"] if not (g["kind"] == "train" and g["rollout_id"] <= max(trained)
+                                                            and g["state"] in ("filtered", "failed"))]
     # the accounts as one form: an older buffer wrote a map {index: [leased, submitted, trained]}, today's arrays
     snap["accounts"] = dict(Accounts.from_snapshot(snap["accounts"]).items())
     for k in ("hack_monitor", "hack_reports"):
