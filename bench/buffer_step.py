@@ -2,6 +2,7 @@
 rollout after another, with the bodies of a real run's size.
 
     .venv/bin/python bench/buffer_step.py [--prompts FILE --chat] [--groups 16] [--group 8] [--tokens 190] [--steps 10]
+                                          [--filtered 0.5]
 
 Per step: `start_rollout` (the rollout's groups made from the next prompts), `get_work` (all of them leased to one
 worker), a `submit` per group (each sample answered with `--tokens` random token ids and float64 log-probs, as a
@@ -10,7 +11,10 @@ event loop after it (what the buffer does meanwhile in a run, while the engines 
 columns for the shard), `wait_rollout`,
 `get_batch` (the trainer's shard: the whole rollout, packed as the trainer asks for it), the batch's body encoded and
 decoded as the mailbox does on each side (the RL update then makes its tensors: not measured here), and
-`mark_trained`. The buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
+`mark_trained`. `--filtered F`: a share F of the groups handed in with one reward for all their samples and the
+dynamic sampling filter on, which drops them (new groups are made until the rollout is complete): what the buffer
+keeps after the steps -- its groups, its snapshot's size and packing time -- is printed after the table. The
+buffer writes its log as in a run (RUN_DIR/buffer). Milliseconds per step, mean
 over `--steps` steps after two warm-up steps, and per call where a step makes several. No messages, sockets or other
 processes: what it measures is the handlers' own work and the codec's, which sit on a step's critical path between
 generation and training (docs/performance.md, *A step's orchestration*).
@@ -48,20 +52,22 @@ def _prompts(d: str) -> str:
     return path
 
 
-def _answered(group: dict, rng: random.Random, tokens: int) -> list[dict]:
+def _answered(group: dict, rng: random.Random, tokens: int, filtered: float = 0.0) -> list[dict]:
     out = []
-    for s in group["samples"]:
+    same = rng.random() < filtered   # (every sample the same reward: the filter drops the group)
+    for j, s in enumerate(group["samples"]):
         s = dict(s)
         s["response_tokens"] = [rng.randrange(49152) for _ in range(tokens)]
         s["loss_mask"] = [1] * tokens
         s["rollout_log_probs"] = [-rng.expovariate(2.0) for _ in range(tokens)]
         s["response"] = "x" * (4 * tokens)
-        s["reward"], s["status"], s["weight_version"] = float(rng.random() < 0.4), "completed", 0
+        reward = 0.0 if same else float(j == 0 or rng.random() < 0.4)
+        s["reward"], s["status"], s["weight_version"] = reward, "completed", 0
         out.append(s)
     return out
 
 
-async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -> list[dict]:
+async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random, filtered: float = 0.0) -> list[dict]:
     from slime_actors.mailbox.codec import decode_body, encode_body
     handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
                                                            "get_batch", "mark_trained")}
@@ -77,15 +83,19 @@ async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -
         t0 = time.perf_counter()
         work = await handler["get_work"](buffer, worker="rollout/0", max_groups=groups)
         timed("get_work", t0)
-        bodies = [encode_body({"worker": "rollout/0", "work_id": g["work_id"], "samples": _answered(g, rng, tokens)})[0]
-                  for g in work["groups"]]
-        for body in bodies:
-            t0 = time.perf_counter()
-            await handler["submit"](buffer, **decode_body(body, []))
-            timed("submit", t0)
-            t0 = time.perf_counter()   # (what the buffer does between two submits, as in a run: pack the group's
-            await asyncio.sleep(0)     # columns for the shard, wake the waiters)
-            timed("a turn after a submit", t0)
+        bodies: list[bytes] = []
+        while work["groups"]:   # (with --filtered, the groups made in place of those the filter dropped, until done)
+            more = [encode_body({"worker": "rollout/0", "work_id": g["work_id"],
+                                 "samples": _answered(g, rng, tokens, filtered)})[0] for g in work["groups"]]
+            for body in more:
+                t0 = time.perf_counter()
+                await handler["submit"](buffer, **decode_body(body, []))
+                timed("submit", t0)
+                t0 = time.perf_counter()   # (what the buffer does between two submits, as in a run: pack the group's
+                await asyncio.sleep(0)     # columns for the shard, wake the waiters)
+                timed("a turn after a submit", t0)
+            bodies += more
+            work = await handler["get_work"](buffer, worker="rollout/0", max_groups=groups)
         t0 = time.perf_counter()
         await handler["wait_rollout"](buffer, rollout_id=k, hack=False)
         timed("wait_rollout", t0)
@@ -105,6 +115,17 @@ async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random) -
     return out
 
 
+def _kept(buffer) -> str:
+    """What the buffer holds after the steps: its groups, and its snapshot's size and the time to pack it (done on
+    its event loop at each compaction and save)."""
+    import msgpack
+    t0 = time.perf_counter()
+    snap = msgpack.packb(buffer.state.snapshot(), use_bin_type=True)
+    ms = (time.perf_counter() - t0) * 1e3
+    return (f"after the steps the buffer holds {len(buffer.state.groups):,} groups; its snapshot is "
+            f"{len(snap) / 2**10:,.0f} KiB, packed in {ms:.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", default=None, help="a JSONL prompt file (default: plain prompts made here)")
@@ -113,9 +134,15 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=190, help="response tokens a sample")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--filtered", type=float, default=0.0,
+                    help="share of groups whose samples all get the same reward, with the dynamic sampling filter "
+                         "check_reward_nonzero_std on (it drops them; new groups are made until the rollout is "
+                         "complete), as in a DAPO-style job")
     a = ap.parse_args()
     bad = [f"--{k} must be at least 1, got {v}" for k, v in (("groups", a.groups), ("group", a.group),
                                                               ("tokens", a.tokens), ("steps", a.steps)) if v < 1]
+    if not 0.0 <= a.filtered < 1.0:
+        bad.append(f"--filtered must be in [0, 1), got {a.filtered}")
     if a.chat and not a.prompts:
         bad.append("--chat reads --prompts FILE: give one")
     if a.prompts and not os.path.isfile(a.prompts):
@@ -133,15 +160,20 @@ def main() -> None:
     args = parse_config(["--prompt-data", a.prompts or _prompts(d), "--hf-checkpoint",
                          str(make_tiny_model(os.path.join(d, "model"))), "--rm-type", "exact_match",
                          "--rollout-batch-size", str(a.groups), "--n-samples-per-prompt", str(a.group),
-                         "--hack-alarms", "off", *keys]).to_dict()
+                         "--hack-alarms", "off", *keys,
+                         *(["--dynamic-sampling-filter-path", "slime_actors.filters.check_reward_nonzero_std"]
+                           if a.filtered else [])]).to_dict()
 
     async def run() -> list[dict]:
         buffer = Buffer(0, args=args)
         await buffer.start(RuntimeConfig(run_dir=os.path.join(d, "run"), curve=False, trace=False))
         try:
-            return (await _steps(buffer, a.steps + 2, a.groups, a.tokens, random.Random(0)))[2:]
+            steps = (await _steps(buffer, a.steps + 2, a.groups, a.tokens, random.Random(0), a.filtered))[2:]
+            kept.append(_kept(buffer))
+            return steps
         finally:
             await buffer.stop()
+    kept: list[str] = []
     steps = asyncio.run(run())
     print(f"# the buffer's part of a step ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, "
           f"{os.cpu_count()} CPUs): {a.groups} groups of {a.group}, {a.tokens} response tokens a sample, "
@@ -156,6 +188,7 @@ def main() -> None:
         total += per_step
         print(f"| {p} | {per_step:.2f} | {len(calls) // len(steps)} | {statistics.median(calls):.3f} |")
     print(f"| in all | {total:.2f} | | |")
+    print(f"\n{kept[0]}" if kept else "")
 
 
 if __name__ == "__main__":
