@@ -632,7 +632,7 @@ class BufferState:
         if rid is None or kind == "eval":
             return 0
         r = self.rollouts[f"{kind}:{rid}"]
-        if r.done or self.rollout_failure(r) is not None:   # (a failed rollout gets no more groups)
+        if self.settled(r):   # (a failed rollout gets no more groups)
             return 0
         in_play = len(self.queue[kind]) + sum(1 for g in self.groups.values()
                                              if g.kind == kind and g.state == LEASED)
@@ -839,6 +839,10 @@ class BufferState:
         return (f"rollout {r.rollout_id} failed: {r.failed} of its groups failed (the limit is {limit}: {which}), "
                 f"{len(r.completed)} of the {r.target} it needs completed. The last: {r.last_error} (the rollout "
                 "workers' log has every error)")
+
+    def settled(self, r: Rollout) -> bool:
+        """Whether rollout `r` is complete or failed (`rollout_failure`): what its waiters wait for."""
+        return r.done or self.rollout_failure(r) is not None
 
     def completed_rollout(self, rollout_id: int, kind: str = "train") -> Rollout:
         r = self.rollouts.get(f"{kind}:{rollout_id}")

@@ -335,7 +335,7 @@ class Buffer(Actor):
             return
         key = f"{g.kind}:{g.rollout_id}"
         r = self.state.rollouts.get(key)
-        if r is not None and (r.done or self.state.rollout_failure(r) is not None):
+        if r is not None and self.state.settled(r):
             self._rollout_events.setdefault(key, asyncio.Event()).set()
 
     @handler
@@ -530,7 +530,7 @@ class Buffer(Actor):
         or a rollback wakes its waiters; False when `timeout` s passed first."""
         ev = self._rollout_events.setdefault(key, asyncio.Event())
         r = self.state.rollouts.get(key)
-        if r is not None and (r.done or self.state.rollout_failure(r) is not None):
+        if r is not None and self.state.settled(r):
             ev.set()
         try:
             await asyncio.wait_for(ev.wait(), timeout)
