@@ -128,3 +128,20 @@ def test_a_group_whose_generation_raises_is_given_back_as_failed_unless_the_engi
     assert [a[:2] for a in buf.asks] == [("return_work", "train-3")]
     assert buf.asks[0][2] == (f"error: {error!r}" if error is not None else "aborted")
     assert (buf.asks[0][3:] == ("failed",)) == counted
+
+
+def test_a_huge_error_is_cut_before_it_is_sent_back():
+    """A user's function that raises with an enormous message (a whole sample in it): the group is given back with
+    the first RETURN_REASON_CHARS characters of it, not a body of any size."""
+    from types import SimpleNamespace
+
+    w = RolloutWorker(0, args=parse_config(["--config", DIGITS]).to_dict())
+    w.buffer = buf = Buffer()
+    w.generation = Generation(ValueError("x" * 10_000_000))
+    w._engine_ok.set()
+    group = SimpleNamespace(work_id="train-3", samples=[s.to_wire() for s in samples()], sampling_params={},
+                            attempt=1, kind="train")
+    asyncio.run(w._process_group(group))
+    (ask,) = buf.asks
+    assert ask[2] == "error: ValueError('" + "x" * (rollout_module.RETURN_REASON_CHARS - len("error: ValueError('"))
+    assert ask[3:] == ("failed",)

@@ -42,6 +42,7 @@ RELEASE_RETRY = RetryPolicy(attempts=5, base=0.5, factor=2.0, max_delay=5.0, ret
 SUBMIT_RETRY = RetryPolicy(attempts=20, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,),
                            retry_if=transient)
 RETURN_RETRY = RetryPolicy(attempts=10, base=0.2, factor=2.0, max_delay=5.0, retry_on=(MailboxError,))
+RETURN_REASON_CHARS = 2000   # (the buffer keeps as much of a failed group's error)
 AHEAD_RETRY = RetryPolicy(attempts=3, base=0.2, factor=2.0, max_delay=1.0, retry_on=(MailboxError,))
 
 
@@ -261,8 +262,9 @@ class RolloutWorker(EngineSupervisor, Actor):
         except Exception as exc:  # give the group back, it will be generated again -- when the error is the group's
             # (not an engine out of reach), up to the buffer's limit (MAX_GROUP_ERRORS: then the group is failed; a
             # rollout with too many fails the job)
-            self.log.error("group failed; returning it", work_id=wid, error=repr(exc))
-            await self._return(wid, None, f"error: {exc!r}", failed=self._groups_fault(exc))
+            why = f"error: {exc!r}"[:RETURN_REASON_CHARS]
+            self.log.error("group failed; returning it", work_id=wid, error=why)
+            await self._return(wid, None, why, failed=self._groups_fault(exc))
         finally:
             self._inflight.pop(wid, None)
 
@@ -383,8 +385,10 @@ class RolloutWorker(EngineSupervisor, Actor):
         return True
 
     async def _return(self, wid: str, samples: list[Sample] | None, reason: str, failed: bool = False) -> None:
-        """Give group `wid` back to the buffer (`failed`: it failed, `reason` says how; else aborted or not started)."""
+        """Give group `wid` back to the buffer (`failed`: it failed, `reason` says how; else aborted or not started).
+        The reason is cut to RETURN_REASON_CHARS: an exception's text is the user's code's, of any size."""
         self.counters["aborted_groups"] += 1
+        reason = reason[:RETURN_REASON_CHARS]
         given: dict = {"reason": reason} if samples is None else {"reason": reason,
                                                                   "samples": [s.to_wire() for s in samples]}
         if failed:
