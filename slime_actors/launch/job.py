@@ -189,6 +189,7 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
             return f"job stopped: {agent.node_failures[0]}"
         return None
     result = None
+    failure: str | None = None   # (set before the try: a supervisor's own error must reach the user, not a NameError)
     try:
         failure = await head.watch(stop, board, check=check, processes=launcher.snapshot,
                                    restarts=lambda: launcher.restarted_total)

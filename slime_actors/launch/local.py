@@ -16,7 +16,10 @@ Supervision, the OTP rules:
     start-up failures in a row) stops it too; the cause is the job's last line, printed once. Until an actor is
     ready its warnings wait (they are echoed once it is; a start that fails leaves them in its log only);
   * an actor whose process is alive but whose heartbeats stopped (the directory's liveness, passed to `check`) for
-    `hang_kill_after` seconds is killed, and so restarted: a hung process is a failed process.
+    `hang_kill_after` seconds is asked for its Python stack (launch/stacks.py), logged with where its main thread
+    was, and killed, and so restarted: a hung process is a failed process. A restarted actor that hangs again at the
+    same place (the same innermost frame) stops the job with that stack: a blocking call in async code hangs every
+    incarnation alike, and restarts every ~15 s would never reach the restart limit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from ..env import CPUS, INCARNATION
 from ..log import console_write, get_logger
+from . import stacks
 from .startup import EXIT_PERMANENT, MAX_START_FAILURES, Cause, cause_from_output, read_report
 from .topology import RestartPolicy
 
@@ -83,6 +87,9 @@ class ActorProc:
     pids: list = field(default_factory=list)
     startup: StartState = field(default_factory=StartState)   # this incarnation's
     start_failures: list = field(default_factory=list)      # start-up Causes since it was last ready
+    stack_asked: float | None = None     # when this incarnation, hung, was asked for its stack (launch/stacks.py)
+    stack_offset: int = 0                # its log's size then: the dump is read from there
+    hung_at: stacks.Frame | None = None  # where the last incarnation killed as hung was stuck (innermost frame)
 
     @property
     def ready(self) -> bool:
@@ -232,6 +239,7 @@ class LocalLauncher:
         out.close()
         ap.started = time.monotonic()
         ap.expected_exit = False
+        ap.stack_asked = None
         ap.startup = StartState()
         ap.pids.append(ap.popen.pid)
         threading.Thread(target=self._pump, args=(ap, ap.popen, ap.startup, out_path), daemon=True).start()
@@ -397,11 +405,34 @@ class LocalLauncher:
                 continue
             if info.get("pid") != ap.popen.pid or now - ap.started < self.hang_kill_after:
                 continue
-            if info.get("last_seen", 0) >= self.hang_kill_after:
-                self.log.error("actor alive but silent; killing it", actor=name, pid=ap.popen.pid,
-                               silent_for=info.get("last_seen"))
-                self.events.append((time.time(), name, f"hung: no heartbeat for {info.get('last_seen')}s; killed"))
-                kill_tree(ap.popen.pid, signal.SIGKILL)
+            if info.get("last_seen", 0) < self.hang_kill_after:
+                continue
+            out_path = self.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
+            if ap.stack_asked is None:   # first its stack: it is written to its log from a signal handler
+                ap.stack_offset = stacks.size(out_path)
+                ap.stack_asked = now
+                if stacks.ask(ap.popen.pid):
+                    continue
+            elif now - ap.stack_asked < stacks.WAIT_S and stacks.read(out_path, ap.stack_offset) is None:
+                continue
+            frames = stacks.read(out_path, ap.stack_offset) or []
+            place = frames[0] if frames else None
+            silent = info.get("last_seen")
+            self.log.error("actor alive but silent; killing it", actor=name, pid=ap.popen.pid, silent_for=silent,
+                           stuck_at=str(place) if place else "(no Python stack: not in Python, or stopped)")
+            self.events.append((time.time(), name, f"hung: no heartbeat for {silent}s"
+                                + (f" at {place}" if place else "") + "; killed"))
+            if place is not None and place == ap.hung_at:
+                ap.expected_exit = True   # not restarted: the job stops
+                self.failure = (
+                    f"{name} hung twice at the same place, each time alive but silent (no heartbeat) for "
+                    f"{self.hang_kill_after:g}s, killed; its main thread was at:\n{stacks.shown(frames)}\n"
+                    "A call that blocks inside async code (time.sleep, requests, subprocess.run, a long "
+                    "computation) stops the whole actor, its heartbeats too: await an async version of it or run "
+                    f"it in a thread (await asyncio.to_thread(fn, ...)). Its log: {_shown(out_path)}")
+                self.failure_cause = f"{name} hung twice at {place.path}:{place.line} in {place.func}"
+            ap.hung_at = place
+            kill_tree(ap.popen.pid, signal.SIGKILL)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         ap = self.procs[name]

@@ -1,0 +1,191 @@
+"""A hung actor (alive, heartbeats stopped) is asked for its Python stack before it is killed (launch/stacks.py), and
+a restarted actor that hangs at the same place again stops the job with that stack (launch/local.py): a blocking call
+in async code -- the usual cause -- hangs every incarnation alike, and a restart every ~15 s never reached the restart
+limit, so such a job restarted its actor for ever."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_launch_support import FAST_FLAGS, Job, topology
+
+from slime_actors.launch import stacks
+from slime_actors.launch.local import ActorProc, LocalLauncher
+from slime_actors.launch.topology import RestartPolicy
+
+# a process that registers the dump, says so, then blocks in the function named by argv[1] (as a blocking call in an
+# actor's async code would)
+HANGS = '''
+import sys, time
+from slime_actors.launch import stacks
+stacks.register()
+
+def here():
+    time.sleep(1000)   # HERE
+
+def there():
+    while True:        # THERE
+        pass
+
+print("ready", flush=True)
+{"here": here, "there": there}[sys.argv[1]]()
+'''
+
+
+def _line(marker: str) -> int:
+    return next(i for i, ln in enumerate(HANGS.splitlines(), 1) if marker in ln)
+
+
+def _start(script: Path, where: str, out: Path) -> subprocess.Popen:
+    f = open(out, "ab")
+    p = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE, stderr=f)
+    f.close()
+    assert p.stdout.readline().strip() == b"ready"
+    return p
+
+
+def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    out = tmp_path / "err.log"
+    out.write_bytes(b"earlier output\nCurrent thread 0x00007f00 (most recent call first):\n"
+                    b'  File "/old.py", line 1 in old\n\n')
+    offset = stacks.size(out)
+    for where, marker in (("here", "# HERE"), ("there", "# THERE")):
+        p = _start(script, where, out)
+        try:
+            mark = stacks.size(out)
+            assert stacks.ask(p.pid)
+            frames = None
+            t0 = time.monotonic()
+            while frames is None and time.monotonic() - t0 < 10:
+                time.sleep(0.05)
+                frames = stacks.read(out, mark)
+            assert frames, out.read_text()[-2000:]
+            assert (Path(frames[0].path).name, frames[0].line, frames[0].func) == ("hangs.py", _line(marker), where)
+            assert frames[-1].func == "<module>"
+            assert str(frames[0]) == f'File "{script}", line {_line(marker)}, in {where}'
+        finally:
+            p.kill()
+            p.wait()
+    # the last dump after the offset is read; before it, the old one
+    assert stacks.read(out, offset)[0].func == "there"
+    assert stacks.read(out, 0)[0].func == "there"
+    assert stacks.read(out, stacks.size(out)) is None
+    assert stacks.read(tmp_path / "none.log") is None
+    shown = stacks.shown([stacks.Frame("a.py", i, "f") for i in range(10)], n=3)
+    assert shown.splitlines() == ['    File "a.py", line 0, in f', '    File "a.py", line 1, in f',
+                                  '    File "a.py", line 2, in f', "    ... 7 outer frames (the actor's log has them)"]
+
+
+class _Popen:
+    """A launcher's view of one process started outside it."""
+
+    def __init__(self, p: subprocess.Popen):
+        self._p = p
+        self.pid = p.pid
+
+    def poll(self):
+        return self._p.poll()
+
+    def wait(self, timeout=None):
+        return self._p.wait(timeout)
+
+
+def _hang_and_kill(launcher: LocalLauncher, ap: ActorProc, script: Path, where: str) -> None:
+    """Start `ap`'s next incarnation hung at `where`; the launcher, told it is silent, asks for its stack, kills it."""
+    out = launcher.run_dir / "logs" / f"{ap.role}-{ap.index}.out"
+    p = _start(script, where, out)
+    ap.popen = _Popen(p)
+    ap.started = time.monotonic() - 100
+    ap.stack_asked = None
+    silent = {ap.name: {"alive": False, "pid": p.pid, "last_seen": 12.5}}
+    t0 = time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < 10:
+        launcher._kill_hung(silent)
+        time.sleep(0.05)
+    assert p.wait(5) == -9, "not killed"
+
+
+def test_a_restarted_actor_hung_at_the_same_place_stops_the_job(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    launcher = LocalLauncher(str(tmp_path / "run"), {}, hang_kill_after=10)
+    ap = launcher.add("rollout", 0, policy=RestartPolicy())
+    _hang_and_kill(launcher, ap, script, "here")
+    assert launcher.failure is None   # once: killed (and restarted by check), where it was logged
+    assert any("hung: no heartbeat for 12.5s at File" in what and f"line {_line('# HERE')}, in here" in what
+               for _, _, what in launcher.events), launcher.events
+    _hang_and_kill(launcher, ap, script, "there")
+    assert launcher.failure is None   # another place: another hang, restarted again
+    _hang_and_kill(launcher, ap, script, "there")
+    assert launcher.failure is not None and ap.expected_exit   # the same place twice in a row: the job stops
+    first = launcher.failure.splitlines()
+    assert first[0] == ("rollout/0 hung twice at the same place, each time alive but silent (no heartbeat) for 10s, "
+                        "killed; its main thread was at:")
+    assert first[1] == f'    File "{script}", line {_line("# THERE")}, in there'
+    assert "await asyncio.to_thread" in launcher.failure and "logs/rollout-0.out" in launcher.failure
+    assert launcher.failure_cause == f"rollout/0 hung twice at {script}:{_line('# THERE')} in there"
+
+
+def test_a_process_that_gives_no_stack_is_killed_all_the_same(tmp_path):
+    """Stopped (SIGSTOP) or not in Python: no dump comes; it is killed after the wait, never judged by place."""
+    launcher = LocalLauncher(str(tmp_path / "run"), {}, hang_kill_after=10)
+    ap = launcher.add("reward", 0, policy=RestartPolicy())
+    for _ in range(2):
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])   # SIGUSR1 kills it: no dump
+        ap.popen = _Popen(p)
+        ap.started = time.monotonic() - 100
+        ap.stack_asked = None
+        t0 = time.monotonic()
+        while p.poll() is None and time.monotonic() - t0 < 10:
+            launcher._kill_hung({ap.name: {"alive": False, "pid": p.pid, "last_seen": 11.0}})
+            time.sleep(0.05)
+        assert p.wait(5) in (-9, -10)
+    assert launcher.failure is None
+
+
+BLOCKING_ENV = '''
+import time
+from slime_actors.environments import Env, Step
+
+
+class Blocks(Env):
+    max_turns = 2
+
+    async def step(self, sample, turn):
+        time.sleep(1000)   # a blocking call in async code: the worker's loop, heartbeats too, stop here
+        return Step(done=True)
+'''
+
+
+def test_a_job_whose_environment_blocks_stops_naming_the_line(tmp_path):
+    """The user's mistake as they make it: the rollout worker hangs in the environment's step, is killed and
+    restarted, hangs there again, and the job stops with exit code 1 and the environment's line -- before this, it
+    restarted the worker every ~15 s for ever."""
+    env = tmp_path / "blocks.py"
+    env.write_text(BLOCKING_ENV)
+    topo = topology(tmp_path, """
+[supervisor]
+hang_kill_after = 4
+
+[roles.buffer]
+[roles.reward]
+[roles.rollout]
+[roles.trainer]
+""")
+    job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", "2", "--rollout-max-response-len", "8",
+                               "--rollout-interaction-env-path", f"{env}:Blocks"]).start()
+    try:
+        rc = job.wait(150)
+        out = job.log()
+        assert rc == 1, out[-3000:]
+        line = next(i for i, ln in enumerate(BLOCKING_ENV.splitlines(), 1) if "time.sleep" in ln)
+        assert "rollout/0 hung twice at the same place" in out, out[-3000:]
+        assert f'File "{env}", line {line}, in step' in out, out[-3000:]
+        assert out.count("actor alive but silent; killing it") == 2, out[-3000:]
+    finally:
+        job.close()
