@@ -13,6 +13,9 @@ checkpoint (--save), an HF export (--save-hf) or any other file a user put there
   RunDirError names them. One exception: a run directory of an earlier slime-actors version (its job.json is one
   this project wrote) is adopted and marked.
 * A new run (nothing to resume) into one of ours clears the previous run's live state and history (LIVE + HISTORY).
+  Except when that run did not finish (interrupted, failed, killed) and left a rolling checkpoint with trained steps:
+  `unfinished_run` says so, and the head refuses to start (launch/prepare.py) -- re-running the same command after a
+  Ctrl-C, a crash or a preemption deleted the run's progress without a word.
 * The rolling checkpoint of a job without --save (`ckpt/`, with its own marker; slime_actors/checkpoints.py) belongs
   to its run: the next run clears it unless it resumes from it. A `ckpt/` without that marker is never touched.
 * A resumed run (--load found a checkpoint) clears only the live state (a new job never inherits a buffer log,
@@ -143,6 +146,41 @@ def _archive_attempt(p: Path) -> Path | None:
     if (p / "metrics.jsonl").exists():
         shutil.copy2(p / "metrics.jsonl", dest / "metrics.jsonl")  # as it was before the resumed run trims it
     return dest
+
+
+def unfinished_run(path: str | os.PathLike) -> str | None:
+    """Why a new run in `path` would lose a previous run's training (None: it would not): that run did not finish
+    (its status.json is not "finished": stopped, failed, or its head killed before it could say) and its rolling
+    checkpoint (RUN_DIR/ckpt, with its marker) holds a complete checkpoint after at least one trained rollout. Reads
+    only."""
+    from .checkpoints import latest_checkpoint, read_meta
+    p = Path(path)
+    roll = p / ROLLING_DIR
+    if not (p / MARKER).is_file() or not (roll / ROLLING_MARKER).is_file():
+        return None
+    ckpt = latest_checkpoint(roll)
+    try:
+        done = int(read_meta(ckpt)["next_rollout_id"]) if ckpt is not None else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if done < 1:
+        return None
+    try:
+        status = json.loads((p / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    state = status.get("state") if isinstance(status, dict) else None
+    if state == "finished":
+        return None
+    controller = status.get("controller") if isinstance(status, dict) else None
+    of = controller.get("num_rollout") if isinstance(controller, dict) else None
+    how = {"stopped": str(status.get("failure") or "stopped"),
+           "failed": "failed" + (f": {status.get('cause')}" if status.get("cause") else "")}.get(
+        state or "", "ended without saying how (its head was killed, or the machine went down)")
+    return (f"--run-dir {path} holds a run that did not finish -- {how} -- and its rolling checkpoint {ckpt} "
+            f"(rollout {done}" + (f" of {of}" if of else "") + ") would be deleted by a new run. Nothing was "
+            f"changed. To continue that run: add --load {roll}. To start over: delete {roll} (a new run clears "
+            f"the rest of the old one), or give another --run-dir")
 
 
 def join_run_dir(path: str | os.PathLike) -> Path:

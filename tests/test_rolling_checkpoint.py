@@ -16,7 +16,7 @@ import pytest
 from slime_actors.checkpoints import (ROLLING_INTERVAL, ROLLING_MARKER, commit_checkpoint, prune, rolling,
                                       rolling_conflict, save_interval, save_root)
 from slime_actors.config import JobConfig
-from slime_actors.run_dir import prepare_run_dir
+from slime_actors.run_dir import prepare_run_dir, unfinished_run
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs Linux /proc")
 
@@ -80,6 +80,53 @@ def test_a_new_run_clears_the_rolling_checkpoint_only_when_it_is_one(tmp_path):
     prepare_run_dir(run)
     assert (roll / "iter_0000003" / "meta.json").exists()
     assert "not a rolling checkpoint" in rolling_conflict(_cfg(run))
+
+
+def test_a_run_that_did_not_finish_is_named_not_cleared(tmp_path):
+    """Re-running the same command after a Ctrl-C, a crash or a preemption deleted the run's rolling checkpoint
+    without a word; now `unfinished_run` says why a new run would lose it, and the head refuses (nothing changed)."""
+    run = tmp_path / "run"
+    prepare_run_dir(run)
+    assert unfinished_run(run) is None                       # no checkpoint
+    roll = run / "ckpt"
+    roll.mkdir()
+    (roll / ROLLING_MARKER).touch()
+    _iter(roll, 0)
+    assert unfinished_run(run) is None                       # nothing trained yet
+    _iter(roll, 75)
+
+    def status(**st):
+        (run / "status.json").write_text(json.dumps(st))
+    status(state="stopped", failure="stopped by SIGINT", controller={"num_rollout": 400})
+    assert unfinished_run(run) == (
+        f"--run-dir {run} holds a run that did not finish -- stopped by SIGINT -- and its rolling checkpoint "
+        f"{roll / 'iter_0000075'} (rollout 75 of 400) would be deleted by a new run. Nothing was changed. To continue "
+        f"that run: add --load {roll}. To start over: delete {roll} (a new run clears the rest of the old one), or "
+        "give another --run-dir")
+    status(state="failed", cause="trainer/0 died 6 times within 60s")
+    assert "-- failed: trainer/0 died 6 times within 60s -- " in unfinished_run(run)
+    status(state="running")                                  # its head killed before it could say
+    assert "ended without saying how" in unfinished_run(run)
+    (run / "status.json").write_text("{not json")
+    assert "ended without saying how" in unfinished_run(run)
+    status(state="finished")
+    assert unfinished_run(run) is None                       # a finished run is replaced, as before
+    (roll / ROLLING_MARKER).unlink()
+    status(state="stopped")
+    assert unfinished_run(run) is None                       # not a rolling checkpoint: never cleared anyway
+    (roll / ROLLING_MARKER).touch()
+
+    # the head: refused before anything is written, and with --load it continues
+    from slime_actors.launch.prepare import prepare_head
+    from slime_actors.run_dir import RunDirError
+    cfg = _cfg(run)
+    cfg.model.hf_checkpoint = "tiny:digits"
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    with pytest.raises(RunDirError, match="did not finish -- stopped -- "):
+        prepare_head(cfg)
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    prepare_head(cfg, fresh=False)                           # a restarted head (torchrun's) continues the run
+    assert (roll / "iter_0000075" / "meta.json").exists()
 
 
 @pytest.mark.slow
