@@ -113,6 +113,20 @@ def save_root(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path 
     return rolling_dir(cfg, run_dir) if rolling(cfg) else None
 
 
+def continue_hint(cfg: JobConfig) -> str | None:
+    """For a job that stopped before its end: how to continue it from its newest checkpoint (None: it has none
+    after a trained rollout)."""
+    root = save_root(cfg)
+    ckpt = latest_checkpoint(root) if root is not None else None
+    try:
+        done = int(read_meta(ckpt)["next_rollout_id"]) if ckpt is not None else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if done < 1:
+        return None
+    return f"to continue from its checkpoint {ckpt} (rollout {done}): the same command with --load {root}"
+
+
 def save_interval(cfg: JobConfig) -> int | None:
     """Rollouts between checkpoints: --save-interval, else ROLLING_INTERVAL for the rolling checkpoint."""
     return cfg.checkpoint.save_interval or (ROLLING_INTERVAL if rolling(cfg) else None)

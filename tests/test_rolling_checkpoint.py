@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_actors.checkpoints import (ROLLING_INTERVAL, ROLLING_MARKER, commit_checkpoint, prune, rolling,
-                                      rolling_conflict, save_interval, save_root)
+from slime_actors.checkpoints import (ROLLING_INTERVAL, ROLLING_MARKER, commit_checkpoint, continue_hint, prune,
+                                      rolling, rolling_conflict, save_interval, save_root)
 from slime_actors.config import JobConfig
 from slime_actors.run_dir import prepare_run_dir, unfinished_run
 
@@ -115,6 +115,16 @@ def test_a_run_that_did_not_finish_is_named_not_cleared(tmp_path):
     assert unfinished_run(run) is None                       # not a rolling checkpoint: never cleared anyway
     (roll / ROLLING_MARKER).touch()
 
+    # what a job that stopped prints before its cause: how to continue it
+    assert continue_hint(_cfg(run)) == (f"to continue from its checkpoint {roll / 'iter_0000075'} (rollout 75): the "
+                                        f"same command with --load {roll}")
+    mine = tmp_path / "mine"
+    assert continue_hint(_cfg(run, save=str(mine))) is None       # --save: its own directory, empty
+    _iter(mine, 0)
+    assert continue_hint(_cfg(run, save=str(mine))) is None       # nothing trained yet
+    _iter(mine, 3)
+    assert continue_hint(_cfg(run, save=str(mine))).endswith(f"(rollout 3): the same command with --load {mine}")
+    assert continue_hint(_cfg(run, no_rolling_save=True)) is None
     # the head: refused before anything is written, and with --load it continues
     from slime_actors.launch.prepare import prepare_head
     from slime_actors.run_dir import RunDirError

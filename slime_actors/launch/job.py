@@ -220,6 +220,9 @@ async def run_head(ctx: JobContext, job_path: Path) -> tuple[int, dict | None]:
         await head.close()
     if failure:
         log.error("job failed", reason=failure.splitlines()[0])
+        from ..checkpoints import continue_hint
+        if hint := continue_hint(cfg):   # (before the failure: its cause stays the last line)
+            print(f"{ctx.prog}: {hint}", file=sys.stderr)
         print(f"{ctx.prog}: {failure}", file=sys.stderr)
         sig = holder.get("signal")
         return (EXIT_INTERRUPTED if sig == signal.SIGINT else EXIT_TERMINATED if sig else 1), None
