@@ -27,8 +27,7 @@ def here():
     time.sleep(1000)   # HERE
 
 def there():
-    while True:        # THERE
-        pass
+    while True: pass   # THERE
 
 print("ready", flush=True)
 {"here": here, "there": there}[sys.argv[1]]()
@@ -39,12 +38,33 @@ def _line(marker: str) -> int:
     return next(i for i, ln in enumerate(HANGS.splitlines(), 1) if marker in ln)
 
 
+def _dump(p: subprocess.Popen, out: Path) -> list:
+    """Ask `p` for its stacks; the main thread's frames from the dump it wrote to `out` ([] if none came in 10 s)."""
+    mark = stacks.size(out)
+    assert stacks.ask(p.pid)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+        frames = stacks.read(out, mark)
+        if frames is not None:
+            return frames
+    return []
+
+
 def _start(script: Path, where: str, out: Path) -> subprocess.Popen:
+    """The process, once its main thread is inside `where` (it says "ready" just before it goes in: on a loaded
+    machine a dump asked for at once may still find it on the way)."""
     f = open(out, "ab")
     p = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE, stderr=f)
     f.close()
     assert p.stdout.readline().strip() == b"ready"
-    return p
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20:
+        frames = _dump(p, out)
+        if frames and frames[0].func == where:
+            return p
+    p.kill()
+    raise AssertionError(f"never saw the process inside {where}(): {out.read_text()[-2000:]}")
 
 
 def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
@@ -57,13 +77,7 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
     for where, marker in (("here", "# HERE"), ("there", "# THERE")):
         p = _start(script, where, out)
         try:
-            mark = stacks.size(out)
-            assert stacks.ask(p.pid)
-            frames = None
-            t0 = time.monotonic()
-            while frames is None and time.monotonic() - t0 < 10:
-                time.sleep(0.05)
-                frames = stacks.read(out, mark)
+            frames = _dump(p, out)
             assert frames, out.read_text()[-2000:]
             assert (Path(frames[0].path).name, frames[0].line, frames[0].func) == ("hangs.py", _line(marker), where)
             assert frames[-1].func == "<module>"
@@ -186,6 +200,6 @@ hang_kill_after = 4
         line = next(i for i, ln in enumerate(BLOCKING_ENV.splitlines(), 1) if "time.sleep" in ln)
         assert "rollout/0 hung twice at the same place" in out, out[-3000:]
         assert f'File "{env}", line {line}, in step' in out, out[-3000:]
-        assert out.count("actor alive but silent; killing it") == 2, out[-3000:]
+        assert out.count("actor alive but silent; killing it") >= 2, out[-3000:]   # (a loaded machine may add one)
     finally:
         job.close()
