@@ -143,6 +143,13 @@ def test_a_restarted_actor_hung_at_the_same_place_stops_the_job(tmp_path):
     assert first[1] == f'    File "{script}", line {_line("# THERE")}, in there'
     assert "await asyncio.to_thread" in launcher.failure and "logs/rollout-0.out" in launcher.failure
     assert launcher.failure_cause == f"rollout/0 hung twice at {script}:{_line('# THERE')} in there"
+    # the same function seen at another line (a loop of several lines) is the same place; another file is not
+    for earlier, stops in ((stacks.Frame(str(script), 999, "there"), True),
+                           (stacks.Frame(str(tmp_path / "other.py"), _line("# THERE"), "there"), False)):
+        launcher.failure = None
+        ap.hung_at = earlier
+        _hang_and_kill(launcher, ap, script, "there")
+        assert (launcher.failure is not None) == stops, earlier
 
 
 def test_a_process_that_gives_no_stack_is_killed_all_the_same(tmp_path):

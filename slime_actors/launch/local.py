@@ -18,8 +18,9 @@ Supervision, the OTP rules:
   * an actor whose process is alive but whose heartbeats stopped (the directory's liveness, passed to `check`) for
     `hang_kill_after` seconds is asked for its Python stack (launch/stacks.py), logged with where its main thread
     was, and killed, and so restarted: a hung process is a failed process. A restarted actor that hangs again at the
-    same place (the same innermost frame) stops the job with that stack: a blocking call in async code hangs every
-    incarnation alike, and restarts every ~15 s would never reach the restart limit.
+    same place (its innermost frame in the same function: a loop's line may differ) stops the job with that stack:
+    a blocking call in async code hangs every incarnation alike, and restarts every ~15 s would never reach the
+    restart limit.
 """
 
 from __future__ import annotations
@@ -422,7 +423,7 @@ class LocalLauncher:
                            stuck_at=str(place) if place else "(no Python stack: not in Python, or stopped)")
             self.events.append((time.time(), name, f"hung: no heartbeat for {silent}s"
                                 + (f" at {place}" if place else "") + "; killed"))
-            if place is not None and place == ap.hung_at:
+            if place is not None and ap.hung_at is not None and place.function == ap.hung_at.function:
                 ap.expected_exit = True   # not restarted: the job stops
                 self.failure = (
                     f"{name} hung twice at the same place, each time alive but silent (no heartbeat) for "

@@ -38,6 +38,11 @@ class Frame:
     def __str__(self) -> str:
         return f'File "{self.path}", line {self.line}, in {self.func}'
 
+    @property
+    def function(self) -> tuple[str, str]:
+        """The place a hang is judged by: the file and function (a busy loop is caught on any of its lines)."""
+        return self.path, self.func
+
 
 def register() -> None:
     """In an actor process: dump every thread's stack to stderr on SIGUSR1 (kept for the process's life)."""
