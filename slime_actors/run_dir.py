@@ -13,6 +13,8 @@ checkpoint (--save), an HF export (--save-hf) or any other file a user put there
   RunDirError names them. One exception: a run directory of an earlier slime-actors version (its job.json is one
   this project wrote) is adopted and marked.
 * A new run (nothing to resume) into one of ours clears the previous run's live state and history (LIVE + HISTORY).
+  Never under a job that is running there (`run_in_use`: the head refuses to start; a second `make train` in
+  another terminal cleared the first job's sockets and keys, which then hung).
   Except when that run did not finish (interrupted, failed, killed) and left a rolling checkpoint with trained steps:
   `unfinished_run` says so, and the head refuses to start (launch/prepare.py) -- re-running the same command after a
   Ctrl-C, a crash or a preemption deleted the run's progress without a word.
@@ -146,6 +148,37 @@ def _archive_attempt(p: Path) -> Path | None:
     if (p / "metrics.jsonl").exists():
         shutil.copy2(p / "metrics.jsonl", dest / "metrics.jsonl")  # as it was before the resumed run trims it
     return dest
+
+
+def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:
+    """Why `path` is in use by a job that is running now (None: it is not): its head.json names a live slime-actors
+    process on this host, or -- a head on another host -- its status.json says "running" and was written in the last
+    30 s (the head rewrites it every second or so). A new job there would clear the running job's sockets, keys and
+    buffer log under it. Reads only."""
+    import socket
+    p = Path(path)
+    try:
+        head = json.loads((p / "head.json").read_text())
+        pid, host = int(head["pid"]), str(head.get("host") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        head, pid, host = None, 0, ""
+    stop = "stop it first (Ctrl-C where it runs) or give another --run-dir. Nothing was changed"
+    if head is not None and host == socket.gethostname() and pid != os.getpid():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = ""
+        if "slime_actors" in cmd or "slime-actors" in cmd:
+            return f"--run-dir {path} is in use by a running job (its head: pid {pid} on this host); " + stop
+    try:
+        status = json.loads((p / "status.json").read_text())
+        running, written = status.get("state") == "running", float(status.get("time") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    if running and host and host != socket.gethostname() and 0 <= (now or time.time()) - written < 30:
+        return (f"--run-dir {path} is in use by a running job (its head on {host}, its status written "
+                f"{(now or time.time()) - written:.0f} s ago); " + stop)
+    return None
 
 
 def unfinished_run(path: str | os.PathLike) -> str | None:

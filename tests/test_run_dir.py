@@ -295,3 +295,44 @@ def test_a_node_agent_that_arrives_first_marks_the_run_dir_for_the_head(tmp_path
     with pytest.raises(RunDirError, match="logs/"):
         join_run_dir(user)
     assert not (user / MARKER).exists()
+
+
+def test_a_run_directory_in_use_by_a_running_job_is_refused(tmp_path):
+    """A second job in a running job's run directory cleared its sockets, keys and buffer log under it (the first
+    then hung); now the second is refused and the first is untouched."""
+    import socket
+    import time
+
+    from slime_actors.run_dir import run_in_use
+    d = finished_run(tmp_path / "run")
+    assert run_in_use(d) is None                                   # no head.json
+    # a live process of ours on this host (its command line names the package), as the running job's head
+    head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slime_actors.launch.head"])
+    try:
+        (d / "head.json").write_text(json.dumps({"pid": head.pid, "host": socket.gethostname()}))
+        why = run_in_use(d)
+        assert why == (f"--run-dir {d} is in use by a running job (its head: pid {head.pid} on this host); stop it "
+                       "first (Ctrl-C where it runs) or give another --run-dir. Nothing was changed")
+        before = snapshot(d)
+        assert_refused(train("--run-dir", str(d)), why)
+        assert snapshot(d) == before
+    finally:
+        head.kill()
+        head.wait()
+    assert run_in_use(d) is None                                   # it ended: a new run may clear it
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])   # a pid reused by another program
+    try:
+        (d / "head.json").write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+        assert run_in_use(d) is None
+    finally:
+        other.kill()
+        other.wait()
+    # a head on another host: its status written in the last 30 s says it runs
+    (d / "head.json").write_text(json.dumps({"pid": 1, "host": "node-7"}))
+    now = time.time()
+    (d / "status.json").write_text(json.dumps({"state": "running", "time": now - 3}))
+    assert run_in_use(d, now=now).startswith(f"--run-dir {d} is in use by a running job (its head on node-7, its "
+                                             "status written 3 s ago); stop it first")
+    assert run_in_use(d, now=now + 60) is None                     # stale: that head is gone
+    (d / "status.json").write_text(json.dumps({"state": "finished", "time": now}))
+    assert run_in_use(d, now=now) is None

@@ -80,10 +80,10 @@ def prepare_head(cfg: JobConfig, fresh: bool = True) -> Path:
     the cause). `fresh`: clear the run directory's live state (False: a restarted head, which continues it)."""
     from ..checkpoints import check_hf_exports, read_meta
     from ..models import model_cache, resolve_checkpoint
-    from ..run_dir import RunDirError, prepare_run_dir, unfinished_run
+    from ..run_dir import RunDirError, prepare_run_dir, run_in_use, unfinished_run
     run_dir = Path(cfg.run.run_dir)
     ckpt = check_paths(cfg)
-    if fresh and ckpt is None and (why := unfinished_run(run_dir)):
+    if fresh and (why := run_in_use(run_dir) or (unfinished_run(run_dir) if ckpt is None else None)):
         raise RunDirError(why)   # (a fresh head only: a restarted one, torchrun's, continues the run)
     spec = cfg.model.hf_checkpoint
     if not spec.startswith(("tiny:", "smollm2:")):
