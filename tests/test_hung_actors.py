@@ -81,6 +81,7 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
             assert frames, out.read_text()[-2000:]
             assert (Path(frames[0].path).name, frames[0].line, frames[0].func) == ("hangs.py", _line(marker), where)
             assert frames[-1].func == "<module>"
+            assert stacks.complete(frames) and not stacks.complete(frames[:1]) and not stacks.complete(None)
             assert str(frames[0]) == f'File "{script}", line {_line(marker)}, in {where}'
         finally:
             p.kill()

@@ -414,8 +414,8 @@ class LocalLauncher:
                 ap.stack_asked = now
                 if stacks.ask(ap.popen.pid):
                     continue
-            elif now - ap.stack_asked < stacks.WAIT_S and stacks.read(out_path, ap.stack_offset) is None:
-                continue
+            elif now - ap.stack_asked < stacks.WAIT_S and not stacks.complete(stacks.read(out_path, ap.stack_offset)):
+                continue   # (the dump reaches the log line by line, through the pipe the supervisor pumps)
             frames = stacks.read(out_path, ap.stack_offset) or []
             place = frames[0] if frames else None
             silent = info.get("last_seen")

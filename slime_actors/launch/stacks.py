@@ -86,6 +86,11 @@ def read(path: Path, offset: int = 0) -> list[Frame] | None:
     return frames
 
 
+def complete(frames: list[Frame] | None) -> bool:
+    """Whether a main thread's stack read so far reaches its outermost frame (an actor's is its `<module>`)."""
+    return bool(frames) and frames[-1].func == "<module>"
+
+
 def size(path: Path) -> int:
     try:
         return path.stat().st_size
