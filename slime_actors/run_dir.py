@@ -153,7 +153,7 @@ def _archive_attempt(p: Path) -> Path | None:
 def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:
     """Why `path` is in use by a job that is running now (None: it is not): its head.json names a live slime-actors
     process on this host, or -- a head on another host -- its status.json says "running" and was written in the last
-    30 s (the head rewrites it every second or so). A new job there would clear the running job's sockets, keys and
+    15 s (the head rewrites it every second or so). A new job there would clear the running job's sockets, keys and
     buffer log under it. Reads only."""
     import socket
     p = Path(path)
@@ -175,7 +175,7 @@ def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:
         running, written = status.get("state") == "running", float(status.get("time") or 0)
     except (OSError, ValueError, AttributeError, TypeError):
         return None
-    if running and host and host != socket.gethostname() and 0 <= (now or time.time()) - written < 30:
+    if running and host and host != socket.gethostname() and 0 <= (now or time.time()) - written < 15:
         return (f"--run-dir {path} is in use by a running job (its head on {host}, its status written "
                 f"{(now or time.time()) - written:.0f} s ago); " + stop)
     return None
