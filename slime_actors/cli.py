@@ -9,6 +9,7 @@
     slime-actors samples RUN [--rollout K] [--best|--worst] [--n N]    a run's prompts, responses, rewards
                      [--eval [--step K]] [--report]                    (held-out ones; a markdown report)
     slime-actors convert SRC DST [--hf-checkpoint DIR]                 checkpoints <-> Hugging Face (torch_dist, ours)
+    slime-actors stacks RUN [--actor ROLE/INDEX] [--all-threads]       what a running job's actors are doing now
     slime-actors --version
 """
 
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_command(sub)
     from .samples import add_samples_command
     add_samples_command(sub)   # samples RUN ... (slime_actors/samples.py)
+    from .launch.stacks import add_stacks_command
+    add_stacks_command(sub)    # stacks RUN (slime_actors/launch/stacks.py)
     return p
 
 

@@ -5,6 +5,7 @@ limit, so such a job restarted its actor for ever."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -211,3 +212,44 @@ hang_kill_after = 4
         assert out.count("actor alive but silent; killing it") >= 2, out[-3000:]   # (a loaded machine may add one)
     finally:
         job.close()
+
+
+def _stacks(*args, timeout=60):
+    from test_launch_support import SLIME
+    return subprocess.run([SLIME, "stacks", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_stacks_command_shows_a_running_jobs_actors_and_leaves_it_running(tmp_path):
+    topo = topology(tmp_path, """
+[roles.buffer]
+[roles.reward]
+[roles.rollout]
+[roles.trainer]
+""")
+    job = Job(tmp_path, topo, [*FAST_FLAGS, "--num-rollout", "100000"]).start()
+    try:
+        job.wait_step(2)
+        job.wait_for(lambda: len(json.loads((job.run_dir / "status.json").read_text()).get("processes") or {}) == 4,
+                     30, "the status to list the processes")
+        p = _stacks(str(job.run_dir))
+        assert p.returncode == 0, p.stdout + p.stderr
+        for name in ("buffer/0", "reward/0", "rollout/0", "trainer/0"):
+            block = p.stdout.split(f"== {name} (pid ")[1].split("\n\n")[0]
+            assert "main thread, innermost first" in block.splitlines()[0], block
+            frames = [ln for ln in block.splitlines()[1:] if ln.startswith('    File "')]
+            assert frames and frames[-1].endswith("in _run_module_as_main"), block
+        p = _stacks(str(job.run_dir), "--actor", "trainer/0", "--all-threads")
+        assert p.returncode == 0 and "every thread" in p.stdout and "Current thread 0x" in p.stdout, p.stdout
+        p = _stacks(str(job.run_dir), "--actor", "judge/0")
+        assert p.returncode == 2 and "no process judge/0 on this host's launcher (it has: buffer/0, reward/0, " \
+                                     "rollout/0, trainer/0)" in p.stderr, p.stderr
+        before = job.controller()["rollout_id"]
+        job.wait_step(before + 2)    # the job went on
+        job.proc.send_signal(2)
+        assert job.wait(60) == 130
+        p = _stacks(str(job.run_dir))
+        assert p.returncode == 1 and f"the job in {job.run_dir} is not running (its status: stopped)" in p.stderr
+    finally:
+        job.close()
+    p = _stacks(str(tmp_path / "nothing"))
+    assert p.returncode == 2 and "no readable status.json" in p.stderr

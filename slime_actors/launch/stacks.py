@@ -8,6 +8,9 @@ extension's loop). The supervisor (launch/local.py) asks for it before it kills 
 restarted actor hangs at the same place again: a blocking call in async code (the usual cause) hangs every
 incarnation the same way, and restarting it for ever only hides it.
 
+`slime-actors stacks RUN [--actor NAME] [--all-threads]` does the same for a person: what each actor of a running job
+is doing now, without stopping it (docs/debugging.md, *A process that stops answering*).
+
 The format read is CPython's (3.11-3.14): a block per thread, the thread that took the signal -- the main thread: the
 kernel gives a signal sent to a process to its main thread unless that thread blocks it -- headed
 ``Current thread 0x... (most recent call first):``, then one ``  File "PATH", line N in FUNC`` line per frame.
@@ -16,10 +19,13 @@ kernel gives a signal sent to a process to its main thread unless that thread bl
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import re
 import signal
+import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +97,13 @@ def complete(frames: list[Frame] | None) -> bool:
     return bool(frames) and frames[-1].func == "<module>"
 
 
+def idle_loop(frames: list[Frame]) -> bool:
+    """Whether the main thread is waiting inside its event loop (no Python frame of a handler above the loop's run)."""
+    top = frames[0] if frames else None
+    return top is not None and (top.path.endswith(("asyncio/runners.py", "asyncio/base_events.py"))
+                                or top.path.endswith("uvloop/__init__.py"))
+
+
 def size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -104,3 +117,93 @@ def shown(frames: list[Frame], n: int = 8) -> str:
     if len(frames) > n:
         out.append(f"    ... {len(frames) - n} outer frames (the actor's log has them)")
     return "\n".join(out)
+
+
+def dump_text(path: Path, offset: int = 0) -> str:
+    """Every thread's block of the last dump written to `path` after byte `offset` ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            lines = f.read(4 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    heads = [i for i, ln in enumerate(lines) if _HEAD.match(ln)]
+    if not heads:
+        return ""
+    first = heads[0]   # the dump's first thread block; the dump ends after the main thread's ("Current thread")
+    last = max((i for i in heads if lines[i].startswith("Current thread")), default=heads[-1])
+    end = last + 1
+    while end < len(lines) and _FRAME.match(lines[end]):
+        end += 1
+    return "\n".join(lines[first:end])
+
+
+# ------------------------------------------------------------------------------------------ slime-actors stacks
+
+def add_stacks_command(sub) -> None:
+    p = sub.add_parser("stacks", help="what each actor of a running job is doing now: its Python stack",
+                       description="Ask each actor process of a running job (on this host) for its Python stacks "
+                                   "(SIGUSR1; the job goes on) and print its main thread's.")
+    p.add_argument("run", help="run directory of a running job")
+    p.add_argument("--actor", action="append", default=None, metavar="NAME",
+                   help="only this actor (role/index, e.g. rollout/0; again for more)")
+    p.add_argument("--all-threads", action="store_true", help="every thread's stack, not only the main thread's")
+    p.add_argument("--wait", type=float, default=3.0, help="seconds to wait for each actor's answer")
+    p.set_defaults(fn=cmd_stacks)
+
+
+def cmd_stacks(args) -> int:
+    run = Path(args.run)
+    try:
+        status = json.loads((run / "status.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"slime-actors stacks: {run}: no readable status.json ({exc}); is it the run directory of a job?",
+              file=sys.stderr)
+        return 2
+    if status.get("state") != "running":
+        print(f"slime-actors stacks: the job in {run} is not running (its status: {status.get('state')})",
+              file=sys.stderr)
+        return 1
+    procs = status.get("processes") or {}
+    names = args.actor or sorted(procs)
+    unknown = [n for n in names if n not in procs]
+    if unknown:
+        print(f"slime-actors stacks: no process {', '.join(unknown)} on this host's launcher (it has: "
+              f"{', '.join(sorted(procs)) or 'none'})", file=sys.stderr)
+        return 2
+    here = socket.gethostname()
+    code = 0
+    for name in names:
+        pid = procs[name].get("pid")
+        host = ((status.get("actors") or {}).get(name) or {}).get("host")
+        log = run / "logs" / (name.replace("/", "-") + ".out")
+        if host and host != here:
+            print(f"== {name}: on {host}, not this host ({here}); run this there\n")
+            continue
+        mark = size(log)
+        if not pid or not ask(int(pid)):
+            print(f"== {name}: not running (pid {pid})\n")
+            code = 1
+            continue
+        t0 = time.monotonic()
+        frames = None
+        while time.monotonic() - t0 < args.wait:
+            time.sleep(0.05)
+            frames = read(log, mark)
+            if complete(frames):
+                break
+        if not frames:
+            print(f"== {name} (pid {pid}): no Python stack within {args.wait:g} s (stopped, or not in Python); "
+                  f"its log: {log}\n")
+            code = 1
+            continue
+        if args.all_threads:
+            print(f"== {name} (pid {pid}), every thread, innermost first (the main thread is the \"Current\" one):")
+            print(dump_text(log, mark))
+        else:
+            idle = " -- idle in its event loop (waiting for messages; --all-threads shows its threads' work)" \
+                if idle_loop(frames) else ""
+            print(f"== {name} (pid {pid}), main thread, innermost first{idle}:")
+            print(shown(frames, n=len(frames)))
+        print()
+    return code
