@@ -113,17 +113,25 @@ def save_root(cfg: JobConfig, run_dir: str | os.PathLike | None = None) -> Path 
     return rolling_dir(cfg, run_dir) if rolling(cfg) else None
 
 
-def continue_hint(cfg: JobConfig) -> str | None:
-    """For a job that stopped before its end: how to continue it from its newest checkpoint (None: it has none
-    after a trained rollout)."""
-    root = save_root(cfg)
+def trained_checkpoint(root: str | os.PathLike | None) -> tuple[Path, int] | None:
+    """The newest complete checkpoint under `root` and the rollouts trained before it, when that is at least one
+    (None: no checkpoint, an unreadable one, or one saved before any training)."""
     ckpt = latest_checkpoint(root) if root is not None else None
     try:
         done = int(read_meta(ckpt)["next_rollout_id"]) if ckpt is not None else 0
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if done < 1:
+    return (ckpt, done) if ckpt is not None and done >= 1 else None
+
+
+def continue_hint(cfg: JobConfig) -> str | None:
+    """For a job that stopped before its end: how to continue it from its newest checkpoint (None: it has none
+    after a trained rollout)."""
+    root = save_root(cfg)
+    found = trained_checkpoint(root)
+    if found is None:
         return None
+    ckpt, done = found
     return f"to continue from its checkpoint {ckpt} (rollout {done}): the same command with --load {root}"
 
 

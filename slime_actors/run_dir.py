@@ -186,18 +186,15 @@ def unfinished_run(path: str | os.PathLike) -> str | None:
     (its status.json is not "finished": stopped, failed, or its head killed before it could say) and its rolling
     checkpoint (RUN_DIR/ckpt, with its marker) holds a complete checkpoint after at least one trained rollout. Reads
     only."""
-    from .checkpoints import latest_checkpoint, read_meta
+    from .checkpoints import trained_checkpoint
     p = Path(path)
     roll = p / ROLLING_DIR
     if not (p / MARKER).is_file() or not (roll / ROLLING_MARKER).is_file():
         return None
-    ckpt = latest_checkpoint(roll)
-    try:
-        done = int(read_meta(ckpt)["next_rollout_id"]) if ckpt is not None else 0
-    except (OSError, ValueError, KeyError, TypeError):
+    found = trained_checkpoint(roll)
+    if found is None:
         return None
-    if done < 1:
-        return None
+    ckpt, done = found
     try:
         status = json.loads((p / "status.json").read_text())
     except (OSError, ValueError):

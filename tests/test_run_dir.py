@@ -307,7 +307,15 @@ def test_a_run_directory_in_use_by_a_running_job_is_refused(tmp_path):
     d = finished_run(tmp_path / "run")
     assert run_in_use(d) is None                                   # no head.json
     # a live process of ours on this host (its command line names the package), as the running job's head
-    head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slime_actors.launch.head"])
+    def started(p: subprocess.Popen, says: str) -> subprocess.Popen:   # (until exec, a child's cmdline is ours)
+        t0 = time.monotonic()
+        while says not in Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace"):
+            assert time.monotonic() - t0 < 20, "the child never started"
+            time.sleep(0.01)
+        return p
+
+    head = started(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slime_actors.launch.head"]),
+                   "slime_actors.launch.head")
     try:
         (d / "head.json").write_text(json.dumps({"pid": head.pid, "host": socket.gethostname()}))
         why = run_in_use(d)
@@ -320,7 +328,8 @@ def test_a_run_directory_in_use_by_a_running_job_is_refused(tmp_path):
         head.kill()
         head.wait()
     assert run_in_use(d) is None                                   # it ended: a new run may clear it
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])   # a pid reused by another program
+    # a pid reused by another program
+    other = started(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), "time.sleep")
     try:
         (d / "head.json").write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
         assert run_in_use(d) is None
