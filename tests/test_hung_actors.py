@@ -253,3 +253,7 @@ def test_the_stacks_command_shows_a_running_jobs_actors_and_leaves_it_running(tm
         job.close()
     p = _stacks(str(tmp_path / "nothing"))
     assert p.returncode == 2 and "no readable status.json" in p.stderr
+    (tmp_path / "torchrun").mkdir()
+    (tmp_path / "torchrun" / "status.json").write_text(json.dumps({"state": "running", "processes": {}}))
+    p = _stacks(str(tmp_path / "torchrun"))
+    assert p.returncode == 2 and "lists no actor processes of its launcher" in p.stderr, p.stderr

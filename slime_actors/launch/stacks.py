@@ -165,6 +165,11 @@ def cmd_stacks(args) -> int:
               file=sys.stderr)
         return 1
     procs = status.get("processes") or {}
+    if not procs:
+        print(f"slime-actors stacks: the job in {run} lists no actor processes of its launcher (under torchrun the "
+              "ranks are torchrun's: `kill -USR1 PID` writes a rank's stacks to its stderr)",
+              file=sys.stderr)
+        return 2
     names = args.actor or sorted(procs)
     unknown = [n for n in names if n not in procs]
     if unknown:
