@@ -253,6 +253,22 @@ def test_the_stacks_command_shows_a_running_jobs_actors_and_leaves_it_running(tm
         job.close()
     p = _stacks(str(tmp_path / "nothing"))
     assert p.returncode == 2 and "no readable status.json" in p.stderr
+    # a status left "running" by a head that was killed, its actor's pid since taken by another program: that
+    # program is not sent SIGUSR1 (it would end it)
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (stale / "status.json").write_text(json.dumps({"state": "running", "processes": {"rollout/0": {
+            "pid": other.pid}}}))
+        p = _stacks(str(stale))
+        assert p.returncode == 1 and f"rollout/0: not running (pid {other.pid} is not this actor's process now)" \
+            in p.stdout, p.stdout
+        time.sleep(0.5)
+        assert other.poll() is None, "the other program was signalled"
+    finally:
+        other.kill()
+        other.wait()
     (tmp_path / "torchrun").mkdir()
     (tmp_path / "torchrun" / "status.json").write_text(json.dumps({"state": "running", "processes": {}}))
     p = _stacks(str(tmp_path / "torchrun"))

@@ -104,6 +104,17 @@ def idle_loop(frames: list[Frame]) -> bool:
                                 or top.path.endswith("uvloop/__init__.py"))
 
 
+def is_actor(pid: int, name: str) -> bool:
+    """Whether process `pid` is actor `name`'s (`python -m slime_actors.launch.actor ROLE INDEX`, launch/local.py) --
+    not a process that got its pid since."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    role, _, index = name.partition("/")
+    return "slime_actors.launch.actor" in argv and argv[-3:-1] == [role, index]
+
+
 def size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -186,8 +197,9 @@ def cmd_stacks(args) -> int:
             print(f"== {name}: on {host}, not this host ({here}); run this there\n")
             continue
         mark = size(log)
-        if not pid or not ask(int(pid)):
-            print(f"== {name}: not running (pid {pid})\n")
+        # (SIGUSR1 ends a process that did not register for it: only a live process of this actor is asked)
+        if not pid or not is_actor(int(pid), name) or not ask(int(pid)):
+            print(f"== {name}: not running (pid {pid} is not this actor's process now)\n")
             code = 1
             continue
         t0 = time.monotonic()
