@@ -150,6 +150,21 @@ def _archive_attempt(p: Path) -> Path | None:
     return dest
 
 
+JSON_LIMIT = 8 << 20   # head.json and status.json are a few KB; anything past this is not one the job wrote
+
+
+def read_small_json(path: str | os.PathLike, limit: int = JSON_LIMIT) -> dict | None:
+    """A run directory's JSON object file (head.json, status.json) as a dict; None when it is missing, unreadable,
+    larger than `limit` bytes, not JSON, or not an object -- what another job or a hand left there is never trusted."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        body = json.loads(data) if len(data) <= limit else None
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
 def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:
     """Why `path` is in use by a job that is running now (None: it is not): its head.json names a live slime-actors
     process on this host, or -- a head on another host -- its status.json says "running" and was written in the last
@@ -157,23 +172,23 @@ def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:
     buffer log under it. Reads only."""
     import socket
     p = Path(path)
+    head = read_small_json(p / "head.json") or {}
     try:
-        head = json.loads((p / "head.json").read_text())
-        pid, host = int(head["pid"]), str(head.get("host") or "")
-    except (OSError, ValueError, KeyError, TypeError):
-        head, pid, host = None, 0, ""
+        pid, host = int(head.get("pid") or 0), str(head.get("host") or "")
+    except (ValueError, TypeError):
+        pid, host = 0, ""
     stop = "stop it first (Ctrl-C where it runs) or give another --run-dir. Nothing was changed"
-    if head is not None and host == socket.gethostname() and pid != os.getpid():
+    if pid > 0 and host == socket.gethostname() and pid != os.getpid():
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             cmd = ""
         if "slime_actors" in cmd or "slime-actors" in cmd:
             return f"--run-dir {path} is in use by a running job (its head: pid {pid} on this host); " + stop
+    status = read_small_json(p / "status.json") or {}
     try:
-        status = json.loads((p / "status.json").read_text())
         running, written = status.get("state") == "running", float(status.get("time") or 0)
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (ValueError, TypeError):
         return None
     if running and host and host != socket.gethostname() and 0 <= (now or time.time()) - written < 15:
         return (f"--run-dir {path} is in use by a running job (its head on {host}, its status written "
@@ -195,14 +210,11 @@ def unfinished_run(path: str | os.PathLike) -> str | None:
     if found is None:
         return None
     ckpt, done = found
-    try:
-        status = json.loads((p / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
-    state = status.get("state") if isinstance(status, dict) else None
+    status = read_small_json(p / "status.json") or {}
+    state = status.get("state")
     if state == "finished":
         return None
-    controller = status.get("controller") if isinstance(status, dict) else None
+    controller = status.get("controller")
     of = controller.get("num_rollout") if isinstance(controller, dict) else None
     how = {"stopped": str(status.get("failure") or "stopped"),
            "failed": "failed" + (f": {status.get('cause')}" if status.get("cause") else "")}.get(

@@ -269,6 +269,15 @@ def test_the_stacks_command_shows_a_running_jobs_actors_and_leaves_it_running(tm
     finally:
         other.kill()
         other.wait()
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    for body, rc, says in (("[1]", 2, "no readable status.json"),
+                           ('{"state": "running", "processes": [1]}', 2, "lists no actor processes"),
+                           ('{"state": "running", "processes": {"rollout/0": {"pid": "1"}}, "actors": [2]}', 1,
+                            "rollout/0: not running (pid 1 is not this actor's process now)")):
+        (hostile / "status.json").write_text(body)
+        p = _stacks(str(hostile))
+        assert p.returncode == rc and says in p.stdout + p.stderr, (body, p.stdout, p.stderr)
     (tmp_path / "torchrun").mkdir()
     (tmp_path / "torchrun" / "status.json").write_text(json.dumps({"state": "running", "processes": {}}))
     p = _stacks(str(tmp_path / "torchrun"))

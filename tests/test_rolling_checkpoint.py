@@ -108,6 +108,11 @@ def test_a_run_that_did_not_finish_is_named_not_cleared(tmp_path):
     assert "ended without saying how" in unfinished_run(run)
     (run / "status.json").write_text("{not json")
     assert "ended without saying how" in unfinished_run(run)
+    for hostile in ("[1]", '{"state": "stopped", "controller": [1]}'):   # not what a job writes: never trusted
+        (run / "status.json").write_text(hostile)
+        assert "(rollout 75)" in unfinished_run(run)
+    (run / "status.json").write_text(json.dumps({"state": "finished", "pad": "x" * (9 << 20)}))   # 9 MiB: not read
+    assert "ended without saying how" in unfinished_run(run)
     status(state="finished")
     assert unfinished_run(run) is None                       # a finished run is replaced, as before
     (roll / ROLLING_MARKER).unlink()

@@ -328,6 +328,9 @@ def test_a_run_directory_in_use_by_a_running_job_is_refused(tmp_path):
         head.kill()
         head.wait()
     assert run_in_use(d) is None                                   # it ended: a new run may clear it
+    for hostile in ("[1]", '{"pid": "x"}', '{"pid": -1}', "{"):       # not what a head writes: never trusted
+        (d / "head.json").write_text(hostile)
+        assert run_in_use(d) is None
     # a pid reused by another program
     other = started(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), "time.sleep")
     try:

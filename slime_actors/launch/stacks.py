@@ -19,7 +19,6 @@ kernel gives a signal sent to a process to its main thread unless that thread bl
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import re
 import signal
@@ -164,18 +163,19 @@ def add_stacks_command(sub) -> None:
 
 
 def cmd_stacks(args) -> int:
+    from ..run_dir import read_small_json
     run = Path(args.run)
-    try:
-        status = json.loads((run / "status.json").read_text())
-    except (OSError, ValueError) as exc:
-        print(f"slime-actors stacks: {run}: no readable status.json ({exc}); is it the run directory of a job?",
-              file=sys.stderr)
+    status = read_small_json(run / "status.json")
+    if status is None:
+        print(f"slime-actors stacks: {run}: no readable status.json (missing, not a JSON object, or too large); is "
+              "it the run directory of a job?", file=sys.stderr)
         return 2
     if status.get("state") != "running":
         print(f"slime-actors stacks: the job in {run} is not running (its status: {status.get('state')})",
               file=sys.stderr)
         return 1
-    procs = status.get("processes") or {}
+    procs = status.get("processes")
+    procs = {n: p for n, p in procs.items() if isinstance(p, dict)} if isinstance(procs, dict) else {}
     if not procs:
         print(f"slime-actors stacks: the job in {run} lists no actor processes of its launcher (under torchrun the "
               "ranks are torchrun's: `kill -USR1 PID` writes a rank's stacks to its stderr)",
@@ -191,14 +191,16 @@ def cmd_stacks(args) -> int:
     code = 0
     for name in names:
         pid = procs[name].get("pid")
-        host = ((status.get("actors") or {}).get(name) or {}).get("host")
+        actors = status.get("actors")
+        actor = actors.get(name) if isinstance(actors, dict) else None
+        host = actor.get("host") if isinstance(actor, dict) else None
         log = run / "logs" / (name.replace("/", "-") + ".out")
         if host and host != here:
             print(f"== {name}: on {host}, not this host ({here}); run this there\n")
             continue
         mark = size(log)
         # (SIGUSR1 ends a process that did not register for it: only a live process of this actor is asked)
-        if not pid or not is_actor(int(pid), name) or not ask(int(pid)):
+        if not isinstance(pid, int) or pid <= 0 or not is_actor(pid, name) or not ask(pid):
             print(f"== {name}: not running (pid {pid} is not this actor's process now)\n")
             code = 1
             continue
