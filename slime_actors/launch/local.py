@@ -414,9 +414,11 @@ class LocalLauncher:
                 ap.stack_asked = now
                 if stacks.ask(ap.popen.pid):
                     continue
-            elif now - ap.stack_asked < stacks.WAIT_S and not stacks.complete(stacks.read(out_path, ap.stack_offset)):
+                ap.stack_asked -= stacks.WAIT_S   # (not asked: no dump to wait for)
+            dumped = stacks.read(out_path, ap.stack_offset)
+            if now - ap.stack_asked < stacks.WAIT_S and not stacks.complete(dumped):
                 continue   # (the dump reaches the log line by line, through the pipe the supervisor pumps)
-            frames = stacks.read(out_path, ap.stack_offset) or []
+            frames = dumped or []
             place = frames[0] if frames else None
             silent = info.get("last_seen")
             self.log.error("actor alive but silent; killing it", actor=name, pid=ap.popen.pid, silent_for=silent,

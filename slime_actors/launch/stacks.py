@@ -66,16 +66,20 @@ def ask(pid: int) -> bool:
         return False
 
 
-def read(path: Path, offset: int = 0) -> list[Frame] | None:
-    """The main thread's frames, innermost first, from the last dump written to `path` after byte `offset`; None when
-    there is none (the process did not answer: not in Python, stopped, or the log is gone)."""
+def _lines(path: Path, offset: int) -> list[str]:
+    """The lines written to `path` after byte `offset` (at most 4 MiB of them: a dump is a few KB)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            text = f.read(4 << 20).decode(errors="replace")
+            return f.read(4 << 20).decode(errors="replace").splitlines()
     except OSError:
-        return None
-    lines = text.splitlines()
+        return []
+
+
+def read(path: Path, offset: int = 0) -> list[Frame] | None:
+    """The main thread's frames, innermost first, from the last dump written to `path` after byte `offset`; None when
+    there is none (the process did not answer: not in Python, stopped, or the log is gone)."""
+    lines = _lines(path, offset)
     start = None
     for i, ln in enumerate(lines):
         if ln.startswith("Current thread 0x") and _HEAD.match(ln):
@@ -131,12 +135,7 @@ def shown(frames: list[Frame], n: int = 8) -> str:
 
 def dump_text(path: Path, offset: int = 0) -> str:
     """Every thread's block of the last dump written to `path` after byte `offset` ("" when there is none)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            lines = f.read(4 << 20).decode(errors="replace").splitlines()
-    except OSError:
-        return ""
+    lines = _lines(path, offset)
     heads = [i for i, ln in enumerate(lines) if _HEAD.match(ln)]
     if not heads:
         return ""
