@@ -548,7 +548,8 @@ class WeightsSection:
 class CheckpointSection:
     """Checkpoints and exports."""
     TITLE: typing.ClassVar[str] = "checkpoints"
-    save: str | None = flag(None, "checkpoint directory (iter_NNNNNNN/ per save)")
+    save: str | None = flag(None, "checkpoint directory (iter_NNNNNNN/ per save): after the last rollout, and every "
+                                  "--save-interval rollouts when given (slime saves none without --save-interval)")
     save_interval: int | None = flag(None, "save every N rollouts (and after the last)", ge=0)
     load: str | None = flag(None, "resume from this checkpoint directory (this project's or slime's torch_dist "
                                   "layout)", path=True)

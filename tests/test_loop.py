@@ -285,6 +285,20 @@ def test_no_rollout_is_made_ahead_of_a_checkpoint(tmp_path):
     assert held == [1, 3] and saves == ["0000002", "0000004"], (held, saves)
 
 
+def test_save_without_save_interval_saves_after_the_last_rollout(tmp_path):
+    """`--save DIR` alone (slime saves nothing then) keeps the trained model: one checkpoint, after the last rollout.
+    --no-rolling-save without --save keeps none."""
+    def saved(*flags):
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        ctl = _controller(run, "--num-rollout", "3", *flags)
+        asyncio.run(loop.train_sync(ctl, 0))
+        return sorted(b["path"].replace(str(tmp_path), "") for to, m, b in ctl.sent if m == "save" and to == "buffer/0")
+    assert saved("--save", str(tmp_path / "ck")) == ["/ck/iter_0000003"]
+    assert saved("--save", str(tmp_path / "ck2"), "--save-interval", "2") == ["/ck2/iter_0000002", "/ck2/iter_0000003"]
+    assert saved("--no-rolling-save") == []
+
+
 def _holding(ctl, held=("hack_report", "dump_rollout")):
     """The controller's asks, the replies to `held` for rollout k kept until the trainers have been asked to train
     on k. A loop that waited for one of them before asking would wait for ever: the test times out and fails."""

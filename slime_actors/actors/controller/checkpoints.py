@@ -163,10 +163,12 @@ class Checkpoints:
         return rb
 
     def save_due(self, k: int, stopping: bool = False) -> bool:
-        """After rollout k: every --save-interval steps, after the last, and when the run stops (--hack-alarms stop)."""
+        """After rollout k: every --save-interval steps (the rolling checkpoint: every 5), after the last -- also with
+        --save and no --save-interval, which saved nothing at all before -- and when the run stops (--hack-alarms
+        stop)."""
         every = save_interval(self.cfg)
-        return self.root is not None and (stopping or bool(every and (
-            (k + 1) % every == 0 or k + 1 == self.cfg.run.num_rollout)))
+        return self.root is not None and (stopping or k + 1 == self.cfg.run.num_rollout
+                                          or bool(every and (k + 1) % every == 0))
 
     def save_hf_due(self, k: int) -> bool:
         return bool(self.cfg.checkpoint.save_hf) and not self.cfg.debug.debug_rollout_only and hf_export_due(self.cfg, k)
