@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import JobConfig
+from .json_files import JsonFileError, read_json_object, read_small_json
 
 TRACKER = "latest_checkpointed_iteration.txt"
 ROLLING_DIR = "ckpt"                  # RUN_DIR/ckpt: the rolling checkpoint of a job without --save
@@ -75,8 +76,45 @@ def buffer_file(ckpt: str | os.PathLike) -> Path:
     return Path(ckpt) / BUFFER_FILE
 
 
-def read_meta(ckpt: Path) -> dict:
-    return json.loads((Path(ckpt) / META).read_text())
+def read_meta(ckpt: str | os.PathLike) -> dict:
+    """Iteration directory `ckpt`'s meta.json, checked (a checkpoint may come from anywhere): a JSON object of at most
+    8 MiB whose next_rollout_id and weight_version are whole numbers >= 0 and whose controller_rng, when there, is
+    a state of Python's random. CheckpointError naming the file and what is wrong with it."""
+    path = Path(ckpt) / META
+    try:
+        meta = read_json_object(path)
+    except JsonFileError as exc:
+        raise CheckpointError(f"checkpoint metadata {exc}") from None
+    problems = [f"{key} {meta[key]!r} (a whole number >= 0)" if key in meta else f"no {key}"
+                for key in ("next_rollout_id", "weight_version") if not (type(meta.get(key)) is int and meta[key] >= 0)]
+    if "controller_rng" in meta and not _rng_state(meta["controller_rng"]):
+        problems.append("controller_rng is not a state of Python's random")
+    if not isinstance(meta.get("evals", []), list):
+        problems.append(f"evals is a {type(meta['evals']).__name__}, not a list")
+    if problems:
+        raise CheckpointError(f"checkpoint metadata {path}: {'; '.join(problems)} -- not written by this project, or "
+                              "changed since")
+    return meta
+
+
+def _rng_state(value) -> bool:
+    """Whether `value` (JSON: [version, [internal state...], gauss]) is what random.getstate() gives."""
+    import random
+    try:
+        random.Random().setstate((value[0], tuple(value[1]), value[2]))
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        return False
+    return True
+
+
+def read_tracker(root: str | os.PathLike) -> str | None:
+    """latest_checkpointed_iteration.txt under `root` (an iteration number, or "release"), its first 64 bytes
+    stripped; None when there is none."""
+    try:
+        with open(Path(root) / TRACKER, "rb") as f:
+            return f.read(64).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
 
 
 def commit_checkpoint(root: str | os.PathLike, n: int, meta: dict) -> Path:
@@ -176,9 +214,8 @@ def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
     root = Path(root)
     if (root / META).exists() and _iteration_meta(root):
         return root
-    tracker = root / TRACKER
-    if tracker.exists():
-        text = tracker.read_text().strip()
+    text = read_tracker(root)
+    if text is not None:
         if text.isdigit():
             p = iter_dir(root, int(text))
             if (p / META).exists():
@@ -189,19 +226,13 @@ def latest_checkpoint(root: str | os.PathLike | None) -> Path | None:
 
 def _iteration_meta(p: Path) -> bool:
     """meta.json of a controller checkpoint (not the trainer's meta.json inside it)."""
-    try:
-        return "next_rollout_id" in json.loads((p / META).read_text())
-    except (OSError, ValueError):
-        return False
+    return "next_rollout_id" in (read_small_json(p / META) or {})
 
 
 def _is_torch_dist(p: Path) -> bool:
     if (p / ".metadata").is_file() or any(p.glob("*.distcp")):
         return True
-    try:
-        return json.loads((p / "metadata.json").read_text()).get("sharded_backend") == "torch_dist"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (read_small_json(p / "metadata.json") or {}).get("sharded_backend") == "torch_dist"
 
 
 def _is_hf(p: Path) -> bool:
@@ -224,9 +255,8 @@ def detect_layout(path: str | os.PathLike) -> Layout:
         return Layout("empty", p, "is an empty directory")
     if (p / META).is_file() and _iteration_meta(p):
         return Layout("ours-iter", p, f"a slime-actors checkpoint ({p.name})")
-    tracker = p / TRACKER
-    if tracker.is_file():
-        text = tracker.read_text().strip()
+    text = read_tracker(p) if (p / TRACKER).is_file() else None
+    if text is not None:
         target = p / "release" if text == "release" else iter_dir(p, int(text)) if text.isdigit() else None
         if target is None:
             return Layout("unknown", p, f"{TRACKER} holds {text!r}, not an iteration number")
@@ -238,6 +268,11 @@ def detect_layout(path: str | os.PathLike) -> Layout:
                                               "format, no meta.json)")
         if not target.exists():
             return Layout("unknown", p, f"{TRACKER} says {text} but {target.name}/ is missing")
+        if (target / META).is_file():
+            try:
+                read_meta(target)
+            except CheckpointError as exc:
+                return Layout("unknown", p, f"{TRACKER} points at {target.name}/, whose {exc}")
         return Layout("unknown", p, f"{TRACKER} points at {target.name}/, which holds {_names(target)}")
     if latest_checkpoint(p) is not None:
         target = latest_checkpoint(p)
@@ -281,6 +316,7 @@ def resolve_load(cfg: JobConfig) -> Path | None:
         _check_backend(cfg.train.train_backend, lay.path)
         _check_lora(cfg.lora.lora_rank, lay.path)
         check_pickles(lay.path)
+        read_meta(lay.path)   # (checked before any process starts: the controller and the trainers read it)
         return lay.path
     if lay.kind in ("missing", "empty") and _same(load, cfg.checkpoint.save):
         return None

@@ -20,12 +20,12 @@ new or empty (or an HF export of ours, which is replaced). Dense Llama / Qwen2 /
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .safe_pickle import UnsafeCheckpointError
 from .checkpoints import TRACKER, CheckpointError, detect_layout, read_meta, trainer_dir
+from .json_files import JsonFileError, read_json_object
 
 # Transformer Engine's fused names of the two per-layer norms (slime's default layer spec)
 _TE_ALIASES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
@@ -44,7 +44,10 @@ def _trainer_dir(src: Path) -> tuple[Path, dict]:
         meta = read_meta(lay.path)
     else:
         t, meta = src, {}
-    tmeta = json.loads((t / "meta.json").read_text()) if (t / "meta.json").is_file() else {}
+    try:
+        tmeta = read_json_object(t / "meta.json") if (t / "meta.json").is_file() else {}
+    except JsonFileError as exc:
+        raise ConvertError(f"the trainer's metadata {exc}") from None
     return t, {**meta, **tmeta}
 
 

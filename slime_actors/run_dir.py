@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from .checkpoints import ROLLING_DIR, ROLLING_MARKER
+from .json_files import read_small_json
 
 MARKER = ".slime-actors-run"
 # the live state of a job: never carried into the next one
@@ -54,11 +55,8 @@ class RunDirError(ValueError):
 
 
 def _is_legacy(p: Path) -> bool:
-    try:
-        job = json.loads((p / "job.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(job, dict) and _LEGACY_KEYS <= set(job)
+    job = read_small_json(p / "job.json")
+    return job is not None and _LEGACY_KEYS <= set(job)
 
 
 def _ours_by_name(p: Path) -> list[str]:
@@ -148,21 +146,6 @@ def _archive_attempt(p: Path) -> Path | None:
     if (p / "metrics.jsonl").exists():
         shutil.copy2(p / "metrics.jsonl", dest / "metrics.jsonl")  # as it was before the resumed run trims it
     return dest
-
-
-JSON_LIMIT = 8 << 20   # head.json and status.json are a few KB; anything past this is not one the job wrote
-
-
-def read_small_json(path: str | os.PathLike, limit: int = JSON_LIMIT) -> dict | None:
-    """A run directory's JSON object file (head.json, status.json) as a dict; None when it is missing, unreadable,
-    larger than `limit` bytes, not JSON, or not an object -- what another job or a hand left there is never trusted."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-        body = json.loads(data) if len(data) <= limit else None
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
 
 
 def run_in_use(path: str | os.PathLike, now: float | None = None) -> str | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from .types import Sample
 
 from .sample_display import EVAL_DIR, markdown_cell, one_line, prompt_text, reward_text
+from .json_files import read_small_json
 
 
 # ------------------------------------------------------------------------------------------------ reading a run
@@ -44,13 +45,7 @@ class RunSamples:
 
 
 def _job(run: Path) -> dict:
-    p = run / "job.json"
-    if p.exists():
-        try:
-            return json.loads(p.read_text())
-        except ValueError:
-            return {}
-    return {}
+    return read_small_json(run / "job.json") or {}
 
 
 def load_saved_rollouts(spec: str, num_rollout: int | None = None) -> dict[int, list[Sample]]:

@@ -26,10 +26,11 @@ docs/flags.md.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .json_files import read_small_json
 
 
 class CompatError(ValueError):
@@ -356,11 +357,8 @@ def hf_config(path: str | None) -> tuple[dict | None, str | None]:
     if not path or not os.path.isdir(path):
         return None, None
     f = os.path.join(path, "config.json")
-    try:
-        with open(f) as fh:
-            return json.load(fh), f
-    except (OSError, ValueError):
-        return None, None
+    config = read_small_json(f)
+    return (config, f) if config is not None else (None, None)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -17,11 +17,12 @@ them and puts the breakdown together (`breakdown`, `format_breakdown`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from .json_files import read_small_json
 
 _PHASES: list[list] = []
 
@@ -73,11 +74,8 @@ def breakdown(run_dir: str | os.PathLike, head: dict, steps: list[list], first_s
         return [[n, round(a - t0, 3), round(b - t0, 3)] for n, a, b in phases]
     actors = {}
     for path in sorted((Path(run_dir) / "logs").glob("*.start.json")):
-        try:
-            body = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        times = body.get("times") if isinstance(body, dict) else None
+        body = read_small_json(path)
+        times = body.get("times") if body is not None else None
         if not isinstance(times, dict) or body.get("state") != "ready":
             continue
         role, _, index = path.name[:-len(".start.json")].rpartition("-")

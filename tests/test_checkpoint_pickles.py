@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import pickle
 import subprocess
 import sys
@@ -235,7 +236,8 @@ def test_load_of_our_checkpoint_checks_its_pickles_before_start(tmp_path):
     from slime_actors.config import JobConfig
     marker = tmp_path / "MARKER"
     root = tmp_path / "save"
-    it = commit_checkpoint(root, 3, {"next_rollout_id": 3, "weight_version": 3, "controller_rng": [], "evals": []})
+    it = commit_checkpoint(root, 3, {"next_rollout_id": 3, "weight_version": 3, "controller_rng": random.getstate(),
+                                      "evals": []})
     (it / "trainer").mkdir()
     from safetensors.torch import save_file
     save_file({"w": torch.ones(2)}, str(it / "trainer" / "model.safetensors"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def _cfg(run_dir: Path, **ck) -> JobConfig:
 
 
 def _iter(root: Path, n: int) -> Path:
-    return commit_checkpoint(root, n, {"next_rollout_id": n, "weight_version": n, "controller_rng": [], "evals": []})
+    return commit_checkpoint(root, n, {"next_rollout_id": n, "weight_version": n, "controller_rng": random.getstate(),
+                                       "evals": []})
 
 
 def test_where_and_how_often(tmp_path):

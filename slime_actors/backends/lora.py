@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..json_files import JsonFileError, read_json_object
+
 ALL_LINEAR = "all-linear"
 ADAPTER_NAME = "default"              # peft's name of the trainer's one adapter
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -223,11 +225,9 @@ def check_adapter_dir(path: str | os.PathLike, max_rank: int | None = None,
     if problems:
         raise LoraError(f"{p}: not a PEFT adapter directory: {'; '.join(problems)}")
     try:
-        config = json.loads((p / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError) as exc:
-        raise LoraError(f"{p / ADAPTER_CONFIG}: not JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise LoraError(f"{p / ADAPTER_CONFIG}: not a JSON object")
+        config = read_json_object(p / ADAPTER_CONFIG)
+    except JsonFileError as exc:
+        raise LoraError(str(exc)) from None
     r, alpha = config.get("r"), config.get("lora_alpha")
     if config.get("peft_type", "LORA") != "LORA":
         problems.append(f"peft_type {config.get('peft_type')!r} (only LORA)")

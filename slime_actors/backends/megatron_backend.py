@@ -55,6 +55,7 @@ from .listen import limit_collectives, tcp_store
 from ..safe_pickle import check_torch_dist, load_torch_file
 from .torch_backend import _rng_state, _set_rng_state
 from .training import LossFn, TrainingBackend
+from ..json_files import read_json_object
 
 META_FILE = "meta.json"
 DIST_DIR = "dist"
@@ -246,7 +247,7 @@ class MegatronBackend(TrainingBackend):
         self.padded_vocab = mc.padded_vocab_size(self.spec.vocab_size, tp)
         self.vocab_start = self.tp_rank * (self.padded_vocab // tp)
 
-        hf_config = json.loads((Path(self.hf_path) / "config.json").read_text())
+        hf_config = read_json_object(Path(self.hf_path) / "config.json")
         pad = hf_config.get("pad_token_id")
         self.pad_id = int(pad) if isinstance(pad, int) else 0
 
@@ -668,7 +669,7 @@ class MegatronBackend(TrainingBackend):
         src = Path(path)
         if not (src / DIST_DIR).is_dir():
             raise FileNotFoundError(f"{src}: no {DIST_DIR}/ (not a checkpoint written by MegatronBackend.save)")
-        meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).exists() else {}
+        meta = read_json_object(src / META_FILE) if (src / META_FILE).exists() else {}
         if load_optim and not meta.get("optim", True):
             raise FileNotFoundError(f"{src}: saved without the optimizer")
         check_torch_dist(src / DIST_DIR)  # (megatron-core unpickles .metadata and its objects unrestricted)

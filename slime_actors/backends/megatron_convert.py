@@ -31,7 +31,6 @@ Layouts (Megatron side):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..json_files import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -114,7 +115,7 @@ class ArchSpec:
         """From an HF model directory (its config.json), a config dict, or a transformers PretrainedConfig."""
         if isinstance(config, (str, os.PathLike)):
             p = Path(config)
-            config = json.loads((p / "config.json" if p.is_dir() else p).read_text())
+            config = read_json_object(p / "config.json" if p.is_dir() else p)
         mt = str(_cfg_get(config, "model_type", "")).lower()
         if mt not in SUPPORTED_MODEL_TYPES:
             raise ConversionError(f"model_type {mt!r} is not supported by the megatron backend "

@@ -57,6 +57,7 @@ from . import lora
 from .batching import forward_micro_batches, pad_tokens, select, validate_batch
 from ..safe_pickle import load_torch_file
 from .training import LossFn, TrainingBackend
+from ..json_files import JsonFileError, read_json_object
 
 MODEL_FILE = "model.safetensors"
 CRITIC_FILE = "critic.safetensors"
@@ -695,7 +696,7 @@ class TorchBackend(TrainingBackend):
             raise FileNotFoundError(f"{src}: no {MODEL_FILE} (not a checkpoint written by TorchBackend.save"
                                     + ("; it holds LoRA adapters: resume with the same --lora-* flags)"
                                        if adapters.is_dir() else ")"))
-        meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).exists() else {}
+        meta = read_json_object(src / META_FILE) if (src / META_FILE).exists() else {}
         if self.lora:
             self._check_adapter_config(adapters)
         parts = [(self.model, self._raw_model, self.optimizer, MODEL_FILE, OPTIM_FILE)]
@@ -729,8 +730,8 @@ class TorchBackend(TrainingBackend):
     def _check_adapter_config(self, adapters: Path) -> None:
         """A checkpoint's adapters were made with this run's --lora-* flags (rank, alpha, targets)."""
         try:
-            saved = json.loads((adapters / lora.ADAPTER_CONFIG).read_text())
-        except (OSError, ValueError) as exc:
+            saved = read_json_object(adapters / lora.ADAPTER_CONFIG)
+        except JsonFileError as exc:
             raise ValueError(f"{adapters}: no readable {lora.ADAPTER_CONFIG}: {exc}") from None
         now = self.adapter_config()
         diff = [f"{k} {saved.get(k)!r} (this run: {now.get(k)!r})" for k in ("r", "lora_alpha", "target_modules")

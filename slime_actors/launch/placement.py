@@ -34,6 +34,7 @@ from ..backends.sglang_launch import LaunchFlags
 from ..config import ConfigError, JobConfig
 from ..gpus import GpuCount
 from .topology import Topology
+from ..json_files import read_json_object
 
 COLOCATED_MEM_FRACTION = "0.4"   # a colocated engine's share of its GPU's memory at most; the trainer keeps the rest
 MIN_MEM_FRACTION = 0.05          # and at least (SGLang's workspace besides weights and KV cache)
@@ -44,7 +45,6 @@ TEMPLATE_TOKENS = 256            # what a chat template and special tokens add t
 def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
     """(bytes of the engine's weights, KV-cache bytes per token) from --hf-checkpoint's config.json (a directory, or
     a built-in model already in the model cache); None when it is not readable here."""
-    import json
     from pathlib import Path
 
     from ..models.resolve import model_cache
@@ -55,7 +55,7 @@ def model_memory(cfg: JobConfig) -> tuple[int, int] | None:
     elif spec.startswith("tiny:"):
         path = model_cache(cfg.run.run_dir) / f"tiny-{spec.split(':', 1)[1] or 'default'}"
     try:
-        c = json.loads((path / "config.json").read_text())
+        c = read_json_object(path / "config.json")
         c = c.get("text_config", c)
         hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
         heads = int(c["num_attention_heads"])

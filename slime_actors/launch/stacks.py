@@ -162,7 +162,7 @@ def add_stacks_command(sub) -> None:
 
 
 def cmd_stacks(args) -> int:
-    from ..run_dir import read_small_json
+    from ..json_files import read_small_json
     run = Path(args.run)
     status = read_small_json(run / "status.json")
     if status is None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, StartupError
+from ..json_files import read_small_json
 
 EXIT_PERMANENT = 78          # sysexits.h EX_CONFIG: never restarted
 MAX_START_FAILURES = 3       # start-up failures in a row (never ready in between) that stop the job, any causes
@@ -55,6 +56,7 @@ _PERMANENT = [
     r"\b(FileNotFoundError|NotADirectoryError|IsADirectoryError|PermissionError)\b", r"No such file or directory",
     r"does not exist", r"does not appear to have a file named", r"is not a local folder and is not a valid model",
     r"Repository Not Found", r"not a valid JSON", r"\bJSONDecodeError\b", r"Unrecognized model",
+    r"does not recognize this architecture",
     r"no config\.json",
     # command lines
     r"unrecognized arguments", r"the following arguments are required", r"invalid choice", r"\berror: argument\b",
@@ -141,8 +143,5 @@ def write_report(run_dir: str | os.PathLike, name: str, state: str, cause: Cause
 
 def read_report(run_dir: str | os.PathLike, name: str, pid: int) -> dict | None:
     """The report of process `pid` (an older process's report, or none: None)."""
-    try:
-        body = json.loads(report_path(run_dir, name).read_text())
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) and body.get("pid") == pid else None
+    body = read_small_json(report_path(run_dir, name))
+    return body if body is not None and body.get("pid") == pid else None

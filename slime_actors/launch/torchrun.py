@@ -37,6 +37,7 @@ from ..backends.listen import address_towards, tcp_store
 from ..config import JobConfig
 from ..log import get_logger
 from ..retry import RetryPolicy
+from ..json_files import read_small_json
 
 EXIT_TERMINATED = 143
 
@@ -71,10 +72,7 @@ def _round(run_dir: str) -> int:
     for restarts anyway: the buffer's state and the checkpoints live there)."""
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    try:
-        prev = json.loads((Path(run_dir) / "head.json").read_text())
-    except (OSError, ValueError):
-        prev = None
+    prev = read_small_json(Path(run_dir) / "head.json")
     if prev is not None and run_id not in (None, "", "none") and prev.get("run_id") == run_id:
         return max(count, int(prev.get("restart", 0)) + 1)
     return count

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..env import MODEL_CACHE
+from ..json_files import JsonFileError, read_json_object
 
 
 def model_cache(run_dir: str | os.PathLike | None = None) -> Path:
@@ -43,4 +44,8 @@ def resolve_checkpoint(spec: str, cache_dir: str | os.PathLike) -> str:
         raise FileNotFoundError(f"--hf-checkpoint {spec}: no such directory (or use tiny:NAME / smollm2:135m)")
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"--hf-checkpoint {spec}: no config.json there; is it a Hugging Face model dir?")
+    try:
+        read_json_object(p / "config.json")   # (read whole by every process that loads the model)
+    except JsonFileError as exc:
+        raise ValueError(f"--hf-checkpoint {spec}: {exc}") from None
     return str(p)

@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from ..json_files import read_small_json
+
 SPECIALS = ["<pad>", "<s>", "</s>"]
 WORDS = [str(d) for d in range(10)] + ["+", "-", "*", "=", "?", ":", ",", ".", "max", "min", "first", "last",
                                         "sum", "of", "is", "the", "answer", "user", "assistant", "call", "tool",
@@ -70,7 +72,7 @@ def make_tiny_model(path: str | os.PathLike, seed: int = 0, words: list[str] | N
     path = Path(path)
     stamp = path / "slime_tiny.json"
     want = {"seed": seed, **config_overrides, "words": words}
-    if stamp.exists() and json.loads(stamp.read_text()) == want:
+    if read_small_json(stamp) == want:
         return path     # (before importing torch and transformers: seconds of every job's start-up)
     import torch
     from transformers import LlamaForCausalLM

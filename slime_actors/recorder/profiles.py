@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..json_files import read_small_json
+
 PROFILES = "profiles"  # RUN_DIR/profiles: where slime_actors/profiler.py writes
 CLOCK_MARK = "slime_actors.clock"  # the range whose wall-clock time a profile's sidecar (.clock.json) holds
 
@@ -63,7 +65,7 @@ def load_profiles(run_root: Path, actors: list[str]) -> tuple[list[Profile], lis
     out, notes = [], []
     for path in sorted([*root.rglob("*.trace.json.gz"), *root.rglob("*.trace.json")]):
         sidecar = path.with_name(path.name.split(".pt.trace.json")[0].split(".trace.json")[0] + ".clock.json")
-        meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        meta = read_small_json(sidecar) or {}
         actor = meta.get("actor")
         label = "torch"
         if actor is None and path.parent.name.startswith("engine-"):

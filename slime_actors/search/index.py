@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..log import get_logger
 from .corpus import Doc, corpus_hash, read_corpus
+from ..json_files import read_json_object
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 K1, B, METHOD = 1.2, 0.75, "lucene"
@@ -116,7 +117,7 @@ def _save(bm25, where: Path) -> None:
 def _load(where: Path, n_docs: int):
     """bm25s's files, with no pickle, checked against the corpus."""
     bm25s = _bm25s()
-    stamp = json.loads((where / "slime_actors.json").read_text())
+    stamp = read_json_object(where / "slime_actors.json")
     if stamp.get("version") != CACHE_VERSION:
         raise ValueError(f"cache version {stamp.get('version')!r}, expected {CACHE_VERSION}")
     bm25 = bm25s.BM25.load(str(where), load_corpus=False, mmap=False, allow_pickle=False)

@@ -114,7 +114,8 @@ class Checkpoints:
             ctl.evaluations.history = [e for e in ctl.evaluations.history if e["step"] <= start]
             return start, 0
         meta = read_meta(self.latest)
-        random.setstate(_tuple_state(meta["controller_rng"]))
+        if "controller_rng" in meta:   # (checked by read_meta)
+            random.setstate(_tuple_state(meta["controller_rng"]))
         ctl.evaluations.history = meta.get("evals", [])
         return meta["next_rollout_id"], meta["weight_version"]
 

@@ -1,0 +1,68 @@
+"""JSON files read from disk that this process did not just write -- a checkpoint's meta.json, a model's config.json,
+an adapter's adapter_config.json, a run directory's head.json, status.json and start-up reports (a run directory
+is copied between machines and people): hostile until checked. One reader bounds what it reads, never blocks on
+something that is not a regular file, and says what is wrong with the file.
+
+    meta = read_json_object(path)            # a dict, or JsonFileError naming the file and what is wrong with it
+    status = read_small_json(path)           # a dict, or None: missing, unreadable, too large, not JSON, not an object
+
+Python's json reads a file whole and builds it whole: a multi-GB "meta.json" (or one JSON number of a billion
+digits) would take the process's memory before anything looked at it, and a file nested 100,000 deep raises
+RecursionError rather than ValueError. Both are stopped here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_BYTES = 8 << 20   # 8 MiB: the largest such file a job writes (a checkpoint's meta.json) is a few KB to ~1 MB
+
+
+class JsonFileError(ValueError):
+    """A JSON file that cannot be used; the message names the file and the problem."""
+
+
+def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any]:
+    """The JSON object in `path`, at most `limit` bytes. JsonFileError when the file is missing, not a regular file,
+    unreadable, larger, not UTF-8 JSON, nested too deep, or holds something other than an object."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):     # (a FIFO would block the open; a device could be endless)
+            raise JsonFileError(f"{p}: not a regular file")
+        if st.st_size > limit:
+            raise JsonFileError(f"{p}: {st.st_size:,} bytes, more than the {limit:,} such a file may have")
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise JsonFileError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise JsonFileError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:                    # (it grew since the stat)
+        raise JsonFileError(f"{p}: more than the {limit:,} bytes such a file may have")
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise JsonFileError(f"{p}: nested too deep to be read") from None
+    except ValueError as exc:                # (also UnicodeDecodeError)
+        raise JsonFileError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise JsonFileError(f"{p}: holds a JSON {_kind(obj)} where an object ({{...}}) belongs")
+    return obj
+
+
+def read_small_json(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any] | None:
+    """`read_json_object`, None instead of the error: for files whose absence or damage means "nothing known" (another
+    job's status, a report not written yet)."""
+    try:
+        return read_json_object(path, limit)
+    except JsonFileError:
+        return None
+
+
+def _kind(obj: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(obj), "number")
