@@ -274,6 +274,54 @@ def test_remote_rm_answers():
     assert isinstance(err, RewardError) and "--reward-key" in str(err)
 
 
+def test_remote_rm_answers_past_a_mebibyte_are_not_read(monkeypatch):
+    """A server that answers 5 MiB -- with its length, or chunked without one -- fails the sample at once, naming the
+    bound; the reward worker never holds more than the bound (and a chunk) of it."""
+    import slime_actors.rewards.remote as remote
+    seen = []
+    real = remote._read_answer
+
+    async def counting(resp, url, limit=remote.MAX_ANSWER_BYTES):
+        try:
+            return await real(resp, url, limit)
+        finally:
+            seen.append(resp.content.total_bytes)
+    monkeypatch.setattr(remote, "_read_answer", counting)
+
+    async def main(chunked):
+        big = {"reward": 1.0, "pad": "x" * (5 << 20)}
+
+        async def handle(request):
+            if not chunked:
+                return web.json_response(big)
+            resp = web.StreamResponse()
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for _ in range(80):
+                await resp.write(b"x" * (64 << 10))
+            return resp
+        app = web.Application()
+        app.router.add_post("/rm", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/rm"
+        try:
+            with pytest.raises(RewardError) as e:
+                await compute_reward(rargs(url), S("r", "l"))
+            return str(e.value)
+        finally:
+            await close_sessions()
+            await runner.cleanup()
+    for chunked in (False, True):
+        msg = asyncio.run(main(chunked))
+        assert "answered HTTP 200 with more than 1,048,576 bytes; a reward is a number or a small JSON object (not " \
+               "retried)" in msg, msg
+        assert seen[-1] <= (1 << 20) + (256 << 10), seen   # read no further than the bound (and what was buffered)
+    assert len(seen) == 2   # one attempt each: not retried
+
+
 def test_remote_rm_client_errors_are_not_retried():
     async def main():
         async with RMServer(fail=5, fail_status=400) as srv:

@@ -6,7 +6,9 @@ object, picked by --reward-key), or a bare number (JSON or plain text).
 Connection errors, timeouts, HTTP 5xx, 408 and 429 are retried with exponential backoff and jitter: before attempt
 k+1 it waits min(backoff_max, backoff_base * 2**(k-1)) scaled by a random factor in [0.5, 1). After
 `max_attempts` attempts it raises RemoteRMError naming the URL, the attempts and the last error. Other 4xx answers
-and bodies that are not a reward fail at once (retrying would not help).
+and bodies that are not a reward fail at once (retrying would not help) -- as does an answer of more than
+MAX_ANSWER_BYTES (1 MiB), which is read no further: a reward is a number or a small object, and the reward
+worker's memory is not the server's to fill.
 
 The URL is --rm-url; --rm-max-attempts (5), --rm-timeout (60 s per attempt) and --rm-headers (a JSON object; ${NAME}
 in a value is read from the reward worker's environment, so a token stays out of job files) set the rest; the
@@ -32,6 +34,7 @@ from slime_actors.retry import RetryPolicy, retry
 __all__ = ["RemoteRMConfig", "RemoteRMError", "remote_rm", "post_reward", "close_sessions"]
 
 RETRY_STATUS = {408, 429}
+MAX_ANSWER_BYTES = 1 << 20
 
 
 class RemoteRMError(RuntimeError):
@@ -115,6 +118,20 @@ async def close_sessions() -> None:
         await s.close()
 
 
+async def _read_answer(resp: aiohttp.ClientResponse, url: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
+    """The answer's body, at most `limit` bytes (RemoteRMError past it: said by Content-Length, or found reading)."""
+    too_big = (f"{url} answered HTTP {resp.status} with more than {limit:,} bytes; a reward is a number or a small "
+               "JSON object (not retried)")
+    if resp.content_length is not None and resp.content_length > limit:
+        raise RemoteRMError(too_big)
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 << 10):
+        body += chunk
+        if len(body) > limit:
+            raise RemoteRMError(too_big)
+    return bytes(body)
+
+
 def _parse_body(body: bytes, url: str):
     text = body.decode("utf-8", errors="replace").strip()
     try:
@@ -137,7 +154,7 @@ async def post_reward(cfg: RemoteRMConfig, payload: dict, *, log=None):
     async def post():
         async with session.post(cfg.url, json=payload, headers=cfg.headers or None,
                                 timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
-            body = await resp.read()
+            body = await _read_answer(resp, cfg.url)
             if resp.status >= 500 or resp.status in RETRY_STATUS:
                 raise _Retryable(f"HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')!r}")
             if resp.status >= 400:
