@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-MAX_BYTES = 8 << 20   # 8 MiB: the largest such file a job writes (a checkpoint's meta.json) is a few KB to ~1 MB
+MAX_BYTES = 8 << 20   # 8 MiB: the largest such file a job writes is a checkpoint's meta.json, ~7 KB + ~70 bytes an evaluation
 
 
 class JsonFileError(ValueError):

@@ -92,6 +92,10 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
     assert stacks.read(out, 0)[0].func == "there"
     assert stacks.read(out, stacks.size(out)) is None
     assert stacks.read(tmp_path / "none.log") is None
+    # an actor runs as `python -m slime_actors.launch.actor`: its dump ends in runpy's frames below its <module>
+    m = [stacks.Frame("actor.py", 157, "main"), stacks.Frame("actor.py", 163, "<module>"),
+         stacks.Frame("<frozen runpy>", 88, "_run_code"), stacks.Frame("<frozen runpy>", 198, "_run_module_as_main")]
+    assert stacks.complete(m) and not stacks.complete(m[:3]) and not stacks.complete(m[:1] + m[3:])
     shown = stacks.shown([stacks.Frame("a.py", i, "f") for i in range(10)], n=3)
     assert shown.splitlines() == ['    File "a.py", line 0, in f', '    File "a.py", line 1, in f',
                                   '    File "a.py", line 2, in f', "    ... 7 outer frames (the actor's log has them)"]

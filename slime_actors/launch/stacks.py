@@ -96,8 +96,12 @@ def read(path: Path, offset: int = 0) -> list[Frame] | None:
 
 
 def complete(frames: list[Frame] | None) -> bool:
-    """Whether a main thread's stack read so far reaches its outermost frame (an actor's is its `<module>`)."""
-    return bool(frames) and frames[-1].func == "<module>"
+    """Whether a main thread's stack read so far reaches its outermost frame: a script's `<module>`, or -- a module
+    run with `python -m`, as every actor is -- runpy's `_run_module_as_main` below the module's `<module>`."""
+    if not frames:
+        return False
+    last = frames[-1].func
+    return last == "<module>" or (last == "_run_module_as_main" and any(f.func == "<module>" for f in frames))
 
 
 def idle_loop(frames: list[Frame]) -> bool:
@@ -157,7 +161,8 @@ def add_stacks_command(sub) -> None:
     p.add_argument("--actor", action="append", default=None, metavar="NAME",
                    help="only this actor (role/index, e.g. rollout/0; again for more)")
     p.add_argument("--all-threads", action="store_true", help="every thread's stack, not only the main thread's")
-    p.add_argument("--wait", type=float, default=3.0, help="seconds to wait for each actor's answer")
+    p.add_argument("--wait", type=float, default=10.0,
+                   help="seconds to wait at most for each actor's answer (one that answers is shown at once)")
     p.set_defaults(fn=cmd_stacks)
 
 
