@@ -318,7 +318,9 @@ def test_remote_rm_answers_past_a_mebibyte_are_not_read(monkeypatch):
         msg = asyncio.run(main(chunked))
         assert "answered HTTP 200 with more than 1,048,576 bytes; a reward is a number or a small JSON object (not " \
                "retried)" in msg, msg
-        assert seen[-1] <= (1 << 20) + (256 << 10), seen   # read no further than the bound (and what was buffered)
+        # read no further than the bound, a chunk and what the stream had buffered (a socket read is up to 256 KiB):
+        # far from the 5 MiB sent
+        assert seen[-1] < 2 << 20, seen
     assert len(seen) == 2   # one attempt each: not retried
 
 
