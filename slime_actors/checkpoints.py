@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,9 +110,12 @@ def _rng_state(value) -> bool:
 
 def read_tracker(root: str | os.PathLike) -> str | None:
     """latest_checkpointed_iteration.txt under `root` (an iteration number, or "release"), its first 64 bytes
-    stripped; None when there is none."""
+    stripped; None when there is none, or it is not a regular file (a FIFO is never opened: it would block)."""
+    path = Path(root) / TRACKER
     try:
-        with open(Path(root) / TRACKER, "rb") as f:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        with open(path, "rb") as f:
             return f.read(64).decode("utf-8", "replace").strip()
     except OSError:
         return None
@@ -255,7 +259,7 @@ def detect_layout(path: str | os.PathLike) -> Layout:
         return Layout("empty", p, "is an empty directory")
     if (p / META).is_file() and _iteration_meta(p):
         return Layout("ours-iter", p, f"a slime-actors checkpoint ({p.name})")
-    text = read_tracker(p) if (p / TRACKER).is_file() else None
+    text = read_tracker(p)
     if text is not None:
         target = p / "release" if text == "release" else iter_dir(p, int(text)) if text.isdigit() else None
         if target is None:

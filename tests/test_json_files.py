@@ -106,6 +106,10 @@ def test_a_checkpoints_metadata_is_checked_and_each_problem_named(tmp_path):
     (root / "latest_checkpointed_iteration.txt").write_text("4" + " " * (1 << 20))   # (read: its first 64 bytes)
     lay = detect_layout(root)
     assert lay.kind == "unknown" and "whose checkpoint metadata" in lay.detail and "9,437," in lay.detail, lay.detail
+    # a tracker that is a FIFO is never opened (the open would wait for a writer for ever): read as no tracker
+    (root / "latest_checkpointed_iteration.txt").unlink()
+    os.mkfifo(root / "latest_checkpointed_iteration.txt")
+    assert latest_checkpoint(root) == it and "no latest_checkpointed_iteration.txt" in detect_layout(root).detail
 
 
 def test_load_of_a_checkpoint_with_wrong_metadata_is_refused_before_anything_starts(tmp_path):

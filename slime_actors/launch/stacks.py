@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..json_files import read_small_json
+
 SIGNAL = signal.SIGUSR1
 WAIT_S = 1.0          # how long the supervisor waits for the dump to reach the log before it kills
 _FRAME = re.compile(r'^\s+File "(?P<path>.*)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -167,7 +169,6 @@ def add_stacks_command(sub) -> None:
 
 
 def cmd_stacks(args) -> int:
-    from ..json_files import read_small_json
     run = Path(args.run)
     status = read_small_json(run / "status.json")
     if status is None:
