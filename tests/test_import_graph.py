@@ -87,7 +87,7 @@ def layer(mod: str) -> str:
 # rooms of its own floor or below (docs/architecture.md, "Layers"). An import of a room above is an arrow back up.
 FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus",
-               "startup_timeline", "json_files"),
+               "startup_timeline", "json_files", "http_answers"),
     "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "heapwatch",
                         "gc_watch", "config",
                         "hack_thresholds",

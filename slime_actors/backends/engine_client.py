@@ -12,7 +12,10 @@ updates, pause / continue, abort and cache flushes, the API key everywhere else 
 answers come back without the secrets SGLang puts in them. Every request body uses only SGLang's field names for
 that endpoint. Errors: a non-2xx answer raises EngineError
 (status, endpoint, the server's message); an engine that cannot be reached raises EngineUnavailable; a request that
-runs past its timeout raises EngineTimeout (also an EngineError).
+runs past its timeout raises EngineTimeout (also an EngineError). Answers are read with a bound (http_answers.py):
+`max_answer_bytes` (1 GiB) for /generate -- a batch of 64 responses of 32k tokens with their log-probs is ~100 MB --
+and 16 MiB for the rest (a health check, an abort, /server_info: a few KB); past it an EngineError, read no further,
+so an engine behind `--engine-url` that answers without end does not fill the rollout worker's memory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import aiohttp
 import orjson
 
 from slime_actors.backends.engine_auth import EngineKeys, redact_server_info
+from slime_actors.http_answers import AnswerTooLarge, loads_answer, read_answer
 from slime_actors.log import get_logger
 
 log = get_logger(component="engine_client")
@@ -112,11 +116,11 @@ def _loads(raw: bytes) -> Any:
     """An engine's JSON answer. orjson parses a batched /generate answer (8 answers of 190 tokens with their
     log-prob triples, 68 KB) in 0.28 ms against json's 0.68 (2-vCPU VM): a rollout worker parses one per group, and
     the last groups of a rollout arrive together. NaN and Infinity -- Python's json writes them, orjson refuses
-    them -- go to json. A ValueError when neither parses it."""
+    them -- go to json. A ValueError when neither parses it (also when nested too deep for either)."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return loads_answer(raw)
 
 
 def parse_generate_output(resp: dict) -> GenerateOutput:
@@ -165,6 +169,8 @@ def _dtype_str(d: Any) -> str:
 # the server closes it fails with "Server disconnected" -- on one H100 it failed a group of the first rollout after
 # the first weight sync (the rollout connections idle for exactly that long), and the group was generated again.
 KEEPALIVE_S = 3.0
+GENERATE_MAX_ANSWER_BYTES = 1 << 30
+CONTROL_MAX_ANSWER_BYTES = 16 << 20
 
 
 class EngineClient:
@@ -173,13 +179,14 @@ class EngineClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
                  max_concurrency: int = 256, connect_timeout: float = 10.0, admin_key: str | None = None,
-                 keys: EngineKeys | None = None, keepalive: float | None = None):
+                 keys: EngineKeys | None = None, keepalive: float | None = None,
+                 max_answer_bytes: int = GENERATE_MAX_ANSWER_BYTES):
         self.base_url = base_url.rstrip("/")
         if "://" not in self.base_url:
             self.base_url = "http://" + self.base_url
         self.keys = (keys or EngineKeys()).fill(EngineKeys(api_key, admin_key))
         self.timeout, self.connect_timeout = timeout, connect_timeout
-        self.max_concurrency = max_concurrency
+        self.max_concurrency, self.max_answer_bytes = max_concurrency, max_answer_bytes
         self.keepalive = KEEPALIVE_S if keepalive is None else keepalive
         self._sem: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None      # /generate: at most max_concurrency at once
@@ -237,8 +244,11 @@ class EngineClient:
             try:
                 async with session.request(method, base + path, data=data, params=params, timeout=to,
                                            headers=headers) as resp:
-                    raw = await resp.read()
                     status = resp.status
+                    raw = await read_answer(resp, self.max_answer_bytes if generation else CONTROL_MAX_ANSWER_BYTES)
+            except AnswerTooLarge as exc:
+                raise EngineError(path, exc.status, f"an answer of more than {exc.limit:,} bytes, read no further "
+                                  "(not an engine's answer to this request)") from None
             except asyncio.TimeoutError:
                 raise EngineTimeout(path, None, f"no answer within {t} s from {base}") from None
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from slime_actors.http_answers import AnswerTooLarge, loads_answer, read_answer
 from slime_actors.log import get_logger
 from slime_actors.retry import RetryPolicy, retry
 
@@ -120,23 +121,18 @@ async def close_sessions() -> None:
 
 async def _read_answer(resp: aiohttp.ClientResponse, url: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
     """The answer's body, at most `limit` bytes (RemoteRMError past it: said by Content-Length, or found reading)."""
-    too_big = (f"{url} answered HTTP {resp.status} with more than {limit:,} bytes; a reward is a number or a small "
-               "JSON object (not retried)")
-    if resp.content_length is not None and resp.content_length > limit:
-        raise RemoteRMError(too_big)
-    body = bytearray()
-    async for chunk in resp.content.iter_chunked(64 << 10):
-        body += chunk
-        if len(body) > limit:
-            raise RemoteRMError(too_big)
-    return bytes(body)
+    try:
+        return await read_answer(resp, limit)
+    except AnswerTooLarge as exc:
+        raise RemoteRMError(f"{url} answered HTTP {exc.status} with more than {limit:,} bytes; a reward is a number "
+                            "or a small JSON object (not retried)") from None
 
 
 def _parse_body(body: bytes, url: str):
     text = body.decode("utf-8", errors="replace").strip()
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = loads_answer(text)
+    except ValueError:
         try:
             return float(text)
         except ValueError:

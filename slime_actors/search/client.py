@@ -15,7 +15,9 @@ Requests go round-robin. A replica that cannot be reached, times out (`timeout`)
 moment (its URL asked again before its next use) and the request goes to the next one; when every replica is set
 aside the client waits and tries again, until `deadline` seconds have passed since the request began -- long enough
 for a killed replica to be restarted. Retrieval only reads, so sending a request again is harmless. A 4xx answer
-(a bad body, a wrong key) is the request's own fault: returned (`post`) or raised (`retrieve`) at once.
+(a bad body, a wrong key) is the request's own fault: returned (`post`) or raised (`retrieve`) at once. So is an
+answer of more than `max_answer_bytes` (64 MiB; Search-R1's answer to a batch of queries is a few MB): read no further
+(http_answers.py), RetrieverError at once -- a replica that answers without end does not fill the worker's memory.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..http_answers import AnswerTooLarge, loads_answer, read_answer
 from ..log import get_logger
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 SET_ASIDE_S = 1.0
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class RetrieverError(RuntimeError):
@@ -62,11 +66,11 @@ class RetrieverPool:
 
     def __init__(self, resolvers: list[Callable[[], Any]], key: str | None = None, timeout: float = 30.0,
                  deadline: float = 120.0, clock: Callable[[], float] = time.monotonic,
-                 call: Callable[..., Awaitable[Any]] = _direct):
+                 call: Callable[..., Awaitable[Any]] = _direct, max_answer_bytes: int = MAX_ANSWER_BYTES):
         if not resolvers:
             raise ValueError("a retriever pool needs at least one replica")
         self.resolvers, self.key, self.timeout, self.deadline = resolvers, key, timeout, deadline
-        self.clock, self.call = clock, call
+        self.clock, self.call, self.max_answer_bytes = clock, call, max_answer_bytes
         self._urls: list[str | None] = [None] * len(resolvers)
         self._aside: list[float] = [0.0] * len(resolvers)
         self._next = 0
@@ -103,14 +107,18 @@ class RetrieverPool:
         return None
 
     async def _try(self, url: str, data: str) -> list:
-        """One HTTP request: [status, text]; ReplicaUnreachable when no answer came."""
+        """One HTTP request: [status, text]; ReplicaUnreachable when no answer came, RetrieverError (not retried) when
+        the answer is over the bound."""
         import aiohttp
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
             async with self._session.post(url, data=data, headers=self.headers,
                                           timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                return [resp.status, await resp.text()]
+                body = await read_answer(resp, self.max_answer_bytes)
+                return [resp.status, body.decode("utf-8", "replace")]
+        except AnswerTooLarge as exc:
+            raise RetrieverError(f"{exc}; a retriever's answer is a few MB (not retried)") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise ReplicaUnreachable(f"{url}: {type(exc).__name__}: {exc}") from None
 
@@ -141,9 +149,12 @@ class RetrieverPool:
                     self._set_aside(i, self.clock())
                 else:
                     try:
-                        return status, json.loads(text)
+                        return status, loads_answer(text)
                     except ValueError:
                         return status, {"detail": text[:2000]}
+            except RetrieverError:
+                self.counters["failed"] += 1
+                raise
             except RuntimeError as exc:
                 # (ReplicaUnreachable; or the job's replica could not be asked for its address: not up yet)
                 last = f"replica {i}: {exc}"

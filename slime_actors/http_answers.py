@@ -1,0 +1,49 @@
+"""HTTP answers from servers this process does not control -- a remote reward model (`--rm-url`), a retriever
+(`--retriever-url`, or the job's own replicas), an inference engine (SGLang's, or the user's `--engine-url`) -- read
+with a bound. aiohttp's `resp.read()` / `resp.text()` / `resp.json()` take the whole body, whatever its size: a
+server that answers without end (or with a multi-GB body) fills the reading process's memory. Here the answer is
+refused at once when its Content-Length is over the bound, and read no further than the bound (and one chunk)
+when it has none.
+
+    body = await read_answer(resp, limit=1 << 20)        # bytes, or AnswerTooLarge naming the URL, status, bound
+
+and `loads_answer(body)` parses JSON without the RecursionError a deeply nested answer raises in Python's json
+(a ValueError instead, like any other answer that is not JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CHUNK = 64 << 10
+
+
+class AnswerTooLarge(ValueError):
+    """An answer over its bound: `url`, `status`, `limit` (bytes), `seen` (what was read before it was given up)."""
+
+    def __init__(self, url: str, status: int, limit: int, seen: int):
+        super().__init__(f"{url} answered HTTP {status} with more than {limit:,} bytes")
+        self.url, self.status, self.limit, self.seen = url, status, limit, seen
+
+
+async def read_answer(resp: Any, limit: int) -> bytes:
+    """The body of aiohttp's ClientResponse `resp`, at most `limit` bytes; AnswerTooLarge past it (said by the
+    Content-Length before anything is read, or found while reading)."""
+    url = str(resp.url)
+    if resp.content_length is not None and resp.content_length > limit:
+        raise AnswerTooLarge(url, resp.status, limit, 0)
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(CHUNK):
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge(url, resp.status, limit, len(body))
+    return bytes(body)
+
+
+def loads_answer(body: bytes | str) -> Any:
+    """json.loads, with an answer nested too deep for Python's parser a ValueError like any other non-JSON answer."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deep to be read") from None
