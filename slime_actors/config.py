@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .hack_thresholds import HackThresholds
+from .json_files import parse_json
 from .slime_compat import COMPAT
 
 ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
@@ -1633,7 +1634,7 @@ def _validate_lora(cfg: JobConfig, bad) -> None:
 def json_object(text: str, flag: str, strings: bool = False) -> dict:
     """A flag's JSON object value (--apply-chat-template-kwargs, --rm-headers), or ConfigError naming the flag."""
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError as exc:
         raise ConfigError(f"{flag} must be a JSON object, e.g. '{{\"enable_thinking\": false}}': {exc}: "
                           f"{text!r:.200}") from None

@@ -7,13 +7,12 @@ when it has none.
 
     body = await read_answer(resp, limit=1 << 20)        # bytes, or AnswerTooLarge naming the URL, status, bound
 
-and `loads_answer(body)` parses JSON without the RecursionError a deeply nested answer raises in Python's json
+and json_files.parse_json(body) parses it without the RecursionError a deeply nested answer raises in Python's json
 (a ValueError instead, like any other answer that is not JSON).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 CHUNK = 64 << 10
@@ -40,10 +39,3 @@ async def read_answer(resp: Any, limit: int) -> bytes:
             raise AnswerTooLarge(url, resp.status, limit, len(body))
     return bytes(body)
 
-
-def loads_answer(body: bytes | str) -> Any:
-    """json.loads, with an answer nested too deep for Python's parser a ValueError like any other non-JSON answer."""
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ValueError("JSON nested too deep to be read") from None

@@ -5,10 +5,12 @@ something that is not a regular file, and says what is wrong with the file.
 
     meta = read_json_object(path)            # a dict, or JsonFileError naming the file and what is wrong with it
     status = read_small_json(path)           # a dict, or None: missing, unreadable, too large, not JSON, not an object
+    obj = parse_json(line)                   # json.loads for text we did not write (a prompt file's line, a label)
 
 Python's json reads a file whole and builds it whole: a multi-GB "meta.json" (or one JSON number of a billion
 digits) would take the process's memory before anything looked at it, and a file nested 100,000 deep raises
-RecursionError rather than ValueError. Both are stopped here.
+RecursionError rather than ValueError. Both are stopped here; `parse_json` stops the second for JSON text read
+elsewhere (a prompt file's lines, a corpus's, a label, a request's body, a server's answer).
 """
 
 from __future__ import annotations
@@ -22,8 +24,21 @@ from typing import Any
 MAX_BYTES = 8 << 20   # 8 MiB: the largest such file a job writes is a checkpoint's meta.json, ~7 KB + ~70 bytes an evaluation
 
 
+DEEP = "nested too deep to be read"
+
+
 class JsonFileError(ValueError):
     """A JSON file that cannot be used; the message names the file and the problem."""
+
+
+def parse_json(data: str | bytes | bytearray) -> Any:
+    """json.loads for text we did not write: JSON nested deeper than Python's parser goes raises json.JSONDecodeError
+    (DEEP; a ValueError) like any other text that is not JSON, not RecursionError -- which
+    `except ValueError` misses, and which a caller's `except RuntimeError` takes for something else."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise json.JSONDecodeError(DEEP, data if isinstance(data, str) else "", 0) from None
 
 
 def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any]:
@@ -45,10 +60,11 @@ def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[st
     if len(data) > limit:                    # (it grew since the stat)
         raise JsonFileError(f"{p}: more than the {limit:,} bytes such a file may have")
     try:
-        obj = json.loads(data)
-    except RecursionError:
-        raise JsonFileError(f"{p}: nested too deep to be read") from None
-    except ValueError as exc:                # (also UnicodeDecodeError)
+        obj = parse_json(data)
+    except json.JSONDecodeError as exc:
+        raise JsonFileError(f"{p}: " + ("nested too deep to be read" if exc.msg == DEEP else f"not valid JSON ({exc})")) \
+            from None
+    except ValueError as exc:                # (UnicodeDecodeError)
         raise JsonFileError(f"{p}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise JsonFileError(f"{p}: holds a JSON {_kind(obj)} where an object ({{...}}) belongs")

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .json_files import parse_json
+
 __all__ = ["DataError", "RowProblem", "Row", "RowKeys", "RowScan", "read_rows", "check_row", "scan_rows",
            "write_checked", "read_checked", "DEFAULT_MAX_ROW_BYTES"]
 
@@ -107,7 +109,7 @@ def _read_jsonl(path: str, cap: int | None) -> Iterator[Row]:
                 yield Row(where, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
                 continue
             try:
-                obj = json.loads(text)
+                obj = parse_json(text)
             except json.JSONDecodeError as exc:
                 yield Row(where, None, f"invalid JSON ({exc.msg} at column {exc.colno})")
                 continue
@@ -211,7 +213,7 @@ def check_row(obj: dict, keys: RowKeys) -> tuple[Any, Any, dict]:
         m = obj[keys.metadata_key]
         if isinstance(m, str):
             try:
-                m = json.loads(m) if m.strip() else {}
+                m = parse_json(m) if m.strip() else {}
             except json.JSONDecodeError as exc:
                 raise RowProblem(f"metadata {keys.metadata_key!r} is a string but not JSON ({exc.msg})") from None
         if not isinstance(m, dict):
@@ -222,7 +224,7 @@ def check_row(obj: dict, keys: RowKeys) -> tuple[Any, Any, dict]:
         tools = obj[keys.tool_key]
         if isinstance(tools, str):
             try:
-                tools = json.loads(tools)
+                tools = parse_json(tools)
             except json.JSONDecodeError as exc:
                 raise RowProblem(f"tools {keys.tool_key!r} is a string but not JSON ({exc.msg})") from None
         if not isinstance(tools, list):

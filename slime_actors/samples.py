@@ -28,7 +28,7 @@ from pathlib import Path
 from .types import Sample
 
 from .sample_display import EVAL_DIR, markdown_cell, one_line, prompt_text, reward_text
-from .json_files import read_small_json
+from .json_files import parse_json, read_small_json
 
 
 # ------------------------------------------------------------------------------------------------ reading a run
@@ -91,7 +91,7 @@ def load_eval_files(run: Path) -> dict[tuple[str, int], list[dict]]:
         for i, line in enumerate(p.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(parse_json(line))
                 except ValueError:
                     raise SamplesError(f"{p}:{i}: not a JSON line") from None
         rows.sort(key=lambda r: r.get("index", 0) if isinstance(r, dict) else 0)   # prompt order

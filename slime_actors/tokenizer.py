@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import StartupError
+from .json_files import parse_json
 from .log import get_logger
 
 __all__ = ["TokenizerFileError", "load_tokenizer", "fast_tokenizer_class"]
@@ -128,7 +129,7 @@ def _json_object(p: Path) -> dict | None:
     except (OSError, UnicodeDecodeError) as e:
         raise TokenizerFileError(f"{p}: cannot be read ({e})") from None
     try:
-        obj = json.loads(text)
+        obj = parse_json(text)
     except json.JSONDecodeError as e:
         raise TokenizerFileError(f"{p} is not a valid JSON file ({e})") from None
     if not isinstance(obj, dict):

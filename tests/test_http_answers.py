@@ -6,13 +6,15 @@ remote reward's bound: tests/test_rewards.py.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from slime_actors.backends.engine_client import EngineClient, EngineError
-from slime_actors.http_answers import AnswerTooLarge, loads_answer, read_answer
+from slime_actors.http_answers import AnswerTooLarge, read_answer
+from slime_actors.json_files import parse_json
 from slime_actors.search.client import RetrieverError, RetrieverPool
 
 DEEP = b"[" * 200_000 + b"]" * 200_000          # Python's json raises RecursionError on it, orjson a JSONDecodeError
@@ -98,12 +100,12 @@ def test_read_answer_keeps_to_its_bound_with_a_length_and_without():
     assert total < 2 << 20, total                             # what the stream had taken in: far from 12.5 MiB
 
 
-def test_loads_answer_turns_deep_nesting_into_a_value_error():
-    with pytest.raises(ValueError, match="nested too deep"):
-        loads_answer(DEEP)
+def test_parse_json_turns_deep_nesting_into_a_value_error():
+    with pytest.raises(json.JSONDecodeError, match="nested too deep"):
+        parse_json(DEEP)
     with pytest.raises(ValueError):
-        loads_answer(b"not json")
-    assert loads_answer(b'{"result": [1]}') == {"result": [1]}
+        parse_json(b"not json")
+    assert parse_json(b'{"result": [1]}') == {"result": [1]}
 
 
 # --------------------------------------------------------------------------------------------- the retriever

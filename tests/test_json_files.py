@@ -159,3 +159,47 @@ def test_a_model_directory_whose_config_is_not_an_object_is_refused(tmp_path):
         resolve_checkpoint(str(model), tmp_path / "cache")
     assert str(e.value) == (f"--hf-checkpoint {model}: {model / 'config.json'}: holds a JSON array where an object "
                             "({...}) belongs")
+
+
+def test_json_nested_too_deep_is_named_by_every_reader_of_text_we_did_not_write(tmp_path):
+    """Python's json raises RecursionError -- not the ValueError every reader catches -- on text nested ~1,000 deep:
+    a prompt file with such a line stopped `slime-actors train` with a traceback (instead of its list of problems),
+    a label stopped the code reward. Each reader now names it like any other text that is not JSON (the servers:
+    tests/test_retriever.py, tests/test_local_engine.py; HTTP answers: tests/test_http_answers.py)."""
+    from slime_actors.config import ConfigError, json_object
+    from slime_actors.json_files import parse_json
+    from slime_actors.rewards.code import parse_tests
+    from slime_actors.rows import RowKeys, scan_rows
+    from slime_actors.search.corpus import CorpusError, read_corpus
+    from slime_actors.tokenizer import TokenizerFileError, fast_tokenizer_class
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(json.JSONDecodeError, match="nested too deep to be read"):
+        parse_json(deep)
+    with pytest.raises(json.JSONDecodeError, match="nested too deep to be read"):
+        parse_json(deep.encode())
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input": "a", "label": "1"}\n' + deep + "\n"
+                       + json.dumps({"input": "b", "label": "2", "metadata": deep}) + "\n"
+                       + json.dumps({"input": "c", "label": "3", "tools": deep}) + "\n")
+    scan = scan_rows(str(prompts), RowKeys(label_key="label", tool_key="tools"))
+    assert (scan.rows, scan.good, scan.bad) == (4, 1, 3)
+    assert scan.problems == [f"{prompts}:2: invalid JSON (nested too deep to be read at column 1)",
+                             f"{prompts}:3: metadata 'metadata' is a string but not JSON (nested too deep to be read)",
+                             f"{prompts}:4: tools 'tools' is a string but not JSON (nested too deep to be read)"]
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"T\\"\\nbody"}\n' + deep + "\n")
+    with pytest.raises(CorpusError, match="line 2: not JSON \\(nested too deep to be read\\)"):
+        read_corpus(corpus)
+
+    with pytest.raises(ValueError, match="got text that is not JSON: nested too deep to be read"):
+        parse_tests(deep)
+    with pytest.raises(ConfigError, match="--rm-headers must be a JSON object.*nested too deep to be read"):
+        json_object(deep, "--rm-headers")
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text(deep)
+    with pytest.raises(TokenizerFileError, match="tokenizer_config.json is not a valid JSON file \\(nested too deep"):
+        fast_tokenizer_class(model)

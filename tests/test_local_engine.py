@@ -236,6 +236,7 @@ def test_unknown_and_malformed_fields_like_sglang(engine):
         r["top_p0"] = await _raw(engine, "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"top_p": 0}})
         r["oov"] = await _raw(engine, "POST", "/generate", {"input_ids": [1, 10 ** 6]})
         r["bad_json"] = await _raw(engine, "POST", "/generate", data=b"{not json")
+        r["deep_json"] = await _raw(engine, "POST", "/generate", data=b"[" * 100_000 + b"]" * 100_000)
         r["missing_req"] = await _raw(engine, "POST", "/update_weights_from_distributed", {"names": ["x"]})
         r["abort_unknown"] = await _raw(engine, "POST", "/abort_request", {"rid": "nobody", "whatever": 3})
         r["pause_bad_mode"] = await _raw(engine, "POST", "/pause_generation", {"mode": "sideways"})
@@ -244,7 +245,8 @@ def test_unknown_and_malformed_fields_like_sglang(engine):
     r = run(go())
     assert r["unknown_top"][0] == 200 and len(r["unknown_top"][1]["output_ids"]) == 2
     assert r["unknown_sp"][0] == 500  # SGLang: TypeError from SamplingParams(**kwargs) escapes -> 500
-    for k in ("bad_type", "bad_json", "missing_req", "pause_bad_mode"):  # FastAPI validation -> 400 ErrorResponse
+    # FastAPI validation -> 400 ErrorResponse (deep_json: Python's RecursionError was a 500)
+    for k in ("bad_type", "bad_json", "deep_json", "missing_req", "pause_bad_mode"):
         status, body = r[k]
         assert status == 400 and body["object"] == "error" and body["code"] == 400, (k, body)
     assert r["no_input"] == (400, {"error": {"message": "Either text, input_ids or input_embeds should be provided."}})

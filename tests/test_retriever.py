@@ -148,6 +148,8 @@ def test_bad_bodies_get_fastapi_style_422s_naming_every_problem(server, lt, body
 def test_not_json_too_large_wrong_method_and_path(server, lt):
     status, out = post(lt, server.url + "/retrieve", None, raw=b'{"queries": [')
     assert status == 422 and out["detail"][0]["type"] == "json_invalid"
+    status, out = post(lt, server.url + "/retrieve", None, raw=b"[" * 2000 + b"]" * 2000)   # (was a 500)
+    assert status == 422 and out["detail"][0]["ctx"]["error"] == "nested too deep to be read", out
     status, out = post(lt, server.url + "/retrieve", None, raw=b"x" * 5000)
     assert status == 413 and "larger than 4096 bytes" in out["detail"]
     assert post(lt, server.url + "/retrieve", None, method="GET") == (405, {"detail": "Method Not Allowed"})

@@ -32,7 +32,8 @@ import aiohttp
 import orjson
 
 from slime_actors.backends.engine_auth import EngineKeys, redact_server_info
-from slime_actors.http_answers import AnswerTooLarge, loads_answer, read_answer
+from slime_actors.http_answers import AnswerTooLarge, read_answer
+from slime_actors.json_files import parse_json
 from slime_actors.log import get_logger
 
 log = get_logger(component="engine_client")
@@ -120,7 +121,7 @@ def _loads(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return loads_answer(raw)
+        return parse_json(raw)
 
 
 def parse_generate_output(resp: dict) -> GenerateOutput:

@@ -33,6 +33,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from ..json_files import parse_json
 from ..sandbox.runner import Limits, RunResult, Runner, SandboxError
 
 __all__ = ["AssertTests", "StdioTests", "CodeGrade", "extract_program", "parse_tests", "agrade_code",
@@ -100,7 +101,7 @@ def parse_tests(label) -> AssertTests | StdioTests:
         raise ValueError("the sample has no label: --rm-type code needs its tests there (set --label-key)")
     if isinstance(label, str):
         try:
-            label = json.loads(label)
+            label = parse_json(label)
         except ValueError as exc:
             raise ValueError(f"a code label must be a JSON object (or a dict), got text that is not JSON: {exc}") \
                 from None
@@ -109,7 +110,7 @@ def parse_tests(label) -> AssertTests | StdioTests:
                          f"{type(label).__name__}")
     if "input_output" in label:            # APPS / TACO rows keep the cases as a JSON string under this key
         inner = label["input_output"]
-        label = {**label, **(json.loads(inner) if isinstance(inner, str) else inner)}
+        label = {**label, **(parse_json(inner) if isinstance(inner, str) else inner)}
     prefix = _text(label.get("prefix", ""), "'prefix'")
     if "fn_name" in label and label.get("fn_name"):
         return _call_based(label, prefix)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from slime_actors.http_answers import AnswerTooLarge, loads_answer, read_answer
+from slime_actors.http_answers import AnswerTooLarge, read_answer
+from slime_actors.json_files import parse_json
 from slime_actors.log import get_logger
 from slime_actors.retry import RetryPolicy, retry
 
@@ -131,7 +132,7 @@ async def _read_answer(resp: aiohttp.ClientResponse, url: str, limit: int = MAX_
 def _parse_body(body: bytes, url: str):
     text = body.decode("utf-8", errors="replace").strip()
     try:
-        value = loads_answer(text)
+        value = parse_json(text)
     except ValueError:
         try:
             return float(text)

@@ -29,7 +29,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..http_answers import AnswerTooLarge, loads_answer, read_answer
+from ..http_answers import AnswerTooLarge, read_answer
+from ..json_files import parse_json
 from ..log import get_logger
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -149,7 +150,7 @@ class RetrieverPool:
                     self._set_aside(i, self.clock())
                 else:
                     try:
-                        return status, loads_answer(text)
+                        return status, parse_json(text)
                     except ValueError:
                         return status, {"detail": text[:2000]}
             except RetrieverError:

@@ -41,6 +41,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..json_files import parse_json
+
 MAX_DOC_CHARS = 1 << 20        # one document's contents
 MAX_ERRORS_SHOWN = 20
 
@@ -103,7 +105,7 @@ def read_corpus(path: str | os.PathLike) -> list[Doc]:
         if not line.strip():
             continue
         try:
-            doc = _doc_of(json.loads(line))
+            doc = _doc_of(parse_json(line))
         except json.JSONDecodeError as exc:
             errors.append(f"line {n}: not JSON ({exc.msg})")
             continue

@@ -35,6 +35,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..json_files import parse_json
+
 from ..log import get_logger
 
 DEFAULT_TOPK = 3            # Search-R1's and slime's search-r1 example's topk
@@ -187,7 +189,7 @@ class RetrieverServer:
             return self._json({"detail": f"request body larger than {self.max_body_bytes} bytes"}, 413)
         raw = await request.read()   # (aiohttp refuses a body over client_max_size: 413 by the middleware)
         try:
-            body = json.loads(raw)
+            body = parse_json(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             self.counters["bad_requests"] += 1
             pos = getattr(exc, "pos", 0)

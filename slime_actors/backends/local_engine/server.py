@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from slime_actors.backends.engine_auth import REDACTED, refusal_status
+from slime_actors.json_files import parse_json
 from slime_actors.log import get_logger
 
 from .params import SGLANG_API_VERSION, RequestError, parse_generate, validate_struct, validation_error
@@ -124,7 +125,7 @@ class Server:
         if not raw:
             raise validation_error("body: Field required")
         try:
-            return json.loads(raw)
+            return parse_json(raw)
         except ValueError as e:
             raise validation_error(f"JSON decode error: {e}") from None
 
@@ -267,7 +268,7 @@ class Server:
         from aiohttp import web
         raw = await request.read()
         try:
-            b = json.loads(raw) if raw.strip() else {}
+            b = parse_json(raw) if raw.strip() else {}
         except ValueError as e:
             raise validation_error(f"JSON decode error: {e}") from None
         if not isinstance(b, dict):
