@@ -1238,6 +1238,9 @@ def _read_config_file(path: str, problems: Problems) -> _ConfigFile:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         problems.add(f"config file {path}: {exc}")
         return out
+    except RecursionError:   # (tomllib parses nested arrays and tables by recursion)
+        problems.add(f"config file {path}: nested too deep to be read")
+        return out
     base = Path(path).resolve().parent
 
     def near(v):  # a path relative to the config file, when there is such a file there

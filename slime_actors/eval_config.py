@@ -139,9 +139,13 @@ def _load(path: str) -> Any:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--eval-config {path}: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"--eval-config {path}: nested too deep to be read") from None
     import yaml
     try:
         return yaml.safe_load(text)
+    except RecursionError:   # (PyYAML composes nested collections by recursion)
+        raise ConfigError(f"--eval-config {path}: nested too deep to be read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -203,3 +203,24 @@ def test_json_nested_too_deep_is_named_by_every_reader_of_text_we_did_not_write(
     (model / "tokenizer_config.json").write_text(deep)
     with pytest.raises(TokenizerFileError, match="tokenizer_config.json is not a valid JSON file \\(nested too deep"):
         fast_tokenizer_class(model)
+
+
+def test_config_files_nested_too_deep_are_named_not_a_traceback(tmp_path):
+    """tomllib and PyYAML parse nested arrays by recursion too: `--config` with `lr = [[[...]]]` 5,000 deep stopped
+    `slime-actors train` with a RecursionError traceback; an eval config or a topology file likewise."""
+    from slime_actors.config import ConfigError
+    from slime_actors.eval_config import read_eval_config
+    from slime_actors.launch.topology import TopologyError, load_topology
+    deep = "[" * 5000 + "]" * 5000
+    toml_file, yaml_file = tmp_path / "deep.toml", tmp_path / "deep.yaml"
+    toml_file.write_text(f"lr = {deep}\n")
+    yaml_file.write_text(f"eval: {deep}\n")
+    out = subprocess.run([str(BIN), "train", "--config", str(toml_file)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"error: config file {toml_file}: nested too deep to be read" in out.stderr, out.stderr
+    for f in (toml_file, yaml_file):
+        with pytest.raises(ConfigError, match=f"--eval-config {f}: nested too deep to be read"):
+            read_eval_config(str(f))
+        with pytest.raises(TopologyError, match="nested too deep to be read"):
+            load_topology(f)

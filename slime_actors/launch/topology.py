@@ -481,6 +481,8 @@ def load_topology(path: str | os.PathLike) -> Topology:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise TopologyError(f"{path}: not valid TOML: {exc}") from None
+        except RecursionError:   # (tomllib parses nested arrays and tables by recursion)
+            raise TopologyError(f"{path}: not valid TOML: nested too deep to be read") from None
         lines = TomlLines(text)
     return from_dict(data, path, lines)
 
@@ -496,6 +498,8 @@ def _load_yaml(path: str, text: str) -> tuple[dict, dict[str, int]]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise TopologyError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:   # (PyYAML composes nested collections by recursion)
+        raise TopologyError(f"{path}: not valid YAML: nested too deep to be read") from None
     lines: dict[str, int] = {}
 
     def walk(n, prefix):
