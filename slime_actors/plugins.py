@@ -294,6 +294,8 @@ def _check_source(file: str, name: str, path: str, w: str, ast) -> str | None:
         return f"{w}cannot load {path!r}: {file} line {exc.lineno}: {exc.msg}"
     except (OSError, ValueError) as exc:
         return f"{w}cannot load {path!r}: cannot read {file}: {exc}"
+    except (RecursionError, MemoryError):   # (an expression nested deeper than Python's parser goes: import fails too)
+        return f"{w}cannot load {path!r}: {file}: nested too deep for Python's parser"
     defined: set[str] = set()
     todo = list(tree.body)
     while todo:   # the module's top level, through if / try / with blocks (definitions made conditionally count)

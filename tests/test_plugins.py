@@ -152,3 +152,14 @@ def test_a_reward_worker_hands_its_function_the_jobs_flat_view(loop_thread, run_
     seen = load_function(f"{f}:score").__globals__["seen"]
     assert seen["type"] == "FlatArgs" and seen["n"] == 4 and seen["stop"] == ["</s>"]
     assert "read-only" in seen["set"]
+
+
+def test_a_plugin_file_nested_too_deep_for_the_parser_is_named(tmp_path):
+    """The launcher reads a plug-in's file with Python's parser before any process starts: a file whose expression
+    nests deeper than the parser goes raised RecursionError (or MemoryError) out of the check, a traceback."""
+    from slime_actors.plugins import check_function_path
+    for name, expr in (("sum.py", "+".join(["a"] * 200_000)), ("neg.py", "-" * 200_000 + "1")):
+        f = tmp_path / name
+        f.write_text(f"x = {expr}\n\ndef fn(args, sample):\n    return 1.0\n")
+        assert check_function_path(f"{f}:fn", "--custom-rm-path") == \
+            f"--custom-rm-path: cannot load '{f}:fn': {f}: nested too deep for Python's parser"
