@@ -21,9 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-MAX_BYTES = 8 << 20   # 8 MiB: the largest such file a job writes is a checkpoint's meta.json, ~7 KB + ~70 bytes an evaluation
-
-
+MAX_BYTES = 8 << 20   # the largest such file a job writes is a checkpoint's meta.json: ~7 KB + ~70 bytes an evaluation
 DEEP = "nested too deep to be read"
 
 
@@ -62,8 +60,7 @@ def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[st
     try:
         obj = parse_json(data)
     except json.JSONDecodeError as exc:
-        raise JsonFileError(f"{p}: " + ("nested too deep to be read" if exc.msg == DEEP else f"not valid JSON ({exc})")) \
-            from None
+        raise JsonFileError(f"{p}: {DEEP}" if exc.msg == DEEP else f"{p}: not valid JSON ({exc})") from None
     except ValueError as exc:                # (UnicodeDecodeError)
         raise JsonFileError(f"{p}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
