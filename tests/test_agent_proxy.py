@@ -163,6 +163,10 @@ def test_the_official_clients_talk_to_the_endpoint(tokenizer):
                                      headers={"Authorization": f"Bearer {s.key}"}) as resp:
                     body = await resp.json()
                     assert resp.status == 400 and "not JSON" in body["error"]["message"]
+                async with http.post(f"{url}/chat/completions", data=b"[" * 100_000 + b"]" * 100_000,
+                                     headers={"Authorization": f"Bearer {s.key}"}) as resp:   # (was a 500)
+                    body = await resp.json()
+                    assert resp.status == 400 and "not JSON: nested too deep" in body["error"]["message"], body
                 async with http.post(f"{url}/messages", json={"messages": [{"role": "user", "content": "x"}]},
                                      headers={"x-api-key": s.key}) as resp:
                     body = await resp.json()

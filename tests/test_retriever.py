@@ -117,6 +117,19 @@ def test_a_slime_search_r1_client_and_a_verl_client_run_unchanged(server, lt):
     # without the proxy the same function is refused: the job's retriever takes its key only
     with pytest.raises(aiohttp.ClientResponseError, match="401"):
         lt.call(slime_style(server.url + "/retrieve", "quelby home", 1))
+
+    async def deep_to_proxy():   # (was a 500: Python's RecursionError)
+        pool = RetrieverPool([lambda: server.url], key=KEY)
+        proxy = RetrieveProxy(pool.post)
+        url = await proxy.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(url + "/retrieve", data=b"[" * 100_000 + b"]" * 100_000) as resp:
+                    return resp.status, (await resp.json())["detail"][0]["type"]
+        finally:
+            await proxy.stop()
+            await pool.close()
+    assert lt.call(deep_to_proxy()) == (422, "json_invalid")
     status, out = post(lt, server.url + "/retrieve", {"queries": ["quelby home"], "topk": 1, "return_scores": True})
     verl = [doc_item["document"]["contents"] for doc_item in out["result"][0]]
     assert verl == ['"quelby"\n' + f"quelby home is {value}"]

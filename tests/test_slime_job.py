@@ -321,11 +321,14 @@ def test_generate_proxy_forwards_generate_only(tmp_path):
                 ok = (r.status, await r.json())
             async with s.post(f"http://{host}:{port}/generate", data=b"not json") as r:
                 bad = r.status
+            async with s.post(f"http://{host}:{port}/generate", data=b"[" * 100_000 + b"]" * 100_000) as r:
+                deep = (r.status, (await r.json())["error"]["message"])   # (was a 500: Python's RecursionError)
             async with s.post(f"http://{host}:{port}/update_weights_from_disk", json={}) as r:
                 admin = r.status
         await proxy.stop()
-        return ok, bad, admin
-    ok, bad, admin = asyncio.run(main())
+        return ok, bad, admin, deep
+    ok, bad, admin, deep = asyncio.run(main())
+    assert deep[0] == 400 and deep[1].startswith("the body is not JSON: nested too deep to be read"), deep
     assert ok == (200, {"text": "x", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]]}})
     assert seen == [{"input_ids": [1, 2]}]
     assert bad == 400 and admin in (404, 405)   # control endpoints are not served

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..agents.trajectory import Trajectory
+from ..json_files import parse_json
 from ..agents.wire import (WireError, anthropic_error, anthropic_events, anthropic_reply, openai_chunks, openai_error,
                            openai_reply, parse_anthropic, parse_openai)
 from .base import IN_RECORDED_CALL
@@ -113,7 +114,7 @@ class AgentProxy:
             return refuse(WireError("no valid API key: each episode has its own, given to the agent function",
                                     401, kind="invalid_api_key" if api == "openai" else "authentication_error"))
         try:
-            body = await request.json()
+            body = parse_json(await request.read())
         except ValueError as exc:
             return refuse(WireError(f"the body is not JSON: {exc}"))
         try:

@@ -21,6 +21,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..json_files import parse_json
+
 Forward = Callable[[dict], Awaitable[tuple[int, Any]]]
 
 
@@ -67,8 +69,8 @@ class GenerateProxy:
 
         from .engine_client import EngineError
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = parse_json(await request.read())
+        except ValueError as exc:   # (also UnicodeDecodeError, and JSON nested too deep to be read)
             return web.json_response({"error": {"message": f"the body is not JSON: {exc}"}}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": {"message": "the body must be a JSON object (SGLang's "

@@ -216,8 +216,8 @@ class RetrieveProxy:
     async def _retrieve(self, request):
         from aiohttp import web
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = parse_json(await request.read())
+        except ValueError as exc:   # (also UnicodeDecodeError, and JSON nested too deep to be read)
             return web.json_response({"detail": [{"type": "json_invalid", "loc": ["body", getattr(exc, "pos", 0)],
                                                   "msg": "JSON decode error", "input": {}}]}, status=422)
         try:
