@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .hack_thresholds import HackThresholds
-from .json_files import parse_json
+from .json_files import not_regular, parse_json
 from .slime_compat import COMPAT
 
 ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
@@ -1229,6 +1229,13 @@ def _read_config_file(path: str, problems: Problems) -> _ConfigFile:
     """A TOML file's flags, each value checked against its flag's type (a string is never a number: `lr = "3e-3"`
     is an error naming the file and the key); every problem goes to `problems`."""
     out = _ConfigFile()
+    what = not_regular(path)
+    if what == "no such file":
+        problems.add(f"config file {path} does not exist")
+        return out
+    if what is not None:   # (a FIFO would block the open)
+        problems.add(f"config file {path} is {what}, not a TOML file")
+        return out
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -1507,9 +1514,13 @@ def _validate(cfg: JobConfig, check_files: bool, problems: Problems, prompt_coun
         bad("--debug-train-only needs --load-debug-rollout-data")
     if check_files and debug_cfg.load_debug_rollout_data:  # the first rollout must be there (later ones: when loaded)
         first = debug_rollout_path(debug_cfg.load_debug_rollout_data, run.start_rollout_id or 0)
-        if not first.is_file():
+        what = not_regular(first)
+        if what == "no such file":
             bad(f"--load-debug-rollout-data {debug_cfg.load_debug_rollout_data}: no saved rollout "
                 f"{run.start_rollout_id or 0} at {first} (--save-debug-rollout-data writes one file per rollout)")
+        elif what is not None:
+            bad(f"--load-debug-rollout-data {debug_cfg.load_debug_rollout_data}: {first} is {what}, not a saved "
+                "rollout")
     if cfg.data.prompt_data is None and not debug_cfg.load_debug_rollout_data:
         bad("--prompt-data is required")
     if check_files and cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
@@ -1585,8 +1596,10 @@ def _validate_retriever(r: RetrieverSection, check_files: bool, bad) -> None:
             bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(r, name)}")
     if not r.retriever_timeout > 0:
         bad(f"--retriever-timeout must be > 0 seconds, got {r.retriever_timeout}")
-    if check_files and r.retriever_corpus and not os.path.isfile(r.retriever_corpus):
-        bad(f"--retriever-corpus {r.retriever_corpus} does not exist")
+    what = not_regular(r.retriever_corpus) if check_files and r.retriever_corpus else None
+    if what is not None:
+        bad(f"--retriever-corpus {r.retriever_corpus} does not exist" if what == "no such file" else
+            f"--retriever-corpus {r.retriever_corpus} is {what}, not a jsonl file")
 
 
 LORA_ALL_LINEAR = "all-linear"

@@ -39,6 +39,25 @@ def parse_json(data: str | bytes | bytearray) -> Any:
         raise json.JSONDecodeError(DEEP, data if isinstance(data, str) else "", 0) from None
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """None when `path` is a regular file (through links); else what it is -- "no such file", "a directory", "a FIFO
+    (named pipe)", "a character device", ... -- for an error naming the flag and the path. Any file a user names is
+    checked so before it is opened: opening a FIFO blocks until something writes to it, /dev/zero never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
 def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any]:
     """The JSON object in `path`, at most `limit` bytes. JsonFileError when the file is missing, not a regular file,
     unreadable, larger, not UTF-8 JSON, nested too deep, or holds something other than an object."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .json_files import parse_json
+from .json_files import not_regular, parse_json
 
 __all__ = ["DataError", "RowProblem", "Row", "RowKeys", "RowScan", "read_rows", "check_row", "scan_rows",
            "write_checked", "read_checked", "DEFAULT_MAX_ROW_BYTES"]
@@ -69,10 +69,11 @@ def read_rows(path: str | os.PathLike, max_row_bytes: int | None = DEFAULT_MAX_R
     """Yield a Row for each row of a .jsonl or .parquet file (blank jsonl lines are not rows). A file that cannot be
     opened raises DataError. `max_row_bytes` None: no bound (tests and tools only)."""
     path = os.fspath(path)
-    if not os.path.exists(path):
+    what = not_regular(path)
+    if what == "no such file":
         raise DataError("file does not exist", path)
-    if os.path.isdir(path):
-        raise DataError("is a directory, expected a .jsonl or .parquet file", path)
+    if what is not None:   # (a FIFO would block the reader; /dev/zero has no end)
+        raise DataError(f"is {what}, expected a .jsonl or .parquet file", path)
     low = path.lower()
     if low.endswith(".jsonl"):
         return _read_jsonl(path, max_row_bytes)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from .. import startup_timeline as timeline
 from ..config import JobConfig, Problems
 from ..data import EVAL_SET, TRAIN_SET, eval_row_keys, train_row_keys
+from ..json_files import not_regular
 from ..rows import CheckedWriter, DataError, RowKeys, scan_rows, source_stamp
 
 
@@ -53,10 +54,13 @@ def check_prompt_files(cfg: JobConfig, problems: Problems, keep: bool = False, h
     tmp = tempfile.mkdtemp(prefix="slime-actors-prompts-") if keep and sets else None
     counts: dict[str, int] = {}
     for name, flag, path, keys in sets:
-        if not os.path.isfile(path):
-            if name != TRAIN_SET and not from_file:   # (--prompt-data's own check says so)
-                problems.add(f"{flag}: {path} does not exist" if os.path.exists(path) is False else
-                             f"{flag}: {path} is not a file")
+        what = not_regular(path)
+        if what == "no such file":
+            if name != TRAIN_SET and not from_file:   # (--prompt-data's and --eval-config's own checks say so)
+                problems.add(f"{flag}: {path} does not exist")
+            continue
+        if what is not None:
+            problems.add(f"{flag}: {path} is {what}, not a .jsonl or .parquet file")
             continue
         writer = CheckedWriter(os.path.join(tmp, f"{name}.msgpack"), source_stamp(path, keys, cap)) if tmp else None
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..env import ACTOR_CLASS, CPUS, PLACED_GPUS
 from ..config import JobConfig
+from ..json_files import not_regular
 
 HEAD_ROLES = ("directory", "controller")          # run in the head process (the launcher on the head node)
 BUILTIN_ROLES = ("buffer", "reward", "rollout", "trainer", "retriever")
@@ -468,6 +469,9 @@ class _Reader:
 
 def load_topology(path: str | os.PathLike) -> Topology:
     path = str(path)
+    what = not_regular(path)
+    if what is not None and what != "no such file":   # (a FIFO would block the read)
+        raise TopologyError(f"topology file {path} is {what}, not a TOML or YAML file")
     try:
         text = Path(path).read_text()
     except FileNotFoundError:

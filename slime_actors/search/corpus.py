@@ -41,7 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..json_files import parse_json
+from ..json_files import not_regular, parse_json
 
 MAX_DOC_CHARS = 1 << 20        # one document's contents
 MAX_ERRORS_SHOWN = 20
@@ -88,6 +88,9 @@ def read_corpus(path: str | os.PathLike) -> list[Doc]:
     either `contents` or `title` and `text` (strings, at most MAX_DOC_CHARS). CorpusError names the file and the
     bad lines -- all of them, up to MAX_ERRORS_SHOWN -- or an empty corpus."""
     p = Path(path)
+    what = not_regular(p)
+    if what is not None and what != "no such file":   # (a FIFO would block the read)
+        raise CorpusError(f"corpus {p}: {what}, not a jsonl file")
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

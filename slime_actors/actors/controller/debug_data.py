@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from ...config import debug_rollout_path
+from ...json_files import not_regular
 from ...messages import RolloutStats
 
 if TYPE_CHECKING:
@@ -40,9 +41,12 @@ class DebugData:
         if not spec:
             raise RuntimeError("--load-debug-rollout-data is not given")
         path = debug_rollout_path(spec, k)
-        if not path.exists():
+        what = not_regular(path)
+        if what == "no such file":
             raise FileNotFoundError(f"--load-debug-rollout-data: no saved rollout {k} at {path} (it is written by "
                                     "--save-debug-rollout-data, one file per rollout id)")
+        if what is not None:   # (a FIFO would block the controller)
+            raise ValueError(f"--load-debug-rollout-data: {path} is {what}, not a saved rollout")
         try:
             data = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
             samples = data["samples"]
