@@ -90,9 +90,18 @@ def test_the_users_keys_leave_the_flags(prompts, tmp_path):
     (["--engine-admin-api-key-file", "/no/such/file"], "--engine-admin-api-key-file /no/such/file: no such file"),
     (["--engine-api-key-file", "OPEN"], r"can be read by other users \(mode 644\); chmod 600 it"),
     (["--engine-api-key-file", "EMPTY"], "the key in --engine-api-key-file .* is empty"),
+    # not a regular file: refused before it is opened (a FIFO blocked the head for ever; /dev/zero filled it)
+    (["--engine-api-key-file", "FIFO"], "--engine-api-key-file .*fifo is a FIFO \\(named pipe\\), not a key file"),
+    (["--engine-api-key-file", "/dev/zero"], "--engine-api-key-file /dev/zero is a character device, not a key file"),
+    (["--engine-api-key-file", "HUGE"], "holds more than 65,536 bytes; a key file holds one key"),
 ])
+@pytest.mark.timeout(60)
 def test_bad_key_flags_are_clear_errors(prompts, tmp_path, flags, message):
-    subst = {"OPEN": key_file(tmp_path / "open", "k", 0o644), "EMPTY": key_file(tmp_path / "empty", "")}
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o600)
+    subst = {"OPEN": key_file(tmp_path / "open", "k", 0o644), "EMPTY": key_file(tmp_path / "empty", ""),
+             "FIFO": str(fifo), "HUGE": key_file(tmp_path / "huge", "k" * (65 << 10))}
     with pytest.raises(ConfigError, match=message):
         args_for(prompts, *[subst.get(f, f) for f in flags])
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..config import EngineSection
 from ..env import ENGINE_ADMIN_KEY, ENGINE_API_KEY
+from ..json_files import not_regular
 
 ENV_API_KEY = ENGINE_API_KEY.name
 ENV_ADMIN_KEY = ENGINE_ADMIN_KEY.name
@@ -110,18 +111,31 @@ def _write_secret(path: Path, text: str) -> None:
 write_secret = _write_secret   # (the retriever's key is kept the same way: slime_actors/search/keys.py)
 
 
+MAX_KEY_FILE_BYTES = 64 << 10   # a key file holds one key (and perhaps a newline)
+
+
 def read_key_file(path: str | os.PathLike, what: str) -> str:
-    """The key in a file (its first line), refusing a file that other users can read."""
+    """The key in a file (its first line), refusing a file that other users can read, one that is not a regular
+    file (a FIFO would block the read, /dev/zero never end), or one of more than MAX_KEY_FILE_BYTES."""
     p = Path(path)
+    kind = not_regular(p)
+    if kind == "no such file":
+        raise EngineKeyError(f"{what} {p}: no such file")
+    if kind is not None:
+        raise EngineKeyError(f"{what} {p} is {kind}, not a key file")
     try:
         mode = p.stat().st_mode & 0o777
-        text = p.read_text()
+        if mode & 0o077:
+            raise EngineKeyError(f"{what} {p} can be read by other users (mode {mode:o}); chmod 600 it")
+        with open(p, "rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise EngineKeyError(f"{what} {p} holds more than {MAX_KEY_FILE_BYTES:,} bytes; a key file holds one key")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise EngineKeyError(f"{what} {p}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except (PermissionError, UnicodeDecodeError) as exc:
         raise EngineKeyError(f"{what} {p}: cannot read it ({type(exc).__name__})") from None
-    if mode & 0o077:
-        raise EngineKeyError(f"{what} {p} can be read by other users (mode {mode:o}); chmod 600 it")
     lines = text.strip().splitlines()
     return check_key(lines[0].strip() if lines else "", f"the key in {what} {p}")
 
