@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..json_files import parse_json
 from .hacking import ALARMS, AlarmMonitor, HackThresholds, Report
 
 ALARMS_FILE = "alarms.jsonl"
@@ -127,7 +128,7 @@ def read_alarms(run_dir: str | os.PathLike) -> list[dict]:
     rows = []
     for line in lines:
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except ValueError:
             continue
         if isinstance(row, dict):

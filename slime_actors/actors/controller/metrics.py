@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from ...json_files import parse_json
 from ...log import CONSOLE, console_write, progress_line
 from ...messages import Accounting, RolloutStats
 from ...monitor.alarms import record_hack_alarms, stop_reason, trim_alarms
@@ -233,7 +234,7 @@ def rows_before(path: Path, rollout_id: int) -> list[dict]:
         return rows
     for line in lines:
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("rollout_id"), int) and row["rollout_id"] < rollout_id:
