@@ -183,3 +183,28 @@ def test_an_engine_answer_nested_too_deep_is_an_engine_error():
     """orjson refuses it (depth 1024), then Python's json raised RecursionError out of the client."""
     kind, (msg, status) = engine_call(body_of(DEEP), "generate")
     assert kind == "error" and status == 200 and "expected JSON, got '[[[[" in msg, msg
+
+
+def test_a_compressed_answer_is_bounded_by_what_it_decompresses_to():
+    """Content-Length is the compressed size: 10 MiB of zeros gzipped is ~10 KB, under any bound; aiohttp
+    decompresses what it reads. The reader stops at the bound of the answer as decompressed."""
+    import gzip
+    bomb = gzip.compress(b"0" * (10 << 20))
+
+    async def answer(srv, request):
+        srv.sent += len(bomb)
+        return web.Response(body=bomb, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    async def main():
+        async with aiohttp.ClientSession() as cs:
+            async with Server(answer) as srv:
+                async with cs.get(srv.url) as resp:
+                    assert resp.content_length == len(bomb) < 1 << 20
+                    with pytest.raises(AnswerTooLarge) as e:
+                        await read_answer(resp, 1 << 20)
+                    return e.value.seen
+    seen = asyncio.run(main())
+    assert (1 << 20) < seen < 2 << 20, seen    # decompressed as read, given up past the bound: not 10 MiB
+    # the engine client's bound holds the same way
+    kind, (msg, _) = engine_call(answer, "generate", max_answer_bytes=1 << 20)
+    assert kind == "error" and "more than 1,048,576 bytes" in msg, msg
