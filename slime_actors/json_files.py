@@ -45,17 +45,18 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 def not_regular(path: str | os.PathLike) -> str | None:
     """None when `path` is a regular file (through links); else what it is -- "no such file", "a directory", "a FIFO
-    (named pipe)", "a character device", ... -- for an error naming the flag and the path. Any file a user names is
-    checked so before it is opened: opening a FIFO blocks until something writes to it, /dev/zero never ends."""
+    (named pipe)", "a character device", "unreadable (Permission denied)", ... -- for an error naming the flag and
+    the path ("PATH is WHAT"). Any file a user names is checked so before it is opened: opening a FIFO blocks until
+    something writes to it, /dev/zero never ends."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return "no such file"
     except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
+        return f"unreadable ({exc.strerror or exc})"
     if stat.S_ISREG(mode):
         return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return next((what for test, what in _KINDS if test(mode)), "a special file")
 
 
 def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any]:
