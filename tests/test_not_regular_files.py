@@ -101,3 +101,27 @@ def test_a_topology_corpus_or_saved_rollout_that_is_a_fifo_is_named(odd, tmp_pat
     ctl = Controller(0, args=cfg.to_dict())
     with pytest.raises(ValueError, match="rollout_000000.msgpack is a FIFO \\(named pipe\\), not a saved rollout"):
         asyncio.run(ctl.debug_data.load(0))
+
+
+@pytest.mark.timeout(120)
+def test_a_model_directory_with_a_file_that_is_not_regular_is_refused_by_the_head(tmp_path):
+    """Before: a tokenizer.json that was a FIFO passed the head's checks; the rollout worker failed to start twice
+    and the job stopped 14 s later ("Couldn't instantiate the backend tokenizer")."""
+    from slime_actors.models import resolve_checkpoint
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"")
+    os.mkfifo(model / "tokenizer.json")
+    (model / "tokenizer_config.json").mkdir()
+    os.symlink(tmp_path / "gone", model / "generation_config.json")
+    (model / "original").mkdir()                     # (a subdirectory of its own, as Llama's repositories have)
+    (model / "notes").symlink_to("/dev/zero")         # (not a file a loader opens)
+    with pytest.raises(ValueError) as e:
+        resolve_checkpoint(str(model), tmp_path / "cache")
+    assert str(e.value) == (f"--hf-checkpoint {model}: generation_config.json is a link to nothing; tokenizer.json "
+                            "is a FIFO (named pipe); tokenizer_config.json is a directory -- a model's files must be "
+                            "regular files")
+    for p in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        os.remove(model / p) if p != "tokenizer_config.json" else os.rmdir(model / p)
+    assert resolve_checkpoint(str(model), tmp_path / "cache") == str(model)
