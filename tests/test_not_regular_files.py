@@ -125,3 +125,34 @@ def test_a_model_directory_with_a_file_that_is_not_regular_is_refused_by_the_hea
     for p in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         os.remove(model / p) if p != "tokenizer_config.json" else os.rmdir(model / p)
     assert resolve_checkpoint(str(model), tmp_path / "cache") == str(model)
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_with_a_file_that_is_not_regular_is_refused_by_the_head(tmp_path):
+    """Before: `--load CKPT` whose buffer.msgpack was a FIFO passed every check; the buffer blocked reading it until
+    the hang check stopped the job. A .pt file that was a FIFO would block the head's own pickle check."""
+    import random
+
+    import torch
+    from safetensors.torch import save_file
+
+    from slime_actors.checkpoints import CheckpointError, commit_checkpoint, resolve_load
+    root = tmp_path / "ck"
+    it = commit_checkpoint(root, 4, {"next_rollout_id": 4, "weight_version": 4, "controller_rng": random.getstate(),
+                                     "evals": []})
+    (it / "trainer").mkdir()
+    save_file({"w": torch.ones(2)}, str(it / "trainer" / "model.safetensors"))
+    os.mkfifo(it / "buffer.msgpack")
+    os.mkfifo(it / "trainer" / "optim.pt")
+    cfg = plan_job(["--hf-checkpoint", "tiny:digits", "--rm-type", "exact_match", "--prompt-data",
+                    str(DIGITS / "train.jsonl")]).cfg
+    cfg.checkpoint.load = str(root)
+    with pytest.raises(CheckpointError) as e:
+        resolve_load(cfg)
+    assert str(e.value) == (f"--load: {it}: buffer.msgpack is a FIFO (named pipe); trainer/optim.pt is a FIFO (named "
+                            "pipe) -- a checkpoint's files are regular files (not written by this project, or "
+                            "changed since)")
+    os.remove(it / "buffer.msgpack")
+    os.remove(it / "trainer" / "optim.pt")
+    (it / "buffer.msgpack").write_bytes(b"\x80")
+    assert resolve_load(cfg) == it
