@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..agents.trajectory import Trajectory
-from ..json_files import parse_json
 from ..agents.wire import (WireError, anthropic_error, anthropic_events, anthropic_reply, openai_chunks, openai_error,
                            openai_reply, parse_anthropic, parse_openai)
+from ..json_files import parse_json
 from .base import IN_RECORDED_CALL
 
 if TYPE_CHECKING:
