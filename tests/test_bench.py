@@ -206,3 +206,15 @@ def test_rl_bodies_bench_prints_the_bodies_and_the_batch_both_ways():
     # (the lean score body is smaller: bytes, not time)
     assert int(scores[1].split("|")[3].replace(",", "")) < int(scores[0].split("|")[3].replace(",", "")) / 2
 
+
+
+def test_http_answers_bench_prints_each_answer_both_ways():
+    p = _run("bench/http_answers.py", "--requests", "5", "--rounds", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("| ")]
+    assert _cells(lines[0]) == ["answer", "resp.read() (µs)", "read_answer (µs)", "read_answer / read()"]
+    assert [_cells(ln)[0] for ln in lines[1:]] == ["68 KB, Content-Length", "68 KB, chunked", "68 KB, gzip",
+                                                   "4 MB, Content-Length"]
+    for ln in lines[1:]:
+        assert re.fullmatch(r"[\d,.]+ \| [\d,.]+ \| \d+\.\d\dx", " | ".join(_cells(ln)[1:])), ln
+    assert _run("bench/http_answers.py", "--rounds", "0").returncode == 2
