@@ -22,6 +22,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from slime_actors.backends.generate_proxy import start_site
 from slime_actors.http_answers import read_answer
 
 KB68 = b'{"text": "' + b"y" * (68 << 10) + b'"}'
@@ -51,11 +52,8 @@ async def _serve(answers):
         return resp
     app = web.Application()
     app.router.add_get("/{name}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    runner, port = await start_site(app, "127.0.0.1")
+    return runner, f"http://127.0.0.1:{port}"
 
 
 async def main(requests: int, rounds: int) -> list[tuple[str, float, float]]:
