@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from slime_actors.backends.engine_client import EngineClient, EngineError
+from slime_actors.backends.engine_client import EngineAnswerTooLarge, EngineClient, EngineError
 from slime_actors.http_answers import AnswerTooLarge, read_answer
 from slime_actors.json_files import parse_json
 from slime_actors.search.client import RetrieverError, RetrieverPool
@@ -162,8 +162,10 @@ def engine_call(answer, what: str, **kw):
                     if what == "generate":
                         return "ok", await client.generate([1, 2, 3], {"max_new_tokens": 4})
                     return "ok", await client.get_server_info()
-                except EngineError as exc:
+                except EngineAnswerTooLarge as exc:
                     return "error", (str(exc), exc.status)
+                except EngineError as exc:
+                    return "other error", (str(exc), exc.status)
     return asyncio.run(main())
 
 
@@ -182,7 +184,28 @@ def test_an_engine_answer_over_its_bound_is_an_engine_error():
 def test_an_engine_answer_nested_too_deep_is_an_engine_error():
     """orjson refuses it (depth 1024), then Python's json raised RecursionError out of the client."""
     kind, (msg, status) = engine_call(body_of(DEEP), "generate")
-    assert kind == "error" and status == 200 and "expected JSON, got '[[[[" in msg, msg
+    assert kind == "other error" and status == 200 and "expected JSON, got '[[[[" in msg, msg
+
+
+def test_an_answer_over_the_bound_counts_as_its_groups_failure():
+    """A rollout worker gives a group back uncounted when the engine was out of reach (it is generated again); an
+    answer over the bound is counted like a refusal, so an engine that always sends one cannot make a group be
+    generated for ever."""
+    from types import SimpleNamespace
+
+    from slime_actors.actors.rollout import RolloutWorker
+    from slime_actors.backends.engine_client import EngineTimeout, EngineUnavailable
+    ok = asyncio.Event()
+    ok.set()
+    worker = SimpleNamespace(_engine_ok=ok, _restarting=False)
+
+    def counted(exc):
+        return RolloutWorker._groups_fault(worker, exc)
+    assert counted(EngineAnswerTooLarge("/generate", 200, "an answer of more than 1,024 bytes"))
+    assert counted(EngineError("/generate", 400, "bad request"))
+    assert not counted(EngineError("/generate", 503, "busy"))
+    assert not counted(EngineUnavailable("/generate", None, "cannot reach"))
+    assert not counted(EngineTimeout("/generate", None, "no answer"))
 
 
 def test_a_compressed_answer_is_bounded_by_what_it_decompresses_to():

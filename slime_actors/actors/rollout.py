@@ -374,12 +374,15 @@ class RolloutWorker(EngineSupervisor, Actor):
         raised, the engine refused the request (HTTP 4xx) -- which counts toward the group's failures, or because
         the engine was out of reach: not serving (killed, restarting: the watcher has not noticed yet), timed out,
         answered 5xx, the connection failed. Those do not count: an engine restart would fail every group in flight
-        within the watcher's half second."""
-        from ..backends.engine_client import EngineError, EngineTimeout, EngineUnavailable
+        within the watcher's half second. An answer over the client's bound counts too: the engine would send it
+        again, and the group would be generated for ever."""
+        from ..backends.engine_client import EngineAnswerTooLarge, EngineError, EngineTimeout, EngineUnavailable
         if not self._engine_ok.is_set() or self._restarting:
             return False
         if isinstance(exc, (EngineUnavailable, EngineTimeout)):
             return False
+        if isinstance(exc, EngineAnswerTooLarge):
+            return True
         if isinstance(exc, EngineError):
             return exc.status is not None and 400 <= exc.status < 500
         return True

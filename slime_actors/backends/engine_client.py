@@ -57,6 +57,10 @@ class EngineTimeout(EngineError):
     """The request took longer than its timeout."""
 
 
+class EngineAnswerTooLarge(EngineError):
+    """An answer over the client's bound, read no further: the engine's doing, and it would do it again."""
+
+
 def _server_message(body: Any, text: str) -> str:
     """Pull the human message out of SGLang's error shapes: {"error": {"message"}}, {"error": str},
     {"message": ...} (ErrorResponse / success=false answers), or plain text."""
@@ -248,8 +252,8 @@ class EngineClient:
                     status = resp.status
                     raw = await read_answer(resp, self.max_answer_bytes if generation else CONTROL_MAX_ANSWER_BYTES)
             except AnswerTooLarge as exc:
-                raise EngineError(path, exc.status, f"an answer of more than {exc.limit:,} bytes, read no further "
-                                  "(not an engine's answer to this request)") from None
+                raise EngineAnswerTooLarge(path, exc.status, f"an answer of more than {exc.limit:,} bytes, read no "
+                                           "further (not an engine's answer to this request)") from None
             except asyncio.TimeoutError:
                 raise EngineTimeout(path, None, f"no answer within {t} s from {base}") from None
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
