@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import JobConfig
-from .json_files import JsonFileError, not_regular, read_json_object, read_small_json
+from .json_files import JsonFileError, odd_files, read_json_object, read_small_json
 
 TRACKER = "latest_checkpointed_iteration.txt"
 ROLLING_DIR = "ckpt"                  # RUN_DIR/ckpt: the rolling checkpoint of a job without --save
@@ -341,17 +341,11 @@ def resolve_load(cfg: JobConfig) -> Path | None:
 def _check_files(ckpt: Path) -> None:
     """Every entry of the checkpoint is a directory or a regular file: a FIFO would block the process that opens it
     (the buffer blocked on a FIFO buffer.msgpack until the hang check stopped the job), a device never end."""
-    odd = []
-    for root, dirs, files in os.walk(ckpt):
-        for name in files:
-            what = not_regular(os.path.join(root, name))
-            if what:
-                odd.append(f"{os.path.relpath(os.path.join(root, name), ckpt)} is "
-                           f"{'a link to nothing' if what == 'no such file' else what}")
+    odd = odd_files(ckpt, [os.path.relpath(os.path.join(root, name), ckpt)
+                           for root, _, files in os.walk(ckpt) for name in files])
     if odd:
-        more = f" (and {len(odd) - 5} more)" if len(odd) > 5 else ""
-        raise CheckpointError(f"--load: {ckpt}: {'; '.join(sorted(odd)[:5])}{more} -- a checkpoint's files are "
-                              "regular files (not written by this project, or changed since)")
+        raise CheckpointError(f"--load: {ckpt}: {odd} -- a checkpoint's files are regular files (not written by this "
+                              "project, or changed since)")
 
 
 def _check_backend(want: str, ckpt: Path) -> None:

@@ -59,6 +59,19 @@ def not_regular(path: str | os.PathLike) -> str | None:
     return next((what for test, what in _KINDS if test(mode)), "a special file")
 
 
+def odd_files(base: str | os.PathLike, names: list[str]) -> str | None:
+    """"NAME is WHAT; ..." for the files `names` under `base` that are not regular files (the first five, sorted, and
+    how many more), or None when every one is."""
+    odd = []
+    for name in sorted(names):
+        what = not_regular(os.path.join(base, name))
+        if what:
+            odd.append(f"{name} is {'a link to nothing' if what == 'no such file' else what}")
+    if not odd:
+        return None
+    return "; ".join(odd[:5]) + (f" (and {len(odd) - 5} more)" if len(odd) > 5 else "")
+
+
 def read_json_object(path: str | os.PathLike, limit: int = MAX_BYTES) -> dict[str, Any]:
     """The JSON object in `path`, at most `limit` bytes. JsonFileError when the file is missing, not a regular file,
     unreadable, larger, not UTF-8 JSON, nested too deep, or holds something other than an object."""

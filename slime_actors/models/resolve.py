@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ..env import MODEL_CACHE
-from ..json_files import JsonFileError, not_regular, read_json_object
+from ..json_files import JsonFileError, odd_files, read_json_object
 
 # the files of a Hugging Face model directory its loaders open (configs, weights, tokenizer files, chat templates)
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".jinja", ".tiktoken", ".py")
@@ -52,9 +52,7 @@ def resolve_checkpoint(spec: str, cache_dir: str | os.PathLike) -> str:
     except JsonFileError as exc:
         raise ValueError(f"--hf-checkpoint {spec}: {exc}") from None
     # a FIFO would block the process that opens it, a device never end; a link to nothing fails it late: said here
-    odd = [f"{e.name} is {'a link to nothing' if what == 'no such file' else what}"
-           for e in sorted(p.iterdir()) if e.name.endswith(MODEL_FILE_SUFFIXES) and (what := not_regular(e))]
+    odd = odd_files(p, [e.name for e in p.iterdir() if e.name.endswith(MODEL_FILE_SUFFIXES)])
     if odd:
-        more = f" (and {len(odd) - 5} more)" if len(odd) > 5 else ""
-        raise ValueError(f"--hf-checkpoint {spec}: {'; '.join(odd[:5])}{more} -- a model's files must be regular files")
+        raise ValueError(f"--hf-checkpoint {spec}: {odd} -- a model's files must be regular files")
     return str(p)
