@@ -88,7 +88,8 @@ def layer(mod: str) -> str:
 FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus",
                "startup_timeline", "json_files", "http_answers"),
-    "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler", "heapwatch",
+    "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler",
+                        "gpu_memory", "heapwatch",
                         "gc_watch", "config",
                         "hack_thresholds",
                         "models"),

@@ -249,9 +249,12 @@ class TrainerRank(Actor):
     def _update(self, rl_update, batch: dict, rollout_id: int, cause: str | None) -> dict:
         """The RL update of one rollout, profiled as --use-pytorch-profiler asks (slime_actors/profiler.py)."""
         prof = self.profiler
+        from ..gpu_memory import PhasePeaks, both, cuda_stats
+        peaks = PhasePeaks(cuda_stats())   # the GPU memory of each part, with the step's metrics (gpu_memory.py)
         with prof.phase("train_overall", rollout_id, cause):
             metrics = rl_update(self.backend, self.cfg, batch, rollout_id,
-                                phase=lambda target: prof.phase(target, rollout_id, cause))
+                                phase=both(lambda target: prof.phase(target, rollout_id, cause), peaks.phase))
+        metrics.update(peaks.metrics())
         prof.after_step(rollout_id)
         # the update's activations and gradients went back into malloc's heaps: to the OS with them
         # (--trainer-release-memory; docs/performance.md, "Trainer memory on CPU")
