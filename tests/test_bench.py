@@ -177,6 +177,20 @@ def test_entropy_memory_bench_runs_an_update_each_way(tmp_path):
     assert "the entropy metric the same both ways" in p.stdout
 
 
+def test_head_memory_bench_prints_both_settings(tmp_path):
+    """bench/head_memory.py, on CPU with the tiny model: a row per setting (the whole logits, the head a chunk at a
+    time), each with its numbers, and the same first loss both ways."""
+    from slime_actors.models.tiny import make_tiny_model
+    model = make_tiny_model(tmp_path / "m")
+    p = _run("bench/head_memory.py", "--model", str(model), "--samples", "8", "--micro-batch", "4", "--updates", "1",
+             "--repeats", "1", timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith(("| logits", "| chunked"))}
+    assert set(rows) == {"logits", "chunked"}, p.stdout
+    assert all(re.fullmatch(r"-?[\d.]+", c) for r in rows.values() for c in r), rows
+    assert abs(float(rows["logits"][-1]) - float(rows["chunked"][-1])) < 1e-4, rows
+
+
 def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
     p = _run("bench/buffer_step.py", "--steps", "1", "--groups", "2", "--group", "2", "--tokens", "8")
     assert p.returncode == 0, p.stderr[-3000:]

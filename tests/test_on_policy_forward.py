@@ -13,13 +13,18 @@ torch.set_num_threads(1)
 
 
 def counting(b):
-    """Count the backend's model forwards (train and no-grad) and its log-prob passes by model."""
+    """Count the backend's model forwards (train and no-grad: with the head, or the body alone when the head's
+    log-probs are taken a chunk at a time) and its log-prob passes by model."""
     counts = {"forwards": 0, "log_prob_passes": {"actor": 0, "ref": 0}, "grads": None}
-    logits, clp, step = b._logits, b.compute_log_probs, b.optimizer_step
+    logits, hidden, clp, step = b._logits, b._hidden, b.compute_log_probs, b.optimizer_step
 
     def _logits(*a, **k):
         counts["forwards"] += 1
         return logits(*a, **k)
+
+    def _hidden(*a, **k):
+        counts["forwards"] += 1
+        return hidden(*a, **k)
 
     def compute_log_probs(batch, model="actor", with_entropy=False):
         counts["log_prob_passes"][model] += 1
@@ -28,7 +33,7 @@ def counting(b):
     def optimizer_step(critic=False):
         counts["grads"] = {n: p.grad.detach().clone() for n, p in b.model.named_parameters() if p.grad is not None}
         return step(critic)
-    b._logits, b.compute_log_probs, b.optimizer_step = _logits, compute_log_probs, optimizer_step
+    b._logits, b._hidden, b.compute_log_probs, b.optimizer_step = _logits, _hidden, compute_log_probs, optimizer_step
     return counts
 
 

@@ -179,8 +179,11 @@ def _train(b: TorchBackend, args, batch, hook=None, loss_wrap=None) -> dict[str,
 
 
 def test_the_logits_are_freed_before_the_backward(tmp_path, tiny_dir):
+    """Where the training forward computes the micro-batch's logits (DDP, FSDP2, an entropy term, a model outside
+    CHUNKED_HEAD_MODELS: `_chunked_head` says None), they go before the loss and the backward run."""
     args = make_args(tmp_path, tiny_dir)
     b = backend_for(args)
+    b._chunked_head = lambda module, entropy_grad: None
     refs: list[weakref.ref] = []
     inner = b._logits
 
@@ -279,3 +282,59 @@ def test_gathered_response_log_probs_equal_a_slice_per_sample(tmp_path, tiny_dir
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(grad_g, grad_s, atol=1e-7, rtol=1e-6)
     assert grad_g.abs().sum() > 0
+
+
+# -- the head a chunk of rows at a time ----------------------------------------------------------------------------
+def _train_capturing(b, args, batch):
+    seen: list[tuple[list, list]] = []
+
+    def wrap(fn):
+        def loss_fn(mb, lps, ents, values):
+            seen.append(([x.detach().clone() for x in lps], [x.detach().clone() for x in ents]))
+            return fn(mb, lps, ents, values)
+        return loss_fn
+    saved, ctx = _saved_bytes()
+    shapes: list[tuple[int, ...]] = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+    hook = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    grads = _train(b, args, batch, hook=lambda: hook, loss_wrap=wrap)
+    return grads, seen, shapes
+
+
+@pytest.mark.parametrize("bf16,temperature", [(False, 1.0), (False, 0.7), (True, 0.7)])
+def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(tmp_path, tiny_dir, bf16,
+                                                                                temperature):
+    """The training forward of a Llama-like model takes its response log-probs from the body's hidden states and
+    the head a chunk of rows at a time (algo.logprobs.head_log_probs, chunks of 3 rows here): the same log-probs,
+    entropies and gradients as from the model's logits (to floating-point tolerance), and no tensor of the
+    vocabulary's width is kept for the backward."""
+    args = make_args(tmp_path, tiny_dir, bf16=bf16, rollout_temperature=temperature)
+    chunked, whole = backend_for(args), backend_for(args)
+    assert chunked._chunked_head(chunked.model, False) is not None
+    vocab = chunked._raw_model.config.vocab_size
+    whole._chunked_head = lambda module, entropy_grad: None
+    chunked.head_chunk_bytes = 3 * 4 * vocab
+    g_chunked, seen_chunked, shapes_chunked = _train_capturing(chunked, args, toy_batch())
+    g_whole, seen_whole, shapes_whole = _train_capturing(whole, args, toy_batch())
+    tol = dict(atol=2e-2, rtol=2e-2) if bf16 else dict(atol=1e-5, rtol=1e-5)
+    for (lp_c, ent_c), (lp_w, ent_w) in zip(seen_chunked, seen_whole, strict=True):
+        for a, c in zip(lp_c + ent_c, lp_w + ent_w, strict=True):
+            torch.testing.assert_close(a, c, **tol)
+    assert max(g.abs().max().item() for g in g_whole.values()) > 1e-3   # a real gradient
+    for name in g_whole:
+        torch.testing.assert_close(g_chunked[name], g_whole[name], **tol, msg=name)
+    assert chunked._raw_model.config.hidden_size != vocab
+    assert any(s and s[-1] == vocab for s in shapes_whole)           # the logits path keeps [..., V] tensors
+    assert not any(s and s[-1] == vocab for s in shapes_chunked)     # this one none (the head's weight is [V, H])
+
+def test_the_chunked_head_is_not_used_where_it_does_not_apply(tmp_path, tiny_dir):
+    b = backend_for(make_args(tmp_path, tiny_dir))
+    assert b._chunked_head(b.model, entropy_grad=True) is None     # an entropy term: its gradient needs the logits
+    b.parallel = "ddp"
+    assert b._chunked_head(b.model, False) is None                 # a wrapped forward (DDP, FSDP2)
+    b.parallel = "none"
+    b._raw_model.config.model_type = "gemma2"                      # logits soft-capped: not the head alone
+    assert b._chunked_head(b.model, False) is None

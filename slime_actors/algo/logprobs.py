@@ -79,3 +79,85 @@ def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperatur
     lp = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
     return lp, ent
+
+
+HEAD_CHUNK_BYTES = 256 << 20   # the fp32 logits of one chunk of rows in `head_log_probs`
+
+
+class _HeadLogProbs(torch.autograd.Function):
+    """Log-probs of ``targets`` under ``F.linear(hidden, weight)`` (the language-model head), a chunk of rows at a
+    time: the ``[rows, vocabulary]`` logits exist for one chunk at once, in the forward and again (recomputed) in
+    the backward, never for the whole micro-batch. The entropy of each row comes with them, without a gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, matmul_dtype, rows: int):
+        n = hidden.shape[0]
+        dev = hidden.device
+        lp = torch.empty(n, dtype=torch.float32, device=dev)
+        ent = torch.empty(n, dtype=torch.float32, device=dev)
+        lse = torch.empty(n, dtype=torch.float32, device=dev)
+        w = weight.to(matmul_dtype)
+        with torch.autocast(dev.type, enabled=False):
+            for i in range(0, n, rows):
+                z = _head_chunk(hidden[i:i + rows], w, matmul_dtype, temperature)
+                norm = torch.logsumexp(z, dim=-1)
+                lse[i:i + rows] = norm
+                logp = z.sub_(norm.unsqueeze(-1))            # (z is this chunk's own: made in place)
+                lp[i:i + rows] = logp.gather(-1, targets[i:i + rows].unsqueeze(-1)).squeeze(-1)
+                ent[i:i + rows] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.matmul_dtype, ctx.rows = temperature, matmul_dtype, rows
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, _grad_ent):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        t, dt, rows = ctx.temperature, ctx.matmul_dtype, ctx.rows
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        w = weight.to(dt)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for i in range(0, hidden.shape[0], rows):
+                h = hidden[i:i + rows]
+                g_out = grad_lp[i:i + rows].float().unsqueeze(-1)
+                # d lp / d z = onehot(target) - softmax(z), z the tempered logits; d z / d logits = 1 / T
+                g = _head_chunk(h, w, dt, t).sub_(lse[i:i + rows].unsqueeze(-1)).exp_().mul_(-g_out)
+                g.scatter_add_(-1, targets[i:i + rows].unsqueeze(-1), g_out)
+                if t != 1.0:
+                    g.div_(t)
+                g = g.to(dt)
+                if need_h:
+                    grad_h[i:i + rows] = (g @ w).to(hidden.dtype)
+                if need_w:
+                    grad_w.add_((g.t() @ h.to(dt)).float())
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype, temperature: float) -> torch.Tensor:
+    """One chunk's tempered fp32 logits: the head's matmul in ``matmul_dtype`` (bf16 under --bf16, as autocast
+    runs it), then fp32 and the temperature, as `scaled_logits` takes them."""
+    z = torch.nn.functional.linear(hidden.to(matmul_dtype), weight).float()
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                   temperature: float | None = 1.0, matmul_dtype: torch.dtype | None = None,
+                   chunk_bytes: int = HEAD_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """`log_probs_and_entropy` of ``F.linear(hidden, weight)`` without the logits of every row at once.
+
+    hidden: ``[N, H]`` (the rows whose next token is scored; differentiable), weight: the head's ``[V, H]``
+    (differentiable), targets: ``[N]``. Returns fp32 ``(log_probs [N]`` with grad, ``entropy [N]`` without). The
+    numbers are those of the model's logits through `log_probs_and_entropy` to floating-point tolerance (a
+    log-sum-exp per row where that takes a log-softmax); the memory is one chunk's logits (``chunk_bytes`` of fp32
+    rows) instead of the micro-batch's ``[N, V]`` logits, their log-softmax and their gradients (the backward
+    recomputes each chunk's logits: one more head matmul)."""
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.dim() != 2 \
+            or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and targets "
+                         f"{tuple(targets.shape)} do not fit: [N, H], [V, H], [N]")
+    rows = max(1, chunk_bytes // (4 * max(1, weight.shape[0])))
+    dt = matmul_dtype or weight.dtype
+    lp, ent = _HeadLogProbs.apply(hidden, weight, targets.long(), effective_temperature(temperature), dt, rows)
+    return lp, ent

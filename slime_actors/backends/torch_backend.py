@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..algo.logprobs import entropy_without_grad, log_probs_and_entropy
+from ..algo.logprobs import HEAD_CHUNK_BYTES, entropy_without_grad, head_log_probs, log_probs_and_entropy
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
@@ -155,6 +155,7 @@ class TorchBackend(TrainingBackend):
         self.lora_targets: list[str] = []
         self._lora_dropouts: list[nn.Module] = []
         self.checkpointed_layers = 0              # --gradient-checkpointing: the decoder layers recomputed
+        self.head_chunk_bytes = HEAD_CHUNK_BYTES  # the logits of one chunk of rows in `_head_log_probs`
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -519,6 +520,9 @@ class TorchBackend(TrainingBackend):
                         continue
                     values = [values_full[j, s:e] for j, (s, e) in enumerate(self._response_slices(mb))]
                     loss, metrics = loss_fn(mb, [], [], values)
+                elif mb["tokens"] and (head := self._chunked_head(module, entropy_grad)) is not None:
+                    lps, ents = self._head_log_probs(mb, head, ids, mask, pos, temp)
+                    loss, metrics = loss_fn(mb, lps, ents, None)
                 else:
                     logits = self._logits(module, ids, mask, pos, self._keep(mb, ids.shape[1]))
                     if not mb["tokens"]:
@@ -534,6 +538,54 @@ class TorchBackend(TrainingBackend):
                 loss.backward()
             for key, v in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(v)
+
+    # decoder-only models whose causal-LM forward is `lm_head(model(...).last_hidden_state)` and nothing more (no
+    # logit scaling or soft-capping): what `_chunked_head` may split into the body and the head
+    CHUNKED_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+    def _chunked_head(self, module: nn.Module, entropy_grad: bool) -> tuple[nn.Module, torch.Tensor] | None:
+        """(the model's body, its head's weight) where the training forward can take the response tokens'
+        log-probs a chunk of rows at a time (`algo.logprobs.head_log_probs`) instead of from the micro-batch's
+        whole logits: a model of CHUNKED_HEAD_MODELS whose head is a plain linear layer without bias (LoRA on the
+        body is fine), trained in this one process (DDP and FSDP2 wrap the forward: they keep the logits path),
+        and no entropy term in the loss (its gradient needs the logits). None where any of that is not so."""
+        if self.parallel != "none" or entropy_grad or module is not self._raw_model:
+            return None
+        raw = module.get_base_model() if hasattr(module, "get_base_model") else module
+        config = getattr(raw, "config", None)
+        if getattr(config, "model_type", None) not in self.CHUNKED_HEAD_MODELS:
+            return None
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+            return None
+        head = raw.get_output_embeddings() if hasattr(raw, "get_output_embeddings") else None
+        body = getattr(raw, "model", None)
+        if type(head) is not nn.Linear or head.bias is not None or not isinstance(body, nn.Module):
+            return None
+        return body, head.weight
+
+    def _head_log_probs(self, mb: dict, head: tuple[nn.Module, torch.Tensor], ids, mask, pos, temp: float
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`_response_log_probs`'s numbers without the micro-batch's logits: the body's last hidden states of the
+        response-predicting positions, gathered, then the head a chunk of rows at a time (`head_log_probs`: one
+        chunk's logits at once, recomputed in the backward). Under --bf16 the head's matmul is bf16, as autocast
+        runs the model's own head."""
+        body, weight = head
+        hidden = self._hidden(body, ids, mask, pos)
+        slices = self._response_slices(mb)
+        lengths = [e - s for s, e in slices]
+        dev = hidden.device
+        rows = torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(lengths)]).to(dev)
+        cols = torch.cat([torch.arange(s, e, dtype=torch.long) for s, e in slices]).to(dev)
+        targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
+        lp, ent = head_log_probs(hidden[rows, cols], weight, targets, temp,
+                                 matmul_dtype=torch.bfloat16 if self.mixed else None,
+                                 chunk_bytes=self.head_chunk_bytes)
+        return list(lp.split(lengths)), list(ent.split(lengths))
+
+    def _hidden(self, body: nn.Module, ids, mask, pos) -> torch.Tensor:
+        """The body's last hidden states (after its final norm): a training forward without the head."""
+        with self._autocast():
+            return body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
 
     def _response_log_probs(self, mb: dict, width: int, logits: torch.Tensor, temp: float, entropy_grad: bool
                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
