@@ -101,6 +101,45 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
                                   '    File "a.py", line 2, in f', "    ... 7 outer frames (the actor's log has them)"]
 
 
+# the main thread blocks the signal for a while, a worker thread does not: a signal sent to the process goes to the
+# worker (its stack headed "Current thread", read as the main thread's); one sent to the main thread waits for it
+MAIN_BLOCKS = '''
+import signal, threading, time
+from slime_actors.launch import stacks
+stacks.register()
+
+def worker():
+    time.sleep(1000)   # WORKER
+
+threading.Thread(target=worker, daemon=True).start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+print("ready", flush=True)
+time.sleep(1.5)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})   # UNBLOCK
+time.sleep(1000)
+'''
+
+
+def test_the_stacks_asked_for_are_the_main_threads_even_when_another_thread_could_take_the_signal(tmp_path):
+    script = tmp_path / "main_blocks.py"
+    script.write_text(MAIN_BLOCKS)
+    out = tmp_path / "err.log"
+    f = open(out, "ab")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=f)
+    f.close()
+    try:
+        assert p.stdout.readline().strip() == b"ready"
+        frames = _dump(p, out)
+        assert frames, out.read_text()[-2000:]
+        unblock = next(i for i, ln in enumerate(MAIN_BLOCKS.splitlines(), 1) if "# UNBLOCK" in ln)
+        mine = [(fr.func, fr.line) for fr in frames if Path(fr.path).name == script.name]
+        assert mine == [("<module>", unblock)], out.read_text()[-2000:]   # (inside signal.py's pthread_sigmask)
+        assert stacks.complete(frames)
+    finally:
+        p.kill()
+        p.wait()
+
+
 class _Popen:
     """A launcher's view of one process started outside it."""
 

@@ -128,11 +128,11 @@ class _HeadLogProbs(torch.autograd.Function):
                 if t != 1.0:
                     g.div_(t)
                 g = g.to(dt)
-                if need_h:
+                if grad_h is not None:
                     grad_h[i:i + rows] = (g @ w).to(hidden.dtype)
-                if need_w:
+                if grad_w is not None:
                     grad_w.add_((g.t() @ h.to(dt)).float())
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
 
 
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype, temperature: float) -> torch.Tensor:

@@ -18,6 +18,8 @@ kernel gives a signal sent to a process to its main thread unless that thread bl
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import faulthandler
 import os
 import re
@@ -27,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..json_files import read_small_json
 
@@ -59,9 +62,39 @@ def register() -> None:
         pass
 
 
-def ask(pid: int) -> bool:
-    """Ask process `pid` (not its process group: only the actor registered the handler) for its stacks."""
+def _tgkill() -> Callable[[int, int, int], int] | None:
+    """glibc's `tgkill(tgid, tid, sig)` (2.30 and later), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "tgkill")
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_TGKILL = _tgkill()
+
+
+def ask(pid: int) -> bool:
+    """Ask process `pid` (not its process group: only the actor registered the handler) for its stacks.
+
+    The signal goes to the process's main thread (Linux: `tgkill(pid, pid, SIGUSR1)`; the main thread's id is the
+    process's): faulthandler heads the dump with the thread that runs its handler ("Current thread"), and that is
+    the one `read` takes for the main thread. Sent to the process (`kill`), the kernel may hand it to any thread that
+    does not block it -- a worker thread of a pool (its stack read as the main thread's), or a C library's thread
+    with no Python state (a dump with no "Current thread": read as no stack at all) -- when the main thread has a
+    signal pending already and is not on a CPU. Elsewhere (no tgkill) it is `kill`."""
+    try:
+        if _TGKILL is not None:
+            if _TGKILL(pid, pid, SIGNAL) == 0:
+                return True
+            err = ctypes.get_errno()
+            if err == errno.ESRCH:
+                return False
+            raise PermissionError(err, os.strerror(err))
         os.kill(pid, SIGNAL)
         return True
     except (ProcessLookupError, PermissionError):
