@@ -11,8 +11,8 @@ The bytes autograd saves for the backward in the training micro-batches (a saved
 storages, weights excluded) are counted too. Settings:
 
     logits    the model's logits for the micro-batch's response positions, their log-softmax and gradients (what
-              the training forward did before 2026-12-07, and still does under DDP / FSDP2, with an entropy term,
-              or for a model outside TorchBackend.CHUNKED_HEAD_MODELS)
+              the training forward did before 2026-12-07, and still does under DDP / FSDP2 or for a model outside
+              TorchBackend.CHUNKED_HEAD_MODELS)
     chunked   the body's hidden states and the head a chunk of rows at a time (algo.logprobs.head_log_probs)
 """
 
@@ -54,7 +54,7 @@ def child(a) -> None:
     b = TorchBackend(cfg, 0, 1)
     b.init()
     if a.child == "logits":
-        b._chunked_head = lambda module, entropy_grad: None
+        b._chunked_head = lambda module: None
     cuda = b.device.type == "cuda"
     params = {p.untyped_storage().data_ptr() for p in b._raw_model.parameters()}
     saved: dict[int, int] = {}

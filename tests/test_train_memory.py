@@ -183,7 +183,7 @@ def test_the_logits_are_freed_before_the_backward(tmp_path, tiny_dir):
     CHUNKED_HEAD_MODELS: `_chunked_head` says None), they go before the loss and the backward run."""
     args = make_args(tmp_path, tiny_dir)
     b = backend_for(args)
-    b._chunked_head = lambda module, entropy_grad: None
+    b._chunked_head = lambda module: None
     refs: list[weakref.ref] = []
     inner = b._logits
 
@@ -304,18 +304,22 @@ def _train_capturing(b, args, batch):
     return grads, seen, shapes
 
 
-@pytest.mark.parametrize("bf16,temperature", [(False, 1.0), (False, 0.7), (True, 0.7)])
+@pytest.mark.parametrize("bf16,temperature,entropy_coef", [(False, 1.0, 0.0), (False, 0.7, 0.0), (True, 0.7, 0.0),
+                                                             (False, 0.7, 0.05)])
 def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(tmp_path, tiny_dir, bf16,
-                                                                                temperature):
+                                                                                temperature, entropy_coef):
     """The training forward of a Llama-like model takes its response log-probs from the body's hidden states and
     the head a chunk of rows at a time (algo.logprobs.head_log_probs, chunks of 3 rows here): the same log-probs,
     entropies and gradients as from the model's logits (to floating-point tolerance), and no tensor of the
-    vocabulary's width is kept for the backward."""
-    args = make_args(tmp_path, tiny_dir, bf16=bf16, rollout_temperature=temperature)
+    vocabulary's width is kept for the backward. With an entropy term in the loss (--entropy-coef) its gradient
+    goes through the chunks too."""
+    args = make_args(tmp_path, tiny_dir, bf16=bf16, rollout_temperature=temperature,
+                     entropy_coef=entropy_coef or None)
+    assert args.algorithm.entropy_coef == entropy_coef
     chunked, whole = backend_for(args), backend_for(args)
-    assert chunked._chunked_head(chunked.model, False) is not None
+    assert chunked._chunked_head(chunked.model) is not None
     vocab = chunked._raw_model.config.vocab_size
-    whole._chunked_head = lambda module, entropy_grad: None
+    whole._chunked_head = lambda module: None
     chunked.head_chunk_bytes = 3 * 4 * vocab
     g_chunked, seen_chunked, shapes_chunked = _train_capturing(chunked, args, toy_batch())
     g_whole, seen_whole, shapes_whole = _train_capturing(whole, args, toy_batch())
@@ -332,9 +336,9 @@ def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(
 
 def test_the_chunked_head_is_not_used_where_it_does_not_apply(tmp_path, tiny_dir):
     b = backend_for(make_args(tmp_path, tiny_dir))
-    assert b._chunked_head(b.model, entropy_grad=True) is None     # an entropy term: its gradient needs the logits
+    assert b._chunked_head(b.model) is not None
     b.parallel = "ddp"
-    assert b._chunked_head(b.model, False) is None                 # a wrapped forward (DDP, FSDP2)
+    assert b._chunked_head(b.model) is None                 # a wrapped forward (DDP, FSDP2)
     b.parallel = "none"
-    b._raw_model.config.model_type = "gemma2"                      # logits soft-capped: not the head alone
-    assert b._chunked_head(b.model, False) is None
+    b._raw_model.config.model_type = "gemma2"               # logits soft-capped: not the head alone
+    assert b._chunked_head(b.model) is None

@@ -87,7 +87,8 @@ HEAD_CHUNK_BYTES = 256 << 20   # the fp32 logits of one chunk of rows in `head_l
 class _HeadLogProbs(torch.autograd.Function):
     """Log-probs of ``targets`` under ``F.linear(hidden, weight)`` (the language-model head), a chunk of rows at a
     time: the ``[rows, vocabulary]`` logits exist for one chunk at once, in the forward and again (recomputed) in
-    the backward, never for the whole micro-batch. The entropy of each row comes with them, without a gradient."""
+    the backward, never for the whole micro-batch. The entropy of each row comes with them, differentiable too (an
+    entropy term in the loss: ``d H / d z = -p (log p + H)``)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, matmul_dtype, rows: int):
@@ -105,26 +106,38 @@ class _HeadLogProbs(torch.autograd.Function):
                 logp = z.sub_(norm.unsqueeze(-1))            # (z is this chunk's own: made in place)
                 lp[i:i + rows] = logp.gather(-1, targets[i:i + rows].unsqueeze(-1)).squeeze(-1)
                 ent[i:i + rows] = -(logp.exp() * logp).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.matmul_dtype, ctx.rows = temperature, matmul_dtype, rows
-        ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)   # (an output the loss does not use: None, not a tensor of zeros)
         return lp, ent
 
     @staticmethod
-    def backward(ctx, grad_lp, _grad_ent):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_lp, grad_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
         t, dt, rows = ctx.temperature, ctx.matmul_dtype, ctx.rows
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        if grad_lp is None and grad_ent is None:
+            return grad_h, grad_w, None, None, None, None
         w = weight.to(dt)
         with torch.autocast(hidden.device.type, enabled=False):
             for i in range(0, hidden.shape[0], rows):
                 h = hidden[i:i + rows]
-                g_out = grad_lp[i:i + rows].float().unsqueeze(-1)
-                # d lp / d z = onehot(target) - softmax(z), z the tempered logits; d z / d logits = 1 / T
-                g = _head_chunk(h, w, dt, t).sub_(lse[i:i + rows].unsqueeze(-1)).exp_().mul_(-g_out)
-                g.scatter_add_(-1, targets[i:i + rows].unsqueeze(-1), g_out)
+                # z the tempered logits, p = softmax(z): d lp / d z = onehot(target) - p,
+                # d H / d z = -p (log p + H); d z / d logits = 1 / T
+                logp = _head_chunk(h, w, dt, t).sub_(lse[i:i + rows].unsqueeze(-1))
+                g_lp = grad_lp[i:i + rows].float().unsqueeze(-1) if grad_lp is not None else None
+                if grad_ent is not None:
+                    g = (logp + ent[i:i + rows].unsqueeze(-1)).mul_(grad_ent[i:i + rows].float().unsqueeze(-1))
+                    if g_lp is not None:
+                        g.add_(g_lp)
+                else:
+                    assert g_lp is not None   # (one of the two is given: both None returned above)
+                    g = g_lp.expand_as(logp).clone()
+                g.mul_(logp.exp_()).neg_()                      # -p (g_lp + g_ent (log p + H))
+                if g_lp is not None:
+                    g.scatter_add_(-1, targets[i:i + rows].unsqueeze(-1), g_lp)
                 if t != 1.0:
                     g.div_(t)
                 g = g.to(dt)
@@ -148,7 +161,7 @@ def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     """`log_probs_and_entropy` of ``F.linear(hidden, weight)`` without the logits of every row at once.
 
     hidden: ``[N, H]`` (the rows whose next token is scored; differentiable), weight: the head's ``[V, H]``
-    (differentiable), targets: ``[N]``. Returns fp32 ``(log_probs [N]`` with grad, ``entropy [N]`` without). The
+    (differentiable), targets: ``[N]``. Returns fp32 ``(log_probs [N], entropy [N])``, both differentiable. The
     numbers are those of the model's logits through `log_probs_and_entropy` to floating-point tolerance (a
     log-sum-exp per row where that takes a log-softmax); the memory is one chunk's logits (``chunk_bytes`` of fp32
     rows) instead of the micro-batch's ``[N, V]`` logits, their log-softmax and their gradients (the backward

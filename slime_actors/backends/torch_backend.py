@@ -520,8 +520,8 @@ class TorchBackend(TrainingBackend):
                         continue
                     values = [values_full[j, s:e] for j, (s, e) in enumerate(self._response_slices(mb))]
                     loss, metrics = loss_fn(mb, [], [], values)
-                elif mb["tokens"] and (head := self._chunked_head(module, entropy_grad)) is not None:
-                    lps, ents = self._head_log_probs(mb, head, ids, mask, pos, temp)
+                elif mb["tokens"] and (head := self._chunked_head(module)) is not None:
+                    lps, ents = self._head_log_probs(mb, head, ids, mask, pos, temp, entropy_grad)
                     loss, metrics = loss_fn(mb, lps, ents, None)
                 else:
                     logits = self._logits(module, ids, mask, pos, self._keep(mb, ids.shape[1]))
@@ -543,13 +543,13 @@ class TorchBackend(TrainingBackend):
     # logit scaling or soft-capping): what `_chunked_head` may split into the body and the head
     CHUNKED_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
-    def _chunked_head(self, module: nn.Module, entropy_grad: bool) -> tuple[nn.Module, torch.Tensor] | None:
+    def _chunked_head(self, module: nn.Module) -> tuple[nn.Module, torch.Tensor] | None:
         """(the model's body, its head's weight) where the training forward can take the response tokens'
         log-probs a chunk of rows at a time (`algo.logprobs.head_log_probs`) instead of from the micro-batch's
         whole logits: a model of CHUNKED_HEAD_MODELS whose head is a plain linear layer without bias (LoRA on the
-        body is fine), trained in this one process (DDP and FSDP2 wrap the forward: they keep the logits path),
-        and no entropy term in the loss (its gradient needs the logits). None where any of that is not so."""
-        if self.parallel != "none" or entropy_grad or module is not self._raw_model:
+        body is fine), trained in this one process (DDP and FSDP2 wrap the forward: they keep the logits path).
+        None where any of that is not so."""
+        if self.parallel != "none" or module is not self._raw_model:
             return None
         raw = module.get_base_model() if hasattr(module, "get_base_model") else module
         config = getattr(raw, "config", None)
@@ -563,12 +563,12 @@ class TorchBackend(TrainingBackend):
             return None
         return body, head.weight
 
-    def _head_log_probs(self, mb: dict, head: tuple[nn.Module, torch.Tensor], ids, mask, pos, temp: float
-                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _head_log_probs(self, mb: dict, head: tuple[nn.Module, torch.Tensor], ids, mask, pos, temp: float,
+                        entropy_grad: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """`_response_log_probs`'s numbers without the micro-batch's logits: the body's last hidden states of the
         response-predicting positions, gathered, then the head a chunk of rows at a time (`head_log_probs`: one
         chunk's logits at once, recomputed in the backward). Under --bf16 the head's matmul is bf16, as autocast
-        runs the model's own head."""
+        runs the model's own head. The entropies carry a gradient only with an entropy term (`entropy_grad`)."""
         body, weight = head
         hidden = self._hidden(body, ids, mask, pos)
         slices = self._response_slices(mb)
@@ -580,6 +580,8 @@ class TorchBackend(TrainingBackend):
         lp, ent = head_log_probs(hidden[rows, cols], weight, targets, temp,
                                  matmul_dtype=torch.bfloat16 if self.mixed else None,
                                  chunk_bytes=self.head_chunk_bytes)
+        if not entropy_grad:
+            ent = ent.detach()
         return list(lp.split(lengths)), list(ent.split(lengths))
 
     def _hidden(self, body: nn.Module, ids, mask, pos) -> torch.Tensor:
