@@ -179,7 +179,7 @@ def _train(b: TorchBackend, args, batch, hook=None, loss_wrap=None) -> dict[str,
 
 
 def test_the_logits_are_freed_before_the_backward(tmp_path, tiny_dir):
-    """Where the training forward computes the micro-batch's logits (DDP, FSDP2, an entropy term, a model outside
+    """Where the training forward computes the micro-batch's logits (DDP, FSDP2, a model outside
     CHUNKED_HEAD_MODELS: `_chunked_head` says None), they go before the loss and the backward run."""
     args = make_args(tmp_path, tiny_dir)
     b = backend_for(args)
@@ -293,7 +293,6 @@ def _train_capturing(b, args, batch):
             seen.append(([x.detach().clone() for x in lps], [x.detach().clone() for x in ents]))
             return fn(mb, lps, ents, values)
         return loss_fn
-    saved, ctx = _saved_bytes()
     shapes: list[tuple[int, ...]] = []
 
     def pack(t):
@@ -333,6 +332,7 @@ def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(
     assert chunked._raw_model.config.hidden_size != vocab
     assert any(s and s[-1] == vocab for s in shapes_whole)           # the logits path keeps [..., V] tensors
     assert not any(s and s[-1] == vocab for s in shapes_chunked)     # this one none (the head's weight is [V, H])
+
 
 def test_the_chunked_head_is_not_used_where_it_does_not_apply(tmp_path, tiny_dir):
     b = backend_for(make_args(tmp_path, tiny_dir))
