@@ -571,12 +571,7 @@ class TorchBackend(TrainingBackend):
         runs the model's own head. The entropies carry a gradient only with an entropy term (`entropy_grad`)."""
         body, weight = head
         hidden = self._hidden(body, ids, mask, pos)
-        slices = self._response_slices(mb)
-        lengths = [e - s for s, e in slices]
-        dev = hidden.device
-        rows = torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(lengths)]).to(dev)
-        cols = torch.cat([torch.arange(s, e, dtype=torch.long) for s, e in slices]).to(dev)
-        targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
+        rows, cols, targets, lengths = self._response_rows(mb, 0, hidden.device)
         lp, ent = head_log_probs(hidden[rows, cols], weight, targets, temp,
                                  matmul_dtype=torch.bfloat16 if self.mixed else None,
                                  chunk_bytes=self.head_chunk_bytes)
@@ -589,19 +584,25 @@ class TorchBackend(TrainingBackend):
         with self._autocast():
             return body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
 
+    def _response_rows(self, mb: dict, off: int, dev: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """(sample index, position, target token) of every response-predicting row of the micro-batch, samples one
+        after the other, positions `off` to the left (the logits of the last positions only: their first column is
+        position `off`), and each sample's count of rows: the index operation that gathers them in one."""
+        slices = self._response_slices(mb)
+        lengths = [e - s for s, e in slices]
+        rows = torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(lengths)]).to(dev)
+        cols = torch.cat([torch.arange(s - off, e - off, dtype=torch.long) for s, e in slices]).to(dev)
+        targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
+        return rows, cols, targets, lengths
+
     def _response_log_probs(self, mb: dict, width: int, logits: torch.Tensor, temp: float, entropy_grad: bool
                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-sample log-probs (with grad) and entropies of a training micro-batch's response tokens. The response
         rows of every sample are gathered from the logits in one index operation, so the backward writes the
         logits' gradient into one zero tensor of their shape (a slice per sample made one per sample, 16 of 210 MiB
         for a micro-batch of SmolLM2); the log-softmax is row by row, the numbers those of a slice per sample."""
-        off = width - logits.shape[1]
-        slices = self._response_slices(mb)
-        lengths = [e - s for s, e in slices]
-        dev = logits.device
-        rows = torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(lengths)]).to(dev)
-        cols = torch.cat([torch.arange(s - off, e - off, dtype=torch.long) for s, e in slices]).to(dev)
-        targets = torch.cat([self._targets(mb, j) for j in range(len(slices))])
+        rows, cols, targets, lengths = self._response_rows(mb, width - logits.shape[1], logits.device)
         flat = logits[rows, cols]
         lp, ent = log_probs_and_entropy(flat, targets, temp, with_entropy=entropy_grad)
         if not entropy_grad:   # a metric: in chunks of rows (its temporaries are the size of `flat`, three times)

@@ -19,7 +19,6 @@ kernel gives a signal sent to a process to its main thread unless that thread bl
 from __future__ import annotations
 
 import ctypes
-import errno
 import faulthandler
 import os
 import re
@@ -67,7 +66,7 @@ def _tgkill() -> Callable[[int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = getattr(ctypes.CDLL(None, use_errno=True), "tgkill")
+        fn = getattr(ctypes.CDLL(None), "tgkill")
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -89,12 +88,7 @@ def ask(pid: int) -> bool:
     signal pending already and is not on a CPU. Elsewhere (no tgkill) it is `kill`."""
     try:
         if _TGKILL is not None:
-            if _TGKILL(pid, pid, SIGNAL) == 0:
-                return True
-            err = ctypes.get_errno()
-            if err == errno.ESRCH:
-                return False
-            raise PermissionError(err, os.strerror(err))
+            return _TGKILL(pid, pid, SIGNAL) == 0   # (-1: no such process, or not ours to signal)
         os.kill(pid, SIGNAL)
         return True
     except (ProcessLookupError, PermissionError):
