@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from test_launch_support import FAST_FLAGS, Job, topology
 
 from slime_actors.launch import stacks
@@ -114,12 +116,14 @@ def worker():
 threading.Thread(target=worker, daemon=True).start()
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 print("ready", flush=True)
-time.sleep(1.5)
+time.sleep(3)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})   # UNBLOCK
-time.sleep(1000)
+time.sleep(1000)   # AFTER
 '''
 
 
+@pytest.mark.skipif(stacks._TGKILL is None, reason="no tgkill here (glibc 2.30+ on Linux): the stacks are asked "
+                    "of the process, and the kernel picks the thread")
 def test_the_stacks_asked_for_are_the_main_threads_even_when_another_thread_could_take_the_signal(tmp_path):
     script = tmp_path / "main_blocks.py"
     script.write_text(MAIN_BLOCKS)
@@ -131,9 +135,12 @@ def test_the_stacks_asked_for_are_the_main_threads_even_when_another_thread_coul
         assert p.stdout.readline().strip() == b"ready"
         frames = _dump(p, out)
         assert frames, out.read_text()[-2000:]
-        unblock = next(i for i, ln in enumerate(MAIN_BLOCKS.splitlines(), 1) if "# UNBLOCK" in ln)
+        lines = {m: next(i for i, ln in enumerate(MAIN_BLOCKS.splitlines(), 1) if m in ln)
+                 for m in ("# UNBLOCK", "# AFTER")}
         mine = [(fr.func, fr.line) for fr in frames if Path(fr.path).name == script.name]
-        assert mine == [("<module>", unblock)], out.read_text()[-2000:]   # (inside signal.py's pthread_sigmask)
+        # the main thread's: as it unblocks (inside signal.py's pthread_sigmask), or after (a loaded machine that
+        # asked only once it had); never the worker's
+        assert mine in ([("<module>", lines["# UNBLOCK"])], [("<module>", lines["# AFTER"])]), out.read_text()[-2000:]
         assert stacks.complete(frames)
     finally:
         p.kill()
