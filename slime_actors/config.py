@@ -467,6 +467,12 @@ class TrainSection:
         False, "--train-backend torch: keep only each decoder layer's input for the backward and recompute the layer "
                "there (Hugging Face's gradient checkpointing): the activations of a micro-batch shrink to one layer's, "
                "for a second forward of each training micro-batch", origin="own")
+    head_chunk_mib: int = flag(
+        256, "--train-backend torch in one trainer process, a Llama/Mistral/Qwen2/Qwen3 model: the training forward "
+             "takes the response tokens' log-probs from the model's body and its head applied this many MiB of fp32 "
+             "logits at a time (recomputed in the backward), never the micro-batch's whole logits; 0: the whole "
+             "logits (docs/performance.md, \"The training forward's head a chunk of rows at a time\")",
+        origin="own", ge=0)
     trainer_release_memory: bool = flag(
         True, "after each update a trainer rank gives the memory its allocator freed back to the OS (glibc's "
               "malloc_trim), and after each weight sync it drops the sync's flat bucket buffer; false: both are kept "

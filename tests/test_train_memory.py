@@ -180,10 +180,11 @@ def _train(b: TorchBackend, args, batch, hook=None, loss_wrap=None) -> dict[str,
 
 def test_the_logits_are_freed_before_the_backward(tmp_path, tiny_dir):
     """Where the training forward computes the micro-batch's logits (DDP, FSDP2, a model outside
-    CHUNKED_HEAD_MODELS: `_chunked_head` says None), they go before the loss and the backward run."""
-    args = make_args(tmp_path, tiny_dir)
+    CHUNKED_HEAD_MODELS, or --head-chunk-mib 0: `_chunked_head` says None), they go before the loss and the
+    backward run."""
+    args = make_args(tmp_path, tiny_dir, head_chunk_mib=0)
     b = backend_for(args)
-    b._chunked_head = lambda module: None
+    assert b._chunked_head(b.model) is None
     refs: list[weakref.ref] = []
     inner = b._logits
 
@@ -318,7 +319,8 @@ def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(
     chunked, whole = backend_for(args), backend_for(args)
     assert chunked._chunked_head(chunked.model) is not None
     vocab = chunked._raw_model.config.vocab_size
-    whole._chunked_head = lambda module: None
+    whole.head_chunk_bytes = 0                                       # what --head-chunk-mib 0 sets
+    assert whole._chunked_head(whole.model) is None
     chunked.head_chunk_bytes = 3 * 4 * vocab
     g_chunked, seen_chunked, shapes_chunked = _train_capturing(chunked, args, toy_batch())
     g_whole, seen_whole, shapes_whole = _train_capturing(whole, args, toy_batch())
@@ -336,7 +338,10 @@ def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(
 
 def test_the_chunked_head_is_not_used_where_it_does_not_apply(tmp_path, tiny_dir):
     b = backend_for(make_args(tmp_path, tiny_dir))
+    assert b.head_chunk_bytes == 256 << 20                  # --head-chunk-mib's default
     assert b._chunked_head(b.model) is not None
+    off = backend_for(make_args(tmp_path / "off", tiny_dir, head_chunk_mib=0))
+    assert off._chunked_head(off.model) is None             # turned off: the whole logits
     b.parallel = "ddp"
     assert b._chunked_head(b.model) is None                 # a wrapped forward (DDP, FSDP2)
     b.parallel = "none"

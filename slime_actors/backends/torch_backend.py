@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..algo.logprobs import HEAD_CHUNK_BYTES, entropy_without_grad, head_log_probs, log_probs_and_entropy
+from ..algo.logprobs import entropy_without_grad, head_log_probs, log_probs_and_entropy
 from ..config import JobConfig
 from ..gpus import training_device
 from ..log import get_logger
@@ -155,7 +155,7 @@ class TorchBackend(TrainingBackend):
         self.lora_targets: list[str] = []
         self._lora_dropouts: list[nn.Module] = []
         self.checkpointed_layers = 0              # --gradient-checkpointing: the decoder layers recomputed
-        self.head_chunk_bytes = HEAD_CHUNK_BYTES  # the logits of one chunk of rows in `_head_log_probs`
+        self.head_chunk_bytes = cfg.train.head_chunk_mib << 20  # one chunk's logits in `_head_log_probs`; 0: off
 
     # -- set-up ------------------------------------------------------------------------------------------
     @property
@@ -548,8 +548,8 @@ class TorchBackend(TrainingBackend):
         log-probs a chunk of rows at a time (`algo.logprobs.head_log_probs`) instead of from the micro-batch's
         whole logits: a model of CHUNKED_HEAD_MODELS whose head is a plain linear layer without bias (LoRA on the
         body is fine), trained in this one process (DDP and FSDP2 wrap the forward: they keep the logits path).
-        None where any of that is not so."""
-        if self.parallel != "none" or module is not self._raw_model:
+        None where any of that is not so, or --head-chunk-mib is 0."""
+        if self.head_chunk_bytes <= 0 or self.parallel != "none" or module is not self._raw_model:
             return None
         raw = module.get_base_model() if hasattr(module, "get_base_model") else module
         config = getattr(raw, "config", None)
