@@ -119,8 +119,9 @@ def main() -> None:
                         lambda s: [sys.executable, __file__, "--child", s, "--model", a.model, "--samples",
                                    str(a.samples), "--micro-batch", str(a.micro_batch), "--updates", str(a.updates),
                                    "--device", a.device])
-    print_header("the training forward's head: whole logits against chunks", load0)
     first = runs[SETTINGS[0]][0]
+    print_header("the training forward's head: whole logits against chunks", load0,
+                 "CPU" if first["device"] == "cpu" else f"the GPU ({first['device']})")
     where = "peak RSS of the process" if first["device"] == "cpu" else "torch.cuda.max_memory_allocated"
     print(f"model {a.model} (vocabulary {first['vocab']}), {a.samples} samples, micro-batches of {a.micro_batch}, "
           f"device {first['device']}, torch threads {first['threads']}; {a.updates} updates per run after one to "

@@ -333,9 +333,10 @@ def run_settings(names: list[str], repeats: int, command: Callable[[str], list[s
     return runs
 
 
-def print_header(what: str, load0: float) -> None:
-    """The report's first two lines: what, when, where, the load average at the start and now; the command."""
-    print(f"# {what} on CPU ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
+def print_header(what: str, load0: float, where: str = "CPU") -> None:
+    """The report's first two lines: what, on which device, when, where, the load average at the start and now; the
+    command."""
+    print(f"# {what} on {where} ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
     print(f"command: {command_line()}")
 

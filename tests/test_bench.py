@@ -187,6 +187,7 @@ def test_head_memory_bench_prints_both_settings(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith(("| logits", "| chunked"))}
     assert set(rows) == {"logits", "chunked"}, p.stdout
+    assert p.stdout.startswith("# the training forward's head: whole logits against chunks on CPU ("), p.stdout
     assert all(re.fullmatch(r"-?[\d.]+", c) for r in rows.values() for c in r), rows
     assert abs(float(rows["logits"][-1]) - float(rows["chunked"][-1])) < 1e-4, rows
 
