@@ -89,6 +89,7 @@ def test_the_user_keys_never_reach_the_dict():
     ({"rollout_num_engnes": 2}, "unknown field 'rollout_num_engnes' (did you mean rollout_num_engines"),
     ({"engine_user_keys": {"api_key": "x"}}, "unknown field 'engine_user_keys'"),
     ({"rollout_batch_size": 0}, "--rollout-batch-size must be >= 1, got 0"),
+    ({"head_chunk_mib": -1}, "--head-chunk-mib must be >= 0, got -1"),
     ({"hf_checkpoint": None}, "--hf-checkpoint is required"),
 ])
 def test_a_malformed_job_file_names_the_field(bad, message):
