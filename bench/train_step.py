@@ -9,7 +9,10 @@ a rotating order each round (the machine's load moves between rounds; the median
 
     before            the old-policy log-probs from a forward of their own, logits over every position
     on-policy         the old log-probs from the training forward (rl_update's rule), logits over every position
-    + response logits also the logits of the response positions only (logits_to_keep): this tree's default
+    + response logits also the logits of the response positions only (logits_to_keep)
+    + chunked head    and the response log-probs from the body's hidden states and the head a chunk of rows at a
+                      time, in the training forward and the reference pass (this tree's default; the modes above
+                      run --head-chunk-mib 0: the whole logits)
     + dynamic         and micro-batches packed by tokens (--use-dynamic-batch-size, --max-tokens-per-gpu = the
                       micro-batch size x the mean sample length: the same tokens per micro-batch on average)
     + one ref pass    and the reference forward in one pass (--log-probs-max-tokens-per-gpu = the batch's tokens)
@@ -36,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.cmdline import command_line  # noqa: E402
 
-MODES = ["before", "on-policy", "+ response logits", "+ dynamic", "+ one ref pass", "+ tf32", "+ bf16 mixed"]
+WHOLE_LOGITS = ("before", "on-policy", "+ response logits")
+MODES = ["before", "on-policy", "+ response logits", "+ chunked head", "+ dynamic", "+ one ref pass", "+ tf32",
+         "+ bf16 mixed"]
 PACKED = ("+ dynamic", "+ one ref pass", "+ tf32", "+ bf16 mixed")
 
 
@@ -72,6 +77,8 @@ def config(model_dir: str, a, batch: dict, mode: str):
         flags += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(int(a.micro_batch * mean_len))]
     if mode in PACKED[1:]:
         flags += ["--log-probs-max-tokens-per-gpu", str(sum(len(t) for t in batch["tokens"]))]
+    if mode in WHOLE_LOGITS:
+        flags += ["--head-chunk-mib", "0"]
     if mode == "+ bf16 mixed":
         flags += ["--bf16"]
     return parse_config(flags)
@@ -89,12 +96,14 @@ def run_mode(model_dir: str, a, batch: dict, mode: str) -> tuple[float, float, i
     if mode in ("before", "on-policy"):
         b._keep = lambda mb, width: 0          # logits over every position, as before
     forwards = [0]
-    logits = b._logits
+    logits, hidden = b._logits, b._hidden   # a forward through the head, or the body alone (the chunked head)
 
-    def counted(*x, **k):
-        forwards[0] += 1
-        return logits(*x, **k)
-    b._logits = counted
+    def counted(fn):
+        def call(*x, **k):
+            forwards[0] += 1
+            return fn(*x, **k)
+        return call
+    b._logits, b._hidden = counted(logits), counted(hidden)
     # (--tf32 as the trainer actor asks it on a GPU: torch's matmul precision, put back after the update)
     torch.set_float32_matmul_precision("high" if mode == "+ tf32" else "highest")
     try:

@@ -173,7 +173,7 @@ def _train(b: TorchBackend, args, batch, hook=None, loss_wrap=None) -> dict[str,
     ctx = hook() if hook is not None else contextlib.nullcontext()
     with ctx:
         b.train_micro_batches([select(work, [0, 1, 2, 3]), select(work, [4, 5, 6, 7])], loss_fn)
-    g = {n: p.grad.detach().clone() for n, p in b._raw_model.named_parameters()}
+    g = {n: p.grad.detach().clone() for n, p in b._raw_model.named_parameters() if p.grad is not None}
     b.optimizer.zero_grad(set_to_none=True)
     return g
 
@@ -334,6 +334,44 @@ def test_the_head_a_chunk_at_a_time_gives_the_logits_numbers_without_the_logits(
     assert chunked._raw_model.config.hidden_size != vocab
     assert any(s and s[-1] == vocab for s in shapes_whole)           # the logits path keeps [..., V] tensors
     assert not any(s and s[-1] == vocab for s in shapes_chunked)     # this one none (the head's weight is [V, H])
+
+
+@pytest.mark.parametrize("chunk_rows,lora", [(None, False), (3, False), (0, False), (3, True)])
+def test_equal_weights_give_equal_policy_and_reference_log_probs(tmp_path, tiny_dir, chunk_rows, lora):
+    """The log-prob passes without a gradient (the reference model's, the actor's old-policy pass) take the head as
+    the training forward does -- a chunk of rows at a time where it does (`chunk_rows`: None the default chunk, 3
+    rows, 0 the whole logits). So before the first update, the policy equal to the reference, the log-probs are
+    bit-equal in all three and the step's KL to the reference is exactly 0 (not rounding's 1e-9: a deterministic
+    run takes the same trajectory with the chunked head on and off). With LoRA the reference is the actor with its
+    adapters switched off."""
+    from slime_actors.backends.rl_update import rl_update
+    extra = dict(lora_rank=4, lora_alpha=8) if lora else {}
+    args = make_args(tmp_path, tiny_dir, use_kl_loss=True, kl_loss_coef=0.1, rollout_batch_size=4,
+                     global_batch_size=8, micro_batch_size=4, **extra)
+    b = backend_for(args)
+    vocab = b._raw_model.config.vocab_size
+    if chunk_rows is not None:
+        b.head_chunk_bytes = chunk_rows * 4 * vocab
+    assert (b._chunked_head(b._raw_model) is None) is (chunk_rows == 0)
+    if not lora:
+        assert b.ref_model is not None and (b._chunked_head(b.ref_model) is None) is (chunk_rows == 0)
+    batch = toy_batch()
+    ref, _ = b.compute_log_probs(batch, model="ref")
+    old, ents = b.compute_log_probs(batch, model="actor", with_entropy=True)
+    batch["ref_log_probs"] = ref
+    _, trained, _ = _train_capturing(b, args, batch)
+    trained_lps = [x for lps, _ in trained for x in lps]
+    assert len(ref) == len(old) == len(trained_lps) == len(batch["tokens"])
+    for r, o, t in zip(ref, old, trained_lps, strict=True):
+        assert torch.equal(r, o) and torch.equal(o.to(t.device), t)
+    trained_ents = [x for _, es in trained for x in es]
+    for e, te in zip(ents, trained_ents, strict=True):
+        torch.testing.assert_close(e, te.to(e.device), atol=1e-6, rtol=1e-6)   # the entropies too
+    b2 = backend_for(args)
+    if chunk_rows is not None:
+        b2.head_chunk_bytes = chunk_rows * 4 * vocab
+    metrics = rl_update(b2, args, toy_batch(), 0)
+    assert metrics["ref_kl"] == 0.0 and metrics["kl_loss"] == 0.0
 
 
 def test_the_chunked_head_is_not_used_where_it_does_not_apply(tmp_path, tiny_dir):

@@ -91,7 +91,7 @@ class _HeadLogProbs(torch.autograd.Function):
     entropy term in the loss: ``d H / d z = -p (log p + H)``)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, matmul_dtype, rows: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, matmul_dtype, rows: int, with_entropy: bool):
         n = hidden.shape[0]
         dev = hidden.device
         lp = torch.empty(n, dtype=torch.float32, device=dev)
@@ -105,7 +105,8 @@ class _HeadLogProbs(torch.autograd.Function):
                 lse[i:i + rows] = norm
                 logp = z.sub_(norm.unsqueeze(-1))            # (z is this chunk's own: made in place)
                 lp[i:i + rows] = logp.gather(-1, targets[i:i + rows].unsqueeze(-1)).squeeze(-1)
-                ent[i:i + rows] = -(logp.exp() * logp).sum(-1)
+                if with_entropy:
+                    ent[i:i + rows] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.matmul_dtype, ctx.rows = temperature, matmul_dtype, rows
         ctx.set_materialize_grads(False)   # (an output the loss does not use: None, not a tensor of zeros)
@@ -119,7 +120,7 @@ class _HeadLogProbs(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         if grad_lp is None and grad_ent is None:
-            return grad_h, grad_w, None, None, None, None
+            return grad_h, grad_w, None, None, None, None, None
         w = weight.to(dt)
         with torch.autocast(hidden.device.type, enabled=False):
             for i in range(0, hidden.shape[0], rows):
@@ -145,7 +146,7 @@ class _HeadLogProbs(torch.autograd.Function):
                     grad_h[i:i + rows] = (g @ w).to(hidden.dtype)
                 if grad_w is not None:
                     grad_w.add_((g.t() @ h.to(dt)).float())
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None, None
 
 
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype, temperature: float) -> torch.Tensor:
@@ -157,7 +158,8 @@ def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, matmul_dtype, temper
 
 def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                    temperature: float | None = 1.0, matmul_dtype: torch.dtype | None = None,
-                   chunk_bytes: int = HEAD_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk_bytes: int = HEAD_CHUNK_BYTES, with_entropy: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`log_probs_and_entropy` of ``F.linear(hidden, weight)`` without the logits of every row at once.
 
     hidden: ``[N, H]`` (the rows whose next token is scored; differentiable), weight: the head's ``[V, H]``
@@ -165,12 +167,14 @@ def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     numbers are those of the model's logits through `log_probs_and_entropy` to floating-point tolerance (a
     log-sum-exp per row where that takes a log-softmax); the memory is one chunk's logits (``chunk_bytes`` of fp32
     rows) instead of the micro-batch's ``[N, V]`` logits, their log-softmax and their gradients (the backward
-    recomputes each chunk's logits: one more head matmul)."""
+    recomputes each chunk's logits: one more head matmul). With ``with_entropy`` False the entropy is not
+    computed and None is returned for it (a log-prob pass that needs none)."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.dim() != 2 \
             or weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and targets "
                          f"{tuple(targets.shape)} do not fit: [N, H], [V, H], [N]")
     rows = max(1, chunk_bytes // (4 * max(1, weight.shape[0])))
     dt = matmul_dtype or weight.dtype
-    lp, ent = _HeadLogProbs.apply(hidden, weight, targets.long(), effective_temperature(temperature), dt, rows)
-    return lp, ent
+    lp, ent = _HeadLogProbs.apply(hidden, weight, targets.long(), effective_temperature(temperature), dt, rows,
+                                  with_entropy)
+    return lp, (ent if with_entropy else None)

@@ -430,10 +430,20 @@ class TorchBackend(TrainingBackend):
         out_ent: list[torch.Tensor | None] = [None] * n
         temp = self._temperature()
         mbs = self._micro_batches(batch, fsdp_module=(model == "actor" or adapters_off))
+        # the training forward's own computation where it takes the head a chunk at a time: equal weights give
+        # bit-equal log-probs here and there (a step's KL to an unchanged reference exactly 0, as with the logits)
+        head = self._chunked_head(net)
         with torch.no_grad(), (self._raw_model.disable_adapter() if adapters_off else contextlib.nullcontext()):
             for idx in mbs:
                 mb = select(batch, idx)
                 ids, mask, pos = self._inputs(mb["tokens"])
+                if head is not None and mb["tokens"]:
+                    lps, ents = self._head_log_probs(mb, head, ids, mask, pos, temp, False, with_entropy)
+                    for j, lp in enumerate(lps):
+                        out_lp[idx[j]] = lp.cpu()
+                        if ents is not None:
+                            out_ent[idx[j]] = ents[j].cpu()
+                    continue
                 keep = self._keep(mb, ids.shape[1])
                 logits = self._logits(net, ids, mask, pos, keep)
                 off = ids.shape[1] - logits.shape[1]
@@ -544,12 +554,14 @@ class TorchBackend(TrainingBackend):
     CHUNKED_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
     def _chunked_head(self, module: nn.Module) -> tuple[nn.Module, torch.Tensor] | None:
-        """(the model's body, its head's weight) where the training forward can take the response tokens'
-        log-probs a chunk of rows at a time (`algo.logprobs.head_log_probs`) instead of from the micro-batch's
-        whole logits: a model of CHUNKED_HEAD_MODELS whose head is a plain linear layer without bias (LoRA on the
-        body is fine), trained in this one process (DDP and FSDP2 wrap the forward: they keep the logits path).
-        None where any of that is not so, or --head-chunk-mib is 0."""
-        if self.head_chunk_bytes <= 0 or self.parallel != "none" or module is not self._raw_model:
+        """(the model's body, its head's weight) where a forward can take the response tokens' log-probs a chunk
+        of rows at a time (`algo.logprobs.head_log_probs`) instead of from the micro-batch's whole logits: the
+        actor's training forward and its log-prob passes, and the reference model's, for a model of
+        CHUNKED_HEAD_MODELS whose head is a plain linear layer without bias (LoRA on the body is fine), in this one
+        process (DDP and FSDP2 wrap the forward: they keep the logits path). None where any of that is not so, or
+        --head-chunk-mib is 0."""
+        if self.head_chunk_bytes <= 0 or self.parallel != "none" or \
+                (module is not self._raw_model and module is not self.ref_model):
             return None
         raw = module.get_base_model() if hasattr(module, "get_base_model") else module
         config = getattr(raw, "config", None)
@@ -564,17 +576,21 @@ class TorchBackend(TrainingBackend):
         return body, head.weight
 
     def _head_log_probs(self, mb: dict, head: tuple[nn.Module, torch.Tensor], ids, mask, pos, temp: float,
-                        entropy_grad: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                        entropy_grad: bool, with_entropy: bool = True
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """`_response_log_probs`'s numbers without the micro-batch's logits: the body's last hidden states of the
         response-predicting positions, gathered, then the head a chunk of rows at a time (`head_log_probs`: one
         chunk's logits at once, recomputed in the backward). Under --bf16 the head's matmul is bf16, as autocast
-        runs the model's own head. The entropies carry a gradient only with an entropy term (`entropy_grad`)."""
+        runs the model's own head. The entropies carry a gradient only with an entropy term (`entropy_grad`); a
+        pass that needs none (`with_entropy` False: a no-grad log-prob pass) gets None and skips computing them."""
         body, weight = head
         hidden = self._hidden(body, ids, mask, pos)
         rows, cols, targets, lengths = self._response_rows(mb, 0, hidden.device)
         lp, ent = head_log_probs(hidden[rows, cols], weight, targets, temp,
                                  matmul_dtype=torch.bfloat16 if self.mixed else None,
-                                 chunk_bytes=self.head_chunk_bytes)
+                                 chunk_bytes=self.head_chunk_bytes, with_entropy=with_entropy)
+        if ent is None:
+            return list(lp.split(lengths)), None
         if not entropy_grad:
             ent = ent.detach()
         return list(lp.split(lengths)), list(ent.split(lengths))
