@@ -10,6 +10,7 @@
                      [--eval [--step K]] [--report]                    (held-out ones; a markdown report)
     slime-actors convert SRC DST [--hf-checkpoint DIR]                 checkpoints <-> Hugging Face (torch_dist, ours)
     slime-actors stacks RUN [--actor ROLE/INDEX] [--all-threads]       what a running job's actors are doing now
+                     [--native]                                        (faulthandler's dump: also from C calls)
     slime-actors --version
 """
 

@@ -41,10 +41,10 @@ def _line(marker: str) -> int:
     return next(i for i, ln in enumerate(HANGS.splitlines(), 1) if marker in ln)
 
 
-def _dump(p: subprocess.Popen, out: Path) -> list:
+def _dump(p: subprocess.Popen, out: Path, sig=stacks.SIGNAL) -> list:
     """Ask `p` for its stacks; the main thread's frames from the dump it wrote to `out` ([] if none came in 10 s)."""
     mark = stacks.size(out)
-    assert stacks.ask(p.pid)
+    assert stacks.ask(p.pid, sig)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 10:
         time.sleep(0.05)
@@ -54,7 +54,7 @@ def _dump(p: subprocess.Popen, out: Path) -> list:
     return []
 
 
-def _start(script: Path, where: str, out: Path) -> subprocess.Popen:
+def _start(script: Path, where: str, out: Path, sig=stacks.SIGNAL) -> subprocess.Popen:
     """The process, once its main thread is inside `where` (it says "ready" just before it goes in: on a loaded
     machine a dump asked for at once may still find it on the way)."""
     f = open(out, "ab")
@@ -63,14 +63,18 @@ def _start(script: Path, where: str, out: Path) -> subprocess.Popen:
     assert p.stdout.readline().strip() == b"ready"
     t0 = time.monotonic()
     while time.monotonic() - t0 < 20:
-        frames = _dump(p, out)
+        frames = _dump(p, out, sig)
         if frames and frames[0].func == where:
             return p
     p.kill()
     raise AssertionError(f"never saw the process inside {where}(): {out.read_text()[-2000:]}")
 
 
-def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
+@pytest.mark.parametrize("sig", [stacks.SIGNAL, stacks.LIVE_SIGNAL], ids=["faulthandler", "live"])
+def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path, sig):
+    """faulthandler's dump (SIGUSR1, the supervisor's) and the one from Python (SIGUSR2, `slime-actors stacks`') both
+    name the main thread's innermost frame: in a sleep (the handler from Python runs when the signal interrupts it)
+    and in a busy loop of Python code."""
     script = tmp_path / "hangs.py"
     script.write_text(HANGS)
     out = tmp_path / "err.log"
@@ -78,9 +82,9 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
                     b'  File "/old.py", line 1 in old\n\n')
     offset = stacks.size(out)
     for where, marker in (("here", "# HERE"), ("there", "# THERE")):
-        p = _start(script, where, out)
+        p = _start(script, where, out, sig)
         try:
-            frames = _dump(p, out)
+            frames = _dump(p, out, sig)
             assert frames, out.read_text()[-2000:]
             assert (Path(frames[0].path).name, frames[0].line, frames[0].func) == ("hangs.py", _line(marker), where)
             assert frames[-1].func == "<module>"
@@ -101,6 +105,83 @@ def test_a_dump_names_where_the_main_thread_is_blocked(tmp_path):
     shown = stacks.shown([stacks.Frame("a.py", i, "f") for i in range(10)], n=3)
     assert shown.splitlines() == ['    File "a.py", line 0, in f', '    File "a.py", line 1, in f',
                                   '    File "a.py", line 2, in f', "    ... 7 outer frames (the actor's log has them)"]
+
+
+# threads that start and end all the time, running Python code (a pool's short tasks): faulthandler's dump, written
+# from the C signal handler while they run, can crash such a process (CPython gh-116008; a buffer's SIGSEGV in the
+# suite); the dump from Python reads them with the GIL held
+CHURN = '''
+import threading, time, typing
+from slime_actors.launch import stacks
+stacks.register()
+
+def task():
+    for _ in range(50):
+        typing.Union[int, str, bytes]   # TASK
+
+def churn():
+    while True:
+        ts = [threading.Thread(target=task) for _ in range(4)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+
+threading.Thread(target=churn, daemon=True).start()
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)   # MAIN
+'''
+
+
+def test_the_live_dump_leaves_a_process_whose_threads_come_and_go_running(tmp_path):
+    script = tmp_path / "churn.py"
+    script.write_text(CHURN)
+    out = tmp_path / "err.log"
+    f = open(out, "ab")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=f)
+    f.close()
+    try:
+        assert p.stdout.readline().strip() == b"ready"
+        assert stacks.catches(p.pid, stacks.LIVE_SIGNAL) and stacks.catches(p.pid, stacks.SIGNAL)
+        others = 0
+        for _ in range(40):
+            mark = stacks.size(out)
+            frames = _dump(p, out, stacks.LIVE_SIGNAL)
+            assert frames and stacks.complete(frames), out.read_text()[-2000:]
+            assert frames[0].func == "<module>" or "time" in frames[0].path, frames   # (in the main loop's sleep)
+            text = stacks.dump_text(out, mark)
+            assert text.rstrip().splitlines()[-1].endswith(" in <module>"), text   # the main thread's block last
+            others += sum(ln.startswith("Thread 0x") for ln in text.splitlines())
+            assert p.poll() is None, out.read_text()[-2000:]
+        assert others > 0          # the other threads' stacks were in the dumps
+        time.sleep(0.5)
+        assert p.poll() is None    # alive after 40 dumps
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_process_without_the_handler_is_not_asked(tmp_path):
+    """SIGUSR1 and SIGUSR2 end a process that has no handler for them: `catches` reads whether it has one, and
+    `slime-actors stacks` does not signal an actor's process without it (one started by another version, say)."""
+    # its command line is an actor's (`... slime_actors.launch.actor rollout 0 ...`), its handlers are not
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slime_actors.launch.actor", "rollout",
+                          "0"])
+    try:
+        time.sleep(0.3)
+        assert stacks.is_actor(p.pid, "rollout/0")
+        assert not stacks.catches(p.pid, stacks.LIVE_SIGNAL) and not stacks.catches(p.pid, stacks.SIGNAL)
+        assert not stacks.catches(2 ** 22 + 12345, stacks.LIVE_SIGNAL)   # (no such process)
+        (tmp_path / "status.json").write_text(json.dumps({"state": "running", "processes": {"rollout/0": {
+            "pid": p.pid}}}))
+        for extra in ([], ["--native"]):
+            r = _stacks(str(tmp_path), *extra)
+            sig = "SIGUSR1" if extra else "SIGUSR2"
+            assert r.returncode == 1 and f"rollout/0 (pid {p.pid}): has no handler for {sig}" in r.stdout, r.stdout
+        time.sleep(0.3)
+        assert p.poll() is None    # not signalled
+    finally:
+        p.kill()
+        p.wait()
 
 
 # the main thread blocks the signal for a while, a worker thread does not: a signal sent to the process goes to the

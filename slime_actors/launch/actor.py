@@ -9,9 +9,9 @@ restart can change it.
 
 Every actor process goes through this module's bootstrap, however it was started -- this entry (`slime-actors
 launch`'s and Slurm's processes), a torchrun rank (launch/torchrun.py), a test's child process: `set_up_process`
-(the topology's CPU affinity, logging to RUN_DIR/logs, its stacks dumped on SIGUSR1: launch/stacks.py), then
-`serve` (start the actor -- again while the head is not
-reachable yet, when a join policy says so --, stop it cleanly on SIGTERM/SIGINT, wait until it has stopped).
+(the topology's CPU affinity, logging to RUN_DIR/logs, its stacks dumped on SIGUSR1 and SIGUSR2: launch/stacks.py),
+then `serve` (start the actor -- again while the head is not reachable yet, when a join policy says so --, stop it
+cleanly on SIGTERM/SIGINT, wait until it has stopped).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def set_up_process(name: str, run_dir: str | None, *, console: bool = True):
         except (OSError, ValueError) as exc:
             print(f"warning: {CPUS.name}={cpus!r} not applied: {exc}", file=sys.stderr)
     setup_logging(run_dir, name, console=console)
-    stacks.register()   # SIGUSR1: every thread's stack to stderr (the supervisor asks before it kills a hung actor)
+    stacks.register()   # SIGUSR1 / SIGUSR2: every thread's stack to stderr (the supervisor's; `slime-actors stacks`)
     log = get_logger(actor=name)
     gc_watch.watch(log)   # long garbage collections logged (gc_watch.settle freezes start-up's objects once started)
     return log

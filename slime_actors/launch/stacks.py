@@ -9,7 +9,13 @@ restarted actor hangs at the same place again: a blocking call in async code (th
 incarnation the same way, and restarting it for ever only hides it.
 
 `slime-actors stacks RUN [--actor NAME] [--all-threads]` does the same for a person: what each actor of a running job
-is doing now, without stopping it (docs/debugging.md, *A process that stops answering*).
+is doing now, without stopping it (docs/debugging.md, *A process that stops answering*). It asks by SIGUSR2, whose
+handler (`register`) runs in Python, in the main thread, between two bytecodes: it reads every thread's frames with
+the GIL held (`live_dump`) and writes them in faulthandler's format. faulthandler's dump is written from the C signal
+handler while the other threads run on, and it can crash the process when a thread starts or ends meanwhile (CPython
+gh-116008: a SIGSEGV part-way through the dump; it ended a buffer in this project's test suite) -- acceptable
+for an actor about to be killed, not for a job that is to go on. The cost: an actor whose main thread is in a call
+that does not return to Python answers SIGUSR2 only once it returns; `stacks --native` asks faulthandler then.
 
 The format read is CPython's (3.11-3.14): a block per thread, the thread that took the signal -- the main thread: the
 kernel gives a signal sent to a process to its main thread unless that thread blocks it -- headed
@@ -25,6 +31,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +39,9 @@ from typing import Callable
 
 from ..json_files import read_small_json
 
-SIGNAL = signal.SIGUSR1
+SIGNAL = signal.SIGUSR1        # faulthandler's dump, from the C handler: the supervisor's, before it kills
+LIVE_SIGNAL = signal.SIGUSR2   # the dump from Python in the main thread (`live_dump`): `slime-actors stacks`'
+MAX_DEPTH = 100                # frames a thread (faulthandler's limit too)
 WAIT_S = 1.0          # how long the supervisor waits for the dump to reach the log before it kills
 _FRAME = re.compile(r'^\s+File "(?P<path>.*)", line (?P<line>\d+) in (?P<func>\S+)')
 _HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
@@ -54,10 +63,44 @@ class Frame:
 
 
 def register() -> None:
-    """In an actor process: dump every thread's stack to stderr on SIGUSR1 (kept for the process's life)."""
+    """In an actor process (its main thread): every thread's stack to stderr on SIGUSR1 (faulthandler) and on SIGUSR2
+    (`live_dump`), kept for the process's life."""
     try:
         faulthandler.register(SIGNAL, file=sys.stderr, all_threads=True)
     except (AttributeError, ValueError, OSError, RuntimeError):   # no fd 2 (a test's captured stderr): no dumps
+        pass
+    try:
+        signal.signal(LIVE_SIGNAL, _dump_live)
+    except (AttributeError, ValueError, OSError):   # (not the main thread, or no SIGUSR2 here)
+        pass
+
+
+def live_dump(current) -> str:
+    """Every thread's stack in faulthandler's format -- a block per thread, ``Thread 0x...`` for the others and
+    ``Current thread 0x...`` last for this one, whose innermost frame is `current` --, read from Python with the GIL
+    held (`sys._current_frames`): no thread's frames change while they are read."""
+    me = threading.get_ident()
+
+    def block(head: str, ident: int, frame) -> str:
+        lines = [f"{head} 0x{ident:016x} (most recent call first):"]
+        depth = 0
+        while frame is not None and depth < MAX_DEPTH:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno or 0} in {code.co_name}')
+            frame, depth = frame.f_back, depth + 1
+        if frame is not None:
+            lines.append("  ...")
+        return "\n".join(lines)
+    out = [block("Thread", ident, frame) for ident, frame in sys._current_frames().items() if ident != me]
+    out.append(block("Current thread", me, current))
+    return "\n\n".join(out) + "\n"
+
+
+def _dump_live(signum, frame) -> None:
+    """SIGUSR2's handler: `live_dump` of the interrupted frame (not this handler's), to fd 2 in one write."""
+    try:
+        os.write(2, ("\n" + live_dump(frame)).encode(errors="replace"))
+    except Exception:  # noqa: BLE001 - (a dump that cannot be made or written must not disturb the actor)
         pass
 
 
@@ -77,22 +120,40 @@ def _tgkill() -> Callable[[int, int, int], int] | None:
 _TGKILL = _tgkill()
 
 
-def ask(pid: int) -> bool:
-    """Ask process `pid` (not its process group: only the actor registered the handler) for its stacks.
+def ask(pid: int, sig: int = SIGNAL) -> bool:
+    """Ask process `pid` (not its process group: only the actor registered the handler) for its stacks: `sig` is
+    SIGNAL (faulthandler's dump) or LIVE_SIGNAL (`live_dump`).
 
-    The signal goes to the process's main thread (Linux: `tgkill(pid, pid, SIGUSR1)`; the main thread's id is the
+    The signal goes to the process's main thread (Linux: `tgkill(pid, pid, sig)`; the main thread's id is the
     process's): faulthandler heads the dump with the thread that runs its handler ("Current thread"), and that is
-    the one `read` takes for the main thread. Sent to the process (`kill`), the kernel may hand it to any thread that
-    does not block it -- a worker thread of a pool (its stack read as the main thread's), or a C library's thread
-    with no Python state (a dump with no "Current thread": read as no stack at all) -- when the main thread has a
-    signal pending already and is not on a CPU. Elsewhere (no tgkill) it is `kill`."""
+    the one `read` takes for the main thread (a Python handler runs in the main thread whichever thread took the
+    signal). Sent to the process (`kill`), the kernel may hand it to any thread that does not block it -- a worker
+    thread of a pool (its stack read as the main thread's), or a C library's thread with no Python state (a dump
+    with no "Current thread": read as no stack at all) -- when the main thread has a signal pending already and is
+    not on a CPU. Elsewhere (no tgkill) it is `kill`."""
     try:
         if _TGKILL is not None:
-            return _TGKILL(pid, pid, SIGNAL) == 0   # (-1: no such process, or not ours to signal)
-        os.kill(pid, SIGNAL)
+            return _TGKILL(pid, pid, int(sig)) == 0   # (-1: no such process, or not ours to signal)
+        os.kill(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: its SigCgt mask in /proc; elsewhere assumed): SIGUSR1
+    and SIGUSR2 end a process that has none -- an actor started by an older slime-actors, say."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return not sys.platform.startswith("linux")
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            try:
+                return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
 
 
 def _lines(path: Path, offset: int) -> list[str]:
@@ -192,6 +253,10 @@ def add_stacks_command(sub) -> None:
     p.add_argument("--all-threads", action="store_true", help="every thread's stack, not only the main thread's")
     p.add_argument("--wait", type=float, default=10.0,
                    help="seconds to wait at most for each actor's answer (one that answers is shown at once)")
+    p.add_argument("--native", action="store_true",
+                   help="ask for faulthandler's dump (SIGUSR1), written even while an actor's main thread is in a "
+                        "call that does not return to Python; it can crash a process whose threads start or end "
+                        "meanwhile (CPython gh-116008). Default: the dump from Python (SIGUSR2), safe to ask")
     p.set_defaults(fn=cmd_stacks)
 
 
@@ -210,7 +275,7 @@ def cmd_stacks(args) -> int:
     procs = {n: p for n, p in procs.items() if isinstance(p, dict)} if isinstance(procs, dict) else {}
     if not procs:
         print(f"slime-actors stacks: the job in {run} lists no actor processes of its launcher (under torchrun the "
-              "ranks are torchrun's: `kill -USR1 PID` writes a rank's stacks to its stderr)",
+              "ranks are torchrun's: `kill -USR2 PID` writes a rank's stacks to its stderr)",
               file=sys.stderr)
         return 2
     names = args.actor or sorted(procs)
@@ -231,8 +296,19 @@ def cmd_stacks(args) -> int:
             print(f"== {name}: on {host}, not this host ({here}); run this there\n")
             continue
         mark = size(log)
-        # (SIGUSR1 ends a process that did not register for it: only a live process of this actor is asked)
-        if not isinstance(pid, int) or pid <= 0 or not is_actor(pid, name) or not ask(pid):
+        sig = SIGNAL if args.native else LIVE_SIGNAL
+        # (SIGUSR1 and SIGUSR2 end a process that did not register for them: only a live process of this actor with
+        # a handler for the signal is asked)
+        if not isinstance(pid, int) or pid <= 0 or not is_actor(pid, name):
+            print(f"== {name}: not running (pid {pid} is not this actor's process now)\n")
+            code = 1
+            continue
+        if not catches(pid, sig):
+            print(f"== {name} (pid {pid}): has no handler for {signal.Signals(sig).name} (started by another version "
+                  f"of slime-actors?); not asked\n")
+            code = 1
+            continue
+        if not ask(pid, sig):
             print(f"== {name}: not running (pid {pid} is not this actor's process now)\n")
             code = 1
             continue
@@ -244,8 +320,10 @@ def cmd_stacks(args) -> int:
             if complete(frames):
                 break
         if not frames:
-            print(f"== {name} (pid {pid}): no Python stack within {args.wait:g} s (stopped, or not in Python); "
-                  f"its log: {log}\n")
+            how = "stopped, or not in Python" if args.native else \
+                "its main thread is in a call that has not returned to Python, or it is stopped; --native asks " \
+                "for the dump written even then"
+            print(f"== {name} (pid {pid}): no Python stack within {args.wait:g} s ({how}); its log: {log}\n")
             code = 1
             continue
         if args.all_threads:
