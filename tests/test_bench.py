@@ -233,3 +233,13 @@ def test_http_answers_bench_prints_each_answer_both_ways():
     for ln in lines[1:]:
         assert re.fullmatch(r"[\d,.]+ \| [\d,.]+ \| \d+\.\d\dx", " | ".join(_cells(ln)[1:])), ln
     assert _run("bench/http_answers.py", "--rounds", "0").returncode == 2
+
+
+def test_stack_dumps_bench_prints_both_ways_and_the_live_dump_leaves_the_process_running():
+    """bench/stack_dumps.py, small: a row per way of asking; the dump from Python (SIGUSR2) kills no process
+    (faulthandler's row is printed, not checked: its crash is a race)."""
+    p = _run("bench/stack_dumps.py", "--tries", "1", "--asks", "20")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| faulthandler", "| from"))}
+    assert set(rows) == {"faulthandler (SIGUSR1, `--native`)", "from Python (SIGUSR2, the default)"}, p.stdout
+    assert rows["from Python (SIGUSR2, the default)"][1:] == ["0 of 1", "20", "-", "-"], p.stdout
