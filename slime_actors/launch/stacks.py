@@ -8,14 +8,15 @@ extension's loop). The supervisor (launch/local.py) asks for it before it kills 
 restarted actor hangs at the same place again: a blocking call in async code (the usual cause) hangs every
 incarnation the same way, and restarting it for ever only hides it.
 
-`slime-actors stacks RUN [--actor NAME] [--all-threads]` does the same for a person: what each actor of a running job
-is doing now, without stopping it (docs/debugging.md, *A process that stops answering*). It asks by SIGUSR2, whose
-handler (`register`) runs in Python, in the main thread, between two bytecodes: it reads every thread's frames with
-the GIL held (`live_dump`) and writes them in faulthandler's format. faulthandler's dump is written from the C signal
-handler while the other threads run on, and it can crash the process when a thread starts or ends meanwhile (CPython
-gh-116008: a SIGSEGV part-way through the dump; it ended a buffer in this project's test suite) -- acceptable
-for an actor about to be killed, not for a job that is to go on. The cost: an actor whose main thread is in a call
-that does not return to Python answers SIGUSR2 only once it returns; `stacks --native` asks faulthandler then.
+`slime-actors stacks RUN [--actor NAME] [--all-threads] [--native]` does the same for a person: what each actor of a
+running job is doing now, without stopping it (docs/debugging.md, *A process that stops answering*). It asks by
+SIGUSR2, whose handler (`register`) runs in Python, in the main thread, between two bytecodes: it reads every
+thread's frames with the GIL held (`live_dump`) and writes them in faulthandler's format. faulthandler's dump is
+written from the C signal handler while the other threads run on, and it can crash the process when a thread starts
+or ends meanwhile (CPython gh-116008: a SIGSEGV part-way through the dump; it ended a buffer in this project's test
+suite) -- acceptable for an actor about to be killed, not for a job that is to go on. The cost: an actor whose main
+thread is in a call that does not return to Python answers SIGUSR2 only once it returns; `stacks --native` asks
+faulthandler then.
 
 The format read is CPython's (3.11-3.14): a block per thread, the thread that took the signal -- the main thread: the
 kernel gives a signal sent to a process to its main thread unless that thread blocks it -- headed
