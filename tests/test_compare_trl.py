@@ -145,6 +145,32 @@ def test_orchestration_by_message_adds_up_to_the_splits_and_names_each_moment(tm
     assert sum(got.values()) == pytest.approx(r["orchestration"], abs=1e-6)
 
 
+def test_rollout_tail_times_the_end_of_a_rollout_from_its_last_generation(tmp_path):
+    """From the last generation's end (3.5 s): the last score handled at 3.9, the last submit at 4.1, wait_rollout's
+    reply at the controller at 4.2, train at the trainer at 4.3, its update (2 s of compute, handled at 7.0) at 5.0.
+    A step without the milestones (the plain traced run: no submit, no wait_rollout) gives {}."""
+    d = tmp_path / "ours-local"
+    write_jsonl(d / "metrics.jsonl", [{"rollout_id": 0, "time/step": 10.0, "time/eval": 2.0, "time": T0 + 10.0,
+                                       "time/rollout": 4.0, "time/weight_sync": 0.5,
+                                       "train/time/train_compute": 2.0}])
+    tf = TraceFiles(d)
+    tf.generate("rollout/0", 0.5, 3.0)
+    tf.generate("rollout/0", 1.0, 3.5)
+    tf.ask("controller/0", "buffer/0", "wait_rollout", 0.1, 0.1, 4.15, 4.2)
+    tf.ask("rollout/0", "reward/0", "score", 3.0, 3.0, 3.3, 3.3)
+    tf.ask("rollout/0", "reward/0", "score", 3.5, 3.5, 3.9, 3.9)
+    tf.ask("rollout/0", "buffer/0", "submit", 3.4, 3.4, 3.45, 3.5)
+    tf.ask("rollout/0", "buffer/0", "submit", 3.95, 3.96, 4.1, 4.15)
+    tf.ask("controller/0", "trainer/0", "train", 4.25, 4.3, 7.0, 7.0)
+    tf.ask("controller/0", "trainer/0", "sync_weights", 7.1, 7.1, 7.6, 7.6)
+    tf.write()
+    got = split.rollout_tail(d)
+    assert list(got) == [k for k, _ in split.TAIL]
+    for k, v in {"scored": 0.4, "handed_in": 0.6, "reported": 0.7, "train_arrived": 0.8, "update_started": 1.5}.items():
+        assert got[k] == pytest.approx(v, abs=1e-6), k
+    assert split.rollout_tail(traced_run(tmp_path / "plain")) == {}
+
+
 def test_step_split_without_traces_uses_the_metrics_and_says_so(tmp_path):
     d = tmp_path / "ours-local"
     write_jsonl(d / "metrics.jsonl", [{"rollout_id": 0, "time/step": 10.0, "time/eval": 2.0, "time": T0 + 10,

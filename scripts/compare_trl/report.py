@@ -36,8 +36,8 @@ from pathlib import Path
 from slime_actors.traces.summary import percentile
 
 from .sampler import read_samples
-from .split import (SplitError, eval_before_first_step, orchestration_by_message, read_metrics, step_split,
-                    step_window)
+from .split import (TAIL, SplitError, eval_before_first_step, orchestration_by_message, read_metrics, rollout_tail,
+                    step_split, step_window, trace_intervals)
 
 
 class ReportError(ValueError):
@@ -57,6 +57,7 @@ class Run:
     split: list[dict] = field(default_factory=list)
     split_notes: list[str] = field(default_factory=list)
     by_message: dict = field(default_factory=dict)     # our orchestration by message, mean s per step (traces)
+    tail: dict = field(default_factory=dict)           # the end of a rollout: split.rollout_tail (traces)
     torch_peak_gib: float | None = None
     notes: list[str] = field(default_factory=list)
     util: list[dict] = field(default_factory=list)
@@ -132,7 +133,9 @@ def load_ours(run_dir: Path, name: str) -> Run:
         try:
             run.split, run.split_notes = step_split(run_dir, rows)
             if run.split and run.split[0]["source"] == "traces":
-                run.by_message = orchestration_by_message(run_dir, rows)
+                iv = trace_intervals(run_dir)
+                run.by_message = orchestration_by_message(run_dir, rows, iv)
+                run.tail = rollout_tail(run_dir, rows, iv)
         except SplitError as exc:
             run.split_notes.append(str(exc))
         if info.get("t_launch"):
@@ -317,6 +320,8 @@ def run_metrics(run: Run, job: dict) -> dict:
             m["split_mean_s"] = {k: sum(float(r.get(k) or 0.0) for r in run.split) / len(run.split) for k in keys}
             if run.by_message:
                 m["orchestration_by_message_s"] = dict(run.by_message)
+            if run.tail:
+                m["rollout_tail_s"] = dict(run.tail)
             if run.framework == "ours":
                 shares = [r["orchestration"] / r["wall"] for r in run.split if r["wall"] > 0]
                 m["orchestration_share_median"] = statistics.median(shares) if shares else None
@@ -507,6 +512,10 @@ def _split_tables(runs: list[Run], cmp: dict) -> list[str]:
             rest = sum(list(r.by_message.values())[BY_MESSAGE_ROWS:])
             if rest:
                 out.append(f"| (the rest) | {1000 * rest:.2f} |")
+        if r.tail:
+            out += ["", f"{r.name}: the end of a rollout, from its last generation to the trainer's update (mean ms "
+                    "after the last generation ended):", "", "| when | ms |", "|---|---:|"]
+            out += [f"| {label} | {1000 * r.tail[k]:.2f} |" for k, label in TAIL if k in r.tail]
         for n in r.split_notes:
             out.append(f"\nnote: {n}")
         out.append("")

@@ -75,7 +75,7 @@ def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]
     from slime_actors.traces.reader import TraceRun
     run = TraceRun(run_dir, skip_bad=True)
     out: dict[str, list] = {"generation": [], "reward": [], "train_handler": [], "weight_update": [], "messaging": [],
-                            "labeled": []}
+                            "labeled": [], "tail": []}
     for f in run.files:
         for ev in f.events:
             if ev.ev == "input" and ev.name == "engine.generate":
@@ -96,6 +96,9 @@ def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]
             out["train_handler"].append((m.recv.t_ns / 1e9, m.handled.t_ns / 1e9))
         if m.method == "sync_weights" and to == "trainer/0" and m.send is not None and m.reply is not None:
             out["weight_update"].append((m.send.t_ns / 1e9, m.reply.t_ns / 1e9))
+        if m.method in TAIL_METHODS:
+            out["tail"].append((m.method, to, *(None if e is None else e.t_ns / 1e9
+                                                for e in (m.send, m.recv, m.handled, m.reply))))
         label = f"{to.split('/')[0]}.{m.method}"
         if m.method in WAITING:  # only the legs in transit
             if m.send is not None and m.recv is not None:
@@ -113,18 +116,64 @@ def trace_intervals(run_dir: str | Path) -> dict[str, list[tuple[float, float]]]
     return out
 
 
+# the end of a rollout, from its last generation to the trainer's update (`rollout_tail`): key, what it is
+TAIL = (("scored", "the last group scored (its `score` handled)"),
+        ("handed_in", "the last group handed in (its `submit` handled by the buffer)"),
+        ("reported", "the rollout's end reported to the controller (`wait_rollout`'s reply there)"),
+        ("train_arrived", "the controller's `train` at the trainer"),
+        ("update_started", "the trainer's update starts (its batch at hand)"))
+TAIL_METHODS = frozenset(("score", "submit", "wait_rollout", "train"))
+
+
+def rollout_tail(run_dir: str | Path, rows: list[dict] | None = None,
+                 iv: dict[str, list] | None = None) -> dict[str, float]:
+    """The end of each step's rollout on the critical path, mean seconds after its last generation ended (TAIL's
+    keys, in order): when the last group was scored and handed in, when the controller heard the rollout was
+    complete, when its `train` reached the trainer, and when the trainer's update started. Steps that lack one of
+    them (no traces of it) are left out; {} when none has them all."""
+    rows = read_metrics(run_dir) if rows is None else rows
+    iv = trace_intervals(run_dir) if iv is None else iv
+    per: dict[str, list[float]] = {k: [] for k, _ in TAIL}
+    for row in rows:
+        lo, hi = step_window(row)
+        ends = [b for a, b in iv["generation"] if lo < b <= hi]
+        if not ends:
+            continue
+        g = max(ends)
+        tail = iv["tail"]
+        reported = [r for m, to, s, rc, h, r in tail if m == "wait_rollout" and r is not None and g <= r <= hi]
+        trains = [(rc, h) for m, to, s, rc, h, r in tail
+                  if m == "train" and to == "trainer/0" and rc is not None and h is not None and g <= rc <= hi]
+        if not reported or not trains:
+            continue
+        rep = min(reported)
+        scored = [h for m, to, s, rc, h, r in tail
+                  if m == "score" and to.startswith("reward/") and h is not None and lo < h <= rep]
+        handed = [h for m, to, s, rc, h, r in tail if m == "submit" and h is not None and lo < h <= rep]
+        if not scored or not handed:
+            continue
+        arrived, handled = min(trains)
+        compute = float(row.get("train/time/train_compute") or 0.0)
+        for k, t in (("scored", max(scored)), ("handed_in", max(handed)), ("reported", rep),
+                     ("train_arrived", arrived), ("update_started", handled - compute)):
+            per[k].append(t - g)
+    n = len(per["scored"])   # (each step adds to every key or to none)
+    return {k: sum(per[k]) / n for k, _ in TAIL} if n else {}
+
+
 REWARD_LABEL = "reward.score (scoring)"
 TRAIN_WAIT_LABEL = "trainer.train (its arrival to its update: the batch fetched)"
 
 
-def orchestration_by_message(run_dir: str | Path, rows: list[dict] | None = None) -> dict[str, float]:
+def orchestration_by_message(run_dir: str | Path, rows: list[dict] | None = None,
+                             iv: dict[str, list] | None = None) -> dict[str, float]:
     """Where the orchestration of our steps goes, mean seconds per step by message: each moment of a step's window
     that no generation, training or weight update covers goes to the scoring that covers it, else to the message
     that covers it (the one that started first; a long ask that only waits, by its legs in transit; the trainer's
     `train` between its arrival and its update's start), else to "idle". The values add up to the mean
     orchestration of `step_split`."""
     rows = read_metrics(run_dir) if rows is None else rows
-    iv = trace_intervals(run_dir)
+    iv = trace_intervals(run_dir) if iv is None else iv
     total: dict[str, float] = {}
     for row in rows:
         lo, hi = step_window(row)
