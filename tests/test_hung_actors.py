@@ -132,15 +132,24 @@ while True:
 '''
 
 
-def test_the_live_dump_leaves_a_process_whose_threads_come_and_go_running(tmp_path):
-    script = tmp_path / "churn.py"
-    script.write_text(CHURN)
+def _spawn(tmp_path: Path, name: str, program: str) -> tuple[subprocess.Popen, Path]:
+    """`program` run as tmp_path/name, its stderr to tmp_path/err.log; returned once it has said "ready"."""
+    script = tmp_path / name
+    script.write_text(program)
     out = tmp_path / "err.log"
     f = open(out, "ab")
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=f)
     f.close()
+    if p.stdout.readline().strip() != b"ready":
+        p.kill()
+        p.wait()
+        raise AssertionError(f"{name} did not start: {out.read_text()[-2000:]}")
+    return p, out
+
+
+def test_the_live_dump_leaves_a_process_whose_threads_come_and_go_running(tmp_path):
+    p, out = _spawn(tmp_path, "churn.py", CHURN)
     try:
-        assert p.stdout.readline().strip() == b"ready"
         assert stacks.catches(p.pid, stacks.LIVE_SIGNAL) and stacks.catches(p.pid, stacks.SIGNAL)
         others = 0
         for _ in range(40):
@@ -206,14 +215,9 @@ time.sleep(1000)   # AFTER
 @pytest.mark.skipif(stacks._TGKILL is None, reason="no tgkill here (glibc 2.30+ on Linux): the stacks are asked "
                     "of the process, and the kernel picks the thread")
 def test_the_stacks_asked_for_are_the_main_threads_even_when_another_thread_could_take_the_signal(tmp_path):
+    p, out = _spawn(tmp_path, "main_blocks.py", MAIN_BLOCKS)
     script = tmp_path / "main_blocks.py"
-    script.write_text(MAIN_BLOCKS)
-    out = tmp_path / "err.log"
-    f = open(out, "ab")
-    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=f)
-    f.close()
     try:
-        assert p.stdout.readline().strip() == b"ready"
         frames = _dump(p, out)
         assert frames, out.read_text()[-2000:]
         lines = {m: next(i for i, ln in enumerate(MAIN_BLOCKS.splitlines(), 1) if m in ln)
