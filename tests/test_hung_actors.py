@@ -54,13 +54,22 @@ def _dump(p: subprocess.Popen, out: Path, sig=stacks.SIGNAL) -> list:
     return []
 
 
+def _popen(script: Path, out: Path, *args: str) -> subprocess.Popen:
+    """`python script ARGS`, its stderr appended to `out`; returned once it has said "ready"."""
+    f = open(out, "ab")
+    p = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=f)
+    f.close()
+    if p.stdout.readline().strip() != b"ready":
+        p.kill()
+        p.wait()
+        raise AssertionError(f"{script.name} did not start: {out.read_text()[-2000:]}")
+    return p
+
+
 def _start(script: Path, where: str, out: Path, sig=stacks.SIGNAL) -> subprocess.Popen:
     """The process, once its main thread is inside `where` (it says "ready" just before it goes in: on a loaded
     machine a dump asked for at once may still find it on the way)."""
-    f = open(out, "ab")
-    p = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE, stderr=f)
-    f.close()
-    assert p.stdout.readline().strip() == b"ready"
+    p = _popen(script, out, where)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 20:
         frames = _dump(p, out, sig)
@@ -137,14 +146,7 @@ def _spawn(tmp_path: Path, name: str, program: str) -> tuple[subprocess.Popen, P
     script = tmp_path / name
     script.write_text(program)
     out = tmp_path / "err.log"
-    f = open(out, "ab")
-    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=f)
-    f.close()
-    if p.stdout.readline().strip() != b"ready":
-        p.kill()
-        p.wait()
-        raise AssertionError(f"{name} did not start: {out.read_text()[-2000:]}")
-    return p, out
+    return _popen(script, out), out
 
 
 def test_the_live_dump_leaves_a_process_whose_threads_come_and_go_running(tmp_path):
