@@ -243,3 +243,18 @@ def test_stack_dumps_bench_prints_both_ways_and_the_live_dump_leaves_the_process
     rows = {_cells(ln)[0]: _cells(ln) for ln in p.stdout.splitlines() if ln.startswith(("| faulthandler", "| from"))}
     assert set(rows) == {"faulthandler (SIGUSR1, `--native`)", "from Python (SIGUSR2, the default)"}, p.stdout
     assert rows["from Python (SIGUSR2, the default)"][1:] == ["0 of 1", "20", "-", "-"], p.stdout
+
+
+def test_reply_latency_bench_prints_both_ways_from_the_traces():
+    """bench/reply_latency.py, small: one round each way; every figure comes from the two actors' traces."""
+    p = _run("bench/reply_latency.py", "--rounds", "1", "--groups", "4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith(("| as is", "| polled"))}
+    assert set(rows) == {"as is", "polled"}, p.stdout
+    for cells in rows.values():
+        for transit in cells[:2]:
+            assert re.fullmatch(r"\d+\.\d\d / \d+\.\d\d / \d+\.\d\d", transit), cells
+        assert re.fullmatch(r"\d+\.\d \(\d+\.\d-\d+\.\d\)", cells[2]), cells
+    bad = _run("bench/reply_latency.py", "--rounds", "0", "--poll-ms", "0")
+    assert bad.returncode == 2, bad.stderr
+    assert "--rounds must be at least 1" in bad.stderr and "--poll-ms must be above 0" in bad.stderr, bad.stderr
