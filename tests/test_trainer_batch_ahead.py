@@ -145,3 +145,29 @@ def test_a_train_cancelled_while_it_waits_for_the_shard_leaves_no_ask_waiting():
         return task
     task = asyncio.run(go())
     assert task.cancelled() and r.buffer.cancelled == 1 and r._next_batch is None
+
+
+def test_the_trained_batch_is_freed_after_trains_reply_not_before():
+    """Freeing a trained batch (tens of thousands of objects at a real step's size) is not left to the train handler's
+    return, which comes before its reply: the batch is whole when `train` returns (the reply is sent then, in the same
+    turn of the loop) and emptied on the loop's next turn."""
+    trained: list[dict] = []
+
+    async def run_blocking(fn, *args):
+        return fn(*args)
+
+    def update(rl_update, b, rollout_id, cause):
+        trained.append(b)
+        return {"loss": 0.5}
+
+    async def go():
+        r = rank(None)
+        r.run_blocking, r._update = run_blocking, update
+        r.cfg = SimpleNamespace(run=SimpleNamespace(n_rollouts=1))   # (the last rollout: nothing asked for ahead)
+        metrics = await r.train(0, None)
+        whole = {k: list(v) for k, v in trained[0].items()}
+        await asyncio.sleep(0)
+        return metrics, whole, trained[0]
+    metrics, whole, after = asyncio.run(go())
+    assert metrics["loss"] == 0.5 and whole == batch("pulled")
+    assert after == {}

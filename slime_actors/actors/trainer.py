@@ -206,6 +206,11 @@ class TrainerRank(Actor):
         metrics["time/train_compute"] = time.monotonic() - t1
         if rollout_id + 1 < self.cfg.run.n_rollouts:
             self._fetch_ahead(rollout_id + 1)
+        # The batch -- by now its tokens as lists of Python ints and its other columns as lists of per-sample tensors:
+        # tens of thousands of objects at a real step's size -- is freed once this reply is out. Left to this frame's
+        # exit it was freed before the reply, on the step's critical path (the controller's weight sync waits for
+        # it): 0.2-0.5 ms a step for the digits job on the 2-vCPU VM.
+        asyncio.get_running_loop().call_soon(batch.clear)
         return metrics
 
     def _fetch_ahead(self, rollout_id: int) -> None:
