@@ -19,6 +19,12 @@ over `--steps` steps after two warm-up steps, and per call where a step makes se
 processes: what it measures is the handlers' own work and the codec's, which sit on a step's critical path between
 generation and training (docs/performance.md, *A step's orchestration*).
 
+Then `--burst N` more steps in which the rollout's last N groups are handed in together, as at the end of a rollout on
+a GPU (SGLang returns them within a few ms; one drain of the buffer's socket runs their submits back to back), with
+the controller's wait_rollout and a trainer rank's wait_batch (the shard asked for ahead) waiting: how many ms after
+the last of those submits each is answered. wait_rollout's reply starts the trainers; the shard must be at the rank
+when the controller's `train` arrives.
+
 By default the prompts are made here (plain text, 55 tokens); `--prompts FILE --chat` reads a JSONL file with a
 `messages` key (chat prompts, rendered with the model's template) and a `label` key, like the GPU comparison's
 (`scripts/compare_trl.sh` writes runs/compare_trl/data/train.jsonl).
@@ -115,6 +121,43 @@ async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random, f
     return out
 
 
+async def _burst_steps(buffer, first: int, n: int, groups: int, burst: int, tokens: int,
+                       rng: random.Random) -> list[tuple[float, float]]:
+    """`n` steps whose last `burst` groups are handed in together: (ms from the last of their submits to
+    wait_rollout's answer, to a rank's wait_batch answer) per step."""
+    from slime_actors.mailbox.codec import decode_body, encode_body
+    handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
+                                                           "wait_batch", "mark_trained")}
+    out = []
+
+    async def answered(call) -> float:
+        await call
+        return time.perf_counter()   # (in the handler's own turn of the loop, where the mailbox sends its reply)
+    for k in range(first, first + n):
+        shard = asyncio.ensure_future(answered(handler["wait_batch"](buffer, rollout_id=k, rank=0, world_size=1,
+                                                                      packed=True)))
+        await handler["start_rollout"](buffer, rollout_id=k)
+        work = await handler["get_work"](buffer, worker="rollout/0", max_groups=groups)
+        bodies = [encode_body({"worker": "rollout/0", "work_id": g["work_id"],
+                               "samples": _answered(g, rng, tokens, 0.0)})[0] for g in work["groups"]]
+        cut = max(0, len(bodies) - burst)
+        for body in bodies[:cut]:   # (during generation: a turn of the loop after each, as in the steps above)
+            await handler["submit"](buffer, **decode_body(body, []))
+            await asyncio.sleep(0)
+        reported = asyncio.ensure_future(answered(handler["wait_rollout"](buffer, rollout_id=k, hack=False)))
+        await asyncio.sleep(0)
+        last = [0.0]
+
+        async def submit(body: bytes) -> None:
+            await handler["submit"](buffer, **decode_body(body, []))
+            last[0] = time.perf_counter()
+        await asyncio.gather(*(submit(b) for b in bodies[cut:]))
+        t_reported, t_shard = await reported, await shard
+        await handler["mark_trained"](buffer, rollout_id=k)
+        out.append(((t_reported - last[0]) * 1e3, (t_shard - last[0]) * 1e3))
+    return out
+
+
 def _kept(buffer) -> str:
     """What the buffer holds after the steps: its groups, and its snapshot's size and the time to pack it (done on
     its event loop at each compaction and save)."""
@@ -134,6 +177,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=190, help="response tokens a sample")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--burst", type=int, default=12,
+                    help="then --steps steps whose last BURST groups are handed in together (0: none)")
     ap.add_argument("--filtered", type=float, default=0.0,
                     help="share of groups whose samples all get the same reward, with the dynamic sampling filter "
                          "check_reward_nonzero_std on (it drops them; new groups are made until the rollout is "
@@ -141,6 +186,8 @@ def main() -> None:
     a = ap.parse_args()
     bad = [f"--{k} must be at least 1, got {v}" for k, v in (("groups", a.groups), ("group", a.group),
                                                               ("tokens", a.tokens), ("steps", a.steps)) if v < 1]
+    if a.burst < 0:
+        bad.append(f"--burst must be 0 or more, got {a.burst}")
     if not 0.0 <= a.filtered < 1.0:
         bad.append(f"--filtered must be in [0, 1), got {a.filtered}")
     if a.chat and not a.prompts:
@@ -170,10 +217,14 @@ def main() -> None:
         try:
             steps = (await _steps(buffer, a.steps + 2, a.groups, a.tokens, random.Random(0), a.filtered))[2:]
             kept.append(_kept(buffer))
+            if a.burst:
+                bursts.extend(await _burst_steps(buffer, a.steps + 2, a.steps, a.groups, a.burst, a.tokens,
+                                                 random.Random(1)))
             return steps
         finally:
             await buffer.stop()
     kept: list[str] = []
+    bursts: list[tuple[float, float]] = []
     steps = asyncio.run(run())
     print(f"# the buffer's part of a step ({time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, "
           f"{os.cpu_count()} CPUs): {a.groups} groups of {a.group}, {a.tokens} response tokens a sample, "
@@ -189,6 +240,13 @@ def main() -> None:
         print(f"| {p} | {per_step:.2f} | {len(calls) // len(steps)} | {statistics.median(calls):.3f} |")
     print(f"| in all | {total:.2f} | | |")
     print(f"\n{kept[0]}" if kept else "")
+    if bursts:
+        print(f"\n| the rollout's last {min(a.burst, a.groups)} groups handed in together | ms after the last of their "
+              f"submits (median of {len(bursts)}) |")
+        print("|---|---:|")
+        print(f"| wait_rollout answered (the controller: the trainers start) | "
+              f"{statistics.median(r for r, _ in bursts):.2f} |")
+        print(f"| a rank's shard answered (wait_batch, asked ahead) | {statistics.median(b for _, b in bursts):.2f} |")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,9 @@ def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
                  "mark_trained", "in all"):
         assert re.fullmatch(r"\d+\.\d\d", rows[part][0]), (part, rows[part])
     assert rows["submit"][1] == "2" and rows["get_batch"][1] == "1"   # a submit per group
+    for part in ("wait_rollout answered (the controller: the trainers start)",
+                 "a rank's shard answered (wait_batch, asked ahead)"):   # (--burst: the last 2 groups together)
+        assert re.fullmatch(r"\d+\.\d\d", rows[part][0]), (part, rows.get(part))
     p = _run("bench/buffer_step.py", "--steps", "0", "--chat")
     assert p.returncode == 2 and "--steps must be at least 1, got 0" in p.stderr and "--chat reads --prompts" in p.stderr
 

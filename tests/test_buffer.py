@@ -179,6 +179,37 @@ def test_each_groups_columns_are_packed_as_it_is_handed_in_and_a_shard_joins_the
     assert b._columns == {}
 
 
+def test_a_rollouts_last_groups_in_one_burst_are_reported_before_their_columns_are_packed(loop_thread, run_dir,
+                                                                                           tmp_path, tiny):
+    """At a rollout's end its last groups come in together (one drain of the buffer's socket runs their submits back
+    to back): wait_rollout's reply, which starts the trainers, does not wait behind the packing of their columns --
+    the shard packs them -- and the shard is what packing it whole gives."""
+    b, w1, _ = start(loop_thread, run_dir, make_args(tmp_path, tiny))
+    ask(loop_thread, w1, "start_rollout", {"rollout_id": 0})
+    groups = ask(loop_thread, w1, "get_work", {"worker": "rollout/1", "max_groups": 10})["groups"]
+    first, burst = groups[0], groups[1:]
+    assert len(burst) >= 2
+    ask(loop_thread, w1, "submit", {"worker": "rollout/1", "work_id": first["work_id"], "samples": finish(first)})
+    loop_thread.call(asyncio.sleep(0))   # (handed in during generation: packed on the next turn of the loop)
+    handlers = type(b)._handlers
+
+    async def burst_then_report():
+        waiter = asyncio.ensure_future(handlers["wait_rollout"].fn(b, rollout_id=0, hack=False))
+        await asyncio.sleep(0)
+        submits = [asyncio.ensure_future(handlers["submit"].fn(b, worker="rollout/1", work_id=g["work_id"],
+                                                                samples=finish(g))) for g in burst]
+        stats = await waiter
+        packed_when_reported = sorted(b._columns)
+        await asyncio.gather(*submits)
+        return stats, packed_when_reported
+    stats, packed_when_reported = loop_thread.call(burst_then_report())
+    assert stats["complete"] and packed_when_reported == [first["work_id"]]
+    whole = [b.state.batch(0, rank, 2, packed=True) for rank in (0, 1)]
+    got = [ask(loop_thread, w1, "get_batch", {"rollout_id": 0, "rank": rank, "world_size": 2, "packed": True})
+           for rank in (0, 1)]
+    assert got == whole
+
+
 def _complete(loop_thread, w, k):
     """Training rollout k started, every group leased to rollout/1 and handed in; wait_rollout's reply."""
     ask(loop_thread, w, "start_rollout", {"rollout_id": k})

@@ -309,8 +309,14 @@ class Buffer(Actor):
             asyncio.get_running_loop().call_soon(self._pack_columns, work_id)
 
     def _pack_columns(self, work_id: str) -> None:
+        """Runs on the loop's turn after the submit. Not once the rollout is complete: at a rollout's end several groups
+        come in one burst, their packings queue behind its last submit, and wait_rollout's reply -- which starts the
+        trainers -- would wait for all of them; the shard, made after that reply, packs what is left."""
         g = self.state.groups.get(work_id)
-        if g is not None and g.kind == "train" and g.state == DONE:
+        if g is None or g.kind != "train" or g.state != DONE:
+            return
+        r = self.state.rollouts.get(f"train:{g.rollout_id}")
+        if r is not None and not self.state.settled(r):
             self._columns_of(g)
 
     def _columns_of(self, g: Group) -> dict | None:
