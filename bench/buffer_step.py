@@ -73,10 +73,15 @@ def _answered(group: dict, rng: random.Random, tokens: int, filtered: float = 0.
     return out
 
 
+def _handler_fns(buffer) -> dict:
+    """The buffer's handlers the steps drive, called directly (no messages)."""
+    return {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
+                                                       "wait_batch", "get_batch", "mark_trained")}
+
+
 async def _steps(buffer, n: int, groups: int, tokens: int, rng: random.Random, filtered: float = 0.0) -> list[dict]:
     from slime_actors.mailbox.codec import decode_body, encode_body
-    handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
-                                                           "get_batch", "mark_trained")}
+    handler = _handler_fns(buffer)
     out = []
     for k in range(n):
         t: dict[str, list[float]] = {p: [] for p in PARTS}
@@ -126,8 +131,7 @@ async def _burst_steps(buffer, first: int, n: int, groups: int, burst: int, toke
     """`n` steps whose last `burst` groups are handed in together: (ms from the last of their submits to
     wait_rollout's answer, to a rank's wait_batch answer) per step."""
     from slime_actors.mailbox.codec import decode_body, encode_body
-    handler = {m: type(buffer)._handlers[m].fn for m in ("start_rollout", "get_work", "submit", "wait_rollout",
-                                                           "wait_batch", "mark_trained")}
+    handler = _handler_fns(buffer)
     out = []
 
     async def answered(call) -> float:
