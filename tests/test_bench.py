@@ -203,8 +203,9 @@ def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
     for part in ("wait_rollout answered (the controller: the trainers start)",
                  "a rank's shard answered (wait_batch, asked ahead)"):   # (--burst: the last 2 groups together)
         assert re.fullmatch(r"\d+\.\d\d", rows[part][0]), (part, rows.get(part))
-    p = _run("bench/buffer_step.py", "--steps", "0", "--chat")
+    p = _run("bench/buffer_step.py", "--steps", "0", "--chat", "--burst", "-1")
     assert p.returncode == 2 and "--steps must be at least 1, got 0" in p.stderr and "--chat reads --prompts" in p.stderr
+    assert "--burst must be 0 or more, got -1" in p.stderr, p.stderr
 
 
 def test_rl_bodies_bench_prints_the_bodies_and_the_batch_both_ways():
