@@ -38,14 +38,15 @@ import functools
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .config import StartupError
 from .json_files import parse_json
 from .log import get_logger
 
-__all__ = ["TokenizerFileError", "load_tokenizer", "fast_tokenizer_class"]
+__all__ = ["TokenizerFileError", "load_tokenizer", "fast_tokenizer_class", "decode_text"]
 
 GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend"}
 
@@ -66,6 +67,42 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     get_logger(component="tokenizer").debug("tokenizer through AutoTokenizer (imports torch)", path=path, why=why)
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def decode_text(tokenizer: Any, ids: list[int]) -> str:
+    """`tokenizer.decode(ids, skip_special_tokens=True)` -- the same text -- without what transformers does first on
+    every call: `decode` converts its argument with `to_py_obj`, which tests each id's type in Python (~15 us of the
+    ~30 a 128-token response takes on a 2-vCPU VM), then calls the class's `_decode`. A rollout worker decodes each
+    response as its group comes back, and at the end of a rollout on a GPU the last groups come back together: their
+    decoding is on the step's path (docs/performance.md, *the end of a rollout*). So for a list, where the class's
+    `decode` is transformers 5's own (`PreTrainedTokenizerBase.decode`: to_py_obj gives a list of the same ids, and
+    it is not batched input), `_decode` is called directly; anything else -- another class's decode, another
+    transformers, ids in another container, a call that raises -- goes through `tokenizer.decode`.
+    tests/test_tokenizer_load.py checks both give the same text, ids of every kind included."""
+    direct = _direct_decode(type(tokenizer)) if type(ids) is list else None
+    if direct is not None:
+        try:
+            return direct(tokenizer, ids, skip_special_tokens=True)
+        except Exception:  # noqa: BLE001 -- decode says what is wrong with these ids, in its own words
+            pass
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+_DIRECT: dict[type, Callable[..., str] | None] = {}
+
+
+def _direct_decode(cls: type) -> Callable[..., str] | None:
+    """The `_decode` that `cls.decode` would call for a list of ids, when that is certain (see decode_text)."""
+    if cls in _DIRECT:
+        return _DIRECT[cls]
+    base = sys.modules.get("transformers.tokenization_utils_base")   # (not loaded: not a transformers tokenizer)
+    version = getattr(sys.modules.get("transformers"), "__version__", "")
+    ptb = getattr(base, "PreTrainedTokenizerBase", None)
+    own = getattr(cls, "_decode", None)
+    ok = ptb is not None and str(version).startswith("5.") and issubclass(cls, ptb) \
+        and getattr(cls, "decode", None) is ptb.decode and own is not None and own is not ptb._decode
+    _DIRECT[cls] = direct = own if ok else None
+    return direct
 
 
 def fast_tokenizer_class(path: str | os.PathLike) -> tuple[type[Any] | None, str]:

@@ -7,6 +7,7 @@ config.json is refused naming the file."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slime_actors.config import StartupError
-from slime_actors.tokenizer import TokenizerFileError, fast_tokenizer_class, load_tokenizer
+from slime_actors.tokenizer import TokenizerFileError, _direct_decode, decode_text, fast_tokenizer_class, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,6 +90,46 @@ def test_the_projects_checkpoints_load_as_autotokenizer_loads_them(which, reques
     theirs = AutoTokenizer.from_pretrained(d)
     assert theirs.chat_template                         # (both have one: the template is compared)
     assert_same(load_tokenizer(d), theirs)
+
+
+@pytest.mark.parametrize("which", ["tiny_dir", "smollm2_dir"])
+def test_decode_text_gives_what_decode_gives(which, request):
+    """decode_text (a rollout worker's decoding of each response) calls the class's _decode straight for a list of
+    ids: the text is decode(ids, skip_special_tokens=True)'s for any ids -- special tokens, the vocabulary's ends,
+    numpy integers, none --; what decode refuses it refuses too; another container, or a class whose decode is its
+    own, goes through decode."""
+    import random
+
+    import numpy as np
+    tok = load_tokenizer(request.getfixturevalue(which))
+    assert _direct_decode(type(tok)) is not None          # (the direct path is what is compared)
+    n = len(tok)
+    special = list(tok.all_special_ids)
+    rng = random.Random(0)
+    cases = [[], special, [0, n - 1], *(tok.encode(t, add_special_tokens=True) for t in TEXTS)]
+    cases += [[rng.randrange(n) for _ in range(rng.randrange(1, 200))] + rng.sample(special, 1) for _ in range(200)]
+    for ids in cases:
+        want = tok.decode(ids, skip_special_tokens=True)
+        assert decode_text(tok, ids) == want
+        assert decode_text(tok, [np.int64(i) for i in ids]) == want
+        assert decode_text(tok, tuple(ids)) == want                        # (through decode)
+    for bad in ([-1], [n + 10 ** 12], [1.5], ["a"], [None]):
+        try:
+            want = ("text", tok.decode(bad, skip_special_tokens=True))
+        except Exception as exc:  # noqa: BLE001 -- whatever decode raises, decode_text must raise alike
+            want = ("raised", type(exc))
+        try:
+            got = ("text", decode_text(tok, bad))
+        except Exception as exc:  # noqa: BLE001
+            got = ("raised", type(exc))
+        assert got == want, bad
+
+    class OwnDecode(type(tok)):
+        def decode(self, *args, **kwargs):
+            return "its own"
+    own = copy.copy(tok)
+    own.__class__ = OwnDecode
+    assert _direct_decode(OwnDecode) is None and decode_text(own, [1, 2]) == "its own"
 
 
 def _variant(src: str, dst: Path, tokenizer_class, model_type=None, tok_extra=None, cfg_extra=None) -> Path:

@@ -29,6 +29,7 @@ from ..agents.trajectory import Trajectory
 from ..agents.wire import (WireError, anthropic_error, anthropic_events, anthropic_reply, openai_chunks, openai_error,
                            openai_reply, parse_anthropic, parse_openai)
 from ..json_files import parse_json
+from ..tokenizer import decode_text
 from .base import IN_RECORDED_CALL
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class AgentProxy:
         if not session.open:   # the episode ended while this call ran: nothing is recorded into it
             raise WireError("the episode this key belongs to has ended", 401, kind="authentication_error")
         tok: Any = self.w.tokenizer
-        text = tok.decode(out["output_ids"], skip_special_tokens=True)
+        text = decode_text(tok, out["output_ids"])
         from ..environments.episode import int_version
         session.trajectory.add(ids, out["output_ids"], out["logprobs"], out["finish_reason"],
                                int_version(out.get("weight_version"), self.w.weight_version))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..tokenizer import decode_text
 from ..types import COMPLETED, TRUNCATED, Sample
 
 
@@ -108,6 +109,6 @@ class Trajectory:
             s.status = TRUNCATED if last.finish_reason == "length" else COMPLETED
             s.metadata["turns"] = len(path)
             if tokenizer is not None:
-                s.response = tokenizer.decode(resp, skip_special_tokens=True)
+                s.response = decode_text(tokenizer, resp)
             out.append(s)
         return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tokenizer import decode_text
 from ..types import ABORTED, COMPLETED, FAILED, PENDING, TRUNCATED, Sample
 
 
@@ -122,7 +123,7 @@ class Episode:
         s = self.sample
         s.response_tokens, s.loss_mask, s.rollout_log_probs = self.response, self.loss_mask, self.logprobs
         if self.tokenizer is not None:
-            s.response = self.tokenizer.decode(s.response_tokens, skip_special_tokens=True)
+            s.response = decode_text(self.tokenizer, s.response_tokens)
         s.finish_reason = self.finish_reason
         s.status = status or self.status or COMPLETED
         if error is not None:
@@ -152,7 +153,7 @@ def settle(s: Sample, tokenizer: Any, version: int, who: str) -> Sample:
     if len(s.loss_mask) != n:
         raise ValueError(f"{who}: sample {s.index} has {n} response tokens but a loss mask of {len(s.loss_mask)}")
     if not s.response and n and tokenizer is not None:
-        s.response = tokenizer.decode(s.response_tokens, skip_special_tokens=True)
+        s.response = decode_text(tokenizer, s.response_tokens)
     if s.status == PENDING:
         s.status = COMPLETED if n else FAILED
         if not n:

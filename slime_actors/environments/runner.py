@@ -29,6 +29,7 @@ from typing import Any, Callable
 import msgpack
 
 from ..log import get_logger
+from ..tokenizer import decode_text
 from ..types import ABORTED, FAILED, Sample
 from .base import (CURRENT_EPISODE, Env, EnvError, EpisodeContext, ModelTurn, check_prompt, check_step,
                    maybe_await)
@@ -137,7 +138,7 @@ async def run_episode(env: Env, sample: Sample, sampling_params: dict, engine: A
             if out is None or ep.status == ABORTED:
                 break
             ids = list(out["output_ids"])
-            text = tok.decode(ids, skip_special_tokens=True)
+            text = decode_text(tok, ids)
             if messages is not None:
                 messages = messages + [{"role": "assistant", "content": text}]
             turn = ModelTurn(i, text, ids, out["finish_reason"], ep.versions[-1],
