@@ -208,6 +208,25 @@ def test_buffer_step_bench_prints_every_part_and_refuses_bad_options():
     assert "--burst must be 0 or more, got -1" in p.stderr, p.stderr
 
 
+def test_rollout_group_bench_prints_each_stage_both_ways_and_refuses_bad_options(tmp_path):
+    """bench/rollout_group.py with the tiny model's tokenizer: a row per stage of a group's answer, the decoding both
+    ways (the same text checked), and bad options refused naming each."""
+    from slime_actors.models.tiny import make_tiny_model
+    model = make_tiny_model(tmp_path / "m")
+    p = _run("bench/rollout_group.py", "--tokenizer", str(model), "--group", "2", "--tokens", "8", "--rounds", "1",
+             "--reps", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith("| ") and "---" not in ln}
+    assert rows["stage"] == ["decode", "decode_text"], rows
+    for stage in ("parse the answer", "record the answers", "episodes", "finish (decode)", "score ask body",
+                  "submit body", "**in all**"):
+        assert all(re.fullmatch(r"\**\d+\**", c) for c in rows[stage]), (stage, rows.get(stage))
+    assert "decoded to the same text both ways: yes" in p.stdout, p.stdout
+    p = _run("bench/rollout_group.py", "--tokenizer", str(model), "--group", "0", "--reps", "-1")
+    assert p.returncode == 2 and "--group must be at least 1, got 0" in p.stderr, p.stderr
+    assert "--reps must be at least 1, got -1" in p.stderr, p.stderr
+
+
 def test_rl_bodies_bench_prints_the_bodies_and_the_batch_both_ways():
     """bench/rl_bodies.py, one round: a row per body (the packed batch among them), then the trainer's batch as
     lists and packed at two response lengths, then a group's score ask whole and without its token lists, each row
