@@ -14,6 +14,12 @@ buffer stopped for 225-265 ms once a run, right after a rollout completed, with 
   `gc.freeze()` -- the objects alive now move to the permanent generation, which later collections do not walk.
   They are still freed by reference counting; only a reference cycle among them that becomes unreachable later is
   never collected (start-up's own cycles were collected just before). SLIME_ACTORS_GC_FREEZE=0 leaves it out.
+* Start-up itself, from `watch` to `settle`: importing torch and transformers and loading a model make objects
+  faster than the collector's thresholds expect, so full collections come again and again, each walking everything
+  made so far (7 of them, 840 ms, in the digits job's trainer on a 2-vCPU VM, before its first step; 8, 1.6 s, in a
+  rollout worker on a GPU host). So each full collection during start-up freezes its survivors (what it found alive
+  is start-up's), and the next walks only what came after; `settle` unfreezes them for its one collection of
+  everything, then freezes. Also left out by SLIME_ACTORS_GC_FREEZE=0.
 """
 
 from __future__ import annotations
@@ -26,13 +32,18 @@ from .env import GC_FREEZE, GC_WARN_MS
 
 Callback = Callable[[str, dict[str, Any]], None]
 _settled = False   # this process has started (settle ran): a long collection is news
+_frozen_at_start_up = [False]   # a full collection during start-up froze its survivors (settle unfreezes them)
 
 
-def watch(log: Any, warn_ms: float | None = None) -> Callback | None:
-    """Log every collection of `warn_ms` milliseconds or more (default SLIME_ACTORS_GC_WARN_MS). Returns the callback
-    installed in gc.callbacks (`unwatch` removes it), or None when the threshold is 0 (off)."""
+def watch(log: Any, warn_ms: float | None = None, freeze: bool | None = None) -> Callback | None:
+    """Log every collection of `warn_ms` milliseconds or more (default SLIME_ACTORS_GC_WARN_MS), and until `settle`
+    freeze the survivors of each full collection (`freeze`, default SLIME_ACTORS_GC_FREEZE; the module's docstring
+    says why). Returns the callback installed in gc.callbacks (`unwatch` removes it), or None when it has nothing to
+    do (the threshold 0 and freezing off)."""
     threshold = GC_WARN_MS.get() if warn_ms is None else warn_ms
-    if threshold is None or threshold <= 0:
+    logging = threshold is not None and threshold > 0
+    freezing = GC_FREEZE.get() if freeze is None else freeze
+    if not logging and not freezing:
         return None
     started: list[float] = []
 
@@ -40,10 +51,13 @@ def watch(log: Any, warn_ms: float | None = None) -> Callback | None:
         if phase == "start":
             started.append(time.perf_counter())
             return
+        if freezing and not _settled and info.get("generation") == 2:
+            _frozen_at_start_up[0] = True
+            gc.freeze()   # (after the collection: what it left alive moves to the permanent generation)
         if not started:   # (installed while a collection ran)
             return
         ms = (time.perf_counter() - started.pop()) * 1000.0
-        if ms >= threshold:   # (start-up's are expected: in the JSON log only, until `settle`)
+        if logging and ms >= threshold:   # (start-up's are expected: in the JSON log only, until `settle`)
             fields = {"generation": info.get("generation"), "ms": round(ms, 1), "collected": info.get("collected"),
                       "frozen": gc.get_freeze_count(), "threshold_ms": threshold}
             if _settled:
@@ -67,6 +81,9 @@ def settle(log: Any, freeze: bool | None = None) -> dict[str, Any] | None:
         _settled = True
         return None
     t0 = time.perf_counter()
+    if _frozen_at_start_up[0]:   # (what start-up's full collections froze: collected once more with the rest)
+        gc.unfreeze()
+        _frozen_at_start_up[0] = False
     collected = gc.collect()
     gc.freeze()
     _settled = True   # (after: this collection was start-up's)

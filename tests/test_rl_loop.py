@@ -57,6 +57,11 @@ def test_main_job_learns_and_logprobs_match(tmp_path):
     steps = [p[0] for p in st["steps"]]
     assert steps[:2] == ["actors up", "trainers ready"] and steps[-3:] == ["rollout 0", "train 0", "weight sync 0"]
     assert 0 < st["actors"]["trainer/0"]["ready"] < st["total_s"] and st["steps"][-1][2] <= st["total_s"]
+    # every actor process and the local engine's froze what their start-up built (slime_actors/gc_watch.py)
+    for a in ("buffer-0", "reward-0", "rollout-0", "trainer-0"):
+        assert '"event": "garbage collector settled"' in (run / "logs" / f"{a}.jsonl").read_text(), a
+    ready = [ln for ln in (run / "logs" / "engine-0.log").read_text().splitlines() if "local engine ready" in ln]
+    assert len(ready) == 1 and "gc_frozen=" in ready[0] and "gc_frozen=None" not in ready[0], ready
 
 
 @pytest.mark.slow

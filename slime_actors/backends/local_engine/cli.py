@@ -151,9 +151,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .server import serve
     args = parse_args(argv)
     setup_logging(run_dir=args.log_dir, name=f"local_engine-{args.port}", level=args.log_level)
+    # (as an actor process: long collections logged, start-up's frozen -- from before torch is imported; the server
+    # settles the collector once it serves)
+    from slime_actors import gc_watch
+    from slime_actors.log import get_logger
+    gc_watch.watch(get_logger(component="local_engine"))
+    from .server import serve
     try:
         import uvloop
         uvloop.install()

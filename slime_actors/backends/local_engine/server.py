@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from slime_actors import gc_watch
 from slime_actors.backends.engine_auth import REDACTED, refusal_status
 from slime_actors.json_files import parse_json
 from slime_actors.log import get_logger
@@ -519,10 +520,11 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         server.loop.add_signal_handler(sig, stop.set)
+    settled = gc_watch.settle(log)   # (what start-up built, frozen before it is ready: slime_actors/gc_watch.py)
     log.info("local engine ready", url=f"http://{args.host}:{args.port}", model=args.model_path,
              device=str(engine.device), dtype=str(engine.dtype), max_running_requests=engine.max_running,
              weight_version=engine.weight_version, mem_fraction_static=args.mem_fraction_static,
-             ignored_sglang_flags=args.ignored_flags or None)
+             ignored_sglang_flags=args.ignored_flags or None, gc_frozen=settled["frozen"] if settled else None)
     print(f"The server is fired up and ready to roll! (local engine at http://{args.host}:{args.port})",
           file=sys.stderr, flush=True)
     await stop.wait()
