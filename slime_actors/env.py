@@ -110,7 +110,8 @@ HEAPWATCH_EVERY = _var("HEAPWATCH_EVERY", float, 60.0, doc="seconds between SLIM
 GC_WARN_MS = _var("GC_WARN_MS", float, 50.0, doc="a garbage collection this long (ms) or longer is logged as a warning "
                                                  "(slime_actors/gc_watch.py); 0: off")
 GC_FREEZE = _var("GC_FREEZE", parse_flag, True, doc="0 to leave out freezing what an actor process's start-up built "
-                                                   "(gc.freeze: later collections do not walk it)")
+                                                   "(gc.freeze: later collections do not walk it; during start-up, "
+                                                   "what each full collection found alive)")
 SGLANG_FLAG_CACHE = _var("SGLANG_FLAG_CACHE", doc="the file where the head remembers --sglang-* flag lists SGLang's "
                                                    "parser accepted, so a job started again skips importing SGLang "
                                                    "(backends/sglang_flag_cache.py); default: "
