@@ -83,10 +83,10 @@ def settle(log: Any, freeze: bool | None = None) -> dict[str, Any] | None:
     t0 = time.perf_counter()
     if _frozen_at_start_up[0]:   # (what start-up's full collections froze: collected once more with the rest)
         gc.unfreeze()
-        _frozen_at_start_up[0] = False
     collected = gc.collect()
     gc.freeze()
     _settled = True   # (after: this collection was start-up's)
+    _frozen_at_start_up[0] = False   # (this collection froze too, as start-up's: nothing is left to unfreeze)
     done = {"collected": collected, "frozen": gc.get_freeze_count(), "ms": round((time.perf_counter() - t0) * 1000, 1)}
     log.info("garbage collector settled", **done, console=False)
     return done

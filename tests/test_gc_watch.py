@@ -114,7 +114,8 @@ gc.collect()                        # (the cycle is frozen: not collected yet)
 before_settle = list(gone)
 done = gc_watch.settle(Log())
 print(json.dumps({"frozen": frozen, "walked": walked, "before_settle": before_settle, "after_settle": gone,
-                  "settled": done, "freeze_count": gc.get_freeze_count(), "kept": len(keep)}))
+                  "settled": done, "freeze_count": gc.get_freeze_count(), "kept": len(keep),
+                  "left_frozen_flag": gc_watch._frozen_at_start_up[0]}))
 """
 
 
@@ -126,5 +127,6 @@ def test_start_up_full_collections_freeze_their_survivors_and_settle_collects_th
     assert out["frozen"] >= 10000 and out["walked"] < 1000          # start-up's objects out of the collector's walk
     assert out["before_settle"] == [] and out["after_settle"] == [1]  # the abandoned cycle: collected by settle
     assert out["settled"]["collected"] >= 1 and out["freeze_count"] >= 10000
+    assert out["left_frozen_flag"] is False          # (a later settle would not unfreeze the process's objects again)
     [off] = _settle("0", START_UP)                                     # SLIME_ACTORS_GC_FREEZE=0: nothing frozen
     assert off["frozen"] == 0 and off["walked"] >= 10000 and off["before_settle"] == [1] and off["settled"] is None
