@@ -451,3 +451,61 @@ def test_the_writer_declares_the_newest_version_it_writes(tmp_path):
     w.close()
     meta = next(iter(msgpack.Unpacker(open(tmp_path / "a.trace", "rb"), raw=False)))
     assert meta["version"] == TRACE_VERSION
+
+
+# ----------------------------------------------------------------------------------- replies waiting for their asker
+def _ev(offset, t, ev, kind, mid, to="reward/0", method="score", re=None):
+    from slime_actors.traces.reader import Event
+    h = {"kind": kind, "id": mid, "to": to, "from": "rollout/0", "method": method, **({"re": re} if re else {})}
+    return Event("rollout/0", ev, t, h, None, 0, None, None, None, "f", offset)
+
+
+def test_reply_waits_read_from_the_askers_schedule():
+    """A reply's wait for its asker's loop: from its recv record to the asking task's next `resume ask` step. A
+    step's record comes after the events it made; a send outside any recorded step, a step that resumed from
+    something else, and asks to the directory (made inside other asks) are not counted."""
+    from types import SimpleNamespace
+
+    from slime_actors.traces.reader import Step, TraceFile
+    from slime_actors.traces.summary import render, reply_waits
+    events = [
+        _ev(1, 1000, "send", "ask", "a1"),                                   # task A's ask, in its step (t=900)
+        _ev(3, 1100, "send", "ask", "b1", method="other"),                   # made between steps: nobody's
+        _ev(5, 1300, "send", "ask", "d1", to="directory/0", method="lookup"),  # task C's, to the directory
+        _ev(7, 1400, "send", "ask", "e1", method="third"),                   # task E's
+        _ev(9, 2000, "recv", "reply", "r1", re="a1"),                        # A's reply read at t=2000 ...
+        _ev(10, 2100, "recv", "reply", "r2", re="b1"),
+        _ev(11, 2200, "recv", "reply", "r3", re="d1"),
+        _ev(12, 2300, "recv", "reply", "r4", re="e1"),
+    ]
+    schedule = [
+        Step(2, 900, "A", None),           # A's step that sent a1
+        Step(4, 1200, "B", None),          # began after b1 was sent: not its sender
+        Step(6, 1250, "C", None),          # sent d1
+        Step(8, 1350, "E", None),          # sent e1
+        Step(13, 5000, "A", "ask"),        # ... A resumes from its ask 3 ms after its reply was read
+        Step(14, 6000, "C", "ask"),
+        Step(15, 6000, "B", "ask"),
+        Step(16, 6100, "E", "recorded_async"),   # E's next step is not the ask's resume: not counted ...
+        Step(17, 7000, "E", "ask"),              # ... nor is a later one
+    ]
+    f = TraceFile(Path("f"), {"actor": "rollout/0"}, events, schedule=schedule)
+    run = SimpleNamespace(files=[f])
+    assert reply_waits(run) == {("rollout/0", "reward.score"): [0.003]}
+    assert reply_waits(run, roles={"buffer"}) == {} and reply_waits(run, methods={"other"}) == {}
+    assert reply_waits(run, since=2001) == {}
+    text = render(SimpleNamespace(root="r", files=[f], actors=lambda: ["rollout/0"], problems=[]), rows=[],
+                  loop_waits=reply_waits(run))
+    assert "replies waiting for their asker's event loop" in text and "rollout/0  reward.score  n=1" in text, text
+
+
+def test_summary_shows_how_long_replies_waited_for_their_asker(cli):
+    rc, out, _ = cli("trace", "summary", SMALL)
+    assert rc == 0
+    section = out.split("replies waiting for their asker's event loop")[1]
+    rows = {tuple(ln.split()[:2]): ln.split() for ln in section.splitlines()[1:] if ln.startswith("  ")}
+    assert int(rows[("rollout/0", "reward.score")][2].removeprefix("n=")) == 11   # every score ask of the run
+    assert not any(m.startswith("directory.") for _, m in rows)
+    rc, out, _ = cli("trace", "summary", SMALL, "--role", "buffer")
+    section = out.split("replies waiting for their asker's event loop")[1]
+    assert "reward.score" not in section and "buffer." in section

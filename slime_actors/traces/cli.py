@@ -80,15 +80,16 @@ def _split(values) -> list[str]:
 
 # --------------------------------------------------------------------------------------------------- commands
 def cmd_summary(args) -> int:
-    from .summary import as_json, render, summarize
+    from .summary import as_json, render, reply_waits, summarize
     run = _open(args.run, args.skip_bad)
     since, until, label = _window(run, args)
-    rows = summarize(run, since=since, until=until, roles=set(_split(args.role)) or None,
-                     methods=set(_split(args.method)) or None)
+    roles, methods = set(_split(args.role)) or None, set(_split(args.method)) or None
+    rows = summarize(run, since=since, until=until, roles=roles, methods=methods)
     if args.json:
         print(json.dumps(as_json(rows), indent=1))
     else:
-        print(render(run, rows=rows, title=label))
+        waits = reply_waits(run, since=since, until=until, roles=roles, methods=methods)
+        print(render(run, rows=rows, title=label, loop_waits=waits))
     return EXIT_OK
 
 

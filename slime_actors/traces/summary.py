@@ -1,5 +1,6 @@
 """`slime-actors trace summary RUN`: per receiving role and method, counts, bytes, latency percentiles, errors,
-the slowest messages, dropped messages and the recorded inputs."""
+the slowest messages, dropped messages and the recorded inputs; and how long replies waited for their asker's event
+loop (`reply_waits`)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,54 @@ def summarize(run: TraceRun, *, since: int | None = None, until: int | None = No
     return sorted(stats.values(), key=lambda s: (s.role, s.method))
 
 
+def reply_waits(run: TraceRun, *, since: int | None = None, until: int | None = None,
+                roles: set[str] | None = None, methods: set[str] | None = None) -> dict[tuple[str, str], list[float]]:
+    """(asking actor, "role.method") -> milliseconds from each reply's arrival (the asker's `recv` record, made as its
+    mailbox reads the reply off the socket) to the step in which the asking task resumed from that ask (its
+    schedule's `resume ask` record, version 5): how long the answer waited for the asker's event loop. Near zero
+    when the loop was free; long when steps queued before it kept the loop busy (a rollout worker at the end of a
+    rollout: docs/debugging.md, *An actor too busy to take its answers*). Replies read in [since, until] (ns);
+    `roles` / `methods` filter on the ask's receiving role and method, as `summarize` does.
+
+    A step's record is written when the step ends, after the events it made: an ask's `send` is the task's whose
+    record comes next in the file and began before it (a send made outside any tracked step -- the runtime's own
+    tasks -- is not attributed). Asks to the directory are left out: the mailbox makes them inside another ask (a
+    peer's address), where the task's steps are not recorded."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for f in run.files:
+        if not f.schedule:
+            continue
+        items = sorted([(e.offset, 0, e) for e in f.events] + [(st.offset, 1, st) for st in f.schedule],
+                       key=lambda x: (x[0], x[1]))
+        sends: list = []                           # ask sends since the last step record
+        owner: dict[str, tuple[str, str]] = {}     # ask id -> (its task, "role.method")
+        waiting: dict[str, tuple[int, str]] = {}   # task -> (its reply's arrival, "role.method")
+        for _, kind, x in items:
+            if kind == 0:
+                h = x.header
+                if h is None:
+                    continue
+                if x.ev == "send" and h.get("kind") == "ask":
+                    sends.append(x)
+                elif x.ev == "recv" and h.get("kind") in ("reply", "error"):
+                    got = owner.pop(h.get("re", ""), None)
+                    if got is not None:
+                        waiting[got[0]] = (x.t_ns, got[1])
+                continue
+            for e in sends:
+                if x.t_ns <= e.t_ns:
+                    h = e.header
+                    to = _role(h.get("to", "?"))
+                    if to != "directory" and (not roles or to in roles) and (not methods or h.get("method") in methods):
+                        owner[h["id"]] = (x.task, f"{to}.{h.get('method', '?')}")
+            sends = []
+            w = waiting.pop(x.task, None)   # (the task's next step after its reply: its resume from the ask)
+            if w is not None and x.resume == "ask" and x.t_ns >= w[0] and (since is None or w[0] >= since) \
+                    and (until is None or w[0] <= until):
+                out[(f.meta.get("actor", "?"), w[1])].append((x.t_ns - w[0]) / 1e6)
+    return dict(out)
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
 
@@ -128,7 +177,8 @@ def as_json(rows: list[MethodStats]) -> list[dict]:
     return out
 
 
-def render(run: TraceRun, slowest: bool = True, rows: list[MethodStats] | None = None, title: str = "") -> str:
+def render(run: TraceRun, slowest: bool = True, rows: list[MethodStats] | None = None, title: str = "",
+           loop_waits: dict[tuple[str, str], list[float]] | None = None) -> str:
     rows = summarize(run) if rows is None else rows
     head = ["role", "method", "tell", "ask", "bytes", "err", "rtt p50 ms", "p95", "p99", "handle p50 ms", "p95",
             "p99"]
@@ -175,6 +225,18 @@ def render(run: TraceRun, slowest: bool = True, rows: list[MethodStats] | None =
     if inputs:
         lines.append("recorded inputs (for replay): " + ", ".join(f"{a} {n} x{c}" for (a, n), c in
                                                                   sorted(inputs.items())))
+    if loop_waits is None:
+        loop_waits = reply_waits(run)
+    if loop_waits:
+        lines.append("")
+        lines.append("replies waiting for their asker's event loop (a reply read -> its asking task resumed), ms; long "
+                     "ones: the asker was busy (docs/debugging.md):")
+        rows_w = sorted(((percentile(v, 95) or 0.0, a, m, v) for (a, m), v in loop_waits.items()), reverse=True)[:10]
+        wa = max(len(a) for _, a, _, _ in rows_w)
+        wm = max(len(m) for _, _, m, _ in rows_w)
+        for _, a, m, v in rows_w:
+            lines.append(f"  {a.ljust(wa)}  {m.ljust(wm)}  n={len(v):<6} p50 {_fmt(percentile(v, 50)):>7}  "
+                         f"p95 {_fmt(percentile(v, 95)):>7}  max {_fmt(max(v)):>7}")
     for p in run.problems:
         lines.append(f"note: {p}")
     return "\n".join(lines)
