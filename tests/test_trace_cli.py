@@ -478,6 +478,7 @@ def test_reply_waits_read_from_the_askers_schedule():
         _ev(11, 2200, "recv", "reply", "r3", re="d1"),
         _ev(12, 2300, "recv", "reply", "r4", re="e1"),
     ]
+    events.insert(1, _ev(1, 950, "send", "ask", None, to=7))  # a hostile header (no id, a number for `to`): skipped
     schedule = [
         Step(2, 900, "A", None),           # A's step that sent a1
         Step(4, 1200, "B", None),          # began after b1 was sent: not its sender

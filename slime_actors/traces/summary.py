@@ -147,11 +147,13 @@ def reply_waits(run: TraceRun, *, since: int | None = None, until: int | None = 
                         waiting[got[0]] = (x.t_ns, got[1])
                 continue
             for e in sends:
-                if x.t_ns <= e.t_ns:
-                    h = e.header
-                    to = _role(h.get("to", "?"))
-                    if to != "directory" and (not roles or to in roles) and (not methods or h.get("method") in methods):
-                        owner[h["id"]] = (x.task, f"{to}.{h.get('method', '?')}")
+                h = e.header
+                mid, to, method = h.get("id"), h.get("to"), h.get("method")
+                if x.t_ns > e.t_ns or not all(type(v) is str for v in (mid, to, method)):
+                    continue   # (sent before this step began: not its task's; or a header short of its names)
+                to = _role(to)
+                if to != "directory" and (not roles or to in roles) and (not methods or method in methods):
+                    owner[mid] = (x.task, f"{to}.{method}")
             sends = []
             w = waiting.pop(x.task, None)   # (the task's next step after its reply: its resume from the ask)
             if w is not None and x.resume == "ask" and x.t_ns >= w[0] and (since is None or w[0] >= since) \
