@@ -87,7 +87,7 @@ def layer(mod: str) -> str:
 # rooms of its own floor or below (docs/architecture.md, "Layers"). An import of a room above is an arrow back up.
 FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("slime_actors", "env", "log", "types", "rows", "retry", "slime_compat", "plugins", "gpus",
-               "startup_timeline", "json_files", "http_answers"),
+               "startup_timeline", "json_files", "http_answers", "loop_turns"),
     "wire and config": ("mailbox", "recorder", "messages", "handles", "role_handles", "runtime", "profiler",
                         "gpu_memory", "heapwatch",
                         "gc_watch", "config",

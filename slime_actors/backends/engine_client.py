@@ -35,6 +35,7 @@ from slime_actors.backends.engine_auth import EngineKeys, redact_server_info
 from slime_actors.http_answers import AnswerTooLarge, read_answer
 from slime_actors.json_files import parse_json
 from slime_actors.log import get_logger
+from slime_actors.loop_turns import LoopTurns
 
 log = get_logger(component="engine_client")
 
@@ -201,6 +202,10 @@ class EngineClient:
         self.generate_base_url: str | None = None
         # the LoRA adapter (its name on the engine) every /generate uses unless its body names one; None: the base
         self.lora_path: str | None = None
+        # /generate answers are parsed one per turn of the event loop (loop_turns.py): a rollout's last groups come back
+        # together, and what the worker does with each answer -- parse, record, decode, send it to scoring -- runs in
+        # the task that asked, right after this; replies read between two answers are then taken between them
+        self.answer_turns = LoopTurns()
 
     # -- plumbing ---------------------------------------------------------------------------------------
     @property
@@ -262,6 +267,8 @@ class EngineClient:
             except aiohttp.ClientError as e:
                 raise EngineError(path, None, f"request failed: {e!r}") from None
         parsed: Any = None
+        if generation:
+            await self.answer_turns.take()
         if raw:
             try:
                 parsed = _loads(raw)
