@@ -258,6 +258,23 @@ def test_http_answers_bench_prints_each_answer_both_ways():
     assert _run("bench/http_answers.py", "--rounds", "0").returncode == 2
 
 
+def test_rollout_tail_bench_prints_both_ways():
+    """bench/rollout_tail.py, small: one round each way, four processes each; the answers waited for their turns
+    with the client as it is, never with one turn (what the way changes), and the refusals of bad options."""
+    p = _run("bench/rollout_tail.py", "--rounds", "1", "--groups", "4", "--burst", "3", "--every-ms", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {_cells(ln)[0]: _cells(ln)[1:] for ln in p.stdout.splitlines() if ln.startswith(("| turns", "| one turn"))}
+    assert set(rows) == {"turns", "one turn"}, p.stdout
+    for cells in rows.values():
+        for cell in cells[:2]:
+            assert re.fullmatch(r"\d+\.\d \(\d+\.\d-\d+\.\d\)", cell), cells
+    assert rows["one turn"][2] == "0", p.stdout
+    bad = _run("bench/rollout_tail.py", "--rounds", "0", "--burst", "20", "--score-ms", "-1")
+    assert bad.returncode == 2, bad.stderr
+    assert "--rounds must be at least 1" in bad.stderr and "--burst 20 is more than --groups 16" in bad.stderr \
+        and "--score-ms must be 0 or more" in bad.stderr, bad.stderr
+
+
 def test_stack_dumps_bench_prints_both_ways_and_the_live_dump_leaves_the_process_running():
     """bench/stack_dumps.py, small: a row per way of asking; the dump from Python (SIGUSR2) kills no process
     (faulthandler's row is printed, not checked: its crash is a race)."""
