@@ -16,6 +16,8 @@ runs past its timeout raises EngineTimeout (also an EngineError). Answers are re
 `max_answer_bytes` (1 GiB) for /generate -- a batch of 64 responses of 32k tokens with their log-probs is ~100 MB --
 and 16 MiB for the rest (a health check, an abort, /server_info: a few KB); past it an EngineError, read no further,
 so an engine behind `--engine-url` that answers without end does not fill the rollout worker's memory.
+/generate answers are parsed one per turn of the event loop (`answer_turns`, loop_turns.py): answers that come back
+together are handled one after another with the loop's other work -- replies to read -- between them.
 """
 
 from __future__ import annotations
