@@ -5,7 +5,8 @@
 # install .whl/*.whl into $SITE there. (A GPU machine that reaches PyPI needs none of this: pip install -e . there.)
 #
 # Measured against a CUDA 13 image with Python 3.12, torch 2.11 and transformers, which has msgpack, uvloop, aiohttp,
-# safetensors, tokenizers, numpy, pyarrow, matplotlib, tensorboard and tqdm but not pyzmq or structlog; check yours
+# safetensors, tokenizers, numpy, pyarrow, matplotlib, tensorboard and tqdm but not pyzmq, structlog or orjson (a
+# run with the local engine on one H100 stopped at its rollout worker's start: no module named 'orjson'); check yours
 # with `python3 -m pip list`. pyzmq is also among SGLang's wheels (wheels.txt in $SGLANG_GPU_DIR, docs/sglang.md:
 # pyzmq==27.3.0): the same version is fetched, so installing both into one target never holds two versions.
 # Usage: bash scripts/prepare_gpu_carry.sh [DEST=.whl]
@@ -16,6 +17,9 @@ PY=${PYTHON:-python3}
 # name==version, one per line; keep pyzmq in step with SGLang's wheels.txt ($SGLANG_GPU_DIR)
 wheels=(
   "pyzmq==27.3.0"
+  # engine answers (slime_actors/backends/engine_client.py); SGLang's wheels.txt has the same version, so a job with
+  # the local engine alone (no SGLang wheels) still finds it
+  "orjson==3.13.0"
   "structlog==26.1.0"
   "xxhash==4.1.0"       # trace checksums (slime_actors.recorder.writer imports it)
   # the math rewards (slime_actors/rewards/rules.py) and the SmolLM2 GGUF loader (slime_actors/models/smollm2.py)
