@@ -10,7 +10,8 @@ then a reply; `submit`: 0.25 ms), and a client actor on uvloop that plays the ro
 groups of `--group` requests to the engine; each group, once all its answers are in, asks `score` (4 KB) and then
 `submit` (12 KB). Both actors trace every message (the default), and the figures come from the traces:
 
-    reply transit   the echo's send of a reply -> the client's receipt of it (the two traces, one clock)
+    reply transit   the echo's send of a reply -> the client's receipt of it (the two traces, one clock; the send is
+                    stamped once it is done, so a transit can come out a few us below zero)
     tail            the round's last `score` ask sent (its group's answers all read) -> the last `submit` reply
                     read (the client's trace): the end of a rollout as the rollout worker sees it
 
@@ -40,16 +41,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _procs import actor_process, busy as _busy, held_engine  # noqa: E402
+
 from slime_actors.actors.base import Actor, handler  # noqa: E402
 from slime_actors.runtime import RuntimeConfig  # noqa: E402
 
 WAYS = ("as is", "polled")
-
-
-def _busy(seconds: float) -> None:
-    t = time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        pass
 
 
 class Echo(Actor):
@@ -79,52 +76,19 @@ class Client(Actor):
 def _engine(ready, n: int, chunk: int, every: float) -> None:
     """Answers POST /generate: holds requests until `n` are in, then answers them `chunk` at a time every `every`
     seconds, in the order they came."""
-    import uvloop
-    from aiohttp import web
-    held: list[asyncio.Future] = []
     body = json.dumps({"text": "x" * 1200, "meta_info": {"output_token_logprobs": list(range(40))}}).encode()
 
-    async def generate(req):
-        await req.read()
-        fut = asyncio.get_running_loop().create_future()
-        held.append(fut)
-        if len(held) == n:
-            asyncio.get_running_loop().create_task(release())
-        await fut
-        return web.Response(body=body, content_type="application/json")
-
-    async def release():
+    async def release(held: list[asyncio.Future]) -> None:
         await asyncio.sleep(0.05)
-        out, held[:] = list(held), []
-        for i in range(0, len(out), chunk):
-            for f in out[i:i + chunk]:
+        for i in range(0, len(held), chunk):
+            for f in held[i:i + chunk]:
                 f.set_result(None)
             await asyncio.sleep(every)
-
-    async def main():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        ready.put(runner.addresses[0][1])
-        await asyncio.Event().wait()
-    uvloop.run(main())
+    held_engine(n, body, release, ready.put)
 
 
 def _echo(run_dir: str, ready) -> None:
-    import uvloop
-
-    from slime_actors.log import setup_logging
-    setup_logging(run_dir, "bench/0", console=False, level="warning")
-
-    async def main():
-        actor = Echo(0)
-        await actor.start(RuntimeConfig(run_dir=run_dir, curve=False))
-        ready.put(actor.endpoint)
-        await actor.wait_stopped()
-    uvloop.run(main())
+    actor_process(lambda: Echo(0), run_dir, "bench/0", ready.put)
 
 
 def _polled_sends(every: float, window: float) -> None:

@@ -41,16 +41,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _procs import actor_process, busy as _busy, held_engine  # noqa: E402
+
 from slime_actors.actors.base import Actor, handler  # noqa: E402
 from slime_actors.runtime import RuntimeConfig  # noqa: E402
 
 WAYS = ("turns", "one turn")
-
-
-def _busy(seconds: float) -> None:
-    t = time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        pass
 
 
 class Reward(Actor):
@@ -92,56 +88,22 @@ def _answer(group: int, tokens: int, rng: random.Random) -> bytes:
 def _engine(q, a) -> None:
     """Answers POST /generate: holds the round's requests until all are in, then lets them go one every --every-ms
     and the last --burst together; puts the monotonic time of that last release on `q`."""
-    import uvloop
-    from aiohttp import web
-    held: list[asyncio.Future] = []
-    body = _answer(a.group, a.tokens, random.Random(0))
-
-    async def generate(req):
-        await req.read()
-        fut = asyncio.get_running_loop().create_future()
-        held.append(fut)
-        if len(held) == a.groups:
-            asyncio.get_running_loop().create_task(release())
-        await fut
-        return web.Response(body=body, content_type="application/json")
-
-    async def release():
+    async def release(held: list[asyncio.Future]) -> None:
         await asyncio.sleep(0.05)
-        out, held[:] = list(held), []
-        cut = max(0, len(out) - a.burst)
-        for f in out[:cut]:
+        cut = max(0, len(held) - a.burst)
+        for f in held[:cut]:
             f.set_result(None)
             await asyncio.sleep(a.every_ms / 1e3)
-        for f in out[cut:]:
+        for f in held[cut:]:
             f.set_result(None)
         q.put(("released", time.monotonic()))
-
-    async def main():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        q.put(("port", runner.addresses[0][1]))
-        await asyncio.Event().wait()
-    uvloop.run(main())
+    held_engine(a.groups, _answer(a.group, a.tokens, random.Random(0)), release, lambda port: q.put(("port", port)))
 
 
 def _actor(cls, work: float, run_dir: str, q) -> None:
-    import uvloop
-
-    from slime_actors.log import setup_logging
-    setup_logging(run_dir, f"{cls.role}/0", console=False, level="warning")
     cls.work = work
-
-    async def main():
-        actor = cls(0)
-        await actor.start(RuntimeConfig(run_dir=run_dir, curve=False, trace=False))
-        q.put((cls.role, actor.endpoint))
-        await actor.wait_stopped()
-    uvloop.run(main())
+    actor_process(lambda: cls(0), run_dir, f"{cls.role}/0", lambda endpoint: q.put((cls.role, endpoint)),
+                  trace=False)
 
 
 class _NoTurns:
