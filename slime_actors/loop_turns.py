@@ -25,16 +25,20 @@ class LoopTurns:
     done right after `take()` -- before the task next suspends -- is then one piece at a time, with the loop's other
     work between."""
 
-    __slots__ = ("_taken", "_waiting", "taken", "waited")
+    __slots__ = ("_taken", "_waiting", "_loop", "taken", "waited")
 
     def __init__(self) -> None:
         self._taken = False
         self._waiting: deque[asyncio.Future] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None   # the loop of the last turn taken
         self.taken = 0    # turns taken
         self.waited = 0   # of which after waiting for a later turn
 
     async def take(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # another loop's turns (one that stopped before freeing its last turn can leave it taken): not this one's
+            self._taken, self._waiting, self._loop = False, deque(), loop
         if self._taken:
             self.waited += 1
             fut = loop.create_future()
@@ -44,7 +48,7 @@ class LoopTurns:
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():   # handed over, then cancelled before it ran: pass it on
                     self._free()
-                elif fut in self._waiting:   # (else `_free` dropped it already)
+                elif fut in self._waiting:   # (else `_hand` dropped it already)
                     self._waiting.remove(fut)
                 raise
         self._taken = True

@@ -125,6 +125,28 @@ def test_a_taker_cancelled_while_it_waits_or_once_handed_the_turn_does_not_stop_
     run(main())
 
 
+def test_a_loop_that_stopped_holding_a_turn_does_not_hold_the_next_loops():
+    """A loop stopped in the turn a turn was taken ends before the callback that frees it runs: the turns, used again
+    on another loop, start free there."""
+    turns = LoopTurns()
+    first = asyncio.new_event_loop()
+
+    async def take_and_stop() -> None:
+        await turns.take()
+        first.stop()
+    try:
+        first.create_task(take_and_stop())
+        first.run_forever()
+    finally:
+        first.close()
+    assert turns._taken                      # (the first loop's turn was never freed)
+
+    async def again() -> None:
+        await asyncio.wait_for(turns.take(), 2)
+    asyncio.run(again())
+    assert turns.taken == 2 and turns.waited == 0
+
+
 class HeldAnswers:
     """An engine whose /generate answers wait until `n` requests have come, then all go out at once (as a rollout's
     last groups come back from SGLang within a few ms)."""
