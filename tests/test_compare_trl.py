@@ -594,3 +594,65 @@ def test_tf32_is_asked_of_both_trainers_on_a_gpu_and_said(tmp_path):
     fp32 = run.ours_command(_args("--device", "cpu"), run.job_spec(_args("--device", "cpu"), "/m", prompts, prompts),
                             "local", "torch", tmp_path / "run")
     assert "--tf32" not in fp32 and "TF32" not in " ".join(report.differences({**job, "precision": "fp32"}))
+
+
+# ---------------------------------------------------------------------------------------------- speed_gpu_ab.sh's table
+
+def _ab_summary(orch_ms: float, sps: float) -> dict:
+    """A report's summary.json, as report.py writes it, for one of our runs (the fields the A/B table reads)."""
+    m = {"samples_per_s": sps, "step_median_s": 1.25, "split_mean_s": {"orchestration": orch_ms / 1e3},
+         "split_share": {"orchestration": orch_ms / 1250.0}, "orchestration_share_median": orch_ms / 1300.0,
+         "rollout_tail_s": {k: 0.001 * (i + 1) for i, (k, _) in enumerate(split.TAIL)},
+         "orchestration_by_message_s": {"buffer.submit": 0.003, "idle": 0.002, "reward.score (scoring)": 0.0015,
+                                        "buffer.get_batch": 0.0001},
+         "acc_equal_steps": 0.555, "time_to_first_step_s": 61.0, "peak_mem_gib": 42.6}
+    return {"runs": {"ours-sglang": {"framework": "ours", "metrics": m}, "trl": {"framework": "trl", "metrics": {}}}}
+
+
+def test_the_ab_table_puts_each_run_in_a_column_with_the_waits_read_from_trace_summary(tmp_path):
+    from scripts.compare_trl import ab
+    text = subprocess.run([sys.executable, "-m", "slime_actors.cli", "trace", "summary",
+                           str(ROOT / "tests" / "data" / "recordings" / "slow-reward")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+    section = text.split("replies waiting for their asker's event loop", 1)[1].splitlines()[1:]
+    lines = [ln for ln in section if ln.startswith("  ")]
+    waits = ab.waits(text)
+    assert lines and len(waits) == len(lines), text           # every line of `trace summary`'s section is read
+    assert waits[("rollout/0", "buffer.submit")][0] == 8
+    for n, (which, orch) in enumerate((("old", 18.2), ("new", 16.8)), 1):
+        d = tmp_path / f"r{n}_{which}"
+        (d / "compare").mkdir(parents=True)
+        (d / "compare" / "summary.json").write_text(json.dumps(_ab_summary(orch, 80.0 + n)))
+        (d / "trace_summary_ours-sglang.txt").write_text(text)
+    (tmp_path / "r3_old").mkdir()                              # a run that failed: no summary
+    (tmp_path / "r3_old.log").write_text("it failed")
+    out = ab.table(tmp_path)
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in out.splitlines()}
+    assert out.splitlines()[0] == "| | 1: old | 2: new | 3: old |"
+    assert rows["orchestration, ms a step (mean % / median step %)"].endswith(
+        "| 18.2 (1.46 / 1.40) | 16.8 (1.34 / 1.29) | - |"), out
+    assert rows["samples/s"].endswith("| 81.0 | 82.0 | - |"), out
+    last = f"after the last generation: {split.TAIL[-1][1]}, ms"
+    assert rows[last].endswith(f"| {len(split.TAIL):.2f} | {len(split.TAIL):.2f} | - |"), out
+    assert "buffer.submit 3.00; idle 2.00; reward.score (scoring) 1.50 |" in \
+        rows["largest orchestration parts, ms a step"], out
+    p50, p95, top = waits[("rollout/0", "reward.score")][1:]
+    assert rows["rollout/0's reward.score replies waiting for its loop, ms (p50 / p95 / max)"].endswith(
+        f"| {p50:.2f} / {p95:.2f} / {top:.2f} | {p50:.2f} / {p95:.2f} / {top:.2f} | - |"), out
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="no run folders"):
+        ab.table(empty)
+
+
+def test_speed_gpu_ab_refuses_a_missing_or_wrong_other_tree_and_bad_rounds(tmp_path):
+    def go(**env) -> subprocess.CompletedProcess:
+        e = {k: v for k, v in os.environ.items() if k not in ("OLD", "ROUNDS")}
+        return subprocess.run(["bash", "scripts/speed_gpu_ab.sh"], cwd=ROOT, capture_output=True, text=True,
+                              env={**e, "OUT": str(tmp_path / "out"), **env}, timeout=60)
+    p = go()
+    assert p.returncode != 0 and "set OLD" in p.stderr, p.stderr
+    p = go(OLD=str(tmp_path))
+    assert p.returncode == 2 and "holds no scripts/speed_gpu_run.sh" in p.stderr, p.stderr
+    p = go(OLD=str(ROOT), ROUNDS="0")
+    assert p.returncode == 2 and "ROUNDS must be a whole number >= 1, got 0" in p.stderr, p.stderr

@@ -8,4 +8,5 @@ Modules, one job each:
     sampler.py   GPU utilisation and memory every 0.5 s (NVML, else nvidia-smi; no GPU: host CPU and memory)
     split.py     where one of our steps goes, from the run's traces and metrics
     report.py    reads the runs back: the tables, the plots, report.md and summary.json
+    ab.py        scripts/speed_gpu_ab.sh's runs of two trees (ours only) in one table, a column per run
 """
