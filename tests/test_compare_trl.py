@@ -626,19 +626,21 @@ def test_the_ab_table_puts_each_run_in_a_column_with_the_waits_read_from_trace_s
         (d / "trace_summary_ours-sglang.txt").write_text(text)
     (tmp_path / "r3_old").mkdir()                              # a run that failed: no summary
     (tmp_path / "r3_old.log").write_text("it failed")
+    (tmp_path / "r4_new" / "compare").mkdir(parents=True)      # one killed while writing it
+    (tmp_path / "r4_new" / "compare" / "summary.json").write_text('{"runs": {"ours-sgl')
     out = ab.table(tmp_path)
     rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in out.splitlines()}
-    assert out.splitlines()[0] == "| | 1: old | 2: new | 3: old |"
+    assert out.splitlines()[0] == "| | 1: old | 2: new | 3: old | 4: new |"
     assert rows["orchestration, ms a step (mean % / median step %)"].endswith(
-        "| 18.2 (1.46 / 1.40) | 16.8 (1.34 / 1.29) | - |"), out
-    assert rows["samples/s"].endswith("| 81.0 | 82.0 | - |"), out
+        "| 18.2 (1.46 / 1.40) | 16.8 (1.34 / 1.29) | - | - |"), out
+    assert rows["samples/s"].endswith("| 81.0 | 82.0 | - | - |"), out
     last = f"after the last generation: {split.TAIL[-1][1]}, ms"
-    assert rows[last].endswith(f"| {len(split.TAIL):.2f} | {len(split.TAIL):.2f} | - |"), out
+    assert rows[last].endswith(f"| {len(split.TAIL):.2f} | {len(split.TAIL):.2f} | - | - |"), out
     assert "buffer.submit 3.00; idle 2.00; reward.score (scoring) 1.50 |" in \
         rows["largest orchestration parts, ms a step"], out
     p50, p95, top = waits[("rollout/0", "reward.score")][1:]
     assert rows["rollout/0's reward.score replies waiting for its loop, ms (p50 / p95 / max)"].endswith(
-        f"| {p50:.2f} / {p95:.2f} / {top:.2f} | {p50:.2f} / {p95:.2f} / {top:.2f} | - |"), out
+        f"| {p50:.2f} / {p95:.2f} / {top:.2f} | {p50:.2f} / {p95:.2f} / {top:.2f} | - | - |"), out
     empty = tmp_path / "nothing"
     empty.mkdir()
     with pytest.raises(SystemExit, match="no run folders"):

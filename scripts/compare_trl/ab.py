@@ -61,7 +61,11 @@ def column(folder: Path) -> dict[str, str]:
     path = folder / "compare" / "summary.json"
     if not path.is_file():
         return cells
-    got = _ours(json.loads(path.read_text()))
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:      # (a run killed while its report was written: that column gets dashes)
+        return cells
+    got = _ours(summary) if isinstance(summary, dict) else None
     if got is None:
         return cells
     name, m = got
