@@ -2,9 +2,9 @@
 # Two trees of this project side by side on one GPU machine: the speed job of scripts/speed_gpu_run.sh for another
 # checkout (OLD: a directory, e.g. made with `git worktree add ../old REF` or `git archive REF | tar -x -C ../old`) and
 # for this one, alternating, ROUNDS runs each (the other tree first), in one invocation -- so both meet the same
-# machine. Each run keeps its report (OUT/rN_old|new/compare/report.md, summary.json) and `slime-actors trace
-# summary` of each of our runs (trace_summary_<run>.txt, with the replies' waits for their askers' loops); at the end
-# one table of the runs: python -m scripts.compare_trl.ab OUT (written to OUT/ab.md too).
+# machine. Each run keeps its report (OUT/rN_old|new/compare/report.md, summary.json), `slime-actors trace summary`
+# of each of our runs (trace_summary_<run>.txt) and the replies' waits for their askers' loops (waits_<run>.json);
+# at the end one table of the runs: python -m scripts.compare_trl.ab OUT (written to OUT/ab.md too).
 # Usage: OLD=DIR [ROUNDS=3] [OUT=runs/speed_ab] [OURS=sglang] [TF32=0] [BF16=0] \
 #        bash scripts/speed_gpu_ab.sh [flags for speed_gpu_run.sh, e.g. --micro-batch 128 --no-trl --no-alone]
 # Needs what scripts/speed_gpu_run.sh needs ($SITE with SGLang for OURS=sglang, the wheels, the model); the other
@@ -34,8 +34,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     mkdir -p "$run"
     for d in "$dir"/runs/compare_trl/ours-*/; do
       [ -d "$d/traces" ] || continue
-      (cd "$NEW" && PYTHONPATH="$NEW${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m slime_actors.cli trace summary "$d" \
-         > "$run/trace_summary_$(basename "$d").txt" 2>&1)
+      (cd "$NEW" && export PYTHONPATH="$NEW${PYTHONPATH:+:$PYTHONPATH}" \
+         && "$PY" -m slime_actors.cli trace summary "$d" > "$run/trace_summary_$(basename "$d").txt" 2>&1 \
+         ; "$PY" -m scripts.compare_trl.ab --waits "$d" "$run/waits_$(basename "$d").json")
     done
   done
 done

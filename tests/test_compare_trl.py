@@ -609,21 +609,26 @@ def _ab_summary(orch_ms: float, sps: float) -> dict:
     return {"runs": {"ours-sglang": {"framework": "ours", "metrics": m}, "trl": {"framework": "trl", "metrics": {}}}}
 
 
-def test_the_ab_table_puts_each_run_in_a_column_with_the_waits_read_from_trace_summary(tmp_path):
+def test_the_ab_table_puts_each_run_in_a_column_with_the_waits_read_from_the_traces(tmp_path):
     from scripts.compare_trl import ab
-    text = subprocess.run([sys.executable, "-m", "slime_actors.cli", "trace", "summary",
-                           str(ROOT / "tests" / "data" / "recordings" / "slow-reward")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
-    section = text.split("replies waiting for their asker's event loop", 1)[1].splitlines()[1:]
-    lines = [ln for ln in section if ln.startswith("  ")]
-    waits = ab.waits(text)
-    assert lines and len(waits) == len(lines), text           # every line of `trace summary`'s section is read
-    assert waits[("rollout/0", "buffer.submit")][0] == 8
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.summary import reply_waits
+    rec = ROOT / "tests" / "data" / "recordings" / "slow-reward"
+    p = subprocess.run([sys.executable, "-m", "scripts.compare_trl.ab", "--waits", str(rec), str(tmp_path / "w.json")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    waits = json.loads((tmp_path / "w.json").read_text())
+    direct = reply_waits(TraceRun(str(rec)))
+    assert set(waits) == {f"{a} {m}" for (a, m), ms in direct.items() if ms}     # every ask `trace summary` lists
+    assert waits["rollout/0 buffer.submit"]["n"] == 8 == len(direct[("rollout/0", "buffer.submit")])
+    bad = subprocess.run([sys.executable, "-m", "scripts.compare_trl.ab", "--waits", str(tmp_path), "x.json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "no *.trace (or *.trace.gz) files here" in bad.stderr, bad.stderr
     for n, (which, orch) in enumerate((("old", 18.2), ("new", 16.8)), 1):
         d = tmp_path / f"r{n}_{which}"
         (d / "compare").mkdir(parents=True)
         (d / "compare" / "summary.json").write_text(json.dumps(_ab_summary(orch, 80.0 + n)))
-        (d / "trace_summary_ours-sglang.txt").write_text(text)
+        (d / "waits_ours-sglang.json").write_text(json.dumps(waits))
     (tmp_path / "r3_old").mkdir()                              # a run that failed: no summary
     (tmp_path / "r3_old.log").write_text("it failed")
     (tmp_path / "r4_new" / "compare").mkdir(parents=True)      # one killed while writing it
@@ -638,7 +643,8 @@ def test_the_ab_table_puts_each_run_in_a_column_with_the_waits_read_from_trace_s
     assert rows[last].endswith(f"| {len(split.TAIL):.2f} | {len(split.TAIL):.2f} | - | - |"), out
     assert "buffer.submit 3.00; idle 2.00; reward.score (scoring) 1.50 |" in \
         rows["largest orchestration parts, ms a step"], out
-    p50, p95, top = waits[("rollout/0", "reward.score")][1:]
+    w = waits["rollout/0 reward.score"]
+    p50, p95, top = w["p50"], w["p95"], w["max"]
     assert rows["rollout/0's reward.score replies waiting for its loop, ms (p50 / p95 / max)"].endswith(
         f"| {p50:.2f} / {p95:.2f} / {top:.2f} | {p50:.2f} / {p95:.2f} / {top:.2f} | - | - |"), out
     empty = tmp_path / "nothing"

@@ -1,8 +1,10 @@
 """The runs of scripts/speed_gpu_ab.sh side by side: one markdown table, a column per run (the other tree's and this
-one's, in the order they ran), from each run's summary.json (scripts/compare_trl/report.py) and `slime-actors trace
-summary` text.
+one's, in the order they ran), from each run's summary.json (scripts/compare_trl/report.py) and the replies' waits
+read from its traces (waits_<run>.json: `--waits`, which the script runs after each run, before the next one
+replaces the run's folder).
 
-    python -m scripts.compare_trl.ab OUT            # OUT: speed_gpu_ab.sh's folder, holding r1_old/, r2_new/, ...
+    python -m scripts.compare_trl.ab OUT                      # OUT: speed_gpu_ab.sh's folder: r1_old/, r2_new/, ...
+    python -m scripts.compare_trl.ab --waits RUN_DIR FILE     # a run's waits (slime_actors/traces/summary.reply_waits)
 
 Rows: samples/s, the median step, our orchestration per step (mean ms, its share of the step by the mean and by the
 median step), the end of a rollout (split.rollout_tail: ms after the last generation), the largest parts of the
@@ -22,8 +24,6 @@ from pathlib import Path
 from .split import TAIL
 
 RUN_DIR = re.compile(r"r(\d+)_(old|new)")
-# a line of `trace summary`'s "replies waiting for their asker's event loop" (slime_actors/traces/summary.py)
-WAIT = re.compile(r"^\s+(\S+)\s+(\S+)\s+n=(\d+)\s+p50\s+([\d.]+)\s+p95\s+([\d.]+)\s+max\s+([\d.]+)\s*$")
 WAITS = (("rollout/0", "reward.score"), ("rollout/0", "buffer.submit"))
 
 
@@ -37,15 +37,15 @@ def runs(out: Path) -> list[tuple[int, str, Path]]:
     return sorted(found)
 
 
-def waits(text: str) -> dict[tuple[str, str], tuple[int, float, float, float]]:
-    """(asker, "role.method") -> (n, p50, p95, max) from `trace summary`'s text."""
-    out = {}
-    for line in text.splitlines():
-        m = WAIT.match(line)
-        if m:
-            out[(m.group(1), m.group(2))] = (int(m.group(3)), float(m.group(4)), float(m.group(5)),
-                                             float(m.group(6)))
-    return out
+def record_waits(run_dir: str | Path, out: str | Path) -> dict:
+    """The run's replies' waits for their askers' loops (`reply_waits`, what `trace summary` prints) as JSON in `out`:
+    {"asker role.method": {"n", "p50", "p95", "max"}} (ms). Returns it."""
+    from slime_actors.traces.reader import TraceRun
+    from slime_actors.traces.summary import percentile, reply_waits
+    got = {f"{asker} {ask}": {"n": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95), "max": max(ms)}
+           for (asker, ask), ms in reply_waits(TraceRun(str(run_dir), skip_bad=True)).items() if ms}
+    Path(out).write_text(json.dumps(got, indent=1))
+    return got
 
 
 def _ours(summary: dict) -> tuple[str, dict] | None:
@@ -88,14 +88,15 @@ def column(folder: Path) -> dict[str, str]:
     by = sorted(m.get("orchestration_by_message_s", {}).items(), key=lambda kv: -kv[1])[:3]
     if by:
         cells["largest orchestration parts, ms a step"] = "; ".join(f"{k} {1e3 * v:.2f}" for k, v in by)
-    text = folder / f"trace_summary_{name}.txt"
-    if text.is_file():
-        w = waits(text.read_text())
-        for asker, ask in WAITS:
-            if (asker, ask) in w:
-                n, p50, p95, top = w[(asker, ask)]
-                cells[f"{asker}'s {ask} replies waiting for its loop, ms (p50 / p95 / max)"] = \
-                    f"{p50:.2f} / {p95:.2f} / {top:.2f}"
+    try:
+        w = json.loads((folder / f"waits_{name}.json").read_text())
+    except (OSError, ValueError):
+        w = {}
+    for asker, ask in WAITS:
+        got = w.get(f"{asker} {ask}") if isinstance(w, dict) else None
+        if isinstance(got, dict):
+            cells[f"{asker}'s {ask} replies waiting for its loop, ms (p50 / p95 / max)"] = \
+                f"{got['p50']:.2f} / {got['p95']:.2f} / {got['max']:.2f}"
     cells["held-out at the last evaluation"] = f(m.get("acc_equal_steps"), ".3f")
     cells["time to first step, s"] = f(m.get("time_to_first_step_s"), ".1f")
     cells["peak GPU memory, GiB"] = f(m.get("peak_mem_gib"), ".1f")
@@ -121,8 +122,17 @@ def table(out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", help="scripts/speed_gpu_ab.sh's OUT folder")
+    ap.add_argument("out", help="scripts/speed_gpu_ab.sh's OUT folder (with --waits: the JSON file to write)")
+    ap.add_argument("--waits", metavar="RUN_DIR", help="write the waits of this run's traces (its directory, or its "
+                                                       "traces/ folder) to OUT")
     a = ap.parse_args(argv)
+    if a.waits:
+        from slime_actors.traces.reader import TraceFormatError
+        try:
+            record_waits(a.waits, a.out)
+        except TraceFormatError as exc:
+            ap.error(f"--waits: {exc}")
+        return 0
     out = Path(a.out)
     if not out.is_dir():
         ap.error(f"{out}: no such folder")
